@@ -1,0 +1,292 @@
+"""Python face of our libucp binding: context, worker, endpoint, memory region, remote key.
+
+The objects here are thin owners of UCX handles; the loops that matter for speed run in C
+(``ucp_helpers.c``) with the GIL released. Create every UCX object after ``fork()``: a child
+must never use a context its parent created.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import libucx
+
+libucx.load_library()
+
+from kvpool.transport._ucp_cffi import ffi, lib  # noqa: E402  (needs libucp loaded first)
+
+#: UCX settings kvpool applies unless the environment already sets them. 256 KiB TCP segments
+#: give about 3x the default TCP bandwidth on this kind of machine.
+DEFAULT_UCX_CONFIG: dict[str, str] = {
+    "TCP_TX_SEG_SIZE": "256k",
+    "TCP_RX_SEG_SIZE": "256k",
+}
+
+UCS_OK = lib.UCS_OK
+UCS_ERR_TIMED_OUT = lib.UCS_ERR_TIMED_OUT
+
+
+class UcxError(RuntimeError):
+    """A UCX call failed; ``status`` is the ucs_status_t value."""
+
+    def __init__(self, what: str, status: int) -> None:
+        self.status = status
+        super().__init__(f"{what}: {status_string(status)} (ucs status {status})")
+
+
+def status_string(status: int) -> str:
+    if status < -1000 or status > 1:
+        return os.strerror(-status) if status < 0 else "unknown"
+    return ffi.string(lib.kv_status_string(status)).decode()
+
+
+def _check(what: str, status: int) -> None:
+    if status != UCS_OK:
+        raise UcxError(what, status)
+
+
+def _effective_config(overrides: Mapping[str, str] | None) -> dict[str, str]:
+    config = {
+        key: value
+        for key, value in DEFAULT_UCX_CONFIG.items()
+        if f"UCX_{key}" not in os.environ
+    }
+    config.update(overrides or {})
+    return config
+
+
+class Context:
+    """A UCP context with RMA and wakeup features; owns memory registrations."""
+
+    def __init__(self, config: Mapping[str, str] | None = None) -> None:
+        settings = _effective_config(config)
+        keys = [ffi.new("char[]", k.encode()) for k in settings]
+        values = [ffi.new("char[]", v.encode()) for v in settings.values()]
+        out = ffi.new("ucp_context_h *")
+        status = lib.kv_context_create(
+            out, ffi.new("const char *[]", keys), ffi.new("const char *[]", values), len(keys)
+        )
+        _check("ucp_init", status)
+        self._handle = out[0]
+        self._closed = False
+
+    @property
+    def handle(self) -> Any:
+        return self._handle
+
+    def register(self, buffer: Any) -> MemoryRegion:
+        """Registers caller memory (anything exposing a writable buffer) for one-sided access."""
+        pointer = ffi.from_buffer(buffer, require_writable=True)
+        return self.register_address(int(ffi.cast("uintptr_t", pointer)), len(pointer), pointer)
+
+    def register_address(self, address: int, length: int, owner: Any = None) -> MemoryRegion:
+        out = ffi.new("ucp_mem_h *")
+        _check("ucp_mem_map", lib.kv_mem_map(self._handle, ffi.cast("void *", address), length, out))
+        return MemoryRegion(self, out[0], address, length, owner)
+
+    def create_worker(self) -> Worker:
+        return Worker(self)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            lib.kv_context_destroy(self._handle)
+
+
+class MemoryRegion:
+    """Registered memory: ``address`` .. ``address + length``; ``rkey`` lets peers reach it."""
+
+    def __init__(self, context: Context, memh: Any, address: int, length: int, owner: Any):
+        self._context = context
+        self.memh = memh
+        self.address = address
+        self.length = length
+        self._owner = owner  # keeps the underlying buffer alive while registered
+        self._rkey: bytes | None = None
+
+    def contains(self, address: int, length: int) -> bool:
+        return self.address <= address and address + length <= self.address + self.length
+
+    @property
+    def rkey(self) -> bytes:
+        if self._rkey is None:
+            buf = ffi.new("void **")
+            size = ffi.new("size_t *")
+            _check("ucp_rkey_pack", lib.kv_rkey_pack(self._context.handle, self.memh, buf, size))
+            self._rkey = bytes(ffi.buffer(buf[0], size[0]))
+            lib.kv_rkey_buffer_release(buf[0])
+        return self._rkey
+
+    def close(self) -> None:
+        if self.memh is not None:
+            lib.kv_mem_unmap(self._context.handle, self.memh)
+            self.memh = None
+            self._owner = None
+
+
+@dataclass(slots=True)
+class Op:
+    """One one-sided transfer: ``length`` bytes between local ``buffer`` and remote memory."""
+
+    endpoint: Endpoint
+    rkey: RemoteKey
+    local_address: int
+    remote_address: int
+    length: int
+    memh: Any = None
+
+
+class Worker:
+    """A UCP worker with an event fd. Not thread-safe: callers serialise access."""
+
+    def __init__(self, context: Context) -> None:
+        self.context = context
+        out = ffi.new("ucp_worker_h *")
+        efd = ffi.new("int *")
+        _check("ucp_worker_create", lib.kv_worker_create(context.handle, out, efd))
+        self._handle = out[0]
+        self.efd = efd[0]
+        self._closed = False
+
+    @property
+    def handle(self) -> Any:
+        return self._handle
+
+    @property
+    def address(self) -> bytes:
+        buf = ffi.new("void **")
+        size = ffi.new("size_t *")
+        _check("ucp_worker_get_address", lib.kv_worker_address(self._handle, buf, size))
+        try:
+            return bytes(ffi.buffer(buf[0], size[0]))
+        finally:
+            lib.kv_worker_address_release(self._handle, buf[0])
+
+    def connect(self, worker_address: bytes) -> Endpoint:
+        out = ffi.new("ucp_ep_h *")
+        _check("ucp_ep_create", lib.kv_ep_create(self._handle, worker_address, out))
+        return Endpoint(self, out[0])
+
+    def transfer(self, ops: Sequence[Op], *, is_get: bool, timeout: float) -> list[int]:
+        """Runs ``ops`` to completion or until ``timeout`` seconds pass; returns statuses.
+
+        Endpoints that had to be force-closed on a timeout are marked ``closed``: the caller
+        must drop them (and their rkeys) and reconnect.
+        """
+        n = len(ops)
+        if n == 0:
+            return []
+        c_ops = ffi.new("kv_op_t[]", n)
+        for c_op, op in zip(c_ops, ops, strict=True):
+            c_op.ep = op.endpoint.handle
+            c_op.rkey = op.rkey.handle
+            c_op.local = ffi.cast("void *", op.local_address)
+            c_op.remote = op.remote_address
+            c_op.length = op.length
+            if op.memh is not None:
+                c_op.memh = op.memh
+        statuses = ffi.new("int[]", n)
+        closed = ffi.new("ucp_ep_h[]", n)
+        n_closed = ffi.new("size_t *")
+        lib.kv_transfer(
+            self._handle, self.efd, int(is_get), c_ops, n, timeout, statuses, closed, n_closed
+        )
+        if n_closed[0]:
+            dead = {closed[i] for i in range(n_closed[0])}
+            for op in ops:
+                if op.endpoint.handle in dead:
+                    op.endpoint.mark_closed()
+        return list(statuses)
+
+    def progress_until(self, stop_fd: int) -> int:
+        """Progresses this worker until ``stop_fd`` is readable (blocks; run in a thread)."""
+        return lib.kv_progress_loop(self._handle, self.efd, stop_fd)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            lib.kv_worker_destroy(self._handle)
+
+
+class Endpoint:
+    """A connection to one remote worker; unpacks that worker's remote keys."""
+
+    def __init__(self, worker: Worker, handle: Any) -> None:
+        self.worker = worker
+        self.handle = handle
+        self.closed = False
+        self._rkeys: list[RemoteKey] = []
+
+    def unpack_rkey(self, packed: bytes) -> RemoteKey:
+        out = ffi.new("ucp_rkey_h *")
+        _check("ucp_ep_rkey_unpack", lib.kv_rkey_unpack(self.handle, packed, out))
+        rkey = RemoteKey(out[0])
+        self._rkeys.append(rkey)
+        return rkey
+
+    def mark_closed(self) -> None:
+        """Called when the C layer force-closed this endpoint after a timeout."""
+        if not self.closed:
+            self.closed = True
+            self._destroy_rkeys()
+
+    def _destroy_rkeys(self) -> None:
+        for rkey in self._rkeys:
+            rkey.destroy()
+        self._rkeys.clear()
+
+    def close(self, timeout: float = 1.0) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._destroy_rkeys()
+        lib.kv_ep_close(self.worker.handle, self.worker.efd, self.handle, timeout)
+
+
+class RemoteKey:
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+
+    def local_pointer(self, remote_address: int) -> int | None:
+        """The local address of ``remote_address`` when the memory is mapped here, else None."""
+        out = ffi.new("void **")
+        if lib.kv_rkey_ptr(self.handle, remote_address, out) != UCS_OK:
+            return None
+        return int(ffi.cast("uintptr_t", out[0]))
+
+    def destroy(self) -> None:
+        if self.handle is not None:
+            lib.kv_rkey_destroy(self.handle)
+            self.handle = None
+
+
+class ProgressThread:
+    """Keeps a worker progressing on its event fd until ``stop()``; used by storage nodes."""
+
+    def __init__(self, worker: Worker, name: str = "ucx-progress") -> None:
+        self._worker = worker
+        self._stop_r, self._stop_w = os.pipe()
+        self.result: int | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        self.result = self._worker.progress_until(self._stop_r)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        os.write(self._stop_w, b"x")
+        self._thread.join(timeout)
+        os.close(self._stop_r)
+        os.close(self._stop_w)
+
+
+def address_of(buffer: Any, *, writable: bool) -> tuple[int, int, Any]:
+    """(address, length, keepalive) of a buffer-protocol object, without copying it."""
+    pointer = ffi.from_buffer(buffer, require_writable=writable)
+    return int(ffi.cast("uintptr_t", pointer)), len(pointer), pointer
