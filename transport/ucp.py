@@ -51,9 +51,7 @@ def _check(what: str, status: int) -> None:
 
 def _effective_config(overrides: Mapping[str, str] | None) -> dict[str, str]:
     config = {
-        key: value
-        for key, value in DEFAULT_UCX_CONFIG.items()
-        if f"UCX_{key}" not in os.environ
+        key: value for key, value in DEFAULT_UCX_CONFIG.items() if f"UCX_{key}" not in os.environ
     }
     config.update(overrides or {})
     return config
@@ -85,7 +83,9 @@ class Context:
 
     def register_address(self, address: int, length: int, owner: Any = None) -> MemoryRegion:
         out = ffi.new("ucp_mem_h *")
-        _check("ucp_mem_map", lib.kv_mem_map(self._handle, ffi.cast("void *", address), length, out))
+        _check(
+            "ucp_mem_map", lib.kv_mem_map(self._handle, ffi.cast("void *", address), length, out)
+        )
         return MemoryRegion(self, out[0], address, length, owner)
 
     def create_worker(self) -> Worker:

@@ -1,0 +1,132 @@
+"""``kvpool bench``: put and get throughput between this process and storage node processes.
+
+Without ``--master`` it starts a local cluster (master + nodes as child processes), so the
+bytes always cross a process boundary. Objects are written from, and read into, one
+pre-registered buffer (the zero-copy path an inference engine uses).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+from dataclasses import asdict, dataclass
+
+from kvpool.common.sizes import format_size, parse_size
+
+DEFAULT_SIZES = "1MiB,32MiB"
+
+
+@dataclass
+class Result:
+    size: int
+    count: int
+    put_gbps: float
+    get_gbps: float
+    put_p50_ms: float
+    get_p50_ms: float
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--master", default=None, help="use this cluster instead of a local one")
+    parser.add_argument(
+        "--sizes", default=DEFAULT_SIZES, help=f"object sizes (default {DEFAULT_SIZES})"
+    )
+    parser.add_argument(
+        "--bytes", default="512MiB", help="bytes moved per size and direction (default 512MiB)"
+    )
+    parser.add_argument("--nodes", type=int, default=1, help="nodes of the local cluster")
+    parser.add_argument("--dram", default="2GiB", help="DRAM per node of the local cluster")
+    parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument("--json", default=None, help="also write the results here")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        sizes = [parse_size(s) for s in args.sizes.split(",")]
+        per_size = parse_size(args.bytes)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if args.master:
+        return _report(_measure(args.master, sizes, per_size, args.replicas), args.json)
+    from kvpool.local_cluster import ClusterError, LocalCluster
+
+    print(f"starting a local cluster: {args.nodes} node(s) x {args.dram} DRAM ...", flush=True)
+    try:
+        with LocalCluster(args.nodes, args.dram) as cluster:
+            results = _measure(cluster.master_address, sizes, per_size, args.replicas)
+    except ClusterError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    return _report(results, args.json)
+
+
+def _measure(master: str, sizes: list[int], per_size: int, replicas: int) -> list[Result]:
+    import numpy as np
+
+    from kvpool import Client
+
+    results = []
+    with Client(master, replicas=replicas, timeout=60) as client:
+        for size in sizes:
+            count = max(8, per_size // size)
+            source = np.frombuffer(os.urandom(size), dtype=np.uint8).copy()
+            target = np.empty(size, dtype=np.uint8)
+            regions = [client.register_buffer(source), client.register_buffer(target)]
+            prefix = f"bench/{uuid.uuid4().hex[:8]}/{size}/"
+            keys = [f"{prefix}{i}" for i in range(count)]
+            put_times, get_times = [], []
+            client.put(prefix + "warmup", source)
+            client.get_into(prefix + "warmup", target)
+            for key in keys:
+                start = time.perf_counter()
+                client.put(key, source)
+                put_times.append(time.perf_counter() - start)
+            for key in keys:
+                start = time.perf_counter()
+                client.get_into(key, target)
+                get_times.append(time.perf_counter() - start)
+            if not np.array_equal(source, target):
+                raise SystemExit("bench: the bytes read back differ from the bytes written")
+            client.remove_many([*keys, prefix + "warmup"], force=True)
+            for region in regions:
+                client.unregister_buffer(region)
+            results.append(
+                Result(
+                    size,
+                    count,
+                    size * count / sum(put_times) / 1e9,
+                    size * count / sum(get_times) / 1e9,
+                    statistics.median(put_times) * 1e3,
+                    statistics.median(get_times) * 1e3,
+                )
+            )
+    return results
+
+
+def _report(results: list[Result], json_path: str | None) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="kvpool put/get throughput (client and node in separate processes)")
+    for column in ("object", "count", "put GB/s", "get GB/s", "put p50 ms", "get p50 ms"):
+        table.add_column(column, justify="right")
+    for r in results:
+        table.add_row(
+            format_size(r.size),
+            str(r.count),
+            f"{r.put_gbps:.2f}",
+            f"{r.get_gbps:.2f}",
+            f"{r.put_p50_ms:.2f}",
+            f"{r.get_p50_ms:.2f}",
+        )
+    Console().print(table)
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump([asdict(r) for r in results], f, indent=2)
+    return 0

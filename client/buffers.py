@@ -1,0 +1,47 @@
+"""Addresses of caller memory, and fresh ``bytes`` that a transfer can fill without a copy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvpool.transport import ucp
+
+from kvpool.errors import InvalidArgument
+
+
+def readable_address(data: Any) -> tuple[int, int, Any]:
+    """(address, length, keepalive) of any contiguous buffer: bytes, bytearray, numpy, mmap."""
+    try:
+        return ucp.address_of(data, writable=False)
+    except (TypeError, ValueError, BufferError) as error:
+        raise InvalidArgument(
+            f"data must be bytes or a contiguous buffer, not {type(data).__name__} ({error})"
+        ) from None
+
+
+def writable_address(buffer: Any) -> tuple[int, int, Any]:
+    """(address, length, keepalive) of a writable contiguous buffer (bytearray, numpy, mmap)."""
+    try:
+        return ucp.address_of(buffer, writable=True)
+    except (TypeError, ValueError, BufferError) as error:
+        raise InvalidArgument(
+            f"buffer must be writable and contiguous (bytearray, memoryview, numpy array, "
+            f"mmap), not {type(buffer).__name__} ({error})"
+        ) from None
+
+
+def new_bytes(size: int) -> tuple[bytes | bytearray, int]:
+    """A new object of ``size`` bytes and the address a transfer may write it at.
+
+    ``get`` returns ``bytes``; copying a 32 MiB object from a bytearray into bytes would cost
+    as much as a third of the transfer itself. So for sizes above one byte this hands out a
+    freshly made ``bytes`` object (large ones come from calloc as untouched zero pages) whose
+    storage is filled before any other code can see it. Sizes 0 and 1 use a bytearray that
+    the caller converts, because CPython shares those small ``bytes`` objects.
+    """
+    if size <= 1:
+        data: bytes | bytearray = bytearray(size)
+        address = ucp.address_of(data, writable=True)[0] if size else 0
+        return data, address
+    data = bytes(size)
+    return data, ucp.address_of(data, writable=False)[0]

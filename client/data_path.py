@@ -1,0 +1,167 @@
+"""The client's UCX side: one worker, one endpoint per storage node, one rkey per segment.
+
+Routes are learned from the segment descriptors the master sends and cached; an endpoint
+whose transfer failed or timed out is dropped (with its rkeys) and rebuilt on next use. The
+worker is single-threaded, so every use of it holds ``_lock``; the loops themselves run in C
+without the GIL.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvpool.proto import master_pb2 as pb
+from kvpool.transport import ucp
+
+
+@dataclass(slots=True)
+class Transfer:
+    """Move ``length`` bytes between local memory and ``remote_address`` in a segment."""
+
+    segment_id: str
+    remote_address: int
+    local_address: int
+    length: int
+
+
+@dataclass(slots=True)
+class _Route:
+    descriptor: pb.Segment
+    endpoint: ucp.Endpoint
+    rkey: ucp.RemoteKey
+
+
+class DataPath:
+    def __init__(self) -> None:
+        self.context = ucp.Context()
+        self.worker = self.context.create_worker()
+        self._lock = threading.Lock()
+        self._descriptors: dict[str, pb.Segment] = {}
+        self._endpoints: dict[bytes, ucp.Endpoint] = {}
+        self._routes: dict[str, _Route] = {}
+        self._regions: list[ucp.MemoryRegion] = []
+        self._closed = False
+
+    def learn(self, segments: Iterable[pb.Segment]) -> None:
+        """Records segment descriptors from a master response (cheap when unchanged)."""
+        for segment in segments:
+            known = self._descriptors.get(segment.segment_id)
+            if known is None or known != segment:
+                self._descriptors[segment.segment_id] = segment
+                with self._lock:
+                    self._drop_route(segment.segment_id)
+
+    def register(self, buffer: Any) -> ucp.MemoryRegion:
+        """Registers caller memory once so transfers from or into it skip registration."""
+        with self._lock:
+            region = self.context.register(buffer)
+            self._regions.append(region)
+            return region
+
+    def unregister(self, region: ucp.MemoryRegion) -> None:
+        with self._lock:
+            self._regions.remove(region)
+            region.close()
+
+    def host_of(self, segment_id: str) -> str:
+        descriptor = self._descriptors.get(segment_id)
+        return descriptor.host if descriptor is not None else ""
+
+    def run(self, transfers: Sequence[Transfer], *, is_get: bool, timeout: float) -> list[str]:
+        """Runs ``transfers`` together; returns '' for each success, else why it failed."""
+        if not transfers:
+            return []
+        errors = [""] * len(transfers)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the client is closed")
+            ops: list[ucp.Op] = []
+            indexes: list[int] = []
+            for i, transfer in enumerate(transfers):
+                try:
+                    route = self._route(transfer.segment_id)
+                except (ucp.UcxError, KeyError) as error:
+                    errors[i] = f"cannot reach segment {transfer.segment_id}: {error}"
+                    continue
+                ops.append(
+                    ucp.Op(
+                        route.endpoint,
+                        route.rkey,
+                        transfer.local_address,
+                        transfer.remote_address,
+                        transfer.length,
+                        self._memh_for(transfer.local_address, transfer.length),
+                    )
+                )
+                indexes.append(i)
+            statuses = self.worker.transfer(ops, is_get=is_get, timeout=max(timeout, 0.0))
+            failed_segments = set()
+            for i, status in zip(indexes, statuses, strict=True):
+                if status != ucp.UCS_OK:
+                    segment_id = transfers[i].segment_id
+                    failed_segments.add(segment_id)
+                    if status == ucp.UCS_ERR_TIMED_OUT:
+                        errors[i] = f"transfer with segment {segment_id} missed its deadline"
+                    else:
+                        errors[i] = (
+                            f"transfer with segment {segment_id} failed: "
+                            f"{ucp.status_string(status)}"
+                        )
+            for segment_id in failed_segments:
+                self._drop_node_of(segment_id)
+        return errors
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for endpoint in self._endpoints.values():
+                endpoint.close()
+            self._endpoints.clear()
+            self._routes.clear()
+            for region in self._regions:
+                region.close()
+            self._regions.clear()
+            self.worker.close()
+            self.context.close()
+
+    # ---- internals (callers hold _lock)
+
+    def _route(self, segment_id: str) -> _Route:
+        route = self._routes.get(segment_id)
+        if route is not None and not route.endpoint.closed:
+            return route
+        descriptor = self._descriptors[segment_id]
+        endpoint = self._endpoints.get(descriptor.worker_address)
+        if endpoint is None or endpoint.closed:
+            endpoint = self.worker.connect(descriptor.worker_address)
+            self._endpoints[descriptor.worker_address] = endpoint
+        route = _Route(descriptor, endpoint, endpoint.unpack_rkey(descriptor.rkey))
+        self._routes[segment_id] = route
+        return route
+
+    def _memh_for(self, address: int, length: int) -> Any:
+        for region in self._regions:
+            if region.contains(address, length):
+                return region.memh
+        return None
+
+    def _drop_route(self, segment_id: str) -> None:
+        route = self._routes.pop(segment_id, None)
+        if route is not None:
+            route.rkey.destroy()
+
+    def _drop_node_of(self, segment_id: str) -> None:
+        """Forgets the endpoint to a failed node and every route through it."""
+        route = self._routes.get(segment_id)
+        if route is None:
+            return
+        endpoint = route.endpoint
+        for other_id in [s for s, r in self._routes.items() if r.endpoint is endpoint]:
+            self._drop_route(other_id)
+        self._endpoints.pop(route.descriptor.worker_address, None)
+        endpoint.close()

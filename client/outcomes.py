@@ -1,0 +1,65 @@
+"""Per-key master outcomes turned into the typed errors users catch, with what to do."""
+
+from __future__ import annotations
+
+from kvpool.common.status import KeyStatus
+
+from kvpool.errors import (
+    InvalidArgument,
+    InvalidKey,
+    KVPoolError,
+    NoSpace,
+    ObjectExists,
+    ObjectHasLease,
+    ObjectNotFound,
+    ObjectNotReady,
+    PutAborted,
+    TransferError,
+)
+
+
+def error_for(status: int, key: str, message: str = "") -> KVPoolError:
+    """The exception for a non-OK KeyStatus of ``key``."""
+    detail = f" ({message})" if message else ""
+    match KeyStatus(status):
+        case KeyStatus.NOT_FOUND:
+            return ObjectNotFound(
+                f"no object with key {key!r}: it was never put, was removed, or lost its last "
+                "replica",
+                key=key,
+            )
+        case KeyStatus.NOT_READY:
+            return ObjectNotReady(
+                f"object {key!r} is being written and not yet published; retry shortly",
+                key=key,
+            )
+        case KeyStatus.ALREADY_EXISTS:
+            return ObjectExists(
+                f"object {key!r} already exists{detail}: objects are immutable; remove it first "
+                "or use another key",
+                key=key,
+            )
+        case KeyStatus.NO_SPACE:
+            return NoSpace(f"no room for {key!r}: {message}", key=key)
+        case KeyStatus.INVALID_KEY:
+            return InvalidKey(f"invalid key {key!r}: {message}", key=key)
+        case KeyStatus.HAS_LEASE:
+            return ObjectHasLease(
+                f"object {key!r} is leased by a reader; retry after the lease ends or remove "
+                "with force=True",
+                key=key,
+            )
+        case KeyStatus.INVALID_ARGUMENT:
+            return InvalidArgument(f"bad request for {key!r}: {message}", key=key)
+        case KeyStatus.STALE_PUT:
+            return PutAborted(
+                f"the reservation for {key!r} ended before it was committed (it timed out, or "
+                "its storage node died); nothing was published: put it again",
+                key=key,
+            )
+        case KeyStatus.NO_REPLICA:
+            return TransferError(
+                f"no replica of {key!r} could be written; nothing was published{detail}",
+                key=key,
+            )
+    raise AssertionError(f"no error for status {status}")

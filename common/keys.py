@@ -1,0 +1,20 @@
+"""Object keys: what makes one valid, checked the same way by client and master."""
+
+from __future__ import annotations
+
+MAX_KEY_BYTES = 1024
+
+
+def key_problem(key: object) -> str | None:
+    """Why ``key`` is not a valid kvpool key, or None when it is."""
+    if not isinstance(key, str):
+        return f"keys are str, not {type(key).__name__}"
+    if not key:
+        return "the key is empty"
+    try:
+        encoded = key.encode("utf-8")
+    except UnicodeEncodeError:
+        return "the key is not valid UTF-8 (it contains lone surrogates)"
+    if len(encoded) > MAX_KEY_BYTES:
+        return f"the key is {len(encoded)} bytes of UTF-8; the limit is {MAX_KEY_BYTES}"
+    return None

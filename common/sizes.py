@@ -1,0 +1,51 @@
+"""Human-readable byte sizes: ``4GiB`` in, ``4.0 GiB`` out."""
+
+from __future__ import annotations
+
+import re
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "ki": 1024,
+    "kib": 1024,
+    "mi": 1024**2,
+    "mib": 1024**2,
+    "gi": 1024**3,
+    "gib": 1024**3,
+    "ti": 1024**4,
+    "tib": 1024**4,
+}
+_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str | int) -> int:
+    """Parses ``4GiB``, ``512MiB``, ``1.5G``, ``4096``; a ValueError names the accepted forms."""
+    if isinstance(text, int):
+        if text < 0:
+            raise ValueError(f"size must not be negative, got {text}")
+        return text
+    match = _PATTERN.match(text)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _UNITS:
+        raise ValueError(
+            f"cannot read {text!r} as a size: use a number with an optional unit "
+            "(B, KiB, MiB, GiB, TiB, or KB, MB, GB, TB), e.g. 4GiB"
+        )
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def format_size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")

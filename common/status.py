@@ -1,0 +1,28 @@
+"""Per-key outcomes of master calls, shared by the sans-IO master core and the client.
+
+The numeric values are the wire values of ``kvpool.v1.KeyStatus`` in ``proto/master.proto``
+(a test keeps the two in step), so no translation table is needed on either side.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class KeyStatus(IntEnum):
+    OK = 0
+    NOT_FOUND = 1
+    ALREADY_EXISTS = 2
+    NOT_READY = 3
+    NO_SPACE = 4
+    INVALID_KEY = 5
+    HAS_LEASE = 6
+    INVALID_ARGUMENT = 7
+    STALE_PUT = 8
+    NO_REPLICA = 9
+
+
+class Tier(IntEnum):
+    UNSPECIFIED = 0
+    DRAM = 1
+    NVME = 2

@@ -1,0 +1,160 @@
+"""``kvpool put/get/ls/rm/status/bench``: the cluster from a shell."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kvpool.common.sizes import format_size
+from kvpool.errors import KVPoolError
+
+
+def _client_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--master", default=None, help="master HOST:PORT (default: $KVPOOL_MASTER)")
+    parser.add_argument("--timeout", type=float, default=10.0, help="seconds per call (default 10)")
+
+
+def add_commands(commands: Any) -> None:
+    put = commands.add_parser("put", help="store a file, stdin or a string under a key")
+    _client_options(put)
+    put.add_argument("key")
+    source = put.add_mutually_exclusive_group()
+    source.add_argument("file", nargs="?", help="file to store ('-' or nothing: stdin)")
+    source.add_argument("--value", help="store this string (UTF-8) instead of a file")
+    put.add_argument("--replicas", type=int, default=0, help="copies on distinct nodes")
+    put.set_defaults(run=_with_client(_put))
+
+    get = commands.add_parser("get", help="print an object (or write it to a file)")
+    _client_options(get)
+    get.add_argument("key")
+    get.add_argument("-o", "--output", help="write here instead of stdout")
+    get.set_defaults(run=_with_client(_get))
+
+    ls = commands.add_parser("ls", help="list keys")
+    _client_options(ls)
+    ls.add_argument("--prefix", default="", help="only keys starting with this")
+    ls.add_argument("--limit", type=int, default=0, help="at most this many keys (0: all)")
+    ls.set_defaults(run=_with_client(_ls))
+
+    rm = commands.add_parser("rm", help="remove objects")
+    _client_options(rm)
+    rm.add_argument("keys", nargs="+")
+    rm.add_argument("--force", action="store_true", help="remove even while leased")
+    rm.set_defaults(run=_with_client(_rm))
+
+    status = commands.add_parser("status", help="nodes, segments and their use")
+    _client_options(status)
+    status.set_defaults(run=_with_client(_status))
+
+    bench = commands.add_parser("bench", help="measure put/get throughput (starts a cluster)")
+    from kvpool.bench import throughput
+
+    throughput.add_arguments(bench)
+    bench.set_defaults(run=throughput.run)
+
+
+def _with_client(command: Callable[[Any, argparse.Namespace], int]) -> Callable[..., int]:
+    def run(args: argparse.Namespace) -> int:
+        from kvpool import Client
+
+        try:
+            with Client(args.master, timeout=args.timeout) as client:
+                return command(client, args)
+        except KVPoolError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 1
+
+    return run
+
+
+def _put(client: Any, args: argparse.Namespace) -> int:
+    if args.value is not None:
+        data = args.value.encode()
+    elif args.file in (None, "-"):
+        data = sys.stdin.buffer.read()
+    else:
+        try:
+            data = Path(args.file).read_bytes()
+        except OSError as error:
+            print(f"error: cannot read {args.file}: {error.strerror}", file=sys.stderr)
+            return 1
+    client.put(args.key, data, replicas=args.replicas or None)
+    print(f"stored {args.key!r} ({format_size(len(data))})", file=sys.stderr)
+    return 0
+
+
+def _get(client: Any, args: argparse.Namespace) -> int:
+    data = client.get(args.key)
+    if args.output:
+        Path(args.output).write_bytes(data)
+    else:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+    return 0
+
+
+def _ls(client: Any, args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("key", "size", box=None)
+    shown = 0
+    start_after = ""
+    while True:
+        page = client.list_keys(args.prefix, start_after=start_after)
+        for key, size in zip(page.keys, page.sizes, strict=True):
+            if args.limit and shown >= args.limit:
+                break
+            table.add_row(key, format_size(size))
+            shown += 1
+        if not page.next_start_after or (args.limit and shown >= args.limit):
+            break
+        start_after = page.next_start_after
+    Console().print(table)
+    print(f"{shown} key(s)", file=sys.stderr)
+    return 0
+
+
+def _rm(client: Any, args: argparse.Namespace) -> int:
+    failed = 0
+    for key, result in zip(args.keys, client.remove_many(args.keys, force=args.force), strict=True):
+        if result is None:
+            print(f"removed {key!r}", file=sys.stderr)
+        else:
+            print(f"error: {result}", file=sys.stderr)
+            failed += 1
+    return 1 if failed else 0
+
+
+def _status(client: Any, args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    status = client.cluster_status()
+    table = Table("segment", "node", "host", "tier", "used", "capacity", "use", "objects")
+    for s in sorted(status.segments, key=lambda s: s.segment_id):
+        use = f"{100 * s.used / s.capacity:.1f}%" if s.capacity else "-"
+        tier = {1: "dram", 2: "nvme"}.get(s.tier, "?")
+        table.add_row(
+            s.segment_id,
+            s.node_id,
+            s.host,
+            tier,
+            format_size(s.used),
+            format_size(s.capacity),
+            use,
+            str(s.objects),
+        )
+    console = Console()
+    console.print(table)
+    used = sum(s.used for s in status.segments)
+    capacity = sum(s.capacity for s in status.segments)
+    console.print(
+        f"master {client.master}: {status.nodes} node(s), {status.objects} object(s), "
+        f"{status.reservations} being written, {format_size(used)} of {format_size(capacity)} "
+        f"used, up {status.uptime_s:.0f}s"
+    )
+    return 0

@@ -1,0 +1,83 @@
+"""Typed exceptions for everything a kvpool user can run into.
+
+Every message says what happened and what to do about it. Batch calls (``put_many``,
+``get_many``, ...) do not raise these for per-key failures: they return the exception
+instance in that key's slot, so one missing key does not hide the others' results.
+"""
+
+from __future__ import annotations
+
+
+class KVPoolError(Exception):
+    """Base class of every kvpool error. ``key`` names the object, when there is one."""
+
+    retryable: bool = False
+
+    def __init__(self, message: str, *, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+class InvalidKey(KVPoolError, ValueError):
+    """The key is empty, longer than 1024 bytes of UTF-8, or not valid UTF-8."""
+
+
+class InvalidArgument(KVPoolError, ValueError):
+    """An argument other than the key is wrong (size, replica count, buffer, address)."""
+
+
+class ObjectNotFound(KVPoolError, KeyError):
+    """No published object has this key."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+class ObjectNotReady(ObjectNotFound):
+    """The object is being written and not yet published; readers cannot see it yet."""
+
+
+class ObjectExists(KVPoolError):
+    """A put of a key that is published or being written: objects are immutable."""
+
+
+class NoSpace(KVPoolError):
+    """No segment can hold the object, even after eviction."""
+
+
+class ObjectHasLease(KVPoolError):
+    """A remove was refused because a reader holds a lease on the object."""
+
+
+class LeaseExpired(KVPoolError):
+    """The read lease may have run out before the transfer finished; the bytes were discarded."""
+
+    retryable = True
+
+
+class TransferError(KVPoolError):
+    """Moving bytes to or from a storage node failed or missed its deadline."""
+
+    retryable = True
+
+
+class PutAborted(KVPoolError):
+    """The master no longer holds this put's reservation (it timed out or its node died)."""
+
+    retryable = True
+
+
+class BufferTooSmall(InvalidArgument):
+    """``get_into`` was given a buffer smaller than the object."""
+
+
+class MasterUnavailable(KVPoolError):
+    """The master could not be reached (or kept refusing) within the deadline."""
+
+    retryable = True
+
+
+class ChecksumMismatch(KVPoolError):
+    """The bytes read do not match the checksum their writer recorded."""
+
+    retryable = True

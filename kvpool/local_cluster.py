@@ -1,0 +1,199 @@
+"""A whole kvpool cluster on this machine: one master and N storage nodes as child processes.
+
+Used by ``kvpool up``, ``kvpool bench`` and the test suite. Every process is a real
+``kvpool master`` / ``kvpool node``; readiness is learned from the ready files they write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+class ManagedProcess:
+    """A child process with its log file and ready file."""
+
+    def __init__(self, name: str, argv: list[str], run_dir: Path, env: dict[str, str]) -> None:
+        self.name = name
+        self.argv = argv
+        self.ready_file = run_dir / f"{name}.ready.json"
+        self.log_path = run_dir / f"{name}.log"
+        self.ready_file.unlink(missing_ok=True)
+        self._log = self.log_path.open("ab")
+        self.popen = subprocess.Popen(
+            [*argv, "--ready-file", str(self.ready_file)],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def wait_ready(self, deadline: float) -> dict:
+        while time.monotonic() < deadline:
+            if self.ready_file.exists():
+                return json.loads(self.ready_file.read_text())
+            if not self.alive():
+                raise ClusterError(
+                    f"{self.name} exited with {self.popen.returncode} before it was ready:\n"
+                    f"{self.log_tail()}"
+                )
+            time.sleep(0.02)
+        raise ClusterError(f"{self.name} not ready in time:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            os.kill(self.popen.pid, sig)
+
+    def stop(self, timeout: float = 5.0) -> int | None:
+        """SIGTERM, then SIGKILL after ``timeout``; returns the exit code."""
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        self._log.close()
+        return self.popen.returncode
+
+    def kill(self) -> None:
+        """SIGKILL: the process gets no chance to clean up (a crash)."""
+        if self.alive():
+            self.popen.kill()
+            self.popen.wait()
+        self._log.close()
+
+
+class LocalCluster:
+    """Master plus ``nodes`` storage nodes on 127.0.0.1; a context manager."""
+
+    def __init__(
+        self,
+        nodes: int = 2,
+        dram: str = "1GiB",
+        *,
+        master_args: Sequence[str] = (),
+        node_args: Sequence[str] = (),
+        run_dir: str | Path | None = None,
+        port: int = 0,
+        env: dict[str, str] | None = None,
+        log_format: str = "json",
+    ) -> None:
+        self.node_count = nodes
+        self.dram = dram
+        self.master_args = list(master_args)
+        self.node_args = list(node_args)
+        self.port = port
+        self._own_run_dir = run_dir is None
+        self.run_dir = Path(run_dir or tempfile.mkdtemp(prefix="kvpool-"))
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.env = {**os.environ, **(env or {})}
+        self.log_format = log_format
+        self.master: ManagedProcess | None = None
+        self.nodes: list[ManagedProcess] = []
+        self.master_address = ""
+        self.master_http_port = 0
+
+    def _kvpool(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "kvpool.cli.main", *args]
+
+    def start(self, timeout: float = 60.0) -> LocalCluster:
+        deadline = time.monotonic() + timeout
+        self.start_master(deadline)
+        for _ in range(self.node_count):
+            self.add_node(deadline=deadline)
+        return self
+
+    def start_master(self, deadline: float | None = None) -> None:
+        deadline = deadline or time.monotonic() + 60
+        argv = self._kvpool(
+            "master",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--http-port",
+            "0",
+            "--log-format",
+            self.log_format,
+            *self.master_args,
+        )
+        self.master = ManagedProcess("master", argv, self.run_dir, self.env)
+        ready = self.master.wait_ready(deadline)
+        self.port = ready["grpc_port"]  # a restarted master comes back on the same port
+        self.master_address = f"127.0.0.1:{self.port}"
+        self.master_http_port = ready["http_port"]
+
+    def add_node(
+        self, dram: str | None = None, extra: Sequence[str] = (), deadline: float | None = None
+    ) -> ManagedProcess:
+        deadline = deadline or time.monotonic() + 60
+        name = f"node{len(self.nodes)}"
+        argv = self._kvpool(
+            "node",
+            "--master",
+            self.master_address,
+            "--dram",
+            dram or self.dram,
+            "--listen",
+            "127.0.0.1",
+            "--http-port",
+            "0",
+            "--node-id",
+            name,
+            "--log-format",
+            self.log_format,
+            *self.node_args,
+            *extra,
+        )
+        node = ManagedProcess(name, argv, self.run_dir, self.env)
+        node.ready = node.wait_ready(deadline)  # type: ignore[attr-defined]
+        self.nodes.append(node)
+        return node
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+        if self.master is not None:
+            self.master.stop()
+        if self._own_run_dir:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def logs(self) -> str:
+        parts = []
+        for process in [self.master, *self.nodes]:
+            if process is not None:
+                parts.append(f"--- {process.name} ---\n{process.log_tail()}")
+        return "\n".join(parts)
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

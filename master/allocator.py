@@ -1,0 +1,91 @@
+"""Offset allocator for one segment: best-fit over free extents that coalesce on free.
+
+Free extents live in a size-ordered list (best fit in O(log n)) and in two maps keyed by
+start and by end (neighbours found in O(1) when an extent is freed), so the cost of an
+allocation grows with the logarithm of the number of free extents, never with the number of
+objects. Sizes are rounded up to ``alignment`` so every buffer starts aligned.
+"""
+
+from __future__ import annotations
+
+from sortedcontainers import SortedList
+
+DEFAULT_ALIGNMENT = 64
+
+
+class Allocator:
+    def __init__(self, capacity: int, alignment: int = DEFAULT_ALIGNMENT) -> None:
+        if alignment <= 0 or alignment & (alignment - 1):
+            raise ValueError(f"alignment must be a power of two, got {alignment}")
+        self.alignment = alignment
+        self.capacity = capacity - capacity % alignment
+        self._by_size: SortedList = SortedList()  # (size, offset)
+        self._by_start: dict[int, int] = {}  # offset -> size
+        self._by_end: dict[int, int] = {}  # offset + size -> offset
+        self._allocated: dict[int, int] = {}  # offset -> size
+        self.used = 0
+        if self.capacity:
+            self._add_free(0, self.capacity)
+
+    def rounded(self, size: int) -> int:
+        """The bytes an allocation of ``size`` occupies (at least one alignment unit)."""
+        size = max(size, 1)
+        return (size + self.alignment - 1) & ~(self.alignment - 1)
+
+    def allocate(self, size: int) -> int | None:
+        """Offset of a new buffer of at least ``size`` bytes, or None when nothing fits."""
+        need = self.rounded(size)
+        index = self._by_size.bisect_left((need, -1))
+        if index == len(self._by_size):
+            return None
+        free_size, offset = self._by_size[index]
+        self._remove_free(offset, free_size)
+        if free_size > need:
+            self._add_free(offset + need, free_size - need)
+        self._allocated[offset] = need
+        self.used += need
+        return offset
+
+    def free(self, offset: int) -> None:
+        size = self._allocated.pop(offset)
+        self.used -= size
+        end = offset + size
+        after = self._by_start.get(end)
+        if after is not None:
+            self._remove_free(end, after)
+            size += after
+        before = self._by_end.get(offset)
+        if before is not None:
+            before_size = offset - before
+            self._remove_free(before, before_size)
+            offset, size = before, size + before_size
+        self._add_free(offset, size)
+
+    @property
+    def free_bytes(self) -> int:
+        return self.capacity - self.used
+
+    @property
+    def largest_free(self) -> int:
+        return self._by_size[-1][0] if self._by_size else 0
+
+    def size_of(self, offset: int) -> int:
+        return self._allocated[offset]
+
+    def allocations(self) -> dict[int, int]:
+        """A copy of offset -> rounded size of every live buffer (for checks and tests)."""
+        return dict(self._allocated)
+
+    def free_extents(self) -> list[tuple[int, int]]:
+        """(offset, size) of every free extent, by offset (for checks and tests)."""
+        return sorted(self._by_start.items())
+
+    def _add_free(self, offset: int, size: int) -> None:
+        self._by_size.add((size, offset))
+        self._by_start[offset] = size
+        self._by_end[offset + size] = offset
+
+    def _remove_free(self, offset: int, size: int) -> None:
+        self._by_size.remove((size, offset))
+        del self._by_start[offset]
+        del self._by_end[offset + size]

@@ -1,0 +1,40 @@
+"""Tunables of the master's metadata core, with the defaults a production cluster starts from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class MasterConfig:
+    #: Replicas per object when a put does not say.
+    default_replicas: int = 1
+    #: Upper bound on replicas per object.
+    max_replicas: int = 8
+    #: Read lease granted by GetReplicas when the request does not ask for one (seconds).
+    lease_ttl: float = 10.0
+    #: Longest lease a request may ask for (seconds).
+    max_lease_ttl: float = 600.0
+    #: A reservation not committed within this many seconds is revoked and its key freed.
+    reservation_timeout: float = 30.0
+    #: Space of a timed-out reservation stays quarantined this much longer, so that a slow
+    #: writer that lost its reservation cannot write into another object's buffer.
+    reclaim_delay: float = 60.0
+    #: A node silent for this long is declared dead and its replicas dropped (seconds).
+    node_ttl: float = 5.0
+    #: Page size of ListKeys when the request does not say.
+    list_page_size: int = 1000
+    #: Buffers start at multiples of this many bytes.
+    alignment: int = 64
+
+    def __post_init__(self) -> None:
+        for name in ("lease_ttl", "reservation_timeout", "node_ttl"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.reclaim_delay < 0:
+            raise ValueError(f"reclaim_delay must not be negative, got {self.reclaim_delay}")
+        if not 1 <= self.default_replicas <= self.max_replicas:
+            raise ValueError(
+                f"default_replicas must be between 1 and max_replicas ({self.max_replicas}),"
+                f" got {self.default_replicas}"
+            )

@@ -1,0 +1,139 @@
+"""``kvpool master``: runs the metadata service (gRPC) and its HTTP side door."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import time
+
+import grpc
+from kvpool.common.http_server import HealthServer
+from kvpool.common.logging import LOG_FORMATS, configure_logging, get_logger
+from kvpool.common.process import stop_event_on_signals, write_ready_file
+from kvpool.master import metrics
+from kvpool.master.config import MasterConfig
+from kvpool.master.service import MasterService
+from kvpool.master.state import MasterState
+from kvpool.proto import master_pb2_grpc
+
+log = get_logger("kvpool.master")
+
+GRPC_MESSAGE_LIMIT = 256 * 1024 * 1024
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    defaults = MasterConfig()
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")
+    parser.add_argument("--port", type=int, default=50051, help="gRPC port (0 picks a free one)")
+    parser.add_argument(
+        "--http-port", type=int, default=9090, help="port of /healthz, /readyz, /metrics (0: free)"
+    )
+    parser.add_argument(
+        "--default-replicas",
+        type=int,
+        default=defaults.default_replicas,
+        help="replicas per object when a put does not say",
+    )
+    parser.add_argument(
+        "--lease-ttl", type=float, default=defaults.lease_ttl, help="read lease in seconds"
+    )
+    parser.add_argument(
+        "--reservation-timeout",
+        type=float,
+        default=defaults.reservation_timeout,
+        help="seconds before an uncommitted put is revoked and its key freed",
+    )
+    parser.add_argument(
+        "--reclaim-delay",
+        type=float,
+        default=defaults.reclaim_delay,
+        help="extra seconds a revoked reservation's space stays quarantined",
+    )
+    parser.add_argument(
+        "--node-ttl",
+        type=float,
+        default=defaults.node_ttl,
+        help="seconds without a heartbeat before a storage node is declared dead",
+    )
+    parser.add_argument(
+        "--tick", type=float, default=0.1, help="seconds between timeout checks (default 0.1)"
+    )
+    parser.add_argument(
+        "--max-inflight",
+        type=int,
+        default=1024,
+        help="RPCs served at once; beyond this the master answers RESOURCE_EXHAUSTED",
+    )
+    parser.add_argument(
+        "--etcd",
+        default=None,
+        help="etcd endpoint(s) for leader election, e.g. http://etcd:2379 (HA mode)",
+    )
+    parser.add_argument("--cluster", default="kvpool", help="cluster name (etcd key prefix)")
+    parser.add_argument(
+        "--ready-file", default=None, help="write the bound addresses here as JSON once serving"
+    )
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default="auto")
+    parser.add_argument("--log-level", default="info")
+
+
+def config_from_args(args: argparse.Namespace) -> MasterConfig:
+    return MasterConfig(
+        default_replicas=args.default_replicas,
+        lease_ttl=args.lease_ttl,
+        reservation_timeout=args.reservation_timeout,
+        reclaim_delay=args.reclaim_delay,
+        node_ttl=args.node_ttl,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    configure_logging(args.log_format, args.log_level)
+    try:
+        config = config_from_args(args)
+    except ValueError as error:
+        log.error("bad configuration", error=str(error))
+        return 2
+    asyncio.run(serve(args, config))
+    return 0
+
+
+async def serve(args: argparse.Namespace, config: MasterConfig) -> None:
+    state = MasterState(config, clock=time.monotonic)
+    server = grpc.aio.server(
+        options=[
+            ("grpc.max_receive_message_length", GRPC_MESSAGE_LIMIT),
+            ("grpc.max_send_message_length", GRPC_MESSAGE_LIMIT),
+            ("grpc.so_reuseport", 0),
+        ],
+        maximum_concurrent_rpcs=args.max_inflight,
+    )
+    master_pb2_grpc.add_MasterServicer_to_server(MasterService(state), server)
+    port = server.add_insecure_port(f"{args.host}:{args.port}")
+    await server.start()
+    http = HealthServer(args.host, args.http_port, readiness=lambda: (True, "serving"))
+    http.start()
+    if args.etcd:
+        log.warning("leader election is not built yet: serving as the only master", etcd=args.etcd)
+    log.info("master serving", grpc_port=port, http_port=http.port, config=str(config))
+    write_ready_file(args.ready_file, grpc_port=port, http_port=http.port)
+    stop = stop_event_on_signals(asyncio.get_running_loop())
+    try:
+        while not stop.is_set():
+            report = state.tick()
+            if report.reservations_reclaimed:
+                log.info("reservations reclaimed", keys=len(report.reservations_reclaimed))
+            if report.dead_nodes:
+                log.warning(
+                    "storage nodes declared dead",
+                    nodes=report.dead_nodes,
+                    objects_lost=report.objects_lost,
+                )
+            metrics.STATE.publish(state.snapshot(), state.counters)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), args.tick)
+    finally:
+        log.info("master stopping")
+        await server.stop(grace=1.0)
+        http.stop()

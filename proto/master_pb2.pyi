@@ -1,0 +1,296 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class KeyStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OK: _ClassVar[KeyStatus]
+    NOT_FOUND: _ClassVar[KeyStatus]
+    ALREADY_EXISTS: _ClassVar[KeyStatus]
+    NOT_READY: _ClassVar[KeyStatus]
+    NO_SPACE: _ClassVar[KeyStatus]
+    INVALID_KEY: _ClassVar[KeyStatus]
+    HAS_LEASE: _ClassVar[KeyStatus]
+    INVALID_ARGUMENT: _ClassVar[KeyStatus]
+    STALE_PUT: _ClassVar[KeyStatus]
+    NO_REPLICA: _ClassVar[KeyStatus]
+
+class Tier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TIER_UNSPECIFIED: _ClassVar[Tier]
+    DRAM: _ClassVar[Tier]
+    NVME: _ClassVar[Tier]
+OK: KeyStatus
+NOT_FOUND: KeyStatus
+ALREADY_EXISTS: KeyStatus
+NOT_READY: KeyStatus
+NO_SPACE: KeyStatus
+INVALID_KEY: KeyStatus
+HAS_LEASE: KeyStatus
+INVALID_ARGUMENT: KeyStatus
+STALE_PUT: KeyStatus
+NO_REPLICA: KeyStatus
+TIER_UNSPECIFIED: Tier
+DRAM: Tier
+NVME: Tier
+
+class Segment(_message.Message):
+    __slots__ = ("segment_id", "node_id", "host", "worker_address", "base_address", "size", "rkey", "tier")
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    BASE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    RKEY_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    segment_id: str
+    node_id: str
+    host: str
+    worker_address: bytes
+    base_address: int
+    size: int
+    rkey: bytes
+    tier: Tier
+    def __init__(self, segment_id: _Optional[str] = ..., node_id: _Optional[str] = ..., host: _Optional[str] = ..., worker_address: _Optional[bytes] = ..., base_address: _Optional[int] = ..., size: _Optional[int] = ..., rkey: _Optional[bytes] = ..., tier: _Optional[_Union[Tier, str]] = ...) -> None: ...
+
+class Replica(_message.Message):
+    __slots__ = ("segment_id", "address")
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    segment_id: str
+    address: int
+    def __init__(self, segment_id: _Optional[str] = ..., address: _Optional[int] = ...) -> None: ...
+
+class MountSegmentRequest(_message.Message):
+    __slots__ = ("segment",)
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    segment: Segment
+    def __init__(self, segment: _Optional[_Union[Segment, _Mapping]] = ...) -> None: ...
+
+class MountSegmentResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class UnmountSegmentRequest(_message.Message):
+    __slots__ = ("node_id", "segment_id")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    segment_id: str
+    def __init__(self, node_id: _Optional[str] = ..., segment_id: _Optional[str] = ...) -> None: ...
+
+class UnmountSegmentResponse(_message.Message):
+    __slots__ = ("objects_removed",)
+    OBJECTS_REMOVED_FIELD_NUMBER: _ClassVar[int]
+    objects_removed: int
+    def __init__(self, objects_removed: _Optional[int] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("node_id", "segment_ids")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    segment_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node_id: _Optional[str] = ..., segment_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("remount_segment_ids",)
+    REMOUNT_SEGMENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    remount_segment_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, remount_segment_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PutStartRequest(_message.Message):
+    __slots__ = ("client_id", "keys", "sizes", "replicas")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    SIZES_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    sizes: _containers.RepeatedScalarFieldContainer[int]
+    replicas: int
+    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., sizes: _Optional[_Iterable[int]] = ..., replicas: _Optional[int] = ...) -> None: ...
+
+class PutSlot(_message.Message):
+    __slots__ = ("status", "put_id", "replicas", "message")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    PUT_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    status: KeyStatus
+    put_id: int
+    replicas: _containers.RepeatedCompositeFieldContainer[Replica]
+    message: str
+    def __init__(self, status: _Optional[_Union[KeyStatus, str]] = ..., put_id: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class PutStartResponse(_message.Message):
+    __slots__ = ("slots", "segments")
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    slots: _containers.RepeatedCompositeFieldContainer[PutSlot]
+    segments: _containers.RepeatedCompositeFieldContainer[Segment]
+    def __init__(self, slots: _Optional[_Iterable[_Union[PutSlot, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ...) -> None: ...
+
+class PutCommit(_message.Message):
+    __slots__ = ("key", "put_id", "replica_ok")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    PUT_ID_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_OK_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    put_id: int
+    replica_ok: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, key: _Optional[str] = ..., put_id: _Optional[int] = ..., replica_ok: _Optional[_Iterable[bool]] = ...) -> None: ...
+
+class PutEndRequest(_message.Message):
+    __slots__ = ("client_id", "commits")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMITS_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    commits: _containers.RepeatedCompositeFieldContainer[PutCommit]
+    def __init__(self, client_id: _Optional[str] = ..., commits: _Optional[_Iterable[_Union[PutCommit, _Mapping]]] = ...) -> None: ...
+
+class PutEndResponse(_message.Message):
+    __slots__ = ("statuses",)
+    STATUSES_FIELD_NUMBER: _ClassVar[int]
+    statuses: _containers.RepeatedScalarFieldContainer[KeyStatus]
+    def __init__(self, statuses: _Optional[_Iterable[_Union[KeyStatus, str]]] = ...) -> None: ...
+
+class PutRevokeRequest(_message.Message):
+    __slots__ = ("client_id", "keys", "put_ids")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    PUT_IDS_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    put_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., put_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PutRevokeResponse(_message.Message):
+    __slots__ = ("statuses",)
+    STATUSES_FIELD_NUMBER: _ClassVar[int]
+    statuses: _containers.RepeatedScalarFieldContainer[KeyStatus]
+    def __init__(self, statuses: _Optional[_Iterable[_Union[KeyStatus, str]]] = ...) -> None: ...
+
+class GetReplicasRequest(_message.Message):
+    __slots__ = ("client_id", "keys", "lease_ms")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    lease_ms: int
+    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., lease_ms: _Optional[int] = ...) -> None: ...
+
+class ObjectLocation(_message.Message):
+    __slots__ = ("status", "size", "replicas")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    status: KeyStatus
+    size: int
+    replicas: _containers.RepeatedCompositeFieldContainer[Replica]
+    def __init__(self, status: _Optional[_Union[KeyStatus, str]] = ..., size: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ...) -> None: ...
+
+class GetReplicasResponse(_message.Message):
+    __slots__ = ("objects", "segments", "lease_ms")
+    OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    objects: _containers.RepeatedCompositeFieldContainer[ObjectLocation]
+    segments: _containers.RepeatedCompositeFieldContainer[Segment]
+    lease_ms: int
+    def __init__(self, objects: _Optional[_Iterable[_Union[ObjectLocation, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., lease_ms: _Optional[int] = ...) -> None: ...
+
+class ExistsRequest(_message.Message):
+    __slots__ = ("client_id", "keys")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ExistsResponse(_message.Message):
+    __slots__ = ("statuses",)
+    STATUSES_FIELD_NUMBER: _ClassVar[int]
+    statuses: _containers.RepeatedScalarFieldContainer[KeyStatus]
+    def __init__(self, statuses: _Optional[_Iterable[_Union[KeyStatus, str]]] = ...) -> None: ...
+
+class RemoveRequest(_message.Message):
+    __slots__ = ("client_id", "keys", "force")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    force: bool
+    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class RemoveResponse(_message.Message):
+    __slots__ = ("statuses",)
+    STATUSES_FIELD_NUMBER: _ClassVar[int]
+    statuses: _containers.RepeatedScalarFieldContainer[KeyStatus]
+    def __init__(self, statuses: _Optional[_Iterable[_Union[KeyStatus, str]]] = ...) -> None: ...
+
+class ListKeysRequest(_message.Message):
+    __slots__ = ("prefix", "limit", "start_after")
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    START_AFTER_FIELD_NUMBER: _ClassVar[int]
+    prefix: str
+    limit: int
+    start_after: str
+    def __init__(self, prefix: _Optional[str] = ..., limit: _Optional[int] = ..., start_after: _Optional[str] = ...) -> None: ...
+
+class ListKeysResponse(_message.Message):
+    __slots__ = ("keys", "sizes", "next_start_after")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    SIZES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_START_AFTER_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    sizes: _containers.RepeatedScalarFieldContainer[int]
+    next_start_after: str
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., sizes: _Optional[_Iterable[int]] = ..., next_start_after: _Optional[str] = ...) -> None: ...
+
+class ClusterStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SegmentStatus(_message.Message):
+    __slots__ = ("segment_id", "node_id", "host", "tier", "capacity", "used", "objects", "largest_free")
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    USED_FIELD_NUMBER: _ClassVar[int]
+    OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    LARGEST_FREE_FIELD_NUMBER: _ClassVar[int]
+    segment_id: str
+    node_id: str
+    host: str
+    tier: Tier
+    capacity: int
+    used: int
+    objects: int
+    largest_free: int
+    def __init__(self, segment_id: _Optional[str] = ..., node_id: _Optional[str] = ..., host: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., objects: _Optional[int] = ..., largest_free: _Optional[int] = ...) -> None: ...
+
+class ClusterStatusResponse(_message.Message):
+    __slots__ = ("segments", "objects", "reservations", "nodes", "uptime_s")
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    RESERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    segments: _containers.RepeatedCompositeFieldContainer[SegmentStatus]
+    objects: int
+    reservations: int
+    nodes: int
+    uptime_s: float
+    def __init__(self, segments: _Optional[_Iterable[_Union[SegmentStatus, _Mapping]]] = ..., objects: _Optional[int] = ..., reservations: _Optional[int] = ..., nodes: _Optional[int] = ..., uptime_s: _Optional[float] = ...) -> None: ...

@@ -1,0 +1,145 @@
+"""A storage node: owns segments, keeps UCX progressing, and keeps the master informed.
+
+The node never handles payload bytes itself: clients read and write its segments with
+one-sided UCX operations. Its own work is to keep its UCX worker progressing (needed for
+TCP's software RMA) on a thread that sleeps on the worker's event fd, to mount its segments at
+the master, to heartbeat, to remount when the master asks (after a master restart), and to
+unmount cleanly when told to stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+
+import grpc
+from kvpool.common.logging import get_logger
+from kvpool.proto import master_pb2 as pb
+from kvpool.proto import master_pb2_grpc
+from kvpool.storage_node import metrics
+from kvpool.storage_node.segment import Segment
+from kvpool.transport import ucp
+
+log = get_logger("kvpool.node")
+
+RPC_TIMEOUT = 2.0
+
+
+class StorageNode:
+    def __init__(
+        self,
+        *,
+        node_id: str,
+        host: str,
+        master: str,
+        context: ucp.Context,
+        worker: ucp.Worker,
+        segments: list[Segment],
+        heartbeat_interval: float = 1.0,
+    ) -> None:
+        self.node_id = node_id
+        self.host = host
+        self.master = master
+        self.context = context
+        self.worker = worker
+        self.segments = segments
+        self.heartbeat_interval = heartbeat_interval
+        self.mounted: set[str] = set()
+        self._worker_address = worker.address
+        self._progress = ucp.ProgressThread(worker)
+        self._failures = 0
+
+    @property
+    def ready(self) -> tuple[bool, str]:
+        missing = len(self.segments) - len(self.mounted)
+        if missing:
+            return False, f"{missing} segment(s) not mounted at master {self.master}"
+        return True, f"{len(self.segments)} segment(s) mounted"
+
+    async def run(self, stop: asyncio.Event, on_ready: Callable[[], None] | None = None) -> None:
+        """Serves until ``stop`` is set, then unmounts and releases everything."""
+        self._progress.start()
+        for segment in self.segments:
+            metrics.SEGMENT_BYTES.labels(segment.segment_id, segment.tier.name.lower()).set(
+                segment.size
+            )
+        announced = False
+        async with grpc.aio.insecure_channel(self.master) as channel:
+            stub = master_pb2_grpc.MasterStub(channel)
+            while not stop.is_set():
+                await self._sync_with_master(stub)
+                if not announced and self.ready[0]:
+                    announced = True
+                    log.info("node ready", node_id=self.node_id, segments=len(self.segments))
+                    if on_ready is not None:
+                        on_ready()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.heartbeat_interval)
+            await self._unmount_all(stub)
+        self.close()
+
+    async def _sync_with_master(self, stub: master_pb2_grpc.MasterStub) -> None:
+        try:
+            for segment in self.segments:
+                if segment.segment_id not in self.mounted:
+                    descriptor = segment.descriptor(self.node_id, self.host, self._worker_address)
+                    await stub.MountSegment(
+                        pb.MountSegmentRequest(segment=descriptor), timeout=RPC_TIMEOUT
+                    )
+                    self.mounted.add(segment.segment_id)
+                    log.info("segment mounted", segment=segment.segment_id, size=segment.size)
+            response = await stub.Heartbeat(
+                pb.HeartbeatRequest(
+                    node_id=self.node_id, segment_ids=[s.segment_id for s in self.segments]
+                ),
+                timeout=RPC_TIMEOUT,
+            )
+            if response.remount_segment_ids:
+                log.warning("master asks to remount", segments=list(response.remount_segment_ids))
+                self.mounted.difference_update(response.remount_segment_ids)
+            metrics.HEARTBEATS.inc()
+            if self._failures:
+                log.info("master reachable again", after_failures=self._failures)
+            self._failures = 0
+        except grpc.aio.AioRpcError as error:
+            metrics.HEARTBEAT_FAILURES.inc()
+            self._failures += 1
+            if self._failures in (1, 10) or self._failures % 60 == 0:
+                log.warning(
+                    "cannot reach master",
+                    master=self.master,
+                    code=error.code().name,
+                    detail=error.details(),
+                    failures=self._failures,
+                )
+        metrics.MOUNTED.set(len(self.mounted))
+
+    async def _unmount_all(self, stub: master_pb2_grpc.MasterStub) -> None:
+        for segment in self.segments:
+            if segment.segment_id not in self.mounted:
+                continue
+            try:
+                response = await stub.UnmountSegment(
+                    pb.UnmountSegmentRequest(node_id=self.node_id, segment_id=segment.segment_id),
+                    timeout=RPC_TIMEOUT,
+                )
+                log.info(
+                    "segment unmounted",
+                    segment=segment.segment_id,
+                    objects_removed=response.objects_removed,
+                )
+            except grpc.aio.AioRpcError as error:
+                log.warning(
+                    "unmount failed; the master will drop the segment when its heartbeat TTL ends",
+                    segment=segment.segment_id,
+                    code=error.code().name,
+                )
+            self.mounted.discard(segment.segment_id)
+
+    def close(self) -> None:
+        self._progress.stop()
+        for segment in self.segments:
+            segment.close()
+        self.worker.close()
+        self.context.close()
