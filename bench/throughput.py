@@ -39,8 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--bytes", default="512MiB", help="bytes moved per size and direction (default 512MiB)"
     )
-    parser.add_argument("--nodes", type=int, default=1, help="nodes of the local cluster")
-    parser.add_argument("--dram", default="2GiB", help="DRAM per node of the local cluster")
+    parser.add_argument("--nodes", type=int, default=2, help="nodes of the local cluster")
+    parser.add_argument("--dram", default="1GiB", help="DRAM per node of the local cluster")
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--json", default=None, help="also write the results here")
 

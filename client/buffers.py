@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvpool.transport import ucp
-
 from kvpool.errors import InvalidArgument
+from kvpool.transport import ucp
 
 
 def readable_address(data: Any) -> tuple[int, int, Any]:

@@ -18,12 +18,10 @@ from kvpool.client.buffers import new_bytes, readable_address, writable_address
 from kvpool.client.data_path import DataPath, Transfer
 from kvpool.client.master_link import MasterLink
 from kvpool.client.outcomes import error_for
+from kvpool.client.reservation import PendingPut, Reservation
 from kvpool.common.keys import key_problem
 from kvpool.common.master_address import resolve_master
 from kvpool.common.status import KeyStatus
-from kvpool.proto import master_pb2 as pb
-from kvpool.transport import ucp
-
 from kvpool.errors import (
     BufferTooSmall,
     InvalidArgument,
@@ -32,6 +30,8 @@ from kvpool.errors import (
     LeaseExpired,
     TransferError,
 )
+from kvpool.proto import master_pb2 as pb
+from kvpool.transport import ucp
 
 DEFAULT_TIMEOUT = 10.0
 
@@ -42,7 +42,8 @@ class Client:
     ``master`` is ``HOST:PORT`` (default: ``$KVPOOL_MASTER``). ``replicas`` is the number of
     copies a put asks for (0: the master's default). ``timeout`` bounds every call, master
     round trips and transfers together. ``lease_ttl`` asks for read leases of that many
-    seconds (0: the master's default).
+    seconds (0: the master's default). ``ucx_config`` overrides UCX settings by name without
+    the ``UCX_`` prefix, e.g. ``{"TLS": "tcp"}``.
     """
 
     def __init__(
@@ -52,6 +53,7 @@ class Client:
         replicas: int = 0,
         timeout: float = DEFAULT_TIMEOUT,
         lease_ttl: float = 0.0,
+        ucx_config: Mapping[str, str] | None = None,
     ) -> None:
         try:
             address = resolve_master(master)
@@ -68,7 +70,7 @@ class Client:
         self.client_id = uuid.uuid4().hex
         self.host = socket.gethostname()
         self._link = MasterLink(address)
-        self._data = DataPath()
+        self._data = DataPath(ucx_config)
         self._closed = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -116,9 +118,6 @@ class Client:
         pairs = list(items.items()) if isinstance(items, Mapping) else list(items)
         deadline = time.monotonic() + self.timeout
         results: list[KVPoolError | None] = [None] * len(pairs)
-        wanted = self.replicas if replicas is None else replicas
-        if wanted < 0:
-            raise InvalidArgument(f"replicas must be 0 (master default) or more, got {wanted}")
         sources: dict[int, tuple[int, int, Any]] = {}
         for i, (key, data) in enumerate(pairs):
             problem = key_problem(key)
@@ -132,53 +131,34 @@ class Client:
         if not sources:
             return results
         order = list(sources)
-        response = self._link.call(
-            "PutStart",
-            pb.PutStartRequest(
-                client_id=self.client_id,
-                keys=[pairs[i][0] for i in order],
-                sizes=[sources[i][1] for i in order],
-                replicas=wanted,
-            ),
-            deadline,
-        )
-        self._data.learn(response.segments)
-        transfers: list[Transfer] = []
-        owners: list[tuple[int, int]] = []  # (slot index, replica index) per transfer
-        for slot_index, (i, slot) in enumerate(zip(order, response.slots, strict=True)):
-            if slot.status != KeyStatus.OK:
-                results[i] = error_for(slot.status, pairs[i][0], slot.message)
-                continue
-            address, length, _ = sources[i]
-            for replica_index, replica in enumerate(slot.replicas):
-                if length:
-                    transfers.append(Transfer(replica.segment_id, replica.address, address, length))
-                    owners.append((slot_index, replica_index))
-        errors = self._data.run(transfers, is_get=False, timeout=deadline - time.monotonic())
-        failures: dict[int, list[str]] = {}
-        replica_ok = {
-            slot_index: [True] * len(slot.replicas)
-            for slot_index, slot in enumerate(response.slots)
-            if slot.status == KeyStatus.OK
-        }
-        for (slot_index, replica_index), error in zip(owners, errors, strict=True):
-            if error:
-                replica_ok[slot_index][replica_index] = False
-                failures.setdefault(slot_index, []).append(error)
-        if not replica_ok:
-            return results
-        commits = [
-            pb.PutCommit(key=pairs[order[s]][0], put_id=response.slots[s].put_id, replica_ok=ok)
-            for s, ok in replica_ok.items()
-        ]
-        committed = self._link.call(
-            "PutEnd", pb.PutEndRequest(client_id=self.client_id, commits=commits), deadline
-        )
-        for s, status in zip(replica_ok, committed.statuses, strict=True):
+        keys = [pairs[i][0] for i in order]
+        slots = self._reserve(keys, [sources[i][1] for i in order], replicas, deadline)
+        puts = []
+        for i, key, slot in zip(order, keys, slots, strict=True):
+            if slot.status == KeyStatus.OK:
+                puts.append(PendingPut(i, key, slot, sources[i]))
+            else:
+                results[i] = error_for(slot.status, key, slot.message)
+        self._write(puts, deadline)
+        for put, status in zip(puts, self._commit(puts, deadline), strict=True):
             if status != KeyStatus.OK:
-                i = order[s]
-                results[i] = error_for(status, pairs[i][0], "; ".join(failures.get(s, [])))
+                results[put.index] = error_for(status, put.key, "; ".join(filter(None, put.errors)))
         return results
+
+    def reserve(self, key: str, size: int, *, replicas: int | None = None) -> Reservation:
+        """Low-level put in explicit steps: reserve now, then ``write``, ``commit``/``revoke``.
+
+        ``put`` does all three at once; this exists for callers that produce the bytes after
+        reserving (and for tests of what readers see in between).
+        """
+        problem = key_problem(key)
+        if problem is not None:
+            raise InvalidKey(f"invalid key {key!r}: {problem}", key=key)
+        deadline = time.monotonic() + self.timeout
+        slot = self._reserve([key], [size], replicas, deadline)[0]
+        if slot.status != KeyStatus.OK:
+            raise error_for(slot.status, key, slot.message)
+        return Reservation(self, PendingPut(0, key, slot, None), size)
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | KVPoolError]:
         """Reads every key; entry i is the object's bytes or the error for key i."""
@@ -285,6 +265,63 @@ class Client:
         self._data.unregister(region)
 
     # ------------------------------------------------------------------ internals
+
+    def _reserve(
+        self, keys: list[str], sizes: list[int], replicas: int | None, deadline: float
+    ) -> Sequence[pb.PutSlot]:
+        wanted = self.replicas if replicas is None else replicas
+        if wanted < 0:
+            raise InvalidArgument(f"replicas must be 0 (master default) or more, got {wanted}")
+        response = self._link.call(
+            "PutStart",
+            pb.PutStartRequest(client_id=self.client_id, keys=keys, sizes=sizes, replicas=wanted),
+            deadline,
+        )
+        self._data.learn(response.segments)
+        return response.slots
+
+    def _write(self, puts: Sequence[PendingPut], deadline: float) -> None:
+        """Writes every replica of every put at once; records per-replica errors."""
+        transfers: list[Transfer] = []
+        owners: list[tuple[PendingPut, int]] = []
+        for put in puts:
+            assert put.source is not None
+            address, length, _ = put.source
+            put.errors = [""] * len(put.slot.replicas)
+            for replica_index, replica in enumerate(put.slot.replicas):
+                if length:
+                    transfers.append(Transfer(replica.segment_id, replica.address, address, length))
+                    owners.append((put, replica_index))
+        errors = self._data.run(transfers, is_get=False, timeout=deadline - time.monotonic())
+        for (put, replica_index), error in zip(owners, errors, strict=True):
+            put.errors[replica_index] = error
+
+    def _commit(self, puts: Sequence[PendingPut], deadline: float) -> list[int]:
+        """Reports which replicas were written; the master publishes what it can."""
+        if not puts:
+            return []
+        commits = [
+            pb.PutCommit(
+                key=put.key, put_id=put.slot.put_id, replica_ok=[not e for e in put.errors]
+            )
+            for put in puts
+        ]
+        response = self._link.call(
+            "PutEnd", pb.PutEndRequest(client_id=self.client_id, commits=commits), deadline
+        )
+        return list(response.statuses)
+
+    def _revoke(self, puts: Sequence[PendingPut], deadline: float) -> list[int]:
+        response = self._link.call(
+            "PutRevoke",
+            pb.PutRevokeRequest(
+                client_id=self.client_id,
+                keys=[put.key for put in puts],
+                put_ids=[put.slot.put_id for put in puts],
+            ),
+            deadline,
+        )
+        return list(response.statuses)
 
     def _valid_keys(self, keys: Sequence[str], results: list[Any]) -> list[int]:
         valid = []

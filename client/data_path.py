@@ -9,7 +9,7 @@ without the GIL.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,8 +35,8 @@ class _Route:
 
 
 class DataPath:
-    def __init__(self) -> None:
-        self.context = ucp.Context()
+    def __init__(self, ucx_config: Mapping[str, str] | None = None) -> None:
+        self.context = ucp.Context(ucx_config)
         self.worker = self.context.create_worker()
         self._lock = threading.Lock()
         self._descriptors: dict[str, pb.Segment] = {}

@@ -11,9 +11,9 @@ import time
 from typing import Any
 
 import grpc
-from kvpool.proto import master_pb2_grpc
 
 from kvpool.errors import InvalidArgument, KVPoolError, MasterUnavailable
+from kvpool.proto import master_pb2_grpc
 
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
 MESSAGE_LIMIT = 256 * 1024 * 1024

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from kvpool.common.status import KeyStatus
-
 from kvpool.errors import (
     InvalidArgument,
     InvalidKey,

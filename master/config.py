@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+PLACEMENTS = ("random", "most-free")
+
 
 @dataclass(frozen=True, slots=True)
 class MasterConfig:
@@ -24,6 +26,8 @@ class MasterConfig:
     node_ttl: float = 5.0
     #: Page size of ListKeys when the request does not say.
     list_page_size: int = 1000
+    #: Where replicas go: "random" nodes (even spread) or "most-free" first.
+    placement: str = "random"
     #: Buffers start at multiples of this many bytes.
     alignment: int = 64
 
@@ -33,6 +37,8 @@ class MasterConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.reclaim_delay < 0:
             raise ValueError(f"reclaim_delay must not be negative, got {self.reclaim_delay}")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"placement must be one of {PLACEMENTS}, got {self.placement!r}")
         if not 1 <= self.default_replicas <= self.max_replicas:
             raise ValueError(
                 f"default_replicas must be between 1 and max_replicas ({self.max_replicas}),"

@@ -8,11 +8,12 @@ import contextlib
 import time
 
 import grpc
+
 from kvpool.common.http_server import HealthServer
 from kvpool.common.logging import LOG_FORMATS, configure_logging, get_logger
 from kvpool.common.process import stop_event_on_signals, write_ready_file
 from kvpool.master import metrics
-from kvpool.master.config import MasterConfig
+from kvpool.master.config import PLACEMENTS, MasterConfig
 from kvpool.master.service import MasterService
 from kvpool.master.state import MasterState
 from kvpool.proto import master_pb2_grpc
@@ -34,6 +35,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=defaults.default_replicas,
         help="replicas per object when a put does not say",
+    )
+    parser.add_argument(
+        "--placement",
+        choices=PLACEMENTS,
+        default=defaults.placement,
+        help="replica placement: random nodes, or the most free first",
     )
     parser.add_argument(
         "--lease-ttl", type=float, default=defaults.lease_ttl, help="read lease in seconds"
@@ -81,6 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> MasterConfig:
     return MasterConfig(
         default_replicas=args.default_replicas,
+        placement=args.placement,
         lease_ttl=args.lease_ttl,
         reservation_timeout=args.reservation_timeout,
         reclaim_delay=args.reclaim_delay,

@@ -9,10 +9,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 
-from kvpool.master.records import ClusterSnapshot, Counters
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import REGISTRY, Collector
+
+from kvpool.master.records import ClusterSnapshot, Counters
 
 REQUESTS = Counter(
     "kvpool_master_requests_total", "RPCs served by the master, by method.", ["method"]

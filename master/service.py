@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterable
 
 import grpc
+
 from kvpool.common.status import KeyStatus, Tier
 from kvpool.master import metrics
 from kvpool.master.records import Commit, PlacedReplica, SegmentInfo

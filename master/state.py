@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import random
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
+
+from sortedcontainers import SortedList
 
 from kvpool.common.keys import key_problem
 from kvpool.common.sizes import format_size
@@ -47,15 +50,17 @@ from kvpool.master.records import (
     SegmentUsage,
     TickReport,
 )
-from sortedcontainers import SortedList
 
 Clock = Callable[[], float]
 
 
 class MasterState:
-    def __init__(self, config: MasterConfig | None = None, *, clock: Clock) -> None:
+    def __init__(
+        self, config: MasterConfig | None = None, *, clock: Clock, rng: random.Random | None = None
+    ) -> None:
         self.config = config or MasterConfig()
         self.clock = clock
+        self.rng = rng or random.Random()
         self.nodes: dict[str, NodeRecord] = {}
         self.segments: dict[str, SegmentRecord] = {}
         self.objects: dict[str, ObjectRecord] = {}
@@ -314,7 +319,9 @@ class MasterState:
         return KeyStatus.OK
 
     def _allocate(self, key: str, size: int, wanted: int) -> list[Replica]:
-        """Most-free-first placement: one buffer on each of up to ``wanted`` distinct nodes."""
+        """One buffer on each of up to ``wanted`` distinct nodes, in the configured order:
+        random nodes (spreads objects and load evenly) or most-free first; within a node, its
+        segment with the largest free extent."""
         candidates = []
         for node in self.nodes.values():
             best = None
@@ -325,7 +332,10 @@ class MasterState:
                     best = (free, segment)
             if best is not None:
                 candidates.append(best)
-        candidates.sort(key=lambda c: c[0], reverse=True)
+        if self.config.placement == "most-free":
+            candidates.sort(key=lambda c: c[0], reverse=True)
+        else:
+            self.rng.shuffle(candidates)
         replicas = []
         for _, segment in candidates[:wanted]:
             offset = segment.allocator.allocate(size)

@@ -14,6 +14,7 @@ import contextlib
 from collections.abc import Callable
 
 import grpc
+
 from kvpool.common.logging import get_logger
 from kvpool.proto import master_pb2 as pb
 from kvpool.proto import master_pb2_grpc

@@ -1,0 +1,109 @@
+"""From a shell: `kvpool up` in one terminal, put/get/ls/rm/status in another."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+
+def kvpool(*args: str, master: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "kvpool.cli.main", *args],
+        input=stdin,
+        capture_output=True,
+        env={**os.environ, "KVPOOL_MASTER": master},
+        timeout=60,
+    )
+
+
+@pytest.fixture(scope="module")
+def up(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("up")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kvpool.cli.main",
+            "up",
+            "--nodes",
+            "2",
+            "--dram",
+            "64MiB",
+            "--port",
+            "0",
+            "--run-dir",
+            str(run_dir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines = []
+    master = None
+    deadline = time.monotonic() + 60
+    while master is None and time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if line.startswith("kvpool master at "):
+            master = line.split()[-1]
+    assert master, "".join(lines)
+    yield process, master
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+def test_put_get_ls_rm_status_against_kvpool_up(up, tmp_path):
+    _, master = up
+    stored = kvpool("put", "greeting", "--value", "hello kvpool", master=master)
+    assert stored.returncode == 0, stored.stderr
+    payload = os.urandom(100_000)
+    source = tmp_path / "blob.bin"
+    source.write_bytes(payload)
+    assert kvpool("put", "blob", str(source), master=master).returncode == 0
+    assert kvpool("put", "piped", master=master, stdin=b"from stdin").returncode == 0
+
+    got = kvpool("get", "greeting", master=master)
+    assert got.returncode == 0 and got.stdout == b"hello kvpool"
+    target = tmp_path / "out.bin"
+    assert kvpool("get", "blob", "-o", str(target), master=master).returncode == 0
+    assert target.read_bytes() == payload
+    assert kvpool("get", "piped", master=master).stdout == b"from stdin"
+
+    listing = kvpool("ls", master=master)
+    assert listing.returncode == 0
+    for key in (b"greeting", b"blob", b"piped"):
+        assert key in listing.stdout
+    assert b"greeting" not in kvpool("ls", "--prefix", "bl", master=master).stdout
+
+    status = kvpool("status", master=master)
+    assert status.returncode == 0
+    assert b"2 node(s), 3 object(s)" in status.stdout
+
+    removed = kvpool("rm", "greeting", "--force", master=master)
+    assert removed.returncode == 0, removed.stderr
+    missing = kvpool("get", "greeting", master=master)
+    assert missing.returncode == 1
+    assert b"no object with key 'greeting'" in missing.stderr
+    assert b"Traceback" not in missing.stderr
+
+
+def test_client_commands_report_an_unreachable_master_without_a_traceback():
+    result = kvpool("status", "--timeout", "0.5", master="127.0.0.1:1")
+    assert result.returncode == 1
+    assert b"did not answer" in result.stderr and b"Traceback" not in result.stderr
+
+
+def test_ctrl_c_stops_kvpool_up_cleanly(up):
+    process, _ = up
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=30)
+    assert process.returncode == 0
+    assert "stopped" in output

@@ -1,0 +1,84 @@
+"""Eight client processes doing mixed puts and gets for 20 s: no wrong byte, no hang."""
+
+from __future__ import annotations
+
+import multiprocessing
+import random
+import time
+
+import numpy as np
+
+from kvpool.errors import KVPoolError
+
+WORKERS = 8
+DURATION = 20.0
+OP_TIMEOUT = 5.0
+
+
+def content_of(key: str) -> bytes:
+    """Every key names its own bytes, so any process can check what it reads."""
+    _, _, size, seed = key.split("/")
+    return np.random.default_rng(int(seed)).bytes(int(size))
+
+
+def worker(master: str, wid: int, duration: float, results) -> None:
+    from kvpool import Client
+
+    rng = random.Random(wid)
+    mine: list[str] = []
+    stats = {"puts": 0, "gets": 0, "mismatches": 0, "errors": 0, "slowest": 0.0}
+    with Client(master, timeout=OP_TIMEOUT) as client:
+        end = time.monotonic() + duration
+        while time.monotonic() < end:
+            start = time.monotonic()
+            try:
+                roll = rng.random()
+                if roll < 0.4 or not mine:
+                    size = rng.choice([1, 100, 4096, 65536, 1 << 20])
+                    key = f"w{wid}/{len(mine)}/{size}/{rng.getrandbits(32)}"
+                    client.put(key, content_of(key))
+                    mine.append(key)
+                    stats["puts"] += 1
+                elif roll < 0.9:
+                    key = rng.choice(mine)
+                    if client.get(key) != content_of(key):
+                        stats["mismatches"] += 1
+                    stats["gets"] += 1
+                else:
+                    page = client.list_keys(f"w{rng.randrange(WORKERS)}/", limit=20)
+                    keys = list(page.keys)
+                    for key, got in zip(keys, client.get_many(keys), strict=True):
+                        if isinstance(got, bytes) and got != content_of(key):
+                            stats["mismatches"] += 1
+                    stats["gets"] += len(keys)
+                if len(mine) > 200:
+                    client.remove_many(mine[:100], force=True)
+                    del mine[:100]
+            except KVPoolError:
+                stats["errors"] += 1
+            stats["slowest"] = max(stats["slowest"], time.monotonic() - start)
+    results.put((wid, stats))
+
+
+def test_eight_clients_for_twenty_seconds_read_only_what_was_written(cluster_factory):
+    cluster = cluster_factory(2, "512MiB")
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    processes = [
+        context.Process(target=worker, args=(cluster.master_address, wid, DURATION, results))
+        for wid in range(WORKERS)
+    ]
+    for process in processes:
+        process.start()
+    collected = dict(results.get(timeout=DURATION + 60) for _ in processes)
+    for process in processes:
+        process.join(timeout=10)
+        assert process.exitcode == 0
+    totals = {
+        k: sum(s[k] for s in collected.values()) for k in ("puts", "gets", "mismatches", "errors")
+    }
+    print(f"\nstress totals: {totals}")
+    assert totals["mismatches"] == 0
+    assert totals["errors"] == 0
+    assert totals["puts"] > 100 and totals["gets"] > 100
+    assert max(s["slowest"] for s in collected.values()) < OP_TIMEOUT

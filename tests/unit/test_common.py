@@ -1,0 +1,61 @@
+"""Sizes and keys: the small parsers every command line and API call goes through."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvpool.common.keys import key_problem
+from kvpool.common.master_address import resolve_master
+from kvpool.common.sizes import format_size, parse_size
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("4GiB", 4 << 30),
+        ("512MiB", 512 << 20),
+        ("1.5G", 1_500_000_000),
+        ("4096", 4096),
+        ("64 KiB", 64 << 10),
+        ("1TB", 10**12),
+        ("3mi", 3 << 20),
+    ],
+)
+def test_sizes_parse_binary_and_decimal_units(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "-1GiB", "GiB", "1.2.3", "4 gigs", "1e9"])
+def test_malformed_sizes_name_the_accepted_forms(text):
+    with pytest.raises(ValueError, match=r"e\.g\. 4GiB"):
+        parse_size(text)
+
+
+def test_sizes_format_for_people():
+    assert format_size(0) == "0 B"
+    assert format_size(1536) == "1.5 KiB"
+    assert format_size(32 << 20) == "32.0 MiB"
+
+
+@pytest.mark.parametrize(
+    ("key", "problem"),
+    [("", "empty"), ("x" * 1025, "1025 bytes"), ("\ud800", "UTF-8"), (7, "str")],
+)
+def test_invalid_keys_are_explained(key, problem):
+    assert problem in key_problem(key)
+
+
+def test_valid_keys_have_no_problem():
+    assert key_problem("x" * 1024) is None
+    assert key_problem("модель/слой/0") is None
+
+
+def test_master_address_comes_from_argument_or_environment(monkeypatch):
+    monkeypatch.setenv("KVPOOL_MASTER", "10.0.0.1:50051")
+    assert resolve_master(None) == "10.0.0.1:50051"
+    assert resolve_master("m:1") == "m:1"
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        resolve_master("m:notaport")
+    monkeypatch.delenv("KVPOOL_MASTER")
+    with pytest.raises(ValueError, match="KVPOOL_MASTER"):
+        resolve_master("")
