@@ -35,6 +35,7 @@ class MasterLink:
             ],
         )
         self._stub = master_pb2_grpc.MasterStub(self._channel)
+        self.retries = 0  # calls retried because the master was away or shedding load
 
     def call(self, method: str, request: Any, deadline: float) -> Any:
         """Calls ``method`` until it answers or ``deadline`` (time.monotonic) passes."""
@@ -55,6 +56,7 @@ class MasterLink:
                 code = error.code()
                 details = error.details() or ""
                 if code in RETRYABLE:
+                    self.retries += 1
                     last_error = f"{code.name}: {details}"
                     time.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
                     backoff = min(backoff * 2, MAX_BACKOFF)

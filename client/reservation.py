@@ -3,36 +3,24 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from kvpool.client import put_path
 from kvpool.client.buffers import readable_address
 from kvpool.client.outcomes import error_for
+from kvpool.client.put_path import PendingPut
+from kvpool.client.session import Session
 from kvpool.common.status import KeyStatus
-from kvpool.errors import InvalidArgument, KVPoolError, TransferError
-from kvpool.proto import master_pb2 as pb
-
-if TYPE_CHECKING:
-    from kvpool.client.client import Client
-
-
-@dataclass(slots=True)
-class PendingPut:
-    """One reserved key on its way to publication."""
-
-    index: int  # position in the caller's batch
-    key: str
-    slot: pb.PutSlot
-    source: tuple[int, int, Any] | None  # (address, length, keepalive) of the bytes
-    errors: list[str] = field(default_factory=list)  # per replica: '' when written
+from kvpool.errors import InvalidArgument, TransferError
 
 
 class Reservation:
     """Space reserved for ``key``; invisible to readers until ``commit``."""
 
-    def __init__(self, client: Client, put: PendingPut, size: int) -> None:
-        self._client = client
+    def __init__(self, session: Session, put: PendingPut, size: int, checksum: bool) -> None:
+        self._session = session
         self._put = put
+        self._checksum = checksum
         self.key = put.key
         self.size = size
         self.put_id = put.slot.put_id
@@ -46,27 +34,29 @@ class Reservation:
                 f"reserved {self.size} bytes for {self.key!r} but got {source[1]}", key=self.key
             )
         self._put.source = source
-        self._client._write([self._put], time.monotonic() + self._client.timeout)
+        put_path.write(self._session, [self._put], self._checksum)
         if self.size and all(self._put.errors):
             raise TransferError(
                 f"no replica of {self.key!r} could be written: {'; '.join(self._put.errors)}",
                 key=self.key,
             )
 
-    def commit(self) -> None:
-        """Publishes the object (with the replicas whose writes completed)."""
+    def commit(self) -> int:
+        """Publishes the object; returns how many replicas it has."""
         if self._put.source is None:
             raise InvalidArgument(f"write {self.key!r} before committing it", key=self.key)
-        status = self._client._commit([self._put], time.monotonic() + self._client.timeout)[0]
-        _raise_unless_ok(status, self.key, self._put.errors)
+        [status] = put_path.commit(self._session, [self._put], self._deadline())
+        self._raise_unless_ok(status)
+        return self._put.replicas_written
 
     def revoke(self) -> None:
         """Gives the reservation up; the key and its space are free again."""
-        status = self._client._revoke([self._put], time.monotonic() + self._client.timeout)[0]
-        _raise_unless_ok(status, self.key, [])
+        [status] = put_path.revoke(self._session, [self._put], self._deadline())
+        self._raise_unless_ok(status)
 
+    def _deadline(self) -> float:
+        return time.monotonic() + self._session.timeout
 
-def _raise_unless_ok(status: int, key: str, errors: list[str]) -> None:
-    if status != KeyStatus.OK:
-        error: KVPoolError = error_for(status, key, "; ".join(filter(None, errors)))
-        raise error
+    def _raise_unless_ok(self, status: int) -> None:
+        if status != KeyStatus.OK:
+            raise error_for(status, self.key, "; ".join(filter(None, self._put.errors)))

@@ -26,3 +26,9 @@ class Tier(IntEnum):
     UNSPECIFIED = 0
     DRAM = 1
     NVME = 2
+
+
+class Pin(IntEnum):
+    NONE = 0
+    SOFT = 1
+    HARD = 2

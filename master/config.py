@@ -22,6 +22,16 @@ class MasterConfig:
     #: Space of a timed-out reservation stays quarantined this much longer, so that a slow
     #: writer that lost its reservation cannot write into another object's buffer.
     reclaim_delay: float = 60.0
+    #: A client with reservations that is silent this long has them revoked (seconds).
+    client_ttl: float = 10.0
+    #: Eviction starts when a segment, or the whole pool, is fuller than this fraction...
+    high_watermark: float = 0.90
+    #: ...and frees this fraction of its capacity (below the watermark) in LRU order.
+    eviction_ratio: float = 0.05
+    #: Soft pins last this long unless a put says otherwise (seconds).
+    soft_pin_ttl: float = 1800.0
+    #: Most objects one put may evict to make room for itself before it reports NO_SPACE.
+    max_evictions_per_put: int = 4096
     #: A node silent for this long is declared dead and its replicas dropped (seconds).
     node_ttl: float = 5.0
     #: Page size of ListKeys when the request does not say.
@@ -32,7 +42,13 @@ class MasterConfig:
     alignment: int = 64
 
     def __post_init__(self) -> None:
-        for name in ("lease_ttl", "reservation_timeout", "node_ttl"):
+        if not 0.0 < self.high_watermark <= 1.0:
+            raise ValueError(f"high_watermark must be in (0, 1], got {self.high_watermark}")
+        if not 0.0 <= self.eviction_ratio < self.high_watermark:
+            raise ValueError(
+                f"eviction_ratio must be in [0, high_watermark), got {self.eviction_ratio}"
+            )
+        for name in ("lease_ttl", "reservation_timeout", "node_ttl", "client_ttl", "soft_pin_ttl"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.reclaim_delay < 0:

@@ -64,6 +64,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds without a heartbeat before a storage node is declared dead",
     )
     parser.add_argument(
+        "--client-ttl",
+        type=float,
+        default=defaults.client_ttl,
+        help="seconds without a heartbeat before a client's reservations are revoked",
+    )
+    parser.add_argument(
+        "--high-watermark",
+        type=float,
+        default=defaults.high_watermark,
+        help="fill fraction of a segment or the pool that starts eviction (default 0.90)",
+    )
+    parser.add_argument(
+        "--eviction-ratio",
+        type=float,
+        default=defaults.eviction_ratio,
+        help="fraction of capacity eviction frees below the watermark (default 0.05)",
+    )
+    parser.add_argument(
+        "--soft-pin-ttl",
+        type=float,
+        default=defaults.soft_pin_ttl,
+        help="seconds a soft pin lasts unless the put says otherwise",
+    )
+    parser.add_argument(
         "--tick", type=float, default=0.1, help="seconds between timeout checks (default 0.1)"
     )
     parser.add_argument(
@@ -93,6 +117,10 @@ def config_from_args(args: argparse.Namespace) -> MasterConfig:
         reservation_timeout=args.reservation_timeout,
         reclaim_delay=args.reclaim_delay,
         node_ttl=args.node_ttl,
+        client_ttl=args.client_ttl,
+        high_watermark=args.high_watermark,
+        eviction_ratio=args.eviction_ratio,
+        soft_pin_ttl=args.soft_pin_ttl,
     )
 
 
@@ -132,6 +160,10 @@ async def serve(args: argparse.Namespace, config: MasterConfig) -> None:
             report = state.tick()
             if report.reservations_reclaimed:
                 log.info("reservations reclaimed", keys=len(report.reservations_reclaimed))
+            if report.dead_clients:
+                log.warning("clients declared dead", clients=len(report.dead_clients))
+            if report.objects_evicted:
+                log.info("objects evicted", count=report.objects_evicted)
             if report.dead_nodes:
                 log.warning(
                     "storage nodes declared dead",

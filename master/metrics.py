@@ -81,6 +81,9 @@ class StateCollector(Collector):
             ("objects_removed", "Objects removed by clients."),
             ("objects_lost", "Objects dropped because their last replica was lost."),
             ("nodes_died", "Storage nodes declared dead after missing heartbeats."),
+            ("clients_died", "Clients declared dead (their reservations were revoked)."),
+            ("evictions", "Objects evicted to make room (LRU)."),
+            ("lease_expiries", "Read leases that ran out."),
         ):
             yield CounterMetricFamily(f"kvpool_{name}", help_text, value=getattr(counters, name))
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from kvpool.common.status import KeyStatus, Tier
+from kvpool.common.status import KeyStatus, Pin, Tier
 from kvpool.master.allocator import Allocator
+from kvpool.master.lru import LruIndex
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +33,8 @@ class SegmentRecord:
     allocator: Allocator
     #: offset -> key of the object whose replica lives there (published or reserved).
     owners: dict[int, str] = field(default_factory=dict)
+    #: Published objects with a replica here, in eviction order.
+    lru: LruIndex = field(default_factory=LruIndex)
 
     @property
     def segment_id(self) -> str:
@@ -73,6 +76,10 @@ class ObjectRecord:
     #: node becomes None so that the writer's per-replica report still lines up.
     replicas: list[Replica | None]
     lease_until: float = 0.0
+    last_access: float = 0.0
+    pin: Pin = Pin.NONE
+    pin_until: float = 0.0  # soft pins only
+    crc32: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +103,7 @@ class Location:
     status: KeyStatus
     size: int = 0
     replicas: tuple[PlacedReplica, ...] = ()
+    crc32: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +111,40 @@ class Commit:
     key: str
     put_id: int
     replica_ok: tuple[bool, ...]
+    crc32: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PutOptions:
+    """How a batch of puts wants its objects placed and kept."""
+
+    replicas: int = 0  # 0: the master's default
+    preferred_hosts: tuple[str, ...] = ()
+    pin: Pin = Pin.NONE
+    pin_ttl: float = 0.0  # soft pins; 0: the master's default
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectInfo:
+    """Everything the master knows about one object (``kvpool stat``)."""
+
+    status: KeyStatus
+    size: int = 0
+    state: str = ""
+    replicas: tuple[PlacedReplica, ...] = ()
+    lease_remaining: float = 0.0
+    pin: Pin = Pin.NONE
+    pin_remaining: float = 0.0
+    crc32: int | None = None
+    age: float = 0.0
+    idle: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixRemoval:
+    removed: int
+    leased: int
+    not_ready: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +177,9 @@ class TickReport:
 
     reservations_reclaimed: list[str] = field(default_factory=list)
     dead_nodes: list[str] = field(default_factory=list)
+    dead_clients: list[str] = field(default_factory=list)
     objects_lost: int = 0
+    objects_evicted: int = 0
     buffers_released: int = 0
 
 
@@ -152,3 +196,6 @@ class Counters:
     objects_removed: int = 0
     objects_lost: int = 0
     nodes_died: int = 0
+    clients_died: int = 0
+    evictions: int = 0
+    lease_expiries: int = 0

@@ -12,9 +12,9 @@ from collections.abc import Iterable
 
 import grpc
 
-from kvpool.common.status import KeyStatus, Tier
+from kvpool.common.status import KeyStatus, Pin, Tier
 from kvpool.master import metrics
-from kvpool.master.records import Commit, PlacedReplica, SegmentInfo
+from kvpool.master.records import Commit, PlacedReplica, PutOptions, SegmentInfo
 from kvpool.master.state import MasterState
 from kvpool.proto import master_pb2 as pb
 from kvpool.proto import master_pb2_grpc
@@ -52,8 +52,8 @@ class MasterService(master_pb2_grpc.MasterServicer):
 
     async def UnmountSegment(self, request, context):
         with _observe("UnmountSegment"):
-            lost = self.state.unmount_segment(request.node_id, request.segment_id)
-            return pb.UnmountSegmentResponse(objects_removed=lost)
+            lost, drain = self.state.unmount_segment(request.node_id, request.segment_id)
+            return pb.UnmountSegmentResponse(objects_removed=lost, drain_ms=int(drain * 1000))
 
     async def Heartbeat(self, request, context):
         with _observe("Heartbeat"):
@@ -65,10 +65,16 @@ class MasterService(master_pb2_grpc.MasterServicer):
     async def PutStart(self, request, context):
         with _observe("PutStart"):
             await _check_batch(context, request.keys, sizes=request.sizes)
-            slots = self.state.put_start(
-                request.client_id, request.keys, request.sizes, request.replicas
+            options = PutOptions(
+                replicas=request.replicas,
+                preferred_hosts=tuple(request.preferred_hosts),
+                pin=Pin(request.pin),
+                pin_ttl=request.pin_ttl_ms / 1000.0,
             )
-            response = pb.PutStartResponse()
+            slots = self.state.put_start(request.client_id, request.keys, request.sizes, options)
+            response = pb.PutStartResponse(
+                write_timeout_ms=int(self.state.config.reservation_timeout * 1000)
+            )
             segments: dict[str, pb.Segment] = {}
             for slot in slots:
                 out = response.slots.add(status=slot.status, put_id=slot.put_id)
@@ -82,7 +88,12 @@ class MasterService(master_pb2_grpc.MasterServicer):
     async def PutEnd(self, request, context):
         with _observe("PutEnd"):
             await _check_batch(context, request.commits)
-            commits = [Commit(c.key, c.put_id, tuple(c.replica_ok)) for c in request.commits]
+            commits = [
+                Commit(
+                    c.key, c.put_id, tuple(c.replica_ok), c.crc32 if c.HasField("crc32") else None
+                )
+                for c in request.commits
+            ]
             statuses = self.state.put_end(commits)
             _count("PutEnd", statuses)
             return pb.PutEndResponse(statuses=statuses)
@@ -102,6 +113,8 @@ class MasterService(master_pb2_grpc.MasterServicer):
             segments: dict[str, pb.Segment] = {}
             for location in locations:
                 out = response.objects.add(status=location.status, size=location.size)
+                if location.crc32 is not None:
+                    out.crc32 = location.crc32
                 self._add_replicas(out.replicas, location.replicas, segments)
             response.segments.extend(segments.values())
             _count("GetReplicas", (loc.status for loc in locations))
@@ -110,7 +123,9 @@ class MasterService(master_pb2_grpc.MasterServicer):
     async def Exists(self, request, context):
         with _observe("Exists"):
             await _check_batch(context, request.keys)
-            statuses = self.state.exists(request.keys)
+            statuses = self.state.exists(
+                request.keys, request.lease_ms / 1000.0, grant_lease=not request.no_lease
+            )
             _count("Exists", statuses)
             return pb.ExistsResponse(statuses=statuses)
 

@@ -25,6 +25,12 @@ class Tier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TIER_UNSPECIFIED: _ClassVar[Tier]
     DRAM: _ClassVar[Tier]
     NVME: _ClassVar[Tier]
+
+class Pin(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PIN_NONE: _ClassVar[Pin]
+    PIN_SOFT: _ClassVar[Pin]
+    PIN_HARD: _ClassVar[Pin]
 OK: KeyStatus
 NOT_FOUND: KeyStatus
 ALREADY_EXISTS: KeyStatus
@@ -38,6 +44,9 @@ NO_REPLICA: KeyStatus
 TIER_UNSPECIFIED: Tier
 DRAM: Tier
 NVME: Tier
+PIN_NONE: Pin
+PIN_SOFT: Pin
+PIN_HARD: Pin
 
 class Segment(_message.Message):
     __slots__ = ("segment_id", "node_id", "host", "worker_address", "base_address", "size", "rkey", "tier")
@@ -86,10 +95,12 @@ class UnmountSegmentRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., segment_id: _Optional[str] = ...) -> None: ...
 
 class UnmountSegmentResponse(_message.Message):
-    __slots__ = ("objects_removed",)
+    __slots__ = ("objects_removed", "drain_ms")
     OBJECTS_REMOVED_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_MS_FIELD_NUMBER: _ClassVar[int]
     objects_removed: int
-    def __init__(self, objects_removed: _Optional[int] = ...) -> None: ...
+    drain_ms: int
+    def __init__(self, objects_removed: _Optional[int] = ..., drain_ms: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("node_id", "segment_ids")
@@ -106,16 +117,22 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, remount_segment_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PutStartRequest(_message.Message):
-    __slots__ = ("client_id", "keys", "sizes", "replicas")
+    __slots__ = ("client_id", "keys", "sizes", "replicas", "preferred_hosts", "pin", "pin_ttl_ms")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     SIZES_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    PREFERRED_HOSTS_FIELD_NUMBER: _ClassVar[int]
+    PIN_FIELD_NUMBER: _ClassVar[int]
+    PIN_TTL_MS_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     keys: _containers.RepeatedScalarFieldContainer[str]
     sizes: _containers.RepeatedScalarFieldContainer[int]
     replicas: int
-    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., sizes: _Optional[_Iterable[int]] = ..., replicas: _Optional[int] = ...) -> None: ...
+    preferred_hosts: _containers.RepeatedScalarFieldContainer[str]
+    pin: Pin
+    pin_ttl_ms: int
+    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., sizes: _Optional[_Iterable[int]] = ..., replicas: _Optional[int] = ..., preferred_hosts: _Optional[_Iterable[str]] = ..., pin: _Optional[_Union[Pin, str]] = ..., pin_ttl_ms: _Optional[int] = ...) -> None: ...
 
 class PutSlot(_message.Message):
     __slots__ = ("status", "put_id", "replicas", "message")
@@ -130,22 +147,26 @@ class PutSlot(_message.Message):
     def __init__(self, status: _Optional[_Union[KeyStatus, str]] = ..., put_id: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class PutStartResponse(_message.Message):
-    __slots__ = ("slots", "segments")
+    __slots__ = ("slots", "segments", "write_timeout_ms")
     SLOTS_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    WRITE_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     slots: _containers.RepeatedCompositeFieldContainer[PutSlot]
     segments: _containers.RepeatedCompositeFieldContainer[Segment]
-    def __init__(self, slots: _Optional[_Iterable[_Union[PutSlot, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ...) -> None: ...
+    write_timeout_ms: int
+    def __init__(self, slots: _Optional[_Iterable[_Union[PutSlot, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., write_timeout_ms: _Optional[int] = ...) -> None: ...
 
 class PutCommit(_message.Message):
-    __slots__ = ("key", "put_id", "replica_ok")
+    __slots__ = ("key", "put_id", "replica_ok", "crc32")
     KEY_FIELD_NUMBER: _ClassVar[int]
     PUT_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_OK_FIELD_NUMBER: _ClassVar[int]
+    CRC32_FIELD_NUMBER: _ClassVar[int]
     key: str
     put_id: int
     replica_ok: _containers.RepeatedScalarFieldContainer[bool]
-    def __init__(self, key: _Optional[str] = ..., put_id: _Optional[int] = ..., replica_ok: _Optional[_Iterable[bool]] = ...) -> None: ...
+    crc32: int
+    def __init__(self, key: _Optional[str] = ..., put_id: _Optional[int] = ..., replica_ok: _Optional[_Iterable[bool]] = ..., crc32: _Optional[int] = ...) -> None: ...
 
 class PutEndRequest(_message.Message):
     __slots__ = ("client_id", "commits")
@@ -188,14 +209,16 @@ class GetReplicasRequest(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., lease_ms: _Optional[int] = ...) -> None: ...
 
 class ObjectLocation(_message.Message):
-    __slots__ = ("status", "size", "replicas")
+    __slots__ = ("status", "size", "replicas", "crc32")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    CRC32_FIELD_NUMBER: _ClassVar[int]
     status: KeyStatus
     size: int
     replicas: _containers.RepeatedCompositeFieldContainer[Replica]
-    def __init__(self, status: _Optional[_Union[KeyStatus, str]] = ..., size: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ...) -> None: ...
+    crc32: int
+    def __init__(self, status: _Optional[_Union[KeyStatus, str]] = ..., size: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ..., crc32: _Optional[int] = ...) -> None: ...
 
 class GetReplicasResponse(_message.Message):
     __slots__ = ("objects", "segments", "lease_ms")
@@ -208,12 +231,16 @@ class GetReplicasResponse(_message.Message):
     def __init__(self, objects: _Optional[_Iterable[_Union[ObjectLocation, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., lease_ms: _Optional[int] = ...) -> None: ...
 
 class ExistsRequest(_message.Message):
-    __slots__ = ("client_id", "keys")
+    __slots__ = ("client_id", "keys", "lease_ms", "no_lease")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    NO_LEASE_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     keys: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ...) -> None: ...
+    lease_ms: int
+    no_lease: bool
+    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., lease_ms: _Optional[int] = ..., no_lease: _Optional[bool] = ...) -> None: ...
 
 class ExistsResponse(_message.Message):
     __slots__ = ("statuses",)
@@ -236,6 +263,80 @@ class RemoveResponse(_message.Message):
     STATUSES_FIELD_NUMBER: _ClassVar[int]
     statuses: _containers.RepeatedScalarFieldContainer[KeyStatus]
     def __init__(self, statuses: _Optional[_Iterable[_Union[KeyStatus, str]]] = ...) -> None: ...
+
+class RemovePrefixRequest(_message.Message):
+    __slots__ = ("client_id", "prefix", "force")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    prefix: str
+    force: bool
+    def __init__(self, client_id: _Optional[str] = ..., prefix: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+
+class RemovePrefixResponse(_message.Message):
+    __slots__ = ("removed", "leased", "not_ready")
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    LEASED_FIELD_NUMBER: _ClassVar[int]
+    NOT_READY_FIELD_NUMBER: _ClassVar[int]
+    removed: int
+    leased: int
+    not_ready: int
+    def __init__(self, removed: _Optional[int] = ..., leased: _Optional[int] = ..., not_ready: _Optional[int] = ...) -> None: ...
+
+class StatRequest(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    def __init__(self, key: _Optional[str] = ...) -> None: ...
+
+class ReplicaInfo(_message.Message):
+    __slots__ = ("segment_id", "node_id", "host", "tier", "address")
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    segment_id: str
+    node_id: str
+    host: str
+    tier: Tier
+    address: int
+    def __init__(self, segment_id: _Optional[str] = ..., node_id: _Optional[str] = ..., host: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., address: _Optional[int] = ...) -> None: ...
+
+class StatResponse(_message.Message):
+    __slots__ = ("status", "size", "state", "replicas", "lease_remaining_ms", "pin", "pin_remaining_ms", "crc32", "age_ms", "idle_ms")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    LEASE_REMAINING_MS_FIELD_NUMBER: _ClassVar[int]
+    PIN_FIELD_NUMBER: _ClassVar[int]
+    PIN_REMAINING_MS_FIELD_NUMBER: _ClassVar[int]
+    CRC32_FIELD_NUMBER: _ClassVar[int]
+    AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    IDLE_MS_FIELD_NUMBER: _ClassVar[int]
+    status: KeyStatus
+    size: int
+    state: str
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaInfo]
+    lease_remaining_ms: int
+    pin: Pin
+    pin_remaining_ms: int
+    crc32: int
+    age_ms: int
+    idle_ms: int
+    def __init__(self, status: _Optional[_Union[KeyStatus, str]] = ..., size: _Optional[int] = ..., state: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ..., lease_remaining_ms: _Optional[int] = ..., pin: _Optional[_Union[Pin, str]] = ..., pin_remaining_ms: _Optional[int] = ..., crc32: _Optional[int] = ..., age_ms: _Optional[int] = ..., idle_ms: _Optional[int] = ...) -> None: ...
+
+class ClientHeartbeatRequest(_message.Message):
+    __slots__ = ("client_id",)
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    def __init__(self, client_id: _Optional[str] = ...) -> None: ...
+
+class ClientHeartbeatResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class ListKeysRequest(_message.Message):
     __slots__ = ("prefix", "limit", "start_after")

@@ -79,6 +79,21 @@ class MasterStub:
                 request_serializer=kvpool_dot_proto_dot_master__pb2.RemoveRequest.SerializeToString,
                 response_deserializer=kvpool_dot_proto_dot_master__pb2.RemoveResponse.FromString,
                 _registered_method=True)
+        self.RemovePrefix = channel.unary_unary(
+                '/kvpool.v1.Master/RemovePrefix',
+                request_serializer=kvpool_dot_proto_dot_master__pb2.RemovePrefixRequest.SerializeToString,
+                response_deserializer=kvpool_dot_proto_dot_master__pb2.RemovePrefixResponse.FromString,
+                _registered_method=True)
+        self.Stat = channel.unary_unary(
+                '/kvpool.v1.Master/Stat',
+                request_serializer=kvpool_dot_proto_dot_master__pb2.StatRequest.SerializeToString,
+                response_deserializer=kvpool_dot_proto_dot_master__pb2.StatResponse.FromString,
+                _registered_method=True)
+        self.ClientHeartbeat = channel.unary_unary(
+                '/kvpool.v1.Master/ClientHeartbeat',
+                request_serializer=kvpool_dot_proto_dot_master__pb2.ClientHeartbeatRequest.SerializeToString,
+                response_deserializer=kvpool_dot_proto_dot_master__pb2.ClientHeartbeatResponse.FromString,
+                _registered_method=True)
         self.ListKeys = channel.unary_unary(
                 '/kvpool.v1.Master/ListKeys',
                 request_serializer=kvpool_dot_proto_dot_master__pb2.ListKeysRequest.SerializeToString,
@@ -150,6 +165,25 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RemovePrefix(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Stat(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ClientHeartbeat(self, request, context):
+        """Clients with reservations heartbeat; a silent one's reservations are revoked.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListKeys(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -209,6 +243,21 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.Remove,
                     request_deserializer=kvpool_dot_proto_dot_master__pb2.RemoveRequest.FromString,
                     response_serializer=kvpool_dot_proto_dot_master__pb2.RemoveResponse.SerializeToString,
+            ),
+            'RemovePrefix': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemovePrefix,
+                    request_deserializer=kvpool_dot_proto_dot_master__pb2.RemovePrefixRequest.FromString,
+                    response_serializer=kvpool_dot_proto_dot_master__pb2.RemovePrefixResponse.SerializeToString,
+            ),
+            'Stat': grpc.unary_unary_rpc_method_handler(
+                    servicer.Stat,
+                    request_deserializer=kvpool_dot_proto_dot_master__pb2.StatRequest.FromString,
+                    response_serializer=kvpool_dot_proto_dot_master__pb2.StatResponse.SerializeToString,
+            ),
+            'ClientHeartbeat': grpc.unary_unary_rpc_method_handler(
+                    servicer.ClientHeartbeat,
+                    request_deserializer=kvpool_dot_proto_dot_master__pb2.ClientHeartbeatRequest.FromString,
+                    response_serializer=kvpool_dot_proto_dot_master__pb2.ClientHeartbeatResponse.SerializeToString,
             ),
             'ListKeys': grpc.unary_unary_rpc_method_handler(
                     servicer.ListKeys,
@@ -464,6 +513,87 @@ class Master:
             '/kvpool.v1.Master/Remove',
             kvpool_dot_proto_dot_master__pb2.RemoveRequest.SerializeToString,
             kvpool_dot_proto_dot_master__pb2.RemoveResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemovePrefix(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvpool.v1.Master/RemovePrefix',
+            kvpool_dot_proto_dot_master__pb2.RemovePrefixRequest.SerializeToString,
+            kvpool_dot_proto_dot_master__pb2.RemovePrefixResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Stat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvpool.v1.Master/Stat',
+            kvpool_dot_proto_dot_master__pb2.StatRequest.SerializeToString,
+            kvpool_dot_proto_dot_master__pb2.StatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ClientHeartbeat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvpool.v1.Master/ClientHeartbeat',
+            kvpool_dot_proto_dot_master__pb2.ClientHeartbeatRequest.SerializeToString,
+            kvpool_dot_proto_dot_master__pb2.ClientHeartbeatResponse.FromString,
             options,
             channel_credentials,
             insecure,

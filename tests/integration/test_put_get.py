@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kvpool import Client
-from kvpool.errors import KVPoolError
+from kvpool.errors import KVPoolError, ObjectHasLease
 
 SIZES = [1, 4096, 1 << 20, 32 << 20, 200 << 20]
 
@@ -67,7 +67,7 @@ def test_registered_buffers_are_used_in_place(client):
 
 def test_objects_spread_over_both_nodes(client):
     keys = [unique("spread") for _ in range(16)]
-    assert client.put_many([(k, os.urandom(64 << 10)) for k in keys]) == [None] * 16
+    assert client.put_many([(k, os.urandom(64 << 10)) for k in keys]) == [1] * 16
     status = client.cluster_status()
     holding = {s.node_id for s in status.segments if s.objects > 0}
     assert len(holding) == 2
@@ -77,7 +77,7 @@ def test_objects_spread_over_both_nodes(client):
 def test_two_replicas_land_on_two_nodes(client):
     key = unique("replicated")
     before = {s.node_id: s.objects for s in client.cluster_status().segments}
-    client.put(key, os.urandom(1 << 20), replicas=2)
+    assert client.put(key, os.urandom(1 << 20), replicas=2) == 2
     after = {s.node_id: s.objects for s in client.cluster_status().segments}
     assert all(after[node] == before[node] + 1 for node in after)
     client.remove(key, force=True)
@@ -86,7 +86,7 @@ def test_two_replicas_land_on_two_nodes(client):
 def test_batches_answer_per_key_in_order(client):
     keys = [unique("batch") for _ in range(5)]
     values = [os.urandom(n) for n in (10, 1000, 100_000, 1, 4096)]
-    assert client.put_many(list(zip(keys, values, strict=True))) == [None] * 5
+    assert client.put_many(list(zip(keys, values, strict=True))) == [1] * 5
     missing = unique("missing")
     results = client.get_many([keys[0], missing, keys[4]])
     assert results[0] == values[0]
@@ -103,8 +103,10 @@ def test_exists_and_remove(client):
     key = unique("exists")
     assert not client.exists(key)
     client.put(key, b"x")
-    assert client.exists(key)
-    client.remove(key)  # nobody read it: no lease, no force needed
+    assert client.exists(key)  # like a get, this leases the object...
+    with pytest.raises(ObjectHasLease):
+        client.remove(key)  # ...so a plain remove must wait for the lease to end
+    client.remove(key, force=True)
     assert not client.exists(key)
 
 

@@ -1,0 +1,127 @@
+"""The read side: locate at the master (granting leases), then copy over UCX.
+
+Replicas on this host are tried first; a failed transfer falls over to the next replica. The
+lease is timed on our own monotonic clock from before the request was sent, so our estimate
+can only end early: bytes whose transfer may have outlived the lease are discarded
+(LeaseExpired) rather than returned, since their space may have been reused meanwhile.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from kvpool.client.checksum import crc32_of
+from kvpool.client.data_path import Transfer
+from kvpool.client.outcomes import error_for
+from kvpool.client.session import Session
+from kvpool.common.status import KeyStatus
+from kvpool.errors import ChecksumMismatch, KVPoolError, LeaseExpired, TransferError
+from kvpool.proto import master_pb2 as pb
+
+#: (address, size) to copy each located object into, by batch position.
+Targets = Mapping[int, tuple[int, int]]
+
+
+def locate(
+    session: Session, keys: Sequence[str], valid: Sequence[int], results: list[Any], deadline: float
+) -> tuple[dict[int, pb.ObjectLocation], float]:
+    """GetReplicas for ``keys[i] for i in valid``; fills errors into ``results``.
+
+    Returns the located objects by batch position and when their lease ends (monotonic).
+    """
+    located: dict[int, pb.ObjectLocation] = {}
+    if not valid:
+        return located, 0.0
+    sent_at = time.monotonic()
+    response = session.link.call(
+        "GetReplicas",
+        pb.GetReplicasRequest(
+            client_id=session.client_id,
+            keys=[keys[i] for i in valid],
+            lease_ms=int(session.lease_ttl * 1000),
+        ),
+        deadline,
+    )
+    lease_deadline = sent_at + response.lease_ms / 1000.0
+    session.data.learn(response.segments)
+    for i, location in zip(valid, response.objects, strict=True):
+        if location.status == KeyStatus.OK:
+            located[i] = location
+        else:
+            results[i] = error_for(location.status, keys[i])
+    return located, lease_deadline
+
+
+def read(
+    session: Session,
+    keys: Sequence[str],
+    located: Mapping[int, pb.ObjectLocation],
+    targets: Targets,
+    results: list[Any],
+    deadline: float,
+    lease_deadline: float,
+) -> None:
+    """Copies each located object into its target; errors replace results[i]."""
+    candidates = {i: by_nearness(session, located[i].replicas) for i in targets}
+    failures: dict[int, list[str]] = {i: [] for i in targets}
+    pending = [i for i in targets if targets[i][1] > 0]
+    attempt = 0
+    while pending:
+        transfers = []
+        for i in pending:
+            replica = candidates[i][attempt]
+            address, size = targets[i]
+            transfers.append(Transfer(replica.segment_id, replica.address, address, size))
+        budget = min(deadline, lease_deadline) - time.monotonic()
+        errors = session.data.run(transfers, is_get=True, timeout=budget)
+        attempt += 1
+        retry = []
+        for i, error in zip(pending, errors, strict=True):
+            if not error:
+                continue
+            failures[i].append(error)
+            if attempt < len(candidates[i]) and time.monotonic() < deadline:
+                retry.append(i)
+            else:
+                results[i] = TransferError(
+                    f"could not read {keys[i]!r} from any of its {len(candidates[i])} "
+                    f"replica(s): {'; '.join(failures[i])}",
+                    key=keys[i],
+                )
+        pending = retry
+    if time.monotonic() > lease_deadline:
+        for i in targets:
+            if not isinstance(results[i], KVPoolError):
+                results[i] = LeaseExpired(
+                    f"the read lease on {keys[i]!r} may have expired before its transfer "
+                    "finished, so the bytes were discarded: read it again (or ask for a longer "
+                    "lease_ttl)",
+                    key=keys[i],
+                )
+
+
+def verify(
+    keys: Sequence[str],
+    located: Mapping[int, pb.ObjectLocation],
+    views: Mapping[int, Any],
+    results: list[Any],
+) -> None:
+    """Checks each successfully read object against its writer's checksum, when it has one."""
+    for i, view in views.items():
+        if isinstance(results[i], KVPoolError) or not located[i].HasField("crc32"):
+            continue
+        actual = crc32_of(view)
+        if actual != located[i].crc32:
+            results[i] = ChecksumMismatch(
+                f"the bytes read for {keys[i]!r} do not match its writer's checksum "
+                f"(crc32 {actual:#010x}, expected {located[i].crc32:#010x}); they were "
+                "discarded: read it again, and report this if it repeats",
+                key=keys[i],
+            )
+
+
+def by_nearness(session: Session, replicas: Iterable[pb.Replica]) -> list[pb.Replica]:
+    """Replicas on this host first: they move over shared memory."""
+    return sorted(replicas, key=lambda r: session.data.host_of(r.segment_id) != session.host)

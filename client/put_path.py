@@ -1,0 +1,148 @@
+"""The write side: reserve at the master, write every replica over UCX, commit.
+
+A batch costs two master round trips whatever its size; all its transfers are in flight
+together. Writes stop at the earlier of the caller's deadline and the write timeout the
+master sets (after which the reservation may be gone and its space reused): the data path
+force-closes transfers that run past it, so a late writer never touches reused memory.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvpool.client.checksum import crc32_of
+from kvpool.client.data_path import Transfer
+from kvpool.client.session import Session
+from kvpool.common.status import Pin
+from kvpool.errors import InvalidArgument
+from kvpool.proto import master_pb2 as pb
+
+PINS = {None: Pin.NONE, "none": Pin.NONE, "soft": Pin.SOFT, "hard": Pin.HARD}
+
+
+@dataclass(frozen=True, slots=True)
+class WriteOptions:
+    replicas: int = 0  # 0: the master's default
+    preferred_hosts: tuple[str, ...] = ()
+    pin: Pin = Pin.NONE
+    pin_ttl: float = 0.0
+    checksum: bool = False
+
+    @staticmethod
+    def build(
+        replicas: int,
+        preferred_hosts: Sequence[str],
+        pin: str | None,
+        pin_ttl: float,
+        checksum: bool,
+    ) -> WriteOptions:
+        if replicas < 0:
+            raise InvalidArgument(f"replicas must be 0 (master default) or more, got {replicas}")
+        if pin not in PINS:
+            raise InvalidArgument(f"pin must be None, 'soft' or 'hard', got {pin!r}")
+        if pin_ttl < 0:
+            raise InvalidArgument(f"pin_ttl must not be negative, got {pin_ttl}")
+        return WriteOptions(replicas, tuple(preferred_hosts), PINS[pin], pin_ttl, checksum)
+
+
+@dataclass(slots=True)
+class PendingPut:
+    """One reserved key on its way to publication."""
+
+    index: int  # position in the caller's batch
+    key: str
+    slot: pb.PutSlot
+    source: tuple[int, int, Any] | None  # (address, length, keepalive) of the bytes
+    write_deadline: float  # monotonic: no byte may be written after this
+    crc32: int | None = None
+    errors: list[str] = field(default_factory=list)  # per replica: '' when written
+
+    @property
+    def replicas_written(self) -> int:
+        return sum(1 for error in self.errors if not error)
+
+
+def reserve(
+    session: Session,
+    keys: list[str],
+    sizes: list[int],
+    options: WriteOptions,
+    deadline: float,
+) -> tuple[Sequence[pb.PutSlot], float]:
+    """PutStart for a batch; returns the slots and the monotonic time writes must end by."""
+    session.writing()
+    sent_at = time.monotonic()
+    response = session.link.call(
+        "PutStart",
+        pb.PutStartRequest(
+            client_id=session.client_id,
+            keys=keys,
+            sizes=sizes,
+            replicas=options.replicas,
+            preferred_hosts=options.preferred_hosts,
+            pin=options.pin,
+            pin_ttl_ms=int(options.pin_ttl * 1000),
+        ),
+        deadline,
+    )
+    session.data.learn(response.segments)
+    write_deadline = deadline
+    if response.write_timeout_ms:
+        write_deadline = min(deadline, sent_at + response.write_timeout_ms / 1000.0)
+    return response.slots, write_deadline
+
+
+def write(session: Session, puts: Sequence[PendingPut], checksum: bool) -> None:
+    """Writes every replica of every put at once; records per-replica errors."""
+    transfers: list[Transfer] = []
+    owners: list[tuple[PendingPut, int]] = []
+    for put in puts:
+        assert put.source is not None
+        address, length, keepalive = put.source
+        if checksum:
+            put.crc32 = crc32_of(keepalive)
+        put.errors = [""] * len(put.slot.replicas)
+        for replica_index, replica in enumerate(put.slot.replicas):
+            if length:
+                transfers.append(Transfer(replica.segment_id, replica.address, address, length))
+                owners.append((put, replica_index))
+    if not transfers:
+        return
+    deadline = min(put.write_deadline for put in puts)
+    errors = session.data.run(transfers, is_get=False, timeout=deadline - time.monotonic())
+    for (put, replica_index), error in zip(owners, errors, strict=True):
+        put.errors[replica_index] = error
+
+
+def commit(session: Session, puts: Sequence[PendingPut], deadline: float) -> list[int]:
+    """PutEnd: reports which replicas were written; the master publishes what it can."""
+    if not puts:
+        return []
+    commits = []
+    for put in puts:
+        message = pb.PutCommit(
+            key=put.key, put_id=put.slot.put_id, replica_ok=[not e for e in put.errors]
+        )
+        if put.crc32 is not None:
+            message.crc32 = put.crc32
+        commits.append(message)
+    response = session.link.call(
+        "PutEnd", pb.PutEndRequest(client_id=session.client_id, commits=commits), deadline
+    )
+    return list(response.statuses)
+
+
+def revoke(session: Session, puts: Sequence[PendingPut], deadline: float) -> list[int]:
+    response = session.link.call(
+        "PutRevoke",
+        pb.PutRevokeRequest(
+            client_id=session.client_id,
+            keys=[put.key for put in puts],
+            put_ids=[put.slot.put_id for put in puts],
+        ),
+        deadline,
+    )
+    return list(response.statuses)
