@@ -1,0 +1,425 @@
+"""``KVPoolL2Adapter``: kvpool as LMCache's remote KV tier (an ``L2AdapterInterface``).
+
+What each LMCache call becomes:
+
+- ``submit_store_task``: one ``put_many`` on the store client (one master round trip to
+  reserve, the writes straight out of L1, one to commit). A key that already exists counts as
+  stored: objects are immutable and the key names the content.
+- ``submit_lookup_and_lock_task``: one ``GetReplicas`` with a lease; the lease is the lock,
+  renewed until ``submit_unlock`` (see ``locks.py``).
+- ``submit_load_task``: one ``get_into_many`` on the load client, straight into L1, with a
+  deadline counted from submission: whatever has not arrived by then is a miss. When the call
+  returns, kvpool guarantees no transfer still writes into the buffers.
+- ``delete``, ``list_l2_keys``, ``report_status``: metadata calls with their own deadlines.
+
+Stores, lookups and loads each run on their own worker thread, and stores and loads on their
+own kvpool client (so their own UCX worker): a long store never delays a prefetch. The three
+event fds are distinct, and every result is handed out once. ``close`` stops accepting work,
+cancels queued tasks without touching their buffers, waits for the running ones (bounded by
+their deadlines), and only then releases UCX: after it returns nothing writes into L1.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from contextlib import ExitStack
+from typing import Any
+
+from lmcache.lmcache_native import Bitmap
+from lmcache.logging import init_logger
+from lmcache.v1.distributed.api import (
+    KeyEntry,
+    KeyListPage,
+    MemoryLayoutDesc,
+    ObjectKey,
+)
+from lmcache.v1.distributed.internal_api import L1MemoryDesc, L2StoreResult
+from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface, L2TaskId
+from lmcache.v1.memory_management import MemoryObj
+
+from kvpool import Client
+from kvpool.common.status import KeyStatus
+from kvpool.errors import KVPoolError, ObjectExists, ObjectNotFound, ObjectNotReady
+from kvpool.lmcache.arena import L1Arena
+from kvpool.lmcache.config import KVPoolL2AdapterConfig
+from kvpool.lmcache.control import ControlPlane
+from kvpool.lmcache.health import Health, HealthProbe
+from kvpool.lmcache.keys import KeyCodec
+from kvpool.lmcache.locks import LockTable
+from kvpool.lmcache.stats import Stats
+from kvpool.lmcache.tasks import Completions, Task, TaskIds, Worker
+
+logger = init_logger(__name__)
+
+#: A load with less time than this left is reported as misses without starting.
+MIN_LOAD_BUDGET = 0.001
+
+
+class KVPoolL2Adapter(L2AdapterInterface):
+    config_class_name = "KVPoolL2AdapterConfig"
+
+    def __init__(
+        self,
+        config: KVPoolL2AdapterConfig | Mapping[str, Any],
+        l1_memory_desc: L1MemoryDesc | None = None,
+    ) -> None:
+        if not isinstance(config, KVPoolL2AdapterConfig):
+            config = KVPoolL2AdapterConfig.from_dict(dict(config))
+        super().__init__(max_capacity_bytes=config.max_capacity_bytes)
+        self.config = config
+        self._codec = KeyCodec(config.key_prefix)
+        self.stats = Stats()
+        #: Bytes accounted (``_notify_keys_stored``) per kvpool key this adapter stored.
+        self._sizes: dict[str, int] = {}
+        self._sizes_lock = threading.Lock()
+        self._close_lock = threading.Lock()
+        self._closed = False
+        ucx = config.ucx_config or None
+        with ExitStack() as undo:
+            self._control = ControlPlane(config.master)
+            undo.callback(self._control.close)
+            self._store_client = Client(
+                config.master,
+                replicas=config.replicas,
+                timeout=config.store_timeout_s,
+                ucx_config=ucx,
+            )
+            undo.callback(self._store_client.close)
+            self._load_client = Client(
+                config.master,
+                timeout=config.load_timeout_s,
+                # The lease, counted from before the request, then covers the whole load
+                # deadline (also counted from before it): it cannot expire mid-transfer.
+                lease_ttl=config.load_timeout_s,
+                ucx_config=ucx,
+            )
+            undo.callback(self._load_client.close)
+            self._arena = L1Arena.of(l1_memory_desc)
+            if config.register_l1 and l1_memory_desc is not None:
+                self._arena.register_with(
+                    [self._store_client, self._load_client],
+                    l1_memory_desc.stable_registration_size,
+                )
+            undo.callback(self._arena.unregister)
+            self._locks = LockTable(self._control, config.lock_ttl_s, config.control_timeout_s)
+            undo.callback(self._locks.stop)
+            self._health = HealthProbe(self._control, config.health_timeout_s)
+            self._ids = TaskIds()
+            self._stores: Completions[L2StoreResult] = Completions()
+            undo.callback(self._stores.close)
+            self._lookups: Completions[Bitmap] = Completions()
+            undo.callback(self._lookups.close)
+            self._loads: Completions[Bitmap] = Completions()
+            undo.callback(self._loads.close)
+            self._store_worker = Worker("kvpool-l2-store")
+            undo.callback(self._store_worker.stop)
+            self._lookup_worker = Worker("kvpool-l2-lookup")
+            undo.callback(self._lookup_worker.stop)
+            self._load_worker = Worker("kvpool-l2-load")
+            undo.callback(self._load_worker.stop)
+            undo.pop_all()
+        if not self._health.check().healthy:
+            logger.warning(
+                "kvpool L2 adapter: master %s not usable yet (%s); loads will miss and "
+                "stores fail until it is",
+                config.master,
+                self._health.check().reason,
+            )
+
+    # ------------------------------------------------------------------ event fds
+
+    def get_store_event_fd(self) -> int:
+        return self._stores.fileno()
+
+    def get_lookup_and_lock_event_fd(self) -> int:
+        return self._lookups.fileno()
+
+    def get_load_event_fd(self) -> int:
+        return self._loads.fileno()
+
+    # ------------------------------------------------------------------ store
+
+    def submit_store_task(self, keys: list[ObjectKey], objects: list[MemoryObj]) -> L2TaskId:
+        _check_pairs(keys, objects)
+        task_id = self._ids.next()
+        keys, objects = list(keys), list(objects)
+        self._store_worker.submit(
+            Task(
+                run=lambda: self._run_store(task_id, keys, objects),
+                cancel=lambda: self._stores.finish(task_id, L2StoreResult(False, 0)),
+            )
+        )
+        return task_id
+
+    def pop_completed_store_tasks(self) -> dict[L2TaskId, L2StoreResult]:
+        return self._stores.pop_all()
+
+    def _run_store(self, task_id: int, keys: list[ObjectKey], objects: list[MemoryObj]) -> None:
+        names = self._codec.encode_all(keys)
+        buffers = [self._arena.buffer(obj) for obj in objects]
+        # Entry i is key i's error, or its success (None or the replicas written).
+        results: list[Any]
+        try:
+            results = self._store_client.put_many(list(zip(names, buffers, strict=True)))
+        except KVPoolError as error:
+            results = [error] * len(names)
+        stored_keys: list[ObjectKey] = []
+        stored_sizes: list[int] = []
+        failures: list[KVPoolError] = []
+        for key, name, buffer, result in zip(keys, names, buffers, results, strict=True):
+            if isinstance(result, ObjectExists):
+                continue  # stored before (here or by another instance): same key, same bytes
+            if isinstance(result, KVPoolError):
+                failures.append(result)
+                continue
+            stored_keys.append(key)
+            stored_sizes.append(len(buffer))
+            with self._sizes_lock:
+                self._sizes[name] = len(buffer)
+        written = sum(stored_sizes)
+        self.stats.count_store(len(keys), len(stored_keys), len(failures), written)
+        if failures:
+            logger.warning(
+                "kvpool L2 adapter: %d of %d chunk(s) not stored, first: %s",
+                len(failures),
+                len(keys),
+                failures[0],
+            )
+        if stored_keys:
+            self._notify_keys_stored(stored_keys, stored_sizes)
+        self._stores.finish(task_id, L2StoreResult(not failures, written))
+
+    # ------------------------------------------------------------------ lookup and lock
+
+    def submit_lookup_and_lock_task(
+        self,
+        keys: list[ObjectKey],
+        group_layout_descs: dict[int, MemoryLayoutDesc] | None = None,
+    ) -> L2TaskId:
+        task_id = self._ids.next()
+        keys = list(keys)
+        deadline = time.monotonic() + self.config.lookup_timeout_s
+        self._lookup_worker.submit(
+            Task(
+                run=lambda: self._run_lookup(task_id, keys, deadline),
+                cancel=lambda: self._lookups.finish(task_id, Bitmap(len(keys))),
+            )
+        )
+        return task_id
+
+    def query_lookup_and_lock_result(self, task_id: L2TaskId) -> Bitmap | None:
+        return self._lookups.pop(task_id)
+
+    def submit_unlock(self, keys: list[ObjectKey]) -> None:
+        self._locks.unlock(self._codec.encode_all(keys))
+
+    def _run_lookup(self, task_id: int, keys: list[ObjectKey], deadline: float) -> None:
+        bitmap = Bitmap(len(keys))
+        names = self._codec.encode_all(keys)
+        budget = deadline - time.monotonic()
+        hits: list[int] = []
+        if names and budget > 0:
+            try:
+                leased = self._control.lease(names, self.config.lock_ttl_s, budget)
+            except KVPoolError as error:
+                logger.warning("kvpool L2 adapter: lookup of %d key(s): %s", len(names), error)
+                self.stats.count_lookup(len(names), 0, failed=True)
+            else:
+                hits = [i for i, size in enumerate(leased.sizes) if size is not None]
+                self._locks.lock([names[i] for i in hits], leased.until)
+                bitmap.batched_set(hits)
+                self._forget_ghosts(
+                    [(keys[i], names[i]) for i, s in enumerate(leased.sizes) if s is None]
+                )
+                self.stats.count_lookup(len(names), len(hits))
+        self._lookups.finish(task_id, bitmap)
+
+    # ------------------------------------------------------------------ load
+
+    def submit_load_task(self, keys: list[ObjectKey], objects: list[MemoryObj]) -> L2TaskId:
+        _check_pairs(keys, objects)
+        task_id = self._ids.next()
+        keys, objects = list(keys), list(objects)
+        deadline = time.monotonic() + self.config.load_timeout_s
+        self._load_worker.submit(
+            Task(
+                run=lambda: self._run_load(task_id, keys, objects, deadline),
+                cancel=lambda: self._loads.finish(task_id, Bitmap(len(keys))),
+            )
+        )
+        return task_id
+
+    def query_load_result(self, task_id: L2TaskId) -> Bitmap | None:
+        return self._loads.pop(task_id)
+
+    def _run_load(
+        self, task_id: int, keys: list[ObjectKey], objects: list[MemoryObj], deadline: float
+    ) -> None:
+        bitmap = Bitmap(len(keys))
+        budget = deadline - time.monotonic()
+        if not keys or budget < MIN_LOAD_BUDGET:
+            self.stats.count_load(len(keys), 0, 0, timed_out=bool(keys))
+            self._loads.finish(task_id, bitmap)
+            return
+        names = self._codec.encode_all(keys)
+        buffers = [self._arena.buffer(obj) for obj in objects]
+        # Only this thread uses the load client, so its timeout can be the task's budget.
+        self._load_client.timeout = budget
+        try:
+            results: list[Any] = self._load_client.get_into_many(names, buffers)
+        except KVPoolError as error:
+            results = [error] * len(names)
+        hits: list[int] = []
+        errors: list[KVPoolError] = []
+        ghosts: list[tuple[ObjectKey, str]] = []
+        for i, result in enumerate(results):
+            if isinstance(result, int) and result == len(buffers[i]):
+                hits.append(i)
+            elif isinstance(result, ObjectNotFound) and not isinstance(result, ObjectNotReady):
+                ghosts.append((keys[i], names[i]))
+            elif isinstance(result, KVPoolError):
+                errors.append(result)
+            else:  # an object of another size than its L1 buffer: not this layout's chunk
+                errors.append(KVPoolError(f"{names[i]!r} is {result} bytes", key=names[i]))
+        bitmap.batched_set(hits)
+        timed_out = time.monotonic() >= deadline
+        self.stats.count_load(len(keys), len(hits), sum(len(buffers[i]) for i in hits), timed_out)
+        if errors:
+            logger.warning(
+                "kvpool L2 adapter: %d of %d chunk(s) not loaded%s, first: %s",
+                len(errors),
+                len(keys),
+                " (deadline passed)" if timed_out else "",
+                errors[0],
+            )
+        self._forget_ghosts(ghosts)
+        if hits:
+            self._notify_keys_accessed([keys[i] for i in hits])
+        self._loads.finish(task_id, bitmap)
+
+    # ------------------------------------------------------------------ delete, usage, listing
+
+    def delete(self, keys: list[ObjectKey]) -> None:
+        """Removes ``keys`` from kvpool, except those this adapter holds locked (in use)."""
+        names = self._codec.encode_all(keys)
+        chosen = [(k, n) for k, n in zip(keys, names, strict=True) if not self._locks.is_locked(n)]
+        if not chosen or self._closed:
+            return
+        try:
+            statuses = self._control.remove(
+                [n for _, n in chosen], self.config.control_timeout_s, force=True
+            )
+        except (KVPoolError, ValueError) as error:  # ValueError: closed meanwhile
+            logger.warning("kvpool L2 adapter: delete of %d key(s): %s", len(chosen), error)
+            return
+        gone = [
+            pair
+            for pair, status in zip(chosen, statuses, strict=True)
+            if status in (KeyStatus.OK, KeyStatus.NOT_FOUND)
+        ]
+        self.stats.count_delete(len(gone))
+        self._report_deleted(gone)
+
+    def list_l2_keys(
+        self,
+        model_name: str | None = None,
+        page_size: int = 500,
+        cursor: str | None = None,
+    ) -> KeyListPage:
+        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0:
+            raise ValueError(f"page_size must be a positive integer (got {page_size!r})")
+        if self._closed:
+            raise RuntimeError("the kvpool L2 adapter is closed")
+        prefix = self._codec.model_prefix(model_name)
+        if cursor is not None and (not isinstance(cursor, str) or not cursor.startswith(prefix)):
+            raise ValueError(f"malformed cursor {cursor!r}: pass next_page_token as it came")
+        page = self._control.list_keys(
+            prefix, page_size, cursor or "", self.config.control_timeout_s
+        )
+        entries = []
+        for name, size in zip(page.keys, page.sizes, strict=True):
+            try:
+                key = self._codec.decode(name)
+            except ValueError:
+                continue  # not an LMCache key, though under our prefix
+            entries.append(KeyEntry(key=key.to_encoded_object_key(), size_bytes=size))
+        return KeyListPage(entries=tuple(entries), next_page_token=page.next_start_after or None)
+
+    # ------------------------------------------------------------------ status and close
+
+    def report_status(self) -> dict:
+        health = Health(False, False, "closed") if self._closed else self._health.check()
+        workers = {
+            "store": self._store_worker,
+            "lookup": self._lookup_worker,
+            "load": self._load_worker,
+        }
+        usage = self.get_usage()
+        threads_alive = all(w.alive() for w in workers.values()) and self._locks.alive()
+        return {
+            "is_healthy": not self._closed and threads_alive and health.healthy,
+            "type": "KVPoolL2Adapter",
+            "master": self.config.master,
+            "master_reachable": health.reachable,
+            "reason": health.reason,
+            "storage_nodes": health.nodes,
+            "cluster_objects": health.objects,
+            "cluster_capacity_bytes": health.capacity,
+            "cluster_used_bytes": health.used,
+            "current_size_bytes": usage.total_bytes_used,
+            "max_capacity_bytes": usage.total_capacity_bytes,
+            "locked_keys": self._locks.locked_count(),
+            "backlog": {name: w.backlog() for name, w in workers.items()},
+            "l1_registered_bytes": self._arena.registered,
+            "zero_copy_buffers": self._arena.arena_buffers,
+            "unregistered_buffers": self._arena.other_buffers,
+            **self.stats.snapshot(),
+        }
+
+    def close(self) -> None:
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        # Workers first: queued tasks are cancelled without touching their buffers, running
+        # ones end by their deadlines. Only then may UCX and the event fds go.
+        for worker in (self._lookup_worker, self._load_worker, self._store_worker):
+            worker.stop()
+        self._locks.stop()
+        self._arena.unregister()
+        self._load_client.close()
+        self._store_client.close()
+        self._control.close()
+        for completions in (self._stores, self._lookups, self._loads):
+            completions.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # ------------------------------------------------------------------ accounting
+
+    def _forget_ghosts(self, pairs: list[tuple[ObjectKey, str]]) -> None:
+        """Keys this adapter stored that kvpool no longer has (lost with their storage node,
+        or removed by someone else): report them deleted so that usage stays true."""
+        self._report_deleted(pairs, only_known=True)
+
+    def _report_deleted(self, pairs: list[tuple[ObjectKey, str]], *, only_known: bool = False):
+        """``_notify_keys_deleted`` with the sizes this adapter accounted (0 when unknown)."""
+        keys: list[ObjectKey] = []
+        sizes: list[int] = []
+        with self._sizes_lock:
+            for key, name in pairs:
+                size = self._sizes.pop(name, None)
+                if size is not None or not only_known:
+                    keys.append(key)
+                    sizes.append(size or 0)
+        if keys:
+            self._notify_keys_deleted(keys, sizes)
+
+
+def _check_pairs(keys: list[ObjectKey], objects: list[MemoryObj]) -> None:
+    if len(keys) != len(objects):
+        raise ValueError(f"{len(keys)} keys but {len(objects)} memory objects: pass one per key")

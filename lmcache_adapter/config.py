@@ -1,0 +1,126 @@
+"""``adapter_params`` of the kvpool L2 adapter: what users set, checked with clear errors.
+
+LMCache's plugin loader finds this class by its name (``KVPoolL2Adapter`` + ``Config``) and
+builds it with ``from_dict(adapter_params)``; Python callers may also pass a plain dict.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from lmcache.v1.distributed.l2_adapters.config import L2AdapterConfigBase
+
+from kvpool.common.master_address import resolve_master
+from kvpool.lmcache.keys import DEFAULT_PREFIX
+
+_HELP = """\
+kvpool L2 adapter (plugin) adapter_params:
+- master (str): kvpool master HOST:PORT (default: $KVPOOL_MASTER)
+- replicas (int): copies per stored chunk, on distinct storage nodes (default 0: the
+  master's default)
+- lock_ttl_s (float): read lease taken by lookup-and-lock and renewed until submit_unlock
+  (default 30; the master caps single leases at its --max-lease-ttl)
+- store_timeout_s (float): deadline of one store batch (default 10)
+- load_timeout_s (float): deadline of one load batch, counted from its submission: what
+  has not arrived by then is reported as a miss (default 5)
+- lookup_timeout_s (float): deadline of one lookup-and-lock batch (default 2)
+- control_timeout_s (float): deadline of delete, list_l2_keys and lease renewals (default 5)
+- health_timeout_s (float): deadline of the master probe behind report_status (default 1)
+- key_prefix (str): namespace of LMCache's keys in kvpool (default "lmcache/")
+- max_capacity_gb (float): capacity LMCache's L2 eviction may assume (default 0: unknown)
+- register_l1 (bool): register the L1 arena with UCX once, for zero-copy (default true)
+- ucx_config (dict[str, str]): UCX settings without the UCX_ prefix, e.g. {"TLS": "tcp"}
+Example: {"type": "plugin", "module_path": "kvpool.lmcache",
+          "class_name": "KVPoolL2Adapter", "adapter_params": {"master": "10.0.0.5:50051"}}"""
+
+_FLOATS = {
+    "lock_ttl_s": 30.0,
+    "store_timeout_s": 10.0,
+    "load_timeout_s": 5.0,
+    "lookup_timeout_s": 2.0,
+    "control_timeout_s": 5.0,
+    "health_timeout_s": 1.0,
+}
+_KNOWN = {
+    "master",
+    "replicas",
+    "key_prefix",
+    "max_capacity_gb",
+    "register_l1",
+    "ucx_config",
+    *_FLOATS,
+}
+#: Keys LMCache itself may leave in the dict (consumed by its own config parser).
+_LMCACHE_KEYS = {"type", "eviction", "serde", "persist_enabled", "shared", "affinity_tag"}
+
+
+class KVPoolL2AdapterConfig(L2AdapterConfigBase):
+    def __init__(
+        self,
+        master: str | None = None,
+        *,
+        replicas: int = 0,
+        lock_ttl_s: float = _FLOATS["lock_ttl_s"],
+        store_timeout_s: float = _FLOATS["store_timeout_s"],
+        load_timeout_s: float = _FLOATS["load_timeout_s"],
+        lookup_timeout_s: float = _FLOATS["lookup_timeout_s"],
+        control_timeout_s: float = _FLOATS["control_timeout_s"],
+        health_timeout_s: float = _FLOATS["health_timeout_s"],
+        key_prefix: str = DEFAULT_PREFIX,
+        max_capacity_gb: float = 0.0,
+        register_l1: bool = True,
+        ucx_config: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__()
+        self.master = resolve_master(master)
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+            raise ValueError(f"replicas must be an integer >= 0, got {replicas!r}")
+        self.replicas = replicas
+        self.lock_ttl_s = _positive("lock_ttl_s", lock_ttl_s)
+        self.store_timeout_s = _positive("store_timeout_s", store_timeout_s)
+        self.load_timeout_s = _positive("load_timeout_s", load_timeout_s)
+        self.lookup_timeout_s = _positive("lookup_timeout_s", lookup_timeout_s)
+        self.control_timeout_s = _positive("control_timeout_s", control_timeout_s)
+        self.health_timeout_s = _positive("health_timeout_s", health_timeout_s)
+        if not isinstance(key_prefix, str) or "@" in key_prefix:
+            raise ValueError(f"key_prefix must be a string without '@', got {key_prefix!r}")
+        self.key_prefix = key_prefix
+        if not isinstance(max_capacity_gb, int | float) or max_capacity_gb < 0:
+            raise ValueError(f"max_capacity_gb must be a number >= 0, got {max_capacity_gb!r}")
+        self.max_capacity_bytes = int(max_capacity_gb * 1024**3)
+        if not isinstance(register_l1, bool):
+            raise ValueError(f"register_l1 must be true or false, got {register_l1!r}")
+        self.register_l1 = register_l1
+        if ucx_config is not None and not (
+            isinstance(ucx_config, Mapping)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in ucx_config.items())
+        ):
+            raise ValueError(f"ucx_config must map strings to strings, got {ucx_config!r}")
+        self.ucx_config = dict(ucx_config or {})
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> KVPoolL2AdapterConfig:
+        unknown = set(d) - _KNOWN - _LMCACHE_KEYS
+        if unknown:
+            raise ValueError(
+                f"unknown kvpool adapter setting(s) {sorted(unknown)}; known: {sorted(_KNOWN)}"
+            )
+        kwargs = {k: v for k, v in d.items() if k in _KNOWN and k != "master"}
+        return cls(d.get("master"), **kwargs)
+
+    @classmethod
+    def help(cls) -> str:
+        return _HELP
+
+
+def _positive(name: str, value: object) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    return float(value)
