@@ -43,6 +43,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dram", default="1GiB", help="DRAM per node of the local cluster")
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument(
+        "--metadata",
+        action="store_true",
+        help="measure master lookups (Exists, GetReplicas) in keys/s instead of throughput",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,18 +57,24 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    if args.metadata:
+        from kvpool.bench import metadata
+
+        metadata.report(_on_cluster(args, metadata.measure))
+        return 0
+    results = _on_cluster(args, lambda master: _measure(master, sizes, per_size, args.replicas))
+    return _report(results, args.json)
+
+
+def _on_cluster(args: argparse.Namespace, work):
+    """Runs ``work(master_address)`` on ``--master``, or on a local cluster started for it."""
     if args.master:
-        return _report(_measure(args.master, sizes, per_size, args.replicas), args.json)
-    from kvpool.local_cluster import ClusterError, LocalCluster
+        return work(args.master)
+    from kvpool.local_cluster import LocalCluster
 
     print(f"starting a local cluster: {args.nodes} node(s) x {args.dram} DRAM ...", flush=True)
-    try:
-        with LocalCluster(args.nodes, args.dram) as cluster:
-            results = _measure(cluster.master_address, sizes, per_size, args.replicas)
-    except ClusterError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    return _report(results, args.json)
+    with LocalCluster(args.nodes, args.dram) as cluster:
+        return work(cluster.master_address)
 
 
 def _measure(master: str, sizes: list[int], per_size: int, replicas: int) -> list[Result]:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import zlib
-from typing import Any
+
+from kvpool.transport import ucp
 
 
-def crc32_of(buffer: Any) -> int:
-    """CRC-32 of any contiguous buffer (zlib releases the GIL for large ones)."""
-    return zlib.crc32(memoryview(buffer).cast("B"))
+def crc32_at(address: int, length: int) -> int:
+    """CRC-32 of ``length`` bytes at ``address`` (zlib releases the GIL for large ones)."""
+    return zlib.crc32(ucp.view_of(address, length))

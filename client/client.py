@@ -204,7 +204,7 @@ class Client:
             targets[i] = (address, location.size)
         get_path.read(self._session, keys, located, targets, results, deadline, lease_deadline)
         if verify:
-            get_path.verify(keys, located, {i: results[i] for i in targets}, results)
+            get_path.verify(keys, located, targets, results)
         return [bytes(r) if isinstance(r, bytearray) else r for r in results]
 
     def get_into_many(
@@ -235,8 +235,7 @@ class Client:
             targets[i] = (address, location.size)
         get_path.read(self._session, keys, located, targets, results, deadline, lease_deadline)
         if verify:
-            views = {i: memoryview(buffers[i]).cast("B")[: targets[i][1]] for i in targets}
-            get_path.verify(keys, located, views, results)
+            get_path.verify(keys, located, targets, results)
         return results
 
     def exists_many(self, keys: Sequence[str]) -> list[bool | KVPoolError]:

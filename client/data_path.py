@@ -4,11 +4,18 @@ Routes are learned from the segment descriptors the master sends and cached; an 
 whose transfer failed or timed out is dropped (with its rkeys) and rebuilt on next use. The
 worker is single-threaded, so every use of it holds ``_lock``; the loops themselves run in C
 without the GIL.
+
+Endpoints to nodes on this host use CMA (the kernel copies between the two processes, driven
+by our own progress, never waiting on the node); all others are created force-closable, so
+that a transfer past its deadline is cancelled. Should a timed-out transfer be neither
+cancellable nor finished after a grace period, the worker is given up (never progressed
+again) and a fresh one takes over: no late byte ever lands in memory a caller moved on from.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +34,17 @@ class Transfer:
     length: int
 
 
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """Why one transfer did not complete."""
+
+    message: str
+    timed_out: bool = False
+
+    def __str__(self) -> str:
+        return self.message
+
+
 @dataclass(slots=True)
 class _Route:
     descriptor: pb.Segment
@@ -38,6 +56,9 @@ class DataPath:
     def __init__(self, ucx_config: Mapping[str, str] | None = None) -> None:
         self.context = ucp.Context(ucx_config)
         self.worker = self.context.create_worker()
+        #: Workers given up after a transfer they could not stop: kept (never destroyed, never
+        #: progressed) so that UCX can touch nothing through them.
+        self._abandoned: list[ucp.Worker] = []
         self._lock = threading.Lock()
         self._descriptors: dict[str, pb.Segment] = {}
         self._endpoints: dict[bytes, ucp.Endpoint] = {}
@@ -70,11 +91,15 @@ class DataPath:
         descriptor = self._descriptors.get(segment_id)
         return descriptor.host if descriptor is not None else ""
 
-    def run(self, transfers: Sequence[Transfer], *, is_get: bool, timeout: float) -> list[str]:
-        """Runs ``transfers`` together; returns '' for each success, else why it failed."""
+    def run(
+        self, transfers: Sequence[Transfer], *, is_get: bool, deadline: float
+    ) -> list[Failure | None]:
+        """Runs ``transfers`` together until ``deadline`` (time.monotonic); entry i is None on
+        success, else why it failed. Time spent waiting for another thread's transfers
+        counts against the deadline."""
         if not transfers:
             return []
-        errors = [""] * len(transfers)
+        errors: list[Failure | None] = [None] * len(transfers)
         with self._lock:
             if self._closed:
                 raise RuntimeError("the client is closed")
@@ -84,7 +109,7 @@ class DataPath:
                 try:
                     route = self._route(transfer.segment_id)
                 except (ucp.UcxError, KeyError) as error:
-                    errors[i] = f"cannot reach segment {transfer.segment_id}: {error}"
+                    errors[i] = Failure(f"cannot reach segment {transfer.segment_id}: {error}")
                     continue
                 ops.append(
                     ucp.Op(
@@ -97,21 +122,31 @@ class DataPath:
                     )
                 )
                 indexes.append(i)
-            statuses = self.worker.transfer(ops, is_get=is_get, timeout=max(timeout, 0.0))
+            timeout = deadline - time.monotonic()
+            if timeout <= 0:
+                statuses = [ucp.UCS_ERR_TIMED_OUT] * len(ops)  # no time left: do not start
+            else:
+                statuses = self.worker.transfer(ops, is_get=is_get, timeout=timeout)
             failed_segments = set()
             for i, status in zip(indexes, statuses, strict=True):
                 if status != ucp.UCS_OK:
                     segment_id = transfers[i].segment_id
                     failed_segments.add(segment_id)
                     if status == ucp.UCS_ERR_TIMED_OUT:
-                        errors[i] = f"transfer with segment {segment_id} missed its deadline"
+                        errors[i] = Failure(
+                            f"transfer with segment {segment_id} missed its deadline",
+                            timed_out=True,
+                        )
                     else:
-                        errors[i] = (
+                        errors[i] = Failure(
                             f"transfer with segment {segment_id} failed: "
                             f"{ucp.status_string(status)}"
                         )
-            for segment_id in failed_segments:
-                self._drop_node_of(segment_id)
+            if self.worker.tainted:
+                self._replace_worker()
+            else:
+                for segment_id in failed_segments:
+                    self._drop_node_of(segment_id)
         return errors
 
     def close(self) -> None:
@@ -119,15 +154,19 @@ class DataPath:
             if self._closed:
                 return
             self._closed = True
-            for endpoint in self._endpoints.values():
-                endpoint.close()
-            self._endpoints.clear()
+            for route in self._routes.values():
+                route.rkey.destroy()
             self._routes.clear()
+            clean = all([endpoint.close() for endpoint in self._endpoints.values()])
+            self._endpoints.clear()
             for region in self._regions:
                 region.close()
             self._regions.clear()
-            self.worker.close()
-            self.context.close()
+            if clean and not self._abandoned:
+                self.worker.close()
+                self.context.close()
+            # else: a peer left an endpoint half-closed, or a worker was given up; destroying
+            # the context under them could abort inside UCX. The process reclaims them.
 
     # ---- internals (callers hold _lock)
 
@@ -138,11 +177,28 @@ class DataPath:
         descriptor = self._descriptors[segment_id]
         endpoint = self._endpoints.get(descriptor.worker_address)
         if endpoint is None or endpoint.closed:
-            endpoint = self.worker.connect(descriptor.worker_address)
+            endpoint = self._connect(descriptor.worker_address)
             self._endpoints[descriptor.worker_address] = endpoint
         route = _Route(descriptor, endpoint, endpoint.unpack_rkey(descriptor.rkey))
         self._routes[segment_id] = route
         return route
+
+    def _connect(self, worker_address: bytes) -> ucp.Endpoint:
+        """CMA when the node shares this host, else a force-closable endpoint."""
+        endpoint = self.worker.connect(worker_address)
+        if endpoint.uses_transport("cma"):
+            return endpoint
+        endpoint.close(timeout=0.5)  # unused so far: nothing in flight on it
+        return self.worker.connect(worker_address, peer_errors=True)
+
+    def _replace_worker(self) -> None:
+        """Gives the worker up after a transfer it could not stop, and starts afresh."""
+        for route in self._routes.values():
+            route.rkey.destroy()
+        self._routes.clear()
+        self._endpoints.clear()
+        self._abandoned.append(self.worker)
+        self.worker = self.context.create_worker()
 
     def _memh_for(self, address: int, length: int) -> Any:
         for region in self._regions:

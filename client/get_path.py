@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from kvpool.client.checksum import crc32_of
+from kvpool.client.checksum import crc32_at
 from kvpool.client.data_path import Transfer
 from kvpool.client.outcomes import error_for
 from kvpool.client.session import Session
@@ -67,6 +67,7 @@ def read(
     candidates = {i: by_nearness(session, located[i].replicas) for i in targets}
     failures: dict[int, list[str]] = {i: [] for i in targets}
     pending = [i for i in targets if targets[i][1] > 0]
+    lease_first = lease_deadline <= deadline  # a timeout then means the lease ran out
     attempt = 0
     while pending:
         transfers = []
@@ -74,15 +75,16 @@ def read(
             replica = candidates[i][attempt]
             address, size = targets[i]
             transfers.append(Transfer(replica.segment_id, replica.address, address, size))
-        budget = min(deadline, lease_deadline) - time.monotonic()
-        errors = session.data.run(transfers, is_get=True, timeout=budget)
+        errors = session.data.run(transfers, is_get=True, deadline=min(deadline, lease_deadline))
         attempt += 1
         retry = []
         for i, error in zip(pending, errors, strict=True):
-            if not error:
+            if error is None:
                 continue
-            failures[i].append(error)
-            if attempt < len(candidates[i]) and time.monotonic() < deadline:
+            failures[i].append(str(error))
+            if error.timed_out and lease_first:
+                results[i] = _lease_expired(keys[i])
+            elif attempt < len(candidates[i]) and time.monotonic() < deadline:
                 retry.append(i)
             else:
                 results[i] = TransferError(
@@ -94,25 +96,28 @@ def read(
     if time.monotonic() > lease_deadline:
         for i in targets:
             if not isinstance(results[i], KVPoolError):
-                results[i] = LeaseExpired(
-                    f"the read lease on {keys[i]!r} may have expired before its transfer "
-                    "finished, so the bytes were discarded: read it again (or ask for a longer "
-                    "lease_ttl)",
-                    key=keys[i],
-                )
+                results[i] = _lease_expired(keys[i])
+
+
+def _lease_expired(key: str) -> LeaseExpired:
+    return LeaseExpired(
+        f"the read lease on {key!r} may have expired before its transfer finished, so the "
+        "bytes were discarded: read it again (or ask for a longer lease_ttl)",
+        key=key,
+    )
 
 
 def verify(
     keys: Sequence[str],
     located: Mapping[int, pb.ObjectLocation],
-    views: Mapping[int, Any],
+    targets: Targets,
     results: list[Any],
 ) -> None:
     """Checks each successfully read object against its writer's checksum, when it has one."""
-    for i, view in views.items():
+    for i, (address, size) in targets.items():
         if isinstance(results[i], KVPoolError) or not located[i].HasField("crc32"):
             continue
-        actual = crc32_of(view)
+        actual = crc32_at(address, size)
         if actual != located[i].crc32:
             results[i] = ChecksumMismatch(
                 f"the bytes read for {keys[i]!r} do not match its writer's checksum "

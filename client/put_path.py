@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvpool.client.checksum import crc32_of
+from kvpool.client.checksum import crc32_at
 from kvpool.client.data_path import Transfer
 from kvpool.client.session import Session
 from kvpool.common.status import Pin
@@ -101,9 +101,9 @@ def write(session: Session, puts: Sequence[PendingPut], checksum: bool) -> None:
     owners: list[tuple[PendingPut, int]] = []
     for put in puts:
         assert put.source is not None
-        address, length, keepalive = put.source
+        address, length, _ = put.source
         if checksum:
-            put.crc32 = crc32_of(keepalive)
+            put.crc32 = crc32_at(address, length)
         put.errors = [""] * len(put.slot.replicas)
         for replica_index, replica in enumerate(put.slot.replicas):
             if length:
@@ -112,9 +112,9 @@ def write(session: Session, puts: Sequence[PendingPut], checksum: bool) -> None:
     if not transfers:
         return
     deadline = min(put.write_deadline for put in puts)
-    errors = session.data.run(transfers, is_get=False, timeout=deadline - time.monotonic())
+    errors = session.data.run(transfers, is_get=False, deadline=deadline)
     for (put, replica_index), error in zip(owners, errors, strict=True):
-        put.errors[replica_index] = error
+        put.errors[replica_index] = str(error) if error else ""
 
 
 def commit(session: Session, puts: Sequence[PendingPut], deadline: float) -> list[int]:

@@ -167,6 +167,8 @@ class LocalCluster:
             "0",
             "--node-id",
             name,
+            "--drain-timeout",
+            "2",
             "--log-format",
             self.log_format,
             *self.node_args,

@@ -136,6 +136,43 @@ class MasterService(master_pb2_grpc.MasterServicer):
             _count("Remove", statuses)
             return pb.RemoveResponse(statuses=statuses)
 
+    async def RemovePrefix(self, request, context):
+        with _observe("RemovePrefix"):
+            result = self.state.remove_prefix(request.prefix, request.force)
+            return pb.RemovePrefixResponse(
+                removed=result.removed, leased=result.leased, not_ready=result.not_ready
+            )
+
+    async def Stat(self, request, context):
+        with _observe("Stat"):
+            info = self.state.stat(request.key)
+            response = pb.StatResponse(
+                status=info.status,
+                size=info.size,
+                state=info.state,
+                lease_remaining_ms=int(info.lease_remaining * 1000),
+                pin=info.pin,
+                pin_remaining_ms=int(info.pin_remaining * 1000),
+                age_ms=int(info.age * 1000),
+                idle_ms=int(info.idle * 1000),
+            )
+            if info.crc32 is not None:
+                response.crc32 = info.crc32
+            for replica in info.replicas:
+                response.replicas.add(
+                    segment_id=replica.segment.segment_id,
+                    node_id=replica.segment.node_id,
+                    host=replica.segment.host,
+                    tier=replica.segment.tier,
+                    address=replica.address,
+                )
+            return response
+
+    async def ClientHeartbeat(self, request, context):
+        with _observe("ClientHeartbeat"):
+            self.state.client_heartbeat(request.client_id)
+            return pb.ClientHeartbeatResponse()
+
     async def ListKeys(self, request, context):
         with _observe("ListKeys"):
             page = self.state.list_keys(request.prefix, request.limit, request.start_after)

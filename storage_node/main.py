@@ -46,6 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--heartbeat-interval", type=float, default=1.0, help="seconds between heartbeats"
     )
     parser.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="on shutdown, keep memory at most this long for readers holding leases (s)",
+    )
+    parser.add_argument(
         "--ready-file", default=None, help="write the node's id and ports here as JSON once ready"
     )
     parser.add_argument("--log-format", choices=LOG_FORMATS, default="auto")
@@ -85,6 +91,7 @@ async def _serve(args: argparse.Namespace, master: str) -> None:
         worker=worker,
         segments=segments,
         heartbeat_interval=args.heartbeat_interval,
+        drain_timeout=args.drain_timeout,
     )
     http = HealthServer(args.listen, args.http_port, readiness=lambda: node.ready)
     http.start()

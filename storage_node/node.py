@@ -38,6 +38,7 @@ class StorageNode:
         worker: ucp.Worker,
         segments: list[Segment],
         heartbeat_interval: float = 1.0,
+        drain_timeout: float = 30.0,
     ) -> None:
         self.node_id = node_id
         self.host = host
@@ -46,6 +47,7 @@ class StorageNode:
         self.worker = worker
         self.segments = segments
         self.heartbeat_interval = heartbeat_interval
+        self.drain_timeout = drain_timeout
         self.mounted: set[str] = set()
         self._worker_address = worker.address
         self._progress = ucp.ProgressThread(worker)
@@ -77,7 +79,13 @@ class StorageNode:
                         on_ready()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.heartbeat_interval)
-            await self._unmount_all(stub)
+            drain = await self._unmount_all(stub)
+        if drain > 0:
+            # Readers may still be copying out of objects leased before the unmount: keep the
+            # memory (and UCX progressing) until their leases end, within the drain timeout.
+            wait = min(drain, self.drain_timeout)
+            log.info("draining in-flight reads", seconds=round(wait, 3), leases_end_in=drain)
+            await asyncio.sleep(wait)
         self.close()
 
     async def _sync_with_master(self, stub: master_pb2_grpc.MasterStub) -> None:
@@ -116,7 +124,9 @@ class StorageNode:
                 )
         metrics.MOUNTED.set(len(self.mounted))
 
-    async def _unmount_all(self, stub: master_pb2_grpc.MasterStub) -> None:
+    async def _unmount_all(self, stub: master_pb2_grpc.MasterStub) -> float:
+        """Unmounts every segment; returns how long readers may still need the memory."""
+        drain = 0.0
         for segment in self.segments:
             if segment.segment_id not in self.mounted:
                 continue
@@ -130,6 +140,7 @@ class StorageNode:
                     segment=segment.segment_id,
                     objects_removed=response.objects_removed,
                 )
+                drain = max(drain, response.drain_ms / 1000.0)
             except grpc.aio.AioRpcError as error:
                 log.warning(
                     "unmount failed; the master will drop the segment when its heartbeat TTL ends",
@@ -137,6 +148,7 @@ class StorageNode:
                     code=error.code().name,
                 )
             self.mounted.discard(segment.segment_id)
+        return drain
 
     def close(self) -> None:
         self._progress.stop()

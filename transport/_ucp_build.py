@@ -41,7 +41,8 @@ int kv_worker_create(ucp_context_h context, ucp_worker_h *out, int *efd);
 void kv_worker_destroy(ucp_worker_h worker);
 int kv_worker_address(ucp_worker_h worker, void **buf, size_t *len);
 void kv_worker_address_release(ucp_worker_h worker, void *buf);
-int kv_ep_create(ucp_worker_h worker, const void *address, ucp_ep_h *out);
+int kv_ep_create(ucp_worker_h worker, const void *address, int peer_errors, ucp_ep_h *out);
+int kv_ep_uses_transport(ucp_ep_h ep, const char *name);
 int kv_ep_close(ucp_worker_h worker, int efd, ucp_ep_h ep, double timeout);
 int kv_mem_map(ucp_context_h context, void *address, size_t length, ucp_mem_h *out);
 int kv_mem_unmap(ucp_context_h context, ucp_mem_h memh);
@@ -51,7 +52,8 @@ int kv_rkey_unpack(ucp_ep_h ep, const void *buf, ucp_rkey_h *out);
 void kv_rkey_destroy(ucp_rkey_h rkey);
 int kv_rkey_ptr(ucp_rkey_h rkey, uint64_t remote, void **out);
 int kv_transfer(ucp_worker_h worker, int efd, int is_get, kv_op_t *ops, size_t n,
-                double timeout, int *status, ucp_ep_h *closed, size_t *n_closed);
+                double timeout, double grace, int *status, ucp_ep_h *closed,
+                size_t *n_closed, int *tainted);
 int kv_progress_loop(ucp_worker_h worker, int efd, int stop_fd);
 unsigned kv_worker_progress(ucp_worker_h worker);
 """

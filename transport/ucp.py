@@ -26,6 +26,10 @@ DEFAULT_UCX_CONFIG: dict[str, str] = {
     "TCP_RX_SEG_SIZE": "256k",
 }
 
+#: After a missed deadline, how long a transfer that cannot be cancelled (same-host CMA) may
+#: keep running to completion before its worker is given up.
+DRAIN_GRACE = 5.0
+
 UCS_OK = lib.UCS_OK
 UCS_ERR_TIMED_OUT = lib.UCS_ERR_TIMED_OUT
 
@@ -151,6 +155,9 @@ class Worker:
         self._handle = out[0]
         self.efd = efd[0]
         self._closed = False
+        #: Set when a timed-out operation could be neither cancelled nor drained: progressing
+        #: this worker again could let it write into memory its caller has moved on from.
+        self.tainted = False
 
     @property
     def handle(self) -> Any:
@@ -166,16 +173,23 @@ class Worker:
         finally:
             lib.kv_worker_address_release(self._handle, buf[0])
 
-    def connect(self, worker_address: bytes) -> Endpoint:
+    def connect(self, worker_address: bytes, *, peer_errors: bool = False) -> Endpoint:
+        """An endpoint to a remote worker. ``peer_errors`` makes it force-closable (its
+        operations can be cancelled) at the price of software RMA and no shared memory."""
         out = ffi.new("ucp_ep_h *")
-        _check("ucp_ep_create", lib.kv_ep_create(self._handle, worker_address, out))
-        return Endpoint(self, out[0])
+        status = lib.kv_ep_create(self._handle, worker_address, int(peer_errors), out)
+        _check("ucp_ep_create", status)
+        return Endpoint(self, out[0], peer_errors)
 
-    def transfer(self, ops: Sequence[Op], *, is_get: bool, timeout: float) -> list[int]:
+    def transfer(
+        self, ops: Sequence[Op], *, is_get: bool, timeout: float, grace: float = DRAIN_GRACE
+    ) -> list[int]:
         """Runs ``ops`` to completion or until ``timeout`` seconds pass; returns statuses.
 
-        Endpoints that had to be force-closed on a timeout are marked ``closed``: the caller
-        must drop them (and their rkeys) and reconnect.
+        When this returns, no operation touches local memory any more. On a timeout,
+        force-closable endpoints with work pending are closed (marked ``closed``: drop them
+        and their rkeys, and reconnect); the others are drained for up to ``grace`` seconds.
+        If that is not enough, ``tainted`` is set and the worker must never be used again.
         """
         n = len(ops)
         if n == 0:
@@ -192,9 +206,21 @@ class Worker:
         statuses = ffi.new("int[]", n)
         closed = ffi.new("ucp_ep_h[]", n)
         n_closed = ffi.new("size_t *")
+        tainted = ffi.new("int *")
         lib.kv_transfer(
-            self._handle, self.efd, int(is_get), c_ops, n, timeout, statuses, closed, n_closed
+            self._handle,
+            self.efd,
+            int(is_get),
+            c_ops,
+            n,
+            timeout,
+            grace,
+            statuses,
+            closed,
+            n_closed,
+            tainted,
         )
+        self.tainted = self.tainted or bool(tainted[0])
         if n_closed[0]:
             dead = {closed[i] for i in range(n_closed[0])}
             for op in ops:
@@ -215,11 +241,16 @@ class Worker:
 class Endpoint:
     """A connection to one remote worker; unpacks that worker's remote keys."""
 
-    def __init__(self, worker: Worker, handle: Any) -> None:
+    def __init__(self, worker: Worker, handle: Any, peer_errors: bool = False) -> None:
         self.worker = worker
         self.handle = handle
+        self.peer_errors = peer_errors
         self.closed = False
         self._rkeys: list[RemoteKey] = []
+
+    def uses_transport(self, name: str) -> bool:
+        """Whether one of this endpoint's lanes runs over transport ``name`` (e.g. "cma")."""
+        return bool(lib.kv_ep_uses_transport(self.handle, name.encode()))
 
     def unpack_rkey(self, packed: bytes) -> RemoteKey:
         out = ffi.new("ucp_rkey_h *")
@@ -239,12 +270,13 @@ class Endpoint:
             rkey.destroy()
         self._rkeys.clear()
 
-    def close(self, timeout: float = 1.0) -> None:
+    def close(self, timeout: float = 1.0) -> bool:
+        """Closes the endpoint; False when a peer did not let it finish within ``timeout``."""
         if self.closed:
-            return
+            return True
         self.closed = True
         self._destroy_rkeys()
-        lib.kv_ep_close(self.worker.handle, self.worker.efd, self.handle, timeout)
+        return lib.kv_ep_close(self.worker.handle, self.worker.efd, self.handle, timeout) == UCS_OK
 
 
 class RemoteKey:
@@ -290,3 +322,8 @@ def address_of(buffer: Any, *, writable: bool) -> tuple[int, int, Any]:
     """(address, length, keepalive) of a buffer-protocol object, without copying it."""
     pointer = ffi.from_buffer(buffer, require_writable=writable)
     return int(ffi.cast("uintptr_t", pointer)), len(pointer), pointer
+
+
+def view_of(address: int, length: int) -> Any:
+    """A read-only buffer over ``length`` bytes at ``address`` (no copy)."""
+    return ffi.buffer(ffi.cast("char *", address), length)

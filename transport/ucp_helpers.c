@@ -188,21 +188,51 @@ static int kv_wait_request(ucp_worker_h worker, int efd, void *request, double d
     }
 }
 
-static int kv_ep_create(ucp_worker_h worker, const void *address, ucp_ep_h *out)
+static int kv_ep_create(ucp_worker_h worker, const void *address, int peer_errors,
+                        ucp_ep_h *out)
 {
     ucp_ep_params_t params;
 
     memset(&params, 0, sizeof(params));
-    /* No peer error handling on purpose: it forces software RMA emulation and breaks the
-     * shared-memory transports. Dead peers are detected through deadlines and the master. */
     params.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
     params.address = (const ucp_address_t *)address;
+    /* Peer error handling lets an endpoint be force-closed (cancelling its operations), but
+     * it forces software RMA and rules out shared memory. So it is used only for peers
+     * reached over the network; same-host peers use CMA, whose copies our own progress
+     * performs and which never wait on the peer. */
+    if (peer_errors) {
+        params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+        params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    }
     return ucp_ep_create(worker, &params, out);
 }
 
-/* Force-closes an endpoint: outstanding operations on it are cancelled and will never touch
- * local memory again once this returns UCS_OK. */
-static int kv_ep_close(ucp_worker_h worker, int efd, ucp_ep_h ep, double timeout)
+/* 1 when one of the endpoint's lanes uses the named transport (e.g. "cma"), else 0. */
+static int kv_ep_uses_transport(ucp_ep_h ep, const char *name)
+{
+    ucp_transport_entry_t entries[32];
+    ucp_ep_attr_t attr;
+    unsigned i;
+
+    memset(&attr, 0, sizeof(attr));
+    attr.field_mask = UCP_EP_ATTR_FIELD_TRANSPORTS;
+    attr.transports.entries = entries;
+    attr.transports.num_entries = 32;
+    attr.transports.entry_size = sizeof(entries[0]);
+    if (ucp_ep_query(ep, &attr) != UCS_OK) {
+        return 0;
+    }
+    for (i = 0; i < attr.transports.num_entries; i++) {
+        if (entries[i].transport_name != NULL && strcmp(entries[i].transport_name, name) == 0) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Force-closes an endpoint created with peer error handling, cancelling its operations;
+ * UCS_ERR_INVALID_PARAM for one without (UCX allows no forced close then). */
+static int kv_ep_force_close(ucp_worker_h worker, int efd, ucp_ep_h ep)
 {
     ucp_request_param_t param;
     void *request;
@@ -211,7 +241,27 @@ static int kv_ep_close(ucp_worker_h worker, int efd, ucp_ep_h ep, double timeout
     param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     param.flags = UCP_EP_CLOSE_FLAG_FORCE;
     request = ucp_ep_close_nbx(ep, &param);
-    return kv_wait_request(worker, efd, request, kv_now() + timeout);
+    if (UCS_PTR_IS_ERR(request)) {
+        return UCS_PTR_STATUS(request);
+    }
+    kv_wait_request(worker, efd, request, kv_now() + 1.0);
+    return UCS_OK;
+}
+
+/* Closes an endpoint. One with peer error handling is force-closed: its outstanding
+ * operations are cancelled and never touch local memory again. Without peer error handling
+ * UCX refuses a forced close, so the endpoint is flushed and closed instead, which waits for
+ * the peer (bounded by the timeout). */
+static int kv_ep_close(ucp_worker_h worker, int efd, ucp_ep_h ep, double timeout)
+{
+    ucp_request_param_t param;
+    int status = kv_ep_force_close(worker, efd, ep);
+
+    if (status != UCS_ERR_INVALID_PARAM) {
+        return status;
+    }
+    memset(&param, 0, sizeof(param));
+    return kv_wait_request(worker, efd, ucp_ep_close_nbx(ep, &param), kv_now() + timeout);
 }
 
 static int kv_mem_map(ucp_context_h context, void *address, size_t length, ucp_mem_h *out)
@@ -290,7 +340,8 @@ static void kv_flush_eps(ucp_worker_h worker, ucp_ep_h *eps, size_t n_eps, void 
  * *n_closed their count; the caller must forget those endpoints and their rkeys.
  */
 static int kv_transfer(ucp_worker_h worker, int efd, int is_get, kv_op_t *ops, size_t n,
-                       double timeout, int *status, ucp_ep_h *closed, size_t *n_closed)
+                       double timeout, double grace, int *status, ucp_ep_h *closed,
+                       size_t *n_closed, int *tainted)
 {
     ucp_request_param_t param;
     void **requests;
@@ -306,6 +357,7 @@ static int kv_transfer(ucp_worker_h worker, int efd, int is_get, kv_op_t *ops, s
     void *request;
 
     *n_closed = 0;
+    *tainted = 0;
     requests = calloc(n ? n : 1, sizeof(void *));
     eps = calloc(n ? n : 1, sizeof(ucp_ep_h));
     flushes = calloc(n ? n : 1, sizeof(void *));
@@ -385,27 +437,65 @@ static int kv_transfer(ucp_worker_h worker, int efd, int is_get, kv_op_t *ops, s
     }
 
     if (pending != 0) {
-        /* Deadline passed: cancel everything still in flight by force-closing its endpoint. */
+        /* Deadline passed, and nothing may touch local memory once we return. An endpoint
+         * with peer error handling is force-closed, which cancels its operations. One
+         * without it (same host: CMA, whose copies only our own progress performs, and
+         * which never waits on the peer) refuses a forced close: it is drained instead,
+         * progressing until its operations finish, for at most `grace` more seconds. Either
+         * way the operations count as timed out. Anything still in flight after that sets
+         * *tainted: the caller must never progress this worker again. */
         for (j = 0; j < n_eps; j++) {
             int stuck = flushes[j] != NULL;
             for (i = 0; i < n && !stuck; i++) {
                 stuck = requests[i] != NULL && op_ep[i] == j;
             }
-            if (stuck) {
-                kv_ep_close(worker, efd, eps[j], 1.0);
+            if (stuck && kv_ep_force_close(worker, efd, eps[j]) == UCS_OK) {
                 closed[(*n_closed)++] = eps[j];
             }
+        }
+        deadline = kv_now() + grace;
+        armed = 0;
+        for (;;) {
+            pending = 0;
+            for (i = 0; i < n; i++) {
+                if (requests[i] != NULL) {
+                    if (ucp_request_check_status(requests[i]) == UCS_INPROGRESS) {
+                        pending++;
+                    } else {
+                        ucp_request_free(requests[i]);
+                        requests[i] = NULL;
+                        status[i] = UCS_ERR_TIMED_OUT;
+                    }
+                }
+            }
+            for (j = 0; j < n_eps; j++) {
+                if (flushes[j] != NULL) {
+                    if (ucp_request_check_status(flushes[j]) == UCS_INPROGRESS) {
+                        pending++;
+                    } else {
+                        ucp_request_free(flushes[j]);
+                        flushes[j] = NULL;
+                        flush_status[j] = UCS_ERR_TIMED_OUT;
+                    }
+                }
+            }
+            if (pending == 0 || kv_now() >= deadline) {
+                break;
+            }
+            kv_wait_step(worker, efd, deadline, 0.05, &armed);
         }
         for (i = 0; i < n; i++) {
             if (requests[i] != NULL) {
                 status[i] = UCS_ERR_TIMED_OUT;
                 ucp_request_free(requests[i]);
+                *tainted = 1;
             }
         }
         for (j = 0; j < n_eps; j++) {
             if (flushes[j] != NULL) {
                 flush_status[j] = UCS_ERR_TIMED_OUT;
                 ucp_request_free(flushes[j]);
+                *tainted = 1;
             }
         }
     }

@@ -39,11 +39,21 @@ def add_commands(commands: Any) -> None:
     ls.add_argument("--limit", type=int, default=0, help="at most this many keys (0: all)")
     ls.set_defaults(run=_with_client(_ls))
 
-    rm = commands.add_parser("rm", help="remove objects")
+    rm = commands.add_parser("rm", help="remove objects by key, by prefix, or all")
     _client_options(rm)
-    rm.add_argument("keys", nargs="+")
-    rm.add_argument("--force", action="store_true", help="remove even while leased")
+    rm.add_argument("keys", nargs="*")
+    what = rm.add_mutually_exclusive_group()
+    what.add_argument("--prefix", help="remove every object whose key starts with this")
+    what.add_argument("--all", action="store_true", help="remove every object")
+    rm.add_argument(
+        "--force", action="store_true", help="remove even while leased or being written"
+    )
     rm.set_defaults(run=_with_client(_rm))
+
+    stat = commands.add_parser("stat", help="size, state, replicas, lease and pin of an object")
+    _client_options(stat)
+    stat.add_argument("key")
+    stat.set_defaults(run=_with_client(_stat))
 
     status = commands.add_parser("status", help="nodes, segments and their use")
     _client_options(status)
@@ -119,6 +129,26 @@ def _ls(client: Any, args: argparse.Namespace) -> int:
 
 
 def _rm(client: Any, args: argparse.Namespace) -> int:
+    if args.prefix is not None or args.all:
+        if args.keys:
+            print("error: give keys, or --prefix, or --all; not both", file=sys.stderr)
+            return 2
+        if args.all:
+            result = client.remove_all(force=args.force)
+        else:
+            result = client.remove_prefix(args.prefix, force=args.force)
+        print(f"removed {result.removed} object(s)", file=sys.stderr)
+        kept = []
+        if result.leased:
+            kept.append(f"{result.leased} leased by readers")
+        if result.not_ready:
+            kept.append(f"{result.not_ready} being written")
+        if kept:
+            print(f"kept {', '.join(kept)}: retry later or pass --force", file=sys.stderr)
+        return 0
+    if not args.keys:
+        print("error: name the keys to remove, or pass --prefix or --all", file=sys.stderr)
+        return 2
     failed = 0
     for key, result in zip(args.keys, client.remove_many(args.keys, force=args.force), strict=True):
         if result is None:
@@ -157,4 +187,36 @@ def _status(client: Any, args: argparse.Namespace) -> int:
         f"{status.reservations} being written, {format_size(used)} of {format_size(capacity)} "
         f"used, up {status.uptime_s:.0f}s"
     )
+    return 0
+
+
+def _stat(client: Any, args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    info = client.stat(args.key)
+    pins = {0: "none", 1: "soft", 2: "hard"}
+    tiers = {1: "dram", 2: "nvme"}
+    console = Console()
+    console.print(f"key      {args.key}")
+    console.print(f"size     {format_size(info.size)} ({info.size} bytes)")
+    console.print(f"state    {info.state}")
+    console.print(f"lease    {info.lease_remaining_ms / 1000:.1f}s left")
+    pin = pins.get(info.pin, "?")
+    if info.pin == 1:
+        pin += f" ({info.pin_remaining_ms / 1000:.0f}s left)"
+    console.print(f"pin      {pin}")
+    console.print(f"crc32    {f'{info.crc32:#010x}' if info.HasField('crc32') else '-'}")
+    console.print(f"age      {info.age_ms / 1000:.1f}s, idle {info.idle_ms / 1000:.1f}s")
+    table = Table("replica", "segment", "node", "host", "tier", "address")
+    for i, replica in enumerate(info.replicas):
+        table.add_row(
+            str(i),
+            replica.segment_id,
+            replica.node_id,
+            replica.host,
+            tiers.get(replica.tier, "?"),
+            f"{replica.address:#x}",
+        )
+    console.print(table)
     return 0

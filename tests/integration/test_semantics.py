@@ -1,0 +1,229 @@
+"""Leases, eviction, pins, writer and node liveness, integrity and overload, end to end."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+from kvpool import Client
+from kvpool.client.data_path import Transfer
+from kvpool.errors import ChecksumMismatch, LeaseExpired, NoSpace, ObjectNotFound
+
+MiB = 1 << 20
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+def metric(port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"{name} not exported")
+
+
+def present(client: Client, key: str) -> bool:
+    """Whether the master still has ``key``, without leasing it (stat grants no lease)."""
+    try:
+        client.stat(key)
+    except ObjectNotFound:
+        return False
+    return True
+
+
+def test_a_full_pool_evicts_least_recently_used_objects_to_take_new_puts(cluster_factory):
+    cluster = cluster_factory(1, "64MiB")
+    with Client(cluster.master_address) as client:
+        keys = [f"old-{i:03d}" for i in range(150)]
+        for key in keys:  # 150 MiB into 64 MiB: every put must make room for itself
+            assert client.put(key, os.urandom(MiB)) == 1
+        assert present(client, keys[-1])
+        assert not present(client, keys[0])
+        survivors = [k for k in keys if present(client, k)]
+        assert survivors == keys[-len(survivors) :], "the oldest go first"
+    assert metric(cluster.master_http_port, "kvpool_evictions_total") >= 150 - len(survivors)
+
+
+def test_a_slow_reader_holds_off_eviction_until_its_lease_ends(cluster_factory):
+    cluster = cluster_factory(
+        1, "64MiB", master_args=["--high-watermark", "0.5", "--eviction-ratio", "0.2"]
+    )
+    with (
+        Client(cluster.master_address, lease_ttl=3.0) as reader,
+        Client(cluster.master_address) as writer,
+    ):
+        writer.put("being-read", os.urandom(4 * MiB))
+        assert len(reader.get("being-read")) == 4 * MiB  # the reader now holds a 3 s lease
+        for i in range(40):  # far past the watermark
+            writer.put(f"filler-{i}", os.urandom(MiB))
+        time.sleep(0.3)  # a few master ticks
+        assert present(writer, "being-read"), "a leased object is never evicted"
+        assert not present(writer, "filler-0"), "others were evicted instead"
+        time.sleep(3.0)  # the lease ends
+        for i in range(40, 70):  # pressure again, with the lease over
+            writer.put(f"filler-{i}", os.urandom(MiB))
+        assert wait_until(lambda: not present(writer, "being-read"), timeout=2.0)
+
+
+def test_a_transfer_that_may_outlive_its_lease_raises_lease_expired(shared_cluster):
+    with Client(shared_cluster.master_address) as writer:
+        writer.put("short-lease", os.urandom(32 * MiB))
+    with Client(shared_cluster.master_address, lease_ttl=0.001) as reader:
+        with pytest.raises(LeaseExpired, match="discarded"):
+            reader.get("short-lease")
+        with pytest.raises(LeaseExpired):
+            reader.get_into("short-lease", bytearray(32 * MiB))
+
+
+def test_hard_pinned_objects_are_never_evicted(cluster_factory):
+    cluster = cluster_factory(1, "32MiB")
+    with Client(cluster.master_address) as client:
+        client.put("pinned", os.urandom(8 * MiB), pin="hard")
+        client.put("soft", os.urandom(8 * MiB), pin="soft", pin_ttl=600)
+        for i in range(30):
+            client.put(f"churn-{i}", os.urandom(MiB))
+        assert present(client, "pinned")
+        assert present(client, "soft"), "soft pins go only after every unpinned object"
+        assert client.stat("pinned").pin == 2
+        with pytest.raises(NoSpace):  # hard pins fill the pool: nothing evictable is left
+            client.put("too-big", os.urandom(28 * MiB))
+        assert present(client, "pinned")
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys, time
+    from kvpool import Client
+    client = Client(sys.argv[1])
+    reservation = client.reserve("orphan", 8 << 20)
+    reservation.write(bytes(8 << 20))
+    print("written", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+def test_a_client_killed_mid_put_has_its_reservation_revoked_when_it_stops_heartbeating(
+    cluster_factory,
+):
+    cluster = cluster_factory(
+        1,
+        "64MiB",
+        master_args=[
+            "--client-ttl",
+            "1.0",
+            "--reservation-timeout",
+            "60",
+            "--reclaim-delay",
+            "0.5",
+        ],
+    )
+    writer = subprocess.Popen(
+        [sys.executable, "-c", WRITER, cluster.master_address], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert writer.stdout.readline().strip() == "written"
+        time.sleep(1.5)  # alive and heartbeating: the reservation stays
+        with Client(cluster.master_address) as client:
+            assert client.cluster_status().reservations == 1
+            killed = time.monotonic()
+            os.kill(writer.pid, signal.SIGKILL)
+            assert wait_until(lambda: client.cluster_status().reservations == 0, timeout=3.0)
+            assert time.monotonic() - killed < 3.0, "well before the 60 s reservation timeout"
+            assert wait_until(
+                lambda: sum(s.used for s in client.cluster_status().segments) == 0, timeout=2.0
+            )
+            client.put("orphan", b"adopted")
+            assert client.get("orphan") == b"adopted"
+    finally:
+        writer.kill()
+        writer.wait()
+
+
+def test_a_reader_that_verifies_never_gets_corrupted_bytes(shared_cluster):
+    data = os.urandom(MiB)
+    with Client(shared_cluster.master_address, checksum=True) as client:
+        client.put("guarded", data)
+        assert client.get("guarded", verify=True) == data
+        assert client.stat("guarded").HasField("crc32")
+        # A rogue writer scribbles over the object's bytes in the storage node's memory.
+        replica = client.stat("guarded").replicas[0]
+        garbage = np.full(4096, 0xAB, dtype=np.uint8)
+        errors = client._session.data.run(
+            [Transfer(replica.segment_id, replica.address, garbage.ctypes.data, 4096)],
+            is_get=False,
+            deadline=time.monotonic() + 5,
+        )
+        assert errors == [None]
+        assert client.get("guarded") != data  # without verification the damage goes unseen
+        with pytest.raises(ChecksumMismatch, match="discarded"):
+            client.get("guarded", verify=True)
+        with pytest.raises(ChecksumMismatch):
+            client.get_into("guarded", bytearray(MiB), verify=True)
+
+
+def test_an_overloaded_master_sheds_load_and_clients_retry_until_served(cluster_factory):
+    cluster = cluster_factory(1, "64MiB", master_args=["--max-inflight", "1"])
+    with Client(cluster.master_address, timeout=30) as client:
+        client.put("hot", b"x")
+        failures = []
+
+        def hammer() -> None:
+            try:
+                for _ in range(40):
+                    assert client.exists_many(["hot"] * 64) == [True] * 64
+            except Exception as error:  # collected and asserted below
+                failures.append(error)
+
+        threads = [threading.Thread(target=hammer) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert failures == []
+        assert client.retries > 0, "the master refused some calls (RESOURCE_EXHAUSTED)"
+
+
+def test_a_node_shutting_down_removes_its_objects_and_drains_leased_reads(cluster_factory):
+    cluster = cluster_factory(1, "64MiB", node_args=["--drain-timeout", "5"])
+    with Client(cluster.master_address, lease_ttl=2.0) as client:
+        client.put("draining", b"d" * 1000)
+        assert client.get("draining") == b"d" * 1000  # a 2 s lease
+        node = cluster.nodes[0]
+        stopped = time.monotonic()
+        node.signal(signal.SIGTERM)
+        assert wait_until(lambda: client.cluster_status().nodes == 0, timeout=2.0)
+        with pytest.raises(ObjectNotFound):
+            client.get("draining")
+        time.sleep(0.5)
+        assert node.alive(), "the node keeps its memory while the reader's lease lasts"
+        assert wait_until(lambda: not node.alive(), timeout=5.0)
+        assert 1.0 < time.monotonic() - stopped < 5.0
+
+
+def test_nodes_remount_by_themselves_after_a_master_restart(cluster_factory):
+    cluster = cluster_factory(2, "64MiB")
+    with Client(cluster.master_address) as client:
+        client.put("before", b"1")
+    cluster.master.kill()
+    cluster.start_master()  # same port, empty memory
+    with Client(cluster.master_address) as client:
+        assert wait_until(lambda: client.cluster_status().nodes == 2, timeout=5.0)
+        client.put("after", b"2")
+        assert client.get("after") == b"2"
