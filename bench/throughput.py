@@ -48,9 +48,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="measure master lookups (Exists, GetReplicas) in keys/s instead of throughput",
     )
+    from kvpool.bench import compare
+
+    compare.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.compare:
+        from kvpool.bench import compare
+
+        return compare.run(args)
     try:
         sizes = [parse_size(s) for s in args.sizes.split(",")]
         per_size = parse_size(args.bytes)

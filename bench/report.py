@@ -1,0 +1,187 @@
+"""The results of ``kvpool bench --compare``: a table, a JSON file, a plot, the docs' copy.
+
+The results dict (what compare.compare returns and compare.json holds)::
+
+    environment, mooncake_version, systems, skipped, runs, store_size, workloads, targets,
+    placements: {name: {description, seconds, other_processes,
+                        values:  {workload: {metric: {system: [one value per run]}}},
+                        medians: {workload: {metric: {system: median}}}}}
+
+Metrics are put, get (GB/s, or objects/s for small objects) and exists (keys/s).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DOCS = REPO / "docs"
+NAMES = {"kvpool": "kvpool", "mooncake": "Mooncake", "memcpy": "memcpy"}
+START, END = "<!-- compare:start -->", "<!-- compare:end -->"
+COMMAND = "bash bench/setup_mooncake.sh && .venv/bin/kvpool bench --compare --update-docs"
+
+
+def rows(results: dict) -> list[dict]:
+    """One row per placement, workload and metric, with medians, ratios and targets."""
+    workloads = {w["name"]: w for w in results["workloads"]}
+    out = []
+    for placement, measured in results["placements"].items():
+        for name, by_metric in measured["medians"].items():
+            for metric, medians in by_metric.items():
+                kv = medians.get("kvpool")
+                targets = []
+                for t in results["targets"]:
+                    if (t["placement"], t["workload"], t["metric"]) != (placement, name, metric):
+                        continue
+                    other = medians.get(t["versus"])
+                    met = None if kv is None or other is None else kv >= t["factor"] * other
+                    targets.append({**t, "met": met})
+                out.append(
+                    {
+                        "placement": placement,
+                        "workload": name,
+                        "title": workloads[name]["title"],
+                        "metric": metric,
+                        "unit": workloads[name]["unit"],
+                        "medians": medians,
+                        "vs_mooncake": _ratio(kv, medians.get("mooncake")),
+                        "vs_memcpy": _ratio(kv, medians.get("memcpy")),
+                        "targets": targets,
+                    }
+                )
+    return out
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _value(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.2f}" if unit == "GB/s" else f"{value:,.0f}"
+
+
+def _times(ratio: float | None, digits: int = 2) -> str:
+    return "-" if ratio is None else f"{ratio:.{digits}f}x"
+
+
+def _target_text(targets: list[dict]) -> str:
+    words = {True: "met", False: "MISSED", None: "n/a"}
+    return "; ".join(f"{NAMES[t['versus']]} x{t['factor']:g}: {words[t['met']]}" for t in targets)
+
+
+def _cells(row: dict, short: bool = False) -> list[str]:
+    return [
+        row["placement"],
+        row["workload"] if short else row["title"],
+        row["metric"],
+        row["unit"],
+        *(_value(row["medians"].get(s), row["unit"]) for s in NAMES),
+        _times(row["vs_mooncake"]),
+        _times(row["vs_memcpy"], 3),
+        _target_text(row["targets"]),
+    ]
+
+
+HEADERS = [
+    "placement", "workload", "op", "unit", "kvpool", "Mooncake", "memcpy",
+    "kvpool/Mooncake", "kvpool/memcpy", "target",
+]  # fmt: skip
+
+
+def print_table(results: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"kvpool vs Mooncake Store vs memcpy: medians of {results['runs']} runs")
+    for header in HEADERS:
+        table.add_column(header, justify="left" if header in ("workload", "target") else "right")
+    for row in rows(results):
+        table.add_row(*_cells(row, short=True))
+    console = Console(width=max(Console().width, 150))
+    console.print(table)
+    for name, why in results["skipped"].items():
+        console.print(f"skipped {name}: {why}", markup=False)
+    for placement, values in results.get("ceilings", {}).items():
+        text = ", ".join(f"{what} {value:.2f}" for what, value in values.items())
+        console.print(f"[{placement}] ceilings: {text}", markup=False)
+    for placement, measured in results["placements"].items():
+        busy = ", ".join(
+            f"{p['command'][:60]} ({p['cpu']:.0%})" for p in measured["other_processes"][:4]
+        )
+        console.print(
+            f"[{placement}] other processes busy meanwhile: {busy or 'none'}", markup=False
+        )
+
+
+def markdown(results: dict) -> str:
+    env = results["environment"]
+    lines = [
+        f"Measured {env['date']} on {env['cpus']} cores ({env['cpu_model']}), kernel "
+        f"{env['kernel']}, kvpool {env['kvpool_commit']}"
+        f"{' plus uncommitted changes' if env['kvpool_changes'] else ''}, Mooncake "
+        f"{results['mooncake_version']}; medians of {results['runs']} alternating runs, "
+        f"{results['seconds']:.0f} s in all.",
+        "",
+        "| " + " | ".join(HEADERS) + " |",
+        "|" + "|".join("---" for _ in HEADERS) + "|",
+    ]
+    lines += ["| " + " | ".join(_cells(row)) + " |" for row in rows(results)]
+    lines.append("")
+    if results.get("ceilings"):
+        lines += _ceilings_markdown(results["ceilings"])
+    for placement, measured in results["placements"].items():
+        busy = ", ".join(
+            f"`{p['command'][:50]}` ({p['cpu']:.0%} of a core)"
+            for p in measured["other_processes"][:3]
+        )
+        lines.append(
+            f"- {placement}: {measured['description']}; other processes busy meanwhile: "
+            f"{busy or 'none'}."
+        )
+    return "\n".join(lines)
+
+
+def _ceilings_markdown(ceilings: dict) -> list[str]:
+    names = list(ceilings)
+    lines = [
+        "Beneath any store, between two bare processes in the same placements (bench/ceilings.py):",
+        "",
+        "| | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for what in ceilings[names[0]]:
+        unit = "" if "(us)" in what else " GB/s"
+        cells = [f"{ceilings[n].get(what, float('nan')):.2f}{unit}" for n in names]
+        lines.append(f"| {what} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def write_all(results: dict, json_path: Path, png_path: Path, *, docs: bool = False) -> None:
+    from kvpool.bench import plot
+
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    results = {**results, "rows": rows(results)}
+    json_path.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"wrote {json_path}")
+    drawn = plot.draw(results, png_path)
+    if drawn:
+        print(f"wrote {png_path}")
+    if docs:
+        (DOCS / "benchmarks.json").write_text(json.dumps(results, indent=1) + "\n")
+        if drawn:
+            plot.draw(results, DOCS / "benchmarks.png")
+        _update_markdown(DOCS / "benchmarks.md", markdown(results))
+        print(f"updated {DOCS / 'benchmarks.md'}, benchmarks.json, benchmarks.png")
+
+
+def _update_markdown(path: Path, table: str) -> None:
+    block = f"{START}\n{table}\n{END}"
+    if path.exists() and START in (text := path.read_text()):
+        text = re.sub(re.escape(START) + ".*?" + re.escape(END), lambda _: block, text, flags=re.S)
+    else:
+        text = f"# Benchmarks\n\n```bash\n{COMMAND}\n```\n\n{block}\n"
+    path.write_text(text)
