@@ -31,4 +31,5 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet matplotlib py-spy
 
-echo "ready: .venv-mooncake ($(.venv-mooncake/bin/python -m pip show -q mooncake-transfer-engine-non-cuda 2>/dev/null | awk '/^Version/{print $2}')), matplotlib and py-spy in .venv"
+version=$(.venv-mooncake/bin/python -m pip show mooncake-transfer-engine-non-cuda 2>/dev/null | awk '/^Version:/{print $2}')
+echo "ready: Mooncake ${version} in .venv-mooncake; matplotlib and py-spy in .venv"
