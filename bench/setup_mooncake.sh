@@ -2,8 +2,11 @@
 # Installs what `kvpool bench --compare` needs besides kvpool itself, none of it a kvpool
 # dependency:
 #   .venv-mooncake/  Mooncake Store (non-CUDA wheel) in its own virtualenv: its processes run
-#                    there, never inside kvpool's interpreter (it bundles its own native
-#                    libraries, and LMCache in .venv would find and import it)
+#                    there, never inside kvpool's interpreter. Its Python dependencies
+#                    (aiohttp, requests, msgpack) would not clash with .venv's, but it bundles
+#                    its own native libraries and console scripts, and LMCache in .venv ships
+#                    Mooncake connectors that import it when it is there: kept apart, .venv
+#                    stays what CI installs
 #   .venv            matplotlib (the plot) and py-spy (profiles), bench-time only
 #   libibverbs1      a shared library Mooncake's transfer engine links against, even for TCP
 # Idempotent: a second run only checks. Run as root (apt-get).
