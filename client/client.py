@@ -131,14 +131,16 @@ class Client:
         pin: str | None = None,
         pin_ttl: float = 0.0,
         checksum: bool | None = None,
+        tier: str | None = None,
     ) -> list[int | KVPoolError]:
         """Stores every (key, data) pair; entry i is the number of replicas written for key i,
         or its error.
 
         ``pin``: None, ``"soft"`` (evicted only after unpinned objects, for ``pin_ttl``
-        seconds or the master's default) or ``"hard"`` (never evicted).
+        seconds or the master's default) or ``"hard"`` (never evicted). ``tier``: ``"dram"``,
+        ``"nvme"``, or None/``"any"`` (DRAM first, then NVMe).
         """
-        options = self._write_options(replicas, preferred_hosts, pin, pin_ttl, checksum)
+        options = self._write_options(replicas, preferred_hosts, pin, pin_ttl, checksum, tier)
         pairs = list(items.items()) if isinstance(items, Mapping) else list(items)
         deadline = time.monotonic() + self.timeout
         results: list[Any] = [None] * len(pairs)
@@ -313,6 +315,7 @@ class Client:
         pin: str | None = None,
         pin_ttl: float = 0.0,
         checksum: bool | None = None,
+        tier: str | None = None,
     ) -> WriteOptions:
         if preferred_hosts is None:
             preferred_hosts = (self.host,) if self.prefer_local else ()
@@ -322,6 +325,7 @@ class Client:
             pin,
             pin_ttl,
             self.checksum if checksum is None else checksum,
+            tier,
         )
 
     def _call(self, method: str, request: Any) -> Any:

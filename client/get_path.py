@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from kvpool.client.checksum import crc32_at
+from kvpool.client.checksum import crc32c_at
 from kvpool.client.data_path import Transfer
 from kvpool.client.outcomes import error_for
 from kvpool.client.session import Session
@@ -115,13 +115,13 @@ def verify(
 ) -> None:
     """Checks each successfully read object against its writer's checksum, when it has one."""
     for i, (address, size) in targets.items():
-        if isinstance(results[i], KVPoolError) or not located[i].HasField("crc32"):
+        if isinstance(results[i], KVPoolError) or not located[i].HasField("crc32c"):
             continue
-        actual = crc32_at(address, size)
-        if actual != located[i].crc32:
+        actual = crc32c_at(address, size)
+        if actual != located[i].crc32c:
             results[i] = ChecksumMismatch(
                 f"the bytes read for {keys[i]!r} do not match its writer's checksum "
-                f"(crc32 {actual:#010x}, expected {located[i].crc32:#010x}); they were "
+                f"(crc32c {actual:#010x}, expected {located[i].crc32c:#010x}); they were "
                 "discarded: read it again, and report this if it repeats",
                 key=keys[i],
             )

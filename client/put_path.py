@@ -13,14 +13,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvpool.client.checksum import crc32_at
+from kvpool.client.checksum import crc32c_at
 from kvpool.client.data_path import Transfer
 from kvpool.client.session import Session
-from kvpool.common.status import Pin
+from kvpool.common.status import Pin, Tier
 from kvpool.errors import InvalidArgument
 from kvpool.proto import master_pb2 as pb
 
 PINS = {None: Pin.NONE, "none": Pin.NONE, "soft": Pin.SOFT, "hard": Pin.HARD}
+TIERS = {None: Tier.UNSPECIFIED, "any": Tier.UNSPECIFIED, "dram": Tier.DRAM, "nvme": Tier.NVME}
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +31,7 @@ class WriteOptions:
     pin: Pin = Pin.NONE
     pin_ttl: float = 0.0
     checksum: bool = False
+    tier: Tier = Tier.UNSPECIFIED
 
     @staticmethod
     def build(
@@ -38,6 +40,7 @@ class WriteOptions:
         pin: str | None,
         pin_ttl: float,
         checksum: bool,
+        tier: str | None = None,
     ) -> WriteOptions:
         if replicas < 0:
             raise InvalidArgument(f"replicas must be 0 (master default) or more, got {replicas}")
@@ -45,7 +48,11 @@ class WriteOptions:
             raise InvalidArgument(f"pin must be None, 'soft' or 'hard', got {pin!r}")
         if pin_ttl < 0:
             raise InvalidArgument(f"pin_ttl must not be negative, got {pin_ttl}")
-        return WriteOptions(replicas, tuple(preferred_hosts), PINS[pin], pin_ttl, checksum)
+        if tier not in TIERS:
+            raise InvalidArgument(f"tier must be None, 'any', 'dram' or 'nvme', got {tier!r}")
+        return WriteOptions(
+            replicas, tuple(preferred_hosts), PINS[pin], pin_ttl, checksum, TIERS[tier]
+        )
 
 
 @dataclass(slots=True)
@@ -57,7 +64,7 @@ class PendingPut:
     slot: pb.PutSlot
     source: tuple[int, int, Any] | None  # (address, length, keepalive) of the bytes
     write_deadline: float  # monotonic: no byte may be written after this
-    crc32: int | None = None
+    crc32c: int | None = None
     errors: list[str] = field(default_factory=list)  # per replica: '' when written
 
     @property
@@ -85,6 +92,7 @@ def reserve(
             preferred_hosts=options.preferred_hosts,
             pin=options.pin,
             pin_ttl_ms=int(options.pin_ttl * 1000),
+            tier=options.tier,
         ),
         deadline,
     )
@@ -103,7 +111,7 @@ def write(session: Session, puts: Sequence[PendingPut], checksum: bool) -> None:
         assert put.source is not None
         address, length, _ = put.source
         if checksum:
-            put.crc32 = crc32_at(address, length)
+            put.crc32c = crc32c_at(address, length)
         put.errors = [""] * len(put.slot.replicas)
         for replica_index, replica in enumerate(put.slot.replicas):
             if length:
@@ -126,8 +134,8 @@ def commit(session: Session, puts: Sequence[PendingPut], deadline: float) -> lis
         message = pb.PutCommit(
             key=put.key, put_id=put.slot.put_id, replica_ok=[not e for e in put.errors]
         )
-        if put.crc32 is not None:
-            message.crc32 = put.crc32
+        if put.crc32c is not None:
+            message.crc32c = put.crc32c
         commits.append(message)
     response = session.link.call(
         "PutEnd", pb.PutEndRequest(client_id=session.client_id, commits=commits), deadline

@@ -28,6 +28,8 @@ class ManagedProcess:
     def __init__(self, name: str, argv: list[str], run_dir: Path, env: dict[str, str]) -> None:
         self.name = name
         self.argv = argv
+        self.env = env
+        self.ready: dict = {}
         self.ready_file = run_dir / f"{name}.ready.json"
         self.log_path = run_dir / f"{name}.log"
         self.ready_file.unlink(missing_ok=True)
@@ -88,6 +90,12 @@ class ManagedProcess:
             self.popen.kill()
             self.popen.wait()
         self._log.close()
+
+    def restart(self, deadline: float | None = None) -> dict:
+        """Starts the same command again (after ``kill`` or ``stop``); waits until ready."""
+        self.__init__(self.name, self.argv, self.ready_file.parent, self.env)  # type: ignore[misc]
+        self.ready = self.wait_ready(deadline or time.monotonic() + 60)
+        return self.ready
 
 
 class LocalCluster:
@@ -175,7 +183,7 @@ class LocalCluster:
             *extra,
         )
         node = ManagedProcess(name, argv, self.run_dir, self.env)
-        node.ready = node.wait_ready(deadline)  # type: ignore[attr-defined]
+        node.ready = node.wait_ready(deadline)
         self.nodes.append(node)
         return node
 

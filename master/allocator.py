@@ -1,9 +1,10 @@
 """Offset allocator for one segment: best-fit over free extents that coalesce on free.
 
-Free extents live in a size-ordered list (best fit in O(log n)) and in two maps keyed by
-start and by end (neighbours found in O(1) when an extent is freed), so the cost of an
-allocation grows with the logarithm of the number of free extents, never with the number of
-objects. Sizes are rounded up to ``alignment`` so every buffer starts aligned.
+Free extents live in a size-ordered list (best fit in O(log n)), in two maps keyed by start
+and by end (neighbours found in O(1) when an extent is freed), and in an ordered list of
+starts (the extent holding a given offset found in O(log n), for ``allocate_at``). The cost of
+an allocation grows with the logarithm of the number of free extents, never with the number
+of objects. Sizes are rounded up to ``alignment`` so every buffer starts aligned.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class Allocator:
         self._by_size: SortedList = SortedList()  # (size, offset)
         self._by_start: dict[int, int] = {}  # offset -> size
         self._by_end: dict[int, int] = {}  # offset + size -> offset
+        self._starts: SortedList = SortedList()  # offsets of free extents
         self._allocated: dict[int, int] = {}  # offset -> size
         self.used = 0
         if self.capacity:
@@ -45,6 +47,31 @@ class Allocator:
         self._allocated[offset] = need
         self.used += need
         return offset
+
+    def allocate_at(self, offset: int, size: int) -> bool:
+        """Claims the buffer at ``offset`` (as ``allocate`` would have sized it), if free.
+
+        Used to re-adopt objects a storage node reports after a restart; False when the
+        range is not entirely free (an overlapping buffer exists) or misaligned.
+        """
+        need = self.rounded(size)
+        if offset % self.alignment or offset < 0 or offset + need > self.capacity:
+            return False
+        index = self._starts.bisect_right(offset) - 1
+        if index < 0:
+            return False
+        start = self._starts[index]
+        free_size = self._by_start[start]
+        if offset + need > start + free_size:
+            return False
+        self._remove_free(start, free_size)
+        if offset > start:
+            self._add_free(start, offset - start)
+        if start + free_size > offset + need:
+            self._add_free(offset + need, start + free_size - offset - need)
+        self._allocated[offset] = need
+        self.used += need
+        return True
 
     def free(self, offset: int) -> None:
         size = self._allocated.pop(offset)
@@ -84,8 +111,10 @@ class Allocator:
         self._by_size.add((size, offset))
         self._by_start[offset] = size
         self._by_end[offset + size] = offset
+        self._starts.add(offset)
 
     def _remove_free(self, offset: int, size: int) -> None:
         self._by_size.remove((size, offset))
         del self._by_start[offset]
         del self._by_end[offset + size]
+        self._starts.remove(offset)

@@ -36,6 +36,9 @@ class MasterConfig:
     node_ttl: float = 5.0
     #: Page size of ListKeys when the request does not say.
     list_page_size: int = 1000
+    #: A read of an object held only on NVMe copies it to DRAM on the same node, if DRAM
+    #: has room below its watermark.
+    promote_on_hit: bool = True
     #: Where replicas go: "random" nodes (even spread) or "most-free" first.
     placement: str = "random"
     #: Buffers start at multiples of this many bytes.

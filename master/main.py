@@ -14,6 +14,7 @@ from kvpool.common.logging import LOG_FORMATS, configure_logging, get_logger
 from kvpool.common.process import stop_event_on_signals, write_ready_file
 from kvpool.master import metrics
 from kvpool.master.config import PLACEMENTS, MasterConfig
+from kvpool.master.load_shedding import LoadShedder
 from kvpool.master.service import MasterService
 from kvpool.master.state import MasterState
 from kvpool.proto import master_pb2_grpc
@@ -136,16 +137,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def serve(args: argparse.Namespace, config: MasterConfig) -> None:
-    state = MasterState(config, clock=time.monotonic)
+    # The epoch orders this master's writes after any earlier master's (whole seconds fit
+    # the 32 bits it gets in every put id until 2106).
+    state = MasterState(config, clock=time.monotonic, epoch=int(time.time()))
+    service = MasterService(state)
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", GRPC_MESSAGE_LIMIT),
             ("grpc.max_send_message_length", GRPC_MESSAGE_LIMIT),
             ("grpc.so_reuseport", 0),
         ],
-        maximum_concurrent_rpcs=args.max_inflight,
+        interceptors=[LoadShedder(args.max_inflight)],
     )
-    master_pb2_grpc.add_MasterServicer_to_server(MasterService(state), server)
+    master_pb2_grpc.add_MasterServicer_to_server(service, server)
     port = server.add_insecure_port(f"{args.host}:{args.port}")
     await server.start()
     http = HealthServer(args.host, args.http_port, readiness=lambda: (True, "serving"))
@@ -158,6 +162,9 @@ async def serve(args: argparse.Namespace, config: MasterConfig) -> None:
     try:
         while not stop.is_set():
             report = state.tick()
+            service.after_state_change()
+            for node_id in report.dead_nodes:
+                service.channels.discard(node_id)
             if report.reservations_reclaimed:
                 log.info("reservations reclaimed", keys=len(report.reservations_reclaimed))
             if report.dead_clients:

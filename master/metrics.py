@@ -23,6 +23,11 @@ KEYS = Counter(
     "Per-key outcomes of batch RPCs, by method and status.",
     ["method", "status"],
 )
+SHED = Counter(
+    "kvpool_master_shed_total",
+    "Calls refused with RESOURCE_EXHAUSTED because the master was saturated, by method.",
+    ["method"],
+)
 LATENCY = Histogram(
     "kvpool_master_request_seconds",
     "Time the master spent serving an RPC, by method.",

@@ -25,6 +25,8 @@ class SegmentInfo:
     size: int
     rkey: bytes
     tier: Tier = Tier.DRAM
+    #: Objects in it survive a restart of its node (NVMe, /dev/shm): the node reports them.
+    persistent: bool = False
 
 
 @dataclass(slots=True)
@@ -35,6 +37,8 @@ class SegmentRecord:
     owners: dict[int, str] = field(default_factory=dict)
     #: Published objects with a replica here, in eviction order.
     lru: LruIndex = field(default_factory=LruIndex)
+    #: Bytes of replicas being copied out of here (demotions not yet acknowledged).
+    leaving: int = 0
 
     @property
     def segment_id(self) -> str:
@@ -55,10 +59,11 @@ class NodeRecord:
 
 class ObjectState(Enum):
     RESERVED = "reserved"  # space allocated, writer copying; invisible to readers
-    PUBLISHED = "published"  # committed and readable
+    COMMITTED = "committed"  # written; waiting for its nodes to record it; still invisible
+    PUBLISHED = "published"  # recorded by its nodes and readable
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Replica:
     segment_id: str
     offset: int
@@ -79,7 +84,28 @@ class ObjectRecord:
     last_access: float = 0.0
     pin: Pin = Pin.NONE
     pin_until: float = 0.0  # soft pins only
-    crc32: int | None = None
+    crc32c: int | None = None
+    #: A read lease whose end has not been counted yet (for the lease-expiry metric).
+    lease_open: bool = False
+    #: COMMITTED: segments whose nodes have not yet acknowledged recording it.
+    unacked: set[str] = field(default_factory=set)
+    #: Copies in flight (command id -> move), during which it is not evicted again.
+    moving: dict[int, Move] = field(default_factory=dict)
+
+    @property
+    def generation(self) -> int:
+        """Orders writes across master restarts: the put id (the master epoch in its top
+        32 bits)."""
+        return self.put_id
+
+
+@dataclass(slots=True)
+class Move:
+    """A node-local copy of a replica to another segment of the same node."""
+
+    source: Replica
+    target: Replica
+    demotion: bool  # the source replica goes away once the copy is recorded
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +129,7 @@ class Location:
     status: KeyStatus
     size: int = 0
     replicas: tuple[PlacedReplica, ...] = ()
-    crc32: int | None = None
+    crc32c: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +137,7 @@ class Commit:
     key: str
     put_id: int
     replica_ok: tuple[bool, ...]
-    crc32: int | None = None
+    crc32c: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +148,62 @@ class PutOptions:
     preferred_hosts: tuple[str, ...] = ()
     pin: Pin = Pin.NONE
     pin_ttl: float = 0.0  # soft pins; 0: the master's default
+    tier: Tier = Tier.UNSPECIFIED  # UNSPECIFIED: DRAM first, then NVMe
+
+
+@dataclass(frozen=True, slots=True)
+class StoredObject:
+    """An object as a storage node records it."""
+
+    key: str
+    offset: int
+    size: int
+    generation: int
+    crc32c: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PersistCommand:
+    """Tell a node: these objects are now published in this segment; record them."""
+
+    command_id: int
+    node_id: str
+    segment_id: str
+    objects: tuple[StoredObject, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ForgetCommand:
+    """Tell a node: these objects are gone from this segment."""
+
+    command_id: int
+    node_id: str
+    segment_id: str
+    objects: tuple[StoredObject, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CopyCommand:
+    """Tell a node: copy an object between two of your segments, then record the copy."""
+
+    command_id: int
+    node_id: str
+    source_segment_id: str
+    source: StoredObject
+    target_segment_id: str
+    target: StoredObject
+
+
+NodeCommand = PersistCommand | ForgetCommand | CopyCommand
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    """A PutEnd that waited for its nodes has an answer."""
+
+    key: str
+    put_id: int
+    status: KeyStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +217,7 @@ class ObjectInfo:
     lease_remaining: float = 0.0
     pin: Pin = Pin.NONE
     pin_remaining: float = 0.0
-    crc32: int | None = None
+    crc32c: int | None = None
     age: float = 0.0
     idle: float = 0.0
 
@@ -198,4 +280,7 @@ class Counters:
     nodes_died: int = 0
     clients_died: int = 0
     evictions: int = 0
+    demotions: int = 0
+    promotions: int = 0
     lease_expiries: int = 0
+    objects_adopted: int = 0

@@ -1,36 +1,77 @@
 """The master's gRPC face: a thin ``grpc.aio`` adapter around ``MasterState``.
 
 Each handler checks the request's shape, calls one method of the core and translates the
-plain-data result into protobuf. All handlers run on one event loop thread, so the core needs
-no locks. Whole-call problems are gRPC status codes; per-key outcomes are KeyStatus values.
+plain-data result into protobuf; afterwards the core's outbox of node commands goes out over
+the nodes' session streams, and PutEnds that waited for their nodes get their answers. All
+handlers run on one event loop thread, so the core needs no locks. Whole-call problems are
+gRPC status codes; per-key outcomes are KeyStatus values.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import grpc
 
+from kvpool.common.logging import get_logger
 from kvpool.common.status import KeyStatus, Pin, Tier
 from kvpool.master import metrics
+from kvpool.master.commands_pb import command_to_pb, stored_from_pb
+from kvpool.master.node_channels import NodeChannels
 from kvpool.master.records import Commit, PlacedReplica, PutOptions, SegmentInfo
 from kvpool.master.state import MasterState
 from kvpool.proto import master_pb2 as pb
 from kvpool.proto import master_pb2_grpc
 
+log = get_logger("kvpool.master")
+
 MAX_BATCH = 65536
+#: How long the master waits for a node to answer a command before counting it failed.
+COMMAND_TIMEOUT = 5.0
 
 
 class MasterService(master_pb2_grpc.MasterServicer):
-    def __init__(self, state: MasterState) -> None:
+    def __init__(self, state: MasterState, command_timeout: float = COMMAND_TIMEOUT) -> None:
         self.state = state
+        self.command_timeout = command_timeout
+        self.channels = NodeChannels()
         self._segment_pbs: dict[str, tuple[SegmentInfo, pb.Segment]] = {}
+        #: (key, put_id) -> futures of PutEnd calls waiting for nodes to record the object.
+        self._commits: dict[tuple[str, int], list[asyncio.Future[int]]] = {}
+
+    def _rpc(self, method: str) -> _observe:
+        return _observe(method, self.after_state_change)
+
+    def after_state_change(self) -> None:
+        """Sends the core's node commands and answers PutEnds whose objects were settled."""
+        state = self.state
+        if state.outbox:
+            loop = asyncio.get_running_loop()
+            for command in state.outbox:
+                self.channels.send(command.node_id, command_to_pb(command))
+                if state.awaiting(command.command_id):
+                    loop.call_later(self.command_timeout, self._expire, command.command_id)
+            state.outbox.clear()
+        if state.resolved:
+            for result in state.resolved:
+                for future in self._commits.pop((result.key, result.put_id), ()):
+                    if not future.done():
+                        future.set_result(result.status)
+            state.resolved.clear()
+
+    def _expire(self, command_id: int) -> None:
+        if self.state.awaiting(command_id):
+            log.warning("a storage node did not answer in time", command_id=command_id)
+            self.state.command_done(command_id, False)
+            self.after_state_change()
 
     # ---- node side
 
     async def MountSegment(self, request, context):
-        with _observe("MountSegment"):
+        with self._rpc("MountSegment"):
             s = request.segment
             if not s.segment_id or not s.node_id or not s.worker_address or not s.size:
                 await context.abort(
@@ -46,30 +87,39 @@ class MasterService(master_pb2_grpc.MasterServicer):
                 size=s.size,
                 rkey=s.rkey,
                 tier=Tier(s.tier) if s.tier else Tier.DRAM,
+                persistent=s.persistent,
             )
-            self.state.mount_segment(info)
-            return pb.MountSegmentResponse()
+            dropped = self.state.mount_segment(info, [stored_from_pb(o) for o in request.objects])
+            if request.objects:
+                log.info(
+                    "segment remounted with objects",
+                    segment=info.segment_id,
+                    reported=len(request.objects),
+                    dropped=len(dropped),
+                )
+            return pb.MountSegmentResponse(dropped_keys=dropped)
 
     async def UnmountSegment(self, request, context):
-        with _observe("UnmountSegment"):
+        with self._rpc("UnmountSegment"):
             lost, drain = self.state.unmount_segment(request.node_id, request.segment_id)
             return pb.UnmountSegmentResponse(objects_removed=lost, drain_ms=int(drain * 1000))
 
     async def Heartbeat(self, request, context):
-        with _observe("Heartbeat"):
+        with self._rpc("Heartbeat"):
             remount = self.state.heartbeat(request.node_id, request.segment_ids)
             return pb.HeartbeatResponse(remount_segment_ids=remount)
 
     # ---- client side
 
     async def PutStart(self, request, context):
-        with _observe("PutStart"):
+        with self._rpc("PutStart"):
             await _check_batch(context, request.keys, sizes=request.sizes)
             options = PutOptions(
                 replicas=request.replicas,
                 preferred_hosts=tuple(request.preferred_hosts),
                 pin=Pin(request.pin),
                 pin_ttl=request.pin_ttl_ms / 1000.0,
+                tier=Tier(request.tier),
             )
             slots = self.state.put_start(request.client_id, request.keys, request.sizes, options)
             response = pb.PutStartResponse(
@@ -86,42 +136,87 @@ class MasterService(master_pb2_grpc.MasterServicer):
             return response
 
     async def PutEnd(self, request, context):
-        with _observe("PutEnd"):
+        with self._rpc("PutEnd"):
             await _check_batch(context, request.commits)
             commits = [
                 Commit(
-                    c.key, c.put_id, tuple(c.replica_ok), c.crc32 if c.HasField("crc32") else None
+                    c.key, c.put_id, tuple(c.replica_ok), c.crc32c if c.HasField("crc32c") else None
                 )
                 for c in request.commits
             ]
             statuses = self.state.put_end(commits)
-            _count("PutEnd", statuses)
-            return pb.PutEndResponse(statuses=statuses)
+            waiting = {}
+            loop = asyncio.get_running_loop()
+            for i, (commit, status) in enumerate(zip(commits, statuses, strict=True)):
+                if status is None:
+                    future = loop.create_future()
+                    self._commits.setdefault((commit.key, commit.put_id), []).append(future)
+                    waiting[i] = future
+        if waiting:  # nodes record the objects; the timeouts in _expire bound this wait
+            await asyncio.wait(waiting.values())
+            for i, future in waiting.items():
+                statuses[i] = future.result()
+        _count("PutEnd", statuses)
+        return pb.PutEndResponse(statuses=statuses)
+
+    async def NodeSession(self, request_iterator, context):
+        """A node's command stream: its hello, then an answer per command we send."""
+        hello = await anext(aiter(request_iterator), None)
+        if hello is None or not hello.HasField("hello") or not hello.hello.node_id:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "say hello with a node_id first")
+        node_id = hello.hello.node_id
+        session = object()
+        queue = self.channels.attach(node_id, session)
+        reader = asyncio.create_task(self._read_reports(request_iterator))
+        log.info("node session open", node_id=node_id)
+        try:
+            while not reader.done():
+                getter = asyncio.ensure_future(queue.get())
+                done, _ = await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
+                if getter in done:
+                    yield getter.result()
+                else:
+                    getter.cancel()
+        finally:
+            self.channels.detach(node_id, session)
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+            log.info("node session closed", node_id=node_id)
+
+    async def _read_reports(self, request_iterator) -> None:
+        async for report in request_iterator:
+            if report.HasField("result"):
+                result = report.result
+                with self._rpc("NodeResult"):
+                    if not result.ok and result.error:
+                        log.warning("a node command failed", error=result.error)
+                    self.state.command_done(result.command_id, result.ok, list(result.crc32c))
 
     async def PutRevoke(self, request, context):
-        with _observe("PutRevoke"):
+        with self._rpc("PutRevoke"):
             await _check_batch(context, request.keys, sizes=request.put_ids)
             statuses = self.state.put_revoke(request.keys, request.put_ids)
             _count("PutRevoke", statuses)
             return pb.PutRevokeResponse(statuses=statuses)
 
     async def GetReplicas(self, request, context):
-        with _observe("GetReplicas"):
+        with self._rpc("GetReplicas"):
             await _check_batch(context, request.keys)
             locations, ttl = self.state.get_replicas(request.keys, request.lease_ms / 1000.0)
             response = pb.GetReplicasResponse(lease_ms=int(ttl * 1000))
             segments: dict[str, pb.Segment] = {}
             for location in locations:
                 out = response.objects.add(status=location.status, size=location.size)
-                if location.crc32 is not None:
-                    out.crc32 = location.crc32
+                if location.crc32c is not None:
+                    out.crc32c = location.crc32c
                 self._add_replicas(out.replicas, location.replicas, segments)
             response.segments.extend(segments.values())
             _count("GetReplicas", (loc.status for loc in locations))
             return response
 
     async def Exists(self, request, context):
-        with _observe("Exists"):
+        with self._rpc("Exists"):
             await _check_batch(context, request.keys)
             statuses = self.state.exists(
                 request.keys, request.lease_ms / 1000.0, grant_lease=not request.no_lease
@@ -130,21 +225,21 @@ class MasterService(master_pb2_grpc.MasterServicer):
             return pb.ExistsResponse(statuses=statuses)
 
     async def Remove(self, request, context):
-        with _observe("Remove"):
+        with self._rpc("Remove"):
             await _check_batch(context, request.keys)
             statuses = self.state.remove(request.keys, request.force)
             _count("Remove", statuses)
             return pb.RemoveResponse(statuses=statuses)
 
     async def RemovePrefix(self, request, context):
-        with _observe("RemovePrefix"):
+        with self._rpc("RemovePrefix"):
             result = self.state.remove_prefix(request.prefix, request.force)
             return pb.RemovePrefixResponse(
                 removed=result.removed, leased=result.leased, not_ready=result.not_ready
             )
 
     async def Stat(self, request, context):
-        with _observe("Stat"):
+        with self._rpc("Stat"):
             info = self.state.stat(request.key)
             response = pb.StatResponse(
                 status=info.status,
@@ -156,8 +251,8 @@ class MasterService(master_pb2_grpc.MasterServicer):
                 age_ms=int(info.age * 1000),
                 idle_ms=int(info.idle * 1000),
             )
-            if info.crc32 is not None:
-                response.crc32 = info.crc32
+            if info.crc32c is not None:
+                response.crc32c = info.crc32c
             for replica in info.replicas:
                 response.replicas.add(
                     segment_id=replica.segment.segment_id,
@@ -169,19 +264,19 @@ class MasterService(master_pb2_grpc.MasterServicer):
             return response
 
     async def ClientHeartbeat(self, request, context):
-        with _observe("ClientHeartbeat"):
+        with self._rpc("ClientHeartbeat"):
             self.state.client_heartbeat(request.client_id)
             return pb.ClientHeartbeatResponse()
 
     async def ListKeys(self, request, context):
-        with _observe("ListKeys"):
+        with self._rpc("ListKeys"):
             page = self.state.list_keys(request.prefix, request.limit, request.start_after)
             return pb.ListKeysResponse(
                 keys=page.keys, sizes=page.sizes, next_start_after=page.next_start_after
             )
 
     async def ClusterStatus(self, request, context):
-        with _observe("ClusterStatus"):
+        with self._rpc("ClusterStatus"):
             snapshot = self.state.snapshot()
             response = pb.ClusterStatusResponse(
                 objects=snapshot.objects,
@@ -199,6 +294,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
                     used=s.used,
                     objects=s.objects,
                     largest_free=s.largest_free,
+                    persistent=s.info.persistent,
                 )
             return response
 
@@ -225,6 +321,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
                 size=info.size,
                 rkey=info.rkey,
                 tier=info.tier,
+                persistent=info.persistent,
             )
             cached = self._segment_pbs[info.segment_id] = (info, message)
         return cached[1]
@@ -234,22 +331,24 @@ _STARTED = time.monotonic()
 
 
 class _observe:
-    """Counts an RPC and times it into the latency histogram."""
+    """Counts an RPC, times it into the latency histogram, then runs ``after``."""
 
-    __slots__ = ("_method", "_start")
+    __slots__ = ("_after", "_method", "_start")
 
-    def __init__(self, method: str) -> None:
+    def __init__(self, method: str, after: Callable[[], None]) -> None:
         self._method = method
+        self._after = after
 
     def __enter__(self) -> None:
         self._start = time.perf_counter()
 
     def __exit__(self, *exc: object) -> None:
+        self._after()
         metrics.REQUESTS.labels(self._method).inc()
         metrics.LATENCY.labels(self._method).observe(time.perf_counter() - self._start)
 
 
-def _count(method: str, statuses: Iterable[int]) -> None:
+def _count(method: str, statuses: Iterable[int | None]) -> None:
     tally: dict[int, int] = {}
     for status in statuses:
         tally[status] = tally.get(status, 0) + 1

@@ -1,17 +1,23 @@
 """The master's metadata core: a synchronous state machine with an injected clock.
 
 No gRPC, threads, sleeps or wall-clock reads live here: each public method is one event (a
-node mounts a segment, a client starts a put, time passes), applies the rules of the object
-life cycle and returns its result as plain data. The gRPC service in ``service.py`` is a thin
-adapter around it. This is what lets the tests drive every rule deterministically with a fake
-clock.
+node mounts a segment, a client starts a put, a node acknowledges a command, time passes),
+applies the rules of the object life cycle and returns its result as plain data. Commands for
+storage nodes collect in ``outbox`` and finished commits in ``resolved``; the gRPC service in
+``service.py`` sends the first and answers the clients of the second. This is what lets the
+tests drive every rule deterministically with a fake clock.
 
 Life cycle of an object::
 
-    put_start ──> RESERVED ──put_end──> PUBLISHED ──remove / eviction / node loss──> gone
-                     │ put_revoke, reservation timeout, writer declared dead, replicas lost
-                     v
-                    gone (space freed, or quarantined when a writer may still be copying)
+    put_start ──> RESERVED ──put_end──> COMMITTED ──nodes record it──> PUBLISHED
+                     │ put_revoke, timeout,         │ every replica's node     │ remove,
+                     │ writer declared dead,        │ failed or died           │ eviction,
+                     v replicas lost                v                          v node loss
+                   gone (space freed, or quarantined while a writer may still be copying)
+
+Storage nodes are the source of truth for what they hold: an object is published only once
+every node holding a replica has recorded it (durably, on a persistent segment), so a node that
+remounts after a restart of itself or of the master can report it, and the master re-adopts it.
 
 The rules that keep bytes safe:
 
@@ -21,7 +27,8 @@ The rules that keep bytes safe:
 * A leased object is never removed (unless forced, and then its space still waits for the
   lease), never evicted. Unpublished objects are never evicted.
 * Eviction is least-recently-used; soft-pinned objects go only after all unpinned ones,
-  hard-pinned objects never.
+  hard-pinned objects never. A DRAM replica is demoted to NVMe on the same node, rather than
+  dropped, when that node has NVMe room.
 """
 
 from __future__ import annotations
@@ -36,20 +43,26 @@ from sortedcontainers import SortedList
 
 from kvpool.common.keys import key_problem
 from kvpool.common.sizes import format_size
-from kvpool.common.status import KeyStatus, Pin
+from kvpool.common.status import KeyStatus, Pin, Tier
 from kvpool.master.allocator import Allocator
 from kvpool.master.config import MasterConfig
 from kvpool.master.lru import LruIndex
 from kvpool.master.records import (
     ClusterSnapshot,
     Commit,
+    CommitResult,
+    CopyCommand,
     Counters,
+    ForgetCommand,
     KeyPage,
     Location,
+    Move,
+    NodeCommand,
     NodeRecord,
     ObjectInfo,
     ObjectRecord,
     ObjectState,
+    PersistCommand,
     PlacedReplica,
     PrefixRemoval,
     PutOptions,
@@ -58,6 +71,7 @@ from kvpool.master.records import (
     SegmentInfo,
     SegmentRecord,
     SegmentUsage,
+    StoredObject,
     TickReport,
 )
 
@@ -66,8 +80,15 @@ Clock = Callable[[], float]
 
 class MasterState:
     def __init__(
-        self, config: MasterConfig | None = None, *, clock: Clock, rng: random.Random | None = None
+        self,
+        config: MasterConfig | None = None,
+        *,
+        clock: Clock,
+        rng: random.Random | None = None,
+        epoch: int = 0,
     ) -> None:
+        """``epoch`` orders this master's writes after those of earlier masters (it becomes
+        the top 32 bits of every put id, i.e. of every object's generation)."""
         self.config = config or MasterConfig()
         self.clock = clock
         self.rng = rng or random.Random()
@@ -75,27 +96,40 @@ class MasterState:
         self.segments: dict[str, SegmentRecord] = {}
         self.objects: dict[str, ObjectRecord] = {}
         self.counters = Counters()
-        #: client id -> last time it was heard from (clients that hold reservations).
+        #: client id -> last time it was heard from (while it holds reservations).
         self.clients: dict[str, float] = {}
+        #: Commands for storage nodes, to be sent by the I/O layer (which empties it).
+        self.outbox: list[NodeCommand] = []
+        #: PutEnds that were waiting for nodes and now have an answer (emptied by the I/O layer).
+        self.resolved: list[CommitResult] = []
         self._published_keys: SortedList = SortedList()
         self._lru = LruIndex()
         #: Reservations by creation time (oldest first): timeouts pop from the front.
         self._reservations: OrderedDict[str, ObjectRecord] = OrderedDict()
         self._reservations_of: dict[str, set[str]] = {}
+        #: command id -> (segment, objects) of a Persist or Copy command not yet answered.
+        self._awaiting: dict[int, tuple[str, tuple[ObjectRecord, ...]]] = {}
         #: (release_at, seq, segment, offset): buffers waiting to be freed. The record itself,
         #: not its id, so that a buffer of a dropped and remounted segment is never freed twice.
         self._deferred: list[tuple[float, int, SegmentRecord, int]] = []
-        #: (time, seq, key) of soft pins and leases that may end then (checked when due).
-        self._pin_ends: list[tuple[float, int, str]] = []
-        self._lease_ends: list[tuple[float, int, str]] = []
+        #: (time, seq, object) of soft pins and leases that may end then (checked when due).
+        self._pin_ends: list[tuple[float, int, ObjectRecord]] = []
+        self._lease_ends: list[tuple[float, int, ObjectRecord]] = []
         self._seq = itertools.count()
-        self._put_ids = itertools.count(1)
+        self._put_ids = itertools.count((epoch << 32) + 1)
+        self._command_ids = itertools.count(1)
 
     # ------------------------------------------------------------------ node side
 
-    def mount_segment(self, info: SegmentInfo) -> None:
-        """A node offers a segment. Mounting the same segment again is a no-op; a changed
-        segment under a known id replaces the old one (whose objects are dropped)."""
+    def mount_segment(self, info: SegmentInfo, stored: Sequence[StoredObject] = ()) -> list[str]:
+        """A node offers a segment, with the objects it already holds (after a restart).
+
+        Mounting the same segment again is a no-op. A changed segment under a known id (the
+        node restarted) replaces the old one. Reported objects are adopted as published
+        (and leased for one lease TTL, so that reads begun before a restart can finish);
+        returns the keys that were not adopted (the node should forget them): overlapping a
+        newer object, or superseded by a newer write of the same key.
+        """
         now = self.clock()
         node = self.nodes.get(info.node_id)
         if node is None:
@@ -104,12 +138,16 @@ class MasterState:
         existing = self.segments.get(info.segment_id)
         if existing is not None:
             if existing.info == info:
-                return
+                return []
             self._drop_segment(existing.segment_id)
-        self.segments[info.segment_id] = SegmentRecord(
-            info, Allocator(info.size, self.config.alignment)
-        )
+        segment = SegmentRecord(info, Allocator(info.size, self.config.alignment))
+        self.segments[info.segment_id] = segment
         node.segment_ids.add(info.segment_id)
+        return [
+            item.key
+            for item in sorted(stored, key=lambda s: s.generation, reverse=True)
+            if not self._adopt(segment, item, now)
+        ]
 
     def unmount_segment(self, node_id: str, segment_id: str) -> tuple[int, float]:
         """A node withdraws a segment (graceful drain).
@@ -142,10 +180,27 @@ class MasterState:
         known = node.segment_ids if node is not None else set()
         return [s for s in segment_ids if s not in known]
 
+    def awaiting(self, command_id: int) -> bool:
+        """Whether a Persist or Copy command still waits for its node's answer."""
+        return command_id in self._awaiting
+
+    def command_done(self, command_id: int, ok: bool, crc32c: Sequence[int] = ()) -> None:
+        """A node answered a Persist or Copy command (``ok`` False: it failed, or the I/O
+        layer gave up waiting). Finished commits land in ``resolved``."""
+        segment_id, records = self._awaiting.pop(command_id, ("", ()))
+        for i, record in enumerate(records):
+            if command_id in record.moving:
+                self._move_done(record, command_id, ok, crc32c[0] if crc32c else None)
+            elif record.state is ObjectState.COMMITTED and segment_id in record.unacked:
+                if record.crc32c is None and i < len(crc32c):
+                    record.crc32c = crc32c[i]  # the node's own checksum of what it holds
+                self._persist_done(record, segment_id, ok)
+
     # ------------------------------------------------------------------ client side
 
     def client_heartbeat(self, client_id: str) -> None:
-        if client_id:
+        """A writer is alive. Only writers holding reservations are tracked."""
+        if client_id in self._reservations_of:
             self.clients[client_id] = self.clock()
 
     def put_start(
@@ -164,15 +219,34 @@ class MasterState:
             message = f"replicas must be between 1 and {self.config.max_replicas}, got {wanted}"
             return [PutSlot(KeyStatus.INVALID_ARGUMENT, message=message) for _ in keys]
         now = self.clock()
-        self.client_heartbeat(client_id)
-        return [
+        slots = [
             self._put_start_one(client_id, key, size, wanted, options, now)
             for key, size in zip(keys, sizes, strict=True)
         ]
+        if client_id in self._reservations_of:
+            self.clients[client_id] = now
+        return slots
 
-    def put_end(self, commits: Sequence[Commit]) -> list[KeyStatus]:
-        """Commits writes: publishes each object whose writer completed at least one replica."""
-        return [self._put_end_one(commit) for commit in commits]
+    def put_end(self, commits: Sequence[Commit]) -> list[KeyStatus | None]:
+        """Commits writes. Each object whose writer completed at least one replica waits for
+        its nodes to record it: its entry is None, and its answer comes through
+        ``resolved`` once they have (or through this list when nothing needs waiting)."""
+        statuses: list[KeyStatus | None] = []
+        persists: dict[str, list[ObjectRecord]] = {}
+        for commit in commits:
+            status = self._put_end_one(commit)
+            statuses.append(status)
+            if status is None:
+                record = self.objects[commit.key]
+                for segment_id in record.unacked:
+                    persists.setdefault(segment_id, []).append(record)
+        for segment_id, records in persists.items():
+            segment = self.segments[segment_id]
+            command_id = next(self._command_ids)
+            objects = tuple(self._stored(r, segment_id) for r in records)
+            self.outbox.append(PersistCommand(command_id, segment.node_id, segment_id, objects))
+            self._awaiting[command_id] = (segment_id, tuple(records))
+        return statuses
 
     def put_revoke(self, keys: Sequence[str], put_ids: Sequence[int]) -> list[KeyStatus]:
         """A writer gives up its reservations; their space returns at once (it stopped writing)."""
@@ -209,8 +283,10 @@ class MasterState:
             self.counters.hits += 1
             self._lease(record, now, ttl)
             locations.append(
-                Location(KeyStatus.OK, record.size, self._placed(record), record.crc32)
+                Location(KeyStatus.OK, record.size, self._placed(record), record.crc32c)
             )
+            if self.config.promote_on_hit:
+                self._maybe_promote(record)
         return locations, ttl
 
     def exists(
@@ -234,7 +310,7 @@ class MasterState:
 
     def remove(self, keys: Sequence[str], force: bool = False) -> list[KeyStatus]:
         """Removes published objects. A leased object is kept unless ``force``; even then its
-        space is not reused before the lease ends. A reservation is only removed by force."""
+        space is not reused before the lease ends. An unpublished one only goes by force."""
         now = self.clock()
         statuses = []
         for key in keys:
@@ -255,9 +331,13 @@ class MasterState:
                 lambda k: k.startswith(prefix), self._published_keys.irange(minimum=prefix)
             )
         )
-        reserved = [k for k in self._reservations if k.startswith(prefix)]
+        unpublished = [
+            k
+            for k, r in self.objects.items()
+            if r.state is not ObjectState.PUBLISHED and k.startswith(prefix)
+        ]
         removed = leased = not_ready = 0
-        for key in published + reserved:
+        for key in published + unpublished:
             record = self.objects[key]
             status = self._removal_status(record, now, force)
             if status is KeyStatus.OK:
@@ -282,7 +362,7 @@ class MasterState:
             lease_remaining=max(0.0, record.lease_until - now),
             pin=record.pin,
             pin_remaining=max(0.0, record.pin_until - now) if record.pin is Pin.SOFT else 0.0,
-            crc32=record.crc32,
+            crc32c=record.crc32c,
             age=now - record.created_at,
             idle=now - record.last_access,
         )
@@ -315,8 +395,8 @@ class MasterState:
         ]
         return ClusterSnapshot(
             usages,
-            len(self.objects) - len(self._reservations),
-            len(self._reservations),
+            len(self._published_keys),
+            len(self.objects) - len(self._published_keys),
             len(self.nodes),
         )
 
@@ -324,7 +404,7 @@ class MasterState:
 
     def tick(self) -> TickReport:
         """Applies everything that is due: timeouts, dead nodes and clients, deferred frees,
-        ended pins and leases, and eviction above the high watermark."""
+        ended pins and leases, and eviction (or demotion) above the high watermark."""
         now = self.clock()
         report = TickReport()
         self._reclaim_reservations(now, report)
@@ -360,14 +440,11 @@ class MasterState:
             )
         existing = self.objects.get(key)
         if existing is not None:
-            what = "is being written" if existing.state is ObjectState.RESERVED else "exists"
+            what = "exists" if existing.state is ObjectState.PUBLISHED else "is being written"
             return PutSlot(KeyStatus.ALREADY_EXISTS, message=f"object {key!r} {what}")
-        replicas = self._allocate(key, size, wanted, options.preferred_hosts)
+        replicas = self._place(key, size, wanted, options, now)
         if not replicas:
-            self._evict_to_fit(size, now)
-            replicas = self._allocate(key, size, wanted, options.preferred_hosts)
-        if not replicas:
-            return PutSlot(KeyStatus.NO_SPACE, message=self._no_space_message(size))
+            return PutSlot(KeyStatus.NO_SPACE, message=self._no_space_message(size, options.tier))
         record = ObjectRecord(
             key,
             size,
@@ -387,12 +464,14 @@ class MasterState:
         self.counters.puts_started += 1
         return PutSlot(KeyStatus.OK, record.put_id, self._placed(record))
 
-    def _put_end_one(self, commit: Commit) -> KeyStatus:
+    def _put_end_one(self, commit: Commit) -> KeyStatus | None:
         record = self.objects.get(commit.key)
         if record is None or record.put_id != commit.put_id:
             return KeyStatus.STALE_PUT
         if record.state is ObjectState.PUBLISHED:
             return KeyStatus.OK  # a retried commit
+        if record.state is ObjectState.COMMITTED:
+            return None  # a retried commit: it still waits for its nodes
         if len(commit.replica_ok) != len(record.replicas):
             return KeyStatus.INVALID_ARGUMENT
         kept: list[Replica | None] = []
@@ -405,26 +484,78 @@ class MasterState:
             del self.objects[record.key]
             return KeyStatus.NO_REPLICA
         record.replicas = kept
+        record.state = ObjectState.COMMITTED
+        record.crc32c = commit.crc32c
+        record.unacked = {r.segment_id for r in kept if r is not None}
+        return None
+
+    def _persist_done(self, record: ObjectRecord, segment_id: str, ok: bool) -> None:
+        """A node recorded (or failed to record) a committed object's replica; once every
+        node has answered, the object is published with the replicas that were recorded."""
+        record.unacked.discard(segment_id)
+        if not ok:
+            self._drop_replica(record, segment_id)
+        if not record.unacked:
+            self._finish_commit(record)
+
+    def _finish_commit(self, record: ObjectRecord) -> None:
+        if self.objects.get(record.key) is not record:
+            return  # removed (by force) or lost while committing: already answered
+        if not any(r is not None for r in record.replicas):
+            del self.objects[record.key]
+            self.resolved.append(CommitResult(record.key, record.put_id, KeyStatus.NO_REPLICA))
+            return
+        record.replicas = [r for r in record.replicas if r is not None]
         record.state = ObjectState.PUBLISHED
-        record.crc32 = commit.crc32
         record.last_access = self.clock()
         self._index_published(record)
         if record.pin is Pin.SOFT:
-            heapq.heappush(self._pin_ends, (record.pin_until, next(self._seq), record.key))
+            heapq.heappush(self._pin_ends, (record.pin_until, next(self._seq), record))
         self.counters.puts_published += 1
-        return KeyStatus.OK
+        self.resolved.append(CommitResult(record.key, record.put_id, KeyStatus.OK))
+
+    def _stored(self, record: ObjectRecord, segment_id: str) -> StoredObject:
+        offset = next(r.offset for r in record.replicas if r and r.segment_id == segment_id)
+        return StoredObject(record.key, offset, record.size, record.generation, record.crc32c)
+
+    # ------------------------------------------------------------------ placement
+
+    def _place(
+        self, key: str, size: int, wanted: int, options: PutOptions, now: float
+    ) -> list[Replica]:
+        """Buffers for a new object in the tier asked for. ``UNSPECIFIED`` (any) tries DRAM,
+        then NVMe, and evicts from DRAM only when neither has room."""
+        tiers = (Tier.DRAM, Tier.NVME) if options.tier is Tier.UNSPECIFIED else (options.tier,)
+        for tier in tiers:
+            replicas = self._allocate(key, size, wanted, options.preferred_hosts, tier)
+            if replicas:
+                return replicas
+        for tier in tiers:
+            self._evict_to_fit(size, tier, now)
+            replicas = self._allocate(key, size, wanted, options.preferred_hosts, tier)
+            if replicas:
+                return replicas
+        return []
 
     def _allocate(
-        self, key: str, size: int, wanted: int, preferred_hosts: Sequence[str] = ()
+        self,
+        key: str,
+        size: int,
+        wanted: int,
+        preferred_hosts: Sequence[str] = (),
+        tier: Tier = Tier.DRAM,
     ) -> list[Replica]:
-        """One buffer on each of up to ``wanted`` distinct nodes. Nodes on a preferred host
-        come first; then the configured order: random (spreads objects and load evenly) or
-        most-free first. Within a node, its segment with the largest free extent."""
+        """One buffer on each of up to ``wanted`` distinct nodes, in segments of ``tier``.
+        Nodes on a preferred host come first; then the configured order: random (spreads
+        objects and load evenly) or most-free first. Within a node, its segment with the
+        largest free extent."""
         candidates = []
         for node in self.nodes.values():
             best = None
             for segment_id in node.segment_ids:
                 segment = self.segments[segment_id]
+                if segment.info.tier is not tier:
+                    continue
                 free = segment.allocator.largest_free
                 if free >= segment.allocator.rounded(size) and (best is None or free > best[0]):
                     best = (free, segment)
@@ -436,37 +567,43 @@ class MasterState:
             self.rng.shuffle(candidates)
         candidates.sort(key=lambda c: not c[0])  # stable: preferred hosts first
         replicas = []
-        for _, _, segment in candidates:
-            if len(replicas) == wanted:
-                break
+        for _, _, segment in candidates[:wanted]:
             offset = segment.allocator.allocate(size)
             assert offset is not None, "largest_free said it fits"
             segment.owners[offset] = key
             replicas.append(Replica(segment.segment_id, offset))
         return replicas
 
-    def _no_space_message(self, size: int) -> str:
-        if not self.segments:
+    def _no_space_message(self, size: int, tier: Tier = Tier.UNSPECIFIED) -> str:
+        segments = [
+            s for s in self.segments.values() if tier is Tier.UNSPECIFIED or s.info.tier is tier
+        ]
+        where = "" if tier is Tier.UNSPECIFIED else f" in the {tier.name} tier"
+        if not segments:
             return (
-                "no storage node has mounted a segment yet: start one with "
-                "`kvpool node --master HOST:PORT --dram 4GiB`"
+                f"no storage node has mounted a segment{where} yet: start one with "
+                "`kvpool node --master HOST:PORT --dram 4GiB` (or --nvme PATH)"
             )
-        largest = max(s.allocator.largest_free for s in self.segments.values())
-        free = sum(s.allocator.free_bytes for s in self.segments.values())
-        capacity = sum(s.allocator.capacity for s in self.segments.values())
+        largest = max(s.allocator.largest_free for s in segments)
+        free = sum(s.allocator.free_bytes for s in segments)
+        capacity = sum(s.allocator.capacity for s in segments)
         return (
-            f"no segment can hold {format_size(size)} ({size} bytes), even after evicting what "
-            f"may be evicted: the largest free extent is {format_size(largest)} ({largest} "
+            f"no segment{where} can hold {format_size(size)} ({size} bytes), even after evicting "
+            f"what may be evicted: the largest free extent is {format_size(largest)} ({largest} "
             f"bytes); {format_size(free)} free of {format_size(capacity)} in "
-            f"{len(self.segments)} segments. Remove objects, add storage nodes, or store "
+            f"{len(segments)} segments. Remove objects, add storage nodes, or store "
             "smaller objects."
         )
 
     # ------------------------------------------------------------------ internals: reads
 
     def _lease(self, record: ObjectRecord, now: float, ttl: float) -> None:
-        if record.lease_until <= now:  # a new lease, not an extension: count its end
-            heapq.heappush(self._lease_ends, (now + ttl, next(self._seq), record.key))
+        if record.lease_open and record.lease_until <= now:
+            self.counters.lease_expiries += 1  # the last lease ran out before this one
+            record.lease_open = False
+        if not record.lease_open:
+            record.lease_open = True
+            heapq.heappush(self._lease_ends, (now + ttl, next(self._seq), record))
         record.lease_until = max(record.lease_until, now + ttl)
         record.last_access = now
         self._lru.touch(record.key)
@@ -488,25 +625,189 @@ class MasterState:
             placed.append(PlacedReplica(info, info.base_address + replica.offset))
         return tuple(placed)
 
+    # ------------------------------------------------------------------ internals: adoption
+
+    def _adopt(self, segment: SegmentRecord, item: StoredObject, now: float) -> bool:
+        """Takes an object a node reports into the index; False when it must be dropped."""
+        existing = self.objects.get(item.key)
+        if existing is not None:
+            if existing.state is not ObjectState.PUBLISHED:
+                return False  # a new write of the key is under way
+            if existing.generation > item.generation or existing.size != item.size:
+                return False  # an older copy
+            if existing.generation < item.generation:
+                self._remove(existing, now)  # superseded by a newer write
+                existing = None
+        if not segment.allocator.allocate_at(item.offset, item.size):
+            return False  # overlaps a newer object
+        segment.owners[item.offset] = item.key
+        replica = Replica(segment.segment_id, item.offset)
+        self.counters.objects_adopted += 1
+        if existing is not None:
+            existing.replicas.append(replica)
+            segment.lru.add(item.key, existing.pin)
+            existing.lease_until = max(existing.lease_until, now + self.config.lease_ttl)
+            return True
+        record = ObjectRecord(
+            item.key,
+            item.size,
+            ObjectState.PUBLISHED,
+            item.generation,
+            "",
+            now,
+            [replica],
+            lease_until=now + self.config.lease_ttl,  # reads begun before a restart finish
+            last_access=now,
+            crc32c=item.crc32c,
+        )
+        self.objects[item.key] = record
+        self._index_published(record)
+        self._put_ids = itertools.count(max(next(self._put_ids), item.generation + 1))
+        return True
+
+    # ------------------------------------------------------------------ internals: moves
+
+    def _maybe_promote(self, record: ObjectRecord) -> None:
+        """Copies an object held only on NVMe into DRAM on the same node, if DRAM has room
+        below its watermark (never evicting for it)."""
+        if record.moving or any(
+            r is not None and self.segments[r.segment_id].info.tier is Tier.DRAM
+            for r in record.replicas
+        ):
+            return
+        source = record.replicas[0]
+        assert source is not None
+        node = self.nodes.get(self.segments[source.segment_id].node_id)
+        if node is None:
+            return
+        for segment_id in node.segment_ids:
+            target = self.segments[segment_id]
+            allocator = target.allocator
+            need = allocator.rounded(record.size)
+            if (
+                target.info.tier is Tier.DRAM
+                and allocator.largest_free >= need
+                and allocator.used + need <= self.config.high_watermark * allocator.capacity
+            ):
+                self._start_move(record, source, target, demotion=False)
+                return
+
+    def _try_demote(self, record: ObjectRecord, source: Replica) -> bool:
+        """Starts moving a DRAM replica to NVMe on the same node, if that has room."""
+        node = self.nodes.get(self.segments[source.segment_id].node_id)
+        if node is None or record.moving:
+            return False
+        for segment_id in node.segment_ids:
+            target = self.segments[segment_id]
+            if (
+                target.info.tier is Tier.NVME
+                and target.allocator.largest_free >= target.allocator.rounded(record.size)
+            ):
+                self._start_move(record, source, target, demotion=True)
+                return True
+        return False
+
+    def _start_move(
+        self, record: ObjectRecord, source: Replica, target: SegmentRecord, *, demotion: bool
+    ) -> None:
+        offset = target.allocator.allocate(record.size)
+        assert offset is not None
+        target.owners[offset] = record.key
+        destination = Replica(target.segment_id, offset)
+        command_id = next(self._command_ids)
+        record.moving[command_id] = Move(source, destination, demotion)
+        if demotion:
+            self.segments[source.segment_id].leaving += target.allocator.rounded(record.size)
+        self._awaiting[command_id] = (target.segment_id, (record,))
+        self.outbox.append(
+            CopyCommand(
+                command_id,
+                target.node_id,
+                source.segment_id,
+                self._stored(record, source.segment_id),
+                target.segment_id,
+                StoredObject(record.key, offset, record.size, record.generation, record.crc32c),
+            )
+        )
+
+    def _move_done(
+        self, record: ObjectRecord, command_id: int, ok: bool, crc32c: int | None
+    ) -> None:
+        move = record.moving.pop(command_id)
+        source_segment = self.segments.get(move.source.segment_id)
+        if move.demotion and source_segment is not None:
+            source_segment.leaving -= source_segment.allocator.rounded(record.size)
+        target = self.segments.get(move.target.segment_id)
+        alive = self.objects.get(record.key) is record and move.source in record.replicas
+        if not ok or not alive or target is None:
+            if target is not None:
+                del target.owners[move.target.offset]
+                target.allocator.free(move.target.offset)
+                if ok:  # the node recorded a copy nobody wants
+                    self._send_forget(target, record, move.target.offset)
+            return
+        if record.crc32c is None:
+            record.crc32c = crc32c
+        record.replicas.append(move.target)
+        target.lru.add(record.key, record.pin)
+        if move.demotion:
+            self._release_replica(record, move.source, self.clock())
+            self.counters.demotions += 1
+        else:
+            self.counters.promotions += 1
+
     # ------------------------------------------------------------------ internals: removal
 
     def _removal_status(self, record: ObjectRecord | None, now: float, force: bool) -> KeyStatus:
         if record is None:
             return KeyStatus.NOT_FOUND
-        if record.state is ObjectState.RESERVED and not force:
+        if record.state is not ObjectState.PUBLISHED and not force:
             return KeyStatus.NOT_READY
         if record.lease_until > now and not force:
             return KeyStatus.HAS_LEASE
         return KeyStatus.OK
 
     def _remove(self, record: ObjectRecord, now: float) -> None:
+        if record.state is ObjectState.COMMITTED:
+            self.resolved.append(CommitResult(record.key, record.put_id, KeyStatus.STALE_PUT))
         self._forget(record)
         if record.state is ObjectState.RESERVED:
             release_at = now + self.config.reclaim_delay  # its writer may still be copying
         else:
             release_at = max(now, record.lease_until)  # its readers may still be copying
+            self._send_forgets(record)  # nodes may have recorded it (or be about to)
         self._free_at(record.replicas, release_at)
+        for move in record.moving.values():  # copies in flight: their targets go too
+            self._free_at([move.target], release_at)
         self.counters.objects_removed += 1
+
+    def _release_replica(self, record: ObjectRecord, replica: Replica, now: float) -> None:
+        """Takes one replica away from a published object that keeps others."""
+        record.replicas.remove(replica)
+        segment = self.segments.get(replica.segment_id)
+        if segment is not None:
+            segment.lru.discard(record.key)
+            self._send_forget(segment, record, replica.offset)
+        self._free_at([replica], max(now, record.lease_until))
+
+    def _drop_replica(self, record: ObjectRecord, segment_id: str) -> None:
+        """A committed object's replica in ``segment_id`` failed to be recorded."""
+        for i, replica in enumerate(record.replicas):
+            if replica is not None and replica.segment_id == segment_id:
+                record.replicas[i] = None
+                self._free_now([replica])
+
+    def _send_forgets(self, record: ObjectRecord) -> None:
+        for replica in record.replicas:
+            segment = self.segments.get(replica.segment_id) if replica else None
+            if segment is not None and replica is not None:
+                self._send_forget(segment, record, replica.offset)
+
+    def _send_forget(self, segment: SegmentRecord, record: ObjectRecord, offset: int) -> None:
+        stored = StoredObject(record.key, offset, record.size, record.generation)
+        self.outbox.append(
+            ForgetCommand(next(self._command_ids), segment.node_id, segment.segment_id, (stored,))
+        )
 
     def _index_published(self, record: ObjectRecord) -> None:
         self._published_keys.add(record.key)
@@ -517,16 +818,18 @@ class MasterState:
 
     def _forget(self, record: ObjectRecord) -> None:
         """Removes an object from every index (its buffers are the caller's business)."""
+        if record.lease_open and record.lease_until <= self.clock():
+            self.counters.lease_expiries += 1
+            record.lease_open = False
+        del self.objects[record.key]
         if record.state is ObjectState.PUBLISHED:
-            del self.objects[record.key]
             self._published_keys.remove(record.key)
             self._lru.discard(record.key)
             for replica in record.replicas:
                 segment = self.segments.get(replica.segment_id) if replica else None
                 if segment is not None:
                     segment.lru.discard(record.key)
-        else:
-            del self.objects[record.key]
+        elif record.state is ObjectState.RESERVED:
             self._end_reservation(record)
 
     def _end_reservation(self, record: ObjectRecord) -> None:
@@ -535,6 +838,7 @@ class MasterState:
         keys.discard(record.key)
         if not keys:
             del self._reservations_of[record.client_id]
+            self.clients.pop(record.client_id, None)
 
     def _free_now(self, replicas: Iterable[Replica | None]) -> None:
         for replica in replicas:
@@ -569,12 +873,24 @@ class MasterState:
         lost = 0
         for key in set(segment.owners.values()):
             record = self.objects[key]
+            for command_id, move in list(record.moving.items()):
+                if segment_id in (move.source.segment_id, move.target.segment_id):
+                    self._move_done(record, command_id, False, None)
             record.replicas = [
                 None if r is not None and r.segment_id == segment_id else r for r in record.replicas
             ]
+            if record.state is ObjectState.COMMITTED and segment_id in record.unacked:
+                record.unacked.discard(segment_id)
+                if not record.unacked:
+                    self._finish_commit(record)
+                    if self.objects.get(key) is not record:
+                        lost += 1
+                    continue
             if record.state is ObjectState.PUBLISHED:
                 record.replicas = [r for r in record.replicas if r is not None]
-            if not any(r is not None for r in record.replicas):
+            if self.objects.get(key) is record and not any(r is not None for r in record.replicas):
+                if record.state is ObjectState.COMMITTED:
+                    self.resolved.append(CommitResult(key, record.put_id, KeyStatus.NO_REPLICA))
                 self._forget(record)
                 lost += 1
         self.counters.objects_lost += lost
@@ -606,10 +922,10 @@ class MasterState:
     def _bury_dead_clients(self, now: float, report: TickReport) -> None:
         silent_since = now - self.config.client_ttl
         for client_id in [c for c, seen in self.clients.items() if seen < silent_since]:
-            del self.clients[client_id]
             for key in list(self._reservations_of.get(client_id, ())):
                 self._reclaim(self.objects[key], now)
                 report.reservations_reclaimed.append(key)
+            self.clients.pop(client_id, None)
             report.dead_clients.append(client_id)
             self.counters.clients_died += 1
 
@@ -624,84 +940,143 @@ class MasterState:
 
     def _end_soft_pins(self, now: float) -> None:
         while self._pin_ends and self._pin_ends[0][0] <= now:
-            _, _, key = heapq.heappop(self._pin_ends)
-            record = self.objects.get(key)
-            if record is None or record.pin is not Pin.SOFT or record.pin_until > now:
+            _, _, record = heapq.heappop(self._pin_ends)
+            if (
+                self.objects.get(record.key) is not record
+                or record.pin is not Pin.SOFT
+                or record.pin_until > now
+            ):
                 continue
             record.pin = Pin.NONE
-            self._lru.unpin(key)
+            self._lru.unpin(record.key)
             for replica in record.replicas:
                 if replica is not None:
-                    self.segments[replica.segment_id].lru.unpin(key)
+                    self.segments[replica.segment_id].lru.unpin(record.key)
 
     def _count_ended_leases(self, now: float) -> None:
         while self._lease_ends and self._lease_ends[0][0] <= now:
-            _, _, key = heapq.heappop(self._lease_ends)
-            record = self.objects.get(key)
-            if record is None:
-                continue
+            _, _, record = heapq.heappop(self._lease_ends)
+            if not record.lease_open:
+                continue  # already counted (the object was read again, or removed)
             if record.lease_until > now:  # extended meanwhile: check again when it ends
-                heapq.heappush(self._lease_ends, (record.lease_until, next(self._seq), key))
+                heapq.heappush(self._lease_ends, (record.lease_until, next(self._seq), record))
             else:
+                record.lease_open = False
                 self.counters.lease_expiries += 1
 
     # ------------------------------------------------------------------ internals: eviction
 
     def _evict_above_watermark(self, now: float) -> int:
-        """Brings every segment, and the pool, back to ``eviction_ratio`` below the high
-        watermark once it passed it."""
+        """Brings every segment, and each tier of the pool, back to ``eviction_ratio`` below
+        the high watermark once it passed it. DRAM replicas are demoted to NVMe on their node
+        where it has room; the rest are evicted."""
         high = self.config.high_watermark
         low = high - self.config.eviction_ratio
         evicted = 0
         for segment in list(self.segments.values()):
             allocator = segment.allocator
-            if allocator.capacity and allocator.used > high * allocator.capacity:
+            if allocator.capacity and allocator.used - segment.leaving > high * allocator.capacity:
                 target = low * allocator.capacity
-                evicted += self._evict_from(
-                    segment.lru, now, lambda a=allocator, t=target: a.used <= t
-                )
-        capacity = sum(s.allocator.capacity for s in self.segments.values())
-        if capacity and self._pool_used() > high * capacity:
-            target = low * capacity
-            evicted += self._evict_from(self._lru, now, lambda: self._pool_used() <= target)
+
+                def done(s: SegmentRecord = segment, t: float = target) -> bool:
+                    return s.allocator.used - s.leaving <= t
+
+                evicted += self._evict_from(segment.lru, now, done, segment)
+        for tier in (Tier.DRAM, Tier.NVME):
+            segments = [s for s in self.segments.values() if s.info.tier is tier]
+            capacity = sum(s.allocator.capacity for s in segments)
+            if capacity and self._tier_used(tier) > high * capacity:
+                target = low * capacity
+
+                def pool_done(t: Tier = tier, limit: float = target) -> bool:
+                    return self._tier_used(t) <= limit
+
+                evicted += self._evict_from(self._lru, now, pool_done, None, tier)
         return evicted
 
-    def _evict_to_fit(self, size: int, now: float) -> None:
-        """Evicts least recently used objects until some segment has a free extent of
-        ``size`` bytes (or nothing more may be evicted)."""
-        if not self.segments or size > max(s.allocator.capacity for s in self.segments.values()):
+    def _evict_to_fit(self, size: int, tier: Tier, now: float) -> None:
+        """Evicts least recently used objects until some segment of ``tier`` has a free
+        extent for ``size`` bytes (or nothing more may be evicted). No demotion here: the
+        put needs the room now."""
+        segments = [s for s in self.segments.values() if s.info.tier is tier]
+        if not segments or max(s.allocator.capacity for s in segments) < size:
             return
         budget = [self.config.max_evictions_per_put]
 
         def fits() -> bool:
             budget[0] -= 1
             return budget[0] < 0 or any(
-                s.allocator.largest_free >= size for s in self.segments.values()
+                s.allocator.largest_free >= s.allocator.rounded(size) for s in segments
             )
 
         if not fits():
-            self._evict_from(self._lru, now, fits)
+            self._evict_from(self._lru, now, fits, None, tier, demote=False)
 
-    def _evict_from(self, index: LruIndex, now: float, done: Callable[[], bool]) -> int:
-        """Evicts objects in ``index`` order, skipping leased ones, until ``done()``."""
+    def _evict_from(
+        self,
+        index: LruIndex,
+        now: float,
+        done: Callable[[], bool],
+        segment: SegmentRecord | None,
+        tier: Tier | None = None,
+        *,
+        demote: bool = True,
+    ) -> int:
+        """Takes replicas away in ``index`` order, skipping leased and moving objects, until
+        ``done()``: from ``segment``, or (pool) from any segment of ``tier``. A replica with
+        a twin elsewhere is just dropped; a sole DRAM replica is demoted when it can be;
+        otherwise the object is evicted. Returns the objects evicted."""
         evicted = 0
+        skipped: set[str] = set()
         while True:
-            victims = []
+            victims: list[tuple[ObjectRecord, Replica]] = []
             for key in index.candidates():
+                if key in skipped:
+                    continue
                 record = self.objects[key]
-                if record.lease_until <= now:
-                    victims.append(record)
-                    if len(victims) == 64:
-                        break
+                if record.lease_until > now or record.moving:
+                    continue
+                replica = self._replica_in(record, segment, tier)
+                if replica is None:
+                    skipped.add(key)
+                    continue
+                victims.append((record, replica))
+                if len(victims) == 64:
+                    break
             if not victims:
                 return evicted
-            for record in victims:
-                self._forget(record)
-                self._free_now(record.replicas)
-                self.counters.evictions += 1
-                evicted += 1
+            for record, replica in victims:
+                if len(record.replicas) > 1:
+                    self._release_replica(record, replica, now)
+                    skipped.add(record.key)
+                elif not (
+                    demote
+                    and self.segments[replica.segment_id].info.tier is Tier.DRAM
+                    and self._try_demote(record, replica)
+                ):
+                    self._forget(record)
+                    self._send_forgets(record)
+                    self._free_now(record.replicas)
+                    self.counters.evictions += 1
+                    evicted += 1
+                else:
+                    skipped.add(record.key)
                 if done():
                     return evicted
 
-    def _pool_used(self) -> int:
-        return sum(s.allocator.used for s in self.segments.values())
+    def _replica_in(
+        self, record: ObjectRecord, segment: SegmentRecord | None, tier: Tier | None
+    ) -> Replica | None:
+        for replica in record.replicas:
+            if replica is None:
+                continue
+            if segment is not None and replica.segment_id == segment.segment_id:
+                return replica
+            if segment is None and self.segments[replica.segment_id].info.tier is tier:
+                return replica
+        return None
+
+    def _tier_used(self, tier: Tier) -> int:
+        return sum(
+            s.allocator.used - s.leaving for s in self.segments.values() if s.info.tier is tier
+        )

@@ -49,7 +49,7 @@ PIN_SOFT: Pin
 PIN_HARD: Pin
 
 class Segment(_message.Message):
-    __slots__ = ("segment_id", "node_id", "host", "worker_address", "base_address", "size", "rkey", "tier")
+    __slots__ = ("segment_id", "node_id", "host", "worker_address", "base_address", "size", "rkey", "tier", "persistent")
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -58,6 +58,7 @@ class Segment(_message.Message):
     SIZE_FIELD_NUMBER: _ClassVar[int]
     RKEY_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
+    PERSISTENT_FIELD_NUMBER: _ClassVar[int]
     segment_id: str
     node_id: str
     host: str
@@ -66,7 +67,22 @@ class Segment(_message.Message):
     size: int
     rkey: bytes
     tier: Tier
-    def __init__(self, segment_id: _Optional[str] = ..., node_id: _Optional[str] = ..., host: _Optional[str] = ..., worker_address: _Optional[bytes] = ..., base_address: _Optional[int] = ..., size: _Optional[int] = ..., rkey: _Optional[bytes] = ..., tier: _Optional[_Union[Tier, str]] = ...) -> None: ...
+    persistent: bool
+    def __init__(self, segment_id: _Optional[str] = ..., node_id: _Optional[str] = ..., host: _Optional[str] = ..., worker_address: _Optional[bytes] = ..., base_address: _Optional[int] = ..., size: _Optional[int] = ..., rkey: _Optional[bytes] = ..., tier: _Optional[_Union[Tier, str]] = ..., persistent: _Optional[bool] = ...) -> None: ...
+
+class StoredObject(_message.Message):
+    __slots__ = ("key", "offset", "size", "crc32c", "generation")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    offset: int
+    size: int
+    crc32c: int
+    generation: int
+    def __init__(self, key: _Optional[str] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., crc32c: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class Replica(_message.Message):
     __slots__ = ("segment_id", "address")
@@ -77,14 +93,18 @@ class Replica(_message.Message):
     def __init__(self, segment_id: _Optional[str] = ..., address: _Optional[int] = ...) -> None: ...
 
 class MountSegmentRequest(_message.Message):
-    __slots__ = ("segment",)
+    __slots__ = ("segment", "objects")
     SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    OBJECTS_FIELD_NUMBER: _ClassVar[int]
     segment: Segment
-    def __init__(self, segment: _Optional[_Union[Segment, _Mapping]] = ...) -> None: ...
+    objects: _containers.RepeatedCompositeFieldContainer[StoredObject]
+    def __init__(self, segment: _Optional[_Union[Segment, _Mapping]] = ..., objects: _Optional[_Iterable[_Union[StoredObject, _Mapping]]] = ...) -> None: ...
 
 class MountSegmentResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("dropped_keys",)
+    DROPPED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    dropped_keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, dropped_keys: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class UnmountSegmentRequest(_message.Message):
     __slots__ = ("node_id", "segment_id")
@@ -117,7 +137,7 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, remount_segment_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PutStartRequest(_message.Message):
-    __slots__ = ("client_id", "keys", "sizes", "replicas", "preferred_hosts", "pin", "pin_ttl_ms")
+    __slots__ = ("client_id", "keys", "sizes", "replicas", "preferred_hosts", "pin", "pin_ttl_ms", "tier")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     SIZES_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +145,7 @@ class PutStartRequest(_message.Message):
     PREFERRED_HOSTS_FIELD_NUMBER: _ClassVar[int]
     PIN_FIELD_NUMBER: _ClassVar[int]
     PIN_TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    TIER_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     keys: _containers.RepeatedScalarFieldContainer[str]
     sizes: _containers.RepeatedScalarFieldContainer[int]
@@ -132,7 +153,8 @@ class PutStartRequest(_message.Message):
     preferred_hosts: _containers.RepeatedScalarFieldContainer[str]
     pin: Pin
     pin_ttl_ms: int
-    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., sizes: _Optional[_Iterable[int]] = ..., replicas: _Optional[int] = ..., preferred_hosts: _Optional[_Iterable[str]] = ..., pin: _Optional[_Union[Pin, str]] = ..., pin_ttl_ms: _Optional[int] = ...) -> None: ...
+    tier: Tier
+    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., sizes: _Optional[_Iterable[int]] = ..., replicas: _Optional[int] = ..., preferred_hosts: _Optional[_Iterable[str]] = ..., pin: _Optional[_Union[Pin, str]] = ..., pin_ttl_ms: _Optional[int] = ..., tier: _Optional[_Union[Tier, str]] = ...) -> None: ...
 
 class PutSlot(_message.Message):
     __slots__ = ("status", "put_id", "replicas", "message")
@@ -157,16 +179,16 @@ class PutStartResponse(_message.Message):
     def __init__(self, slots: _Optional[_Iterable[_Union[PutSlot, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., write_timeout_ms: _Optional[int] = ...) -> None: ...
 
 class PutCommit(_message.Message):
-    __slots__ = ("key", "put_id", "replica_ok", "crc32")
+    __slots__ = ("key", "put_id", "replica_ok", "crc32c")
     KEY_FIELD_NUMBER: _ClassVar[int]
     PUT_ID_FIELD_NUMBER: _ClassVar[int]
     REPLICA_OK_FIELD_NUMBER: _ClassVar[int]
-    CRC32_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
     key: str
     put_id: int
     replica_ok: _containers.RepeatedScalarFieldContainer[bool]
-    crc32: int
-    def __init__(self, key: _Optional[str] = ..., put_id: _Optional[int] = ..., replica_ok: _Optional[_Iterable[bool]] = ..., crc32: _Optional[int] = ...) -> None: ...
+    crc32c: int
+    def __init__(self, key: _Optional[str] = ..., put_id: _Optional[int] = ..., replica_ok: _Optional[_Iterable[bool]] = ..., crc32c: _Optional[int] = ...) -> None: ...
 
 class PutEndRequest(_message.Message):
     __slots__ = ("client_id", "commits")
@@ -209,16 +231,16 @@ class GetReplicasRequest(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., lease_ms: _Optional[int] = ...) -> None: ...
 
 class ObjectLocation(_message.Message):
-    __slots__ = ("status", "size", "replicas", "crc32")
+    __slots__ = ("status", "size", "replicas", "crc32c")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
-    CRC32_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
     status: KeyStatus
     size: int
     replicas: _containers.RepeatedCompositeFieldContainer[Replica]
-    crc32: int
-    def __init__(self, status: _Optional[_Union[KeyStatus, str]] = ..., size: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ..., crc32: _Optional[int] = ...) -> None: ...
+    crc32c: int
+    def __init__(self, status: _Optional[_Union[KeyStatus, str]] = ..., size: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ..., crc32c: _Optional[int] = ...) -> None: ...
 
 class GetReplicasResponse(_message.Message):
     __slots__ = ("objects", "segments", "lease_ms")
@@ -305,7 +327,7 @@ class ReplicaInfo(_message.Message):
     def __init__(self, segment_id: _Optional[str] = ..., node_id: _Optional[str] = ..., host: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., address: _Optional[int] = ...) -> None: ...
 
 class StatResponse(_message.Message):
-    __slots__ = ("status", "size", "state", "replicas", "lease_remaining_ms", "pin", "pin_remaining_ms", "crc32", "age_ms", "idle_ms")
+    __slots__ = ("status", "size", "state", "replicas", "lease_remaining_ms", "pin", "pin_remaining_ms", "crc32c", "age_ms", "idle_ms")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -313,7 +335,7 @@ class StatResponse(_message.Message):
     LEASE_REMAINING_MS_FIELD_NUMBER: _ClassVar[int]
     PIN_FIELD_NUMBER: _ClassVar[int]
     PIN_REMAINING_MS_FIELD_NUMBER: _ClassVar[int]
-    CRC32_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
     AGE_MS_FIELD_NUMBER: _ClassVar[int]
     IDLE_MS_FIELD_NUMBER: _ClassVar[int]
     status: KeyStatus
@@ -323,10 +345,76 @@ class StatResponse(_message.Message):
     lease_remaining_ms: int
     pin: Pin
     pin_remaining_ms: int
-    crc32: int
+    crc32c: int
     age_ms: int
     idle_ms: int
-    def __init__(self, status: _Optional[_Union[KeyStatus, str]] = ..., size: _Optional[int] = ..., state: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ..., lease_remaining_ms: _Optional[int] = ..., pin: _Optional[_Union[Pin, str]] = ..., pin_remaining_ms: _Optional[int] = ..., crc32: _Optional[int] = ..., age_ms: _Optional[int] = ..., idle_ms: _Optional[int] = ...) -> None: ...
+    def __init__(self, status: _Optional[_Union[KeyStatus, str]] = ..., size: _Optional[int] = ..., state: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ..., lease_remaining_ms: _Optional[int] = ..., pin: _Optional[_Union[Pin, str]] = ..., pin_remaining_ms: _Optional[int] = ..., crc32c: _Optional[int] = ..., age_ms: _Optional[int] = ..., idle_ms: _Optional[int] = ...) -> None: ...
+
+class NodeCommand(_message.Message):
+    __slots__ = ("command_id", "persist", "forget", "copy")
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    PERSIST_FIELD_NUMBER: _ClassVar[int]
+    FORGET_FIELD_NUMBER: _ClassVar[int]
+    COPY_FIELD_NUMBER: _ClassVar[int]
+    command_id: int
+    persist: Persist
+    forget: Forget
+    copy: Copy
+    def __init__(self, command_id: _Optional[int] = ..., persist: _Optional[_Union[Persist, _Mapping]] = ..., forget: _Optional[_Union[Forget, _Mapping]] = ..., copy: _Optional[_Union[Copy, _Mapping]] = ...) -> None: ...
+
+class Persist(_message.Message):
+    __slots__ = ("segment_id", "objects")
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    segment_id: str
+    objects: _containers.RepeatedCompositeFieldContainer[StoredObject]
+    def __init__(self, segment_id: _Optional[str] = ..., objects: _Optional[_Iterable[_Union[StoredObject, _Mapping]]] = ...) -> None: ...
+
+class Forget(_message.Message):
+    __slots__ = ("segment_id", "objects")
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    segment_id: str
+    objects: _containers.RepeatedCompositeFieldContainer[StoredObject]
+    def __init__(self, segment_id: _Optional[str] = ..., objects: _Optional[_Iterable[_Union[StoredObject, _Mapping]]] = ...) -> None: ...
+
+class Copy(_message.Message):
+    __slots__ = ("source", "source_segment_id", "target", "target_segment_id")
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    TARGET_SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    source: StoredObject
+    source_segment_id: str
+    target: StoredObject
+    target_segment_id: str
+    def __init__(self, source: _Optional[_Union[StoredObject, _Mapping]] = ..., source_segment_id: _Optional[str] = ..., target: _Optional[_Union[StoredObject, _Mapping]] = ..., target_segment_id: _Optional[str] = ...) -> None: ...
+
+class NodeReport(_message.Message):
+    __slots__ = ("hello", "result")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    RESULT_FIELD_NUMBER: _ClassVar[int]
+    hello: NodeHello
+    result: CommandResult
+    def __init__(self, hello: _Optional[_Union[NodeHello, _Mapping]] = ..., result: _Optional[_Union[CommandResult, _Mapping]] = ...) -> None: ...
+
+class NodeHello(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class CommandResult(_message.Message):
+    __slots__ = ("command_id", "ok", "error", "crc32c")
+    COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    command_id: int
+    ok: bool
+    error: str
+    crc32c: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, command_id: _Optional[int] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., crc32c: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ClientHeartbeatRequest(_message.Message):
     __slots__ = ("client_id",)
@@ -363,7 +451,7 @@ class ClusterStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class SegmentStatus(_message.Message):
-    __slots__ = ("segment_id", "node_id", "host", "tier", "capacity", "used", "objects", "largest_free")
+    __slots__ = ("segment_id", "node_id", "host", "tier", "capacity", "used", "objects", "largest_free", "persistent")
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -372,6 +460,7 @@ class SegmentStatus(_message.Message):
     USED_FIELD_NUMBER: _ClassVar[int]
     OBJECTS_FIELD_NUMBER: _ClassVar[int]
     LARGEST_FREE_FIELD_NUMBER: _ClassVar[int]
+    PERSISTENT_FIELD_NUMBER: _ClassVar[int]
     segment_id: str
     node_id: str
     host: str
@@ -380,7 +469,8 @@ class SegmentStatus(_message.Message):
     used: int
     objects: int
     largest_free: int
-    def __init__(self, segment_id: _Optional[str] = ..., node_id: _Optional[str] = ..., host: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., objects: _Optional[int] = ..., largest_free: _Optional[int] = ...) -> None: ...
+    persistent: bool
+    def __init__(self, segment_id: _Optional[str] = ..., node_id: _Optional[str] = ..., host: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., objects: _Optional[int] = ..., largest_free: _Optional[int] = ..., persistent: _Optional[bool] = ...) -> None: ...
 
 class ClusterStatusResponse(_message.Message):
     __slots__ = ("segments", "objects", "reservations", "nodes", "uptime_s")

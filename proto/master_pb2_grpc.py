@@ -49,6 +49,11 @@ class MasterStub:
                 request_serializer=kvpool_dot_proto_dot_master__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=kvpool_dot_proto_dot_master__pb2.HeartbeatResponse.FromString,
                 _registered_method=True)
+        self.NodeSession = channel.stream_stream(
+                '/kvpool.v1.Master/NodeSession',
+                request_serializer=kvpool_dot_proto_dot_master__pb2.NodeReport.SerializeToString,
+                response_deserializer=kvpool_dot_proto_dot_master__pb2.NodeCommand.FromString,
+                _registered_method=True)
         self.PutStart = channel.unary_unary(
                 '/kvpool.v1.Master/PutStart',
                 request_serializer=kvpool_dot_proto_dot_master__pb2.PutStartRequest.SerializeToString,
@@ -124,6 +129,13 @@ class MasterServicer:
 
     def Heartbeat(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def NodeSession(self, request_iterator, context):
+        """A node's command channel: it says hello, then answers each command the master sends.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -213,6 +225,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=kvpool_dot_proto_dot_master__pb2.HeartbeatRequest.FromString,
                     response_serializer=kvpool_dot_proto_dot_master__pb2.HeartbeatResponse.SerializeToString,
+            ),
+            'NodeSession': grpc.stream_stream_rpc_method_handler(
+                    servicer.NodeSession,
+                    request_deserializer=kvpool_dot_proto_dot_master__pb2.NodeReport.FromString,
+                    response_serializer=kvpool_dot_proto_dot_master__pb2.NodeCommand.SerializeToString,
             ),
             'PutStart': grpc.unary_unary_rpc_method_handler(
                     servicer.PutStart,
@@ -351,6 +368,33 @@ class Master:
             '/kvpool.v1.Master/Heartbeat',
             kvpool_dot_proto_dot_master__pb2.HeartbeatRequest.SerializeToString,
             kvpool_dot_proto_dot_master__pb2.HeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def NodeSession(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/kvpool.v1.Master/NodeSession',
+            kvpool_dot_proto_dot_master__pb2.NodeReport.SerializeToString,
+            kvpool_dot_proto_dot_master__pb2.NodeCommand.FromString,
             options,
             channel_credentials,
             insecure,

@@ -2,9 +2,11 @@
 
 The node never handles payload bytes itself: clients read and write its segments with
 one-sided UCX operations. Its own work is to keep its UCX worker progressing (needed for
-TCP's software RMA) on a thread that sleeps on the worker's event fd, to mount its segments at
-the master, to heartbeat, to remount when the master asks (after a master restart), and to
-unmount cleanly when told to stop.
+TCP's software RMA) on a thread that sleeps on the worker's event fd; to mount its segments at
+the master, with the objects they already hold; to heartbeat; to remount when the master asks
+(after a master restart); to carry out the master's commands (record published objects,
+forget removed ones, copy between tiers) over its session stream; and to unmount cleanly
+when told to stop.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from kvpool.common.logging import get_logger
 from kvpool.proto import master_pb2 as pb
 from kvpool.proto import master_pb2_grpc
 from kvpool.storage_node import metrics
+from kvpool.storage_node.commands import CommandExecutor
 from kvpool.storage_node.segment import Segment
 from kvpool.transport import ucp
 
@@ -52,6 +55,7 @@ class StorageNode:
         self._worker_address = worker.address
         self._progress = ucp.ProgressThread(worker)
         self._failures = 0
+        self._executor = CommandExecutor(segments)
 
     @property
     def ready(self) -> tuple[bool, str]:
@@ -70,6 +74,7 @@ class StorageNode:
         announced = False
         async with grpc.aio.insecure_channel(self.master) as channel:
             stub = master_pb2_grpc.MasterStub(channel)
+            session = asyncio.create_task(self._keep_session(stub, stop))
             while not stop.is_set():
                 await self._sync_with_master(stub)
                 if not announced and self.ready[0]:
@@ -80,6 +85,9 @@ class StorageNode:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.heartbeat_interval)
             drain = await self._unmount_all(stub)
+            session.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await session
         if drain > 0:
             # Readers may still be copying out of objects leased before the unmount: keep the
             # memory (and UCX progressing) until their leases end, within the drain timeout.
@@ -93,11 +101,22 @@ class StorageNode:
             for segment in self.segments:
                 if segment.segment_id not in self.mounted:
                     descriptor = segment.descriptor(self.node_id, self.host, self._worker_address)
-                    await stub.MountSegment(
-                        pb.MountSegmentRequest(segment=descriptor), timeout=RPC_TIMEOUT
+                    objects = segment.stored_objects()
+                    response = await stub.MountSegment(
+                        pb.MountSegmentRequest(segment=descriptor, objects=objects),
+                        timeout=RPC_TIMEOUT,
                     )
+                    dropped = set(response.dropped_keys)
+                    if dropped:
+                        segment.forget([e for e in segment.index.entries() if e.key in dropped])
                     self.mounted.add(segment.segment_id)
-                    log.info("segment mounted", segment=segment.segment_id, size=segment.size)
+                    log.info(
+                        "segment mounted",
+                        segment=segment.segment_id,
+                        size=segment.size,
+                        objects=len(objects) - len(dropped),
+                        dropped=len(dropped),
+                    )
             response = await stub.Heartbeat(
                 pb.HeartbeatRequest(
                     node_id=self.node_id, segment_ids=[s.segment_id for s in self.segments]
@@ -123,6 +142,27 @@ class StorageNode:
                     failures=self._failures,
                 )
         metrics.MOUNTED.set(len(self.mounted))
+
+    async def _keep_session(self, stub: master_pb2_grpc.MasterStub, stop: asyncio.Event) -> None:
+        """Keeps the command stream to the master open (reopening it after a master restart)
+        and answers each command in order."""
+        while not stop.is_set():
+            reports = _Reports()
+            reports.put(pb.NodeReport(hello=pb.NodeHello(node_id=self.node_id)))
+            call = stub.NodeSession(reports)
+            try:
+                async for command in call:
+                    result = await asyncio.to_thread(self._executor.execute, command)
+                    if not result.ok:
+                        log.warning("command failed", error=result.error)
+                    reports.put(pb.NodeReport(result=result))
+            except grpc.aio.AioRpcError as error:
+                if error.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+                    log.warning("command stream broke", code=error.code().name)
+            finally:
+                call.cancel()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.heartbeat_interval)
 
     async def _unmount_all(self, stub: master_pb2_grpc.MasterStub) -> float:
         """Unmounts every segment; returns how long readers may still need the memory."""
@@ -156,3 +196,23 @@ class StorageNode:
             segment.close()
         self.worker.close()
         self.context.close()
+
+
+class _Reports:
+    """The node's side of its command stream: reports queued for gRPC to send.
+
+    A plain async iterator rather than an async generator, so that cancelling the stream
+    never has to close a generator gRPC is still iterating.
+    """
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[pb.NodeReport] = asyncio.Queue()
+
+    def put(self, report: pb.NodeReport) -> None:
+        self._queue.put_nowait(report)
+
+    def __aiter__(self) -> _Reports:
+        return self
+
+    async def __anext__(self) -> pb.NodeReport:
+        return await self._queue.get()

@@ -1,14 +1,39 @@
-"""Segments a storage node exposes: memory it owns, registered with UCX for remote access."""
+"""Segments a storage node exposes: memory it owns, registered with UCX for remote access.
+
+Three kinds, one interface:
+
+* DRAM: anonymous memory (lost with the process);
+* DRAM in /dev/shm (``--dram-shm``): a shared-memory file that outlives the process, so a
+  restarted node finds its objects again;
+* NVMe (``--nvme PATH``): a file, memory-mapped, so clients read and write it directly with
+  the same one-sided operations as DRAM; sparse, so it may be far larger than RAM (the page
+  cache does the rest).
+
+Persistent segments (the last two) keep a durable index beside the data. An object is
+recorded there only after its bytes are durable (msync of its range, for NVMe), with a
+CRC-32C the node computes itself; on reopening, an entry whose bytes no longer match is
+dropped, never served.
+"""
 
 from __future__ import annotations
 
 import mmap
+import os
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import google_crc32c
 
 from kvpool.common.status import Tier
 from kvpool.proto import master_pb2 as pb
+from kvpool.storage_node.object_index import DurableIndex, Entry, MemoryIndex
 from kvpool.transport import ucp
+
+#: madvise(MADV_POPULATE_WRITE), Linux 5.14+; Python 3.11's mmap module lacks the name.
+MADV_POPULATE_WRITE = 23
+DATA_SUFFIX = ".data"
+INDEX_SUFFIX = ".index"
 
 
 @dataclass
@@ -17,10 +42,18 @@ class Segment:
     tier: Tier
     memory: mmap.mmap
     region: ucp.MemoryRegion
+    index: MemoryIndex
+    path: Path | None = None
+    #: Entries dropped when the segment was reopened (torn records, corrupted bytes).
+    dropped_on_open: list[str] = field(default_factory=list)
 
     @property
     def size(self) -> int:
         return self.region.length
+
+    @property
+    def persistent(self) -> bool:
+        return self.index.durable
 
     def descriptor(self, node_id: str, host: str, worker_address: bytes) -> pb.Segment:
         """What the master hands to clients so they can reach this segment."""
@@ -33,15 +66,75 @@ class Segment:
             size=self.size,
             rkey=self.region.rkey,
             tier=self.tier,
+            persistent=self.persistent,
         )
+
+    def record(self, entries: list[Entry]) -> list[int]:
+        """Records newly published objects; on a persistent segment, first makes their bytes
+        durable and checksums them. Returns the checksums it computed (none for DRAM)."""
+        if not self.persistent:
+            self.index.put(entries)
+            return []
+        durable = []
+        for entry in entries:
+            self._check_bounds(entry)
+            if self.tier is Tier.NVME:
+                self._sync(entry.offset, entry.size)
+            crc = self.checksum(entry.offset, entry.size)
+            durable.append(Entry(entry.key, entry.offset, entry.size, entry.generation, crc))
+        self.index.put(durable)
+        return [e.crc32c for e in durable if e.crc32c is not None]
+
+    def forget(self, entries: list[Entry]) -> None:
+        self.index.delete(entries)
+
+    def copy_from(self, source: Segment, source_offset: int, target: Entry) -> list[int]:
+        """Copies an object from another segment of this node into ``target`` and records
+        it there (a demotion to NVMe or a promotion to DRAM)."""
+        self._check_bounds(target)
+        source._check_bounds(Entry(target.key, source_offset, target.size, target.generation))
+        view = memoryview(self.memory)
+        view[target.offset : target.offset + target.size] = memoryview(source.memory)[
+            source_offset : source_offset + target.size
+        ]
+        view.release()
+        crcs = self.record([target])
+        if crcs:
+            return crcs
+        return [self.checksum(target.offset, target.size)]
+
+    def checksum(self, offset: int, size: int) -> int:
+        return google_crc32c.value(ucp.view_of(self.region.address + offset, size))
+
+    def stored_objects(self) -> list[pb.StoredObject]:
+        """What to report when mounting: everything recorded here."""
+        objects = []
+        for entry in self.index.entries():
+            message = pb.StoredObject(
+                key=entry.key, offset=entry.offset, size=entry.size, generation=entry.generation
+            )
+            if entry.crc32c is not None:
+                message.crc32c = entry.crc32c
+            objects.append(message)
+        return objects
 
     def close(self) -> None:
         self.region.close()
+        if self.tier is Tier.NVME:
+            self.memory.flush()
         self.memory.close()
+        self.index.close()
 
+    def _sync(self, offset: int, size: int) -> None:
+        start = offset - offset % mmap.ALLOCATIONGRANULARITY
+        self.memory.flush(start, max(offset + size - start, 1))
 
-#: madvise(MADV_POPULATE_WRITE), Linux 5.14+; Python 3.11's mmap module lacks the name.
-MADV_POPULATE_WRITE = 23
+    def _check_bounds(self, entry: Entry) -> None:
+        if entry.offset < 0 or entry.offset + entry.size > self.size:
+            raise ValueError(
+                f"{entry.key!r} at {entry.offset}+{entry.size} lies outside segment "
+                f"{self.segment_id} of {self.size} bytes"
+            )
 
 
 def allocate_dram_segment(
@@ -61,7 +154,67 @@ def allocate_dram_segment(
         _prefault(memory)
     region = context.register(memory)
     segment_id = f"{node_id}/dram-{uuid.uuid4().hex[:8]}"
-    return Segment(segment_id, Tier.DRAM, memory, region)
+    return Segment(segment_id, Tier.DRAM, memory, region, MemoryIndex())
+
+
+def open_persistent_segment(
+    context: ucp.Context,
+    node_id: str,
+    base: Path,
+    size: int,
+    tier: Tier,
+    *,
+    prefault: bool = False,
+) -> Segment:
+    """Opens (or creates) a file-backed segment at ``base``.data with its index at
+    ``base``.index. Reopening checks every recorded object against its bytes."""
+    if size <= 0:
+        raise ValueError(f"a segment needs a positive size, got {size}")
+    data_path = base.with_name(base.name + DATA_SUFFIX)
+    index_path = base.with_name(base.name + INDEX_SUFFIX)
+    data_path.parent.mkdir(parents=True, exist_ok=True)
+    kind = tier.name.lower()
+    index = DurableIndex(
+        index_path,
+        {"segment_id": f"{node_id}/{kind}-{uuid.uuid4().hex[:8]}", "size": size, "tier": kind},
+    )
+    if index.header.get("size") != size or index.header.get("tier") != kind:
+        index.close()
+        raise ValueError(
+            f"{data_path} holds a {index.header.get('tier')} segment of "
+            f"{index.header.get('size')} bytes, not {kind} of {size}: pass its original size, "
+            f"or delete {data_path} and {index_path} to start afresh"
+        )
+    fd = os.open(data_path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        if os.fstat(fd).st_size != size:
+            os.ftruncate(fd, size)  # sparse: blocks are allocated as objects are written
+        memory = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
+    finally:
+        os.close(fd)
+    if prefault:
+        _prefault(memory)
+    segment = Segment(
+        index.header["segment_id"], tier, memory, context.register(memory), index, base
+    )
+    segment.dropped_on_open = _verify(segment)
+    return segment
+
+
+def _verify(segment: Segment) -> list[str]:
+    """Drops every recorded object whose bytes no longer match its checksum."""
+    bad = []
+    for entry in segment.index.entries():
+        intact = (
+            entry.crc32c is not None
+            and entry.offset >= 0
+            and entry.offset + entry.size <= segment.size
+            and segment.checksum(entry.offset, entry.size) == entry.crc32c
+        )
+        if not intact:
+            bad.append(entry)
+    segment.index.delete(bad)
+    return [entry.key for entry in bad]
 
 
 def _prefault(memory: mmap.mmap) -> None:

@@ -97,12 +97,34 @@ def put(
     return slot
 
 
+def answer_nodes(state: MasterState, ok: bool = True) -> list:
+    """Every node answers every command the master sent (as the service would relay)."""
+    sent = list(state.outbox)
+    state.outbox.clear()
+    for command in sent:
+        if state.awaiting(command.command_id):
+            state.command_done(command.command_id, ok)
+    return sent
+
+
+def end_puts(state: MasterState, commits: list[Commit], nodes_ok: bool = True) -> list[KeyStatus]:
+    """PutEnd as a client sees it: the master waits for the nodes to record each object."""
+    statuses = state.put_end(commits)
+    answer_nodes(state, nodes_ok)
+    settled = {(r.key, r.put_id): r.status for r in state.resolved}
+    state.resolved.clear()
+    return [
+        settled[(c.key, c.put_id)] if status is None else status
+        for c, status in zip(commits, statuses, strict=True)
+    ]
+
+
 def commit(
-    state: MasterState, key: str, slot: PutSlot, *replica_ok: bool, crc32: int | None = None
+    state: MasterState, key: str, slot: PutSlot, *replica_ok: bool, crc32c: int | None = None
 ) -> KeyStatus:
     """Ends a put; by default the writer reports every replica written."""
     ok = replica_ok or (True,) * len(slot.replicas)
-    [status] = state.put_end([Commit(key, slot.put_id, tuple(ok), crc32)])
+    [status] = end_puts(state, [Commit(key, slot.put_id, tuple(ok), crc32c)])
     return status
 
 
@@ -113,12 +135,12 @@ def publish(
     replicas: int = 1,
     *,
     options: PutOptions | None = None,
-    crc32: int | None = None,
+    crc32c: int | None = None,
 ) -> PutSlot:
     """A complete, successful put."""
     slot = put(state, key, size, replicas, options=options)
     assert slot.status is KeyStatus.OK, slot.message
-    assert commit(state, key, slot, crc32=crc32) is KeyStatus.OK
+    assert commit(state, key, slot, crc32c=crc32c) is KeyStatus.OK
     return slot
 
 

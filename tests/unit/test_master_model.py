@@ -50,7 +50,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
-from state_helpers import FakeClock, rounded, segment_info
+from state_helpers import FakeClock, end_puts, rounded, segment_info
 
 from kvpool.common.status import KeyStatus, Pin
 from kvpool.master.config import MasterConfig
@@ -274,8 +274,11 @@ class MasterModel(RuleBasedStateMachine):
         self.clock.advance(seconds)
         self.heartbeat(silent_nodes, silent_clients)
         now = self.now
-        dying_clients = {
-            c for c, seen in self.client_seen.items() if seen < now - CONFIG.client_ttl
+        writing = {r.client for r in self.reservations.values() if self.open(r)}
+        dying_clients = {  # only writers holding reservations are watched
+            c
+            for c, seen in self.client_seen.items()
+            if seen < now - CONFIG.client_ttl and c in writing
         }
         due = {
             key
@@ -546,7 +549,7 @@ class MasterModel(RuleBasedStateMachine):
         ok = tuple(
             data.draw(st.lists(st.sampled_from([True, True, True, False]), min_size=n, max_size=n))
         )
-        crc32 = data.draw(st.none() | st.integers(0, 2**32 - 1))
+        crc32c = data.draw(st.none() | st.integers(0, 2**32 - 1))
         written = [b for b, good in zip(reservation.buffers, ok, strict=True) if good]
         kept = [b for b in written if b.mounted(self.state)]
         if self.open(reservation):
@@ -557,7 +560,7 @@ class MasterModel(RuleBasedStateMachine):
             expected = KeyStatus.OK if retried else KeyStatus.STALE_PUT
         was_open = self.open(reservation)
 
-        [status] = self.state.put_end([Commit(key, put_id, ok, crc32)])
+        [status] = end_puts(self.state, [Commit(key, put_id, ok, crc32c)])
 
         assert status is expected, (key, ok, status, expected)
         if was_open:
@@ -566,7 +569,7 @@ class MasterModel(RuleBasedStateMachine):
             self.completed[key, put_id] = {(b.segment_id, b.offset) for b in kept}
             self.used_at[key, put_id] = next(self.uses)
             info = self.state.stat(key)
-            assert (info.state, info.size, info.crc32) == ("published", reservation.size, crc32)
+            assert (info.state, info.size, info.crc32c) == ("published", reservation.size, crc32c)
             placed = {
                 (r.segment.segment_id, r.address - r.segment.base_address) for r in info.replicas
             }
@@ -629,7 +632,7 @@ class MasterModel(RuleBasedStateMachine):
             if location.status is KeyStatus.OK:
                 assert record is not None
                 assert location.size == record.size
-                assert location.crc32 == record.crc32
+                assert location.crc32c == record.crc32c
                 assert {
                     (r.segment.segment_id, r.address - r.segment.base_address)
                     for r in location.replicas

@@ -229,11 +229,6 @@ def test_lease_expiries_counts_leases_that_ran_out_once_a_tick_sees_them_not_ext
     assert state.counters.lease_expiries == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="state.py _count_ended_leases: a lease that lapsed and was followed by a new lease "
-    "before the next tick is taken for an extension and counted only when the new one ends",
-)
 def test_a_lease_that_ran_out_is_counted_at_the_next_tick_even_if_the_object_was_read_again():
     state, clock = new_state()
     mount(state, "n1")
@@ -247,11 +242,6 @@ def test_a_lease_that_ran_out_is_counted_at_the_next_tick_even_if_the_object_was
     assert state.counters.lease_expiries == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="state.py _count_ended_leases: the end of a lease is looked up by key when a tick "
-    "comes, so a lease that ran out is never counted if its object was removed meanwhile",
-)
 def test_a_lease_that_ran_out_is_counted_even_if_the_object_was_removed_before_the_tick():
     state, clock = new_state()
     mount(state, "n1")
@@ -449,11 +439,6 @@ def test_no_space_only_when_nothing_evictable_is_left():
     assert state.counters.evictions == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="state.py _evict_to_fit compares largest_free with the raw size (0), not the "
-    "rounded one (one alignment unit): a zero-byte put into a full pool evicts nothing",
-)
 def test_a_zero_byte_put_into_a_full_pool_evicts_like_any_other():
     state, _ = new_state()
     mount(state, "n1", 10 * KiB)
@@ -675,12 +660,6 @@ def test_a_commit_after_the_reservation_was_revoked_is_stale(how):
     assert state.stat("k").status is KeyStatus.NOT_FOUND
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="state.py _bury_dead_clients: every client that ever started a put is tracked, so "
-    "one that finished its puts and went away is declared dead (warning, clients_died) "
-    "although it held no reservation",
-)
 def test_a_client_without_reservations_that_goes_quiet_is_not_declared_dead():
     state, clock = new_state()
     mount(state, "n1")
@@ -698,13 +677,13 @@ def test_a_client_without_reservations_that_goes_quiet_is_not_declared_dead():
 def test_a_checksum_sent_with_the_commit_is_kept_and_returned():
     state, _ = new_state()
     mount(state, "n1")
-    publish(state, "k", crc32=0xDEADBEEF)
-    publish(state, "zero", crc32=0)
+    publish(state, "k", crc32c=0xDEADBEEF)
+    publish(state, "zero", crc32c=0)
 
-    assert get(state, "k").crc32 == 0xDEADBEEF
-    assert state.stat("k").crc32 == 0xDEADBEEF
-    assert get(state, "zero").crc32 == 0, "a checksum of 0 is a checksum"
-    assert state.stat("zero").crc32 == 0
+    assert get(state, "k").crc32c == 0xDEADBEEF
+    assert state.stat("k").crc32c == 0xDEADBEEF
+    assert get(state, "zero").crc32c == 0, "a checksum of 0 is a checksum"
+    assert state.stat("zero").crc32c == 0
 
 
 def test_no_checksum_when_the_writer_sent_none():
@@ -712,8 +691,8 @@ def test_no_checksum_when_the_writer_sent_none():
     mount(state, "n1")
     publish(state, "k")
 
-    assert get(state, "k").crc32 is None
-    assert state.stat("k").crc32 is None
+    assert get(state, "k").crc32c is None
+    assert state.stat("k").crc32c is None
 
 
 # ------------------------------------------------------------------ node liveness
@@ -887,7 +866,7 @@ def test_stat_reports_everything_the_master_knows_about_an_object():
     mount(state, "n2")
     slot = put(state, "k", 1000, options=PutOptions(replicas=2, pin=Pin.SOFT, pin_ttl=100))
     clock.advance(1)
-    assert commit(state, "k", slot, crc32=7) is OK
+    assert commit(state, "k", slot, crc32c=7) is OK
     clock.advance(2)
     get(state, "k", lease_ttl=20)
     clock.advance(4)
@@ -904,7 +883,7 @@ def test_stat_reports_everything_the_master_knows_about_an_object():
     ]
     assert info.lease_remaining == 16
     assert (info.pin, info.pin_remaining) == (Pin.SOFT, 93)
-    assert info.crc32 == 7
+    assert info.crc32c == 7
     assert info.age == 7, "since the put started"
     assert info.idle == 4, "since the last read"
 

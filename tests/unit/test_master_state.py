@@ -28,6 +28,7 @@ from state_helpers import (
     KiB,
     MiB,
     commit,
+    end_puts,
     exists,
     get,
     mount,
@@ -418,8 +419,8 @@ def test_put_end_with_a_wrong_put_id_is_stale_and_changes_nothing():
     mount(state, "n1")
     slot = put(state, "k")
 
-    statuses = state.put_end(
-        [Commit("k", slot.put_id + 1, (True,)), Commit("never-started", 1, (True,))]
+    statuses = end_puts(
+        state, [Commit("k", slot.put_id + 1, (True,)), Commit("never-started", 1, (True,))]
     )
 
     assert statuses == [KeyStatus.STALE_PUT, KeyStatus.STALE_PUT]
@@ -1053,7 +1054,7 @@ class MasterStateMachine(RuleBasedStateMachine):
         slot = self.slots[key]
         ok = data.draw(st.lists(st.booleans(), min_size=len(slot.replicas)))
         ok = ok[: len(slot.replicas)]
-        [status] = self.state.put_end([Commit(key, slot.put_id, tuple(ok))])
+        [status] = end_puts(self.state, [Commit(key, slot.put_id, tuple(ok))])
         assert status in {KeyStatus.OK, KeyStatus.NO_REPLICA, KeyStatus.STALE_PUT}
         if status is KeyStatus.OK:
             assert exists(self.state, key) is KeyStatus.OK

@@ -1,0 +1,42 @@
+"""Translation between the core's node commands and their protobuf form."""
+
+from __future__ import annotations
+
+from kvpool.master.records import (
+    CopyCommand,
+    ForgetCommand,
+    NodeCommand,
+    PersistCommand,
+    StoredObject,
+)
+from kvpool.proto import master_pb2 as pb
+
+
+def stored_to_pb(item: StoredObject) -> pb.StoredObject:
+    message = pb.StoredObject(
+        key=item.key, offset=item.offset, size=item.size, generation=item.generation
+    )
+    if item.crc32c is not None:
+        message.crc32c = item.crc32c
+    return message
+
+
+def stored_from_pb(message: pb.StoredObject) -> StoredObject:
+    crc = message.crc32c if message.HasField("crc32c") else None
+    return StoredObject(message.key, message.offset, message.size, message.generation, crc)
+
+
+def command_to_pb(command: NodeCommand) -> pb.NodeCommand:
+    message = pb.NodeCommand(command_id=command.command_id)
+    if isinstance(command, PersistCommand):
+        message.persist.segment_id = command.segment_id
+        message.persist.objects.extend(stored_to_pb(o) for o in command.objects)
+    elif isinstance(command, ForgetCommand):
+        message.forget.segment_id = command.segment_id
+        message.forget.objects.extend(stored_to_pb(o) for o in command.objects)
+    elif isinstance(command, CopyCommand):
+        message.copy.source_segment_id = command.source_segment_id
+        message.copy.source.CopyFrom(stored_to_pb(command.source))
+        message.copy.target_segment_id = command.target_segment_id
+        message.copy.target.CopyFrom(stored_to_pb(command.target))
+    return message

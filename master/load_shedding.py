@@ -1,0 +1,81 @@
+"""Load shedding: beyond a limit of client calls in flight, answer RESOURCE_EXHAUSTED.
+
+A saturated master that queued without bound would turn every client's deadline into a
+timeout; refusing at once lets clients back off and retry (they do, until their deadline).
+A call counts from the moment it is dispatched (before its request is even read) until its
+answer is sent. Node command streams are long-lived and exempt: they are not load, and must
+never be shed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from kvpool.master import metrics
+
+EXEMPT_SUFFIX = "/NodeSession"
+#: A call dispatched but never run (cancelled while its request was read) stops counting
+#: after this long.
+STALE_AFTER = 30.0
+
+
+class LoadShedder(grpc.aio.ServerInterceptor):
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError(f"the in-flight limit must be at least 1, got {limit}")
+        self.limit = limit
+        self._inflight: dict[int, float] = {}
+        self._ids = itertools.count()
+
+    @property
+    def inflight(self) -> int:
+        return len(self._inflight)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or handler.unary_unary is None or method.endswith(EXEMPT_SUFFIX):
+            return handler
+        if len(self._inflight) >= self.limit:
+            self._forget_stale()
+        if len(self._inflight) >= self.limit:
+            metrics.SHED.labels(method.rsplit("/", 1)[-1]).inc()
+            behavior = self._refuse
+        else:
+            call_id = next(self._ids)
+            self._inflight[call_id] = time.monotonic()
+            behavior = self._counted(handler.unary_unary, call_id)
+        return grpc.unary_unary_rpc_method_handler(
+            behavior,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+    def _counted(self, behavior: Callable[..., Awaitable[Any]], call_id: int) -> Any:
+        async def counted(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            try:
+                return await behavior(request, context)
+            finally:
+                self._inflight.pop(call_id, None)
+
+        return counted
+
+    async def _refuse(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            f"the master is saturated ({self.limit} calls in flight): retry with backoff",
+        )
+
+    def _forget_stale(self) -> None:
+        too_old = time.monotonic() - STALE_AFTER
+        for call_id in [c for c, started in self._inflight.items() if started < too_old]:
+            del self._inflight[call_id]

@@ -1,0 +1,48 @@
+"""A storage node carrying out the master's commands on its segments."""
+
+from __future__ import annotations
+
+from kvpool.proto import master_pb2 as pb
+from kvpool.storage_node.object_index import Entry
+from kvpool.storage_node.segment import Segment
+
+
+class CommandExecutor:
+    def __init__(self, segments: list[Segment]) -> None:
+        self._segments = {s.segment_id: s for s in segments}
+
+    def execute(self, command: pb.NodeCommand) -> pb.CommandResult:
+        """Runs one command (blocking: persistent segments sync to disk)."""
+        result = pb.CommandResult(command_id=command.command_id, ok=True)
+        try:
+            kind = command.WhichOneof("kind")
+            if kind == "persist":
+                segment = self._segment(command.persist.segment_id)
+                result.crc32c.extend(segment.record([_entry(o) for o in command.persist.objects]))
+            elif kind == "forget":
+                segment = self._segment(command.forget.segment_id)
+                segment.forget([_entry(o) for o in command.forget.objects])
+            elif kind == "copy":
+                copy = command.copy
+                target = self._segment(copy.target_segment_id)
+                source = self._segment(copy.source_segment_id)
+                result.crc32c.extend(
+                    target.copy_from(source, copy.source.offset, _entry(copy.target))
+                )
+            else:
+                raise ValueError(f"unknown command {kind!r}")
+        except Exception as error:
+            result.ok = False
+            result.error = f"{type(error).__name__}: {error}"
+        return result
+
+    def _segment(self, segment_id: str) -> Segment:
+        try:
+            return self._segments[segment_id]
+        except KeyError:
+            raise KeyError(f"this node has no segment {segment_id!r}") from None
+
+
+def _entry(message: pb.StoredObject) -> Entry:
+    crc = message.crc32c if message.HasField("crc32c") else None
+    return Entry(message.key, message.offset, message.size, message.generation, crc)
