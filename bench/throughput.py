@@ -23,6 +23,7 @@ DEFAULT_SIZES = "1MiB,32MiB"
 
 @dataclass
 class Result:
+    tier: str
     size: int
     count: int
     put_gbps: float
@@ -41,6 +42,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--nodes", type=int, default=2, help="nodes of the local cluster")
     parser.add_argument("--dram", default="1GiB", help="DRAM per node of the local cluster")
+    parser.add_argument(
+        "--nvme-size",
+        default=None,
+        help="also give each local node an NVMe segment this large (in a temporary directory) "
+        "and measure the NVMe tier beside DRAM",
+    )
+    parser.add_argument(
+        "--tiers", default=None, help="tiers to measure, e.g. dram,nvme (default: what exists)"
+    )
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument(
@@ -69,7 +79,10 @@ def run(args: argparse.Namespace) -> int:
 
         metadata.report(_on_cluster(args, metadata.measure))
         return 0
-    results = _on_cluster(args, lambda master: _measure(master, sizes, per_size, args.replicas))
+    tiers = (args.tiers or ("dram,nvme" if args.nvme_size else "dram")).split(",")
+    results = _on_cluster(
+        args, lambda master: _measure(master, sizes, per_size, args.replicas, tiers)
+    )
     return _report(results, args.json)
 
 
@@ -77,21 +90,31 @@ def _on_cluster(args: argparse.Namespace, work):
     """Runs ``work(master_address)`` on ``--master``, or on a local cluster started for it."""
     if args.master:
         return work(args.master)
+    import tempfile
+
     from kvpool.local_cluster import LocalCluster
 
-    print(f"starting a local cluster: {args.nodes} node(s) x {args.dram} DRAM ...", flush=True)
-    with LocalCluster(args.nodes, args.dram) as cluster:
-        return work(cluster.master_address)
+    what = f"{args.dram} DRAM" + (f" + {args.nvme_size} NVMe" if args.nvme_size else "")
+    print(f"starting a local cluster: {args.nodes} node(s) x {what} ...", flush=True)
+    with tempfile.TemporaryDirectory(prefix="kvpool-bench-") as scratch:
+        cluster = LocalCluster(0, args.dram)
+        with cluster:
+            for i in range(args.nodes):
+                extra = ["--nvme", f"{scratch}/nvme{i}", "--nvme-size", args.nvme_size]
+                cluster.add_node(extra=extra if args.nvme_size else ())
+            return work(cluster.master_address)
 
 
-def _measure(master: str, sizes: list[int], per_size: int, replicas: int) -> list[Result]:
+def _measure(
+    master: str, sizes: list[int], per_size: int, replicas: int, tiers: list[str]
+) -> list[Result]:
     import numpy as np
 
     from kvpool import Client
 
     results = []
     with Client(master, replicas=replicas, timeout=60) as client:
-        for size in sizes:
+        for tier, size in [(t, s) for t in tiers for s in sizes]:
             count = max(8, per_size // size)
             source = np.frombuffer(os.urandom(size), dtype=np.uint8).copy()
             target = np.empty(size, dtype=np.uint8)
@@ -99,11 +122,11 @@ def _measure(master: str, sizes: list[int], per_size: int, replicas: int) -> lis
             prefix = f"bench/{uuid.uuid4().hex[:8]}/{size}/"
             keys = [f"{prefix}{i}" for i in range(count)]
             put_times, get_times = [], []
-            client.put(prefix + "warmup", source)
+            client.put(prefix + "warmup", source, tier=tier)
             client.get_into(prefix + "warmup", target)
             for key in keys:
                 start = time.perf_counter()
-                client.put(key, source)
+                client.put(key, source, tier=tier)
                 put_times.append(time.perf_counter() - start)
             for key in keys:
                 start = time.perf_counter()
@@ -116,6 +139,7 @@ def _measure(master: str, sizes: list[int], per_size: int, replicas: int) -> lis
                 client.unregister_buffer(region)
             results.append(
                 Result(
+                    tier,
                     size,
                     count,
                     size * count / sum(put_times) / 1e9,
@@ -132,10 +156,12 @@ def _report(results: list[Result], json_path: str | None) -> int:
     from rich.table import Table
 
     table = Table(title="kvpool put/get throughput (client and node in separate processes)")
-    for column in ("object", "count", "put GB/s", "get GB/s", "put p50 ms", "get p50 ms"):
+    columns = ("tier", "object", "count", "put GB/s", "get GB/s", "put p50 ms", "get p50 ms")
+    for column in columns:
         table.add_column(column, justify="right")
     for r in results:
         table.add_row(
+            r.tier,
             format_size(r.size),
             str(r.count),
             f"{r.put_gbps:.2f}",

@@ -7,6 +7,7 @@ from kvpool.master.records import (
     ForgetCommand,
     NodeCommand,
     PersistCommand,
+    PrepareCommand,
     StoredObject,
 )
 from kvpool.proto import master_pb2 as pb
@@ -39,4 +40,8 @@ def command_to_pb(command: NodeCommand) -> pb.NodeCommand:
         message.copy.source.CopyFrom(stored_to_pb(command.source))
         message.copy.target_segment_id = command.target_segment_id
         message.copy.target.CopyFrom(stored_to_pb(command.target))
+    elif isinstance(command, PrepareCommand):
+        message.prepare.segment_id = command.segment_id
+        message.prepare.offset = command.offset
+        message.prepare.size = command.size
     return message

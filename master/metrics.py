@@ -88,6 +88,9 @@ class StateCollector(Collector):
             ("nodes_died", "Storage nodes declared dead after missing heartbeats."),
             ("clients_died", "Clients declared dead (their reservations were revoked)."),
             ("evictions", "Objects evicted to make room (LRU)."),
+            ("demotions", "Replicas moved from DRAM to NVMe on their node instead of evicted."),
+            ("promotions", "Objects copied from NVMe to DRAM on their node after a hit."),
+            ("objects_adopted", "Replicas re-adopted from what storage nodes reported."),
             ("lease_expiries", "Read leases that ran out."),
         ):
             yield CounterMetricFamily(f"kvpool_{name}", help_text, value=getattr(counters, name))

@@ -194,7 +194,18 @@ class CopyCommand:
     target: StoredObject
 
 
-NodeCommand = PersistCommand | ForgetCommand | CopyCommand
+@dataclass(frozen=True, slots=True)
+class PrepareCommand:
+    """Tell a node: space was reserved in this file-backed segment; allocate its blocks."""
+
+    command_id: int
+    node_id: str
+    segment_id: str
+    offset: int
+    size: int
+
+
+NodeCommand = PersistCommand | ForgetCommand | CopyCommand | PrepareCommand
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,6 +65,7 @@ from kvpool.master.records import (
     PersistCommand,
     PlacedReplica,
     PrefixRemoval,
+    PrepareCommand,
     PutOptions,
     PutSlot,
     Replica,
@@ -462,6 +463,18 @@ class MasterState:
         self._reservations[key] = record
         self._reservations_of.setdefault(client_id, set()).add(key)
         self.counters.puts_started += 1
+        for replica in replicas:
+            segment = self.segments[replica.segment_id]
+            if segment.info.tier is Tier.NVME and size:
+                self.outbox.append(
+                    PrepareCommand(
+                        next(self._command_ids),
+                        segment.node_id,
+                        segment.segment_id,
+                        replica.offset,
+                        size,
+                    )
+                )
         return PutSlot(KeyStatus.OK, record.put_id, self._placed(record))
 
     def _put_end_one(self, commit: Commit) -> KeyStatus | None:

@@ -351,16 +351,28 @@ class StatResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[KeyStatus, str]] = ..., size: _Optional[int] = ..., state: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ..., lease_remaining_ms: _Optional[int] = ..., pin: _Optional[_Union[Pin, str]] = ..., pin_remaining_ms: _Optional[int] = ..., crc32c: _Optional[int] = ..., age_ms: _Optional[int] = ..., idle_ms: _Optional[int] = ...) -> None: ...
 
 class NodeCommand(_message.Message):
-    __slots__ = ("command_id", "persist", "forget", "copy")
+    __slots__ = ("command_id", "persist", "forget", "copy", "prepare")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     PERSIST_FIELD_NUMBER: _ClassVar[int]
     FORGET_FIELD_NUMBER: _ClassVar[int]
     COPY_FIELD_NUMBER: _ClassVar[int]
+    PREPARE_FIELD_NUMBER: _ClassVar[int]
     command_id: int
     persist: Persist
     forget: Forget
     copy: Copy
-    def __init__(self, command_id: _Optional[int] = ..., persist: _Optional[_Union[Persist, _Mapping]] = ..., forget: _Optional[_Union[Forget, _Mapping]] = ..., copy: _Optional[_Union[Copy, _Mapping]] = ...) -> None: ...
+    prepare: Prepare
+    def __init__(self, command_id: _Optional[int] = ..., persist: _Optional[_Union[Persist, _Mapping]] = ..., forget: _Optional[_Union[Forget, _Mapping]] = ..., copy: _Optional[_Union[Copy, _Mapping]] = ..., prepare: _Optional[_Union[Prepare, _Mapping]] = ...) -> None: ...
+
+class Prepare(_message.Message):
+    __slots__ = ("segment_id", "offset", "size")
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    segment_id: str
+    offset: int
+    size: int
+    def __init__(self, segment_id: _Optional[str] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ...) -> None: ...
 
 class Persist(_message.Message):
     __slots__ = ("segment_id", "objects")

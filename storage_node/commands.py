@@ -22,6 +22,9 @@ class CommandExecutor:
             elif kind == "forget":
                 segment = self._segment(command.forget.segment_id)
                 segment.forget([_entry(o) for o in command.forget.objects])
+            elif kind == "prepare":
+                prepare = command.prepare
+                self._segment(prepare.segment_id).prepare(prepare.offset, prepare.size)
             elif kind == "copy":
                 copy = command.copy
                 target = self._segment(copy.target_segment_id)

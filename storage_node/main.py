@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="PATH",
-        help="an NVMe segment: a directory (or file path) for its data and index; repeatable",
+        help="an NVMe segment: a directory (on the device) for its data and index; repeatable",
     )
     parser.add_argument(
         "--nvme-size",
@@ -122,11 +122,9 @@ def _storage_problem(args: argparse.Namespace) -> str | None:
 
 
 def _nvme_base(path: str) -> Path:
-    """A directory holds ``kvpool-nvme.data`` and ``.index``; a file path is used as is."""
-    candidate = Path(path)
-    if candidate.is_dir() or path.endswith("/"):
-        return candidate / "kvpool-nvme"
-    return candidate
+    """``PATH`` is a directory (created if missing) that holds ``kvpool-nvme.data`` and
+    ``kvpool-nvme.index``."""
+    return Path(path) / "kvpool-nvme"
 
 
 async def _serve(args: argparse.Namespace, master: str) -> None:

@@ -104,28 +104,12 @@ class DurableIndex(MemoryIndex):
         os.fdatasync(self._file.fileno())
 
     def _replay(self) -> dict:
-        data = self.path.read_bytes()
-        header: dict = {}
-        position = 0
-        while position + FRAME.size <= len(data):
-            magic, length, crc = FRAME.unpack_from(data, position)
-            body = data[position + FRAME.size : position + FRAME.size + length]
-            if (
-                magic != MAGIC
-                or length > MAX_BODY
-                or len(body) != length
-                or google_crc32c.value(body) != crc
-            ):
-                self.skipped_records += 1
-                position = _next_magic(data, position + 1)
-                continue
-            position += FRAME.size + length
-            op = body[0]
+        header = {}
+        for op, value in read_records(self.path.read_bytes(), self):
             if op == OP_HEADER:
-                header = json.loads(body[1:])
-            elif op in (OP_PUT, OP_DELETE):
-                entry = _decode(body)
-                (super().put if op == OP_PUT else super().delete)([entry])
+                header = value
+            else:
+                (super().put if op == OP_PUT else super().delete)([value])
         return header
 
     def _rewrite(self) -> None:
@@ -142,6 +126,41 @@ class DurableIndex(MemoryIndex):
             os.fsync(directory)
         finally:
             os.close(directory)
+
+
+def read_records(data: bytes, counter: DurableIndex | None = None):
+    """Yields (op, header dict or Entry) for every intact record of a log; damaged ones are
+    skipped (and counted in ``counter.skipped_records``)."""
+    position = 0
+    while position + FRAME.size <= len(data):
+        magic, length, crc = FRAME.unpack_from(data, position)
+        body = data[position + FRAME.size : position + FRAME.size + length]
+        if magic != MAGIC or length > MAX_BODY or len(body) != length or not body:
+            intact = False
+        else:
+            intact = google_crc32c.value(body) == crc
+        if not intact:
+            if counter is not None:
+                counter.skipped_records += 1
+            position = _next_magic(data, position + 1)
+            continue
+        position += FRAME.size + length
+        op = body[0]
+        if op == OP_HEADER:
+            yield op, json.loads(body[1:])
+        elif op in (OP_PUT, OP_DELETE):
+            yield op, _decode(body)
+
+
+def live_entries(path: Path) -> dict[str, Entry]:
+    """The objects a log says its segment holds, read without changing the file."""
+    entries: dict[str, Entry] = {}
+    for op, value in read_records(path.read_bytes()):
+        if op == OP_PUT:
+            entries[value.key] = value
+        elif op == OP_DELETE and entries.get(value.key, value).offset == value.offset:
+            entries.pop(value.key, None)
+    return entries
 
 
 def _frame(body: bytes) -> bytes:

@@ -46,6 +46,8 @@ class Segment:
     path: Path | None = None
     #: Entries dropped when the segment was reopened (torn records, corrupted bytes).
     dropped_on_open: list[str] = field(default_factory=list)
+    #: The data file (file-backed segments), kept open to allocate blocks ahead of writes.
+    fd: int | None = None
 
     @property
     def size(self) -> int:
@@ -85,6 +87,14 @@ class Segment:
         self.index.put(durable)
         return [e.crc32c for e in durable if e.crc32c is not None]
 
+    def prepare(self, offset: int, size: int) -> None:
+        """Allocates the file blocks of a reserved range before the client writes it: a
+        write into a hole of a sparse file costs a block allocation per page fault, and a
+        full device then fails here (ENOSPC) rather than as a SIGBUS in a writer."""
+        if self.fd is not None and self.tier is Tier.NVME:
+            self._check_bounds(Entry("", offset, size, 0))
+            os.posix_fallocate(self.fd, offset, size)
+
     def forget(self, entries: list[Entry]) -> None:
         self.index.delete(entries)
 
@@ -93,6 +103,7 @@ class Segment:
         it there (a demotion to NVMe or a promotion to DRAM)."""
         self._check_bounds(target)
         source._check_bounds(Entry(target.key, source_offset, target.size, target.generation))
+        self.prepare(target.offset, target.size)  # a full disk fails here, not as a SIGBUS
         view = memoryview(self.memory)
         view[target.offset : target.offset + target.size] = memoryview(source.memory)[
             source_offset : source_offset + target.size
@@ -124,6 +135,9 @@ class Segment:
             self.memory.flush()
         self.memory.close()
         self.index.close()
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
     def _sync(self, offset: int, size: int) -> None:
         start = offset - offset % mmap.ALLOCATIONGRANULARITY
@@ -190,12 +204,13 @@ def open_persistent_segment(
         if os.fstat(fd).st_size != size:
             os.ftruncate(fd, size)  # sparse: blocks are allocated as objects are written
         memory = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
-    finally:
+    except OSError:
         os.close(fd)
+        raise
     if prefault:
         _prefault(memory)
     segment = Segment(
-        index.header["segment_id"], tier, memory, context.register(memory), index, base
+        index.header["segment_id"], tier, memory, context.register(memory), index, base, fd=fd
     )
     segment.dropped_on_open = _verify(segment)
     return segment

@@ -180,6 +180,21 @@ def _status(client: Any, args: argparse.Namespace) -> int:
         )
     console = Console()
     console.print(table)
+    tiers = Table("tier", "segments", "used", "capacity", "use", "objects")
+    for tier, name in ((1, "dram"), (2, "nvme")):
+        segments = [s for s in status.segments if s.tier == tier]
+        if segments:
+            used = sum(s.used for s in segments)
+            capacity = sum(s.capacity for s in segments)
+            tiers.add_row(
+                name,
+                str(len(segments)),
+                format_size(used),
+                format_size(capacity),
+                f"{100 * used / capacity:.1f}%" if capacity else "-",
+                str(sum(s.objects for s in segments)),
+            )
+    console.print(tiers)
     used = sum(s.used for s in status.segments)
     capacity = sum(s.capacity for s in status.segments)
     console.print(

@@ -1,0 +1,175 @@
+"""The NVMe tier and warm restarts: file-backed segments that clients write directly, whose
+objects survive a restart of their node or of the master."""
+
+from __future__ import annotations
+
+import os
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvpool import Client
+from kvpool.errors import ObjectNotFound
+from kvpool.storage_node.object_index import live_entries
+
+MiB = 1 << 20
+GiB = 1 << 30
+NVME, DRAM = 2, 1
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+def metric(port: int, name: str) -> float:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"{name} not exported")
+
+
+def _counts(client: Client) -> tuple[int, int]:
+    status = client.cluster_status()
+    return status.nodes, status.objects
+
+
+def tiers_of(client: Client, key: str) -> list[int]:
+    return sorted(r.tier for r in client.stat(key).replicas)
+
+
+def nvme_args(directory: Path, size: str = "1GiB") -> list[str]:
+    return ["--nvme", str(directory), "--nvme-size", size]
+
+
+@pytest.mark.parametrize("size", [4096, MiB, 32 * MiB, 200 * MiB], ids=lambda n: f"{n}B")
+def test_objects_put_into_the_nvme_tier_come_back_identical(cluster_factory, tmp_path, size):
+    cluster = cluster_factory(0, "64MiB")
+    cluster.add_node(extra=nvme_args(tmp_path / "nvme"))
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
+    with Client(cluster.master_address, timeout=60) as client:
+        assert client.put("on-nvme", data, tier="nvme") == 1
+        assert tiers_of(client, "on-nvme") == [NVME]
+        target = np.empty(size, dtype=np.uint8)
+        assert client.get_into("on-nvme", target) == size
+        assert np.array_equal(target, data)
+        assert client.get("on-nvme", verify=True) == data.tobytes()
+
+
+def test_a_64_gib_sparse_segment_holds_gibibytes_on_a_24_gib_machine(cluster_factory, tmp_path):
+    cluster = cluster_factory(0, "64MiB")
+    cluster.add_node(extra=nvme_args(tmp_path / "big", "64GiB"))
+    chunk = np.random.default_rng(7).integers(0, 256, 64 * MiB, dtype=np.uint8)
+    total = 3 * GiB
+    with Client(cluster.master_address, timeout=120) as client:
+        region = client.register_buffer(chunk)
+        keys = [f"fill-{i:03d}" for i in range(total // chunk.size)]
+        for start in range(0, len(keys), 8):
+            batch = keys[start : start + 8]
+            assert client.put_many([(k, chunk) for k in batch], tier="nvme") == [1] * len(batch)
+        status = client.cluster_status()
+        [nvme] = [s for s in status.segments if s.tier == NVME]
+        assert nvme.capacity == 64 * GiB and nvme.used >= total and nvme.objects == len(keys)
+        target = np.empty_like(chunk)
+        for key in (keys[0], keys[len(keys) // 2], keys[-1]):
+            client.get_into(key, target)
+            assert np.array_equal(target, chunk)
+        client.unregister_buffer(region)
+    data_file = tmp_path / "big" / "kvpool-nvme.data"
+    assert data_file.stat().st_size == 64 * GiB  # the apparent size...
+    assert data_file.stat().st_blocks * 512 < 8 * GiB  # ...but sparse: only written blocks
+
+
+def test_a_node_killed_and_restarted_serves_its_nvme_and_shm_objects_again(
+    cluster_factory, tmp_path
+):
+    cluster = cluster_factory(0, "64MiB")
+    extra = [*nvme_args(tmp_path / "nvme"), "--dram-shm", "--shm-dir", str(tmp_path / "shm")]
+    node = cluster.add_node(extra=extra)
+    objects = {f"k{i}": os.urandom(n) for i, n in enumerate([1, 4096, MiB, 5 * MiB])}
+    with Client(cluster.master_address) as client:
+        assert client.put_many(list(objects.items()), tier="nvme") == [1] * 4
+        assert client.put("in-shm", b"shared memory survives the process", tier="dram") == 1
+        node.kill()
+        node.restart()
+        assert wait_until(lambda: client.cluster_status().objects == 5, timeout=5)
+        for key, value in objects.items():
+            assert client.get(key, verify=True) == value
+        assert client.get("in-shm") == b"shared memory survives the process"
+
+
+def test_a_damaged_index_entry_or_data_range_is_dropped_not_served(cluster_factory, tmp_path):
+    cluster = cluster_factory(0, "64MiB")
+    node = cluster.add_node(extra=nvme_args(tmp_path / "nvme"))
+    objects = {f"obj-{i}": os.urandom(64 * 1024) for i in range(6)}
+    with Client(cluster.master_address) as client:
+        client.put_many(list(objects.items()), tier="nvme")
+        node.kill()
+        index = tmp_path / "nvme" / "kvpool-nvme.index"
+        data = tmp_path / "nvme" / "kvpool-nvme.data"
+        entries = live_entries(index)
+        # obj-1's bytes rot on the device...
+        with open(data, "r+b") as f:
+            f.seek(entries["obj-1"].offset + 100)
+            f.write(b"\xff" * 16)
+        # ...and obj-2's index record is torn
+        log = bytearray(index.read_bytes())
+        at = log.rfind(b"obj-2")
+        log[at] ^= 0xFF
+        index.write_bytes(bytes(log))
+        node.restart()
+        assert wait_until(lambda: client.cluster_status().objects == 4, timeout=5)
+        for key, value in objects.items():
+            if key in ("obj-1", "obj-2"):
+                with pytest.raises(ObjectNotFound):
+                    client.get(key)
+            else:
+                assert client.get(key, verify=True) == value
+    assert "dropped damaged objects on open" in (cluster.run_dir / "node0.log").read_text()
+
+
+def test_after_a_master_restart_every_object_is_readable_once_nodes_remount(
+    cluster_factory, tmp_path
+):
+    cluster = cluster_factory(2, "64MiB")
+    cluster.add_node(extra=nvme_args(tmp_path / "nvme"))
+    objects = {f"d{i}": os.urandom(100_000 + i) for i in range(20)}
+    on_nvme = {f"n{i}": os.urandom(200_000 + i) for i in range(5)}
+    with Client(cluster.master_address) as client:
+        client.put_many(list(objects.items()), replicas=2)
+        client.put_many(list(on_nvme.items()), tier="nvme")
+    cluster.master.kill()
+    cluster.start_master()  # same port, empty memory: it learns everything from the nodes
+    with Client(cluster.master_address) as client:
+        assert wait_until(lambda: _counts(client) == (3, 25), timeout=8)
+        for key, value in {**objects, **on_nvme}.items():
+            assert client.get(key) == value
+        assert len(client.stat("d0").replicas) == 2
+
+
+def test_eviction_demotes_to_nvme_and_a_hit_promotes_back(cluster_factory, tmp_path):
+    cluster = cluster_factory(
+        0, "64MiB", master_args=["--high-watermark", "0.5", "--eviction-ratio", "0.2"]
+    )
+    cluster.add_node("16MiB", extra=nvme_args(tmp_path / "nvme", "256MiB"))
+    objects = {f"hot-{i}": os.urandom(MiB) for i in range(12)}
+    with Client(cluster.master_address) as client:
+        for key, value in objects.items():
+            client.put(key, value)  # DRAM first; past half full, old ones move to NVMe
+        port = cluster.master_http_port
+        assert wait_until(lambda: metric(port, "kvpool_demotions_total") >= 4, timeout=5)
+        demoted = [k for k in objects if tiers_of(client, k) == [NVME]]
+        assert demoted, "some objects now live on NVMe only"
+        assert all(client.get(k) == objects[k] for k in objects), "none was dropped"
+        victim = demoted[0]
+        assert wait_until(lambda: DRAM in tiers_of(client, victim), timeout=5), "promoted"
+        assert wait_until(lambda: metric(port, "kvpool_promotions_total") >= 1, timeout=2)
+        assert client.get(victim) == objects[victim]
