@@ -646,8 +646,10 @@ class MasterState:
         if existing is not None:
             if existing.state is not ObjectState.PUBLISHED:
                 return False  # a new write of the key is under way
-            if existing.generation > item.generation or existing.size != item.size:
+            if existing.generation > item.generation:
                 return False  # an older copy
+            if existing.generation == item.generation and existing.size != item.size:
+                return False  # not a copy of this object
             if existing.generation < item.generation:
                 self._remove(existing, now)  # superseded by a newer write
                 existing = None
@@ -790,8 +792,18 @@ class MasterState:
             release_at = max(now, record.lease_until)  # its readers may still be copying
             self._send_forgets(record)  # nodes may have recorded it (or be about to)
         self._free_at(record.replicas, release_at)
-        for move in record.moving.values():  # copies in flight: their targets go too
+        for move in record.moving.values():  # copies in flight: cancelled, targets go too
+            target = self.segments.get(move.target.segment_id)
+            if target is not None:  # its node may record the copy before it hears of this
+                self._send_forget(target, record, move.target.offset)
             self._free_at([move.target], release_at)
+            source = self.segments.get(move.source.segment_id)
+            if move.demotion and source is not None:
+                source.leaving -= source.allocator.rounded(record.size)
+        # Late answers to its Copy and Persist commands must change nothing (its space may
+        # already belong to another object).
+        record.moving.clear()
+        record.unacked.clear()
         self.counters.objects_removed += 1
 
     def _release_replica(self, record: ObjectRecord, replica: Replica, now: float) -> None:
