@@ -21,25 +21,29 @@ from kvpool.client.put_path import PendingPut, WriteOptions
 from kvpool.client.reservation import Reservation
 from kvpool.client.session import Session
 from kvpool.common.keys import key_problem
-from kvpool.common.master_address import resolve_master
+from kvpool.common.master_address import parse_master
 from kvpool.common.status import KeyStatus
 from kvpool.errors import BufferTooSmall, InvalidArgument, InvalidKey, KVPoolError
 from kvpool.proto import master_pb2 as pb
 from kvpool.transport import ucp
 
 DEFAULT_TIMEOUT = 10.0
+#: First pause before retrying puts refused while a new master fences old writers.
+FENCE_RETRY = 0.1
 
 
 class Client:
     """A kvpool client. Thread-safe; use one per process and close it (or use ``with``).
 
-    ``master`` is ``HOST:PORT`` (default: ``$KVPOOL_MASTER``). ``replicas`` is the number of
-    copies a put asks for (0: the master's default). ``timeout`` bounds every call, master
-    round trips and transfers together. ``lease_ttl`` asks for read leases of that many
-    seconds (0: the master's default). ``checksum`` makes puts send a CRC-32 of their bytes,
-    which ``get(..., verify=True)`` checks. ``prefer_local`` puts the first replica on a node
-    of this host when one has room. ``ucx_config`` overrides UCX settings by name without the
-    ``UCX_`` prefix, e.g. ``{"TLS": "tcp"}``.
+    ``master`` is ``HOST:PORT``, a list ``HOST:PORT,HOST:PORT`` of masters, or
+    ``etcd://HOST:2379/CLUSTER`` (default: ``$KVPOOL_MASTER``); the client follows failovers.
+    ``replicas`` is the number of copies a put asks for (0: the master's default).
+    ``timeout`` bounds every call, master round trips and transfers together. ``lease_ttl``
+    asks for read leases of that many seconds (0: the master's default). ``checksum`` makes
+    puts send a CRC-32C of their bytes, which ``get(..., verify=True)`` checks.
+    ``prefer_local`` puts the first replica on a node of this host when one has room.
+    ``ucx_config`` overrides UCX settings by name without the ``UCX_`` prefix, e.g.
+    ``{"TLS": "tcp"}``.
     """
 
     def __init__(
@@ -54,7 +58,7 @@ class Client:
         ucx_config: Mapping[str, str] | None = None,
     ) -> None:
         try:
-            address = resolve_master(master)
+            target = parse_master(master)
         except ValueError as error:
             raise InvalidArgument(str(error)) from None
         if replicas < 0:
@@ -63,12 +67,12 @@ class Client:
             raise InvalidArgument(f"timeout must be positive seconds, got {timeout}")
         if lease_ttl < 0:
             raise InvalidArgument(f"lease_ttl must not be negative, got {lease_ttl}")
-        self.master = address
+        self.master = str(target)
         self.replicas = replicas
         self.timeout = timeout
         self.checksum = checksum
         self.prefer_local = prefer_local
-        self._session = Session(MasterLink(address), DataPath(ucx_config), timeout, lease_ttl)
+        self._session = Session(MasterLink(target), DataPath(ucx_config), timeout, lease_ttl)
         self._closed = False
 
     @property
@@ -157,15 +161,24 @@ class Client:
         if not sources:
             return results
         order = list(sources)
-        keys = [pairs[i][0] for i in order]
-        sizes = [sources[i][1] for i in order]
-        slots, write_deadline = put_path.reserve(self._session, keys, sizes, options, deadline)
         puts = []
-        for i, key, slot in zip(order, keys, slots, strict=True):
-            if slot.status == KeyStatus.OK:
-                puts.append(PendingPut(i, key, slot, sources[i], write_deadline))
-            else:
-                results[i] = error_for(slot.status, key, slot.message)
+        pause = FENCE_RETRY
+        while order:
+            keys = [pairs[i][0] for i in order]
+            sizes = [sources[i][1] for i in order]
+            slots, write_deadline = put_path.reserve(self._session, keys, sizes, options, deadline)
+            fenced = []
+            for i, key, slot in zip(order, keys, slots, strict=True):
+                if slot.status == KeyStatus.OK:
+                    puts.append(PendingPut(i, key, slot, sources[i], write_deadline))
+                elif slot.status == KeyStatus.FENCED and time.monotonic() + pause < deadline:
+                    fenced.append(i)  # a new master is fencing old writers: wait and retry
+                else:
+                    results[i] = error_for(slot.status, key, slot.message)
+            order = fenced
+            if order:
+                time.sleep(pause)
+                pause = min(pause * 2, 1.0)
         put_path.write(self._session, puts, options.checksum)
         for put, status in zip(puts, put_path.commit(self._session, puts, deadline), strict=True):
             if status == KeyStatus.OK:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kvpool.common.status import KeyStatus
 from kvpool.errors import (
+    Fenced,
     InvalidArgument,
     InvalidKey,
     KVPoolError,
@@ -56,6 +57,8 @@ def error_for(status: int, key: str, message: str = "") -> KVPoolError:
                 "its storage node died); nothing was published: put it again",
                 key=key,
             )
+        case KeyStatus.FENCED:
+            return Fenced(f"cannot place {key!r} yet: {message}", key=key)
         case KeyStatus.NO_REPLICA:
             return TransferError(
                 f"no replica of {key!r} could be written; nothing was published{detail}",

@@ -1,22 +1,63 @@
-"""Where the master is: ``--master HOST:PORT`` or ``$KVPOOL_MASTER``."""
+"""Where the master is: ``--master`` (or ``$KVPOOL_MASTER``) in one of three forms.
+
+* ``HOST:PORT``: one master;
+* ``HOST:PORT,HOST:PORT,...``: several masters, one of them the leader;
+* ``etcd://HOST:PORT[,HOST:PORT...]/CLUSTER``: ask etcd which master leads cluster CLUSTER.
+"""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 ENV_VAR = "KVPOOL_MASTER"
+ETCD_SCHEME = "etcd://"
+
+
+@dataclass(frozen=True, slots=True)
+class MasterTarget:
+    masters: tuple[str, ...] = ()  # HOST:PORT of each master, when given directly
+    etcd: tuple[str, ...] = ()  # HOST:PORT of each etcd endpoint, when asking etcd
+    cluster: str = ""
+
+    def __str__(self) -> str:
+        if self.etcd:
+            return f"{ETCD_SCHEME}{','.join(self.etcd)}/{self.cluster}"
+        return ",".join(self.masters)
 
 
 def resolve_master(explicit: str | None) -> str:
-    """The master address to dial; ValueError says how to give one when none is set."""
-    address = explicit or os.environ.get(ENV_VAR, "")
-    address = address.strip()
+    """The master address as given (validated); ValueError says how to give one."""
+    return str(parse_master(explicit))
+
+
+def parse_master(explicit: str | None) -> MasterTarget:
+    address = (explicit or os.environ.get(ENV_VAR, "")).strip()
     if not address:
         raise ValueError(
             f"no master address: pass --master HOST:PORT (or master='HOST:PORT' in Python) "
-            f"or set {ENV_VAR}=HOST:PORT"
+            f"or set {ENV_VAR}=HOST:PORT; with several masters, HOST:PORT,HOST:PORT or "
+            "etcd://ETCD_HOST:2379/CLUSTER"
         )
-    host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"master address {address!r} is not HOST:PORT (e.g. 127.0.0.1:50051)")
-    return address
+    if address.startswith(ETCD_SCHEME):
+        rest = address[len(ETCD_SCHEME) :]
+        endpoints, _, cluster = rest.partition("/")
+        if not cluster or "/" in cluster:
+            raise ValueError(
+                f"master address {address!r} names no cluster: use etcd://HOST:2379/CLUSTER"
+            )
+        return MasterTarget(etcd=_host_ports(endpoints, address), cluster=cluster)
+    return MasterTarget(masters=_host_ports(address, address))
+
+
+def _host_ports(text: str, whole: str) -> tuple[str, ...]:
+    parts = tuple(p.strip() for p in text.split(",") if p.strip())
+    for part in parts:
+        host, sep, port = part.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(
+                f"master address {whole!r}: {part!r} is not HOST:PORT (e.g. 127.0.0.1:50051)"
+            )
+    if not parts:
+        raise ValueError(f"master address {whole!r} holds no HOST:PORT")
+    return parts

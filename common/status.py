@@ -20,6 +20,7 @@ class KeyStatus(IntEnum):
     INVALID_ARGUMENT = 7
     STALE_PUT = 8
     NO_REPLICA = 9
+    FENCED = 10
 
 
 class Tier(IntEnum):

@@ -67,6 +67,12 @@ class PutAborted(KVPoolError):
     retryable = True
 
 
+class Fenced(KVPoolError):
+    """A new master is fencing writes until writers of the old term are surely done."""
+
+    retryable = True
+
+
 class BufferTooSmall(InvalidArgument):
     """``get_into`` was given a buffer smaller than the object."""
 

@@ -17,6 +17,10 @@ class MasterConfig:
     lease_ttl: float = 10.0
     #: Longest lease a request may ask for (seconds).
     max_lease_ttl: float = 600.0
+    #: Writers must finish copying this many seconds after PutStart (clients stop their
+    #: transfers then). After a master change, free space stays fenced this long (plus a
+    #: margin): a writer of the old term may still be copying into it.
+    write_timeout: float = 5.0
     #: A reservation not committed within this many seconds is revoked and its key freed.
     reservation_timeout: float = 30.0
     #: Space of a timed-out reservation stays quarantined this much longer, so that a slow
@@ -51,7 +55,14 @@ class MasterConfig:
             raise ValueError(
                 f"eviction_ratio must be in [0, high_watermark), got {self.eviction_ratio}"
             )
-        for name in ("lease_ttl", "reservation_timeout", "node_ttl", "client_ttl", "soft_pin_ttl"):
+        for name in (
+            "lease_ttl",
+            "reservation_timeout",
+            "node_ttl",
+            "client_ttl",
+            "soft_pin_ttl",
+            "write_timeout",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.reclaim_delay < 0:

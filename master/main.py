@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import socket
 import time
 
 import grpc
@@ -14,6 +15,8 @@ from kvpool.common.logging import LOG_FORMATS, configure_logging, get_logger
 from kvpool.common.process import stop_event_on_signals, write_ready_file
 from kvpool.master import metrics
 from kvpool.master.config import PLACEMENTS, MasterConfig
+from kvpool.master.election import DEFAULT_TTL, AlwaysLeader, Election
+from kvpool.master.leader_gate import LeaderGate
 from kvpool.master.load_shedding import LoadShedder
 from kvpool.master.service import MasterService
 from kvpool.master.state import MasterState
@@ -45,6 +48,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--lease-ttl", type=float, default=defaults.lease_ttl, help="read lease in seconds"
+    )
+    parser.add_argument(
+        "--write-timeout",
+        type=float,
+        default=defaults.write_timeout,
+        help="seconds a writer has to copy its bytes after PutStart (also the fence after a "
+        "master change)",
     )
     parser.add_argument(
         "--reservation-timeout",
@@ -104,6 +114,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--cluster", default="kvpool", help="cluster name (etcd key prefix)")
     parser.add_argument(
+        "--election-ttl",
+        type=int,
+        default=DEFAULT_TTL,
+        help="seconds of the etcd lease behind leadership; a failover takes at most twice this",
+    )
+    parser.add_argument(
+        "--advertise",
+        default=None,
+        help="HOST:PORT other processes use to reach this master (default: host name:port)",
+    )
+    parser.add_argument(
         "--ready-file", default=None, help="write the bound addresses here as JSON once serving"
     )
     parser.add_argument("--log-format", choices=LOG_FORMATS, default="auto")
@@ -116,6 +137,7 @@ def config_from_args(args: argparse.Namespace) -> MasterConfig:
         placement=args.placement,
         lease_ttl=args.lease_ttl,
         reservation_timeout=args.reservation_timeout,
+        write_timeout=args.write_timeout,
         reclaim_delay=args.reclaim_delay,
         node_ttl=args.node_ttl,
         client_ttl=args.client_ttl,
@@ -137,50 +159,104 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def serve(args: argparse.Namespace, config: MasterConfig) -> None:
-    # The epoch orders this master's writes after any earlier master's (whole seconds fit
-    # the 32 bits it gets in every put id until 2106).
-    state = MasterState(config, clock=time.monotonic, epoch=int(time.time()))
-    service = MasterService(state)
+    stop = stop_event_on_signals(asyncio.get_running_loop())
+    leadership: Election | AlwaysLeader
+    if args.etcd:
+        leadership = Election(_endpoints(args.etcd), args.cluster, "", args.election_ttl)
+        service = MasterService(None)  # a standby until elected
+    else:
+        leadership = AlwaysLeader()
+        # The epoch orders this master's writes after any earlier master's (whole seconds
+        # fit the 32 bits it gets in every put id until 2106).
+        service = MasterService(_new_state(config, int(time.time())))
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", GRPC_MESSAGE_LIMIT),
             ("grpc.max_send_message_length", GRPC_MESSAGE_LIMIT),
             ("grpc.so_reuseport", 0),
         ],
-        interceptors=[LoadShedder(args.max_inflight)],
+        interceptors=[LeaderGate(leadership), LoadShedder(args.max_inflight)],
     )
     master_pb2_grpc.add_MasterServicer_to_server(service, server)
     port = server.add_insecure_port(f"{args.host}:{args.port}")
     await server.start()
-    http = HealthServer(args.host, args.http_port, readiness=lambda: (True, "serving"))
+    advertise = args.advertise or f"{_reachable_host(args.host)}:{port}"
+
+    def readiness() -> tuple[bool, str]:
+        if leadership.serving():
+            return True, "leading" if args.etcd else "serving"
+        return False, f"standby; the leader is {leadership.leader or '(none yet)'}"
+
+    http = HealthServer(args.host, args.http_port, readiness=readiness)
     http.start()
-    if args.etcd:
-        log.warning("leader election is not built yet: serving as the only master", etcd=args.etcd)
-    log.info("master serving", grpc_port=port, http_port=http.port, config=str(config))
+    tasks = []
+    if isinstance(leadership, Election):
+        leadership.address = advertise
+
+        async def elected(epoch: int) -> None:
+            service.reset(_new_state(config, epoch))
+
+        async def lost() -> None:
+            service.reset(None)
+
+        tasks.append(asyncio.create_task(leadership.run(stop, elected, lost)))
+    log.info(
+        "master started",
+        grpc_port=port,
+        http_port=http.port,
+        advertise=advertise,
+        etcd=args.etcd or "(none: the only master)",
+        config=str(config),
+    )
     write_ready_file(args.ready_file, grpc_port=port, http_port=http.port)
-    stop = stop_event_on_signals(asyncio.get_running_loop())
     try:
         while not stop.is_set():
-            report = state.tick()
-            service.after_state_change()
-            for node_id in report.dead_nodes:
-                service.channels.discard(node_id)
-            if report.reservations_reclaimed:
-                log.info("reservations reclaimed", keys=len(report.reservations_reclaimed))
-            if report.dead_clients:
-                log.warning("clients declared dead", clients=len(report.dead_clients))
-            if report.objects_evicted:
-                log.info("objects evicted", count=report.objects_evicted)
-            if report.dead_nodes:
-                log.warning(
-                    "storage nodes declared dead",
-                    nodes=report.dead_nodes,
-                    objects_lost=report.objects_lost,
-                )
-            metrics.STATE.publish(state.snapshot(), state.counters)
+            state = service.state
+            if state is not None:
+                _tick(service, state)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), args.tick)
     finally:
         log.info("master stopping")
+        for task in tasks:
+            task.cancel()
         await server.stop(grace=1.0)
         http.stop()
+
+
+def _new_state(config: MasterConfig, epoch: int) -> MasterState:
+    return MasterState(config, clock=time.monotonic, epoch=epoch)
+
+
+def _tick(service: MasterService, state: MasterState) -> None:
+    report = state.tick()
+    service.after_state_change()
+    for node_id in report.dead_nodes:
+        service.channels.discard(node_id)
+    if report.reservations_reclaimed:
+        log.info("reservations reclaimed", keys=len(report.reservations_reclaimed))
+    if report.dead_clients:
+        log.warning("clients declared dead", clients=len(report.dead_clients))
+    if report.objects_evicted:
+        log.info("objects evicted", count=report.objects_evicted)
+    if report.dead_nodes:
+        log.warning(
+            "storage nodes declared dead",
+            nodes=report.dead_nodes,
+            objects_lost=report.objects_lost,
+        )
+    metrics.STATE.publish(state.snapshot(), state.counters)
+
+
+def _endpoints(etcd: str) -> list[str]:
+    """``http://a:2379,http://b:2379`` (or without scheme) -> ["a:2379", "b:2379"]."""
+    endpoints = []
+    for part in etcd.split(","):
+        part = part.strip().removeprefix("http://").removeprefix("https://").rstrip("/")
+        if part:
+            endpoints.append(part)
+    return endpoints
+
+
+def _reachable_host(bound: str) -> str:
+    return socket.gethostname() if bound in ("0.0.0.0", "::", "") else bound

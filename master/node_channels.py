@@ -37,6 +37,11 @@ class NodeChannels:
     def connected(self, node_id: str) -> bool:
         return node_id in self._owners
 
+    def close_all(self) -> None:
+        """Ends every open stream (a None in its queue tells its handler to finish)."""
+        for node_id in self._owners:
+            self.queue(node_id).put_nowait(None)  # type: ignore[arg-type]
+
     def discard(self, node_id: str) -> None:
         """Drops what waits for a node that is gone."""
         self._queues.pop(node_id, None)

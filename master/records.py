@@ -39,6 +39,9 @@ class SegmentRecord:
     lru: LruIndex = field(default_factory=LruIndex)
     #: Bytes of replicas being copied out of here (demotions not yet acknowledged).
     leaving: int = 0
+    #: No new buffers here before this time: writers of an earlier master term may still be
+    #: copying into space this master does not know was reserved.
+    fenced_until: float = 0.0
 
     @property
     def segment_id(self) -> str:

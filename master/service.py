@@ -34,13 +34,27 @@ COMMAND_TIMEOUT = 5.0
 
 
 class MasterService(master_pb2_grpc.MasterServicer):
-    def __init__(self, state: MasterState, command_timeout: float = COMMAND_TIMEOUT) -> None:
-        self.state = state
+    def __init__(self, state: MasterState | None, command_timeout: float = COMMAND_TIMEOUT) -> None:
+        """``state`` is None on a standby: the leader gate then turns every call away."""
+        self.state = state  # type: ignore[assignment]
         self.command_timeout = command_timeout
         self.channels = NodeChannels()
         self._segment_pbs: dict[str, tuple[SegmentInfo, pb.Segment]] = {}
         #: (key, put_id) -> futures of PutEnd calls waiting for nodes to record the object.
         self._commits: dict[tuple[str, int], list[asyncio.Future[int]]] = {}
+
+    def reset(self, state: MasterState | None) -> None:
+        """A new term begins (``state``: a fresh core) or ends (None). What the old term
+        left pending is answered (commits: STALE_PUT, the writer must put again) and the
+        nodes' streams are closed, so they reconnect to whoever leads now."""
+        for futures in self._commits.values():
+            for future in futures:
+                if not future.done():
+                    future.set_result(KeyStatus.STALE_PUT)
+        self._commits.clear()
+        self.channels.close_all()
+        self.channels = NodeChannels()
+        self.state = state  # type: ignore[assignment]
 
     def _rpc(self, method: str) -> _observe:
         return _observe(method, self.after_state_change)
@@ -48,6 +62,8 @@ class MasterService(master_pb2_grpc.MasterServicer):
     def after_state_change(self) -> None:
         """Sends the core's node commands and answers PutEnds whose objects were settled."""
         state = self.state
+        if state is None:
+            return
         if state.outbox:
             loop = asyncio.get_running_loop()
             for command in state.outbox:
@@ -63,7 +79,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
             state.resolved.clear()
 
     def _expire(self, command_id: int) -> None:
-        if self.state.awaiting(command_id):
+        if self.state is not None and self.state.awaiting(command_id):
             log.warning("a storage node did not answer in time", command_id=command_id)
             self.state.command_done(command_id, False)
             self.after_state_change()
@@ -89,7 +105,9 @@ class MasterService(master_pb2_grpc.MasterServicer):
                 tier=Tier(s.tier) if s.tier else Tier.DRAM,
                 persistent=s.persistent,
             )
-            dropped = self.state.mount_segment(info, [stored_from_pb(o) for o in request.objects])
+            dropped = self.state.mount_segment(
+                info, [stored_from_pb(o) for o in request.objects], remount=request.remount
+            )
             if request.objects:
                 log.info(
                     "segment remounted with objects",
@@ -123,7 +141,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
             )
             slots = self.state.put_start(request.client_id, request.keys, request.sizes, options)
             response = pb.PutStartResponse(
-                write_timeout_ms=int(self.state.config.reservation_timeout * 1000)
+                write_timeout_ms=int(self.state.config.write_timeout * 1000)
             )
             segments: dict[str, pb.Segment] = {}
             for slot in slots:
@@ -174,7 +192,10 @@ class MasterService(master_pb2_grpc.MasterServicer):
                 getter = asyncio.ensure_future(queue.get())
                 done, _ = await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
                 if getter in done:
-                    yield getter.result()
+                    command = getter.result()
+                    if command is None:  # the term ended: the node must find the new leader
+                        return
+                    yield command
                 else:
                     getter.cancel()
         finally:

@@ -78,6 +78,9 @@ from kvpool.master.records import (
 
 Clock = Callable[[], float]
 
+#: Seconds added to the write timeout when fencing, for clock rates and network delays.
+FENCE_MARGIN = 1.0
+
 
 class MasterState:
     def __init__(
@@ -122,8 +125,13 @@ class MasterState:
 
     # ------------------------------------------------------------------ node side
 
-    def mount_segment(self, info: SegmentInfo, stored: Sequence[StoredObject] = ()) -> list[str]:
+    def mount_segment(
+        self, info: SegmentInfo, stored: Sequence[StoredObject] = (), *, remount: bool = False
+    ) -> list[str]:
         """A node offers a segment, with the objects it already holds (after a restart).
+        ``remount``: the node process mounted it before (at this master or another), so
+        writers may still be copying into space this master never reserved: its free space
+        is fenced for one write timeout (plus a second of margin).
 
         Mounting the same segment again is a no-op. A changed segment under a known id (the
         node restarted) replaces the old one. Reported objects are adopted as published
@@ -142,6 +150,8 @@ class MasterState:
                 return []
             self._drop_segment(existing.segment_id)
         segment = SegmentRecord(info, Allocator(info.size, self.config.alignment))
+        if remount:
+            segment.fenced_until = now + self.config.write_timeout + FENCE_MARGIN
         self.segments[info.segment_id] = segment
         node.segment_ids.add(info.segment_id)
         return [
@@ -445,6 +455,13 @@ class MasterState:
             return PutSlot(KeyStatus.ALREADY_EXISTS, message=f"object {key!r} {what}")
         replicas = self._place(key, size, wanted, options, now)
         if not replicas:
+            fenced = [s.fenced_until for s in self.segments.values() if s.fenced_until > now]
+            if fenced:
+                return PutSlot(
+                    KeyStatus.FENCED,
+                    message=f"space is fenced after a master change for {max(fenced) - now:.1f}"
+                    " s more (old writers may still be copying): retry shortly",
+                )
             return PutSlot(KeyStatus.NO_SPACE, message=self._no_space_message(size, options.tier))
         record = ObjectRecord(
             key,
@@ -563,11 +580,12 @@ class MasterState:
         objects and load evenly) or most-free first. Within a node, its segment with the
         largest free extent."""
         candidates = []
+        now = self.clock()
         for node in self.nodes.values():
             best = None
             for segment_id in node.segment_ids:
                 segment = self.segments[segment_id]
-                if segment.info.tier is not tier:
+                if segment.info.tier is not tier or segment.fenced_until > now:
                     continue
                 free = segment.allocator.largest_free
                 if free >= segment.allocator.rounded(size) and (best is None or free > best[0]):

@@ -19,6 +19,7 @@ class KeyStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INVALID_ARGUMENT: _ClassVar[KeyStatus]
     STALE_PUT: _ClassVar[KeyStatus]
     NO_REPLICA: _ClassVar[KeyStatus]
+    FENCED: _ClassVar[KeyStatus]
 
 class Tier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -41,6 +42,7 @@ HAS_LEASE: KeyStatus
 INVALID_ARGUMENT: KeyStatus
 STALE_PUT: KeyStatus
 NO_REPLICA: KeyStatus
+FENCED: KeyStatus
 TIER_UNSPECIFIED: Tier
 DRAM: Tier
 NVME: Tier
@@ -93,12 +95,14 @@ class Replica(_message.Message):
     def __init__(self, segment_id: _Optional[str] = ..., address: _Optional[int] = ...) -> None: ...
 
 class MountSegmentRequest(_message.Message):
-    __slots__ = ("segment", "objects")
+    __slots__ = ("segment", "objects", "remount")
     SEGMENT_FIELD_NUMBER: _ClassVar[int]
     OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    REMOUNT_FIELD_NUMBER: _ClassVar[int]
     segment: Segment
     objects: _containers.RepeatedCompositeFieldContainer[StoredObject]
-    def __init__(self, segment: _Optional[_Union[Segment, _Mapping]] = ..., objects: _Optional[_Iterable[_Union[StoredObject, _Mapping]]] = ...) -> None: ...
+    remount: bool
+    def __init__(self, segment: _Optional[_Union[Segment, _Mapping]] = ..., objects: _Optional[_Iterable[_Union[StoredObject, _Mapping]]] = ..., remount: _Optional[bool] = ...) -> None: ...
 
 class MountSegmentResponse(_message.Message):
     __slots__ = ("dropped_keys",)

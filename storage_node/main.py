@@ -10,7 +10,7 @@ from pathlib import Path
 
 from kvpool.common.http_server import HealthServer
 from kvpool.common.logging import LOG_FORMATS, configure_logging, get_logger
-from kvpool.common.master_address import resolve_master
+from kvpool.common.master_address import MasterTarget, parse_master
 from kvpool.common.process import stop_event_on_signals, write_ready_file
 from kvpool.common.sizes import format_size, parse_size
 
@@ -89,7 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_format, args.log_level)
     try:
-        master = resolve_master(args.master)
+        master = parse_master(args.master)
     except ValueError as error:
         log.error("no master", error=str(error))
         return 2
@@ -127,7 +127,7 @@ def _nvme_base(path: str) -> Path:
     return Path(path) / "kvpool-nvme"
 
 
-async def _serve(args: argparse.Namespace, master: str) -> None:
+async def _serve(args: argparse.Namespace, master: MasterTarget) -> None:
     # UCX is loaded here, not at import: building the CLI parser must stay cheap.
     from kvpool.common.status import Tier
     from kvpool.storage_node.node import StorageNode
@@ -176,7 +176,7 @@ async def _serve(args: argparse.Namespace, master: str) -> None:
     log.info(
         "node starting",
         node_id=node_id,
-        master=master,
+        master=str(master),
         dram=format_size(args.dram),
         segments=[f"{s.segment_id} ({format_size(s.size)})" for s in segments],
         http_port=http.port,

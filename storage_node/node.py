@@ -17,7 +17,9 @@ from collections.abc import Callable
 
 import grpc
 
+from kvpool.common.leader_resolver import LEADER_METADATA, LeaderResolver
 from kvpool.common.logging import get_logger
+from kvpool.common.master_address import MasterTarget
 from kvpool.proto import master_pb2 as pb
 from kvpool.proto import master_pb2_grpc
 from kvpool.storage_node import metrics
@@ -36,7 +38,7 @@ class StorageNode:
         *,
         node_id: str,
         host: str,
-        master: str,
+        master: MasterTarget,
         context: ucp.Context,
         worker: ucp.Worker,
         segments: list[Segment],
@@ -45,13 +47,17 @@ class StorageNode:
     ) -> None:
         self.node_id = node_id
         self.host = host
-        self.master = master
+        self.master = str(master)
+        self._resolver = LeaderResolver(master)
         self.context = context
         self.worker = worker
         self.segments = segments
         self.heartbeat_interval = heartbeat_interval
         self.drain_timeout = drain_timeout
         self.mounted: set[str] = set()
+        #: Segments this process has mounted at some master: mounting them again tells the
+        #: master to fence them (old-term writers may still be copying).
+        self._ever_mounted: set[str] = set()
         self._worker_address = worker.address
         self._progress = ucp.ProgressThread(worker)
         self._failures = 0
@@ -72,22 +78,38 @@ class StorageNode:
                 segment.size
             )
         announced = False
-        async with grpc.aio.insecure_channel(self.master) as channel:
-            stub = master_pb2_grpc.MasterStub(channel)
-            session = asyncio.create_task(self._keep_session(stub, stop))
-            while not stop.is_set():
-                await self._sync_with_master(stub)
-                if not announced and self.ready[0]:
-                    announced = True
-                    log.info("node ready", node_id=self.node_id, segments=len(self.segments))
-                    if on_ready is not None:
-                        on_ready()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.heartbeat_interval)
-            drain = await self._unmount_all(stub)
-            session.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await session
+        drain = 0.0
+        while True:
+            leader = await asyncio.to_thread(lambda: self._resolver.current)
+            if not leader:
+                if stop.is_set():
+                    break
+                await _pause(stop, self.heartbeat_interval)
+                await asyncio.to_thread(self._resolver.failed)
+                continue
+            async with grpc.aio.insecure_channel(leader) as channel:
+                stub = master_pb2_grpc.MasterStub(channel)
+                self.mounted.clear()  # a new leader (or the first): mount everything there
+                session = asyncio.create_task(self._keep_session(stub, stop))
+                hint = None
+                while not stop.is_set() and hint is None:
+                    hint = await self._sync_with_master(stub)
+                    if not announced and self.ready[0]:
+                        announced = True
+                        log.info("node ready", node_id=self.node_id, segments=len(self.segments))
+                        if on_ready is not None:
+                            on_ready()
+                    if hint is None:
+                        await _pause(stop, self.heartbeat_interval)
+                if stop.is_set():
+                    drain = await self._unmount_all(stub)
+                session.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await session
+            if stop.is_set():
+                break
+            log.warning("looking for the leading master", was=leader, hint=hint or "(ask again)")
+            await asyncio.to_thread(self._resolver.failed, hint or "")
         if drain > 0:
             # Readers may still be copying out of objects leased before the unmount: keep the
             # memory (and UCX progressing) until their leases end, within the drain timeout.
@@ -96,16 +118,22 @@ class StorageNode:
             await asyncio.sleep(wait)
         self.close()
 
-    async def _sync_with_master(self, stub: master_pb2_grpc.MasterStub) -> None:
+    async def _sync_with_master(self, stub: master_pb2_grpc.MasterStub) -> str | None:
+        """Mounts what is not mounted and heartbeats. Returns None while this master serves
+        us; otherwise where to look for the leader ("" when it is not known)."""
         try:
             for segment in self.segments:
                 if segment.segment_id not in self.mounted:
                     descriptor = segment.descriptor(self.node_id, self.host, self._worker_address)
                     objects = segment.stored_objects()
+                    remount = segment.segment_id in self._ever_mounted
                     response = await stub.MountSegment(
-                        pb.MountSegmentRequest(segment=descriptor, objects=objects),
+                        pb.MountSegmentRequest(
+                            segment=descriptor, objects=objects, remount=remount
+                        ),
                         timeout=RPC_TIMEOUT,
                     )
+                    self._ever_mounted.add(segment.segment_id)
                     dropped = set(response.dropped_keys)
                     if dropped:
                         segment.forget([e for e in segment.index.entries() if e.key in dropped])
@@ -132,6 +160,9 @@ class StorageNode:
             self._failures = 0
         except grpc.aio.AioRpcError as error:
             metrics.HEARTBEAT_FAILURES.inc()
+            metrics.MOUNTED.set(len(self.mounted))
+            if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                return _leader_hint(error)  # a standby: it says who leads
             self._failures += 1
             if self._failures in (1, 10) or self._failures % 60 == 0:
                 log.warning(
@@ -141,7 +172,10 @@ class StorageNode:
                     detail=error.details(),
                     failures=self._failures,
                 )
+            if self._failures % 2 == 0:
+                return ""  # ask again who leads (a failover may be under way)
         metrics.MOUNTED.set(len(self.mounted))
+        return None
 
     async def _keep_session(self, stub: master_pb2_grpc.MasterStub, stop: asyncio.Event) -> None:
         """Keeps the command stream to the master open (reopening it after a master restart)
@@ -216,3 +250,15 @@ class _Reports:
 
     async def __anext__(self) -> pb.NodeReport:
         return await self._queue.get()
+
+
+def _leader_hint(error: grpc.aio.AioRpcError) -> str:
+    for key, value in error.trailing_metadata() or ():
+        if key == LEADER_METADATA:
+            return value
+    return ""
+
+
+async def _pause(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)

@@ -1,0 +1,136 @@
+"""Leader election through an etcd lease, so that exactly one master serves a cluster.
+
+A master campaigns by creating the cluster's leader key under a lease of ``ttl`` seconds
+(an etcd transaction that succeeds only if the key does not exist). The winner keeps the
+lease alive; the others poll the key, learn who leads (to point callers there) and campaign
+again when it disappears. The etcd revision of the winning write is the new term's epoch:
+larger than any earlier term's.
+
+No split brain: a leader serves only while its lease is surely alive, i.e. until ``ttl``
+after it last *sent* a successful renewal, minus a safety margin. When renewals fail (etcd
+down, network cut) it stops serving before the lease can expire and another master be
+elected, then campaigns again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+import aetcd
+
+from kvpool.common.leader_resolver import leader_key
+from kvpool.common.logging import get_logger
+
+log = get_logger("kvpool.election")
+
+DEFAULT_TTL = 2
+ETCD_ERRORS = (aetcd.ClientError, ConnectionError, OSError, asyncio.TimeoutError)
+
+
+class AlwaysLeader:
+    """Leadership of a master running alone (no etcd)."""
+
+    leader = ""
+
+    def serving(self) -> bool:
+        return True
+
+
+class Election:
+    def __init__(
+        self, endpoints: Sequence[str], cluster: str, address: str, ttl: int = DEFAULT_TTL
+    ) -> None:
+        if ttl < 1:
+            raise ValueError(f"the election lease TTL is whole seconds, at least 1; got {ttl}")
+        self.endpoints = list(endpoints)
+        self.key = leader_key(cluster)
+        self.address = address
+        self.ttl = ttl
+        self.margin = ttl / 4
+        #: Who leads, as far as we know ("" when nobody does); ourselves when we do.
+        self.leader = ""
+        self.is_leader = False
+        self._valid_until = 0.0
+
+    def serving(self) -> bool:
+        """True while we lead and our lease is surely alive."""
+        return self.is_leader and time.monotonic() < self._valid_until - self.margin
+
+    async def run(
+        self,
+        stop: asyncio.Event,
+        on_elected: Callable[[int], Awaitable[None]],
+        on_lost: Callable[[], Awaitable[None]],
+    ) -> None:
+        """Campaigns until ``stop``; calls ``on_elected(epoch)`` and ``on_lost()`` as terms
+        begin and end."""
+        attempt = 0
+        while not stop.is_set():
+            endpoint = self.endpoints[attempt % len(self.endpoints)]
+            attempt += 1
+            host, _, port = endpoint.rpartition(":")
+            client = aetcd.Client(host, int(port), timeout=max(1, self.ttl // 2))
+            try:
+                await self._campaign(client, stop, on_elected, on_lost)
+            except ETCD_ERRORS as error:
+                log.warning("etcd unreachable", endpoint=endpoint, error=str(error))
+            finally:
+                if self.is_leader:
+                    self.is_leader = False
+                    await on_lost()
+                with contextlib.suppress(*ETCD_ERRORS, Exception):
+                    await client.close()
+            await _sleep(stop, self.ttl / 4)
+
+    async def _campaign(self, client, stop, on_elected, on_lost) -> None:
+        while not stop.is_set():
+            sent = time.monotonic()
+            lease = await client.lease(self.ttl)
+            won, responses = await client.transaction(
+                compare=[client.transactions.create(self.key) == 0],
+                success=[client.transactions.put(self.key, self.address.encode(), lease=lease)],
+                failure=[client.transactions.get(self.key)],
+            )
+            if not won:
+                await lease.revoke()
+                current = responses[0][0][0].decode() if responses and responses[0] else ""
+                if current != self.leader:
+                    log.info("following a leader", leader=current or "(none)")
+                self.leader = current
+                await _sleep(stop, self.ttl / 4)
+                continue
+            epoch = responses[0].response_put.header.revision
+            self._valid_until = sent + self.ttl
+            self.is_leader = True
+            self.leader = self.address
+            log.info("elected leader", epoch=epoch, ttl_s=self.ttl)
+            await on_elected(epoch)
+            await self._keep(lease, stop)
+            self.is_leader = False
+            self.leader = ""
+            log.warning("leadership lost", epoch=epoch)
+            await on_lost()
+            with contextlib.suppress(*ETCD_ERRORS):
+                await lease.revoke()
+
+    async def _keep(self, lease, stop: asyncio.Event) -> None:
+        """Renews the lease every third of its TTL until renewals stop working in time."""
+        while not stop.is_set():
+            await _sleep(stop, self.ttl / 3)
+            sent = time.monotonic()
+            try:
+                response = await asyncio.wait_for(lease.refresh(), self.ttl / 3)
+            except ETCD_ERRORS:
+                response = None
+            if response is not None and response.TTL > 0:
+                self._valid_until = sent + response.TTL
+            elif time.monotonic() >= self._valid_until - self.margin:
+                return  # stop serving before the lease can expire under us
+
+
+async def _sleep(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), seconds)
