@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -99,7 +100,11 @@ class ManagedProcess:
 
 
 class LocalCluster:
-    """Master plus ``nodes`` storage nodes on 127.0.0.1; a context manager."""
+    """Master plus ``nodes`` storage nodes on 127.0.0.1; a context manager.
+
+    With ``etcd`` (an etcd HOST:PORT), ``masters`` masters elect a leader through it, and
+    nodes and clients find the leader with ``etcd://HOST:PORT/<cluster name>``.
+    """
 
     def __init__(
         self,
@@ -112,7 +117,16 @@ class LocalCluster:
         port: int = 0,
         env: dict[str, str] | None = None,
         log_format: str = "json",
+        masters: int = 1,
+        etcd: str | None = None,
+        name: str = "kvpool",
     ) -> None:
+        if masters > 1 and not etcd:
+            raise ValueError("several masters need etcd to elect a leader")
+        self.master_count = masters
+        self.etcd = etcd
+        self.name = name
+        self.masters: list[ManagedProcess] = []
         self.node_count = nodes
         self.dram = dram
         self.master_args = list(master_args)
@@ -133,7 +147,13 @@ class LocalCluster:
 
     def start(self, timeout: float = 60.0) -> LocalCluster:
         deadline = time.monotonic() + timeout
-        self.start_master(deadline)
+        if self.etcd:
+            for _ in range(self.master_count):
+                self.add_master(deadline)
+            self.master_address = f"etcd://{self.etcd}/{self.name}"
+            self.wait_for_leader(deadline - time.monotonic())
+        else:
+            self.start_master(deadline)
         for _ in range(self.node_count):
             self.add_node(deadline=deadline)
         return self
@@ -157,6 +177,54 @@ class LocalCluster:
         self.port = ready["grpc_port"]  # a restarted master comes back on the same port
         self.master_address = f"127.0.0.1:{self.port}"
         self.master_http_port = ready["http_port"]
+
+    def add_master(self, deadline: float | None = None) -> ManagedProcess:
+        """Starts one more master that campaigns for leadership through etcd."""
+        argv = self._kvpool(
+            "master",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--http-port",
+            "0",
+            "--etcd",
+            f"http://{self.etcd}",
+            "--cluster",
+            self.name,
+            "--log-format",
+            self.log_format,
+            *self.master_args,
+        )
+        master = ManagedProcess(f"master{len(self.masters)}", argv, self.run_dir, self.env)
+        master.ready = master.wait_ready(deadline or time.monotonic() + 60)
+        self.masters.append(master)
+        return master
+
+    def leader(self) -> ManagedProcess | None:
+        """The master that says it leads (its /readyz answers 200), if any."""
+        for master in self.masters:
+            if not master.alive():
+                continue
+            url = f"http://127.0.0.1:{master.ready['http_port']}/readyz"
+            try:
+                with urllib.request.urlopen(url, timeout=1) as response:
+                    if response.status == 200:
+                        return master
+            except OSError:
+                continue
+        return None
+
+    def wait_for_leader(self, timeout: float = 30.0) -> ManagedProcess:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            leader = self.leader()
+            if leader is not None:
+                self.master = leader
+                self.master_http_port = leader.ready["http_port"]
+                return leader
+            time.sleep(0.05)
+        raise ClusterError(f"no master became leader in {timeout:.0f}s:\n{self.logs()}")
 
     def add_node(
         self, dram: str | None = None, extra: Sequence[str] = (), deadline: float | None = None
@@ -190,14 +258,14 @@ class LocalCluster:
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()
-        if self.master is not None:
-            self.master.stop()
+        for master in self.masters or ([self.master] if self.master else []):
+            master.stop()
         if self._own_run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def logs(self) -> str:
         parts = []
-        for process in [self.master, *self.nodes]:
+        for process in [*(self.masters or [self.master]), *self.nodes]:
             if process is not None:
                 parts.append(f"--- {process.name} ---\n{process.log_tail()}")
         return "\n".join(parts)

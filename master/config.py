@@ -20,7 +20,7 @@ class MasterConfig:
     #: Writers must finish copying this many seconds after PutStart (clients stop their
     #: transfers then). After a master change, free space stays fenced this long (plus a
     #: margin): a writer of the old term may still be copying into it.
-    write_timeout: float = 5.0
+    write_timeout: float = 3.0
     #: A reservation not committed within this many seconds is revoked and its key freed.
     reservation_timeout: float = 30.0
     #: Space of a timed-out reservation stays quarantined this much longer, so that a slow

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import aetcd
 
+from kvpool.common.aio import pause
 from kvpool.common.leader_resolver import leader_key
 from kvpool.common.logging import get_logger
 
@@ -38,6 +39,12 @@ class AlwaysLeader:
     def serving(self) -> bool:
         return True
 
+    def node_seen(self, node_id: str) -> None:
+        pass
+
+    def node_gone(self, node_id: str) -> None:
+        pass
+
 
 class Election:
     def __init__(
@@ -54,10 +61,51 @@ class Election:
         self.leader = ""
         self.is_leader = False
         self._valid_until = 0.0
+        self._client: aetcd.Client | None = None
+        self._registered: set[str] = set()
+        self._tasks: set[asyncio.Future] = set()
+        self._nodes_prefix = leader_key(cluster).rsplit(b"/", 1)[0] + b"/nodes/"
 
     def serving(self) -> bool:
         """True while we lead and our lease is surely alive."""
         return self.is_leader and time.monotonic() < self._valid_until - self.margin
+
+    # The storage nodes of the cluster are listed in etcd, so that a new leader knows whom to
+    # wait for before it answers clients from an index rebuilt from the nodes.
+
+    def node_seen(self, node_id: str) -> None:
+        if node_id not in self._registered and self._client is not None:
+            self._registered.add(node_id)
+            self._spawn(self._put_node(node_id))
+
+    def node_gone(self, node_id: str) -> None:
+        if self._client is not None:
+            self._registered.discard(node_id)
+            self._spawn(self._delete_node(node_id))
+
+    def _spawn(self, coroutine) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def registered_nodes(self) -> set[str]:
+        if self._client is None:
+            return set()
+        try:
+            entries = await self._client.get_prefix(self._nodes_prefix)
+        except ETCD_ERRORS:
+            return set()
+        nodes = {kv.key[len(self._nodes_prefix) :].decode() for kv in entries}
+        self._registered = set(nodes)
+        return nodes
+
+    async def _put_node(self, node_id: str) -> None:
+        with contextlib.suppress(*ETCD_ERRORS):
+            await self._client.put(self._nodes_prefix + node_id.encode(), b"")  # type: ignore[union-attr]
+
+    async def _delete_node(self, node_id: str) -> None:
+        with contextlib.suppress(*ETCD_ERRORS):
+            await self._client.delete(self._nodes_prefix + node_id.encode())  # type: ignore[union-attr]
 
     async def run(
         self,
@@ -73,6 +121,7 @@ class Election:
             attempt += 1
             host, _, port = endpoint.rpartition(":")
             client = aetcd.Client(host, int(port), timeout=max(1, self.ttl // 2))
+            self._client = client
             try:
                 await self._campaign(client, stop, on_elected, on_lost)
             except ETCD_ERRORS as error:
@@ -83,7 +132,7 @@ class Election:
                     await on_lost()
                 with contextlib.suppress(*ETCD_ERRORS, Exception):
                     await client.close()
-            await _sleep(stop, self.ttl / 4)
+            await pause(stop, self.ttl / 4)
 
     async def _campaign(self, client, stop, on_elected, on_lost) -> None:
         while not stop.is_set():
@@ -100,7 +149,7 @@ class Election:
                 if current != self.leader:
                     log.info("following a leader", leader=current or "(none)")
                 self.leader = current
-                await _sleep(stop, self.ttl / 4)
+                await pause(stop, self.ttl / 4)
                 continue
             epoch = responses[0].response_put.header.revision
             self._valid_until = sent + self.ttl
@@ -119,7 +168,7 @@ class Election:
     async def _keep(self, lease, stop: asyncio.Event) -> None:
         """Renews the lease every third of its TTL until renewals stop working in time."""
         while not stop.is_set():
-            await _sleep(stop, self.ttl / 3)
+            await pause(stop, self.ttl / 3)
             sent = time.monotonic()
             try:
                 response = await asyncio.wait_for(lease.refresh(), self.ttl / 3)
@@ -129,8 +178,3 @@ class Election:
                 self._valid_until = sent + response.TTL
             elif time.monotonic() >= self._valid_until - self.margin:
                 return  # stop serving before the lease can expire under us
-
-
-async def _sleep(stop: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), seconds)

@@ -21,9 +21,19 @@ class Leadership(Protocol):
     def serving(self) -> bool: ...
 
 
+#: Calls a new leader takes while it rebuilds its index: the nodes' own.
+NODE_METHODS = ("/MountSegment", "/UnmountSegment", "/Heartbeat", "/NodeSession")
+
+
 class LeaderGate(grpc.aio.ServerInterceptor):
-    def __init__(self, leadership: Leadership) -> None:
+    """Refuses every call on a standby; on a new leader still rebuilding its index from the
+    nodes, refuses clients' calls with UNAVAILABLE (they retry) and takes the nodes'."""
+
+    def __init__(
+        self, leadership: Leadership, accepting_clients: Callable[[], bool] = lambda: True
+    ) -> None:
         self.leadership = leadership
+        self.accepting_clients = accepting_clients
 
     async def intercept_service(
         self,
@@ -31,9 +41,14 @@ class LeaderGate(grpc.aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
-        if handler is None or self.leadership.serving():
+        if handler is None:
             return handler
-        refuse = self._refuse
+        if self.leadership.serving():
+            if self.accepting_clients() or handler_call_details.method.endswith(NODE_METHODS):
+                return handler
+            refuse = self._rebuilding
+        else:
+            refuse = self._refuse
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 refuse,
@@ -53,6 +68,12 @@ class LeaderGate(grpc.aio.ServerInterceptor):
         await context.abort(
             grpc.StatusCode.FAILED_PRECONDITION,
             f"not the leader: the leader is {leader}" if leader else "not the leader: none yet",
+        )
+
+    async def _rebuilding(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(
+            grpc.StatusCode.UNAVAILABLE,
+            "a new leader is rebuilding its index from the storage nodes: retry shortly",
         )
 
     async def _refuse_stream(self, request_iterator: Any, context: grpc.aio.ServicerContext):

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import socket
 import time
 
 import grpc
 
+from kvpool.common.aio import pause
 from kvpool.common.http_server import HealthServer
 from kvpool.common.logging import LOG_FORMATS, configure_logging, get_logger
 from kvpool.common.process import stop_event_on_signals, write_ready_file
@@ -175,7 +175,12 @@ async def serve(args: argparse.Namespace, config: MasterConfig) -> None:
             ("grpc.max_send_message_length", GRPC_MESSAGE_LIMIT),
             ("grpc.so_reuseport", 0),
         ],
-        interceptors=[LeaderGate(leadership), LoadShedder(args.max_inflight)],
+        # The shedder is outermost: it must count (and release) every call it lets through,
+        # including those the leader gate then refuses.
+        interceptors=[
+            LoadShedder(args.max_inflight),
+            LeaderGate(leadership, lambda: service.accepting_clients()),
+        ],
     )
     master_pb2_grpc.add_MasterServicer_to_server(service, server)
     port = server.add_insecure_port(f"{args.host}:{args.port}")
@@ -193,8 +198,12 @@ async def serve(args: argparse.Namespace, config: MasterConfig) -> None:
     if isinstance(leadership, Election):
         leadership.address = advertise
 
+        service.registry = leadership
+
         async def elected(epoch: int) -> None:
-            service.reset(_new_state(config, epoch))
+            nodes = await leadership.registered_nodes()
+            log.info("rebuilding the index from the nodes", expected_nodes=sorted(nodes))
+            service.reset(_new_state(config, epoch), nodes, config.node_ttl)
 
         async def lost() -> None:
             service.reset(None)
@@ -214,8 +223,7 @@ async def serve(args: argparse.Namespace, config: MasterConfig) -> None:
             state = service.state
             if state is not None:
                 _tick(service, state)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), args.tick)
+            await pause(stop, args.tick)
     finally:
         log.info("master stopping")
         for task in tasks:
@@ -233,6 +241,8 @@ def _tick(service: MasterService, state: MasterState) -> None:
     service.after_state_change()
     for node_id in report.dead_nodes:
         service.channels.discard(node_id)
+        if service.registry is not None:
+            service.registry.node_gone(node_id)
     if report.reservations_reclaimed:
         log.info("reservations reclaimed", keys=len(report.reservations_reclaimed))
     if report.dead_clients:

