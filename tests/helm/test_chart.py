@@ -406,7 +406,7 @@ def test_node_command_parses(renders: dict[str, Render], value_set: str) -> None
             )
         raise
     assert args.command == "node"
-    assert args.master == render.master_address == resolve_master(args.master)
+    assert args.master == _node_master_address(render) == resolve_master(args.master)
     assert args.dram == parse_size(storage["dram"])
     assert args.prefault is storage["prefault"]
     assert args.host == "<K8S_NODE_NAME>"
@@ -417,6 +417,17 @@ def test_node_command_parses(renders: dict[str, Render], value_set: str) -> None
     assert args.log_format == "json"
     if storage["nvme"]["enabled"]:
         assert storage["nvme"]["mountPath"] in str(vars(args).get("nvme"))
+
+
+def _node_master_address(render: Render) -> str:
+    """Nodes reach a lone master through its Service, elected masters through etcd."""
+    master_args = render.container("master")["args"]
+    etcd = next((a.split("=", 1)[1] for a in master_args if a.startswith("--etcd=")), None)
+    if etcd is None:
+        return render.master_address
+    cluster = next(a.split("=", 1)[1] for a in master_args if a.startswith("--cluster="))
+    endpoints = [e.removeprefix("http://").removeprefix("https://") for e in etcd.split(",")]
+    return f"etcd://{','.join(endpoints)}/{cluster}"
 
 
 def test_probes_hit_the_health_endpoints(renders: dict[str, Render], value_set: str) -> None:
@@ -434,7 +445,7 @@ def test_master_service_is_what_nodes_and_notes_point_at(renders: dict[str, Rend
     grpc = next(p for p in service["spec"]["ports"] if p["name"] == "grpc")
     address = f"{service['metadata']['name']}.{render.namespace}.svc:{grpc['port']}"
     assert address == render.master_address
-    assert f"--master={address}" in render.container("node")["args"]
+    assert f"--master={_node_master_address(render)}" in render.container("node")["args"]
     assert f"KVPOOL_MASTER={address}" in render.notes
     assert "kvpool status" in render.notes
 

@@ -90,6 +90,22 @@ capabilities:
 {{- printf "%s.%s.svc:%d" (include "kvpool.master.fullname" .) .Release.Namespace (int .Values.master.grpcPort) -}}
 {{- end -}}
 
+{{/*
+Where storage nodes find the master: with several masters, through etcd (etcd://HOST:PORT,.../CLUSTER),
+so they follow a failover at once instead of waiting for the Service to notice it; else the Service.
+*/}}
+{{- define "kvpool.nodeMasterAddress" -}}
+{{- if include "kvpool.ha" . -}}
+{{- $endpoints := list -}}
+{{- range (splitList "," (include "kvpool.etcd.endpoints" .)) -}}
+{{- $endpoints = append $endpoints (. | trimPrefix "http://" | trimPrefix "https://" | trimSuffix "/") -}}
+{{- end -}}
+{{- printf "etcd://%s/%s" (join "," $endpoints) (include "kvpool.clusterName" .) -}}
+{{- else -}}
+{{- include "kvpool.masterAddress" . -}}
+{{- end -}}
+{{- end -}}
+
 {{/* True ("true") when masters elect a leader through etcd, i.e. more than one replica. */}}
 {{- define "kvpool.ha" -}}
 {{- if gt (int .Values.master.replicas) 1 -}}true{{- end -}}
