@@ -450,9 +450,12 @@ def test_master_service_is_what_nodes_and_notes_point_at(renders: dict[str, Rend
     assert "kvpool status" in render.notes
 
 
-def test_notes_warn_that_election_is_not_built(renders: dict[str, Render]) -> None:
-    assert "leader election is not built" in renders["ha-bundled-etcd"].notes
-    assert "leader election is not built" not in renders["default"].notes
+def test_notes_tell_ha_users_how_to_follow_the_leader(renders: dict[str, Render]) -> None:
+    ha = renders["ha-bundled-etcd"]
+    endpoints, _, cluster = _node_master_address(ha).removeprefix("etcd://").partition("/")
+    assert "elect a leader through etcd" in ha.notes
+    assert f"KVPOOL_MASTER=etcd://{endpoints.split(',')[0]}/{cluster}" in ha.notes
+    assert "elect a leader" not in renders["default"].notes
 
 
 # --------------------------------------------------------------------------- invalid values
