@@ -1022,17 +1022,20 @@ class MasterState:
         high = self.config.high_watermark
         low = high - self.config.eviction_ratio
         evicted = 0
-        for segment in list(self.segments.values()):
-            allocator = segment.allocator
-            if allocator.capacity and allocator.used - segment.leaving > high * allocator.capacity:
-                target = low * allocator.capacity
-
-                def done(s: SegmentRecord = segment, t: float = target) -> bool:
-                    return s.allocator.used - s.leaving <= t
-
-                evicted += self._evict_from(segment.lru, now, done, segment)
+        # DRAM first: its demotions may take NVMe segments (or the NVMe pool) past the mark.
         for tier in (Tier.DRAM, Tier.NVME):
             segments = [s for s in self.segments.values() if s.info.tier is tier]
+            for segment in segments:
+                allocator = segment.allocator
+                if allocator.capacity and (
+                    allocator.used - segment.leaving > high * allocator.capacity
+                ):
+                    target = low * allocator.capacity
+
+                    def done(s: SegmentRecord = segment, t: float = target) -> bool:
+                        return s.allocator.used - s.leaving <= t
+
+                    evicted += self._evict_from(segment.lru, now, done, segment)
             capacity = sum(s.allocator.capacity for s in segments)
             if capacity and self._tier_used(tier) > high * capacity:
                 target = low * capacity

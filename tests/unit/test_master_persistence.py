@@ -37,7 +37,7 @@ from state_helpers import (
     used,
 )
 
-from kvpool.common.status import KeyStatus, Tier
+from kvpool.common.status import KeyStatus, Pin, Tier
 from kvpool.master.config import MasterConfig
 from kvpool.master.records import (
     Commit,
@@ -1017,3 +1017,88 @@ def test_a_put_start_that_reserves_nothing_does_not_track_its_client():
 
     assert slot.status is KeyStatus.NO_SPACE
     assert state.clients == {}
+
+
+# ------------------------------------------------------------------ eviction of replicated objects
+
+TWIN_SKIP = (
+    "_evict_from skips an object for the rest of its pass once it dropped one replica that "
+    "has a twin, even when the object still holds a replica in the tier being evicted: a put "
+    "gets NO_SPACE, and a tick leaves the pool above the watermark, while evictable replicas "
+    "are left"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=TWIN_SKIP)
+def test_no_space_only_once_every_evictable_replica_in_the_tier_is_gone():
+    state, _ = new_state()
+    mount_tier(state, "a", 10 * KiB)
+    mount_tier(state, "b", 10 * KiB)
+    publish(state, "twin", 5 * KiB, options=PutOptions(replicas=2, preferred_hosts=(host("a"),)))
+    publish(
+        state, "pinned", 5 * KiB, options=PutOptions(pin=Pin.HARD, preferred_hosts=(host("a"),))
+    )
+    publish(state, "other", 4 * KiB, options=PutOptions(preferred_hosts=(host("b"),)))
+    assert nodes_of(state.stat("twin")) == ["a", "b"]  # a: full; b: 1 KiB free
+
+    slot = put(state, "new", 6 * KiB)  # fits on b once both other and twin's replica there go
+
+    assert slot.status is OK, slot.message
+
+
+@pytest.mark.xfail(strict=True, reason=TWIN_SKIP)
+def test_a_tick_brings_the_dram_pool_below_the_watermark_when_replicas_may_go():
+    state, clock = new_state()
+    mount_tier(state, "b", 100 * KiB)
+    mount_tier(state, "c", 100 * KiB)
+    publish(state, "twin", 5 * KiB, replicas=2)
+    mount_tier(state, "a", 100 * KiB)
+    for node, size in (("a", 100 * KiB), ("b", 85 * KiB), ("c", 85 * KiB)):
+        pinned = PutOptions(pin=Pin.HARD, preferred_hosts=(host(node),))
+        publish(state, f"pinned-{node}", size, options=pinned)
+    # a: 100 %, nothing evictable; b and c: 90 %, not above; the pool: 280 of 300 KiB
+
+    pass_time(state, clock, 1)
+
+    dram = sum(used(state, f"{node}/dram0") for node in ("a", "b", "c"))
+    assert dram <= CONFIG.high_watermark * 300 * KiB, "twin's replicas may both go"
+
+
+def test_an_nvme_segment_that_demotions_push_above_the_watermark_is_brought_back_in_that_tick():
+    state, clock = new_state(NO_PROMOTION)
+    mount_tier(state, "n1", 100 * KiB, Tier.NVME)  # mounted before its DRAM
+    mount_tier(state, "n1", 100 * KiB, Tier.DRAM)
+    mount_tier(state, "n2", 1 * MiB, Tier.NVME)  # keeps the NVMe pool far below its watermark
+    on_n1 = PutOptions(tier=Tier.NVME, preferred_hosts=(host("n1"),))
+    for i in range(17):
+        publish(state, f"v{i:02d}", 5 * KiB, options=on_n1)  # n1's NVMe: 85 %
+    fill_dram(state)  # n1's DRAM: 100 %
+
+    pass_time(state, clock, 1)  # k00 goes down to NVMe (95 %), k01 finds no room there
+
+    assert [c.source.key for c in only(sent(state), CopyCommand)] == ["k00"]
+    nvme = state.segments["n1/nvme0"]
+    assert nvme.allocator.used <= CONFIG.high_watermark * nvme.allocator.capacity
+    assert exists(state, "v00") is KeyStatus.NOT_FOUND, "the least recently used went"
+
+
+def test_an_nvme_segment_that_pool_demotions_push_above_the_watermark_is_brought_back_too():
+    state, clock = new_state(NO_PROMOTION)
+    mount_tier(state, "n2", 100 * KiB, Tier.NVME)
+    mount_tier(state, "n2", 100 * KiB, Tier.DRAM)
+    mount_tier(state, "n1", 100 * KiB, Tier.DRAM)
+    mount_tier(state, "n3", 1 * MiB, Tier.NVME)  # keeps the NVMe pool far below its watermark
+    stuck = PutOptions(tier=Tier.DRAM, pin=Pin.HARD, preferred_hosts=(host("n1"),))
+    publish(state, "pinned", 100 * KiB, options=stuck)  # n1's DRAM: 100 %, nothing evictable
+    for i in range(17):
+        on_n2 = PutOptions(tier=Tier.NVME, preferred_hosts=(host("n2"),))
+        publish(state, f"v{i:02d}", 5 * KiB, options=on_n2)  # n2's NVMe: 85 %
+    fill_dram(state, 9, PutOptions(tier=Tier.DRAM, preferred_hosts=(host("n2"),)))  # 90 %
+
+    pass_time(state, clock, 1)  # the DRAM pool (95 %) demotes k00 to n2's NVMe, evicts k01
+
+    assert [c.source.key for c in only(sent(state), CopyCommand)] == ["k00"]
+    assert exists(state, "k01") is KeyStatus.NOT_FOUND
+    nvme = state.segments["n2/nvme0"]
+    assert nvme.allocator.used <= CONFIG.high_watermark * nvme.allocator.capacity
+    assert exists(state, "v00") is KeyStatus.NOT_FOUND, "the least recently used went"
