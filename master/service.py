@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import grpc
 
@@ -38,6 +39,12 @@ class MasterService(master_pb2_grpc.MasterServicer):
         """``state`` is None on a standby: the leader gate then turns every call away."""
         self.state = state  # type: ignore[assignment]
         self.command_timeout = command_timeout
+        #: Where the cluster's storage nodes are listed (etcd in HA mode; else nowhere).
+        self.registry: Any = None
+        #: After an election: nodes to wait for, and until when, before answering clients
+        #: from an index that is rebuilt from what the nodes report.
+        self._awaited_nodes: set[str] = set()
+        self._rebuild_deadline = 0.0
         self.channels = NodeChannels()
         self._segment_pbs: dict[str, tuple[SegmentInfo, pb.Segment]] = {}
         #: (key, put_id) -> futures of PutEnd calls waiting for nodes to record the object.

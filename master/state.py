@@ -589,7 +589,7 @@ class MasterState:
         now = self.clock()
         for node in self.nodes.values():
             best = None
-            for segment_id in node.segment_ids:
+            for segment_id in sorted(node.segment_ids):  # deterministic order
                 segment = self.segments[segment_id]
                 if segment.info.tier is not tier or segment.fenced_until > now:
                     continue
@@ -719,7 +719,7 @@ class MasterState:
         node = self.nodes.get(self.segments[source.segment_id].node_id)
         if node is None:
             return
-        for segment_id in node.segment_ids:
+        for segment_id in sorted(node.segment_ids):  # deterministic order
             target = self.segments[segment_id]
             allocator = target.allocator
             need = allocator.rounded(record.size)
@@ -736,7 +736,7 @@ class MasterState:
         node = self.nodes.get(self.segments[source.segment_id].node_id)
         if node is None or record.moving:
             return False
-        for segment_id in node.segment_ids:
+        for segment_id in sorted(node.segment_ids):  # deterministic order
             target = self.segments[segment_id]
             if (
                 target.info.tier is Tier.NVME
@@ -1100,7 +1100,8 @@ class MasterState:
             for record, replica in victims:
                 if len(record.replicas) > 1:
                     self._release_replica(record, replica, now)
-                    skipped.add(record.key)
+                    if self._replica_in(record, segment, tier) is None:
+                        skipped.add(record.key)  # nothing more of it here to take
                 elif not (
                     demote
                     and self.segments[replica.segment_id].info.tier is Tier.DRAM

@@ -11,6 +11,15 @@ class CommandExecutor:
     def __init__(self, segments: list[Segment]) -> None:
         self._segments = {s.segment_id: s for s in segments}
 
+    def quick(self, command: pb.NodeCommand) -> bool:
+        """Whether a command only touches memory (no disk sync, no bulk copy): such commands
+        run on the event loop, sparing a thread hand-off on every put's critical path."""
+        kind = command.WhichOneof("kind")
+        if kind in ("persist", "forget"):
+            segment = self._segments.get(getattr(command, kind).segment_id)
+            return segment is not None and not segment.persistent
+        return False
+
     def execute(self, command: pb.NodeCommand) -> pb.CommandResult:
         """Runs one command (blocking: persistent segments sync to disk)."""
         result = pb.CommandResult(command_id=command.command_id, ok=True)

@@ -196,7 +196,10 @@ class StorageNode:
             call = stub.NodeSession(reports)
             try:
                 async for command in call:
-                    result = await asyncio.to_thread(self._executor.execute, command)
+                    if self._executor.quick(command):
+                        result = self._executor.execute(command)
+                    else:
+                        result = await asyncio.to_thread(self._executor.execute, command)
                     if not result.ok:
                         log.warning("command failed", error=result.error)
                     reports.put(pb.NodeReport(result=result))

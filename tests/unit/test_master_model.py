@@ -840,7 +840,7 @@ class MasterModel(RuleBasedStateMachine):
                     f"{segment.segment_id} stays above the watermark with evictable objects"
                 )
         # (Objects that lost a replica this tick may keep others: see
-        # test_a_tick_brings_the_dram_pool_below_the_watermark_when_replicas_may_go, an xfail.)
+        # test_a_tick_brings_the_dram_pool_below_the_watermark_when_replicas_may_go.)
         thinned = self.thinned(before)
         for tier in (Tier.DRAM, Tier.NVME):
             segments = [s for s in state.segments.values() if s.info.tier is tier]
@@ -1314,7 +1314,7 @@ class MasterModel(RuleBasedStateMachine):
     def check_no_space(self, size: int, tier: Tier, spared: set[int]) -> None:
         """NO_SPACE only when the object fits in no tier tried, even after evicting what may be
         evicted there (but for the objects that lost a replica to it and keep one there: see
-        test_no_space_only_once_every_evictable_replica_in_the_tier_is_gone, an xfail)."""
+        test_no_space_only_once_every_evictable_replica_in_the_tier_is_gone)."""
         tiers = (Tier.DRAM, Tier.NVME) if tier is Tier.UNSPECIFIED else (tier,)
         for each in tiers:
             segments = [s for s in self.state.segments.values() if s.info.tier is each]

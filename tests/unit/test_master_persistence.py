@@ -1021,15 +1021,7 @@ def test_a_put_start_that_reserves_nothing_does_not_track_its_client():
 
 # ------------------------------------------------------------------ eviction of replicated objects
 
-TWIN_SKIP = (
-    "_evict_from skips an object for the rest of its pass once it dropped one replica that "
-    "has a twin, even when the object still holds a replica in the tier being evicted: a put "
-    "gets NO_SPACE, and a tick leaves the pool above the watermark, while evictable replicas "
-    "are left"
-)
 
-
-@pytest.mark.xfail(strict=True, reason=TWIN_SKIP)
 def test_no_space_only_once_every_evictable_replica_in_the_tier_is_gone():
     state, _ = new_state()
     mount_tier(state, "a", 10 * KiB)
@@ -1046,7 +1038,6 @@ def test_no_space_only_once_every_evictable_replica_in_the_tier_is_gone():
     assert slot.status is OK, slot.message
 
 
-@pytest.mark.xfail(strict=True, reason=TWIN_SKIP)
 def test_a_tick_brings_the_dram_pool_below_the_watermark_when_replicas_may_go():
     state, clock = new_state()
     mount_tier(state, "b", 100 * KiB)
