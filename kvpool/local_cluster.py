@@ -6,6 +6,7 @@ Used by ``kvpool up``, ``kvpool bench`` and the test suite. Every process is a r
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
@@ -21,6 +22,19 @@ from pathlib import Path
 
 class ClusterError(RuntimeError):
     pass
+
+
+def _die_with_parent() -> None:
+    """In the child: ask Linux for SIGTERM when the process that started us dies, so that a
+    test run killed midway leaves no masters or nodes behind."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+PR_SET_PDEATHSIG = 1
 
 
 class ManagedProcess:
@@ -41,6 +55,7 @@ class ManagedProcess:
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
 
     @property
