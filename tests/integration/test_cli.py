@@ -95,6 +95,22 @@ def test_put_get_ls_rm_status_against_kvpool_up(up, tmp_path):
     assert b"Traceback" not in missing.stderr
 
 
+def test_stat_and_removal_by_prefix_from_the_shell(up):
+    _, master = up
+    for key in ("logs/a", "logs/b", "keep/c"):
+        assert kvpool("put", key, "--value", key, master=master).returncode == 0
+    stat = kvpool("stat", "logs/a", master=master)
+    assert stat.returncode == 0, stat.stderr
+    for field in (b"size", b"published", b"replica", b"dram"):
+        assert field in stat.stdout
+    removed = kvpool("rm", "--prefix", "logs/", master=master)
+    assert removed.returncode == 0 and b"removed 2 object(s)" in removed.stderr
+    assert kvpool("get", "logs/a", master=master).returncode == 1
+    assert kvpool("get", "keep/c", master=master).stdout == b"keep/c"
+    missing = kvpool("stat", "logs/b", master=master)
+    assert missing.returncode == 1 and b"no object with key" in missing.stderr
+
+
 def test_client_commands_report_an_unreachable_master_without_a_traceback():
     result = kvpool("status", "--timeout", "0.5", master="127.0.0.1:1")
     assert result.returncode == 1
