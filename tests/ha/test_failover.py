@@ -10,6 +10,7 @@ import urllib.request
 
 import grpc
 import pytest
+from helpers import wait_until
 
 from kvpool import Client
 from kvpool.client import get_path
@@ -19,15 +20,6 @@ from kvpool.proto import master_pb2_grpc
 from kvpool.transport import ucp
 
 TTL = 2  # seconds: the masters' default etcd lease
-
-
-def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
 
 
 def readyz(master) -> int:

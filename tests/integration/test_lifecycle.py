@@ -10,6 +10,7 @@ import textwrap
 import time
 
 import pytest
+from helpers import wait_until
 
 from kvpool import Client
 from kvpool.errors import ObjectExists, ObjectNotFound, ObjectNotReady, PutAborted
@@ -17,15 +18,6 @@ from kvpool.errors import ObjectExists, ObjectNotFound, ObjectNotReady, PutAbort
 
 def used_bytes(client: Client) -> int:
     return sum(s.used for s in client.cluster_status().segments)
-
-
-def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
 
 
 def test_readers_never_see_an_object_between_reserve_and_publish(shared_cluster):

@@ -8,18 +8,10 @@ import signal
 import time
 
 import pytest
+from helpers import wait_until
 
 from kvpool import Client
 from kvpool.errors import ObjectNotFound, TransferError
-
-
-def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
 
 
 def test_a_two_replica_object_survives_a_node_killed_with_sigkill(cluster_factory):

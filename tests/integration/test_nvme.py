@@ -4,12 +4,11 @@ objects survive a restart of their node or of the master."""
 from __future__ import annotations
 
 import os
-import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import metric, wait_until
 
 from kvpool import Client
 from kvpool.errors import ObjectNotFound
@@ -18,23 +17,6 @@ from kvpool.storage_node.object_index import live_entries
 MiB = 1 << 20
 GiB = 1 << 30
 NVME, DRAM = 2, 1
-
-
-def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
-
-
-def metric(port: int, name: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    raise AssertionError(f"{name} not exported")
 
 
 def _counts(client: Client) -> tuple[int, int]:

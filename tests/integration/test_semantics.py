@@ -9,33 +9,16 @@ import sys
 import textwrap
 import threading
 import time
-import urllib.request
 
 import numpy as np
 import pytest
+from helpers import metric, wait_until
 
 from kvpool import Client
 from kvpool.client.data_path import Transfer
 from kvpool.errors import ChecksumMismatch, LeaseExpired, NoSpace, ObjectNotFound
 
 MiB = 1 << 20
-
-
-def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
-
-
-def metric(port: int, name: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-    raise AssertionError(f"{name} not exported")
 
 
 def present(client: Client, key: str) -> bool:
