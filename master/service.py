@@ -106,7 +106,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
     def _expire(self, command_id: int) -> None:
         if self.state is not None and self.state.awaiting(command_id):
             log.warning("a storage node did not answer in time", command_id=command_id)
-            self.state.command_done(command_id, False)
+            self.state.command_expired(command_id)
             self.after_state_change()
 
     # ---- node side

@@ -24,6 +24,9 @@ The rules that keep bytes safe:
 * Space is never reused while a reader may still be copying out of it (its lease) or a writer
   that lost its reservation may still be copying into it (``reclaim_delay`` after the
   reservation ends). Such buffers wait in ``_deferred`` until their release time.
+* Nor while a node may still be copying into it: the target of a copy cancelled in flight
+  (its object removed, its source withdrawn) stays allocated until the node answers; if the
+  I/O layer gives up on the answer instead, for ``reclaim_delay`` more.
 * A leased object is never removed (unless forced, and then its space still waits for the
   lease), never evicted. Unpublished objects are never evicted.
 * Eviction is least-recently-used; soft-pinned objects go only after all unpinned ones,
@@ -116,6 +119,9 @@ class MasterState:
         #: (release_at, seq, segment, offset): buffers waiting to be freed. The record itself,
         #: not its id, so that a buffer of a dropped and remounted segment is never freed twice.
         self._deferred: list[tuple[float, int, SegmentRecord, int]] = []
+        #: command id -> (segment, offset, object, not before): targets of copies cancelled
+        #: while their node may still be writing them; freed once it answers.
+        self._parked: dict[int, tuple[SegmentRecord, int, ObjectRecord, float]] = {}
         #: (time, seq, object) of soft pins and leases that may end then (checked when due).
         self._pin_ends: list[tuple[float, int, ObjectRecord]] = []
         self._lease_ends: list[tuple[float, int, ObjectRecord]] = []
@@ -202,12 +208,31 @@ class MasterState:
         return command_id in self._awaiting
 
     def command_done(self, command_id: int, ok: bool, crc32c: Sequence[int] = ()) -> None:
-        """A node answered a Persist or Copy command (``ok`` False: it failed, or the I/O
-        layer gave up waiting). Finished commits land in ``resolved``."""
+        """A node answered a Persist or Copy command (``ok`` False: it failed and wrote
+        nothing). Finished commits land in ``resolved``."""
+        self._answered(command_id, ok, crc32c, expired=False)
+
+    def command_expired(self, command_id: int) -> None:
+        """The I/O layer gave up waiting for a node's answer. The command counts as failed, but
+        the node may still be carrying it out: a copy's target is not reused for
+        ``reclaim_delay``."""
+        self._answered(command_id, False, (), expired=True)
+
+    def _answered(self, command_id: int, ok: bool, crc32c: Sequence[int], expired: bool) -> None:
         segment_id, records = self._awaiting.pop(command_id, ("", ()))
+        parked = self._parked.pop(command_id, None)
+        if parked is not None:
+            segment, offset, record, not_before = parked
+            mounted = self.segments.get(segment.segment_id) is segment
+            if ok and mounted:  # the node recorded a copy nobody wants
+                self._send_forget(segment, record, offset)
+            if expired:
+                not_before = max(not_before, self.clock() + self.config.reclaim_delay)
+            self._release(segment, offset, not_before)
         for i, record in enumerate(records):
             if command_id in record.moving:
-                self._move_done(record, command_id, ok, crc32c[0] if crc32c else None)
+                crc = crc32c[0] if crc32c else None
+                self._move_done(record, command_id, ok, crc, "expired" if expired else "answered")
             elif record.state is ObjectState.COMMITTED and segment_id in record.unacked:
                 if record.crc32c is None and i < len(crc32c):
                     record.crc32c = crc32c[i]  # the node's own checksum of what it holds
@@ -770,8 +795,10 @@ class MasterState:
         )
 
     def _move_done(
-        self, record: ObjectRecord, command_id: int, ok: bool, crc32c: int | None
+        self, record: ObjectRecord, command_id: int, ok: bool, crc32c: int | None, how: str
     ) -> None:
+        """A copy ended: ``how`` is "answered" (by its node), "expired" (the I/O layer gave up
+        on the answer) or "cancelled" (a segment of its went away while it ran)."""
         move = record.moving.pop(command_id)
         source_segment = self.segments.get(move.source.segment_id)
         if move.demotion and source_segment is not None:
@@ -781,9 +808,15 @@ class MasterState:
         if not ok or not alive or target is None:
             if target is not None:
                 del target.owners[move.target.offset]
-                target.allocator.free(move.target.offset)
+                if how == "cancelled":  # its node may still be writing there
+                    self._parked[command_id] = (target, move.target.offset, record, 0.0)
+                    return
                 if ok:  # the node recorded a copy nobody wants
                     self._send_forget(target, record, move.target.offset)
+                not_before = 0.0
+                if how == "expired":
+                    not_before = self.clock() + self.config.reclaim_delay
+                self._release(target, move.target.offset, not_before)
             return
         if record.crc32c is None:
             record.crc32c = crc32c
@@ -816,11 +849,13 @@ class MasterState:
             release_at = max(now, record.lease_until)  # its readers may still be copying
             self._send_forgets(record)  # nodes may have recorded it (or be about to)
         self._free_at(record.replicas, release_at)
-        for move in record.moving.values():  # copies in flight: cancelled, targets go too
+        for command_id, move in record.moving.items():  # copies in flight: cancelled
             target = self.segments.get(move.target.segment_id)
             if target is not None:  # its node may record the copy before it hears of this
                 self._send_forget(target, record, move.target.offset)
-            self._free_at([move.target], release_at)
+                # The target waits for the node's answer (it may still be writing there).
+                del target.owners[move.target.offset]
+                self._parked[command_id] = (target, move.target.offset, record, release_at)
             source = self.segments.get(move.source.segment_id)
             if move.demotion and source is not None:
                 source.leaving -= source.allocator.rounded(record.size)
@@ -898,6 +933,16 @@ class MasterState:
                 del segment.owners[replica.offset]
                 segment.allocator.free(replica.offset)
 
+    def _release(self, segment: SegmentRecord, offset: int, not_before: float) -> None:
+        """Frees an unowned buffer at ``not_before`` (now if that has passed), unless its
+        segment went away (or was remounted anew) meanwhile."""
+        if self.segments.get(segment.segment_id) is not segment:
+            return
+        if not_before <= self.clock():
+            segment.allocator.free(offset)
+        else:
+            heapq.heappush(self._deferred, (not_before, next(self._seq), segment, offset))
+
     def _free_at(self, replicas: Iterable[Replica | None], release_at: float) -> None:
         """Detaches buffers from their object now; the space returns at ``release_at``."""
         for replica in replicas:
@@ -924,7 +969,7 @@ class MasterState:
             record = self.objects[key]
             for command_id, move in list(record.moving.items()):
                 if segment_id in (move.source.segment_id, move.target.segment_id):
-                    self._move_done(record, command_id, False, None)
+                    self._move_done(record, command_id, False, None, "cancelled")
             record.replicas = [
                 None if r is not None and r.segment_id == segment_id else r for r in record.replicas
             ]

@@ -242,7 +242,8 @@ class Sent:
 class Guard:
     """Bytes that must stay allocated (never handed out again) until ``until``: those of a
     leased object (``attached``: the object must still own them), of a leased object removed by
-    force or demoted, or of a revoked reservation whose writer may still be copying."""
+    force or demoted, of a revoked reservation whose writer may still be copying, or the target
+    of a cancelled copy that its node may still be writing (until it answers)."""
 
     why: str
     key: str
@@ -423,9 +424,18 @@ class MasterModel(RuleBasedStateMachine):
                 )
 
     def cancel_moves(self, ident: tuple[str, int]) -> list[Moving]:
-        cancelled = [m for m in self.moves.values() if m.ident == ident]
+        cancelled = {c: m for c, m in self.moves.items() if m.ident == ident}
         self.moves = {c: m for c, m in self.moves.items() if m.ident != ident}
-        return cancelled
+        for command_id, move in cancelled.items():
+            self.guard_copy(command_id, move)
+        return list(cancelled.values())
+
+    def guard_copy(self, command_id: int, move: Moving, until: float = float("inf")) -> None:
+        """A copy's target must not be reused while its node may still write there: until the
+        node answers (``until`` infinite), or for the reclaim delay after the I/O layer gave
+        up."""
+        key, put_id = move.ident
+        self.guards[("copy", command_id)] = Guard("copy", key, put_id, move.target, until, False)
 
     def removed(self, record: ObjectRecord, force: bool) -> set[tuple[str, str, int]]:
         """The master removed ``record`` (status OK from remove or remove_prefix, or superseded
@@ -617,11 +627,11 @@ class MasterModel(RuleBasedStateMachine):
     def segment_gone(self, segment: SegmentRecord) -> None:
         """A segment was dropped (its node died, withdrew it, or remounted it changed)."""
         self.guards = {k: g for k, g in self.guards.items() if g.buffer.segment is not segment}
-        self.moves = {
-            c: m
-            for c, m in self.moves.items()
-            if segment not in (m.source.segment, m.target.segment)
-        }
+        for command_id, move in list(self.moves.items()):
+            if segment in (move.source.segment, move.target.segment):
+                del self.moves[command_id]
+                if move.target.segment is not segment:
+                    self.guard_copy(command_id, move)
         for ident, waiting in list(self.committing.items()):
             waiting.persisted = [b for b in waiting.persisted if b.segment is not segment]
             if waiting.unacked.pop(id(segment), None) is not None and not waiting.unacked:
@@ -642,6 +652,13 @@ class MasterModel(RuleBasedStateMachine):
         else:
             self.answer_copy(command, sent.segment, how, crcs)
         assert not self.state.awaiting(command_id)
+
+    def tell(self, command_id: int, how: str, crcs: list[int]) -> None:
+        """Hands the master a node's answer, or the I/O layer's giving up on it."""
+        if how == "timeout":
+            self.state.command_expired(command_id)
+        else:
+            self.state.command_done(command_id, how == "ok", crcs)
 
     def answer_persist(
         self, command: PersistCommand, segment: SegmentRecord, how: str, crcs: list[int]
@@ -665,7 +682,7 @@ class MasterModel(RuleBasedStateMachine):
                 self.record_on_disk(segment, item)
         before = None if touched else self.fingerprint()
 
-        self.state.command_done(command.command_id, ok, crcs)
+        self.tell(command.command_id, how, crcs)
 
         if before is not None:
             assert self.fingerprint() == before, "a late answer changed the master's state"
@@ -686,8 +703,16 @@ class MasterModel(RuleBasedStateMachine):
         move = self.moves.pop(command.command_id, None)
         if move is None:  # cancelled: its object went, or a segment of its node did
             before = self.fingerprint()
-            self.state.command_done(command.command_id, ok, crcs)
-            assert self.fingerprint() == before, "the answer to a cancelled copy changed things"
+            self.tell(command.command_id, how, crcs)
+            after = self.fingerprint()
+            guard = self.guards.pop(("copy", command.command_id), None)
+            if guard is not None and how == "timeout":  # the node may still write there
+                guard.until = self.now + CONFIG.reclaim_delay
+                self.guards[("copy", command.command_id)] = guard
+            assert after[1:] == before[1:], "the answer to a cancelled copy changed objects"
+            for segment_id, (ident, _, owners, leaving) in after[0].items():
+                assert before[0][segment_id][0] == ident and before[0][segment_id][2] == owners
+                assert before[0][segment_id][3] == leaving
             self.collect()
             return
         record, ident = move.record, move.ident
@@ -695,13 +720,19 @@ class MasterModel(RuleBasedStateMachine):
         crc_before = record.crc32c
         counters = (self.state.counters.demotions, self.state.counters.promotions)
 
-        self.state.command_done(command.command_id, ok, crcs)
+        self.tell(command.command_id, how, crcs)
 
         commands = self.collect()
         assert not record.moving
         if not ok:
             assert record.replicas == replicas
             assert move.target.offset not in move.target.segment.owners
+            allocated = move.target.offset in move.target.segment.allocator.allocations()
+            if how == "timeout":  # its node may still be writing there
+                assert allocated, "a copy target reused though its node may still write it"
+                self.guard_copy(command.command_id, move, self.now + CONFIG.reclaim_delay)
+            else:
+                assert not allocated, "the target of a failed copy was not freed"
             assert counters == (self.state.counters.demotions, self.state.counters.promotions)
             return
         source = Replica(move.source.segment_id, move.source.offset)
@@ -1129,7 +1160,11 @@ class MasterModel(RuleBasedStateMachine):
         """A node withdraws a segment: it must keep the memory as long as anyone may read it."""
         state = self.state
         segment = self.nodes[node][segment_id]
-        waits = [g.until - self.now for g in self.live_guards() if g.buffer.segment is segment]
+        waits = [  # (not copies yet to be answered: its node knows of its own copies)
+            g.until - self.now
+            for g in self.live_guards()
+            if g.buffer.segment is segment and g.until != float("inf")
+        ]
         waits += [  # (copies into it: their objects' leases count too)
             m.record.lease_until - self.now
             for m in self.moves.values()

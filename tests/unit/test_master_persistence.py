@@ -831,14 +831,38 @@ def test_removing_an_object_while_it_is_demoted_cancels_the_copy_and_forgets_its
     assert sorted((f.segment_id, f.objects[0].offset) for f in forgets) == sorted(
         [("n1/dram0", k00.source.offset), ("n1/nvme0", k00.target.offset)]
     ), "the node may record the copy before it hears of the removal"
-    assert used(state, "n1/nvme0") == 10 * KiB, "only k01's copy is left on NVMe"
+    assert used(state, "n1/nvme0") == 20 * KiB, "k00's target waits: its node may be writing"
     assert used(state, "n1/dram0") == 90 * KiB
     assert state.segments["n1/dram0"].leaving == 10 * KiB, "only k01 is still leaving"
+    other = put(state, "other", 10 * KiB, options=PutOptions(tier=Tier.NVME))
+    assert other.status is OK and offset_of(other) != k00.target.offset
+
     state.command_done(k00.command_id, True)  # the node finished the copy meanwhile
+
     assert exists(state, "k00") is KeyStatus.NOT_FOUND
-    assert used(state, "n1/nvme0") == 10 * KiB
+    assert used(state, "n1/nvme0") == 20 * KiB, "k01's copy and the other object"
+    [forget] = only(sent(state), ForgetCommand)
+    assert (forget.segment_id, forget.objects[0].offset) == ("n1/nvme0", k00.target.offset)
     assert state.segments["n1/dram0"].leaving == 10 * KiB
     assert state.counters.demotions == 0
+
+
+def test_a_demotion_the_master_gave_up_waiting_for_keeps_its_target_for_the_reclaim_delay():
+    state, clock = new_state(NO_PROMOTION)
+    copies = demote_two(state, clock)
+
+    for copy in copies:  # no answer in time: the node may still be copying
+        state.command_expired(copy.command_id)
+
+    assert tiers_of(get(state, "k00")) == [Tier.DRAM], "the DRAM replica stays"
+    assert state.segments["n1/dram0"].leaving == 0
+    pass_time(state, clock, CONFIG.reclaim_delay - 1)
+    retries = only(sent(state), CopyCommand)
+    assert [c.source.key for c in retries] == ["k01", "k02"], "tried again (k00 was just read)"
+    assert {c.target.offset for c in retries}.isdisjoint(c.target.offset for c in copies)
+    assert used(state, "n1/nvme0") == 40 * KiB, "the first targets are not reused yet"
+    pass_time(state, clock, 1)
+    assert used(state, "n1/nvme0") == 20 * KiB, "now they are free"
 
 
 def test_a_node_dying_during_a_demotion_loses_the_object_and_the_answer_changes_nothing():
