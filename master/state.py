@@ -26,7 +26,9 @@ The rules that keep bytes safe:
   reservation ends). Such buffers wait in ``_deferred`` until their release time.
 * Nor while a node may still be copying into it: the target of a copy cancelled in flight
   (its object removed, its source withdrawn) stays allocated until the node answers; if the
-  I/O layer gives up on the answer instead, for ``reclaim_delay`` more.
+  I/O layer gives up on the answer instead, for ``reclaim_delay`` more. A Persist or Copy
+  given up on is followed by a Forget, so that a node recording it late drops the entry again
+  (commands run in order on a node) and never reports it on a remount.
 * A leased object is never removed (unless forced, and then its space still waits for the
   lease), never evicted. Unpublished objects are never evicted.
 * Eviction is least-recently-used; soft-pinned objects go only after all unpinned ones,
@@ -189,6 +191,9 @@ class MasterState:
         for release_at, _, deferred, _ in self._deferred:
             if deferred is segment:
                 drain_until = max(drain_until, release_at)
+        for parked, _, _, not_before in self._parked.values():
+            if parked is segment:
+                drain_until = max(drain_until, not_before)
         lost = self._drop_segment(segment_id)
         node = self.nodes.get(node_id)
         if node is not None and not node.segment_ids:
@@ -224,8 +229,8 @@ class MasterState:
         if parked is not None:
             segment, offset, record, not_before = parked
             mounted = self.segments.get(segment.segment_id) is segment
-            if ok and mounted:  # the node recorded a copy nobody wants
-                self._send_forget(segment, record, offset)
+            if (ok or expired) and mounted:  # the node recorded (or may yet record) a copy
+                self._send_forget(segment, record, offset)  # nobody wants
             if expired:
                 not_before = max(not_before, self.clock() + self.config.reclaim_delay)
             self._release(segment, offset, not_before)
@@ -236,6 +241,10 @@ class MasterState:
             elif record.state is ObjectState.COMMITTED and segment_id in record.unacked:
                 if record.crc32c is None and i < len(crc32c):
                     record.crc32c = crc32c[i]  # the node's own checksum of what it holds
+                if expired:  # the node may record it late: it must not keep that entry
+                    self._send_forget(
+                        self.segments[segment_id], record, self._stored(record, segment_id).offset
+                    )
                 self._persist_done(record, segment_id, ok)
 
     # ------------------------------------------------------------------ client side
@@ -811,8 +820,8 @@ class MasterState:
                 if how == "cancelled":  # its node may still be writing there
                     self._parked[command_id] = (target, move.target.offset, record, 0.0)
                     return
-                if ok:  # the node recorded a copy nobody wants
-                    self._send_forget(target, record, move.target.offset)
+                if ok or how == "expired":  # the node recorded (or may yet) a copy nobody
+                    self._send_forget(target, record, move.target.offset)  # wants
                 not_before = 0.0
                 if how == "expired":
                     not_before = self.clock() + self.config.reclaim_delay

@@ -6,7 +6,8 @@ and often an NVMe segment come, go away gracefully, die, or restart and remount 
 with the objects they recorded; clients put batches of objects of random sizes, replica counts,
 pins and tiers, commit them with random replica failures, revoke them or go silent; nodes answer
 the master's Persist and Copy commands at once, later, with a failure, or not at all (the I/O
-layer gives up: a failure to the master, though the node may have recorded the object);
+layer gives up: a failure to the master, though the node may have recorded the object, which
+the master then tells it to forget);
 readers take leases with ``get_replicas`` (which may promote NVMe objects to DRAM) and
 ``exists``; objects are removed one by one or by prefix, with or without force; time passes in
 small steps and in large jumps; the master ticks (evicting, or demoting DRAM objects to NVMe).

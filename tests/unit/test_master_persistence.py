@@ -219,6 +219,24 @@ def test_a_node_failing_its_persist_drops_that_replica_and_the_object_is_publish
     assert nodes_of(get(state, "k")) == ["a"]
 
 
+def test_a_persist_the_master_gave_up_waiting_for_is_dropped_and_its_node_told_to_forget_it():
+    state, _ = new_state()
+    mount(state, "a")
+    mount(state, "b")
+    slot, persists = start_commit(state, "k", 4 * KiB, replicas=2)
+    [on_a] = [p for p in persists if p.node_id == "a"]
+    [on_b] = [p for p in persists if p.node_id == "b"]
+
+    state.command_expired(on_b.command_id)  # b may record it late: that entry must go
+
+    [forget] = only(sent(state), ForgetCommand)
+    assert (forget.node_id, forget.objects) == ("b", on_b.objects)
+    assert used(state, "b/dram0") == 0, "a record writes no object bytes: the space returns"
+    state.command_done(on_a.command_id, True)
+    assert settled(state) == [CommitResult("k", slot.put_id, OK)]
+    assert nodes_of(get(state, "k")) == ["a"]
+
+
 def test_when_every_node_fails_its_persist_the_commit_is_no_replica_and_the_space_free():
     state, _ = new_state()
     mount(state, "a")
