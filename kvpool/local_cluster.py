@@ -161,6 +161,9 @@ class LocalCluster:
         return [sys.executable, "-m", "kvpool.cli.main", *args]
 
     def start(self, timeout: float = 60.0) -> LocalCluster:
+        """Starts the cluster (once: ``with LocalCluster(...)`` already does)."""
+        if self.master is not None or self.masters:
+            return self
         deadline = time.monotonic() + timeout
         if self.etcd:
             for _ in range(self.master_count):
