@@ -2,19 +2,36 @@
 
 Commands for a node whose stream is not (yet, or no longer) open wait in its queue; the
 service gives up on answers that do not come in time, so nothing waits forever.
+
+A command written to a stream that then breaks may never have reached its node. Every command
+is remembered until its node answers; when the node opens a new stream, the commands sent on
+the old one and never answered go first on the new one (those the master still wants: a
+Persist or Copy it stopped waiting for is not sent again, nor one meant for an earlier process
+of the node, whose bytes died with it). Nodes carry out every command
+idempotently, so one that did arrive and only lost its answer does no harm the second time;
+that is what makes a Forget reliable, so that a node never keeps (and, on a remount to a new
+master, reports) an object the master removed.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from kvpool.proto import master_pb2 as pb
+
+#: Commands about bytes a node process holds: never sent again to a restarted node.
+BOUND_TO_PROCESS = ("persist", "copy")
 
 
 class NodeChannels:
     def __init__(self) -> None:
         self._queues: dict[str, asyncio.Queue[pb.NodeCommand]] = {}
         self._owners: dict[str, object] = {}
+        #: node id -> commands written to its streams and not answered yet, oldest first.
+        self._unanswered: dict[str, dict[int, pb.NodeCommand]] = {}
+        #: node id -> the node process (NodeHello.incarnation) of its latest stream.
+        self._incarnations: dict[str, str] = {}
 
     def queue(self, node_id: str) -> asyncio.Queue[pb.NodeCommand]:
         queue = self._queues.get(node_id)
@@ -25,10 +42,45 @@ class NodeChannels:
     def send(self, node_id: str, command: pb.NodeCommand) -> None:
         self.queue(node_id).put_nowait(command)
 
-    def attach(self, node_id: str, session: object) -> asyncio.Queue[pb.NodeCommand]:
-        """A node opened its stream; a newer stream of the same node replaces older ones."""
+    def written(self, node_id: str, command: pb.NodeCommand) -> None:
+        """A command went out on the node's stream: remember it until it is answered."""
+        self._unanswered.setdefault(node_id, {})[command.command_id] = command
+
+    def answered(self, node_id: str, command_id: int) -> None:
+        unanswered = self._unanswered.get(node_id)
+        if unanswered is not None:
+            unanswered.pop(command_id, None)
+
+    def unanswered(self, node_id: str) -> list[int]:
+        return list(self._unanswered.get(node_id, ()))
+
+    def attach(
+        self,
+        node_id: str,
+        session: object,
+        still_wanted: Callable[[pb.NodeCommand], bool] = lambda command: True,
+        incarnation: str = "",
+    ) -> asyncio.Queue[pb.NodeCommand]:
+        """A node opened its stream; a newer stream of the same node replaces older ones, and
+        gets first what was written to them and never answered (if ``still_wanted``; a
+        Persist or Copy only if the same process, ``incarnation``, opened both)."""
         self._owners[node_id] = session
-        return self.queue(node_id)
+        same_process = bool(incarnation) and self._incarnations.get(node_id) == incarnation
+        self._incarnations[node_id] = incarnation
+        queue = self.queue(node_id)
+        resend = [
+            command
+            for command in self._unanswered.pop(node_id, {}).values()
+            if (same_process or command.WhichOneof("kind") not in BOUND_TO_PROCESS)
+            and still_wanted(command)
+        ]
+        if resend:
+            waiting = []
+            while not queue.empty():
+                waiting.append(queue.get_nowait())
+            for command in [*resend, *waiting]:
+                queue.put_nowait(command)
+        return queue
 
     def detach(self, node_id: str, session: object) -> None:
         if self._owners.get(node_id) is session:
@@ -45,3 +97,5 @@ class NodeChannels:
     def discard(self, node_id: str) -> None:
         """Drops what waits for a node that is gone."""
         self._queues.pop(node_id, None)
+        self._unanswered.pop(node_id, None)
+        self._incarnations.pop(node_id, None)

@@ -214,8 +214,9 @@ class MasterService(master_pb2_grpc.MasterServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "say hello with a node_id first")
         node_id = hello.hello.node_id
         session = object()
-        queue = self.channels.attach(node_id, session)
-        reader = asyncio.create_task(self._read_reports(request_iterator))
+        channels = self.channels  # this term's: a new term replaces them
+        queue = channels.attach(node_id, session, self._still_wanted, hello.hello.incarnation)
+        reader = asyncio.create_task(self._read_reports(request_iterator, channels, node_id))
         log.info("node session open", node_id=node_id)
         try:
             while not reader.done():
@@ -225,20 +226,29 @@ class MasterService(master_pb2_grpc.MasterServicer):
                     command = getter.result()
                     if command is None:  # the term ended: the node must find the new leader
                         return
+                    channels.written(node_id, command)
                     yield command
                 else:
                     getter.cancel()
         finally:
-            self.channels.detach(node_id, session)
+            channels.detach(node_id, session)
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
             log.info("node session closed", node_id=node_id)
 
-    async def _read_reports(self, request_iterator) -> None:
+    def _still_wanted(self, command: pb.NodeCommand) -> bool:
+        """Whether a command a broken stream may have lost is worth sending again: not a
+        Persist or Copy the master stopped waiting for (its target may be reused by now)."""
+        if command.WhichOneof("kind") in ("persist", "copy"):
+            return self.state is not None and self.state.awaiting(command.command_id)
+        return True
+
+    async def _read_reports(self, request_iterator, channels: NodeChannels, node_id: str) -> None:
         async for report in request_iterator:
             if report.HasField("result"):
                 result = report.result
+                channels.answered(node_id, result.command_id)
                 with self._rpc("NodeResult"):
                     if not result.ok and result.error:
                         log.warning("a node command failed", error=result.error)

@@ -417,10 +417,12 @@ class NodeReport(_message.Message):
     def __init__(self, hello: _Optional[_Union[NodeHello, _Mapping]] = ..., result: _Optional[_Union[CommandResult, _Mapping]] = ...) -> None: ...
 
 class NodeHello(_message.Message):
-    __slots__ = ("node_id",)
+    __slots__ = ("node_id", "incarnation")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     node_id: str
-    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class CommandResult(_message.Message):
     __slots__ = ("command_id", "ok", "error", "crc32c")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Callable
 
 import grpc
@@ -47,6 +48,7 @@ class StorageNode:
         drain_timeout: float = 30.0,
     ) -> None:
         self.node_id = node_id
+        self.incarnation = uuid.uuid4().hex  # this process (see NodeHello)
         self.host = host
         self.master = str(master)
         self._resolver = LeaderResolver(master)
@@ -192,7 +194,8 @@ class StorageNode:
         restart) and answers each command in order, until ``stop`` or ``over``."""
         while not stop.is_set() and not over.is_set():
             reports = _Reports()
-            reports.put(pb.NodeReport(hello=pb.NodeHello(node_id=self.node_id)))
+            hello = pb.NodeHello(node_id=self.node_id, incarnation=self.incarnation)
+            reports.put(pb.NodeReport(hello=hello))
             call = stub.NodeSession(reports)
             try:
                 async for command in call:

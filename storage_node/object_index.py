@@ -54,8 +54,8 @@ class MemoryIndex:
         with self._lock:
             for entry in entries:
                 current = self._entries.get(entry.key)
-                if current is not None and current.offset == entry.offset:
-                    del self._entries[entry.key]
+                if current is not None and _same_object(current, entry):
+                    del self._entries[entry.key]  # only that object: Forgets may come twice
 
     def entries(self) -> list[Entry]:
         with self._lock:
@@ -158,9 +158,15 @@ def live_entries(path: Path) -> dict[str, Entry]:
     for op, value in read_records(path.read_bytes()):
         if op == OP_PUT:
             entries[value.key] = value
-        elif op == OP_DELETE and entries.get(value.key, value).offset == value.offset:
+        elif op == OP_DELETE and _same_object(entries.get(value.key, value), value):
             entries.pop(value.key, None)
     return entries
+
+
+def _same_object(a: Entry, b: Entry) -> bool:
+    """One put of a key: the same place and generation (a later put of the key may land at
+    the same offset, and a late or repeated Forget of the earlier one must not remove it)."""
+    return (a.offset, a.generation) == (b.offset, b.generation)
 
 
 def _frame(body: bytes) -> bytes:

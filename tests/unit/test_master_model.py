@@ -534,7 +534,7 @@ class MasterModel(RuleBasedStateMachine):
 
     def forget_on_disk(self, segment_id: str, item: StoredObject) -> None:
         entry = self.disk[segment_id].get(item.key)
-        if entry is not None and entry.offset == item.offset:  # what a node's index does
+        if entry is not None and (entry.offset, entry.generation) == (item.offset, item.generation):
             del self.disk[segment_id][item.key]
             self.missed[segment_id][item.key] = entry
 
