@@ -217,20 +217,28 @@ class MasterService(master_pb2_grpc.MasterServicer):
         channels = self.channels  # this term's: a new term replaces them
         queue = channels.attach(node_id, session, self._still_wanted, hello.hello.incarnation)
         reader = asyncio.create_task(self._read_reports(request_iterator, channels, node_id))
+        # When the node's side ends, so does this handler: cancelling a wait on the queue
+        # takes nothing out of it, so every command stays for the node's next stream.
+        handler = asyncio.current_task()
+
+        def end_with_the_node(_: asyncio.Task) -> None:
+            if handler is not None and not handler.done():
+                handler.cancel()
+
+        reader.add_done_callback(end_with_the_node)
         log.info("node session open", node_id=node_id)
         try:
-            while not reader.done():
-                getter = asyncio.ensure_future(queue.get())
-                done, _ = await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
-                if getter in done:
-                    command = getter.result()
-                    if command is None:  # the term ended: the node must find the new leader
-                        return
-                    channels.written(node_id, command)
-                    yield command
-                else:
-                    getter.cancel()
+            while True:
+                command = await queue.get()
+                if command is None:  # the term ended: the node must find the new leader
+                    return
+                channels.written(node_id, command)
+                yield command
+        except asyncio.CancelledError:
+            if not reader.done():
+                raise  # gRPC ended the call
         finally:
+            reader.remove_done_callback(end_with_the_node)
             channels.detach(node_id, session)
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

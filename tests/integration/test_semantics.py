@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -210,3 +211,41 @@ def test_nodes_remount_by_themselves_after_a_master_restart(cluster_factory):
         assert wait_until(lambda: client.cluster_status().nodes == 2, timeout=5.0)
         client.put("after", b"2")
         assert client.get("after") == b"2"
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2) to cut connections")
+def test_a_removal_sticks_though_the_node_stream_broke_before_the_node_heard_of_it(
+    cluster_factory,
+):
+    """The master's Forgets were written to the node's stream, then the connection died
+    before the node read them (it was stopped). The node reconnects and gets them again, so a
+    restarted master does not bring the removed objects back from the node's index."""
+    cluster = cluster_factory(1, "64MiB", master_args=["--node-ttl", "60"])
+    [node] = cluster.nodes
+    results = 'kvpool_master_requests_total{method="NodeResult"}'
+    with Client(cluster.master_address) as client:
+        for i in range(6):
+            client.put(f"k{i}", bytes([i]) * 1000)
+        answered = metric(cluster.master_http_port, results)
+        node.signal(signal.SIGSTOP)
+        try:
+            for i in range(3):
+                client.remove(f"k{i}")  # a Forget for each goes out to the stopped node
+            time.sleep(0.5)  # written to the socket, never read
+            subprocess.run(
+                ["ss", "-K", "dst", "127.0.0.1", "dport", "=", str(cluster.port)],
+                check=True,
+                capture_output=True,
+            )
+        finally:
+            node.signal(signal.SIGCONT)
+        assert wait_until(
+            lambda: metric(cluster.master_http_port, results) >= answered + 3, timeout=15.0
+        ), "the node never answered the Forgets sent again on its new stream"
+
+    cluster.master.kill()
+    cluster.start_master()  # same port, empty memory: it learns everything from the node
+    with Client(cluster.master_address) as client:
+        assert wait_until(lambda: client.exists("k5"), timeout=10.0)
+        assert [client.exists(f"k{i}") for i in range(6)] == [False] * 3 + [True] * 3
+        assert client.get("k4") == bytes([4]) * 1000
