@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass
 from kvpool.common.sizes import format_size, parse_size
 
 DEFAULT_SIZES = "1MiB,32MiB"
+#: Read lease of the benchmark's gets, in seconds.
+LEASE = 1.0
 
 
 @dataclass
@@ -111,9 +113,12 @@ def _measure(
     import numpy as np
 
     from kvpool import Client
+    from kvpool.errors import ObjectNotFound
 
     results = []
-    with Client(master, replicas=replicas, timeout=60) as client:
+    # Short read leases: a round removes its objects, and their space returns only when the
+    # last reader's lease ends (the next round needs it).
+    with Client(master, replicas=replicas, timeout=60, lease_ttl=LEASE) as client:
         for tier, size in [(t, s) for t in tiers for s in sizes]:
             count = max(8, per_size // size)
             source = np.frombuffer(os.urandom(size), dtype=np.uint8).copy()
@@ -130,11 +135,19 @@ def _measure(
                 put_times.append(time.perf_counter() - start)
             for key in keys:
                 start = time.perf_counter()
-                client.get_into(key, target)
+                try:
+                    client.get_into(key, target)
+                except ObjectNotFound:
+                    raise SystemExit(
+                        f"bench: {key} was evicted before it was read back: the cluster holds "
+                        f"less than {count} x {size} bytes in the {tier} tier; raise --dram "
+                        "(or --nvme-size) or lower --bytes"
+                    ) from None
                 get_times.append(time.perf_counter() - start)
             if not np.array_equal(source, target):
                 raise SystemExit("bench: the bytes read back differ from the bytes written")
             client.remove_many([*keys, prefix + "warmup"], force=True)
+            time.sleep(LEASE)  # the space comes back when the leases end
             for region in regions:
                 client.unregister_buffer(region)
             results.append(

@@ -111,6 +111,27 @@ def test_stat_and_removal_by_prefix_from_the_shell(up):
     assert missing.returncode == 1 and b"no object with key" in missing.stderr
 
 
+def test_bench_prints_put_and_get_throughput_of_a_running_cluster(up):
+    _, master = up
+    done = kvpool("bench", "--sizes", "64KiB,1MiB", "--bytes", "4MiB", master=master)
+    assert done.returncode == 0, done.stderr.decode()
+    out = done.stdout.decode()
+    assert "put GB/s" in out and "get GB/s" in out
+    assert "64.0 KiB" in out and "1.0 MiB" in out
+
+
+def test_bench_on_a_cluster_too_small_for_its_objects_says_what_to_change():
+    bench = ["bench", "--nodes", "1", "--dram", "32MiB", "--sizes", "4MiB", "--bytes", "64MiB"]
+    done = subprocess.run(
+        [sys.executable, "-m", "kvpool.cli.main", *bench],
+        capture_output=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    err = done.stderr.decode()
+    assert "raise --dram" in err and "Traceback" not in err
+
+
 def test_client_commands_report_an_unreachable_master_without_a_traceback():
     result = kvpool("status", "--timeout", "0.5", master="127.0.0.1:1")
     assert result.returncode == 1
