@@ -161,24 +161,16 @@ class Client:
         if not sources:
             return results
         order = list(sources)
+        keys = [pairs[i][0] for i in order]
+        sizes = [sources[i][1] for i in order]
         puts = []
-        pause = FENCE_RETRY
-        while order:
-            keys = [pairs[i][0] for i in order]
-            sizes = [sources[i][1] for i in order]
-            slots, write_deadline = put_path.reserve(self._session, keys, sizes, options, deadline)
-            fenced = []
-            for i, key, slot in zip(order, keys, slots, strict=True):
-                if slot.status == KeyStatus.OK:
-                    puts.append(PendingPut(i, key, slot, sources[i], write_deadline))
-                elif slot.status == KeyStatus.FENCED and time.monotonic() + pause < deadline:
-                    fenced.append(i)  # a new master is fencing old writers: wait and retry
-                else:
-                    results[i] = error_for(slot.status, key, slot.message)
-            order = fenced
-            if order:
-                time.sleep(pause)
-                pause = min(pause * 2, 1.0)
+        for i, (slot, write_deadline) in zip(
+            order, self._reserve(keys, sizes, options, deadline), strict=True
+        ):
+            if slot.status == KeyStatus.OK:
+                puts.append(PendingPut(i, pairs[i][0], slot, sources[i], write_deadline))
+            else:
+                results[i] = error_for(slot.status, pairs[i][0], slot.message)
         put_path.write(self._session, puts, options.checksum)
         for put, status in zip(puts, put_path.commit(self._session, puts, deadline), strict=True):
             if status == KeyStatus.OK:
@@ -198,13 +190,34 @@ class Client:
             raise InvalidKey(f"invalid key {key!r}: {problem}", key=key)
         write_options = self._write_options(**options)
         deadline = time.monotonic() + self.timeout
-        [slot], write_deadline = put_path.reserve(
-            self._session, [key], [size], write_options, deadline
-        )
+        [(slot, write_deadline)] = self._reserve([key], [size], write_options, deadline)
         if slot.status != KeyStatus.OK:
             raise error_for(slot.status, key, slot.message)
         pending = PendingPut(0, key, slot, None, write_deadline)
         return Reservation(self._session, pending, size, write_options.checksum)
+
+    def _reserve(
+        self, keys: list[str], sizes: list[int], options: WriteOptions, deadline: float
+    ) -> list[tuple[Any, float]]:
+        """PutStart for every key; entry i is (slot, write deadline). FENCED slots (a new
+        master fencing old writers, or a node still clearing the space) are asked for again
+        with backoff while the deadline allows."""
+        outcomes: list[Any] = [None] * len(keys)
+        order = list(range(len(keys)))
+        pause = FENCE_RETRY
+        while order:
+            asked = ([keys[i] for i in order], [sizes[i] for i in order])
+            slots, write_deadline = put_path.reserve(self._session, *asked, options, deadline)
+            fenced = []
+            for i, slot in zip(order, slots, strict=True):
+                outcomes[i] = (slot, write_deadline)
+                if slot.status == KeyStatus.FENCED and time.monotonic() + pause < deadline:
+                    fenced.append(i)
+            order = fenced
+            if order:
+                time.sleep(pause)
+                pause = min(pause * 2, 1.0)
+        return outcomes
 
     def get_many(self, keys: Sequence[str], *, verify: bool = False) -> list[bytes | KVPoolError]:
         """Reads every key; entry i is the object's bytes or the error for key i."""

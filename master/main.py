@@ -241,6 +241,7 @@ def _tick(service: MasterService, state: MasterState) -> None:
     service.after_state_change()
     for node_id in report.dead_nodes:
         service.channels.discard(node_id)
+        service.forgets.node_gone(node_id)
         if service.registry is not None:
             service.registry.node_gone(node_id)
     if report.reservations_reclaimed:

@@ -21,8 +21,16 @@ from kvpool.common.logging import get_logger
 from kvpool.common.status import KeyStatus, Pin, Tier
 from kvpool.master import metrics
 from kvpool.master.commands_pb import command_to_pb, stored_from_pb
+from kvpool.master.forget_barrier import ForgetBarrier
 from kvpool.master.node_channels import NodeChannels
-from kvpool.master.records import Commit, PlacedReplica, PutOptions, SegmentInfo
+from kvpool.master.records import (
+    Commit,
+    ForgetCommand,
+    PlacedReplica,
+    PutOptions,
+    PutSlot,
+    SegmentInfo,
+)
 from kvpool.master.state import MasterState
 from kvpool.proto import master_pb2 as pb
 from kvpool.proto import master_pb2_grpc
@@ -32,6 +40,8 @@ log = get_logger("kvpool.master")
 MAX_BATCH = 65536
 #: How long the master waits for a node to answer a command before counting it failed.
 COMMAND_TIMEOUT = 5.0
+#: How long a PutStart waits for nodes to forget what lay where it reserved (forget_barrier.py).
+FORGET_WAIT = 1.0
 
 
 class MasterService(master_pb2_grpc.MasterServicer):
@@ -46,6 +56,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
         self._awaited_nodes: set[str] = set()
         self._rebuild_deadline = 0.0
         self.channels = NodeChannels()
+        self.forgets = ForgetBarrier()
         self._segment_pbs: dict[str, tuple[SegmentInfo, pb.Segment]] = {}
         #: (key, put_id) -> futures of PutEnd calls waiting for nodes to record the object.
         self._commits: dict[tuple[str, int], list[asyncio.Future[int]]] = {}
@@ -77,6 +88,8 @@ class MasterService(master_pb2_grpc.MasterServicer):
         self._commits.clear()
         self.channels.close_all()
         self.channels = NodeChannels()
+        self.forgets.clear()
+        self.forgets = ForgetBarrier()
         self.state = state  # type: ignore[assignment]
         self._awaited_nodes = set(awaited_nodes or ())
         self._rebuild_deadline = time.monotonic() + rebuild_window
@@ -92,6 +105,8 @@ class MasterService(master_pb2_grpc.MasterServicer):
         if state.outbox:
             loop = asyncio.get_running_loop()
             for command in state.outbox:
+                if isinstance(command, ForgetCommand):
+                    self.forgets.sent(command)
                 self.channels.send(command.node_id, command_to_pb(command))
                 if state.awaiting(command.command_id):
                     loop.call_later(self.command_timeout, self._expire, command.command_id)
@@ -169,7 +184,14 @@ class MasterService(master_pb2_grpc.MasterServicer):
                 pin_ttl=request.pin_ttl_ms / 1000.0,
                 tier=Tier(request.tier),
             )
-            slots = self.state.put_start(request.client_id, request.keys, request.sizes, options)
+            state = self.state
+            slots = state.put_start(request.client_id, request.keys, request.sizes, options)
+            self.after_state_change()  # sends the Forgets of what this call evicted
+            slots = await self._clear_of_forgets(state, request, slots)
+            if self.state is not state:
+                await context.abort(
+                    grpc.StatusCode.UNAVAILABLE, "the master's term ended meanwhile: retry"
+                )
             response = pb.PutStartResponse(
                 write_timeout_ms=int(self.state.config.write_timeout * 1000)
             )
@@ -182,6 +204,41 @@ class MasterService(master_pb2_grpc.MasterServicer):
             response.segments.extend(segments.values())
             _count("PutStart", (slot.status for slot in slots))
             return response
+
+    async def _clear_of_forgets(
+        self, state: MasterState, request: pb.PutStartRequest, slots: list[PutSlot]
+    ) -> list[PutSlot]:
+        """Holds back slots whose space a node may still list under an older object (see
+        forget_barrier.py); a slot still held after FORGET_WAIT is revoked as FENCED (the
+        client retries it)."""
+        waits: dict[int, list[asyncio.Future[None]]] = {}
+        for i, slot in enumerate(slots):
+            if slot.status is not KeyStatus.OK:
+                continue
+            pending = [
+                answer
+                for r in slot.replicas
+                for answer in self.forgets.pending(
+                    r.segment.segment_id, r.address - r.segment.base_address, request.sizes[i]
+                )
+            ]
+            if pending:
+                waits[i] = pending
+        if not waits:
+            return slots
+        await asyncio.wait({a for answers in waits.values() for a in answers}, timeout=FORGET_WAIT)
+        late = [i for i, answers in waits.items() if not all(a.done() for a in answers)]
+        if not late or self.state is not state:
+            return slots
+        state.put_revoke([request.keys[i] for i in late], [slots[i].put_id for i in late])
+        self.after_state_change()
+        slots = list(slots)
+        for i in late:
+            slots[i] = PutSlot(
+                KeyStatus.FENCED,
+                message="its storage node has not yet confirmed that it cleared the space: retry",
+            )
+        return slots
 
     async def PutEnd(self, request, context):
         with self._rpc("PutEnd"):
@@ -214,9 +271,11 @@ class MasterService(master_pb2_grpc.MasterServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "say hello with a node_id first")
         node_id = hello.hello.node_id
         session = object()
-        channels = self.channels  # this term's: a new term replaces them
+        channels, forgets = self.channels, self.forgets  # this term's: a new term replaces them
         queue = channels.attach(node_id, session, self._still_wanted, hello.hello.incarnation)
-        reader = asyncio.create_task(self._read_reports(request_iterator, channels, node_id))
+        reader = asyncio.create_task(
+            self._read_reports(request_iterator, channels, forgets, node_id)
+        )
         # When the node's side ends, so does this handler: cancelling a wait on the queue
         # takes nothing out of it, so every command stays for the node's next stream.
         handler = asyncio.current_task()
@@ -252,11 +311,14 @@ class MasterService(master_pb2_grpc.MasterServicer):
             return self.state is not None and self.state.awaiting(command.command_id)
         return True
 
-    async def _read_reports(self, request_iterator, channels: NodeChannels, node_id: str) -> None:
+    async def _read_reports(
+        self, request_iterator, channels: NodeChannels, forgets: ForgetBarrier, node_id: str
+    ) -> None:
         async for report in request_iterator:
             if report.HasField("result"):
                 result = report.result
                 channels.answered(node_id, result.command_id)
+                forgets.answered(result.command_id)
                 with self._rpc("NodeResult"):
                     if not result.ok and result.error:
                         log.warning("a node command failed", error=result.error)

@@ -249,3 +249,32 @@ def test_a_removal_sticks_though_the_node_stream_broke_before_the_node_heard_of_
         assert wait_until(lambda: client.exists("k5"), timeout=10.0)
         assert [client.exists(f"k{i}") for i in range(6)] == [False] * 3 + [True] * 3
         assert client.get("k4") == bytes([4]) * 1000
+
+
+def test_a_writer_gets_freed_space_only_after_its_node_forgot_the_old_object(cluster_factory):
+    """A removed object's space is handed to the next writer only once the node has dropped
+    the old object from its index: otherwise a new leader, rebuilding from that node, could
+    adopt the old object over the new writer's bytes."""
+    cluster = cluster_factory(1, "64MiB", master_args=["--node-ttl", "60"])
+    [node] = cluster.nodes
+    size = 1 << 20
+    with Client(cluster.master_address, timeout=30) as client:
+        client.put("old", b"o" * size)
+        [old_place] = client.stat("old").replicas
+        node.signal(signal.SIGSTOP)  # it will not read the Forget for now
+        try:
+            client.remove("old")
+            reserved: list = []
+            writer = threading.Thread(target=lambda: reserved.append(client.reserve("new", size)))
+            writer.start()
+            writer.join(timeout=2.0)
+            assert writer.is_alive(), "a writer was told to write where the node still lists 'old'"
+        finally:
+            node.signal(signal.SIGCONT)
+        writer.join(timeout=15.0)
+        [reservation] = reserved
+        reservation.write(b"n" * size)
+        reservation.commit()
+        [new_place] = client.stat("new").replicas
+        assert new_place.address == old_place.address, "the test must reuse the old bytes"
+        assert client.get("new") == b"n" * size

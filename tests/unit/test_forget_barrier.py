@@ -1,0 +1,54 @@
+"""A writer is told where to write only once the node forgot what lay there (forget_barrier.py).
+
+``pending`` names the unanswered Forgets whose byte ranges overlap a buffer about to be handed
+out; an answer, the node's death or a new term releases them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from kvpool.master.forget_barrier import ForgetBarrier
+from kvpool.master.records import ForgetCommand, StoredObject
+
+
+def forget(command_id: int, offset: int, size: int, node: str = "n1") -> ForgetCommand:
+    stored = StoredObject("old", offset, size, generation=1)
+    return ForgetCommand(command_id, node, f"{node}/dram0", (stored,))
+
+
+def test_only_buffers_overlapping_an_unanswered_forget_wait_and_an_answer_releases_them():
+    async def scenario() -> None:
+        barrier = ForgetBarrier()
+        barrier.sent(forget(7, offset=1000, size=500))  # bytes 1000..1499
+
+        assert barrier.pending("n1/dram0", 0, 1000) == [], "ends where the old object starts"
+        assert barrier.pending("n1/dram0", 1500, 100) == [], "starts where it ended"
+        assert barrier.pending("n2/dram0", 1000, 500) == [], "another segment"
+        [answer] = barrier.pending("n1/dram0", 1400, 200)
+        assert not answer.done()
+
+        barrier.answered(7)
+
+        assert answer.done()
+        assert barrier.pending("n1/dram0", 1400, 200) == []
+        assert len(barrier) == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_dead_node_or_a_new_term_releases_every_wait():
+    async def scenario() -> None:
+        barrier = ForgetBarrier()
+        barrier.sent(forget(1, 0, 64, node="n1"))
+        barrier.sent(forget(2, 0, 64, node="n2"))
+        [on_n1] = barrier.pending("n1/dram0", 0, 64)
+        [on_n2] = barrier.pending("n2/dram0", 0, 64)
+
+        barrier.node_gone("n1")
+        assert on_n1.done() and not on_n2.done()
+        barrier.clear()
+        assert on_n2.done() and len(barrier) == 0
+        barrier.answered(2)  # a late answer changes nothing
+
+    asyncio.run(scenario())
