@@ -271,11 +271,10 @@ class MasterService(master_pb2_grpc.MasterServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "say hello with a node_id first")
         node_id = hello.hello.node_id
         session = object()
-        channels, forgets = self.channels, self.forgets  # this term's: a new term replaces them
-        queue = channels.attach(node_id, session, self._still_wanted, hello.hello.incarnation)
-        reader = asyncio.create_task(
-            self._read_reports(request_iterator, channels, forgets, node_id)
-        )
+        # This term's: a new term replaces them (and numbers its commands afresh).
+        term = (self.state, self.channels, self.forgets)
+        queue = term[1].attach(node_id, session, self._still_wanted, hello.hello.incarnation)
+        reader = asyncio.create_task(self._read_reports(request_iterator, term, node_id))
         # When the node's side ends, so does this handler: cancelling a wait on the queue
         # takes nothing out of it, so every command stays for the node's next stream.
         handler = asyncio.current_task()
@@ -291,14 +290,14 @@ class MasterService(master_pb2_grpc.MasterServicer):
                 command = await queue.get()
                 if command is None:  # the term ended: the node must find the new leader
                     return
-                channels.written(node_id, command)
+                term[1].written(node_id, command)
                 yield command
         except asyncio.CancelledError:
             if not reader.done():
                 raise  # gRPC ended the call
         finally:
             reader.remove_done_callback(end_with_the_node)
-            channels.detach(node_id, session)
+            term[1].detach(node_id, session)
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
@@ -312,9 +311,15 @@ class MasterService(master_pb2_grpc.MasterServicer):
         return True
 
     async def _read_reports(
-        self, request_iterator, channels: NodeChannels, forgets: ForgetBarrier, node_id: str
+        self,
+        request_iterator,
+        term: tuple[MasterState, NodeChannels, ForgetBarrier],
+        node_id: str,
     ) -> None:
+        state, channels, forgets = term
         async for report in request_iterator:
+            if self.state is not state:
+                return  # answers to an ended term's commands (ids start afresh each term)
             if report.HasField("result"):
                 result = report.result
                 channels.answered(node_id, result.command_id)
@@ -322,7 +327,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
                 with self._rpc("NodeResult"):
                     if not result.ok and result.error:
                         log.warning("a node command failed", error=result.error)
-                    self.state.command_done(result.command_id, result.ok, list(result.crc32c))
+                    state.command_done(result.command_id, result.ok, list(result.crc32c))
 
     async def PutRevoke(self, request, context):
         with self._rpc("PutRevoke"):
