@@ -32,6 +32,8 @@ from kvpool.transport import ucp
 log = get_logger("kvpool.node")
 
 RPC_TIMEOUT = 2.0
+#: How long a stopping node waits for a command running on a worker thread (a copy, a sync).
+COMMAND_GRACE = 60.0
 
 
 class StorageNode:
@@ -67,6 +69,8 @@ class StorageNode:
         self._progress = ucp.ProgressThread(worker)
         self._failures = 0
         self._executor = CommandExecutor(segments)
+        #: The command running on a worker thread, if any (commands run one at a time).
+        self._command_running: asyncio.Future[pb.CommandResult] | None = None
 
     @property
     def ready(self) -> tuple[bool, str]:
@@ -122,6 +126,11 @@ class StorageNode:
             wait = min(drain, self.drain_timeout)
             log.info("draining in-flight reads", seconds=round(wait, 3), leases_end_in=drain)
             await asyncio.sleep(wait)
+        # A copy or disk sync may still be running on a worker thread: the segments it touches
+        # must outlive it.
+        if not await self._commands_finished(timeout=COMMAND_GRACE):
+            log.warning("a command still runs; leaving its memory to the process exit")
+            return
         self.close()
 
     async def _sync_with_master(self, stub: master_pb2_grpc.MasterStub) -> str | None:
@@ -199,10 +208,7 @@ class StorageNode:
             call = stub.NodeSession(reports)
             try:
                 async for command in call:
-                    if self._executor.quick(command):
-                        result = self._executor.execute(command)
-                    else:
-                        result = await asyncio.to_thread(self._executor.execute, command)
+                    result = await self._run_command(command)
                     if not result.ok:
                         log.warning("command failed", error=result.error)
                     reports.put(pb.NodeReport(result=result))
@@ -212,6 +218,22 @@ class StorageNode:
             finally:
                 call.cancel()
             await pause(over, self.heartbeat_interval)
+
+    async def _run_command(self, command: pb.NodeCommand) -> pb.CommandResult:
+        """Runs one command after the one before it (even one begun on a stream that has
+        since closed: its thread runs on), so that they apply in the order they were sent."""
+        await self._commands_finished()
+        if self._executor.quick(command):
+            return self._executor.execute(command)
+        running = asyncio.get_running_loop().run_in_executor(None, self._executor.execute, command)
+        self._command_running = running
+        return await asyncio.shield(running)  # a cancelled stream leaves it running, tracked
+
+    async def _commands_finished(self, timeout: float | None = None) -> bool:
+        running = self._command_running
+        if running is not None and not running.done():
+            await asyncio.wait({running}, timeout=timeout)
+        return running is None or running.done()
 
     async def _unmount_all(self, stub: master_pb2_grpc.MasterStub) -> float:
         """Unmounts every segment; returns how long readers may still need the memory."""
