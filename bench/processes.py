@@ -34,13 +34,12 @@ class ServerProcess:
         self.log_path = log_path
         self._log = log_path.open("ab")
         self.popen = subprocess.Popen(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=dict(env),
-            start_new_session=True,
+            list(argv), env=dict(env), start_new_session=True, **self._streams()
         )
+
+    def _streams(self) -> dict:
+        """Where the child's standard streams go: all its output to the log."""
+        return {"stdin": subprocess.DEVNULL, "stdout": self._log, "stderr": subprocess.STDOUT}
 
     @property
     def pid(self) -> int:
@@ -67,23 +66,16 @@ class RunnerProcess(ServerProcess):
     def __init__(
         self, name: str, argv: Sequence[str], log_path: Path, env: Mapping[str, str]
     ) -> None:
-        self.name = name
-        self.log_path = log_path
-        self._log = log_path.open("ab")
-        self.popen = subprocess.Popen(
-            list(argv),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            env=dict(env),
-            text=True,
-            bufsize=1,
-            start_new_session=True,
-        )
+        super().__init__(name, argv, log_path, env)
         self._answers: queue.Queue[dict | None] = queue.Queue()
         self._reader = threading.Thread(target=self._read, name=f"{name}-reader", daemon=True)
         self._reader.start()
         self.ready: dict | None = None
+
+    def _streams(self) -> dict:
+        """Commands in on stdin, answers out on stdout (line by line), stderr to the log."""
+        pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": self._log}
+        return {**pipes, "text": True, "bufsize": 1}
 
     def _read(self) -> None:
         assert self.popen.stdout is not None

@@ -15,56 +15,64 @@ always; only the moment the writer learns where to write waits.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
 from kvpool.master.records import ForgetCommand
 
 
+@dataclass(slots=True)
+class _Unanswered:
+    node_id: str
+    segment_id: str
+    ranges: list[tuple[int, int]]  # (start, end) of each object it names
+    answer: asyncio.Future[None]
+
+
 class ForgetBarrier:
     def __init__(self) -> None:
-        #: segment id -> command id -> byte ranges (start, end) of its unanswered Forget.
-        self._ranges: dict[str, dict[int, list[tuple[int, int]]]] = {}
-        self._answers: dict[int, asyncio.Future[None]] = {}
-        self._segment_of: dict[int, str] = {}
-        self._node_of: dict[int, str] = {}
+        #: segment id -> command id -> its Forget, unanswered.
+        self._by_segment: dict[str, dict[int, _Unanswered]] = {}
+        self._by_id: dict[int, _Unanswered] = {}
 
     def sent(self, command: ForgetCommand) -> None:
-        ranges = [(o.offset, o.offset + max(o.size, 1)) for o in command.objects]
-        self._ranges.setdefault(command.segment_id, {})[command.command_id] = ranges
-        self._answers[command.command_id] = asyncio.get_running_loop().create_future()
-        self._segment_of[command.command_id] = command.segment_id
-        self._node_of[command.command_id] = command.node_id
+        forget = _Unanswered(
+            command.node_id,
+            command.segment_id,
+            [(o.offset, o.offset + max(o.size, 1)) for o in command.objects],
+            asyncio.get_running_loop().create_future(),
+        )
+        self._by_segment.setdefault(command.segment_id, {})[command.command_id] = forget
+        self._by_id[command.command_id] = forget
 
     def answered(self, command_id: int) -> None:
         """The node answered (whatever it said, it no longer lists the object)."""
-        segment_id = self._segment_of.pop(command_id, None)
-        if segment_id is None:
+        forget = self._by_id.pop(command_id, None)
+        if forget is None:
             return
-        del self._node_of[command_id]
-        in_segment = self._ranges.get(segment_id, {})
-        in_segment.pop(command_id, None)
+        in_segment = self._by_segment[forget.segment_id]
+        del in_segment[command_id]
         if not in_segment:
-            self._ranges.pop(segment_id, None)
-        answer = self._answers.pop(command_id)
-        if not answer.done():
-            answer.set_result(None)
+            del self._by_segment[forget.segment_id]
+        if not forget.answer.done():
+            forget.answer.set_result(None)
 
     def node_gone(self, node_id: str) -> None:
         """The node was declared dead (its segments with it): stop waiting for it."""
-        for command_id in [c for c, n in self._node_of.items() if n == node_id]:
+        for command_id in [c for c, f in self._by_id.items() if f.node_id == node_id]:
             self.answered(command_id)
 
     def clear(self) -> None:
-        for command_id in list(self._segment_of):
+        for command_id in list(self._by_id):
             self.answered(command_id)
 
     def pending(self, segment_id: str, offset: int, size: int) -> list[asyncio.Future[None]]:
         """The answers a writer of ``size`` bytes at ``offset`` must wait for."""
         end = offset + max(size, 1)
         return [
-            self._answers[command_id]
-            for command_id, ranges in self._ranges.get(segment_id, {}).items()
-            if any(start < end and offset < stop for start, stop in ranges)
+            forget.answer
+            for forget in self._by_segment.get(segment_id, {}).values()
+            if any(start < end and offset < stop for start, stop in forget.ranges)
         ]
 
     def __len__(self) -> int:
-        return len(self._answers)
+        return len(self._by_id)

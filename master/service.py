@@ -22,7 +22,7 @@ from kvpool.common.status import KeyStatus, Pin, Tier
 from kvpool.master import metrics
 from kvpool.master.commands_pb import command_to_pb, stored_from_pb
 from kvpool.master.forget_barrier import ForgetBarrier
-from kvpool.master.node_channels import NodeChannels
+from kvpool.master.node_channels import BOUND_TO_PROCESS, NodeChannels
 from kvpool.master.records import (
     Commit,
     ForgetCommand,
@@ -231,7 +231,6 @@ class MasterService(master_pb2_grpc.MasterServicer):
         if not late or self.state is not state:
             return slots
         state.put_revoke([request.keys[i] for i in late], [slots[i].put_id for i in late])
-        self.after_state_change()
         slots = list(slots)
         for i in late:
             slots[i] = PutSlot(
@@ -306,7 +305,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
     def _still_wanted(self, command: pb.NodeCommand) -> bool:
         """Whether a command a broken stream may have lost is worth sending again: not a
         Persist or Copy the master stopped waiting for (its target may be reused by now)."""
-        if command.WhichOneof("kind") in ("persist", "copy"):
+        if command.WhichOneof("kind") in BOUND_TO_PROCESS:  # the commands the core awaits
             return self.state is not None and self.state.awaiting(command.command_id)
         return True
 
