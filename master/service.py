@@ -272,7 +272,8 @@ class MasterService(master_pb2_grpc.MasterServicer):
         session = object()
         # This term's: a new term replaces them (and numbers its commands afresh).
         term = (self.state, self.channels, self.forgets)
-        queue = term[1].attach(node_id, session, self._still_wanted, hello.hello.incarnation)
+        channels = term[1]
+        queue = channels.attach(node_id, session, self._still_wanted, hello.hello.incarnation)
         reader = asyncio.create_task(self._read_reports(request_iterator, term, node_id))
         # When the node's side ends, so does this handler: cancelling a wait on the queue
         # takes nothing out of it, so every command stays for the node's next stream.
@@ -289,14 +290,14 @@ class MasterService(master_pb2_grpc.MasterServicer):
                 command = await queue.get()
                 if command is None:  # the term ended: the node must find the new leader
                     return
-                term[1].written(node_id, command)
+                channels.written(node_id, command)
                 yield command
         except asyncio.CancelledError:
             if not reader.done():
                 raise  # gRPC ended the call
         finally:
             reader.remove_done_callback(end_with_the_node)
-            term[1].detach(node_id, session)
+            channels.detach(node_id, session)
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
