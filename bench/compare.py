@@ -12,7 +12,7 @@ Before measuring, each store is filled once to most of its capacity and emptied 
 of a segment's pages cost far more than a copy), and one unrecorded run warms every path.
 Objects are removed (forced) after each workload; kvpool keeps the space of an object removed
 under a read lease until the lease ends (10 s), so each store is sized (``--store-size``,
-default 2 GiB) for the few hundred MiB that a run leaves waiting.
+default 4 GiB) for the few hundred MiB that a run leaves waiting.
 
 Mooncake needs ``bench/setup_mooncake.sh`` first; without it the comparison runs kvpool and
 memcpy only. The netns placement needs root. See docs/benchmarks.md.
@@ -101,7 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "run bench/setup_mooncake.sh first)",
     )
     group.add_argument(
-        "--store-size", default="2GiB", help="memory of each store: kvpool's node, Mooncake's peer"
+        "--store-size", default="4GiB", help="memory of each store: kvpool's node, Mooncake's peer"
     )
     group.add_argument("--runs", type=int, default=5, help="alternating runs (default 5)")
     group.add_argument("--placements", default=",".join(PLACEMENTS), help="%(default)s")
@@ -191,7 +191,7 @@ def compare(
     systems: list[str],
     workloads: list[Workload],
     runs: int,
-    store_size: int = 2048 * MiB,
+    store_size: int = 4096 * MiB,
     log_dir: Path = HERE / "results" / "logs",
     warmup: bool = True,
     ceilings: bool = False,
@@ -289,6 +289,11 @@ class PlacementBench:
         self.servers: dict = {}
         self.runners: dict[str, list] = {s: [] for s in systems}
         self.pids: set[int] = set()
+        #: system -> its processes (servers and client runners), to let them go quiet
+        self.system_pids: dict[str, set[int]] = {s: set() for s in systems}
+        #: system -> seconds waited, before each measurement, for the others to go quiet
+        self.settle_waits: dict[str, list[float]] = {s: [] for s in systems}
+        self.settle_timeouts: dict[str, int] = {s: 0 for s in systems}
         #: Read leases kvpool's clients ask for (0: the master's default). Removing a leased
         #: object by force frees its space only when the lease ends: a profile, which runs a
         #: workload back to back, asks for short leases so that the store does not fill up.
@@ -321,6 +326,13 @@ class PlacementBench:
             "seconds": round(time.monotonic() - started, 1),
             "values": values,
             "medians": _medians(values),
+            "settle": {
+                system: {
+                    "median_wait_s": round(statistics.median(waits), 3) if waits else 0.0,
+                    "timeouts": self.settle_timeouts[system],
+                }
+                for system, waits in self.settle_waits.items()
+            },
             "other_processes": environment.busy_since(snapshot, self.pids),
         }
 
@@ -367,6 +379,7 @@ class PlacementBench:
                 print(f"[{self.placement.name}] starting {system} servers", flush=True)
                 self.servers[system] = stack.enter_context(kinds[system]())
                 self.pids.update(self.servers[system].pids.values())
+                self.system_pids[system].update(self.servers[system].pids.values())
 
     def _start_runners(self, stack: ExitStack, per_system: int) -> None:
         from kvpool.bench import memcpy_runner
@@ -392,6 +405,7 @@ class PlacementBench:
         for runner in started:
             runner.wait_ready(120)
             self.pids.update({runner.pid, runner.ready["pid"]})
+            self.system_pids[runner.name.split("-")[0]].add(runner.ready["pid"])
 
     # ---- runs
 
@@ -427,10 +441,25 @@ class PlacementBench:
                 for system in order:
                     if workload.exists_batch and system == "memcpy":
                         continue
+                    self._settle(system)
                     measured = self._measure(workload, system, f"{label or run}")
                     if values is not None:
                         for metric, value in measured.items():
                             values[workload.name][metric][system].append(value)
+
+    def _settle(self, system: str) -> None:
+        """Waits until the other systems' processes are idle, so that background work one
+        leaves behind (Mooncake's client kept more than a core busy for seconds after its
+        own workload here) is not billed to the next."""
+        from kvpool.bench import environment
+
+        others = set().union(*(p for s, p in self.system_pids.items() if s != system))
+        if not others:
+            return
+        waited, quiet = environment.wait_until_quiet(others)
+        self.settle_waits[system].append(waited)
+        if not quiet:
+            self.settle_timeouts[system] += 1
 
     def _measure(self, workload: Workload, system: str, run: str) -> dict[str, float]:
         runners = self.runners[system][: workload.clients]

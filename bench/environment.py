@@ -68,6 +68,35 @@ def busy_since(
     return sorted(busy, key=lambda p: -p["cpu"])
 
 
+def wait_until_quiet(
+    pids: Iterable[int], threshold: float = 0.1, window: float = 0.2, timeout: float = 5.0
+) -> tuple[float, bool]:
+    """Waits until ``pids`` together use less than ``threshold`` of a core over ``window``
+    seconds; returns (seconds waited, whether they went quiet before ``timeout``)."""
+    pids = list(pids)
+    tick = os.sysconf("SC_CLK_TCK")
+    started = time.monotonic()
+    while True:
+        before = sum(_ticks(pid) for pid in pids)
+        time.sleep(window)
+        used = (sum(_ticks(pid) for pid in pids) - before) / tick
+        waited = time.monotonic() - started
+        if used < threshold * window:
+            return waited, True
+        if waited >= timeout:
+            return waited, False
+
+
+def _ticks(pid: int) -> int:
+    """CPU time (user + system, all threads) of ``pid`` so far, in clock ticks; 0 if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return int(fields[11]) + int(fields[12])
+
+
 def _cpu_times() -> dict[int, tuple[str, int]]:
     times = {}
     for entry in os.scandir("/proc"):

@@ -7,7 +7,9 @@ inference engine would call them (single keys through ``put``/``get_into``, batc
 ``put_many``/``get_into_many``/``exists_many``).
 
 Placements that must not share memory (``tcp_only``) force UCX onto TCP in both the node
-(``UCX_TLS`` in its environment) and the client (``ucx_config``).
+(``UCX_TLS`` in its environment) and the client (``ucx_config``), and keep the client from
+mapping the node's memory (``same_host_mapping=False``): two namespaces of one machine still
+share its memory, two hosts would not.
 """
 
 from __future__ import annotations
@@ -99,6 +101,7 @@ class KvpoolStore:
             timeout=60,
             lease_ttl=config.get("lease_ttl", 0.0),
             ucx_config=ucx,
+            same_host_mapping=not config.get("tcp_only"),
         )
         self.region: Any = None
 

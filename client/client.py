@@ -43,7 +43,9 @@ class Client:
     puts send a CRC-32C of their bytes, which ``get(..., verify=True)`` checks.
     ``prefer_local`` puts the first replica on a node of this host when one has room.
     ``ucx_config`` overrides UCX settings by name without the ``UCX_`` prefix, e.g.
-    ``{"TLS": "tcp"}``.
+    ``{"TLS": "tcp"}``. ``same_host_mapping`` lets the client map the memory of storage nodes
+    on its own host (same user, same pid namespace) and copy with plain loads and stores
+    instead of UCX; turn it off to force UCX, e.g. to measure what other hosts would see.
     """
 
     def __init__(
@@ -56,6 +58,7 @@ class Client:
         checksum: bool = False,
         prefer_local: bool = False,
         ucx_config: Mapping[str, str] | None = None,
+        same_host_mapping: bool = True,
     ) -> None:
         try:
             target = parse_master(master)
@@ -72,7 +75,12 @@ class Client:
         self.timeout = timeout
         self.checksum = checksum
         self.prefer_local = prefer_local
-        self._session = Session(MasterLink(target), DataPath(ucx_config), timeout, lease_ttl)
+        self._session = Session(
+            MasterLink(target),
+            DataPath(ucx_config, same_host_mapping=same_host_mapping),
+            timeout,
+            lease_ttl,
+        )
         self._closed = False
 
     @property
@@ -87,6 +95,12 @@ class Client:
     def retries(self) -> int:
         """Master calls retried because the master was unreachable or shedding load."""
         return self._session.link.retries
+
+    @property
+    def mapped_segments(self) -> list[str]:
+        """Ids of the segments this client reaches by mapping their memory (nodes on its own
+        host, see ``same_host_mapping``); the others go over UCX."""
+        return self._session.data.mapped_segments()
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -5,15 +5,20 @@ whose transfer failed or timed out is dropped (with its rkeys) and rebuilt on ne
 worker is single-threaded, so every use of it holds ``_lock``; the loops themselves run in C
 without the GIL.
 
-Endpoints to nodes on this host use CMA (the kernel copies between the two processes, driven
-by our own progress, never waiting on the node); all others are created force-closable, so
-that a transfer past its deadline is cancelled. Should a timed-out transfer be neither
-cancellable nor finished after a grace period, the worker is given up (never progressed
-again) and a fresh one takes over: no late byte ever lands in memory a caller moved on from.
+A segment the node shares with this host (``Segment.shared_memory``) is mapped into this
+process on first use, and transfers with it are plain memory copies (kvpool.transport.
+shared_memory): no UCX, no node CPU, no kernel copy. ``same_host_mapping=False`` turns that
+off. Other endpoints to nodes on this host use CMA (the kernel copies between the two
+processes, driven by our own progress, never waiting on the node); all others are created
+force-closable, so that a transfer past its deadline is cancelled. Should a timed-out
+transfer be neither cancellable nor finished after a grace period, the worker is given up
+(never progressed again) and a fresh one takes over: no late byte ever lands in memory a
+caller moved on from.
 """
 
 from __future__ import annotations
 
+import ctypes
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -22,6 +27,10 @@ from typing import Any
 
 from kvpool.proto import master_pb2 as pb
 from kvpool.transport import ucp
+from kvpool.transport.shared_memory import MappedSegment, MappingRefused, Reaper, boot_id
+
+#: A mapped copy checks its deadline between chunks of this size (about a millisecond each).
+COPY_CHUNK = 4 << 20
 
 
 @dataclass(slots=True)
@@ -53,7 +62,9 @@ class _Route:
 
 
 class DataPath:
-    def __init__(self, ucx_config: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, ucx_config: Mapping[str, str] | None = None, *, same_host_mapping: bool = True
+    ) -> None:
         self.context = ucp.Context(ucx_config)
         self.worker = self.context.create_worker()
         #: Workers given up after a transfer they could not stop: kept (never destroyed, never
@@ -65,6 +76,10 @@ class DataPath:
         self._routes: dict[str, _Route] = {}
         self._regions: list[ucp.MemoryRegion] = []
         self._closed = False
+        self.same_host_mapping = same_host_mapping
+        #: segment id -> its mapping, or None where it cannot be mapped (use UCX).
+        self._mapped: dict[str, MappedSegment | None] = {}
+        self._reaper = Reaper(self._node_exited)
 
     def learn(self, segments: Iterable[pb.Segment]) -> None:
         """Records segment descriptors from a master response (cheap when unchanged)."""
@@ -74,6 +89,7 @@ class DataPath:
                 self._descriptors[segment.segment_id] = segment
                 with self._lock:
                     self._drop_route(segment.segment_id)
+                    self._unmap(segment.segment_id)
 
     def register(self, buffer: Any) -> ucp.MemoryRegion:
         """Registers caller memory once so transfers from or into it skip registration."""
@@ -86,6 +102,11 @@ class DataPath:
         with self._lock:
             self._regions.remove(region)
             region.close()
+
+    def mapped_segments(self) -> list[str]:
+        """Segments this client reaches by mapping their memory (same host)."""
+        with self._lock:
+            return [s for s, mapped in self._mapped.items() if mapped is not None]
 
     def host_of(self, segment_id: str) -> str:
         descriptor = self._descriptors.get(segment_id)
@@ -105,7 +126,12 @@ class DataPath:
                 raise RuntimeError("the client is closed")
             ops: list[ucp.Op] = []
             indexes: list[int] = []
+            copies: list[tuple[int, MappedSegment]] = []
             for i, transfer in enumerate(transfers):
+                mapped = self._mapping(transfer.segment_id)
+                if mapped is not None:
+                    copies.append((i, mapped))
+                    continue
                 try:
                     route = self._route(transfer.segment_id)
                 except (ucp.UcxError, KeyError) as error:
@@ -122,6 +148,10 @@ class DataPath:
                     )
                 )
                 indexes.append(i)
+            for i, mapped in copies:
+                errors[i] = self._copy(mapped, transfers[i], is_get, deadline)
+            if not ops:
+                return errors
             timeout = deadline - time.monotonic()
             if timeout <= 0:
                 statuses = [ucp.UCS_ERR_TIMED_OUT] * len(ops)  # no time left: do not start
@@ -154,6 +184,8 @@ class DataPath:
             if self._closed:
                 return
             self._closed = True
+            for segment_id in list(self._mapped):
+                self._unmap(segment_id)
             for route in self._routes.values():
                 route.rkey.destroy()
             self._routes.clear()
@@ -167,8 +199,81 @@ class DataPath:
                 self.context.close()
             # else: a peer left an endpoint half-closed, or a worker was given up; destroying
             # the context under them could abort inside UCX. The process reclaims them.
+        self._reaper.stop()
 
     # ---- internals (callers hold _lock)
+
+    def _mapping(self, segment_id: str) -> MappedSegment | None:
+        """The segment's mapping, made on first use; None where UCX must carry the transfer."""
+        if not self.same_host_mapping:
+            return None
+        try:
+            return self._mapped[segment_id]
+        except KeyError:
+            pass
+        mapped = None
+        descriptor = self._descriptors.get(segment_id)
+        shared = descriptor.shared_memory if descriptor is not None else None
+        if (
+            descriptor is not None
+            and descriptor.HasField("shared_memory")
+            and shared.boot_id == boot_id()
+        ):
+            try:
+                mapped = MappedSegment.open(
+                    pid=shared.pid,
+                    fd=shared.fd,
+                    inode=shared.inode,
+                    device=shared.device,
+                    size=descriptor.size,
+                    remote_base=descriptor.base_address,
+                )
+            except MappingRefused:
+                mapped = None  # another pid namespace or user, or the node is gone: UCX
+            else:
+                self._reaper.watch(mapped.pidfd, segment_id)
+        self._mapped[segment_id] = mapped
+        return mapped
+
+    def _copy(
+        self, mapped: MappedSegment, transfer: Transfer, is_get: bool, deadline: float
+    ) -> Failure | None:
+        """One transfer as a memory copy, in chunks that each start before ``deadline``."""
+        segment_id = transfer.segment_id
+        if not mapped.alive():
+            self._unmap(segment_id)
+            self._mapped[segment_id] = None
+            return Failure(f"the storage node of segment {segment_id} has exited")
+        try:
+            remote = mapped.local_address(transfer.remote_address, transfer.length)
+        except ValueError as error:
+            return Failure(f"transfer with segment {segment_id} failed: {error}")
+        source, target = (remote, transfer.local_address)
+        if not is_get:
+            source, target = target, source
+        for offset in range(0, transfer.length, COPY_CHUNK):
+            if time.monotonic() >= deadline:
+                return Failure(
+                    f"transfer with segment {segment_id} missed its deadline", timed_out=True
+                )
+            ctypes.memmove(
+                target + offset, source + offset, min(COPY_CHUNK, transfer.length - offset)
+            )
+        return None
+
+    def _unmap(self, segment_id: str) -> None:
+        mapped = self._mapped.pop(segment_id, None)
+        if mapped is not None:
+            self._reaper.unwatch(mapped.pidfd)
+            mapped.close()
+
+    def _node_exited(self, segment_id: str) -> None:
+        """Called by the reaper thread: the node process of a mapped segment has exited."""
+        with self._lock:
+            mapped = self._mapped.get(segment_id)
+            if mapped is not None and not mapped.alive():
+                self._unmap(segment_id)
+                self._mapped[segment_id] = None
 
     def _route(self, segment_id: str) -> _Route:
         route = self._routes.get(segment_id)

@@ -85,6 +85,7 @@ class KVPoolL2Adapter(L2AdapterInterface):
                 replicas=config.replicas,
                 timeout=config.store_timeout_s,
                 ucx_config=ucx,
+                same_host_mapping=config.same_host_mapping,
             )
             undo.callback(self._store_client.close)
             self._load_client = Client(
@@ -94,6 +95,7 @@ class KVPoolL2Adapter(L2AdapterInterface):
                 # deadline (also counted from before it): it cannot expire mid-transfer.
                 lease_ttl=config.load_timeout_s,
                 ucx_config=ucx,
+                same_host_mapping=config.same_host_mapping,
             )
             undo.callback(self._load_client.close)
             self._arena = L1Arena.of(l1_memory_desc)

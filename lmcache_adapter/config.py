@@ -32,6 +32,8 @@ kvpool L2 adapter (plugin) adapter_params:
 - max_capacity_gb (float): capacity LMCache's L2 eviction may assume (default 0: unknown)
 - register_l1 (bool): register the L1 arena with UCX once, for zero-copy (default true)
 - ucx_config (dict[str, str]): UCX settings without the UCX_ prefix, e.g. {"TLS": "tcp"}
+- same_host_mapping (bool): map the memory of storage nodes on this host and copy directly
+  instead of using UCX (default true)
 Example: {"type": "plugin", "module_path": "kvpool.lmcache",
           "class_name": "KVPoolL2Adapter", "adapter_params": {"master": "10.0.0.5:50051"}}"""
 
@@ -50,6 +52,7 @@ _KNOWN = {
     "max_capacity_gb",
     "register_l1",
     "ucx_config",
+    "same_host_mapping",
     *_FLOATS,
 }
 #: Keys LMCache itself may leave in the dict (consumed by its own config parser).
@@ -72,6 +75,7 @@ class KVPoolL2AdapterConfig(L2AdapterConfigBase):
         max_capacity_gb: float = 0.0,
         register_l1: bool = True,
         ucx_config: Mapping[str, str] | None = None,
+        same_host_mapping: bool = True,
     ) -> None:
         super().__init__()
         self.master = resolve_master(master)
@@ -99,6 +103,9 @@ class KVPoolL2AdapterConfig(L2AdapterConfigBase):
         ):
             raise ValueError(f"ucx_config must map strings to strings, got {ucx_config!r}")
         self.ucx_config = dict(ucx_config or {})
+        if not isinstance(same_host_mapping, bool):
+            raise ValueError(f"same_host_mapping must be true or false, got {same_host_mapping!r}")
+        self.same_host_mapping = same_host_mapping
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> KVPoolL2AdapterConfig:

@@ -27,6 +27,9 @@ class SegmentInfo:
     tier: Tier = Tier.DRAM
     #: Objects in it survive a restart of its node (NVMe, /dev/shm): the node reports them.
     persistent: bool = False
+    #: How a client on the node's host maps the segment (a serialized SharedMemory message,
+    #: passed through to clients untouched; empty when the node does not share it).
+    shared_memory: bytes = b""
 
 
 @dataclass(slots=True)

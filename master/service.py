@@ -144,6 +144,9 @@ class MasterService(master_pb2_grpc.MasterServicer):
                 rkey=s.rkey,
                 tier=Tier(s.tier) if s.tier else Tier.DRAM,
                 persistent=s.persistent,
+                shared_memory=(
+                    s.shared_memory.SerializeToString() if s.HasField("shared_memory") else b""
+                ),
             )
             dropped = self.state.mount_segment(
                 info,
@@ -459,6 +462,8 @@ class MasterService(master_pb2_grpc.MasterServicer):
                 tier=info.tier,
                 persistent=info.persistent,
             )
+            if info.shared_memory:
+                message.shared_memory.ParseFromString(info.shared_memory)
             cached = self._segment_pbs[info.segment_id] = (info, message)
         return cached[1]
 

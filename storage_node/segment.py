@@ -2,12 +2,18 @@
 
 Three kinds, one interface:
 
-* DRAM: anonymous memory (lost with the process);
+* DRAM: a memfd (lost with the process);
 * DRAM in /dev/shm (``--dram-shm``): a shared-memory file that outlives the process, so a
   restarted node finds its objects again;
 * NVMe (``--nvme PATH``): a file, memory-mapped, so clients read and write it directly with
   the same one-sided operations as DRAM; sparse, so it may be far larger than RAM (the page
   cache does the rest).
+
+The DRAM kinds are shared with clients on the same host (``shared_memory`` in the descriptor:
+the client maps the file and copies with plain loads and stores, see
+kvpool.transport.shared_memory), but only when every page is allocated already: a client's
+store into a hole of a full /dev/shm would kill it with SIGBUS. NVMe segments are not shared
+(a page-cache miss or an I/O error would land in the client as a fault).
 
 Persistent segments (the last two) keep a durable index beside the data. An object is
 recorded there only after its bytes are durable (msync of its range, for NVMe), with a
@@ -29,6 +35,7 @@ from kvpool.common.status import Tier
 from kvpool.proto import master_pb2 as pb
 from kvpool.storage_node.object_index import DurableIndex, Entry, MemoryIndex
 from kvpool.transport import ucp
+from kvpool.transport.shared_memory import boot_id
 
 #: madvise(MADV_POPULATE_WRITE), Linux 5.14+; Python 3.11's mmap module lacks the name.
 MADV_POPULATE_WRITE = 23
@@ -46,8 +53,11 @@ class Segment:
     path: Path | None = None
     #: Entries dropped when the segment was reopened (torn records, corrupted bytes).
     dropped_on_open: list[str] = field(default_factory=list)
-    #: The data file (file-backed segments), kept open to allocate blocks ahead of writes.
+    #: The backing file (memfd or data file), kept open: to allocate blocks ahead of writes,
+    #: and for clients on this host to map (``shareable``).
     fd: int | None = None
+    #: Clients on this host may map ``fd``: DRAM whose pages all exist.
+    shareable: bool = False
 
     @property
     def size(self) -> int:
@@ -69,6 +79,19 @@ class Segment:
             rkey=self.region.rkey,
             tier=self.tier,
             persistent=self.persistent,
+            shared_memory=self._shared_memory(),
+        )
+
+    def _shared_memory(self) -> pb.SharedMemory | None:
+        if not self.shareable or self.fd is None:
+            return None
+        stat = os.fstat(self.fd)
+        return pb.SharedMemory(
+            pid=os.getpid(),
+            fd=self.fd,
+            inode=stat.st_ino,
+            device=stat.st_dev,
+            boot_id=boot_id(),
         )
 
     def record(self, entries: list[Entry]) -> list[int]:
@@ -154,21 +177,30 @@ class Segment:
 def allocate_dram_segment(
     context: ucp.Context, node_id: str, size: int, *, prefault: bool = True
 ) -> Segment:
-    """Anonymous memory in huge pages where the kernel allows.
+    """A memfd, mapped shared (so that clients on this host can map it too), in huge pages
+    where the kernel allows.
 
     With ``prefault`` every page is faulted in now: on a virtual machine a first touch costs
     up to 20x a plain copy, and it would otherwise land on the first put into each page.
+    Shared either way: a memfd has no size limit of its own, so a client's first store into a
+    page fails only where any allocation would (the memory limit).
     """
     if size <= 0:
         raise ValueError(f"a DRAM segment needs a positive size, got {size}")
-    memory = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    segment_id = f"{node_id}/dram-{uuid.uuid4().hex[:8]}"
+    fd = os.memfd_create(f"kvpool-{segment_id.replace('/', '_')}", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, size)
+        memory = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
+    except OSError:
+        os.close(fd)
+        raise
     if hasattr(mmap, "MADV_HUGEPAGE"):
         memory.madvise(mmap.MADV_HUGEPAGE)
     if prefault:
         _prefault(memory)
     region = context.register(memory)
-    segment_id = f"{node_id}/dram-{uuid.uuid4().hex[:8]}"
-    return Segment(segment_id, Tier.DRAM, memory, region, MemoryIndex())
+    return Segment(segment_id, Tier.DRAM, memory, region, MemoryIndex(), fd=fd, shareable=True)
 
 
 def open_persistent_segment(
@@ -210,7 +242,14 @@ def open_persistent_segment(
     if prefault:
         _prefault(memory)
     segment = Segment(
-        index.header["segment_id"], tier, memory, context.register(memory), index, base, fd=fd
+        index.header["segment_id"],
+        tier,
+        memory,
+        context.register(memory),
+        index,
+        base,
+        fd=fd,
+        shareable=tier is Tier.DRAM and prefault,  # a hole in a full tmpfs would be a SIGBUS
     )
     segment.dropped_on_open = _verify(segment)
     return segment

@@ -22,7 +22,8 @@ from kvpool.proto import master_pb2 as pb
 MIB = 1024 * 1024
 SENTINEL = 0x5A
 #: TCP: the storage node must progress its UCX worker for a get to complete, so a stopped
-#: node stalls transfers (shared-memory transports would read its memory regardless).
+#: node stalls transfers (shared-memory transports, and mapping the node's memory, would
+#: read it regardless).
 TCP_ONLY = {"TLS": "tcp"}
 
 
@@ -36,7 +37,10 @@ def test_a_stalled_node_gives_misses_at_the_deadline_and_no_late_writes(
     cluster = cluster_factory(1, "64MiB")
     timeout = 1.0
     adapter = make_adapter(
-        master=cluster.master_address, load_timeout_s=timeout, ucx_config=TCP_ONLY
+        master=cluster.master_address,
+        load_timeout_s=timeout,
+        ucx_config=TCP_ONLY,
+        same_host_mapping=False,
     )
     keys = object_keys(4)
     sources = arena.objs(4, MIB)

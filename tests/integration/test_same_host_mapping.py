@@ -1,0 +1,88 @@
+"""A client on a storage node's host maps the node's DRAM and copies with plain loads and
+stores; what it moves is byte for byte what UCX moves, and a dead node's memory is let go."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from helpers import wait_until
+from test_nvme import nvme_args
+
+from kvpool import Client
+from kvpool.common.status import Tier
+
+SIZES = [1, 4096, 1 << 20, (5 << 20) + 3]
+
+
+def _mapped_ranges() -> str:
+    with open("/proc/self/maps") as maps:
+        return "".join(line for line in maps if "memfd:kvpool-" in line)
+
+
+def _dram_segments(client: Client) -> set[str]:
+    return {s.segment_id for s in client.cluster_status().segments if s.tier == Tier.DRAM}
+
+
+def test_mapped_and_ucx_clients_read_each_others_bytes_exactly(cluster_factory):
+    cluster = cluster_factory(1, "64MiB")
+    objects = {f"obj-{n}": os.urandom(n) for n in SIZES}
+    with (
+        Client(cluster.master_address) as mapped,
+        Client(cluster.master_address, same_host_mapping=False) as remote,
+    ):
+        assert mapped.put_many([(f"m/{k}", v) for k, v in objects.items()]) == [1] * len(SIZES)
+        assert remote.put_many([(f"u/{k}", v) for k, v in objects.items()]) == [1] * len(SIZES)
+        for key, value in objects.items():
+            assert remote.get(f"m/{key}") == value
+            assert mapped.get(f"u/{key}") == value
+            target = np.zeros(len(value) + 10, dtype=np.uint8)
+            assert mapped.get_into(f"u/{key}", target) == len(value)
+            assert target[: len(value)].tobytes() == value and not target[len(value) :].any()
+        assert set(mapped.mapped_segments) == _dram_segments(mapped)
+        assert remote.mapped_segments == []
+        assert _mapped_ranges()  # the segment is mapped into this process
+
+
+def test_a_killed_nodes_memory_is_unmapped_and_reads_use_the_surviving_replica(cluster_factory):
+    cluster = cluster_factory(2, "64MiB", master_args=["--node-ttl", "1.5"])
+    data = os.urandom(3 << 20)
+    with Client(cluster.master_address, timeout=5) as client:
+        client.put("precious", data, replicas=2)
+        assert client.get("precious") == data
+        assert len(client.mapped_segments) == 2
+        victim = cluster.nodes[0].ready["node_id"]
+        cluster.nodes[0].kill()
+        # the reaper lets go of the dead node's memory without waiting for the next call
+        assert wait_until(
+            lambda: not any(s.startswith(victim + "/") for s in client.mapped_segments), 5.0
+        )
+        assert _mapped_ranges().count("memfd:kvpool-") == 1
+        assert client.get("precious") == data
+        assert wait_until(lambda: client.cluster_status().nodes == 1, timeout=4.0)
+        assert client.get("precious") == data
+
+
+def test_nvme_segments_are_not_mapped(cluster_factory, tmp_path):
+    """A page-cache miss or an I/O error of a file on disk must not land in the client."""
+    cluster = cluster_factory(0, "64MiB")
+    cluster.add_node(extra=nvme_args(tmp_path / "nvme"))
+    with Client(cluster.master_address) as client:
+        client.put("on-nvme", b"x" * 100_000, tier="nvme")
+        client.put("in-dram", b"y" * 100_000, tier="dram")
+        assert client.get("on-nvme") == b"x" * 100_000
+        assert client.get("in-dram") == b"y" * 100_000
+        assert set(client.mapped_segments) == _dram_segments(client)
+
+
+@pytest.mark.parametrize("prefault", [True, False])
+def test_a_shm_segment_is_mapped_only_when_all_its_pages_exist(cluster_factory, tmp_path, prefault):
+    """A store into a hole of a full /dev/shm would kill the client with SIGBUS."""
+    cluster = cluster_factory(0, "64MiB")
+    flag = "--prefault" if prefault else "--no-prefault"
+    cluster.add_node(extra=["--dram-shm", "--shm-dir", str(tmp_path / "shm"), flag])
+    with Client(cluster.master_address) as client:
+        client.put("in-shm", b"z" * 10_000)
+        assert client.get("in-shm") == b"z" * 10_000
+        assert bool(client.mapped_segments) is prefault

@@ -1,0 +1,120 @@
+"""Mapping another process's memfd: what a same-host client does with a storage node's DRAM.
+
+The owner is a real child process that creates a memfd, fills it, reports how to reach it, and
+then does what it is told on stdin (read back a range, or exit).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from kvpool.transport.shared_memory import MappedSegment, MappingRefused, Reaper, boot_id
+
+SIZE = 8 << 20
+
+OWNER = f"""
+import json, mmap, os, sys
+fd = os.memfd_create("kvpool-test", os.MFD_CLOEXEC)
+os.ftruncate(fd, {SIZE})
+memory = mmap.mmap(fd, {SIZE}, flags=mmap.MAP_SHARED)
+memory[:4096] = bytes(range(256)) * 16
+st = os.fstat(fd)
+info = dict(pid=os.getpid(), fd=fd, inode=st.st_ino, device=st.st_dev)
+print(json.dumps(info), flush=True)
+for line in sys.stdin:
+    offset, length = map(int, line.split())
+    print(memory[offset:offset + length].hex(), flush=True)
+"""
+
+
+@pytest.fixture
+def owner():
+    process = subprocess.Popen(
+        [sys.executable, "-c", OWNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    info = json.loads(process.stdout.readline())
+    yield process, info
+    process.kill()
+    process.wait()
+
+
+def _open(info: dict, **changes: int) -> MappedSegment:
+    args = {**info, "size": SIZE, "remote_base": 0x7F0000000000, **changes}
+    return MappedSegment.open(**args)
+
+
+def test_a_mapping_reads_what_the_owner_wrote_and_the_owner_sees_what_it_writes(owner):
+    process, info = owner
+    mapped = _open(info)
+    try:
+        local = mapped.local_address(0x7F0000000000, 4096)
+        assert ctypes.string_at(local, 4096) == bytes(range(256)) * 16
+        target = mapped.local_address(0x7F0000000000 + 5_000_000, 5)
+        ctypes.memmove(target, b"hello", 5)
+        process.stdin.write("5000000 5\n")
+        process.stdin.flush()
+        assert bytes.fromhex(process.stdout.readline().strip()) == b"hello"
+        assert mapped.alive()
+    finally:
+        mapped.close()
+
+
+def test_a_range_outside_the_segment_is_refused(owner):
+    _, info = owner
+    mapped = _open(info)
+    try:
+        with pytest.raises(ValueError, match="outside the mapped segment"):
+            mapped.local_address(0x7F0000000000 + SIZE - 10, 11)
+        with pytest.raises(ValueError, match="outside the mapped segment"):
+            mapped.local_address(0x7F0000000000 - 1, 1)
+    finally:
+        mapped.close()
+
+
+def test_a_file_that_is_not_the_advertised_one_is_refused(owner):
+    """A reused pid or fd number shows up as another inode: never map the wrong memory."""
+    _, info = owner
+    with pytest.raises(MappingRefused, match="not the advertised segment"):
+        _open(info, inode=info["inode"] + 1)
+    with pytest.raises(MappingRefused, match="not the advertised segment"):
+        _open(info, size=SIZE * 2)  # larger than the file: would fault past its end
+
+
+def test_a_process_that_is_gone_or_unreachable_is_refused():
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    with pytest.raises(MappingRefused):
+        MappedSegment.open(pid=process.pid, fd=3, inode=1, device=1, size=SIZE, remote_base=0)
+    with pytest.raises(MappingRefused):
+        MappedSegment.open(pid=os.getpid(), fd=999_999, inode=1, device=1, size=SIZE, remote_base=0)
+
+
+def test_the_reaper_reports_the_owners_exit_at_once_and_alive_turns_false(owner):
+    process, info = owner
+    mapped = _open(info)
+    exited = threading.Event()
+    reaper = Reaper(lambda segment_id: exited.set() if segment_id == "seg-1" else None)
+    try:
+        reaper.watch(mapped.pidfd, "seg-1")
+        time.sleep(0.05)
+        assert not exited.is_set()
+        process.kill()
+        assert exited.wait(timeout=5.0)
+        assert not mapped.alive()
+    finally:
+        reaper.stop()
+        mapped.close()
+    assert not mapped.alive()  # closed
+
+
+def test_boot_id_names_this_boot():
+    with open("/proc/sys/kernel/random/boot_id") as file:
+        assert boot_id() == file.read().strip() != ""

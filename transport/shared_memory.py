@@ -1,0 +1,201 @@
+"""Same-host access to a storage node's memory by mapping it, not moving it over UCX.
+
+A node keeps each DRAM segment in a memfd (or a /dev/shm file) and advertises the file
+descriptor, its inode and the host's boot id. A client of the same user, on the same host and
+in the same pid namespace, opens the file through ``/proc/<pid>/fd/<fd>`` and maps it: a put
+or a get is then one memcpy in the client, with neither the kernel's cross-process copy (CMA)
+nor the node's CPU in the way. Anything else (another host, another container, another user)
+keeps using UCX.
+
+Lifetime: a mapping holds a pidfd of the node process. The data path checks it before every
+use, and a reaper thread, blocked in poll() on all pidfds, unmaps the segment as soon as the
+process exits, so a client never keeps a dead node's memory alive.
+
+Pages: mapping a file costs nothing until a page is first touched, and a first touch per
+4 KiB page costs far more than copying it. The client therefore populates the page tables a
+chunk at a time (``MADV_POPULATE_WRITE``) before the first copy that touches the chunk,
+instead of populating a whole segment (100 ms per GiB here) on first contact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import functools
+import mmap
+import os
+import select
+import threading
+from collections.abc import Callable
+
+#: madvise(MADV_POPULATE_WRITE), Linux 5.14+ (Python 3.11's mmap module lacks the name).
+MADV_POPULATE_WRITE = 23
+#: Page tables are populated this much at a time, on first use.
+POPULATE_CHUNK = 64 << 20
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,
+]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+class MappingRefused(OSError):
+    """The segment cannot be mapped from this process (another host, user, or pid namespace;
+    a node that exited; a file that is not the one advertised)."""
+
+
+@functools.cache
+def boot_id() -> str:
+    """Names this host's current boot: equal in two processes only on the same kernel."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as file:
+            return file.read().strip()
+    except OSError:
+        return ""
+
+
+class MappedSegment:
+    """A node's segment mapped into this process at ``address``; ``remote_base`` is where the
+    node has it, so a descriptor's remote address translates by offset."""
+
+    def __init__(self, address: int, size: int, remote_base: int, pidfd: int) -> None:
+        self.address = address
+        self.size = size
+        self.remote_base = remote_base
+        self.pidfd = pidfd
+        self._populated = bytearray((size + POPULATE_CHUNK - 1) // POPULATE_CHUNK)
+        self.closed = False
+
+    @classmethod
+    def open(
+        cls, *, pid: int, fd: int, inode: int, device: int, size: int, remote_base: int
+    ) -> MappedSegment:
+        """Maps the node's file; MappingRefused when this process cannot reach it."""
+        try:
+            pidfd = os.pidfd_open(pid)  # first: the pid cannot be reused while we hold this
+        except OSError as error:
+            raise MappingRefused(error.errno, f"node process {pid}: {error.strerror}") from None
+        try:
+            file = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
+        except OSError as error:
+            os.close(pidfd)
+            raise MappingRefused(error.errno, f"/proc/{pid}/fd/{fd}: {error.strerror}") from None
+        try:
+            stat = os.fstat(file)
+            if (stat.st_ino, stat.st_dev) != (inode, device) or stat.st_size < size:
+                raise MappingRefused(0, f"/proc/{pid}/fd/{fd} is not the advertised segment")
+            address = _libc.mmap(
+                None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, file, 0
+            )
+            if address in (None, MAP_FAILED):
+                errno = ctypes.get_errno()
+                raise MappingRefused(errno, f"mmap of {size} bytes: {os.strerror(errno)}")
+        except BaseException:
+            os.close(pidfd)
+            raise
+        finally:
+            os.close(file)  # the mapping keeps the file
+        return cls(address, size, remote_base, pidfd)
+
+    def alive(self) -> bool:
+        """False once the node process has exited (its pidfd turns readable)."""
+        if self.closed:
+            return False
+        poller = select.poll()  # not select(): a busy process may hold fds past 1024
+        poller.register(self.pidfd, select.POLLIN)
+        return not poller.poll(0)
+
+    def local_address(self, remote_address: int, length: int) -> int:
+        """Where ``remote_address`` lies in this process, its pages ready to copy."""
+        offset = remote_address - self.remote_base
+        if offset < 0 or length < 0 or offset + length > self.size:
+            raise ValueError(f"range {remote_address:#x}+{length} lies outside the mapped segment")
+        if length:
+            first, last = offset // POPULATE_CHUNK, (offset + length - 1) // POPULATE_CHUNK
+            for chunk in range(first, last + 1):
+                if not self._populated[chunk]:
+                    self._populate(chunk)
+        return self.address + offset
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            _libc.munmap(self.address, self.size)
+            os.close(self.pidfd)
+
+    def _populate(self, chunk: int) -> None:
+        start = chunk * POPULATE_CHUNK
+        length = min(POPULATE_CHUNK, self.size - start)
+        # Best effort: where the kernel refuses (before 5.14), pages fault in on first touch.
+        _libc.madvise(self.address + start, length, MADV_POPULATE_WRITE)
+        self._populated[chunk] = 1
+
+
+class Reaper:
+    """Unmaps segments whose node process exited, as soon as it exits.
+
+    One daemon thread sleeps in poll() on the pidfds of every live mapping (and an eventfd
+    that says the set changed). ``on_exit`` is called with the segment id; the caller
+    unmaps under its own lock, since copies may be running.
+    """
+
+    def __init__(self, on_exit: Callable[[str], None]) -> None:
+        self._on_exit = on_exit
+        self._lock = threading.Lock()
+        self._watched: dict[int, str] = {}  # pidfd -> segment id
+        self._wake = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+
+    def watch(self, pidfd: int, segment_id: str) -> None:
+        with self._lock:
+            self._watched[pidfd] = segment_id
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="kvpool-mapping-reaper", daemon=True
+                )
+                self._thread.start()
+        os.eventfd_write(self._wake, 1)
+
+    def unwatch(self, pidfd: int) -> None:
+        with self._lock:
+            self._watched.pop(pidfd, None)
+        os.eventfd_write(self._wake, 1)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            thread = self._thread
+        os.eventfd_write(self._wake, 1)
+        if thread is not None:
+            thread.join(timeout=2.0)
+        os.close(self._wake)
+
+    def _run(self) -> None:
+        while True:
+            poller = select.poll()
+            poller.register(self._wake, select.POLLIN)
+            with self._lock:
+                if self._stopped:
+                    return
+                for pidfd in self._watched:
+                    poller.register(pidfd, select.POLLIN)
+            for fd, _ in poller.poll():
+                if fd == self._wake:
+                    with contextlib.suppress(BlockingIOError):
+                        os.eventfd_read(self._wake)
+                    continue
+                with self._lock:
+                    segment_id = self._watched.pop(fd, None)
+                if segment_id is not None:
+                    self._on_exit(segment_id)
