@@ -7,7 +7,8 @@ over a veth pair), between two bare processes:
   with plain endpoints and with peer error handling (kvpool's force-closable endpoints);
 - a kernel TCP stream: Python sockets, 32 MiB ``sendall``s;
 - the round trip of a near-empty unary gRPC call: a grpc.aio server and a blocking client, the
-  stack of kvpool's master and client.
+  stack of kvpool's master and client; once with gRPC's defaults and once with the settings
+  kvpool applies on import (kvpool.common.grpc_tuning).
 
 Run as root (namespaces); prints a table and writes bench/results/ceilings.json. Each role
 below also runs as ``ceilings.py ROLE CONFIG_JSON`` in its own process; servers hand their
@@ -23,6 +24,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from kvpool.common import grpc_tuning
 
 HERE = Path(__file__).resolve().parent
 SIZE = 32 * 1024 * 1024
@@ -121,9 +124,17 @@ def _socket_client(config: dict) -> dict:
     return {"TCP stream (Python sockets)": REPEATS * 2 * SIZE / elapsed / 1e9}
 
 
+def _grpc_settings(config: dict) -> None:
+    """Before ``import grpc``: the experiments this run compares (it reads them on import)."""
+    import os
+
+    os.environ["GRPC_EXPERIMENTS"] = config["grpc_experiments"]
+
+
 def _grpc_server(config: dict) -> None:
     import asyncio
 
+    _grpc_settings(config)
     import grpc
 
     async def echo(request: bytes, context: object) -> bytes:
@@ -145,6 +156,7 @@ def _grpc_server(config: dict) -> None:
 
 
 def _grpc_client(config: dict) -> dict:
+    _grpc_settings(config)
     import grpc
 
     port = json.loads(Path(config["file"]).read_text())["port"]
@@ -159,7 +171,8 @@ def _grpc_client(config: dict) -> dict:
             call(b"x" * 64, timeout=10)
             latencies.append(time.perf_counter() - start)
     latencies.sort()
-    return {"gRPC unary round trip p50 (us)": latencies[len(latencies) // 2] * 1e6}
+    label = config["grpc_label"]
+    return {f"gRPC unary round trip p50 (us), {label}": latencies[len(latencies) // 2] * 1e6}
 
 
 ROLES = {
@@ -170,8 +183,16 @@ ROLES = {
     "grpc-server": _grpc_server,
     "grpc-client": _grpc_client,
 }
-PAIRS = (("ucx-target", "ucx-initiator"), ("socket-server", "socket-client"))
-PAIRS += (("grpc-server", "grpc-client"),)
+PAIRS = (
+    ("ucx-target", "ucx-initiator", {}),
+    ("socket-server", "socket-client", {}),
+    ("grpc-server", "grpc-client", {"grpc_experiments": "", "grpc_label": "gRPC defaults"}),
+    (
+        "grpc-server",
+        "grpc-client",
+        {"grpc_experiments": grpc_tuning.EXPERIMENTS, "grpc_label": "kvpool's settings"},
+    ),
+)
 
 
 # ---------------------------------------------------------------- orchestration
@@ -180,11 +201,12 @@ PAIRS += (("grpc-server", "grpc-client"),)
 def measure(placement, work_dir: Path) -> dict:
     """Every pair of roles across ``placement``: server side, then client side."""
     results = {}
-    for server_role, client_role in PAIRS:
+    for number, (server_role, client_role, extra) in enumerate(PAIRS):
         config = {
-            "file": str(work_dir / f"{server_role}.json"),
+            "file": str(work_dir / f"{server_role}-{number}.json"),
             "ip": placement.server_ip,
             "tcp_only": placement.tcp_only,
+            **extra,
         }
         server = subprocess.Popen(
             [*placement.server_prefix, *_argv(server_role, config)],

@@ -46,6 +46,8 @@ class Client:
     ``{"TLS": "tcp"}``. ``same_host_mapping`` lets the client map the memory of storage nodes
     on its own host (same user, same pid namespace) and copy with plain loads and stores
     instead of UCX; turn it off to force UCX, e.g. to measure what other hosts would see.
+    ``copy_threads`` is how many threads (this one included) share such copies of 8 MiB and
+    more; 1 keeps them on the calling thread.
     """
 
     def __init__(
@@ -59,6 +61,7 @@ class Client:
         prefer_local: bool = False,
         ucx_config: Mapping[str, str] | None = None,
         same_host_mapping: bool = True,
+        copy_threads: int = 2,
     ) -> None:
         try:
             target = parse_master(master)
@@ -70,6 +73,8 @@ class Client:
             raise InvalidArgument(f"timeout must be positive seconds, got {timeout}")
         if lease_ttl < 0:
             raise InvalidArgument(f"lease_ttl must not be negative, got {lease_ttl}")
+        if isinstance(copy_threads, bool) or not isinstance(copy_threads, int) or copy_threads < 1:
+            raise InvalidArgument(f"copy_threads must be an integer >= 1, got {copy_threads!r}")
         self.master = str(target)
         self.replicas = replicas
         self.timeout = timeout
@@ -77,7 +82,7 @@ class Client:
         self.prefer_local = prefer_local
         self._session = Session(
             MasterLink(target),
-            DataPath(ucx_config, same_host_mapping=same_host_mapping),
+            DataPath(ucx_config, same_host_mapping=same_host_mapping, copy_threads=copy_threads),
             timeout,
             lease_ttl,
         )

@@ -1,4 +1,5 @@
-"""The client's UCX side: one worker, one endpoint per storage node, one rkey per segment.
+"""The client's side of the data path: mapped segments on this host, UCX to the others (one
+worker, one endpoint per storage node, one rkey per segment).
 
 Routes are learned from the segment descriptors the master sends and cached; an endpoint
 whose transfer failed or timed out is dropped (with its rkeys) and rebuilt on next use. The
@@ -7,10 +8,14 @@ without the GIL.
 
 A segment the node shares with this host (``Segment.shared_memory``) is mapped into this
 process on first use, and transfers with it are plain memory copies (kvpool.transport.
-shared_memory): no UCX, no node CPU, no kernel copy. ``same_host_mapping=False`` turns that
-off. Other endpoints to nodes on this host use CMA (the kernel copies between the two
-processes, driven by our own progress, never waiting on the node); all others are created
-force-closable, so that a transfer past its deadline is cancelled. Should a timed-out
+shared_memory), shared between ``copy_threads`` threads when large
+(kvpool.transport.memory_copy): no UCX, no node CPU, no kernel copy. A copy's pieces each start
+before the transfer's deadline, and the call returns only when no thread touches the memory any
+more. ``same_host_mapping=False`` turns mapping off.
+
+Other endpoints to nodes on this host use CMA (the kernel copies between the two processes,
+driven by our own progress, never waiting on the node); all others are created force-closable,
+so that a transfer past its deadline is cancelled. Should a timed-out
 transfer be neither cancellable nor finished after a grace period, the worker is given up
 (never progressed again) and a fresh one takes over: no late byte ever lands in memory a
 caller moved on from.
@@ -18,7 +23,6 @@ caller moved on from.
 
 from __future__ import annotations
 
-import ctypes
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -27,10 +31,8 @@ from typing import Any
 
 from kvpool.proto import master_pb2 as pb
 from kvpool.transport import ucp
+from kvpool.transport.memory_copy import Copier, Copy
 from kvpool.transport.shared_memory import MappedSegment, MappingRefused, Reaper, boot_id
-
-#: A mapped copy checks its deadline between chunks of this size (about a millisecond each).
-COPY_CHUNK = 4 << 20
 
 
 @dataclass(slots=True)
@@ -63,7 +65,11 @@ class _Route:
 
 class DataPath:
     def __init__(
-        self, ucx_config: Mapping[str, str] | None = None, *, same_host_mapping: bool = True
+        self,
+        ucx_config: Mapping[str, str] | None = None,
+        *,
+        same_host_mapping: bool = True,
+        copy_threads: int = 2,
     ) -> None:
         self.context = ucp.Context(ucx_config)
         self.worker = self.context.create_worker()
@@ -80,6 +86,7 @@ class DataPath:
         #: segment id -> its mapping, or None where it cannot be mapped (use UCX).
         self._mapped: dict[str, MappedSegment | None] = {}
         self._reaper = Reaper(self._node_exited)
+        self._copier = Copier(copy_threads)
 
     def learn(self, segments: Iterable[pb.Segment]) -> None:
         """Records segment descriptors from a master response (cheap when unchanged)."""
@@ -126,11 +133,17 @@ class DataPath:
                 raise RuntimeError("the client is closed")
             ops: list[ucp.Op] = []
             indexes: list[int] = []
-            copies: list[tuple[int, MappedSegment]] = []
+            copies: list[Copy] = []
+            copied: list[int] = []
             for i, transfer in enumerate(transfers):
                 mapped = self._mapping(transfer.segment_id)
                 if mapped is not None:
-                    copies.append((i, mapped))
+                    copy = self._plan_copy(mapped, transfer, is_get)
+                    if isinstance(copy, Failure):
+                        errors[i] = copy
+                    else:
+                        copies.append(copy)
+                        copied.append(i)
                     continue
                 try:
                     route = self._route(transfer.segment_id)
@@ -148,8 +161,13 @@ class DataPath:
                     )
                 )
                 indexes.append(i)
-            for i, mapped in copies:
-                errors[i] = self._copy(mapped, transfers[i], is_get, deadline)
+            if copies:
+                for i, completed in zip(copied, self._copier.run(copies, deadline), strict=True):
+                    if not completed:
+                        errors[i] = Failure(
+                            f"transfer with segment {transfers[i].segment_id} missed its deadline",
+                            timed_out=True,
+                        )
             if not ops:
                 return errors
             timeout = deadline - time.monotonic()
@@ -200,6 +218,7 @@ class DataPath:
             # else: a peer left an endpoint half-closed, or a worker was given up; destroying
             # the context under them could abort inside UCX. The process reclaims them.
         self._reaper.stop()
+        self._copier.close()
 
     # ---- internals (callers hold _lock)
 
@@ -235,10 +254,8 @@ class DataPath:
         self._mapped[segment_id] = mapped
         return mapped
 
-    def _copy(
-        self, mapped: MappedSegment, transfer: Transfer, is_get: bool, deadline: float
-    ) -> Failure | None:
-        """One transfer as a memory copy, in chunks that each start before ``deadline``."""
+    def _plan_copy(self, mapped: MappedSegment, transfer: Transfer, is_get: bool) -> Copy | Failure:
+        """The memory copy that carries ``transfer``, or why there is none."""
         segment_id = transfer.segment_id
         if not mapped.alive():
             self._unmap(segment_id)
@@ -248,18 +265,9 @@ class DataPath:
             remote = mapped.local_address(transfer.remote_address, transfer.length)
         except ValueError as error:
             return Failure(f"transfer with segment {segment_id} failed: {error}")
-        source, target = (remote, transfer.local_address)
-        if not is_get:
-            source, target = target, source
-        for offset in range(0, transfer.length, COPY_CHUNK):
-            if time.monotonic() >= deadline:
-                return Failure(
-                    f"transfer with segment {segment_id} missed its deadline", timed_out=True
-                )
-            ctypes.memmove(
-                target + offset, source + offset, min(COPY_CHUNK, transfer.length - offset)
-            )
-        return None
+        if is_get:
+            return Copy(transfer.local_address, remote, transfer.length)
+        return Copy(remote, transfer.local_address, transfer.length)
 
     def _unmap(self, segment_id: str) -> None:
         mapped = self._mapped.pop(segment_id, None)

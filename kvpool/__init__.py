@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from kvpool.common import grpc_tuning
+
+grpc_tuning.apply()  # before anything imports grpc
+
 __version__ = "0.1.0"
 __all__ = ["Client", "__version__"]
 

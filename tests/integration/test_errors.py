@@ -111,6 +111,12 @@ def test_a_malformed_master_address_is_rejected():
         Client("localhost")
 
 
+@pytest.mark.parametrize("threads", [0, -1, 1.5, True])
+def test_copy_threads_must_be_a_positive_integer(threads):
+    with pytest.raises(InvalidArgument, match="copy_threads must be an integer >= 1"):
+        Client("127.0.0.1:1", copy_threads=threads)
+
+
 def test_the_master_address_can_come_from_the_environment(shared_cluster, monkeypatch):
     monkeypatch.setenv("KVPOOL_MASTER", shared_cluster.master_address)
     with Client() as client:

@@ -1,0 +1,87 @@
+"""Memory copies for mapped segments: cut into pieces, each started only before a deadline,
+and shared with a helper thread when there is enough to copy.
+
+One thread does not saturate memory bandwidth: on this kind of machine a 32 MiB copy runs at
+about 5.6 GB/s on one thread and 7.5 GB/s on two. ``ctypes.memmove`` releases the GIL, so a
+helper thread copies in parallel with the caller. Below ``PARALLEL_MIN`` bytes the hand-off
+(a thread wake-up) would cost more than it saves, and the caller copies alone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+#: A copy checks its deadline before each piece of this size (under a millisecond each).
+PIECE = 4 << 20
+#: Copies of at least this many bytes in all are shared with the helper thread.
+PARALLEL_MIN = 8 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Copy:
+    target: int
+    source: int
+    length: int
+
+
+class Copier:
+    """Runs batches of copies on the calling thread and up to ``threads - 1`` helpers."""
+
+    def __init__(self, threads: int = 2) -> None:
+        if threads < 1:
+            raise ValueError(f"a copier needs at least one thread, got {threads}")
+        self.threads = threads
+        self._helpers: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def run(self, copies: Sequence[Copy], deadline: float) -> list[bool]:
+        """Copies everything it can start before ``deadline`` (time.monotonic); entry i is
+        False when copy i was not completed. Returns only once every helper has stopped
+        touching the memory."""
+        pieces = [
+            (index, copy.target + offset, copy.source + offset, min(PIECE, copy.length - offset))
+            for index, copy in enumerate(copies)
+            for offset in range(0, copy.length, PIECE)
+        ]
+        done = [True] * len(copies)
+        total = sum(copy.length for copy in copies)
+        next_piece = itertools.count()  # next() is atomic under the GIL: a shared work queue
+
+        def work() -> None:
+            for number in next_piece:
+                if number >= len(pieces):
+                    return
+                index, target, source, length = pieces[number]
+                if time.monotonic() >= deadline:
+                    done[index] = False
+                    continue
+                ctypes.memmove(target, source, length)
+
+        helpers = []
+        if self.threads > 1 and total >= PARALLEL_MIN and len(pieces) > 1:
+            pool = self._pool()
+            helpers = [pool.submit(work) for _ in range(min(self.threads, len(pieces)) - 1)]
+        work()
+        for helper in helpers:
+            helper.result()
+        return done
+
+    def close(self) -> None:
+        with self._lock:
+            if self._helpers is not None:
+                self._helpers.shutdown(wait=True)
+                self._helpers = None
+
+    def _pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._helpers is None:
+                self._helpers = ThreadPoolExecutor(
+                    self.threads - 1, thread_name_prefix="kvpool-copy"
+                )
+            return self._helpers
