@@ -135,9 +135,25 @@ class DataPath:
             indexes: list[int] = []
             copies: list[Copy] = []
             copied: list[int] = []
+            checked: set[str] = set()  # mapped segments whose node was seen alive this call
+            exited: set[str] = set()
             for i, transfer in enumerate(transfers):
-                mapped = self._mapping(transfer.segment_id)
+                segment_id = transfer.segment_id
+                if segment_id in exited:
+                    errors[i] = Failure(f"the storage node of segment {segment_id} has exited")
+                    continue
+                mapped = self._mapping(segment_id)
                 if mapped is not None:
+                    if segment_id not in checked:
+                        if not mapped.alive():
+                            self._unmap(segment_id)
+                            self._mapped[segment_id] = None
+                            exited.add(segment_id)
+                            errors[i] = Failure(
+                                f"the storage node of segment {segment_id} has exited"
+                            )
+                            continue
+                        checked.add(segment_id)
                     copy = self._plan_copy(mapped, transfer, is_get)
                     if isinstance(copy, Failure):
                         errors[i] = copy
@@ -257,10 +273,6 @@ class DataPath:
     def _plan_copy(self, mapped: MappedSegment, transfer: Transfer, is_get: bool) -> Copy | Failure:
         """The memory copy that carries ``transfer``, or why there is none."""
         segment_id = transfer.segment_id
-        if not mapped.alive():
-            self._unmap(segment_id)
-            self._mapped[segment_id] = None
-            return Failure(f"the storage node of segment {segment_id} has exited")
         try:
             remote = mapped.local_address(transfer.remote_address, transfer.length)
         except ValueError as error:
