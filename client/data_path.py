@@ -15,10 +15,9 @@ more. ``same_host_mapping=False`` turns mapping off.
 
 Other endpoints to nodes on this host use CMA (the kernel copies between the two processes,
 driven by our own progress, never waiting on the node); all others are created force-closable,
-so that a transfer past its deadline is cancelled. Should a timed-out
-transfer be neither cancellable nor finished after a grace period, the worker is given up
-(never progressed again) and a fresh one takes over: no late byte ever lands in memory a
-caller moved on from.
+so that a transfer past its deadline is cancelled. Should a timed-out transfer be neither
+cancellable nor finished after a grace period, the worker is given up (never progressed again)
+and a fresh one takes over: no late byte ever lands in memory a caller moved on from.
 """
 
 from __future__ import annotations
@@ -135,25 +134,15 @@ class DataPath:
             indexes: list[int] = []
             copies: list[Copy] = []
             copied: list[int] = []
-            checked: set[str] = set()  # mapped segments whose node was seen alive this call
-            exited: set[str] = set()
+            mapped_here, exited = self._live_mappings({t.segment_id for t in transfers})
             for i, transfer in enumerate(transfers):
-                segment_id = transfer.segment_id
-                if segment_id in exited:
-                    errors[i] = Failure(f"the storage node of segment {segment_id} has exited")
+                if transfer.segment_id in exited:
+                    errors[i] = Failure(
+                        f"the storage node of segment {transfer.segment_id} has exited"
+                    )
                     continue
-                mapped = self._mapping(segment_id)
+                mapped = mapped_here.get(transfer.segment_id)
                 if mapped is not None:
-                    if segment_id not in checked:
-                        if not mapped.alive():
-                            self._unmap(segment_id)
-                            self._mapped[segment_id] = None
-                            exited.add(segment_id)
-                            errors[i] = Failure(
-                                f"the storage node of segment {segment_id} has exited"
-                            )
-                            continue
-                        checked.add(segment_id)
                     copy = self._plan_copy(mapped, transfer, is_get)
                     if isinstance(copy, Failure):
                         errors[i] = copy
@@ -270,6 +259,21 @@ class DataPath:
         self._mapped[segment_id] = mapped
         return mapped
 
+    def _live_mappings(self, segment_ids: set[str]) -> tuple[dict[str, MappedSegment], set[str]]:
+        """The mapped ones among ``segment_ids``, each checked once for a live node; and those
+        whose node has exited (unmapped now: UCX will find that node gone too)."""
+        live, exited = {}, set()
+        for segment_id in segment_ids:
+            mapped = self._mapping(segment_id)
+            if mapped is None:
+                continue
+            if mapped.alive():
+                live[segment_id] = mapped
+            else:
+                self._forget_mapping(segment_id)
+                exited.add(segment_id)
+        return live, exited
+
     def _plan_copy(self, mapped: MappedSegment, transfer: Transfer, is_get: bool) -> Copy | Failure:
         """The memory copy that carries ``transfer``, or why there is none."""
         segment_id = transfer.segment_id
@@ -287,13 +291,17 @@ class DataPath:
             self._reaper.unwatch(mapped.pidfd)
             mapped.close()
 
+    def _forget_mapping(self, segment_id: str) -> None:
+        """Unmaps a segment whose node exited; until a new descriptor comes, it goes over UCX."""
+        self._unmap(segment_id)
+        self._mapped[segment_id] = None
+
     def _node_exited(self, segment_id: str) -> None:
         """Called by the reaper thread: the node process of a mapped segment has exited."""
         with self._lock:
             mapped = self._mapped.get(segment_id)
             if mapped is not None and not mapped.alive():
-                self._unmap(segment_id)
-                self._mapped[segment_id] = None
+                self._forget_mapping(segment_id)
 
     def _route(self, segment_id: str) -> _Route:
         route = self._routes.get(segment_id)
