@@ -11,9 +11,9 @@ Three kinds, one interface:
 
 The DRAM kinds are shared with clients on the same host (``shared_memory`` in the descriptor:
 the client maps the file and copies with plain loads and stores, see
-kvpool.transport.shared_memory), but only when every page is allocated already: a client's
-store into a hole of a full /dev/shm would kill it with SIGBUS. NVMe segments are not shared
-(a page-cache miss or an I/O error would land in the client as a fault).
+kvpool.transport.shared_memory): a memfd always, a /dev/shm file only when prefaulted (a
+client's store into a hole of a full /dev/shm would kill it with SIGBUS). NVMe segments are
+not shared (a page-cache miss or an I/O error would land in the client as a fault).
 
 Persistent segments (the last two) keep a durable index beside the data. An object is
 recorded there only after its bytes are durable (msync of its range, for NVMe), with a
@@ -35,10 +35,8 @@ from kvpool.common.status import Tier
 from kvpool.proto import master_pb2 as pb
 from kvpool.storage_node.object_index import DurableIndex, Entry, MemoryIndex
 from kvpool.transport import ucp
-from kvpool.transport.shared_memory import boot_id
+from kvpool.transport.shared_memory import MADV_POPULATE_WRITE, boot_id
 
-#: madvise(MADV_POPULATE_WRITE), Linux 5.14+; Python 3.11's mmap module lacks the name.
-MADV_POPULATE_WRITE = 23
 DATA_SUFFIX = ".data"
 INDEX_SUFFIX = ".index"
 
@@ -56,7 +54,7 @@ class Segment:
     #: The backing file (memfd or data file), kept open: to allocate blocks ahead of writes,
     #: and for clients on this host to map (``shareable``).
     fd: int | None = None
-    #: Clients on this host may map ``fd``: DRAM whose pages all exist.
+    #: Clients on this host may map ``fd`` (DRAM that no store can fault on; see above).
     shareable: bool = False
 
     @property
