@@ -67,6 +67,30 @@ def test_a_mapping_reads_what_the_owner_wrote_and_the_owner_sees_what_it_writes(
         mapped.close()
 
 
+def _resident_bytes(address: int) -> int:
+    """Rss of the mapping that starts at ``address``, from /proc/self/smaps."""
+    with open("/proc/self/smaps") as smaps:
+        lines = smaps.read().splitlines()
+    for i, line in enumerate(lines):
+        if line.split("-")[0] == f"{address:x}":
+            rss = next(entry for entry in lines[i + 1 :] if entry.startswith("Rss:"))
+            return int(rss.split()[1]) * 1024
+    raise AssertionError(f"no mapping at {address:#x}")
+
+
+def test_the_page_tables_fill_in_the_background_before_any_copy(owner):
+    """A first touch per page costs more than the copy: it is paid off the critical path."""
+    _, info = owner
+    mapped = _open(info)
+    try:
+        deadline = time.monotonic() + 5
+        while _resident_bytes(mapped.address) < SIZE and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _resident_bytes(mapped.address) == SIZE
+    finally:
+        mapped.close()
+
+
 def test_a_range_outside_the_segment_is_refused(owner):
     _, info = owner
     mapped = _open(info)
