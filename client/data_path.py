@@ -7,11 +7,11 @@ worker is single-threaded, so every use of it holds ``_lock``; the loops themsel
 without the GIL.
 
 A segment the node shares with this host (``Segment.shared_memory``) is mapped into this
-process on first use, and transfers with it are plain memory copies (kvpool.transport.
-shared_memory), shared between ``copy_threads`` threads when large
-(kvpool.transport.memory_copy): no UCX, no node CPU, no kernel copy. A copy's pieces each start
-before the transfer's deadline, and the call returns only when no thread touches the memory any
-more. ``same_host_mapping=False`` turns mapping off.
+process on first use (one mapping per process, shared by its clients), and transfers with it
+are plain memory copies (kvpool.transport.shared_memory), shared between ``copy_threads``
+threads when large (kvpool.transport.memory_copy): no UCX, no node CPU, no kernel copy. A
+copy's pieces each start before the transfer's deadline, and the call returns only when no
+thread touches the memory any more. ``same_host_mapping=False`` turns mapping off.
 
 Other endpoints to nodes on this host use CMA (the kernel copies between the two processes,
 driven by our own progress, never waiting on the node); all others are created force-closable,
@@ -31,7 +31,13 @@ from typing import Any
 from kvpool.proto import master_pb2 as pb
 from kvpool.transport import ucp
 from kvpool.transport.memory_copy import Copier, Copy
-from kvpool.transport.shared_memory import MappedSegment, MappingRefused, Reaper, boot_id
+from kvpool.transport.shared_memory import (
+    MAPPINGS,
+    MappedSegment,
+    MappingRefused,
+    Reaper,
+    boot_id,
+)
 
 
 @dataclass(slots=True)
@@ -244,7 +250,7 @@ class DataPath:
             and shared.boot_id == boot_id()
         ):
             try:
-                mapped = MappedSegment.open(
+                mapped = MAPPINGS.acquire(
                     pid=shared.pid,
                     fd=shared.fd,
                     inode=shared.inode,
@@ -289,7 +295,7 @@ class DataPath:
         mapped = self._mapped.pop(segment_id, None)
         if mapped is not None:
             self._reaper.unwatch(mapped.pidfd)
-            mapped.close()
+            MAPPINGS.release(mapped)  # unmapped once no other client of this process uses it
 
     def _forget_mapping(self, segment_id: str) -> None:
         """Unmaps a segment whose node exited; until a new descriptor comes, it goes over UCX."""

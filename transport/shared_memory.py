@@ -8,8 +8,9 @@ nor the node's CPU in the way. Anything else (another host, another container, a
 keeps using UCX.
 
 Lifetime: a mapping holds a pidfd of the node process. The data path checks it before every
-use, and a reaper thread, blocked in poll() on all pidfds, unmaps the segment as soon as the
-process exits, so a client never keeps a dead node's memory alive.
+use, and a reaper thread, blocked in poll() on all pidfds, lets go of the segment as soon as
+the process exits, so a client never keeps a dead node's memory alive. The clients of one
+process share one mapping per segment (``MAPPINGS``): it goes when the last lets go.
 
 Pages: mapping a file costs nothing until a page is first touched, and a first touch per
 4 KiB page costs far more than copying it (a first copy into a chunk ran at half speed here).
@@ -71,11 +72,17 @@ class MappedSegment:
     """A node's segment mapped into this process at ``address``; ``remote_base`` is where the
     node has it, so a descriptor's remote address translates by offset."""
 
-    def __init__(self, address: int, size: int, remote_base: int, pidfd: int) -> None:
+    def __init__(
+        self, address: int, size: int, remote_base: int, pidfd: int, origin: tuple[int, ...] = ()
+    ) -> None:
         self.address = address
         self.size = size
         self.remote_base = remote_base
         self.pidfd = pidfd
+        #: What it maps: (pid, fd, inode, device, size, remote_base) of the node's segment.
+        self.origin = origin
+        #: Clients holding it (see Mappings).
+        self.users = 0
         self._populated = bytearray((size + POPULATE_CHUNK - 1) // POPULATE_CHUNK)
         self.closed = False
         self._stop_populating = threading.Event()
@@ -114,7 +121,7 @@ class MappedSegment:
             raise
         finally:
             os.close(file)  # the mapping keeps the file
-        return cls(address, size, remote_base, pidfd)
+        return cls(address, size, remote_base, pidfd, (pid, fd, inode, device, size, remote_base))
 
     def alive(self) -> bool:
         """False once the node process has exited (its pidfd turns readable)."""
@@ -160,6 +167,50 @@ class MappedSegment:
         # Best effort: where the kernel refuses (before 5.14), pages fault in on first touch.
         _libc.madvise(self.address + start, length, MADV_POPULATE_WRITE)
         self._populated[chunk] = 1
+
+
+class Mappings:
+    """The segments this process has mapped, shared by every client in it: one mapping (and
+    one set of page tables) per node segment however many clients use it.
+
+    A client ``acquire``s a segment before its first copy and ``release``s it when done with
+    it (its node exited, a new descriptor came, or the client closed); the mapping goes when
+    its last client releases it. A client copies only between its own acquire and release,
+    so no copy is running when the memory is unmapped.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._current: dict[tuple[int, ...], MappedSegment] = {}
+
+    def acquire(
+        self, *, pid: int, fd: int, inode: int, device: int, size: int, remote_base: int
+    ) -> MappedSegment:
+        """The segment's mapping, made now unless a live one exists; MappingRefused when this
+        process cannot map it."""
+        origin = (pid, fd, inode, device, size, remote_base)
+        with self._lock:
+            mapped = self._current.get(origin)
+            if mapped is None or not mapped.alive():  # a dead one stays with its users
+                mapped = MappedSegment.open(
+                    pid=pid, fd=fd, inode=inode, device=device, size=size, remote_base=remote_base
+                )
+                self._current[origin] = mapped
+            mapped.users += 1
+            return mapped
+
+    def release(self, mapped: MappedSegment) -> None:
+        with self._lock:
+            mapped.users -= 1
+            if mapped.users > 0:
+                return
+            if self._current.get(mapped.origin) is mapped:
+                del self._current[mapped.origin]
+        mapped.close()
+
+
+#: This process's mappings (clients share them).
+MAPPINGS = Mappings()
 
 
 class Reaper:

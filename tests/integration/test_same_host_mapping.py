@@ -76,6 +76,20 @@ def test_nvme_segments_are_not_mapped(cluster_factory, tmp_path):
         assert set(client.mapped_segments) == _dram_segments(client)
 
 
+def test_clients_of_one_process_share_one_mapping_of_a_segment(cluster_factory):
+    cluster = cluster_factory(1, "64MiB")
+    data = os.urandom(2 << 20)
+    with Client(cluster.master_address) as first:
+        first.put("shared", data)
+        with Client(cluster.master_address) as second:
+            assert second.get("shared") == data and first.get("shared") == data
+            assert first.mapped_segments == second.mapped_segments != []
+            assert _mapped_ranges().count("memfd:kvpool-") == 1
+        assert first.get("shared") == data  # the other client closing unmapped nothing
+        assert _mapped_ranges().count("memfd:kvpool-") == 1
+    assert _mapped_ranges() == ""  # the last client let go
+
+
 @pytest.mark.parametrize("prefault", [True, False])
 def test_a_shm_segment_is_mapped_only_when_all_its_pages_exist(cluster_factory, tmp_path, prefault):
     """A store into a hole of a full /dev/shm would kill the client with SIGBUS."""

@@ -16,7 +16,13 @@ import time
 
 import pytest
 
-from kvpool.transport.shared_memory import MappedSegment, MappingRefused, Reaper, boot_id
+from kvpool.transport.shared_memory import (
+    MappedSegment,
+    MappingRefused,
+    Mappings,
+    Reaper,
+    boot_id,
+)
 
 SIZE = 8 << 20
 
@@ -89,6 +95,37 @@ def test_the_page_tables_fill_in_the_background_before_any_copy(owner):
         assert _resident_bytes(mapped.address) == SIZE
     finally:
         mapped.close()
+
+
+def test_clients_of_one_process_share_a_mapping_until_the_last_lets_go(owner):
+    _, info = owner
+    mappings = Mappings()
+    where = {**info, "size": SIZE, "remote_base": 0x7F0000000000}
+    first = mappings.acquire(**where)
+    second = mappings.acquire(**where)
+    assert first is second and first.users == 2
+    mappings.release(first)
+    assert not first.closed  # the other client still copies through it
+    assert ctypes.string_at(first.local_address(0x7F0000000000, 16), 16) == bytes(range(16))
+    mappings.release(second)
+    assert first.closed
+    third = mappings.acquire(**where)  # a later client maps afresh
+    assert third is not first and not third.closed
+    mappings.release(third)
+
+
+def test_a_dead_nodes_mapping_stays_with_its_users_and_is_not_handed_out_again(owner):
+    process, info = owner
+    mappings = Mappings()
+    where = {**info, "size": SIZE, "remote_base": 0x7F0000000000}
+    held = mappings.acquire(**where)
+    process.kill()
+    process.wait()
+    with pytest.raises(MappingRefused):
+        mappings.acquire(**where)
+    assert not held.alive() and not held.closed  # its user lets go in its own time
+    mappings.release(held)
+    assert held.closed
 
 
 def test_a_range_outside_the_segment_is_refused(owner):
