@@ -401,11 +401,11 @@ class PlacementBench:
                 runner = RunnerProcess(name, argv, self.log_dir / f"{name}.log", env)
                 stack.callback(runner.stop)
                 self.runners[system].append(runner)
-                started.append(runner)
-        for runner in started:
+                started.append((system, runner))
+        for system, runner in started:
             runner.wait_ready(120)
             self.pids.update({runner.pid, runner.ready["pid"]})
-            self.system_pids[runner.name.split("-")[0]].add(runner.ready["pid"])
+            self.system_pids[system].add(runner.ready["pid"])
 
     # ---- runs
 
@@ -449,8 +449,8 @@ class PlacementBench:
 
     def _settle(self, system: str) -> None:
         """Waits until the other systems' processes are idle, so that background work one
-        leaves behind (Mooncake's client kept more than a core busy for seconds after its
-        own workload here) is not billed to the next."""
+        leaves behind (Mooncake's client was seen keeping more than a core busy after its own
+        workload had returned) is not billed to the next."""
         from kvpool.bench import environment
 
         others = set().union(*(p for s, p in self.system_pids.items() if s != system))

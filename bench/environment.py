@@ -90,9 +90,14 @@ def wait_until_quiet(
 def _ticks(pid: int) -> int:
     """CPU time (user + system, all threads) of ``pid`` so far, in clock ticks; 0 if gone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        return _ticks_in(Path(f"/proc/{pid}/stat").read_text())
     except OSError:
         return 0
+
+
+def _ticks_in(stat: str) -> int:
+    """utime + stime from the text of a /proc/PID/stat (after the command, which may hold
+    spaces and parentheses)."""
     fields = stat[stat.rindex(")") + 2 :].split()
     return int(fields[11]) + int(fields[12])
 
@@ -107,10 +112,9 @@ def _cpu_times() -> dict[int, tuple[str, int]]:
             cmdline = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ")
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2 :].split()
         name = cmdline.decode(errors="replace").strip()[:120]
         name = name or stat[stat.index("(") : stat.rindex(")") + 1]
-        times[int(entry.name)] = (name, int(fields[11]) + int(fields[12]))
+        times[int(entry.name)] = (name, _ticks_in(stat))
     return times
 
 

@@ -274,8 +274,8 @@ class MasterService(master_pb2_grpc.MasterServicer):
         node_id = hello.hello.node_id
         session = object()
         # This term's: a new term replaces them (and numbers its commands afresh).
-        term = (self.state, self.channels, self.forgets)
-        channels = term[1]
+        channels = self.channels
+        term = (self.state, channels, self.forgets)
         queue = channels.attach(node_id, session, self._still_wanted, hello.hello.incarnation)
         reader = asyncio.create_task(self._read_reports(request_iterator, term, node_id))
         # When the node's side ends, so does this handler: cancelling a wait on the queue
