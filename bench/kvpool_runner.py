@@ -43,8 +43,8 @@ class KvpoolServers:
         try:
             self.master = ManagedProcess(
                 "kvpool-master",
-                [*kvpool, "master", "--host", ip, "--port", "0", "--http-port", "0",
-                 "--log-format", "json"],
+                [*kvpool, "master", "--host", ip, "--port", "0", "--lane-port", "0",
+                 "--http-port", "0", "--log-format", "json"],
                 self.run_dir,
                 self.env,
             )  # fmt: skip

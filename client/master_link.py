@@ -15,12 +15,26 @@ from typing import Any
 
 import grpc
 
+from kvpool.client.lane_client import LaneClient, LaneError, LaneUnreachable
+from kvpool.common import lane_protocol as lp
 from kvpool.common.leader_resolver import LEADER_METADATA, LeaderResolver
+from kvpool.common.logging import get_logger
 from kvpool.common.master_address import MasterTarget, parse_master
 from kvpool.errors import InvalidArgument, KVPoolError, MasterUnavailable
+from kvpool.proto import master_pb2 as pb
 from kvpool.proto import master_pb2_grpc
 
-RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+log = get_logger("kvpool.client")
+
+RETRYABLE = (lp.UNAVAILABLE, lp.RESOURCE_EXHAUSTED, lp.DEADLINE_EXCEEDED)
+FAILED_PRECONDITION, INVALID_ARGUMENT = lp.FAILED_PRECONDITION, lp.INVALID_ARGUMENT
+RESOURCE_EXHAUSTED = lp.RESOURCE_EXHAUSTED
+_CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
+#: The calls that take the metadata lane when the master has one, with their answers' types.
+LANE_RESPONSES = {name: response for name, _, response in lp.LANE_METHODS.values()}
+LANE_ASK_TIMEOUT = 1.0
+#: How long a client uses gRPC where a master has no lane, or its lane cannot be reached.
+LANE_RETRY_AFTER = 60.0
 MESSAGE_LIMIT = 256 * 1024 * 1024
 FIRST_BACKOFF = 0.01
 MAX_BACKOFF = 0.5
@@ -29,10 +43,14 @@ FAILURES_BEFORE_RESOLVING = 2
 
 
 class MasterLink:
-    def __init__(self, target: MasterTarget | str) -> None:
+    def __init__(self, target: MasterTarget | str, use_lane: bool = True) -> None:
         if isinstance(target, str):
             target = parse_master(target)
         self.target = target
+        self.use_lane = use_lane
+        #: Per master address: its lane, or until when to use gRPC there (no lane, unreachable).
+        self._lanes: dict[str, LaneClient | float] = {}
+        self._lane_warned: set[str] = set()
         self.address = str(target)
         self.retries = 0  # calls retried because the master was away, busy or not leading
         self._resolver = LeaderResolver(target)
@@ -60,35 +78,85 @@ class MasterLink:
                 self._resolver.failed()
             else:
                 try:
+                    lane = self._lane(method, stub, leader, remaining)
+                    if lane is not None:
+                        response_type = LANE_RESPONSES[method]
+                        return lane.call(method, request, response_type, remaining)
                     return getattr(stub, method)(request, timeout=remaining)
+                except LaneUnreachable as error:
+                    self._lane_unreachable(leader, error)
+                    continue  # the same call over gRPC, at once
+                except LaneError as error:
+                    code, details, hint = error.code, error.details, error.leader
                 except grpc.RpcError as error:
-                    code = error.code()
-                    details = error.details() or ""
-                    if code == grpc.StatusCode.FAILED_PRECONDITION and "not the leader" in details:
-                        last_error = f"{leader}: {details}"
-                        self._resolver.failed(_leader_hint(error))
-                    elif code in RETRYABLE or code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                        last_error = f"{leader}: {code.name}: {details}"
-                        failures += 1
-                        busy = code == grpc.StatusCode.RESOURCE_EXHAUSTED
-                        if failures >= FAILURES_BEFORE_RESOLVING and not busy:
-                            failures = 0
-                            self._resolver.failed()
-                    elif code == grpc.StatusCode.INVALID_ARGUMENT:
-                        raise InvalidArgument(f"master rejected {method}: {details}") from None
-                    else:
-                        raise KVPoolError(
-                            f"master {method} failed: {code.name}: {details}"
-                        ) from None
+                    code, details = error.code().value[0], error.details() or ""
+                    hint = _leader_hint(error)
+                name = _CODE_NAMES.get(code, str(code))
+                if code == FAILED_PRECONDITION and "not the leader" in details:
+                    last_error = f"{leader}: {details}"
+                    self._resolver.failed(hint)
+                elif code in RETRYABLE:
+                    last_error = f"{leader}: {name}: {details}"
+                    failures += 1
+                    busy = code == RESOURCE_EXHAUSTED
+                    if failures >= FAILURES_BEFORE_RESOLVING and not busy:
+                        failures = 0
+                        self._resolver.failed()
+                elif code == INVALID_ARGUMENT:
+                    raise InvalidArgument(f"master rejected {method}: {details}")
+                else:
+                    raise KVPoolError(f"master {method} failed: {name}: {details}")
             self.retries += 1
             time.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
             backoff = min(backoff * 2, MAX_BACKOFF)
+
+    def _lane(
+        self, method: str, stub: master_pb2_grpc.MasterStub, leader: str, remaining: float
+    ) -> LaneClient | None:
+        """The leader's metadata lane for ``method``, asked for once per leader; None: gRPC."""
+        if not self.use_lane or method not in LANE_RESPONSES:
+            return None
+        with self._lock:
+            known = self._lanes.get(leader)
+        if isinstance(known, LaneClient):
+            return known
+        if isinstance(known, float) and time.monotonic() < known:
+            return None  # none there, or unreachable from here: ask again later
+        try:
+            port = stub.Lane(pb.LaneRequest(), timeout=min(remaining, LANE_ASK_TIMEOUT)).port
+        except grpc.RpcError as error:
+            if error.code() == grpc.StatusCode.UNIMPLEMENTED:  # a master from before the lane
+                with self._lock:
+                    self._lanes[leader] = time.monotonic() + LANE_RETRY_AFTER
+            return None  # this call goes over gRPC, which reports what is wrong
+        with self._lock:
+            if port:
+                lane = self._lanes.get(leader)
+                if not isinstance(lane, LaneClient):
+                    lane = self._lanes[leader] = LaneClient(_host_of(leader), port)
+                return lane
+            self._lanes[leader] = time.monotonic() + LANE_RETRY_AFTER
+            return None
+
+    def _lane_unreachable(self, leader: str, error: LaneError) -> None:
+        with self._lock:
+            lane = self._lanes.get(leader)
+            self._lanes[leader] = time.monotonic() + LANE_RETRY_AFTER
+        if isinstance(lane, LaneClient):
+            lane.close()
+        if leader not in self._lane_warned:
+            self._lane_warned.add(leader)
+            log.warning("metadata lane unreachable; using gRPC", master=leader, error=str(error))
 
     def close(self) -> None:
         with self._lock:
             if self._channel is not None:
                 self._channel.close()
                 self._channel = None
+            lanes, self._lanes = self._lanes, {}
+        for lane in lanes.values():
+            if isinstance(lane, LaneClient):
+                lane.close()
 
     def _stub_for_leader(self) -> tuple[master_pb2_grpc.MasterStub | None, str]:
         leader = self._resolver.current
@@ -111,6 +179,11 @@ class MasterLink:
                 self._stub = master_pb2_grpc.MasterStub(self._channel)
                 self._connected_to = leader
             return self._stub, leader
+
+
+def _host_of(address: str) -> str:
+    host = address.rsplit(":", 1)[0]
+    return host[1:-1] if host.startswith("[") else host
 
 
 def _leader_hint(error: grpc.RpcError) -> str:

@@ -156,6 +156,7 @@ class LocalCluster:
         self.nodes: list[ManagedProcess] = []
         self.master_address = ""
         self.master_http_port = 0
+        self.lane_port = 0
 
     def _kvpool(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "kvpool.cli.main", *args]
@@ -184,6 +185,8 @@ class LocalCluster:
             "127.0.0.1",
             "--port",
             str(self.port),
+            "--lane-port",
+            str(self.lane_port),
             "--http-port",
             "0",
             "--log-format",
@@ -192,7 +195,8 @@ class LocalCluster:
         )
         self.master = ManagedProcess("master", argv, self.run_dir, self.env)
         ready = self.master.wait_ready(deadline)
-        self.port = ready["grpc_port"]  # a restarted master comes back on the same port
+        self.port = ready["grpc_port"]  # a restarted master comes back on the same ports
+        self.lane_port = ready["lane_port"]
         self.master_address = f"127.0.0.1:{self.port}"
         self.master_http_port = ready["http_port"]
 
@@ -203,6 +207,8 @@ class LocalCluster:
             "--host",
             "127.0.0.1",
             "--port",
+            "0",
+            "--lane-port",
             "0",
             "--http-port",
             "0",

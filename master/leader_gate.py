@@ -21,8 +21,10 @@ class Leadership(Protocol):
     def serving(self) -> bool: ...
 
 
-#: Calls a new leader takes while it rebuilds its index: the nodes' own.
-NODE_METHODS = ("/MountSegment", "/UnmountSegment", "/Heartbeat", "/NodeSession")
+#: Calls a new leader takes while it rebuilds its index: the nodes' own (``Lane`` too: nodes
+#: ask for it before opening their command streams).
+NODE_METHODS = ("/MountSegment", "/UnmountSegment", "/Heartbeat", "/NodeSession", "/Lane")
+REBUILDING = "a new leader is rebuilding its index from the storage nodes: retry shortly"
 
 
 class LeaderGate(grpc.aio.ServerInterceptor):
@@ -35,6 +37,17 @@ class LeaderGate(grpc.aio.ServerInterceptor):
         self.leadership = leadership
         self.accepting_clients = accepting_clients
 
+    def refusal(self, method: str) -> tuple[grpc.StatusCode, str, str] | None:
+        """Why this master turns ``method`` (``/Name``) away now, as (code, details, leader
+        hint), or None when it takes it. Shared by gRPC and the metadata lane."""
+        if self.leadership.serving():
+            if self.accepting_clients() or method.endswith(NODE_METHODS):
+                return None
+            return grpc.StatusCode.UNAVAILABLE, REBUILDING, ""
+        leader = self.leadership.leader
+        details = f"not the leader: the leader is {leader or '(none yet)'}"
+        return grpc.StatusCode.FAILED_PRECONDITION, details, leader
+
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
@@ -43,39 +56,32 @@ class LeaderGate(grpc.aio.ServerInterceptor):
         handler = await continuation(handler_call_details)
         if handler is None:
             return handler
-        if self.leadership.serving():
-            if self.accepting_clients() or handler_call_details.method.endswith(NODE_METHODS):
-                return handler
-            refuse = self._rebuilding
-        else:
-            refuse = self._refuse
+        refusal = self.refusal(handler_call_details.method)
+        if refusal is None:
+            return handler
+        refuse = self._refuser(*refusal)
         if handler.unary_unary is not None:
             return grpc.unary_unary_rpc_method_handler(
                 refuse,
                 request_deserializer=handler.request_deserializer,
                 response_serializer=handler.response_serializer,
             )
+
+        async def refuse_stream(request_iterator: Any, context: grpc.aio.ServicerContext):
+            await refuse(None, context)
+            yield  # pragma: no cover - unreachable: abort raises
+
         return grpc.stream_stream_rpc_method_handler(
-            self._refuse_stream,
+            refuse_stream,
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
 
-    async def _refuse(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        leader = self.leadership.leader
-        if leader:
-            context.set_trailing_metadata(((LEADER_METADATA, leader),))
-        await context.abort(
-            grpc.StatusCode.FAILED_PRECONDITION,
-            f"not the leader: the leader is {leader}" if leader else "not the leader: none yet",
-        )
+    @staticmethod
+    def _refuser(code: grpc.StatusCode, details: str, leader: str) -> Callable[..., Any]:
+        async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            if leader:
+                context.set_trailing_metadata(((LEADER_METADATA, leader),))
+            await context.abort(code, details)
 
-    async def _rebuilding(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await context.abort(
-            grpc.StatusCode.UNAVAILABLE,
-            "a new leader is rebuilding its index from the storage nodes: retry shortly",
-        )
-
-    async def _refuse_stream(self, request_iterator: Any, context: grpc.aio.ServicerContext):
-        await self._refuse(None, context)
-        yield  # pragma: no cover - unreachable: abort raises
+        return refuse

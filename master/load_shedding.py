@@ -45,35 +45,43 @@ class LoadShedder(grpc.aio.ServerInterceptor):
         method = handler_call_details.method
         if handler is None or handler.unary_unary is None or method.endswith(EXEMPT_SUFFIX):
             return handler
-        if len(self._inflight) >= self.limit:
-            self._forget_stale()
-        if len(self._inflight) >= self.limit:
-            metrics.SHED.labels(method.rsplit("/", 1)[-1]).inc()
-            behavior = self._refuse
-        else:
-            call_id = next(self._ids)
-            self._inflight[call_id] = time.monotonic()
-            behavior = self._counted(handler.unary_unary, call_id)
+        call_id = self.admit(method)
+        behavior = self._refuse if call_id is None else self._counted(handler.unary_unary, call_id)
         return grpc.unary_unary_rpc_method_handler(
             behavior,
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
 
+    def admit(self, method: str) -> int | None:
+        """Counts a call in (its id, to ``release`` when answered), or None when the master is
+        saturated and the call must be refused. Shared by gRPC and the metadata lane."""
+        if len(self._inflight) >= self.limit:
+            self._forget_stale()
+        if len(self._inflight) >= self.limit:
+            metrics.SHED.labels(method.rsplit("/", 1)[-1]).inc()
+            return None
+        call_id = next(self._ids)
+        self._inflight[call_id] = time.monotonic()
+        return call_id
+
+    def release(self, call_id: int) -> None:
+        self._inflight.pop(call_id, None)
+
+    def refusal(self) -> str:
+        return f"the master is saturated ({self.limit} calls in flight): retry with backoff"
+
     def _counted(self, behavior: Callable[..., Awaitable[Any]], call_id: int) -> Any:
         async def counted(request: Any, context: grpc.aio.ServicerContext) -> Any:
             try:
                 return await behavior(request, context)
             finally:
-                self._inflight.pop(call_id, None)
+                self.release(call_id)
 
         return counted
 
     async def _refuse(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await context.abort(
-            grpc.StatusCode.RESOURCE_EXHAUSTED,
-            f"the master is saturated ({self.limit} calls in flight): retry with backoff",
-        )
+        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, self.refusal())
 
     def _forget_stale(self) -> None:
         too_old = time.monotonic() - STALE_AFTER

@@ -16,6 +16,7 @@ from kvpool.common.process import stop_event_on_signals, write_ready_file
 from kvpool.master import metrics
 from kvpool.master.config import PLACEMENTS, MasterConfig
 from kvpool.master.election import DEFAULT_TTL, AlwaysLeader, Election
+from kvpool.master.lane_server import LaneServer
 from kvpool.master.leader_gate import LeaderGate
 from kvpool.master.load_shedding import LoadShedder
 from kvpool.master.service import MasterService
@@ -31,6 +32,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = MasterConfig()
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")
     parser.add_argument("--port", type=int, default=50051, help="gRPC port (0 picks a free one)")
+    parser.add_argument(
+        "--lane-port",
+        type=int,
+        default=50052,
+        help="port of the metadata lane, the lean protocol of the hot client calls and the "
+        "nodes' command streams (0 picks a free one; -1: none, everything over gRPC). Clients "
+        "learn it over gRPC and fall back to gRPC where it is unreachable",
+    )
     parser.add_argument(
         "--http-port", type=int, default=9090, help="port of /healthz, /readyz, /metrics (0: free)"
     )
@@ -169,6 +178,8 @@ async def serve(args: argparse.Namespace, config: MasterConfig) -> None:
         # The epoch orders this master's writes after any earlier master's (whole seconds
         # fit the 32 bits it gets in every put id until 2106).
         service = MasterService(_new_state(config, int(time.time())))
+    shedder = LoadShedder(args.max_inflight)
+    gate = LeaderGate(leadership, lambda: service.accepting_clients())
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", GRPC_MESSAGE_LIMIT),
@@ -177,14 +188,14 @@ async def serve(args: argparse.Namespace, config: MasterConfig) -> None:
         ],
         # The shedder is outermost: it must count (and release) every call it lets through,
         # including those the leader gate then refuses.
-        interceptors=[
-            LoadShedder(args.max_inflight),
-            LeaderGate(leadership, lambda: service.accepting_clients()),
-        ],
+        interceptors=[shedder, gate],
     )
     master_pb2_grpc.add_MasterServicer_to_server(service, server)
     port = server.add_insecure_port(f"{args.host}:{args.port}")
     await server.start()
+    lane = LaneServer(service, gate, shedder)
+    if args.lane_port >= 0:
+        service.lane_port = await lane.start(args.host, args.lane_port)
     advertise = args.advertise or f"{_reachable_host(args.host)}:{port}"
 
     def readiness() -> tuple[bool, str]:
@@ -212,12 +223,13 @@ async def serve(args: argparse.Namespace, config: MasterConfig) -> None:
     log.info(
         "master started",
         grpc_port=port,
+        lane_port=lane.port,
         http_port=http.port,
         advertise=advertise,
         etcd=args.etcd or "(none: the only master)",
         config=str(config),
     )
-    write_ready_file(args.ready_file, grpc_port=port, http_port=http.port)
+    write_ready_file(args.ready_file, grpc_port=port, lane_port=lane.port, http_port=http.port)
     try:
         while not stop.is_set():
             state = service.state
@@ -228,6 +240,7 @@ async def serve(args: argparse.Namespace, config: MasterConfig) -> None:
         log.info("master stopping")
         for task in tasks:
             task.cancel()
+        await lane.stop()
         await server.stop(grace=1.0)
         http.stop()
 

@@ -28,6 +28,15 @@ SHED = Counter(
     "Calls refused with RESOURCE_EXHAUSTED because the master was saturated, by method.",
     ["method"],
 )
+LANE_REQUESTS = Counter(
+    "kvpool_master_lane_requests_total",
+    "Client calls that came over the metadata lane rather than gRPC, by method.",
+    ["method"],
+)
+LANE_SESSIONS = Counter(
+    "kvpool_master_lane_node_sessions_total",
+    "Storage nodes' command streams opened over the metadata lane rather than gRPC.",
+)
 LATENCY = Histogram(
     "kvpool_master_request_seconds",
     "Time the master spent serving an RPC, by method.",

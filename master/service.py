@@ -51,6 +51,8 @@ class MasterService(master_pb2_grpc.MasterServicer):
         self.command_timeout = command_timeout
         #: Where the cluster's storage nodes are listed (etcd in HA mode; else nowhere).
         self.registry: Any = None
+        #: Where the metadata lane listens (0: no lane); clients ask through ``Lane``.
+        self.lane_port = 0
         #: After an election: nodes to wait for, and until when, before answering clients
         #: from an index that is rebuilt from what the nodes report.
         self._awaited_nodes: set[str] = set()
@@ -436,6 +438,9 @@ class MasterService(master_pb2_grpc.MasterServicer):
                     persistent=s.info.persistent,
                 )
             return response
+
+    async def Lane(self, request, context):
+        return pb.LaneResponse(port=self.lane_port)
 
     # ---- helpers
 

@@ -462,6 +462,16 @@ class ClientHeartbeatResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class LaneRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LaneResponse(_message.Message):
+    __slots__ = ("port",)
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    port: int
+    def __init__(self, port: _Optional[int] = ...) -> None: ...
+
 class ListKeysRequest(_message.Message):
     __slots__ = ("prefix", "limit", "start_after")
     PREFIX_FIELD_NUMBER: _ClassVar[int]

@@ -109,6 +109,11 @@ class MasterStub:
                 request_serializer=kvpool_dot_proto_dot_master__pb2.ClusterStatusRequest.SerializeToString,
                 response_deserializer=kvpool_dot_proto_dot_master__pb2.ClusterStatusResponse.FromString,
                 _registered_method=True)
+        self.Lane = channel.unary_unary(
+                '/kvpool.v1.Master/Lane',
+                request_serializer=kvpool_dot_proto_dot_master__pb2.LaneRequest.SerializeToString,
+                response_deserializer=kvpool_dot_proto_dot_master__pb2.LaneResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -208,6 +213,13 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Lane(self, request, context):
+        """The port of the metadata lane, a lean framed protocol for the hot calls.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -285,6 +297,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.ClusterStatus,
                     request_deserializer=kvpool_dot_proto_dot_master__pb2.ClusterStatusRequest.FromString,
                     response_serializer=kvpool_dot_proto_dot_master__pb2.ClusterStatusResponse.SerializeToString,
+            ),
+            'Lane': grpc.unary_unary_rpc_method_handler(
+                    servicer.Lane,
+                    request_deserializer=kvpool_dot_proto_dot_master__pb2.LaneRequest.FromString,
+                    response_serializer=kvpool_dot_proto_dot_master__pb2.LaneResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -692,6 +709,33 @@ class Master:
             '/kvpool.v1.Master/ClusterStatus',
             kvpool_dot_proto_dot_master__pb2.ClusterStatusRequest.SerializeToString,
             kvpool_dot_proto_dot_master__pb2.ClusterStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Lane(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvpool.v1.Master/Lane',
+            kvpool_dot_proto_dot_master__pb2.LaneRequest.SerializeToString,
+            kvpool_dot_proto_dot_master__pb2.LaneResponse.FromString,
             options,
             channel_credentials,
             insecure,

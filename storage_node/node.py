@@ -24,7 +24,7 @@ from kvpool.common.logging import get_logger
 from kvpool.common.master_address import MasterTarget
 from kvpool.proto import master_pb2 as pb
 from kvpool.proto import master_pb2_grpc
-from kvpool.storage_node import metrics
+from kvpool.storage_node import lane_session, metrics
 from kvpool.storage_node.commands import CommandExecutor
 from kvpool.storage_node.segment import Segment
 from kvpool.transport import ucp
@@ -100,7 +100,7 @@ class StorageNode:
                 stub = master_pb2_grpc.MasterStub(channel)
                 self.mounted.clear()  # a new leader (or the first): mount everything there
                 session_over = asyncio.Event()
-                session = asyncio.create_task(self._keep_session(stub, stop, session_over))
+                session = asyncio.create_task(self._keep_session(stub, leader, stop, session_over))
                 hint = None
                 while not stop.is_set() and hint is None:
                     hint = await self._sync_with_master(stub)
@@ -197,27 +197,58 @@ class StorageNode:
         return None
 
     async def _keep_session(
-        self, stub: master_pb2_grpc.MasterStub, stop: asyncio.Event, over: asyncio.Event
+        self,
+        stub: master_pb2_grpc.MasterStub,
+        leader: str,
+        stop: asyncio.Event,
+        over: asyncio.Event,
     ) -> None:
         """Keeps the command stream to this master open (reopening it after a master
-        restart) and answers each command in order, until ``stop`` or ``over``."""
+        restart) and answers each command in order, until ``stop`` or ``over``. The stream
+        takes the master's metadata lane where it has one, else gRPC."""
+        lane_unreachable = False  # then this master's streams use gRPC
         while not stop.is_set() and not over.is_set():
-            reports = _Reports()
             hello = pb.NodeHello(node_id=self.node_id, incarnation=self.incarnation)
-            reports.put(pb.NodeReport(hello=hello))
-            call = stub.NodeSession(reports)
-            try:
-                async for command in call:
-                    result = await self._run_command(command)
-                    if not result.ok:
-                        log.warning("command failed", error=result.error)
-                    reports.put(pb.NodeReport(result=result))
-            except grpc.aio.AioRpcError as error:
-                if error.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
-                    log.warning("command stream broke", code=error.code().name)
-            finally:
-                call.cancel()
+            port = 0 if lane_unreachable else await self._lane_port(stub)
+            if port:
+                try:
+                    await lane_session.serve_commands(_host_of(leader), port, hello, self._answer)
+                except lane_session.SessionRefused as refused:
+                    log.warning("command stream refused", detail=refused.details)
+                except lane_session.LaneUnreachable as error:
+                    log.warning("metadata lane unreachable; using gRPC", error=str(error))
+                    lane_unreachable = True
+                    continue
+                except Exception as error:  # a broken connection, a frame that does not parse
+                    log.warning("command stream broke", error=f"{type(error).__name__}: {error}")
+            else:
+                await self._grpc_session(stub, hello)
             await pause(over, self.heartbeat_interval)
+
+    async def _lane_port(self, stub: master_pb2_grpc.MasterStub) -> int:
+        try:
+            return (await stub.Lane(pb.LaneRequest(), timeout=RPC_TIMEOUT)).port
+        except grpc.aio.AioRpcError:
+            return 0  # an older master, or not the leader: the gRPC stream says which
+
+    async def _grpc_session(self, stub: master_pb2_grpc.MasterStub, hello: pb.NodeHello) -> None:
+        reports = _Reports()
+        reports.put(pb.NodeReport(hello=hello))
+        call = stub.NodeSession(reports)
+        try:
+            async for command in call:
+                reports.put(pb.NodeReport(result=await self._answer(command)))
+        except grpc.aio.AioRpcError as error:
+            if error.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+                log.warning("command stream broke", code=error.code().name)
+        finally:
+            call.cancel()
+
+    async def _answer(self, command: pb.NodeCommand) -> pb.CommandResult:
+        result = await self._run_command(command)
+        if not result.ok:
+            log.warning("command failed", error=result.error)
+        return result
 
     async def _run_command(self, command: pb.NodeCommand) -> pb.CommandResult:
         """Runs one command after the one before it (even one begun on a stream that has
@@ -287,6 +318,11 @@ class _Reports:
 
     async def __anext__(self) -> pb.NodeReport:
         return await self._queue.get()
+
+
+def _host_of(address: str) -> str:
+    host = address.rsplit(":", 1)[0]
+    return host[1:-1] if host.startswith("[") else host
 
 
 def _leader_hint(error: grpc.aio.AioRpcError) -> str:

@@ -14,6 +14,7 @@ from helpers import wait_until
 
 from kvpool import Client
 from kvpool.client import get_path
+from kvpool.client.lane_client import LaneClient, LaneError
 from kvpool.errors import KVPoolError, MasterUnavailable, PutAborted, TransferError
 from kvpool.proto import master_pb2 as pb
 from kvpool.proto import master_pb2_grpc
@@ -44,6 +45,13 @@ def test_one_master_leads_and_standbys_point_callers_to_it(ha_cluster):
         master_pb2_grpc.MasterStub(channel).Exists(pb.ExistsRequest(keys=["k"]), timeout=5)
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert ("kvpool-leader", leader_address) in refused.value.trailing_metadata()
+    # its metadata lane refuses the same way (a client that knew it as the leader moves on)
+    lane = LaneClient("127.0.0.1", standbys[0].ready["lane_port"])
+    with pytest.raises(LaneError) as refused_on_lane:
+        lane.call("Exists", pb.ExistsRequest(keys=["k"]), pb.ExistsResponse, timeout=5)
+    lane.close()
+    assert refused_on_lane.value.code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
+    assert refused_on_lane.value.leader == leader_address
     # a client given only the standbys follows the hint to the leader
     standby_list = ",".join(f"127.0.0.1:{m.ready['grpc_port']}" for m in standbys)
     with Client(standby_list) as client:

@@ -197,7 +197,7 @@ def test_default_is_one_master_and_a_daemonset_without_etcd(renders: dict[str, R
     assert not render.of_kind("ServiceMonitor") and not render.of_kind("ConfigMap")
     service = render.get("Service", f"{render.fullname}-master")
     ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
-    assert ports == {"grpc": 50051, "http": 9090}
+    assert ports == {"grpc": 50051, "lane": 50052, "http": 9090}
 
 
 def test_single_master_statefulset_nodes(renders: dict[str, Render]) -> None:
@@ -212,6 +212,8 @@ def test_single_master_statefulset_nodes(renders: dict[str, Render]) -> None:
         == "34%"
     )
     assert "--etcd" not in " ".join(render.container("master")["args"])
+    service = render.get("Service", f"{render.fullname}-master")
+    assert "lane" not in {p["name"] for p in service["spec"]["ports"]}  # lanePort: 0
 
 
 def test_ha_masters_with_bundled_etcd(renders: dict[str, Render]) -> None:
@@ -378,6 +380,10 @@ def test_master_command_parses(renders: dict[str, Render], value_set: str) -> No
     master = render.values["master"]
     assert args.command == "master"
     assert args.port == named_port(container, "grpc") == master["grpcPort"]
+    if master["lanePort"]:  # the lane's port is opened where the master listens
+        assert args.lane_port == named_port(container, "lane") == master["lanePort"]
+    else:
+        assert args.lane_port == -1
     assert args.http_port == named_port(container, "http") == master["httpPort"]
     assert args.default_replicas == master["defaultReplicas"]
     assert args.lease_ttl == master["leaseTtl"]

@@ -236,11 +236,12 @@ def test_a_removal_sticks_though_the_node_stream_broke_before_the_node_heard_of_
             for i in range(3):
                 client.remove(f"k{i}")  # a Forget for each goes out to the stopped node
             time.sleep(0.5)  # written to the socket, never read
-            subprocess.run(
-                ["ss", "-K", "dst", "127.0.0.1", "dport", "=", str(cluster.port)],
-                check=True,
-                capture_output=True,
-            )
+            for port in (cluster.port, cluster.lane_port):  # gRPC and the metadata lane
+                subprocess.run(
+                    ["ss", "-K", "dst", "127.0.0.1", "dport", "=", str(port)],
+                    check=True,
+                    capture_output=True,
+                )
         finally:
             node.signal(signal.SIGCONT)
         assert wait_until(

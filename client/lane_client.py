@@ -1,0 +1,144 @@
+"""The client's end of the master's metadata lane (common/lane_protocol.py): blocking calls on
+kept-open TCP connections, one call at a time per connection, a pool of them per master so
+that threads sharing a client never queue behind each other.
+
+Every wait is bounded by the caller's deadline; a connection that timed out or broke is
+closed, never reused (a late answer must not be read as the next call's).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import socket
+import threading
+import time
+from typing import Any
+
+from kvpool.common import lane_protocol as lp
+
+#: How long connecting may take at most (a lane behind a firewall drops the SYN: the client
+#: gives up on it after this and uses gRPC).
+CONNECT_TIMEOUT = 1.0
+#: Idle connections kept per master.
+POOL_SIZE = 8
+
+
+class LaneError(Exception):
+    """A call over the lane failed with a gRPC status code (``lane_protocol`` numbers)."""
+
+    def __init__(self, code: int, details: str, leader: str = "") -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+        self.leader = leader
+
+
+class LaneUnreachable(LaneError):
+    """No connection to the lane could be made: the caller may use gRPC instead."""
+
+
+class LaneClient:
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        self._idle: list[_Connection] = []
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def call(self, method: str, request: Any, response_type: type, timeout: float) -> Any:
+        """Sends ``request`` as ``method`` and returns its answer, within ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        connection = self._take(deadline)
+        try:
+            response = connection.call(lp.METHOD_IDS[method], request, response_type, deadline)
+        except LaneError as error:
+            if error.code in (lp.DEADLINE_EXCEEDED, lp.UNAVAILABLE):
+                connection.close()  # the stream may hold a late answer: never reuse it
+            else:
+                self._give_back(connection)
+            raise
+        except BaseException:
+            connection.close()
+            raise
+        self._give_back(connection)
+        return response
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            idle, self._idle = self._idle, []
+        for connection in idle:
+            connection.close()
+
+    def _take(self, deadline: float) -> _Connection:
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        timeout = min(CONNECT_TIMEOUT, deadline - time.monotonic())
+        if timeout <= 0:
+            raise LaneError(lp.DEADLINE_EXCEEDED, "no time left to connect to the lane")
+        try:
+            sock = socket.create_connection((self.host, self.port), timeout=timeout)
+        except OSError as error:
+            raise LaneUnreachable(
+                lp.UNAVAILABLE, f"cannot connect to the lane at {self.host}:{self.port}: {error}"
+            ) from None
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return _Connection(sock)
+
+    def _give_back(self, connection: _Connection) -> None:
+        with self._lock:
+            if not self._closed and len(self._idle) < POOL_SIZE:
+                self._idle.append(connection)
+                return
+        connection.close()
+
+
+class _Connection:
+    _ids = itertools.count(1)
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._header = bytearray(lp.HEADER.size)
+
+    def call(self, method: int, request: Any, response_type: type, deadline: float) -> Any:
+        call_id = next(self._ids) & 0xFFFFFFFF
+        try:
+            self._sock.settimeout(_left(deadline))
+            self._sock.sendall(lp.encode(call_id, method, request.SerializeToString()))
+            self._read_into(self._header, deadline)
+            length, answered, _, status = lp.HEADER.unpack(self._header)
+            if length > lp.MAX_BODY or answered != call_id:
+                raise LaneError(lp.UNAVAILABLE, "the lane answered out of turn: reconnecting")
+            body = bytearray(length)
+            self._read_into(body, deadline)
+        except TimeoutError:
+            raise LaneError(lp.DEADLINE_EXCEEDED, "the lane did not answer in time") from None
+        except OSError as error:
+            raise LaneError(lp.UNAVAILABLE, f"the lane connection broke: {error}") from None
+        frame = lp.Frame(call_id, method, status, bytes(body))
+        if status != lp.OK:
+            details, leader = frame.error()
+            raise LaneError(status, details, leader)
+        return response_type.FromString(frame.body)
+
+    def _read_into(self, buffer: bytearray, deadline: float) -> None:
+        view = memoryview(buffer)
+        while view:
+            self._sock.settimeout(_left(deadline))
+            got = self._sock.recv_into(view)
+            if not got:
+                raise OSError("the master closed the connection")
+            view = view[got:]
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.close()
+
+
+def _left(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError
+    return left

@@ -1,0 +1,219 @@
+"""The master's metadata lane: the hot client calls and the nodes' command streams over
+kept-open TCP connections in lean frames (common/lane_protocol.py), beside gRPC.
+
+Each frame runs the very handler gRPC runs (``MasterService``), behind the same leader gate
+and load shedder, so both doors give the same answers; only the envelope differs. Requests
+on one connection may be answered out of order (each call runs as its own task, as under
+gRPC). A node's first frame turns its connection into its command stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from kvpool.common import lane_protocol as lp
+from kvpool.common.logging import get_logger
+from kvpool.master import metrics
+from kvpool.master.leader_gate import LeaderGate
+from kvpool.master.load_shedding import LoadShedder
+from kvpool.proto import master_pb2 as pb
+
+log = get_logger("kvpool.master.lane")
+
+
+class LaneAbort(Exception):
+    """A handler's ``context.abort``: the call ends with this status."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+class LaneContext:
+    """What handlers use of a ``grpc.aio.ServicerContext``."""
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+        raise LaneAbort(code, details)
+
+    def set_trailing_metadata(self, metadata: Any) -> None:
+        pass
+
+
+class LaneServer:
+    def __init__(self, service: Any, gate: LeaderGate, shedder: LoadShedder) -> None:
+        self.service = service
+        self.gate = gate
+        self.shedder = shedder
+        self.port = 0
+        self._server: asyncio.base_events.Server | None = None
+        self._connections: set[_Connection] = set()
+
+    async def start(self, host: str, port: int) -> int:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Connection(self), host, port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.port
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for connection in list(self._connections):
+                connection.close()
+            await self._server.wait_closed()
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, lane: LaneServer) -> None:
+        self.lane = lane
+        self.transport: asyncio.Transport | None = None
+        self._decoder = lp.FrameDecoder()
+        self._tasks: set[asyncio.Task[None]] = set()
+        #: On a node's command stream: its reports, in order (None: the connection ended).
+        self._reports: asyncio.Queue[pb.NodeReport | None] | None = None
+
+    # ---- asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.lane._connections.add(self)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            frames = self._decoder.feed(data)
+            for frame in frames:
+                self._dispatch(frame)
+        except (lp.LaneProtocolError, ValueError) as error:
+            log.warning("dropping a lane connection", error=str(error))
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        self.lane._connections.discard(self)
+        if self._reports is not None:
+            self._reports.put_nowait(None)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    # ---- frames
+
+    def _dispatch(self, frame: lp.Frame) -> None:
+        if self._reports is not None:  # a node's command stream: every frame is a report
+            self._reports.put_nowait(_parse(pb.NodeReport, frame.body))
+            return
+        if frame.method == lp.NODE_SESSION:
+            hello = _parse(pb.NodeReport, frame.body)
+            self._reports = asyncio.Queue()
+            self._reports.put_nowait(hello)
+            self._spawn(self._node_session(frame))
+            return
+        described = lp.LANE_METHODS.get(frame.method)
+        if described is None:
+            self._send_error(frame, lp.UNIMPLEMENTED, f"no lane method {frame.method}: upgrade")
+            return
+        name, request_type, _ = described
+        refusal = self.lane.gate.refusal(f"/{name}")
+        if refusal is not None:
+            code, details, leader = refusal
+            self._send_error(frame, code.value[0], details, leader)
+            return
+        call_id = self.lane.shedder.admit(f"/{name}")
+        if call_id is None:
+            self._send_error(frame, lp.RESOURCE_EXHAUSTED, self.lane.shedder.refusal())
+            return
+        try:
+            request = request_type.FromString(frame.body)
+        except Exception:
+            self.lane.shedder.release(call_id)
+            self._send_error(frame, lp.INVALID_ARGUMENT, f"{name}: the request does not parse")
+            return
+        handler = getattr(self.lane.service, name)
+        metrics.LANE_REQUESTS.labels(name).inc()
+        self._spawn(self._unary(frame, handler, request, call_id))
+
+    async def _unary(
+        self,
+        frame: lp.Frame,
+        handler: Callable[[Any, LaneContext], Awaitable[Any]],
+        request: Any,
+        call_id: int,
+    ) -> None:
+        try:
+            response = await handler(request, LaneContext())
+        except LaneAbort as abort:
+            self._send_error(frame, abort.code.value[0], abort.details)
+        except Exception as error:
+            log.exception("lane call failed", method=frame.method)
+            self._send_error(frame, lp.INTERNAL, f"{type(error).__name__}: {error}")
+        else:
+            self._send(lp.encode(frame.call_id, frame.method, response.SerializeToString()))
+        finally:
+            self.lane.shedder.release(call_id)
+
+    async def _node_session(self, first: lp.Frame) -> None:
+        """Runs the service's NodeSession over this connection until either side ends it."""
+        refusal = self.lane.gate.refusal("/NodeSession")
+        if refusal is not None:
+            code, details, leader = refusal
+            self._send_error(first, code.value[0], details, leader)
+            self.close()
+            return
+        assert self._reports is not None
+        metrics.LANE_SESSIONS.inc()
+        commands = self.lane.service.NodeSession(_Reports(self._reports), LaneContext())
+        try:
+            async for command in commands:
+                self._send(lp.encode(0, lp.NODE_SESSION, command.SerializeToString()))
+        except LaneAbort as abort:
+            self._send_error(first, abort.code.value[0], abort.details)
+        except asyncio.CancelledError:
+            pass  # the node's side ended (NodeSession cancels its own task then)
+        finally:
+            self.close()
+
+    def _spawn(self, coroutine: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _send(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def _send_error(self, frame: lp.Frame, code: int, details: str, leader: str = "") -> None:
+        self._send(lp.encode_error(frame.call_id, frame.method, code, details, leader))
+
+
+class _Reports:
+    """A node's reports as the async iterator NodeSession reads."""
+
+    def __init__(self, queue: asyncio.Queue[pb.NodeReport | None]) -> None:
+        self._queue = queue
+
+    def __aiter__(self) -> _Reports:
+        return self
+
+    async def __anext__(self) -> pb.NodeReport:
+        report = await self._queue.get()
+        if report is None:
+            self._queue.put_nowait(None)  # stays ended for any later reader
+            raise StopAsyncIteration
+        return report
+
+
+def _parse(message_type: type, body: bytes) -> Any:
+    try:
+        return message_type.FromString(body)
+    except Exception as error:
+        raise lp.LaneProtocolError(f"a {message_type.__name__} that does not parse") from error
