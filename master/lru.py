@@ -28,10 +28,11 @@ class LruIndex:
             self._soft[key] = None
 
     def touch(self, key: str) -> None:
-        if key in self._normal:
+        try:
             self._normal.move_to_end(key)
-        elif key in self._soft:
-            self._soft.move_to_end(key)
+        except KeyError:
+            if key in self._soft:
+                self._soft.move_to_end(key)
 
     def discard(self, key: str) -> None:
         self._normal.pop(key, None)

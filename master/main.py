@@ -10,6 +10,7 @@ import time
 import grpc
 
 from kvpool.common.aio import pause
+from kvpool.common.gc_tuning import tune_for_server
 from kvpool.common.http_server import HealthServer
 from kvpool.common.logging import LOG_FORMATS, configure_logging, get_logger
 from kvpool.common.process import stop_event_on_signals, write_ready_file
@@ -158,6 +159,7 @@ def config_from_args(args: argparse.Namespace) -> MasterConfig:
 
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_format, args.log_level)
+    tune_for_server()
     try:
         config = config_from_args(args)
     except ValueError as error:

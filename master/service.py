@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -60,8 +61,9 @@ class MasterService(master_pb2_grpc.MasterServicer):
         self.channels = NodeChannels()
         self.forgets = ForgetBarrier()
         self._segment_pbs: dict[str, tuple[SegmentInfo, pb.Segment]] = {}
-        #: (key, put_id) -> futures of PutEnd calls waiting for nodes to record the object.
-        self._commits: dict[tuple[str, int], list[asyncio.Future[int]]] = {}
+        #: (key, put_id) -> the PutEnd calls waiting for nodes to record the object, each with
+        #: the object's place in its batch.
+        self._commits: dict[tuple[str, int], list[tuple[_CommitWait, int]]] = {}
 
     def accepting_clients(self) -> bool:
         """False while a new leader still waits for known nodes to report what they hold:
@@ -83,10 +85,9 @@ class MasterService(master_pb2_grpc.MasterServicer):
         """A new term begins (``state``: a fresh core) or ends (None). What the old term
         left pending is answered (commits: STALE_PUT, the writer must put again) and the
         nodes' streams are closed, so they reconnect to whoever leads now."""
-        for futures in self._commits.values():
-            for future in futures:
-                if not future.done():
-                    future.set_result(KeyStatus.STALE_PUT)
+        for waits in self._commits.values():
+            for wait, index in waits:
+                wait.settle(index, KeyStatus.STALE_PUT)
         self._commits.clear()
         self.channels.close_all()
         self.channels = NodeChannels()
@@ -115,9 +116,8 @@ class MasterService(master_pb2_grpc.MasterServicer):
             state.outbox.clear()
         if state.resolved:
             for result in state.resolved:
-                for future in self._commits.pop((result.key, result.put_id), ()):
-                    if not future.done():
-                        future.set_result(result.status)
+                for wait, index in self._commits.pop((result.key, result.put_id), ()):
+                    wait.settle(index, result.status)
             state.resolved.clear()
 
     def _expire(self, command_id: int) -> None:
@@ -254,17 +254,11 @@ class MasterService(master_pb2_grpc.MasterServicer):
                 for c in request.commits
             ]
             statuses = self.state.put_end(commits)
-            waiting = {}
-            loop = asyncio.get_running_loop()
+            wait = _CommitWait(statuses)
             for i, (commit, status) in enumerate(zip(commits, statuses, strict=True)):
                 if status is None:
-                    future = loop.create_future()
-                    self._commits.setdefault((commit.key, commit.put_id), []).append(future)
-                    waiting[i] = future
-        if waiting:  # nodes record the objects; the timeouts in _expire bound this wait
-            await asyncio.wait(waiting.values())
-            for i, future in waiting.items():
-                statuses[i] = future.result()
+                    self._commits.setdefault((commit.key, commit.put_id), []).append((wait, i))
+        await wait.done  # nodes record the objects; the timeouts in _expire bound this wait
         _count("PutEnd", statuses)
         return pb.PutEndResponse(statuses=statuses)
 
@@ -476,6 +470,27 @@ class MasterService(master_pb2_grpc.MasterServicer):
 _STARTED = time.monotonic()
 
 
+class _CommitWait:
+    """One PutEnd call waiting for its objects' nodes: ``statuses`` fills in as they answer
+    (None: still waiting), and ``done`` resolves when none is left."""
+
+    __slots__ = ("_left", "done", "statuses")
+
+    def __init__(self, statuses: list[KeyStatus | None]) -> None:
+        self.statuses = statuses
+        self._left = statuses.count(None)
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if not self._left:
+            self.done.set_result(None)
+
+    def settle(self, index: int, status: KeyStatus) -> None:
+        if self.statuses[index] is None:
+            self.statuses[index] = status
+            self._left -= 1
+            if not self._left and not self.done.done():
+                self.done.set_result(None)
+
+
 class _observe:
     """Counts an RPC, times it into the latency histogram, then runs ``after``."""
 
@@ -490,8 +505,21 @@ class _observe:
 
     def __exit__(self, *exc: object) -> None:
         self._after()
-        metrics.REQUESTS.labels(self._method).inc()
-        metrics.LATENCY.labels(self._method).observe(time.perf_counter() - self._start)
+        requests, latency = _per_method(self._method)
+        requests.inc()
+        latency.observe(time.perf_counter() - self._start)
+
+
+@functools.cache
+def _per_method(method: str) -> tuple[Any, Any]:
+    """A method's request counter and latency histogram (looking a label up costs a lock and
+    a hash of the labels on every call)."""
+    return metrics.REQUESTS.labels(method), metrics.LATENCY.labels(method)
+
+
+@functools.cache
+def _keys_counter(method: str, status: int) -> Any:
+    return metrics.KEYS.labels(method, KeyStatus(status).name.lower())
 
 
 def _count(method: str, statuses: Iterable[int | None]) -> None:
@@ -499,7 +527,7 @@ def _count(method: str, statuses: Iterable[int | None]) -> None:
     for status in statuses:
         tally[status] = tally.get(status, 0) + 1
     for status, n in tally.items():
-        metrics.KEYS.labels(method, KeyStatus(status).name.lower()).inc(n)
+        _keys_counter(method, status).inc(n)
 
 
 async def _check_batch(context, keys, *, sizes=None) -> None:

@@ -8,6 +8,7 @@ import os
 import socket
 from pathlib import Path
 
+from kvpool.common.gc_tuning import tune_for_server
 from kvpool.common.http_server import HealthServer
 from kvpool.common.logging import LOG_FORMATS, configure_logging, get_logger
 from kvpool.common.master_address import MasterTarget, parse_master
@@ -88,6 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_format, args.log_level)
+    tune_for_server()
     try:
         master = parse_master(args.master)
     except ValueError as error:
