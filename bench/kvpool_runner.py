@@ -121,7 +121,8 @@ class KvpoolStore:
             _raise_first(self.client.get_into_many(keys, views))
 
     def exists(self, keys: list[str]) -> int:
-        return sum(1 for found in self.client.exists_many(keys) if found is True)
+        # a pure existence check, as Mooncake's batch_is_exist: no read lease
+        return sum(1 for found in self.client.exists_many(keys, lease=False) if found is True)
 
     def remove(self, keys: list[str]) -> None:
         self.client.remove_many(keys, force=True)

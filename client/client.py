@@ -20,7 +20,7 @@ from kvpool.client.outcomes import error_for
 from kvpool.client.put_path import PendingPut, WriteOptions
 from kvpool.client.reservation import Reservation
 from kvpool.client.session import Session
-from kvpool.common.keys import key_problem
+from kvpool.common.keys import MAX_KEY_BYTES, key_problem
 from kvpool.common.master_address import parse_master
 from kvpool.common.status import KeyStatus
 from kvpool.errors import BufferTooSmall, InvalidArgument, InvalidKey, KVPoolError
@@ -137,8 +137,8 @@ class Client:
         """Reads the object straight into ``buffer`` (writable, contiguous); returns its size."""
         return _raise_if_error(self.get_into_many([key], [buffer], verify=verify)[0])
 
-    def exists(self, key: str) -> bool:
-        return _raise_if_error(self.exists_many([key])[0])
+    def exists(self, key: str, *, lease: bool = True) -> bool:
+        return _raise_if_error(self.exists_many([key], lease=lease)[0])
 
     def remove(self, key: str, *, force: bool = False) -> None:
         _raise_if_error(self.remove_many([key], force=force)[0])
@@ -285,15 +285,19 @@ class Client:
             get_path.verify(keys, located, targets, results)
         return results
 
-    def exists_many(self, keys: Sequence[str]) -> list[bool | KVPoolError]:
-        """Whether each key is published. Each one that is gets a read lease (as a get would)."""
-        statuses = self._keyed_call("Exists", keys, lease_ms=int(self._session.lease_ttl * 1000))
-        return [s if isinstance(s, KVPoolError) else s == KeyStatus.OK for s in statuses]
+    def exists_many(self, keys: Sequence[str], *, lease: bool = True) -> list[bool | KVPoolError]:
+        """Whether each key is published. Each one that is gets a read lease, as a get would
+        (so that a lookup followed by a load finds the object still there); ``lease=False``
+        only looks, and pins nothing against removal or eviction."""
+        if lease:
+            fields: dict[str, Any] = {"lease_ms": int(self._session.lease_ttl * 1000)}
+        else:
+            fields = {"no_lease": True}
+        return _found(self._keyed_call("Exists", keys, **fields))
 
     def renew_leases(self, keys: Sequence[str], lease_ttl: float = 0.0) -> list[bool | KVPoolError]:
         """Extends the read lease on each key (for long readers); entry i says if it exists."""
-        statuses = self._keyed_call("Exists", keys, lease_ms=int(lease_ttl * 1000))
-        return [s if isinstance(s, KVPoolError) else s == KeyStatus.OK for s in statuses]
+        return _found(self._keyed_call("Exists", keys, lease_ms=int(lease_ttl * 1000)))
 
     def remove_many(self, keys: Sequence[str], *, force: bool = False) -> list[KVPoolError | None]:
         statuses = self._keyed_call("Remove", keys, force=force)
@@ -378,6 +382,9 @@ class Client:
 
     def _keyed_call(self, method: str, keys: Sequence[str], **fields: Any) -> list[Any]:
         """A per-key master call: entry i is key i's status, or InvalidKey without asking."""
+        if _plainly_valid(keys):  # the common case, checked in one pass
+            request = getattr(pb, f"{method}Request")(client_id=self.client_id, keys=keys, **fields)
+            return list(self._call(method, request).statuses)
         results: list[Any] = [None] * len(keys)
         valid = self._valid_keys(keys, results)
         if valid:
@@ -398,6 +405,17 @@ class Client:
             else:
                 results[i] = InvalidKey(f"invalid key {key!r}: {problem}", key=key)
         return valid
+
+
+def _plainly_valid(keys: Sequence[str]) -> bool:
+    """True when every key is a non-empty ASCII str short enough: valid without looking
+    closer (ASCII is one byte per character, and never a lone surrogate)."""
+    return all(type(key) is str and 0 < len(key) <= MAX_KEY_BYTES and key.isascii() for key in keys)
+
+
+def _found(statuses: list[Any]) -> list[bool | KVPoolError]:
+    ok = KeyStatus.OK.value
+    return [s if isinstance(s, KVPoolError) else s == ok for s in statuses]
 
 
 def _raise_if_error(result: Any) -> Any:

@@ -22,6 +22,7 @@ from kvpool.common import lane_protocol as lp
 CONNECT_TIMEOUT = 1.0
 #: Idle connections kept per master.
 POOL_SIZE = 8
+RECEIVE_BUFFER = 64 * 1024
 
 
 class LaneError(Exception):
@@ -100,37 +101,50 @@ class _Connection:
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
-        self._header = bytearray(lp.HEADER.size)
+        #: Where answers land: most fit whole, so that one recv usually reads a whole frame.
+        self._buffer = bytearray(RECEIVE_BUFFER)
 
     def call(self, method: int, request: Any, response_type: type, deadline: float) -> Any:
         call_id = next(self._ids) & 0xFFFFFFFF
         try:
             self._sock.settimeout(_left(deadline))
             self._sock.sendall(lp.encode(call_id, method, request.SerializeToString()))
-            self._read_into(self._header, deadline)
-            length, answered, _, status = lp.HEADER.unpack(self._header)
-            if length > lp.MAX_BODY or answered != call_id:
-                raise LaneError(lp.UNAVAILABLE, "the lane answered out of turn: reconnecting")
-            body = bytearray(length)
-            self._read_into(body, deadline)
+            frame = self._read_frame(call_id, deadline)
         except TimeoutError:
             raise LaneError(lp.DEADLINE_EXCEEDED, "the lane did not answer in time") from None
         except OSError as error:
             raise LaneError(lp.UNAVAILABLE, f"the lane connection broke: {error}") from None
-        frame = lp.Frame(call_id, method, status, bytes(body))
-        if status != lp.OK:
+        if frame.status != lp.OK:
             details, leader = frame.error()
-            raise LaneError(status, details, leader)
+            raise LaneError(frame.status, details, leader)
         return response_type.FromString(frame.body)
 
-    def _read_into(self, buffer: bytearray, deadline: float) -> None:
-        view = memoryview(buffer)
-        while view:
+    def _read_frame(self, call_id: int, deadline: float) -> lp.Frame:
+        """Reads the answer to ``call_id`` (the only call in flight on this connection)."""
+        buffer = self._buffer
+        have = self._receive(buffer, 0, deadline)
+        while have < lp.HEADER.size:
+            have = self._receive(buffer, have, deadline)
+        length, answered, method, status = lp.HEADER.unpack_from(buffer)
+        if length > lp.MAX_BODY or answered != call_id:
+            raise OSError("the lane answered out of turn")
+        end = lp.HEADER.size + length
+        if end > len(buffer):
+            buffer = bytearray(end)
+            buffer[:have] = self._buffer[:have]
+        while have < end:
+            have = self._receive(buffer, have, deadline)
+        if have > end:
+            raise OSError("the lane sent more than one answer")
+        return lp.Frame(call_id, method, status, bytes(memoryview(buffer)[lp.HEADER.size : end]))
+
+    def _receive(self, buffer: bytearray, have: int, deadline: float) -> int:
+        if have:  # the first read keeps the timeout sendall was given
             self._sock.settimeout(_left(deadline))
-            got = self._sock.recv_into(view)
-            if not got:
-                raise OSError("the master closed the connection")
-            view = view[got:]
+        got = self._sock.recv_into(memoryview(buffer)[have:])
+        if not got:
+            raise OSError("the master closed the connection")
+        return have + got
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

@@ -110,6 +110,15 @@ def test_exists_and_remove(client):
     assert not client.exists(key)
 
 
+def test_exists_without_a_lease_only_looks(client):
+    key = unique("look")
+    client.put(key, b"x")
+    assert client.exists(key, lease=False)
+    assert client.exists_many([key, unique("absent")], lease=False) == [True, False]
+    client.remove(key)  # nothing leased it: a plain remove goes through
+    assert not client.exists(key, lease=False)
+
+
 def test_listing_pages_through_every_key(client):
     prefix = unique("list") + "/"
     keys = sorted(f"{prefix}{i:03d}" for i in range(25))
