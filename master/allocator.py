@@ -1,10 +1,13 @@
 """Offset allocator for one segment: best-fit over free extents that coalesce on free.
 
-Free extents live in a size-ordered list (best fit in O(log n)), in two maps keyed by start
-and by end (neighbours found in O(1) when an extent is freed), and in an ordered list of
-starts (the extent holding a given offset found in O(log n), for ``allocate_at``). The cost of
-an allocation grows with the logarithm of the number of free extents, never with the number
-of objects. Sizes are rounded up to ``alignment`` so every buffer starts aligned.
+Free extents live in a size-ordered list (best fit in O(log n)) and in two maps keyed by start
+and by end (neighbours found in O(1) when an extent is freed). ``allocate_at`` (adopting what
+a remounting node reports, a burst of calls) also needs the extent holding a given offset: an
+ordered list of starts, built on its first call after other changes and kept up to date
+through the burst, so that ``allocate`` and ``free`` (every put and removal) need not maintain
+it. The cost of an allocation grows with the logarithm of the number of free extents, never
+with the number of objects. Sizes are rounded up to ``alignment`` so every buffer starts
+aligned.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ class Allocator:
         self._by_size: SortedList = SortedList()  # (size, offset)
         self._by_start: dict[int, int] = {}  # offset -> size
         self._by_end: dict[int, int] = {}  # offset + size -> offset
-        self._starts: SortedList = SortedList()  # offsets of free extents
+        #: Offsets of free extents, while allocate_at uses them (None: to be rebuilt).
+        self._starts: SortedList | None = None
         self._allocated: dict[int, int] = {}  # offset -> size
         self.used = 0
         if self.capacity:
@@ -36,6 +40,7 @@ class Allocator:
 
     def allocate(self, size: int) -> int | None:
         """Offset of a new buffer of at least ``size`` bytes, or None when nothing fits."""
+        self._starts = None
         need = self.rounded(size)
         index = self._by_size.bisect_left((need, -1))
         if index == len(self._by_size):
@@ -57,6 +62,8 @@ class Allocator:
         need = self.rounded(size)
         if offset % self.alignment or offset < 0 or offset + need > self.capacity:
             return False
+        if self._starts is None:
+            self._starts = SortedList(self._by_start)
         index = self._starts.bisect_right(offset) - 1
         if index < 0:
             return False
@@ -75,6 +82,7 @@ class Allocator:
 
     def free(self, offset: int) -> None:
         size = self._allocated.pop(offset)
+        self._starts = None
         self.used -= size
         end = offset + size
         after = self._by_start.get(end)
@@ -111,10 +119,12 @@ class Allocator:
         self._by_size.add((size, offset))
         self._by_start[offset] = size
         self._by_end[offset + size] = offset
-        self._starts.add(offset)
+        if self._starts is not None:
+            self._starts.add(offset)
 
     def _remove_free(self, offset: int, size: int) -> None:
         self._by_size.remove((size, offset))
         del self._by_start[offset]
         del self._by_end[offset + size]
-        self._starts.remove(offset)
+        if self._starts is not None:
+            self._starts.remove(offset)

@@ -216,6 +216,8 @@ class MasterService(master_pb2_grpc.MasterServicer):
         """Holds back slots whose space a node may still list under an older object (see
         forget_barrier.py); a slot still held after FORGET_WAIT is revoked as FENCED (the
         client retries it)."""
+        if not self.forgets:
+            return slots  # no Forget unanswered anywhere: the common case, at no cost
         waits: dict[int, list[asyncio.Future[None]]] = {}
         for i, slot in enumerate(slots):
             if slot.status is not KeyStatus.OK:

@@ -324,20 +324,22 @@ class MasterState:
         ttl = self._lease_ttl(lease_ttl)
         now = self.clock()
         locations = []
+        append, find, lease, placed = locations.append, self.objects.get, self._lease, self._placed
+        promote = self._maybe_promote if self.config.promote_on_hit else None
+        hits = 0
         for key in keys:
-            record = self.objects.get(key)
+            record = find(key)
             if record is None or record.state is not ObjectState.PUBLISHED:
                 self.counters.misses += 1
                 status = KeyStatus.NOT_FOUND if record is None else KeyStatus.NOT_READY
-                locations.append(Location(status))
+                append(Location(status))
                 continue
-            self.counters.hits += 1
-            self._lease(record, now, ttl)
-            locations.append(
-                Location(KeyStatus.OK, record.size, self._placed(record), record.crc32c)
-            )
-            if self.config.promote_on_hit:
-                self._maybe_promote(record)
+            hits += 1
+            lease(record, now, ttl)
+            append(Location(KeyStatus.OK, record.size, placed(record), record.crc32c))
+            if promote is not None:
+                promote(record)
+        self.counters.hits += hits
         return locations, ttl
 
     def exists(
@@ -587,8 +589,12 @@ class MasterState:
         self.resolved.append(CommitResult(record.key, record.put_id, KeyStatus.OK))
 
     def _stored(self, record: ObjectRecord, segment_id: str) -> StoredObject:
-        offset = next(r.offset for r in record.replicas if r and r.segment_id == segment_id)
-        return StoredObject(record.key, offset, record.size, record.generation, record.crc32c)
+        for replica in record.replicas:
+            if replica is not None and replica.segment_id == segment_id:
+                return StoredObject(
+                    record.key, replica.offset, record.size, record.generation, record.crc32c
+                )
+        raise KeyError(f"{record.key!r} has no replica in segment {segment_id!r}")
 
     # ------------------------------------------------------------------ placement
 
@@ -623,22 +629,26 @@ class MasterState:
         largest free extent."""
         candidates = []
         now = self.clock()
+        segments = self.segments
         for node in self.nodes.values():
             best = None
-            for segment_id in sorted(node.segment_ids):  # deterministic order
-                segment = self.segments[segment_id]
+            ids = node.segment_ids
+            for segment_id in sorted(ids) if len(ids) > 1 else ids:  # deterministic order
+                segment = segments[segment_id]
                 if segment.info.tier is not tier or segment.fenced_until > now:
                     continue
-                free = segment.allocator.largest_free
-                if free >= segment.allocator.rounded(size) and (best is None or free > best[0]):
+                allocator = segment.allocator
+                free = allocator.largest_free
+                if free >= allocator.rounded(size) and (best is None or free > best[0]):
                     best = (free, segment)
             if best is not None:
                 candidates.append((node.host in preferred_hosts, best[0], best[1]))
-        if self.config.placement == "most-free":
-            candidates.sort(key=lambda c: c[1], reverse=True)
-        else:
-            self.rng.shuffle(candidates)
-        candidates.sort(key=lambda c: not c[0])  # stable: preferred hosts first
+        if len(candidates) > 1:  # (one node holds all: the order of one needs no work)
+            if self.config.placement == "most-free":
+                candidates.sort(key=lambda c: c[1], reverse=True)
+            else:
+                self.rng.shuffle(candidates)
+            candidates.sort(key=lambda c: not c[0])  # stable: preferred hosts first
         replicas = []
         for _, _, segment in candidates[:wanted]:
             offset = segment.allocator.allocate(size)
@@ -695,12 +705,12 @@ class MasterState:
         return min(requested, self.config.max_lease_ttl)
 
     def _placed(self, record: ObjectRecord) -> tuple[PlacedReplica, ...]:
+        segments = self.segments
         placed = []
         for replica in record.replicas:
-            if replica is None:
-                continue
-            info = self.segments[replica.segment_id].info
-            placed.append(PlacedReplica(info, info.base_address + replica.offset))
+            if replica is not None:
+                info = segments[replica.segment_id].info
+                placed.append(PlacedReplica(info, info.base_address + replica.offset))
         return tuple(placed)
 
     # ------------------------------------------------------------------ internals: adoption
@@ -750,11 +760,12 @@ class MasterState:
     def _maybe_promote(self, record: ObjectRecord) -> None:
         """Copies an object held only on NVMe into DRAM on the same node, if DRAM has room
         below its watermark (never evicting for it)."""
-        if record.moving or any(
-            r is not None and self.segments[r.segment_id].info.tier is Tier.DRAM
-            for r in record.replicas
-        ):
+        if record.moving:
             return
+        segments = self.segments
+        for replica in record.replicas:
+            if replica is not None and segments[replica.segment_id].info.tier is Tier.DRAM:
+                return  # the common case, on every hit: written without a generator
         source = record.replicas[0]
         assert source is not None
         node = self.nodes.get(self.segments[source.segment_id].node_id)
