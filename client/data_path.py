@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvpool.client.coalescing import coalesce
 from kvpool.proto import master_pb2 as pb
 from kvpool.transport import ucp
 from kvpool.transport.memory_copy import Copier, Copy
@@ -129,7 +130,22 @@ class DataPath:
     ) -> list[Failure | None]:
         """Runs ``transfers`` together until ``deadline`` (time.monotonic); entry i is None on
         success, else why it failed. Time spent waiting for another thread's transfers
-        counts against the deadline."""
+        counts against the deadline. Transfers that continue one another run as one
+        (client/coalescing.py); each then shares the outcome of the one it is part of."""
+        merged, members = coalesce(transfers)
+        if len(merged) == len(transfers):
+            return self._run(transfers, is_get=is_get, deadline=deadline)
+        errors: list[Failure | None] = [None] * len(transfers)
+        for error, indexes in zip(
+            self._run(merged, is_get=is_get, deadline=deadline), members, strict=True
+        ):
+            for i in indexes:
+                errors[i] = error
+        return errors
+
+    def _run(
+        self, transfers: Sequence[Transfer], *, is_get: bool, deadline: float
+    ) -> list[Failure | None]:
         if not transfers:
             return []
         errors: list[Failure | None] = [None] * len(transfers)

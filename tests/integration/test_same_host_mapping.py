@@ -45,6 +45,29 @@ def test_mapped_and_ucx_clients_read_each_others_bytes_exactly(cluster_factory):
         assert _mapped_ranges()  # the segment is mapped into this process
 
 
+@pytest.mark.parametrize("same_host_mapping", [True, False])
+def test_batches_of_back_to_back_slots_move_exactly_their_bytes(cluster_factory, same_host_mapping):
+    """A batch written from, and read into, consecutive slots of one buffer is usually also
+    consecutive in the segment: the client moves it as one transfer (client/coalescing.py).
+    Every object still gets exactly its own bytes, and nothing beyond them is touched."""
+    cluster = cluster_factory(1, "64MiB")
+    size, count = 4096, 32
+    source = np.frombuffer(os.urandom(size * count), dtype=np.uint8)
+    target = np.zeros(size * (count + 1), dtype=np.uint8)
+    keys = [f"slot/{same_host_mapping}/{i}" for i in range(count)]
+    with Client(cluster.master_address, same_host_mapping=same_host_mapping) as client:
+        region = client.register_buffer(target)
+        slots = [source[i * size : (i + 1) * size] for i in range(count)]
+        assert client.put_many(list(zip(keys, slots, strict=True))) == [1] * count
+        places = [client.stat(key).replicas[0].address for key in keys]
+        assert places == [places[0] + i * size for i in range(count)], "back to back"
+        views = [target[i * size : (i + 1) * size] for i in range(count)]
+        assert client.get_into_many(keys, views) == [size] * count
+        assert target[: size * count].tobytes() == source.tobytes()
+        assert not target[size * count :].any()
+        client.unregister_buffer(region)
+
+
 def test_a_killed_nodes_memory_is_unmapped_and_reads_use_the_surviving_replica(cluster_factory):
     cluster = cluster_factory(2, "64MiB", master_args=["--node-ttl", "1.5"])
     data = os.urandom(3 << 20)
