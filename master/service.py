@@ -10,6 +10,7 @@ gRPC status codes; per-key outcomes are KeyStatus values.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import time
@@ -525,10 +526,7 @@ def _keys_counter(method: str, status: int) -> Any:
 
 
 def _count(method: str, statuses: Iterable[int | None]) -> None:
-    tally: dict[int, int] = {}
-    for status in statuses:
-        tally[status] = tally.get(status, 0) + 1
-    for status, n in tally.items():
+    for status, n in collections.Counter(statuses).items():  # (counted in C)
         _keys_counter(method, status).inc(n)
 
 
