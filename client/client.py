@@ -47,7 +47,9 @@ class Client:
     on its own host (same user, same pid namespace) and copy with plain loads and stores
     instead of UCX; turn it off to force UCX, e.g. to measure what other hosts would see.
     ``copy_threads`` is how many threads (this one included) share such copies of 8 MiB and
-    more; 1 keeps them on the calling thread.
+    more; 1 keeps them on the calling thread. ``metadata_lane`` sends the hot metadata calls
+    over the master's metadata lane when it has one (else, and where it cannot be reached,
+    gRPC); turn it off to use gRPC only.
     """
 
     def __init__(
@@ -62,6 +64,7 @@ class Client:
         ucx_config: Mapping[str, str] | None = None,
         same_host_mapping: bool = True,
         copy_threads: int = 2,
+        metadata_lane: bool = True,
     ) -> None:
         try:
             target = parse_master(master)
@@ -81,7 +84,7 @@ class Client:
         self.checksum = checksum
         self.prefer_local = prefer_local
         self._session = Session(
-            MasterLink(target),
+            MasterLink(target, use_lane=metadata_lane),
             DataPath(ucx_config, same_host_mapping=same_host_mapping, copy_threads=copy_threads),
             timeout,
             lease_ttl,

@@ -33,8 +33,11 @@ _CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 #: The calls that take the metadata lane when the master has one, with their answers' types.
 LANE_RESPONSES = {name: response for name, _, response in lp.LANE_METHODS.values()}
 LANE_ASK_TIMEOUT = 1.0
-#: How long a client uses gRPC where a master has no lane, or its lane cannot be reached.
+#: How long a client uses gRPC where a master has no lane, or its lane could not be reached
+#: (doubling after each failed attempt, up to LANE_RETRY_MAX: a firewall that drops the
+#: lane's packets costs one call a connect timeout that rarely).
 LANE_RETRY_AFTER = 60.0
+LANE_RETRY_MAX = 3600.0
 MESSAGE_LIMIT = 256 * 1024 * 1024
 FIRST_BACKOFF = 0.01
 MAX_BACKOFF = 0.5
@@ -51,6 +54,8 @@ class MasterLink:
         #: Per master address: its lane, or until when to use gRPC there (no lane, unreachable).
         self._lanes: dict[str, LaneClient | float] = {}
         self._lane_warned: set[str] = set()
+        #: Per master address: how long gRPC is used after its lane was last unreachable.
+        self._lane_pauses: dict[str, float] = {}
         self.address = str(target)
         self.retries = 0  # calls retried because the master was away, busy or not leading
         self._resolver = LeaderResolver(target)
@@ -141,7 +146,9 @@ class MasterLink:
     def _lane_unreachable(self, leader: str, error: LaneError) -> None:
         with self._lock:
             lane = self._lanes.get(leader)
-            self._lanes[leader] = time.monotonic() + LANE_RETRY_AFTER
+            pause = self._lane_pauses.get(leader, LANE_RETRY_AFTER / 2) * 2
+            self._lane_pauses[leader] = pause = min(pause, LANE_RETRY_MAX)
+            self._lanes[leader] = time.monotonic() + pause
         if isinstance(lane, LaneClient):
             lane.close()
         if leader not in self._lane_warned:

@@ -78,7 +78,7 @@ class KVPoolL2Adapter(L2AdapterInterface):
         self._closed = False
         ucx = config.ucx_config or None
         with ExitStack() as undo:
-            self._control = ControlPlane(config.master)
+            self._control = ControlPlane(config.master, config.metadata_lane)
             undo.callback(self._control.close)
             self._store_client = Client(
                 config.master,
@@ -86,6 +86,7 @@ class KVPoolL2Adapter(L2AdapterInterface):
                 timeout=config.store_timeout_s,
                 ucx_config=ucx,
                 same_host_mapping=config.same_host_mapping,
+                metadata_lane=config.metadata_lane,
             )
             undo.callback(self._store_client.close)
             self._load_client = Client(
@@ -96,6 +97,7 @@ class KVPoolL2Adapter(L2AdapterInterface):
                 lease_ttl=config.load_timeout_s,
                 ucx_config=ucx,
                 same_host_mapping=config.same_host_mapping,
+                metadata_lane=config.metadata_lane,
             )
             undo.callback(self._load_client.close)
             self._arena = L1Arena.of(l1_memory_desc)

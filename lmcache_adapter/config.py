@@ -34,6 +34,8 @@ kvpool L2 adapter (plugin) adapter_params:
 - ucx_config (dict[str, str]): UCX settings without the UCX_ prefix, e.g. {"TLS": "tcp"}
 - same_host_mapping (bool): map the memory of storage nodes on this host and copy directly
   instead of using UCX (default true)
+- metadata_lane (bool): send the hot metadata calls over the master's metadata lane when it
+  has one, else gRPC (default true)
 Example: {"type": "plugin", "module_path": "kvpool.lmcache",
           "class_name": "KVPoolL2Adapter", "adapter_params": {"master": "10.0.0.5:50051"}}"""
 
@@ -53,6 +55,7 @@ _KNOWN = {
     "register_l1",
     "ucx_config",
     "same_host_mapping",
+    "metadata_lane",
     *_FLOATS,
 }
 #: Keys LMCache itself may leave in the dict (consumed by its own config parser).
@@ -76,6 +79,7 @@ class KVPoolL2AdapterConfig(L2AdapterConfigBase):
         register_l1: bool = True,
         ucx_config: Mapping[str, str] | None = None,
         same_host_mapping: bool = True,
+        metadata_lane: bool = True,
     ) -> None:
         super().__init__()
         self.master = resolve_master(master)
@@ -106,6 +110,9 @@ class KVPoolL2AdapterConfig(L2AdapterConfigBase):
         if not isinstance(same_host_mapping, bool):
             raise ValueError(f"same_host_mapping must be true or false, got {same_host_mapping!r}")
         self.same_host_mapping = same_host_mapping
+        if not isinstance(metadata_lane, bool):
+            raise ValueError(f"metadata_lane must be true or false, got {metadata_lane!r}")
+        self.metadata_lane = metadata_lane
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> KVPoolL2AdapterConfig:

@@ -33,10 +33,10 @@ class Leased:
 
 
 class ControlPlane:
-    def __init__(self, master: str) -> None:
+    def __init__(self, master: str, metadata_lane: bool = True) -> None:
         self.master = master
         self.client_id = f"lmcache-{uuid.uuid4().hex}"
-        self._link = MasterLink(master)
+        self._link = MasterLink(master, use_lane=metadata_lane)
 
     def lease(self, keys: Sequence[str], ttl: float, timeout: float) -> Leased:
         """Leases every existing key for ``ttl`` seconds (one round trip); raises

@@ -59,6 +59,14 @@ def test_a_master_without_a_lane_serves_everything_over_grpc(cluster_factory):
     assert grpc_requests(cluster, "PutEnd") > 0
 
 
+def test_a_client_told_not_to_use_the_lane_calls_over_grpc(cluster_factory):
+    cluster = cluster_factory(1, "64MiB")
+    with Client(cluster.master_address, metadata_lane=False) as client:
+        round_trip(client, "by-grpc")
+    assert [lane_requests(cluster, method) for method in HOT_CALLS] == [0] * len(HOT_CALLS)
+    assert grpc_requests(cluster, "PutStart") > 0
+
+
 def test_a_client_that_cannot_reach_the_lane_carries_on_over_grpc(cluster_factory):
     cluster = cluster_factory(1, "64MiB")
     link = MasterLink(cluster.master_address)

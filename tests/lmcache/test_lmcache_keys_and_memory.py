@@ -153,6 +153,7 @@ def test_lmcache_plugin_loader_builds_the_adapter_from_its_json(lm_cluster, aren
         ({"master": "not-an-address"}, "HOST:PORT"),
         ({"master": "127.0.0.1:1", "key_prefix": "a@b"}, "key_prefix"),
         ({"master": "127.0.0.1:1", "ucx_config": {"TLS": 3}}, "ucx_config"),
+        ({"master": "127.0.0.1:1", "metadata_lane": "yes"}, "metadata_lane"),
     ],
 )
 def test_bad_settings_are_refused_with_a_clear_message(params, message, monkeypatch):
