@@ -1,4 +1,8 @@
-"""The client's line to the master: blocking gRPC calls with a deadline, retries and failover.
+"""The client's line to the master: blocking calls with a deadline, retries and failover.
+
+The hot calls go over the master's metadata lane when it has one (client/lane_client.py; its
+port is asked for once per master over gRPC), the rest, and all of them where the lane is
+missing or unreachable, over gRPC: both report the same status codes, handled alike below.
 
 A call is retried with exponential backoff while the master is unreachable or shedding load
 (UNAVAILABLE, RESOURCE_EXHAUSTED), and is redirected when a standby master answers that it is
@@ -19,7 +23,7 @@ from kvpool.client.lane_client import LaneClient, LaneError, LaneUnreachable
 from kvpool.common import lane_protocol as lp
 from kvpool.common.leader_resolver import LEADER_METADATA, LeaderResolver
 from kvpool.common.logging import get_logger
-from kvpool.common.master_address import MasterTarget, parse_master
+from kvpool.common.master_address import MasterTarget, host_of, parse_master
 from kvpool.errors import InvalidArgument, KVPoolError, MasterUnavailable
 from kvpool.proto import master_pb2 as pb
 from kvpool.proto import master_pb2_grpc
@@ -138,7 +142,7 @@ class MasterLink:
             if port:
                 lane = self._lanes.get(leader)
                 if not isinstance(lane, LaneClient):
-                    lane = self._lanes[leader] = LaneClient(_host_of(leader), port)
+                    lane = self._lanes[leader] = LaneClient(host_of(leader), port)
                 return lane
             self._lanes[leader] = time.monotonic() + LANE_RETRY_AFTER
             return None
@@ -186,11 +190,6 @@ class MasterLink:
                 self._stub = master_pb2_grpc.MasterStub(self._channel)
                 self._connected_to = leader
             return self._stub, leader
-
-
-def _host_of(address: str) -> str:
-    host = address.rsplit(":", 1)[0]
-    return host[1:-1] if host.startswith("[") else host
 
 
 def _leader_hint(error: grpc.RpcError) -> str:

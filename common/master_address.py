@@ -61,3 +61,9 @@ def _host_ports(text: str, whole: str) -> tuple[str, ...]:
     if not parts:
         raise ValueError(f"master address {whole!r} holds no HOST:PORT")
     return parts
+
+
+def host_of(address: str) -> str:
+    """The host part of ``HOST:PORT`` (``[v6]:PORT`` too): where a master's other ports are."""
+    host = address.rsplit(":", 1)[0]
+    return host[1:-1] if host.startswith("[") else host

@@ -1,4 +1,5 @@
-"""The master's gRPC face: a thin ``grpc.aio`` adapter around ``MasterState``.
+"""The master's face: a thin ``grpc.aio`` adapter around ``MasterState``, whose handlers the
+metadata lane (lane_server.py) also calls, with a context that only aborts.
 
 Each handler checks the request's shape, calls one method of the core and translates the
 plain-data result into protobuf; afterwards the core's outbox of node commands goes out over

@@ -21,7 +21,7 @@ import grpc
 from kvpool.common.aio import pause
 from kvpool.common.leader_resolver import LEADER_METADATA, LeaderResolver
 from kvpool.common.logging import get_logger
-from kvpool.common.master_address import MasterTarget
+from kvpool.common.master_address import MasterTarget, host_of
 from kvpool.proto import master_pb2 as pb
 from kvpool.proto import master_pb2_grpc
 from kvpool.storage_node import lane_session, metrics
@@ -212,7 +212,7 @@ class StorageNode:
             port = 0 if lane_unreachable else await self._lane_port(stub)
             if port:
                 try:
-                    await lane_session.serve_commands(_host_of(leader), port, hello, self._answer)
+                    await lane_session.serve_commands(host_of(leader), port, hello, self._answer)
                 except lane_session.SessionRefused as refused:
                     log.warning("command stream refused", detail=refused.details)
                 except lane_session.LaneUnreachable as error:
@@ -318,11 +318,6 @@ class _Reports:
 
     async def __anext__(self) -> pb.NodeReport:
         return await self._queue.get()
-
-
-def _host_of(address: str) -> str:
-    host = address.rsplit(":", 1)[0]
-    return host[1:-1] if host.startswith("[") else host
 
 
 def _leader_hint(error: grpc.aio.AioRpcError) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvpool.common.keys import key_problem
-from kvpool.common.master_address import resolve_master
+from kvpool.common.master_address import host_of, resolve_master
 from kvpool.common.sizes import format_size, parse_size
 
 
@@ -59,3 +59,9 @@ def test_master_address_comes_from_argument_or_environment(monkeypatch):
     monkeypatch.delenv("KVPOOL_MASTER")
     with pytest.raises(ValueError, match="KVPOOL_MASTER"):
         resolve_master("")
+
+
+def test_the_host_of_an_address_is_where_its_other_ports_are():
+    assert host_of("10.0.0.5:50051") == "10.0.0.5"
+    assert host_of("kvpool-master.ns.svc:50051") == "kvpool-master.ns.svc"
+    assert host_of("[fd00::5]:50051") == "fd00::5"
