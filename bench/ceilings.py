@@ -8,7 +8,10 @@ over a veth pair), between two bare processes:
 - a kernel TCP stream: Python sockets, 32 MiB ``sendall``s;
 - the round trip of a near-empty unary gRPC call: a grpc.aio server and a blocking client, the
   stack of kvpool's master and client; once with gRPC's defaults and once with the settings
-  kvpool applies on import (kvpool.common.grpc_tuning).
+  kvpool applies on import (kvpool.common.grpc_tuning);
+- the round trip of a near-empty call over the metadata lane's framing: an asyncio server
+  answering every frame at once and kvpool's blocking lane client (the floor of a call over
+  kvpool's lane, before any handler).
 
 Run as root (namespaces); prints a table and writes bench/results/ceilings.json. Each role
 below also runs as ``ceilings.py ROLE CONFIG_JSON`` in its own process; servers hand their
@@ -175,6 +178,50 @@ def _grpc_client(config: dict) -> dict:
     return {f"gRPC unary round trip p50 (us), {label}": latencies[len(latencies) // 2] * 1e6}
 
 
+def _lane_server(config: dict) -> None:
+    import asyncio
+
+    from kvpool.common import lane_protocol as lp
+
+    class Echo(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport = transport
+            self.decoder = lp.FrameDecoder()
+
+        def data_received(self, data: bytes) -> None:
+            for frame in self.decoder.feed(data):
+                self.transport.write(lp.encode(frame.call_id, frame.method, b""))
+
+    async def serve() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(Echo, config["ip"], 0)
+        _publish(config, {"port": server.sockets[0].getsockname()[1]})
+        await loop.run_in_executor(None, sys.stdin.read)
+        server.close()
+
+    asyncio.run(serve())
+
+
+def _lane_client(config: dict) -> dict:
+    from kvpool.client.lane_client import LaneClient
+    from kvpool.proto import master_pb2 as pb
+
+    port = json.loads(Path(config["file"]).read_text())["port"]
+    lane = LaneClient(config["ip"], port)
+    request = pb.ExistsRequest(keys=["x" * 64])
+    for _ in range(200):
+        lane.call("Exists", request, pb.ExistsResponse, 10)
+    latencies = []
+    end = time.perf_counter() + 2.0
+    while time.perf_counter() < end:
+        start = time.perf_counter()
+        lane.call("Exists", request, pb.ExistsResponse, 10)
+        latencies.append(time.perf_counter() - start)
+    lane.close()
+    latencies.sort()
+    return {"metadata lane round trip p50 (us)": latencies[len(latencies) // 2] * 1e6}
+
+
 ROLES = {
     "ucx-target": _ucx_target,
     "ucx-initiator": _ucx_initiator,
@@ -182,6 +229,8 @@ ROLES = {
     "socket-client": _socket_client,
     "grpc-server": _grpc_server,
     "grpc-client": _grpc_client,
+    "lane-server": _lane_server,
+    "lane-client": _lane_client,
 }
 PAIRS = (
     ("ucx-target", "ucx-initiator", {}),
@@ -192,16 +241,17 @@ PAIRS = (
         "grpc-client",
         {"grpc_experiments": grpc_tuning.EXPERIMENTS, "grpc_label": "kvpool's settings"},
     ),
+    ("lane-server", "lane-client", {}),
 )
 
 
 # ---------------------------------------------------------------- orchestration
 
 
-def measure(placement, work_dir: Path) -> dict:
+def measure(placement, work_dir: Path, pairs: tuple = PAIRS) -> dict:
     """Every pair of roles across ``placement``: server side, then client side."""
     results = {}
-    for number, (server_role, client_role, extra) in enumerate(PAIRS):
+    for number, (server_role, client_role, extra) in enumerate(pairs):
         config = {
             "file": str(work_dir / f"{server_role}-{number}.json"),
             "ip": placement.server_ip,

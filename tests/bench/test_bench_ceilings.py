@@ -1,0 +1,18 @@
+"""The ceilings' round-trip probes run between two real processes and report a figure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvpool.bench import ceilings, netns
+
+
+def test_the_lane_and_grpc_round_trips_are_measured_between_two_processes(tmp_path: Path):
+    probes = tuple(pair for pair in ceilings.PAIRS if pair[0] in ("lane-server", "grpc-server"))
+    results = ceilings.measure(netns.same_host(), tmp_path, probes)
+    assert set(results) == {
+        "gRPC unary round trip p50 (us), gRPC defaults",
+        "gRPC unary round trip p50 (us), kvpool's settings",
+        "metadata lane round trip p50 (us)",
+    }
+    assert all(0 < us < 1_000_000 for us in results.values())
