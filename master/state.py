@@ -44,13 +44,12 @@ import random
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
-from sortedcontainers import SortedList
-
 from kvpool.common.keys import key_problem
 from kvpool.common.sizes import format_size
 from kvpool.common.status import KeyStatus, Pin, Tier
 from kvpool.master.allocator import Allocator
 from kvpool.master.config import MasterConfig
+from kvpool.master.key_index import KeyIndex
 from kvpool.master.lru import LruIndex
 from kvpool.master.records import (
     ClusterSnapshot,
@@ -111,7 +110,7 @@ class MasterState:
         self.outbox: list[NodeCommand] = []
         #: PutEnds that were waiting for nodes and now have an answer (emptied by the I/O layer).
         self.resolved: list[CommitResult] = []
-        self._published_keys: SortedList = SortedList()
+        self._published_keys = KeyIndex()
         self._lru = LruIndex()
         #: Reservations by creation time (oldest first): timeouts pop from the front.
         self._reservations: OrderedDict[str, ObjectRecord] = OrderedDict()
@@ -234,11 +233,12 @@ class MasterState:
             if expired:
                 not_before = max(not_before, self.clock() + self.config.reclaim_delay)
             self._release(segment, offset, not_before)
+        committed = ObjectState.COMMITTED
         for i, record in enumerate(records):
-            if command_id in record.moving:
+            if record.moving and command_id in record.moving:
                 crc = crc32c[0] if crc32c else None
                 self._move_done(record, command_id, ok, crc, "expired" if expired else "answered")
-            elif record.state is ObjectState.COMMITTED and segment_id in record.unacked:
+            elif record.state is committed and segment_id in record.unacked:
                 if record.crc32c is None and i < len(crc32c):
                     record.crc32c = crc32c[i]  # the node's own checksum of what it holds
                 if expired:  # the node may record it late: it must not keep that entry
@@ -573,13 +573,15 @@ class MasterState:
             self._finish_commit(record)
 
     def _finish_commit(self, record: ObjectRecord) -> None:
+        # On every put of every object: written without generators.
         if self.objects.get(record.key) is not record:
             return  # removed (by force) or lost while committing: already answered
-        if not any(r is not None for r in record.replicas):
+        replicas = [r for r in record.replicas if r is not None]
+        if not replicas:
             del self.objects[record.key]
             self.resolved.append(CommitResult(record.key, record.put_id, KeyStatus.NO_REPLICA))
             return
-        record.replicas = [r for r in record.replicas if r is not None]
+        record.replicas = replicas
         record.state = ObjectState.PUBLISHED
         record.last_access = self.clock()
         self._index_published(record)
