@@ -165,8 +165,23 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         log.error("bad configuration", error=str(error))
         return 2
-    asyncio.run(serve(args, config))
+    try:
+        asyncio.run(serve(args, config))
+    except CannotListen as error:
+        log.error("cannot start", error=str(error))
+        return 2
     return 0
+
+
+class CannotListen(Exception):
+    """A port this master was told to serve on is taken (or not ours to bind)."""
+
+
+def _cannot_listen(what: str, host: str, port: int, flag: str, error: object) -> CannotListen:
+    return CannotListen(
+        f"cannot listen for {what} on {host}:{port} ({error}): another process (another "
+        f"master?) holds it. Pick another port with {flag} (0: any free one)"
+    )
 
 
 async def serve(args: argparse.Namespace, config: MasterConfig) -> None:
@@ -193,11 +208,20 @@ async def serve(args: argparse.Namespace, config: MasterConfig) -> None:
         interceptors=[shedder, gate],
     )
     master_pb2_grpc.add_MasterServicer_to_server(service, server)
-    port = server.add_insecure_port(f"{args.host}:{args.port}")
-    await server.start()
+    try:
+        port = server.add_insecure_port(f"{args.host}:{args.port}")
+    except RuntimeError as error:
+        raise _cannot_listen("gRPC", args.host, args.port, "--port", error) from None
     lane = LaneServer(service, gate, shedder)
     if args.lane_port >= 0:
-        service.lane_port = await lane.start(args.host, args.lane_port)
+        try:
+            service.lane_port = await lane.start(args.host, args.lane_port)
+        except OSError as error:
+            reason = error.strerror or str(error)
+            raise _cannot_listen(
+                "the metadata lane", args.host, args.lane_port, "--lane-port", reason
+            ) from None
+    await server.start()
     advertise = args.advertise or f"{_reachable_host(args.host)}:{port}"
 
     def readiness() -> tuple[bool, str]:
@@ -205,7 +229,13 @@ async def serve(args: argparse.Namespace, config: MasterConfig) -> None:
             return True, "leading" if args.etcd else "serving"
         return False, f"standby; the leader is {leadership.leader or '(none yet)'}"
 
-    http = HealthServer(args.host, args.http_port, readiness=readiness)
+    try:
+        http = HealthServer(args.host, args.http_port, readiness=readiness)
+    except OSError as error:
+        await lane.stop()
+        await server.stop(0)
+        reason = error.strerror or str(error)
+        raise _cannot_listen("HTTP", args.host, args.http_port, "--http-port", reason) from None
     http.start()
     tasks = []
     if isinstance(leadership, Election):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -136,6 +137,24 @@ def test_client_commands_report_an_unreachable_master_without_a_traceback():
     result = kvpool("status", "--timeout", "0.5", master="127.0.0.1:1")
     assert result.returncode == 1
     assert b"did not answer" in result.stderr and b"Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("flag", ["--port", "--lane-port", "--http-port"])
+def test_a_master_whose_port_is_taken_says_which_and_exits(flag):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = {"--port": "0", "--lane-port": "0", "--http-port": "0"}
+        ports[flag] = str(taken.getsockname()[1])
+        done = subprocess.run(
+            [sys.executable, "-m", "kvpool.cli.main", "master", "--host", "127.0.0.1",
+             *[item for pair in ports.items() for item in pair]],
+            capture_output=True,
+            timeout=60,
+        )  # fmt: skip
+    assert done.returncode == 2
+    err = done.stderr.decode() + done.stdout.decode()
+    assert f"Pick another port with {flag}" in err and "Traceback" not in err
 
 
 def test_ctrl_c_stops_kvpool_up_cleanly(up):
