@@ -107,17 +107,21 @@ class _Connection:
     def call(self, method: int, request: Any, response_type: type, deadline: float) -> Any:
         call_id = next(self._ids) & 0xFFFFFFFF
         try:
+            frame = lp.encode(call_id, method, request.SerializeToString())
+        except ValueError as error:
+            raise LaneError(lp.INVALID_ARGUMENT, f"{error}: split the batch") from None
+        try:
             self._sock.settimeout(_left(deadline))
-            self._sock.sendall(lp.encode(call_id, method, request.SerializeToString()))
-            frame = self._read_frame(call_id, deadline)
+            self._sock.sendall(frame)
+            answer = self._read_frame(call_id, deadline)
         except TimeoutError:
             raise LaneError(lp.DEADLINE_EXCEEDED, "the lane did not answer in time") from None
         except OSError as error:
             raise LaneError(lp.UNAVAILABLE, f"the lane connection broke: {error}") from None
-        if frame.status != lp.OK:
-            details, leader = frame.error()
-            raise LaneError(frame.status, details, leader)
-        return response_type.FromString(frame.body)
+        if answer.status != lp.OK:
+            details, leader = answer.error()
+            raise LaneError(answer.status, details, leader)
+        return response_type.FromString(answer.body)
 
     def _read_frame(self, call_id: int, deadline: float) -> lp.Frame:
         """Reads the answer to ``call_id`` (the only call in flight on this connection)."""

@@ -138,14 +138,22 @@ class MasterLink:
                 with self._lock:
                     self._lanes[leader] = time.monotonic() + LANE_RETRY_AFTER
             return None  # this call goes over gRPC, which reports what is wrong
+        stale: list[LaneClient] = []
         with self._lock:
-            if port:
-                lane = self._lanes.get(leader)
-                if not isinstance(lane, LaneClient):
-                    lane = self._lanes[leader] = LaneClient(host_of(leader), port)
-                return lane
-            self._lanes[leader] = time.monotonic() + LANE_RETRY_AFTER
-            return None
+            if not port:
+                self._lanes[leader] = time.monotonic() + LANE_RETRY_AFTER
+                return None
+            lane = self._lanes.get(leader)
+            if not isinstance(lane, LaneClient):
+                # a new leader: the connections to the lanes of earlier ones are let go
+                for address, other in list(self._lanes.items()):
+                    if isinstance(other, LaneClient):
+                        stale.append(other)
+                        del self._lanes[address]
+                lane = self._lanes[leader] = LaneClient(host_of(leader), port)
+        for other in stale:
+            other.close()
+        return lane
 
     def _lane_unreachable(self, leader: str, error: LaneError) -> None:
         with self._lock:

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from kvpool.proto import master_pb2 as pb
 
 HEADER = struct.Struct("<IIBB")  # body length, call id, method, status
-#: Largest body either side accepts; a bigger length means a broken or foreign peer.
-MAX_BODY = 64 * 1024 * 1024
+#: Largest body either side accepts (gRPC's message limit here too); a bigger length means a
+#: broken or foreign peer.
+MAX_BODY = 256 * 1024 * 1024
 
 #: The methods the lane carries, by wire number: (name, request type, response type).
 LANE_METHODS: dict[int, tuple[str, type, type]] = {
