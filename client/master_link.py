@@ -30,7 +30,9 @@ from kvpool.proto import master_pb2_grpc
 
 log = get_logger("kvpool.client")
 
-RETRYABLE = (lp.UNAVAILABLE, lp.RESOURCE_EXHAUSTED, lp.DEADLINE_EXCEEDED)
+#: CANCELLED: a call on a channel another thread replaced (after a failover, or to skip
+#: gRPC's reconnect backoff) ends so; it never reached an answer and is sent again.
+RETRYABLE = (lp.UNAVAILABLE, lp.RESOURCE_EXHAUSTED, lp.DEADLINE_EXCEEDED, lp.CANCELLED)
 FAILED_PRECONDITION, INVALID_ARGUMENT = lp.FAILED_PRECONDITION, lp.INVALID_ARGUMENT
 RESOURCE_EXHAUSTED = lp.RESOURCE_EXHAUSTED
 _CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
@@ -73,6 +75,10 @@ class MasterLink:
         backoff = FIRST_BACKOFF
         last_error = "no attempt made"
         failures = 0
+        #: The lane could not be connected to: this attempt goes over gRPC, which tells
+        #: whether the master is down (then the lane is tried again) or only its lane is
+        #: out of reach (a firewall, a Service without the port: gRPC for a while).
+        lane_failure: LaneUnreachable | None = None
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -87,19 +93,25 @@ class MasterLink:
                 self._resolver.failed()
             else:
                 try:
-                    lane = self._lane(method, stub, leader, remaining)
+                    lane = None if lane_failure else self._lane(method, stub, leader, remaining)
                     if lane is not None:
                         response_type = LANE_RESPONSES[method]
                         return lane.call(method, request, response_type, remaining)
-                    return getattr(stub, method)(request, timeout=remaining)
+                    response = getattr(stub, method)(request, timeout=remaining)
+                    if lane_failure is not None:
+                        self._lane_unreachable(leader, lane_failure)
+                    return response
                 except LaneUnreachable as error:
-                    self._lane_unreachable(leader, error)
+                    lane_failure = error
                     continue  # the same call over gRPC, at once
                 except LaneError as error:
                     code, details, hint = error.code, error.details, error.leader
                 except grpc.RpcError as error:
                     code, details = error.code().value[0], error.details() or ""
                     hint = _leader_hint(error)
+                if lane_failure is not None and code not in RETRYABLE:
+                    self._lane_unreachable(leader, lane_failure)  # gRPC reached the master
+                lane_failure = None  # (else the master itself is away: try its lane again)
                 name = _CODE_NAMES.get(code, str(code))
                 if code == FAILED_PRECONDITION and "not the leader" in details:
                     last_error = f"{leader}: {details}"
@@ -111,6 +123,7 @@ class MasterLink:
                     if failures >= FAILURES_BEFORE_RESOLVING and not busy:
                         failures = 0
                         self._resolver.failed()
+                        self._new_channel()
                 elif code == INVALID_ARGUMENT:
                     raise InvalidArgument(f"master rejected {method}: {details}")
                 else:
@@ -176,6 +189,12 @@ class MasterLink:
         for lane in lanes.values():
             if isinstance(lane, LaneClient):
                 lane.close()
+
+    def _new_channel(self) -> None:
+        """Makes the next call open a fresh channel: one that kept failing to connect waits
+        out gRPC's reconnect backoff, seconds after a restarted master is back."""
+        with self._lock:
+            self._connected_to = ""
 
     def _stub_for_leader(self) -> tuple[master_pb2_grpc.MasterStub | None, str]:
         leader = self._resolver.current

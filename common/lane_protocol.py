@@ -42,6 +42,7 @@ METHOD_IDS = {name: number for number, (name, _, _) in LANE_METHODS.items()}
 
 #: gRPC status codes by number (``grpc.StatusCode.X.value[0]``), without importing grpc.
 OK = 0
+CANCELLED = 1
 DEADLINE_EXCEEDED = 4
 FAILED_PRECONDITION = 9
 RESOURCE_EXHAUSTED = 8

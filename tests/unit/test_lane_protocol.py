@@ -54,6 +54,7 @@ def test_lane_methods_are_master_rpcs_with_the_same_messages():
 
 
 def test_status_numbers_are_grpcs():
-    for name in ("OK", "DEADLINE_EXCEEDED", "FAILED_PRECONDITION", "RESOURCE_EXHAUSTED",
-                 "INVALID_ARGUMENT", "UNAVAILABLE", "INTERNAL", "UNIMPLEMENTED"):  # fmt: skip
+    for name in ("OK", "CANCELLED", "DEADLINE_EXCEEDED", "FAILED_PRECONDITION",
+                 "RESOURCE_EXHAUSTED", "INVALID_ARGUMENT", "UNAVAILABLE", "INTERNAL",
+                 "UNIMPLEMENTED"):  # fmt: skip
         assert getattr(lp, name) == getattr(grpc.StatusCode, name).value[0]
