@@ -386,17 +386,19 @@ class Client:
     def _keyed_call(self, method: str, keys: Sequence[str], **fields: Any) -> list[Any]:
         """A per-key master call: entry i is key i's status, or InvalidKey without asking."""
         if _plainly_valid(keys):  # the common case, checked in one pass
-            request = getattr(pb, f"{method}Request")(client_id=self.client_id, keys=keys, **fields)
-            return list(self._call(method, request).statuses)
+            return list(self._statuses(method, keys, fields))
         results: list[Any] = [None] * len(keys)
         valid = self._valid_keys(keys, results)
         if valid:
-            request = getattr(pb, f"{method}Request")(
-                client_id=self.client_id, keys=[keys[i] for i in valid], **fields
-            )
-            for i, status in zip(valid, self._call(method, request).statuses, strict=True):
+            statuses = self._statuses(method, [keys[i] for i in valid], fields)
+            for i, status in zip(valid, statuses, strict=True):
                 results[i] = status
         return results
+
+    def _statuses(self, method: str, keys: Sequence[str], fields: dict[str, Any]) -> Any:
+        """The master's per-key statuses for valid ``keys``."""
+        request = getattr(pb, f"{method}Request")(client_id=self.client_id, keys=keys, **fields)
+        return self._call(method, request).statuses
 
     @staticmethod
     def _valid_keys(keys: Sequence[str], results: list[Any]) -> list[int]:

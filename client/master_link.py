@@ -33,8 +33,6 @@ log = get_logger("kvpool.client")
 #: CANCELLED: a call on a channel another thread replaced (after a failover, or to skip
 #: gRPC's reconnect backoff) ends so; it never reached an answer and is sent again.
 RETRYABLE = (lp.UNAVAILABLE, lp.RESOURCE_EXHAUSTED, lp.DEADLINE_EXCEEDED, lp.CANCELLED)
-FAILED_PRECONDITION, INVALID_ARGUMENT = lp.FAILED_PRECONDITION, lp.INVALID_ARGUMENT
-RESOURCE_EXHAUSTED = lp.RESOURCE_EXHAUSTED
 _CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 #: The calls that take the metadata lane when the master has one, with their answers' types.
 LANE_RESPONSES = {name: response for name, _, response in lp.LANE_METHODS.values()}
@@ -59,8 +57,8 @@ class MasterLink:
         self.use_lane = use_lane
         #: Per master address: its lane, or until when to use gRPC there (no lane, unreachable).
         self._lanes: dict[str, LaneClient | float] = {}
-        self._lane_warned: set[str] = set()
-        #: Per master address: how long gRPC is used after its lane was last unreachable.
+        #: Per master address: how long gRPC is used after its lane was last unreachable
+        #: (absent until the first time, which is also the only one logged).
         self._lane_pauses: dict[str, float] = {}
         self.address = str(target)
         self.retries = 0  # calls retried because the master was away, busy or not leading
@@ -113,18 +111,18 @@ class MasterLink:
                     self._lane_unreachable(leader, lane_failure)  # gRPC reached the master
                 lane_failure = None  # (else the master itself is away: try its lane again)
                 name = _CODE_NAMES.get(code, str(code))
-                if code == FAILED_PRECONDITION and "not the leader" in details:
+                if code == lp.FAILED_PRECONDITION and "not the leader" in details:
                     last_error = f"{leader}: {details}"
                     self._resolver.failed(hint)
                 elif code in RETRYABLE:
                     last_error = f"{leader}: {name}: {details}"
                     failures += 1
-                    busy = code == RESOURCE_EXHAUSTED
+                    busy = code == lp.RESOURCE_EXHAUSTED
                     if failures >= FAILURES_BEFORE_RESOLVING and not busy:
                         failures = 0
                         self._resolver.failed()
                         self._new_channel()
-                elif code == INVALID_ARGUMENT:
+                elif code == lp.INVALID_ARGUMENT:
                     raise InvalidArgument(f"master rejected {method}: {details}")
                 else:
                     raise KVPoolError(f"master {method} failed: {name}: {details}")
@@ -171,13 +169,13 @@ class MasterLink:
     def _lane_unreachable(self, leader: str, error: LaneError) -> None:
         with self._lock:
             lane = self._lanes.get(leader)
+            first = leader not in self._lane_pauses
             pause = self._lane_pauses.get(leader, LANE_RETRY_AFTER / 2) * 2
             self._lane_pauses[leader] = pause = min(pause, LANE_RETRY_MAX)
             self._lanes[leader] = time.monotonic() + pause
         if isinstance(lane, LaneClient):
             lane.close()
-        if leader not in self._lane_warned:
-            self._lane_warned.add(leader)
+        if first:
             log.warning("metadata lane unreachable; using gRPC", master=leader, error=str(error))
 
     def close(self) -> None:

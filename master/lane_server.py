@@ -10,7 +10,6 @@ gRPC). A node's first frame turns its connection into its command stream.
 from __future__ import annotations
 
 import asyncio
-import functools
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -140,7 +139,7 @@ class _Connection(asyncio.Protocol):
             self._send_error(frame, lp.INVALID_ARGUMENT, f"{name}: the request does not parse")
             return
         handler = getattr(self.lane.service, name)
-        _lane_requests(name).inc()
+        metrics.labelled(metrics.LANE_REQUESTS, name).inc()
         self._spawn(self._unary(frame, handler, request, call_id))
 
     async def _unary(
@@ -211,11 +210,6 @@ class _Reports:
             self._queue.put_nowait(None)  # stays ended for any later reader
             raise StopAsyncIteration
         return report
-
-
-@functools.cache
-def _lane_requests(method: str) -> Any:
-    return metrics.LANE_REQUESTS.labels(method)
 
 
 def _parse(message_type: type, body: bytes) -> Any:

@@ -7,7 +7,9 @@ last snapshot the event loop published (the HTTP thread never touches live state
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -43,6 +45,13 @@ LATENCY = Histogram(
     ["method"],
     buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0),
 )
+
+
+@functools.cache
+def labelled(metric: Counter | Histogram, *labels: str) -> Any:
+    """``metric.labels(*labels)``, looked up once: on the hot path a lookup costs a lock and
+    a hash of the labels per call."""
+    return metric.labels(*labels)
 
 
 class StateCollector(Collector):

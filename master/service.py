@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import functools
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -509,26 +508,17 @@ class _observe:
 
     def __exit__(self, *exc: object) -> None:
         self._after()
-        requests, latency = _per_method(self._method)
-        requests.inc()
-        latency.observe(time.perf_counter() - self._start)
+        metrics.labelled(metrics.REQUESTS, self._method).inc()
+        metrics.labelled(metrics.LATENCY, self._method).observe(time.perf_counter() - self._start)
 
 
-@functools.cache
-def _per_method(method: str) -> tuple[Any, Any]:
-    """A method's request counter and latency histogram (looking a label up costs a lock and
-    a hash of the labels on every call)."""
-    return metrics.REQUESTS.labels(method), metrics.LATENCY.labels(method)
-
-
-@functools.cache
-def _keys_counter(method: str, status: int) -> Any:
-    return metrics.KEYS.labels(method, KeyStatus(status).name.lower())
+#: The ``status`` label of each KeyStatus value.
+_STATUS_LABELS = {status.value: status.name.lower() for status in KeyStatus}
 
 
 def _count(method: str, statuses: Iterable[int | None]) -> None:
     for status, n in collections.Counter(statuses).items():  # (counted in C)
-        _keys_counter(method, status).inc(n)
+        metrics.labelled(metrics.KEYS, method, _STATUS_LABELS[status]).inc(n)
 
 
 async def _check_batch(context, keys, *, sizes=None) -> None:
