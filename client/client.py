@@ -20,7 +20,7 @@ from kvpool.client.outcomes import error_for
 from kvpool.client.put_path import PendingPut, WriteOptions
 from kvpool.client.reservation import Reservation
 from kvpool.client.session import Session
-from kvpool.common.keys import MAX_KEY_BYTES, key_problem
+from kvpool.common.keys import key_problem, plainly_valid
 from kvpool.common.master_address import parse_master
 from kvpool.common.status import KeyStatus
 from kvpool.errors import BufferTooSmall, InvalidArgument, InvalidKey, KVPoolError
@@ -385,7 +385,7 @@ class Client:
 
     def _keyed_call(self, method: str, keys: Sequence[str], **fields: Any) -> list[Any]:
         """A per-key master call: entry i is key i's status, or InvalidKey without asking."""
-        if _plainly_valid(keys):  # the common case, checked in one pass
+        if plainly_valid(keys):  # the common case, checked in one pass
             return list(self._statuses(method, keys, fields))
         results: list[Any] = [None] * len(keys)
         valid = self._valid_keys(keys, results)
@@ -410,12 +410,6 @@ class Client:
             else:
                 results[i] = InvalidKey(f"invalid key {key!r}: {problem}", key=key)
         return valid
-
-
-def _plainly_valid(keys: Sequence[str]) -> bool:
-    """True when every key is a non-empty ASCII str short enough: valid without looking
-    closer (ASCII is one byte per character, and never a lone surrogate)."""
-    return all(type(key) is str and 0 < len(key) <= MAX_KEY_BYTES and key.isascii() for key in keys)
 
 
 def _found(statuses: list[Any]) -> list[bool | KVPoolError]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 MAX_KEY_BYTES = 1024
 
 
@@ -18,3 +20,10 @@ def key_problem(key: object) -> str | None:
     if len(encoded) > MAX_KEY_BYTES:
         return f"the key is {len(encoded)} bytes of UTF-8; the limit is {MAX_KEY_BYTES}"
     return None
+
+
+def plainly_valid(keys: Iterable[object]) -> bool:
+    """True when every key is a non-empty ASCII str short enough: valid without looking
+    closer (ASCII is one byte per character, and never a lone surrogate). A False asks for
+    ``key_problem`` on each."""
+    return all(type(key) is str and 0 < len(key) <= MAX_KEY_BYTES and key.isascii() for key in keys)

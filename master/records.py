@@ -1,12 +1,15 @@
 """What the master's core remembers: nodes, segments, objects and their replicas.
 
-Plain data; the rules that change it live in ``state.py``.
+Plain data; the rules that change it live in ``state.py``. The records made for every key of
+every call (replicas, slots, commits, locations) are named tuples: as immutable as frozen
+dataclasses, at less than half the cost to create.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import NamedTuple
 
 from kvpool.common.status import KeyStatus, Pin, Tier
 from kvpool.master.allocator import Allocator
@@ -69,8 +72,7 @@ class ObjectState(Enum):
     PUBLISHED = "published"  # recorded by its nodes and readable
 
 
-@dataclass(frozen=True, slots=True)
-class Replica:
+class Replica(NamedTuple):
     segment_id: str
     offset: int
 
@@ -114,32 +116,28 @@ class Move:
     demotion: bool  # the source replica goes away once the copy is recorded
 
 
-@dataclass(frozen=True, slots=True)
-class PlacedReplica:
+class PlacedReplica(NamedTuple):
     """A replica as the caller sees it: the segment (to reach it) and the absolute address."""
 
     segment: SegmentInfo
     address: int
 
 
-@dataclass(frozen=True, slots=True)
-class PutSlot:
+class PutSlot(NamedTuple):
     status: KeyStatus
     put_id: int = 0
     replicas: tuple[PlacedReplica, ...] = ()
     message: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class Location:
+class Location(NamedTuple):
     status: KeyStatus
     size: int = 0
     replicas: tuple[PlacedReplica, ...] = ()
     crc32c: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Commit:
+class Commit(NamedTuple):
     key: str
     put_id: int
     replica_ok: tuple[bool, ...]
@@ -157,8 +155,7 @@ class PutOptions:
     tier: Tier = Tier.UNSPECIFIED  # UNSPECIFIED: DRAM first, then NVMe
 
 
-@dataclass(frozen=True, slots=True)
-class StoredObject:
+class StoredObject(NamedTuple):
     """An object as a storage node records it."""
 
     key: str
@@ -214,8 +211,7 @@ class PrepareCommand:
 NodeCommand = PersistCommand | ForgetCommand | CopyCommand | PrepareCommand
 
 
-@dataclass(frozen=True, slots=True)
-class CommitResult:
+class CommitResult(NamedTuple):
     """A PutEnd that waited for its nodes has an answer."""
 
     key: str

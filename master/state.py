@@ -44,7 +44,7 @@ import random
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
-from kvpool.common.keys import key_problem
+from kvpool.common.keys import key_problem, plainly_valid
 from kvpool.common.sizes import format_size
 from kvpool.common.status import KeyStatus, Pin, Tier
 from kvpool.master.allocator import Allocator
@@ -82,6 +82,8 @@ from kvpool.master.records import (
 
 Clock = Callable[[], float]
 
+#: The tiers an object that asks for none may go to, in order.
+_ANY_TIER = (Tier.DRAM, Tier.NVME)
 #: Seconds added to the write timeout when fencing, for clock rates and network delays.
 FENCE_MARGIN = 0.5
 
@@ -270,8 +272,10 @@ class MasterState:
             message = f"replicas must be between 1 and {self.config.max_replicas}, got {wanted}"
             return [PutSlot(KeyStatus.INVALID_ARGUMENT, message=message) for _ in keys]
         now = self.clock()
+        checked = plainly_valid(keys)  # the common case: every key valid, seen in one pass
+        pools: dict[Tier, list[tuple[NodeRecord, list[SegmentRecord]]]] = {}
         slots = [
-            self._put_start_one(client_id, key, size, wanted, options, now)
+            self._put_start_one(client_id, key, size, wanted, options, now, pools, checked)
             for key, size in zip(keys, sizes, strict=True)
         ]
         if client_id in self._reservations_of:
@@ -485,10 +489,16 @@ class MasterState:
         wanted: int,
         options: PutOptions,
         now: float,
+        pools: dict[Tier, list[tuple[NodeRecord, list[SegmentRecord]]]] | None = None,
+        checked: bool = False,
     ) -> PutSlot:
-        problem = key_problem(key)
-        if problem is not None:
-            return PutSlot(KeyStatus.INVALID_KEY, message=problem)
+        """``pools``: the segments each tier offers, found once per call (see ``_pool``);
+        ``checked``: the key is known to be valid."""
+        # On every put of every object: written for speed (no helper calls on the common path).
+        if not checked:
+            problem = key_problem(key)
+            if problem is not None:
+                return PutSlot(KeyStatus.INVALID_KEY, message=problem)
         if size < 0:
             return PutSlot(
                 KeyStatus.INVALID_ARGUMENT, message=f"size must not be negative, got {size}"
@@ -497,7 +507,7 @@ class MasterState:
         if existing is not None:
             what = "exists" if existing.state is ObjectState.PUBLISHED else "is being written"
             return PutSlot(KeyStatus.ALREADY_EXISTS, message=f"object {key!r} {what}")
-        replicas = self._place(key, size, wanted, options, now)
+        replicas = self._place(key, size, wanted, options, now, pools)
         if not replicas:
             fenced = [s.fenced_until for s in self.segments.values() if s.fenced_until > now]
             if fenced:
@@ -524,9 +534,13 @@ class MasterState:
         self._reservations[key] = record
         self._reservations_of.setdefault(client_id, set()).add(key)
         self.counters.puts_started += 1
+        placed = []
+        segments = self.segments
         for replica in replicas:
-            segment = self.segments[replica.segment_id]
-            if segment.info.tier is Tier.NVME and size:
+            segment = segments[replica.segment_id]
+            info = segment.info
+            placed.append(PlacedReplica(info, info.base_address + replica.offset))
+            if info.tier is Tier.NVME and size:
                 self.outbox.append(
                     PrepareCommand(
                         next(self._command_ids),
@@ -536,7 +550,7 @@ class MasterState:
                         size,
                     )
                 )
-        return PutSlot(KeyStatus.OK, record.put_id, self._placed(record))
+        return PutSlot(KeyStatus.OK, record.put_id, tuple(placed))
 
     def _put_end_one(self, commit: Commit) -> KeyStatus | None:
         record = self.objects.get(commit.key)
@@ -601,21 +615,45 @@ class MasterState:
     # ------------------------------------------------------------------ placement
 
     def _place(
-        self, key: str, size: int, wanted: int, options: PutOptions, now: float
+        self,
+        key: str,
+        size: int,
+        wanted: int,
+        options: PutOptions,
+        now: float,
+        pools: dict[Tier, list[tuple[NodeRecord, list[SegmentRecord]]]] | None = None,
     ) -> list[Replica]:
         """Buffers for a new object in the tier asked for. ``UNSPECIFIED`` (any) tries DRAM,
         then NVMe, and evicts from DRAM only when neither has room."""
-        tiers = (Tier.DRAM, Tier.NVME) if options.tier is Tier.UNSPECIFIED else (options.tier,)
+        tiers = _ANY_TIER if options.tier is Tier.UNSPECIFIED else (options.tier,)
+        hosts = options.preferred_hosts
         for tier in tiers:
-            replicas = self._allocate(key, size, wanted, options.preferred_hosts, tier)
+            replicas = self._allocate(key, size, wanted, hosts, tier, pools)
             if replicas:
                 return replicas
         for tier in tiers:
             self._evict_to_fit(size, tier, now)
-            replicas = self._allocate(key, size, wanted, options.preferred_hosts, tier)
+            replicas = self._allocate(key, size, wanted, hosts, tier, pools)
             if replicas:
                 return replicas
         return []
+
+    def _pool(self, tier: Tier) -> list[tuple[NodeRecord, list[SegmentRecord]]]:
+        """Each node with segments of ``tier`` that take writes now, with those segments (in
+        a deterministic order). Placing a batch's objects only changes free space, not this,
+        so a PutStart finds it once."""
+        now = self.clock()
+        pool = []
+        for node in self.nodes.values():
+            ids = node.segment_ids
+            segments = [
+                segment
+                for segment in map(self.segments.__getitem__, sorted(ids) if len(ids) > 1 else ids)
+                if segment.info.tier is tier and segment.fenced_until <= now
+            ]
+            if segments:
+                pool.append((node, segments))
+        return pool
 
     def _allocate(
         self,
@@ -624,27 +662,30 @@ class MasterState:
         wanted: int,
         preferred_hosts: Sequence[str] = (),
         tier: Tier = Tier.DRAM,
+        pools: dict[Tier, list[tuple[NodeRecord, list[SegmentRecord]]]] | None = None,
     ) -> list[Replica]:
         """One buffer on each of up to ``wanted`` distinct nodes, in segments of ``tier``.
         Nodes on a preferred host come first; then the configured order: random (spreads
         objects and load evenly) or most-free first. Within a node, its segment with the
-        largest free extent."""
+        largest free extent. ``pools`` caches ``_pool`` across one call's objects."""
+        pool = pools.get(tier) if pools is not None else None
+        if pool is None:
+            pool = self._pool(tier)
+            if pools is not None:
+                pools[tier] = pool
+        # Free extents are aligned, so one of at least ``size`` bytes (one, for an empty
+        # object) holds the object's rounded size too.
+        least = size if size > 0 else 1
         candidates = []
-        now = self.clock()
-        segments = self.segments
-        for node in self.nodes.values():
+        for node, segments in pool:
             best = None
-            ids = node.segment_ids
-            for segment_id in sorted(ids) if len(ids) > 1 else ids:  # deterministic order
-                segment = segments[segment_id]
-                if segment.info.tier is not tier or segment.fenced_until > now:
-                    continue
-                allocator = segment.allocator
-                free = allocator.largest_free
-                if free >= allocator.rounded(size) and (best is None or free > best[0]):
-                    best = (free, segment)
+            best_free = 0
+            for segment in segments:
+                free = segment.allocator.largest_free
+                if free >= least and free > best_free:
+                    best, best_free = segment, free
             if best is not None:
-                candidates.append((node.host in preferred_hosts, best[0], best[1]))
+                candidates.append((node.host in preferred_hosts, best_free, best))
         if len(candidates) > 1:  # (one node holds all: the order of one needs no work)
             if self.config.placement == "most-free":
                 candidates.sort(key=lambda c: c[1], reverse=True)

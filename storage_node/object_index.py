@@ -14,8 +14,8 @@ import os
 import struct
 import threading
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import google_crc32c
 
@@ -26,8 +26,9 @@ OP_HEADER, OP_PUT, OP_DELETE = 0, 1, 2
 MAX_BODY = 1 << 16
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
+class Entry(NamedTuple):
+    """One recorded object (a named tuple: one is made per object of every command)."""
+
     key: str
     offset: int
     size: int
