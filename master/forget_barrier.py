@@ -15,6 +15,8 @@ always; only the moment the writer learns where to write waits.
 from __future__ import annotations
 
 import asyncio
+import bisect
+import itertools
 from dataclasses import dataclass
 
 from kvpool.master.records import ForgetCommand
@@ -24,8 +26,23 @@ from kvpool.master.records import ForgetCommand
 class _Unanswered:
     node_id: str
     segment_id: str
-    ranges: list[tuple[int, int]]  # (start, end) of each object it names
+    #: The (start, end) of each object it names, ordered by start; ``reach[i]``: the largest
+    #: end among the first i + 1. A Forget may name thousands of objects (a large removal) and
+    #: every key of a PutStart asks about it: a search, not a scan.
+    starts: list[int]
+    ends: list[int]
+    reach: list[int]
     answer: asyncio.Future[None]
+
+    def overlaps(self, offset: int, end: int) -> bool:
+        """Whether any of its ranges overlaps [offset, end)."""
+        i = bisect.bisect_left(self.starts, end) - 1  # the last range starting before ``end``
+        reach, ends = self.reach, self.ends
+        while i >= 0 and reach[i] > offset:  # some range up to i still ends after ``offset``
+            if ends[i] > offset:
+                return True
+            i -= 1
+        return False
 
 
 class ForgetBarrier:
@@ -35,10 +52,15 @@ class ForgetBarrier:
         self._by_id: dict[int, _Unanswered] = {}
 
     def sent(self, command: ForgetCommand) -> None:
+        ranges = sorted((o.offset, o.offset + max(o.size, 1)) for o in command.objects)
+        starts = [start for start, _ in ranges]
+        ends = [end for _, end in ranges]
         forget = _Unanswered(
             command.node_id,
             command.segment_id,
-            [(o.offset, o.offset + max(o.size, 1)) for o in command.objects],
+            starts,
+            ends,
+            list(itertools.accumulate(ends, max)),
             asyncio.get_running_loop().create_future(),
         )
         self._by_segment.setdefault(command.segment_id, {})[command.command_id] = forget
@@ -71,7 +93,7 @@ class ForgetBarrier:
         return [
             forget.answer
             for forget in self._by_segment.get(segment_id, {}).values()
-            if any(start < end and offset < stop for start, stop in forget.ranges)
+            if forget.overlaps(offset, end)
         ]
 
     def __len__(self) -> int:

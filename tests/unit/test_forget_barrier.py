@@ -7,6 +7,7 @@ out; an answer, the node's death or a new term releases them.
 from __future__ import annotations
 
 import asyncio
+import random
 
 from kvpool.master.forget_barrier import ForgetBarrier
 from kvpool.master.records import ForgetCommand, StoredObject
@@ -50,5 +51,28 @@ def test_a_dead_node_or_a_new_term_releases_every_wait():
         barrier.clear()
         assert on_n2.done() and len(barrier) == 0
         barrier.answered(2)  # a late answer changes nothing
+
+    asyncio.run(scenario())
+
+
+def test_a_forget_naming_many_objects_holds_back_exactly_the_buffers_that_overlap_one():
+    """A large removal sends one Forget naming thousands of objects, in any order, some even
+    sharing bytes (a range forgotten twice); a buffer waits exactly when it overlaps one."""
+
+    async def scenario() -> None:
+        rng = random.Random(5)
+        objects = [StoredObject(f"k{i}", rng.randrange(0, 1 << 24), rng.randrange(0, 4096), 1)
+                   for i in range(2000)]  # fmt: skip
+        objects.append(StoredObject("long", 10, 500_000, 1))  # reaches over many others
+        barrier = ForgetBarrier()
+        barrier.sent(ForgetCommand(1, "n1", "n1/dram0", tuple(objects)))
+        outcomes = set()
+        for _ in range(3000):
+            offset, size = rng.randrange(0, 1 << 24), rng.randrange(0, 8192)
+            end = offset + max(size, 1)
+            expected = any(o.offset < end and offset < o.offset + max(o.size, 1) for o in objects)
+            assert bool(barrier.pending("n1/dram0", offset, size)) == expected, (offset, size)
+            outcomes.add(expected)
+        assert outcomes == {True, False}, "the queries try both"
 
     asyncio.run(scenario())
