@@ -51,6 +51,7 @@ from kvpool.master.allocator import Allocator
 from kvpool.master.config import MasterConfig
 from kvpool.master.key_index import KeyIndex
 from kvpool.master.lru import LruIndex
+from kvpool.master.placement import TierPool
 from kvpool.master.records import (
     ClusterSnapshot,
     Commit,
@@ -273,7 +274,7 @@ class MasterState:
             return [PutSlot(KeyStatus.INVALID_ARGUMENT, message=message) for _ in keys]
         now = self.clock()
         checked = plainly_valid(keys)  # the common case: every key valid, seen in one pass
-        pools: dict[Tier, list[tuple[NodeRecord, list[SegmentRecord]]]] = {}
+        pools: dict[Tier, TierPool] = {}
         slots = [
             self._put_start_one(client_id, key, size, wanted, options, now, pools, checked)
             for key, size in zip(keys, sizes, strict=True)
@@ -489,7 +490,7 @@ class MasterState:
         wanted: int,
         options: PutOptions,
         now: float,
-        pools: dict[Tier, list[tuple[NodeRecord, list[SegmentRecord]]]] | None = None,
+        pools: dict[Tier, TierPool] | None = None,
         checked: bool = False,
     ) -> PutSlot:
         """``pools``: the segments each tier offers, found once per call (see ``_pool``);
@@ -621,7 +622,7 @@ class MasterState:
         wanted: int,
         options: PutOptions,
         now: float,
-        pools: dict[Tier, list[tuple[NodeRecord, list[SegmentRecord]]]] | None = None,
+        pools: dict[Tier, TierPool] | None = None,
     ) -> list[Replica]:
         """Buffers for a new object in the tier asked for. ``UNSPECIFIED`` (any) tries DRAM,
         then NVMe, and evicts from DRAM only when neither has room."""
@@ -638,12 +639,12 @@ class MasterState:
                 return replicas
         return []
 
-    def _pool(self, tier: Tier) -> list[tuple[NodeRecord, list[SegmentRecord]]]:
-        """Each node with segments of ``tier`` that take writes now, with those segments (in
-        a deterministic order). Placing a batch's objects only changes free space, not this,
-        so a PutStart finds it once."""
+    def _pool(self, tier: Tier) -> TierPool:
+        """The nodes with segments of ``tier`` that take writes now, each with those segments
+        (in a deterministic order). Placing a batch's objects changes only free space, not
+        this, so a PutStart finds it once."""
         now = self.clock()
-        pool = []
+        entries = []
         for node in self.nodes.values():
             ids = node.segment_ids
             segments = [
@@ -652,8 +653,8 @@ class MasterState:
                 if segment.info.tier is tier and segment.fenced_until <= now
             ]
             if segments:
-                pool.append((node, segments))
-        return pool
+                entries.append((node, segments))
+        return TierPool(entries)
 
     def _allocate(
         self,
@@ -662,40 +663,21 @@ class MasterState:
         wanted: int,
         preferred_hosts: Sequence[str] = (),
         tier: Tier = Tier.DRAM,
-        pools: dict[Tier, list[tuple[NodeRecord, list[SegmentRecord]]]] | None = None,
+        pools: dict[Tier, TierPool] | None = None,
     ) -> list[Replica]:
-        """One buffer on each of up to ``wanted`` distinct nodes, in segments of ``tier``.
-        Nodes on a preferred host come first; then the configured order: random (spreads
-        objects and load evenly) or most-free first. Within a node, its segment with the
-        largest free extent. ``pools`` caches ``_pool`` across one call's objects."""
+        """One buffer on each of up to ``wanted`` distinct nodes, in segments of ``tier``
+        (chosen as master/placement.py says). ``pools`` caches ``_pool`` across one call's
+        objects."""
         pool = pools.get(tier) if pools is not None else None
         if pool is None:
             pool = self._pool(tier)
             if pools is not None:
                 pools[tier] = pool
-        # Free extents are aligned, so one of at least ``size`` bytes (one, for an empty
-        # object) holds the object's rounded size too.
-        least = size if size > 0 else 1
-        candidates = []
-        for node, segments in pool:
-            best = None
-            best_free = 0
-            for segment in segments:
-                free = segment.allocator.largest_free
-                if free >= least and free > best_free:
-                    best, best_free = segment, free
-            if best is not None:
-                candidates.append((node.host in preferred_hosts, best_free, best))
-        if len(candidates) > 1:  # (one node holds all: the order of one needs no work)
-            if self.config.placement == "most-free":
-                candidates.sort(key=lambda c: c[1], reverse=True)
-            else:
-                self.rng.shuffle(candidates)
-            candidates.sort(key=lambda c: not c[0])  # stable: preferred hosts first
+        most_free = self.config.placement == "most-free"
         replicas = []
-        for _, _, segment in candidates[:wanted]:
+        for segment in pool.choose(size, wanted, preferred_hosts, self.rng, most_free):
             offset = segment.allocator.allocate(size)
-            assert offset is not None, "largest_free said it fits"
+            assert offset is not None, "placement said it fits"
             segment.owners[offset] = key
             replicas.append(Replica(segment.segment_id, offset))
         return replicas

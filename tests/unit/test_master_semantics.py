@@ -498,6 +498,30 @@ def test_random_placement_spreads_objects_and_replica_pairs():
     assert min(pairs.values()) >= 8, pairs
 
 
+def test_random_placement_over_many_nodes_spreads_a_batch_and_finds_the_few_with_room():
+    """Placement draws nodes rather than scanning them all (master/placement.py): objects
+    still spread over every node, and when all but a few nodes are full, the few still
+    take every object."""
+    state, _ = new_state(seed=11)
+    for i in range(40):
+        mount(state, f"n{i}", 64 * KiB)
+    counts = Counter(
+        node for i in range(400) for node in nodes_of(put(state, f"k{i}", 1 * KiB, replicas=2))
+    )
+    assert set(counts) == {f"n{i}" for i in range(40)}, "every node gets objects"
+    assert min(counts.values()) >= 5, counts
+
+    state, _ = new_state(seed=12)
+    for i in range(40):
+        mount(state, f"n{i}", 64 * KiB)
+    for i in range(37):  # all but n37..n39 full (hard-pinned: nothing can be evicted)
+        publish(state, f"fill{i}", 64 * KiB, options=on(host(f"n{i}"), pin=Pin.HARD))
+    slots = [put(state, f"late{i}", 1 * KiB) for i in range(30)]
+    assert {node for slot in slots for node in nodes_of(slot)} == {"n37", "n38", "n39"}
+    pair = put(state, "pair", 1 * KiB, replicas=3)
+    assert sorted(nodes_of(pair)) == ["n37", "n38", "n39"]
+
+
 def test_random_placement_with_the_same_seed_makes_the_same_choices():
     def placements(seed: int) -> list[list[str]]:
         state, _ = new_state(seed=seed)
