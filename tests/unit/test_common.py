@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvpool.common.keys import key_problem
+from kvpool.common.keys import key_problem, plainly_valid
 from kvpool.common.master_address import host_of, resolve_master
 from kvpool.common.sizes import format_size, parse_size
 
@@ -48,6 +48,26 @@ def test_invalid_keys_are_explained(key, problem):
 def test_valid_keys_have_no_problem():
     assert key_problem("x" * 1024) is None
     assert key_problem("модель/слой/0") is None
+
+
+@pytest.mark.parametrize(
+    ("keys", "plain"),
+    [
+        (["a", "b/c", "x" * 1024], True),
+        ([], True),
+        (["a", ""], False),  # empty: invalid
+        (["a", "x" * 1025], False),  # too long: invalid
+        (["a", 7], False),  # not a str: invalid
+        (["a", "\ud800"], False),  # lone surrogate: invalid
+        (["a", "модель/0"], False),  # valid, but not plainly: looked at key by key
+    ],
+)
+def test_a_batch_is_plainly_valid_only_when_every_key_surely_is(keys, plain):
+    """The batch check callers take first: True only when key_problem would find nothing
+    for any key; False sends them to key_problem, key by key."""
+    assert plainly_valid(keys) is plain
+    if plain:
+        assert all(key_problem(key) is None for key in keys)
 
 
 def test_master_address_comes_from_argument_or_environment(monkeypatch):
