@@ -3,15 +3,17 @@ kept-open TCP connections in lean frames (common/lane_protocol.py), beside gRPC.
 
 Each frame runs the very handler gRPC runs (``MasterService``), behind the same leader gate
 and load shedder, so both doors give the same answers; only the envelope differs. Requests
-on one connection may be answered out of order (each call runs as its own task, as under
-gRPC). A node's first frame turns its connection into its command stream.
+on one connection may be answered out of order (a call that waits, such as a PutEnd waiting
+for its nodes, does not hold up the next). A node's first frame turns its connection into
+its command stream.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Coroutine
 from typing import Any
 
 import grpc
@@ -140,26 +142,36 @@ class _Connection(asyncio.Protocol):
             return
         handler = getattr(self.lane.service, name)
         metrics.labelled(metrics.LANE_REQUESTS, name).inc()
-        self._spawn(self._unary(frame, handler, request, call_id))
+        self._step(handler(request, LaneContext()), frame, call_id)
 
-    async def _unary(
-        self,
-        frame: lp.Frame,
-        handler: Callable[[Any, LaneContext], Awaitable[Any]],
-        request: Any,
-        call_id: int,
-    ) -> None:
+    def _step(self, call: Coroutine[Any, Any, Any], frame: lp.Frame, call_id: int, *_: Any) -> None:
+        """Runs a handler until it answers or waits; one that waits runs on once what it
+        waits for is done. This is what an asyncio task does, without the task: most calls
+        answer in one go, and a task would first cost a pass of the event loop."""
         try:
-            response = await handler(request, LaneContext())
+            try:
+                waited = call.send(None)
+            except StopIteration as finished:
+                body = finished.value.SerializeToString()
+            else:
+                resume = functools.partial(self._step, call, frame, call_id)
+                if waited is None:  # a bare yield (asyncio.sleep(0)): again on the next pass
+                    asyncio.get_running_loop().call_soon(resume)
+                    return
+                if not asyncio.isfuture(waited):
+                    call.close()
+                    raise RuntimeError(f"a handler waited on {waited!r}, not a future")
+                waited._asyncio_future_blocking = False  # (as a task does when it takes it)
+                waited.add_done_callback(resume)
+                return
         except LaneAbort as abort:
             self._send_error(frame, abort.code.value[0], abort.details)
         except Exception as error:
             log.exception("lane call failed", method=frame.method)
             self._send_error(frame, lp.INTERNAL, f"{type(error).__name__}: {error}")
         else:
-            self._send(lp.encode(frame.call_id, frame.method, response.SerializeToString()))
-        finally:
-            self.lane.shedder.release(call_id)
+            self._send(lp.encode(frame.call_id, frame.method, body))
+        self.lane.shedder.release(call_id)  # answered (or failed): no longer in flight
 
     async def _node_session(self, first: lp.Frame) -> None:
         """Runs the service's NodeSession over this connection until either side ends it."""

@@ -1,0 +1,130 @@
+"""How the master's metadata lane runs calls (master/lane_server.py), with the real service
+and core behind it and the connections' transports replaced by recorders.
+
+A call runs at once, as its frame arrives; one that waits (a PutEnd waiting for its node)
+runs on when its wait ends, and never holds up the calls behind it on the same connection.
+Every call leaves the load shedder's count of calls in flight when it is answered, however
+it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from state_helpers import segment_info
+
+from kvpool.common import lane_protocol as lp
+from kvpool.master.config import MasterConfig
+from kvpool.master.election import AlwaysLeader
+from kvpool.master.lane_server import LaneServer, _Connection
+from kvpool.master.leader_gate import LeaderGate
+from kvpool.master.load_shedding import LoadShedder
+from kvpool.master.service import MasterService
+from kvpool.master.state import MasterState
+from kvpool.proto import master_pb2 as pb
+
+
+class Recorder(asyncio.Transport):
+    """A transport that hands what the master writes to ``received``, frame by frame."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.decoder = lp.FrameDecoder()
+        self.frames: list[lp.Frame] = []
+
+    def write(self, data: bytes) -> None:
+        self.frames.extend(self.decoder.feed(data))
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_extra_info(self, name, default=None):
+        return default
+
+    def close(self) -> None:
+        pass
+
+
+def lane_with_one_node() -> tuple[LaneServer, _Connection, Recorder]:
+    state = MasterState(MasterConfig(), clock=time.monotonic, epoch=1)
+    state.mount_segment(segment_info("n1", 64 << 20), [])
+    service = MasterService(state)
+    lane = LaneServer(service, LeaderGate(AlwaysLeader(), lambda: True), LoadShedder(100))
+    node, node_wire = _Connection(lane), Recorder()
+    node.connection_made(node_wire)
+    hello = pb.NodeReport(hello=pb.NodeHello(node_id="n1"))
+    node.data_received(lp.encode(0, lp.NODE_SESSION, hello.SerializeToString()))
+    return lane, node, node_wire
+
+
+def request(call_id: int, method: str, message) -> bytes:
+    return lp.encode(call_id, lp.METHOD_IDS[method], message.SerializeToString())
+
+
+def test_a_waiting_put_end_does_not_hold_up_the_calls_behind_it_and_answers_once_recorded():
+    async def scenario() -> None:
+        lane, node, node_wire = lane_with_one_node()
+        await asyncio.sleep(0)  # the node's session starts
+        client, wire = _Connection(lane), Recorder()
+        client.connection_made(wire)
+
+        start = pb.PutStartRequest(client_id="c", keys=["k"], sizes=[4096], replicas=1)
+        client.data_received(request(1, "PutStart", start))
+        [started] = wire.frames  # answered at once, in the call that delivered it
+        put_id = pb.PutStartResponse.FromString(started.body).slots[0].put_id
+
+        commit = pb.PutCommit(key="k", put_id=put_id, replica_ok=[True])
+        client.data_received(
+            request(2, "PutEnd", pb.PutEndRequest(client_id="c", commits=[commit]))
+        )
+        client.data_received(request(3, "Exists", pb.ExistsRequest(client_id="c", keys=["k"])))
+        assert [f.call_id for f in wire.frames] == [1, 3], "the Exists passed the waiting PutEnd"
+        assert lane.shedder.inflight == 1, "only the PutEnd is still in flight"
+
+        for _ in range(5):  # the Persist reaches the node's stream
+            await asyncio.sleep(0)
+        [persist] = node_wire.frames
+        command = pb.NodeCommand.FromString(persist.body)
+        answer = pb.NodeReport(result=pb.CommandResult(command_id=command.command_id, ok=True))
+        node.data_received(lp.encode(0, lp.NODE_SESSION, answer.SerializeToString()))
+        for _ in range(5):
+            await asyncio.sleep(0)
+
+        assert [f.call_id for f in wire.frames] == [1, 3, 2]
+        assert list(pb.PutEndResponse.FromString(wire.frames[2].body).statuses) == [0]  # OK
+        assert lane.shedder.inflight == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_call_that_fails_is_answered_with_its_status_and_leaves_no_call_in_flight():
+    async def scenario() -> None:
+        lane, _, _ = lane_with_one_node()
+        client, wire = _Connection(lane), Recorder()
+        client.connection_made(wire)
+
+        too_many = pb.PutStartRequest(client_id="c", keys=["a", "b"], sizes=[1])  # 2 keys, 1 size
+        client.data_received(request(1, "PutStart", too_many))
+
+        def broken(request, context):
+            raise RuntimeError("boom")
+
+        lane.service.Exists = _as_handler(broken)
+        client.data_received(request(2, "Exists", pb.ExistsRequest(client_id="c", keys=["k"])))
+
+        refused, failed = wire.frames
+        assert refused.status == lp.INVALID_ARGUMENT
+        assert "sizes" in refused.error()[0]
+        assert failed.status == lp.INTERNAL
+        assert "RuntimeError: boom" in failed.error()[0]
+        assert lane.shedder.inflight == 0
+
+    asyncio.run(scenario())
+
+
+def _as_handler(function):
+    async def handler(request, context):
+        return function(request, context)
+
+    return handler
