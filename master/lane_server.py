@@ -166,6 +166,8 @@ class _Connection(asyncio.Protocol):
                 return
         except LaneAbort as abort:
             self._send_error(frame, abort.code.value[0], abort.details)
+        except asyncio.CancelledError:  # what it waited for was cancelled: the client retries
+            self._send_error(frame, lp.CANCELLED, "the call was cancelled: retry")
         except Exception as error:
             log.exception("lane call failed", method=frame.method)
             self._send_error(frame, lp.INTERNAL, f"{type(error).__name__}: {error}")

@@ -128,3 +128,28 @@ def _as_handler(function):
         return function(request, context)
 
     return handler
+
+
+def test_a_call_whose_wait_is_cancelled_tells_the_client_to_retry():
+    async def scenario() -> None:
+        lane, _, _ = lane_with_one_node()
+        client, wire = _Connection(lane), Recorder()
+        client.connection_made(wire)
+        waiting = asyncio.get_running_loop().create_future()
+
+        async def waits(request, context):
+            await waiting
+            return pb.ExistsResponse()
+
+        lane.service.Exists = waits
+        client.data_received(request(1, "Exists", pb.ExistsRequest(client_id="c", keys=["k"])))
+        assert wire.frames == [] and lane.shedder.inflight == 1
+
+        waiting.cancel()
+        await asyncio.sleep(0)
+
+        [cancelled] = wire.frames
+        assert cancelled.status == lp.CANCELLED
+        assert lane.shedder.inflight == 0
+
+    asyncio.run(scenario())
