@@ -171,8 +171,9 @@ class Client:
         deadline = time.monotonic() + self.timeout
         results: list[Any] = [None] * len(pairs)
         sources: dict[int, tuple[int, int, Any]] = {}
+        checked = plainly_valid([key for key, _ in pairs])  # the common case, in one pass
         for i, (key, data) in enumerate(pairs):
-            problem = key_problem(key)
+            problem = None if checked else key_problem(key)
             if problem is not None:
                 results[i] = InvalidKey(f"invalid key {key!r}: {problem}", key=key)
                 continue
@@ -402,6 +403,9 @@ class Client:
 
     @staticmethod
     def _valid_keys(keys: Sequence[str], results: list[Any]) -> list[int]:
+        """Positions of the valid keys; each invalid one's error goes into ``results``."""
+        if plainly_valid(keys):  # the common case, in one pass
+            return list(range(len(keys)))
         valid = []
         for i, key in enumerate(keys):
             problem = key_problem(key)

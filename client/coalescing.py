@@ -32,23 +32,30 @@ def coalesce(transfers: Sequence[T], limit: int = COALESCE_LIMIT) -> tuple[list[
     """The transfers to run, and for each the indexes of the given ones it carries out."""
     merged: list[T] = []
     members: list[range] = []
+    run_start = 0  # the run of transfers merging into merged[-1]: run_start .. i - 1
+    length = 0  # its bytes so far
     for i, transfer in enumerate(transfers):
-        if merged:
+        if i:
             last = merged[-1]
             if (
                 transfer.segment_id == last.segment_id
-                and transfer.remote_address == last.remote_address + last.length
-                and transfer.local_address == last.local_address + last.length
-                and last.length + transfer.length <= limit
+                and transfer.remote_address == last.remote_address + length
+                and transfer.local_address == last.local_address + length
+                and length + transfer.length <= limit
             ):
-                merged[-1] = type(last)(
-                    last.segment_id,
-                    last.remote_address,
-                    last.local_address,
-                    last.length + transfer.length,
-                )
-                members[-1] = range(members[-1].start, i + 1)
+                length += transfer.length
                 continue
+            _close_run(merged, members, run_start, i, length)
         merged.append(transfer)
-        members.append(range(i, i + 1))
+        run_start, length = i, transfer.length
+    if transfers:
+        _close_run(merged, members, run_start, len(transfers), length)
     return merged, members
+
+
+def _close_run(merged: list[T], members: list[range], start: int, end: int, length: int) -> None:
+    """merged[-1] now carries transfers start .. end - 1: ``length`` bytes in all."""
+    if end - start > 1:
+        last = merged[-1]
+        merged[-1] = type(last)(last.segment_id, last.remote_address, last.local_address, length)
+    members.append(range(start, end))

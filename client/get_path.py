@@ -9,7 +9,7 @@ can only end early: bytes whose transfer may have outlived the lease are discard
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvpool.client.checksum import crc32c_at
@@ -127,6 +127,8 @@ def verify(
             )
 
 
-def by_nearness(session: Session, replicas: Iterable[pb.Replica]) -> list[pb.Replica]:
+def by_nearness(session: Session, replicas: Sequence[pb.Replica]) -> list[pb.Replica]:
     """Replicas on this host first: they move over shared memory."""
+    if len(replicas) < 2:
+        return list(replicas)
     return sorted(replicas, key=lambda r: session.data.host_of(r.segment_id) != session.host)

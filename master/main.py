@@ -115,7 +115,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-inflight",
         type=int,
         default=1024,
-        help="RPCs served at once; beyond this the master answers RESOURCE_EXHAUSTED",
+        help="calls admitted and not yet answered; beyond this the master answers "
+        "RESOURCE_EXHAUSTED",
     )
     parser.add_argument(
         "--etcd",
