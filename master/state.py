@@ -495,7 +495,6 @@ class MasterState:
     ) -> PutSlot:
         """``pools``: the segments each tier offers, found once per call (see ``_pool``);
         ``checked``: the key is known to be valid."""
-        # On every put of every object: written for speed (no helper calls on the common path).
         if not checked:
             problem = key_problem(key)
             if problem is not None:
