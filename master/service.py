@@ -22,6 +22,7 @@ import grpc
 from kvpool.common.logging import get_logger
 from kvpool.common.status import KeyStatus, Pin, Tier
 from kvpool.master import metrics
+from kvpool.master.command_batching import merge_forgets
 from kvpool.master.commands_pb import command_to_pb, stored_from_pb
 from kvpool.master.forget_barrier import ForgetBarrier
 from kvpool.master.node_channels import BOUND_TO_PROCESS, NodeChannels
@@ -108,7 +109,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
             return
         if state.outbox:
             loop = asyncio.get_running_loop()
-            for command in state.outbox:
+            for command in merge_forgets(state.outbox):
                 if isinstance(command, ForgetCommand):
                     self.forgets.sent(command)
                 self.channels.send(command.node_id, command_to_pb(command))
