@@ -5,8 +5,8 @@ Runs the master's core (master/state.py, no I/O) in this process, with 1 to 256 
 nodes mounted, and times whole put cycles of 32 keys (PutStart, PutEnd, the nodes' answers)
 for 1 and 2 replicas: the CPU a master spends per batch, which bounds the puts per second
 one master serves. Placement once scanned every node for every key (about 6 ms per batch at
-256 nodes); master/placement.py draws nodes instead. Prints a table and writes
-bench/results/placement_scale.json.
+256 nodes); master/placement.py draws nodes (random) or keeps them in a heap (most-free)
+instead. Prints a table and writes bench/results/placement_scale.json.
 """
 
 from __future__ import annotations

@@ -9,11 +9,13 @@ placement the master's largest cost on a cluster of many nodes (a batch of 32 ke
 0.5 ms of the master with one node, 2 ms with 64, 6 ms with 256). So a ``TierPool`` lists,
 once per call, the nodes that offer a tier (and groups them by host); random placement then
 draws nodes until enough have room, at an expected cost of the number of replicas, not of
-nodes. Most-free placement still ranks every node: it has to look at all of them.
+nodes. Most-free placement ranks the nodes once per call in a heap and takes the top of
+it per object (preferred hosts, usually few, are looked at in full).
 """
 
 from __future__ import annotations
 
+import heapq
 import random
 from collections.abc import Sequence
 
@@ -27,15 +29,21 @@ PoolEntry = tuple[NodeRecord, list[SegmentRecord]]
 
 
 class TierPool:
-    """The nodes offering one tier, as found at the start of a call."""
+    """The nodes offering one tier, as found at the start of a call. Free space may shrink
+    meanwhile (the call's own allocations); where it may grow (an eviction), the caller
+    finds a new pool."""
 
-    __slots__ = ("_by_host", "entries")
+    __slots__ = ("_by_host", "_ranked", "entries")
 
     def __init__(self, entries: list[PoolEntry]) -> None:
         self.entries = entries
         self._by_host: dict[str, list[PoolEntry]] = {}
         for entry in entries:
             self._by_host.setdefault(entry[0].host, []).append(entry)
+        #: Most-free placement's ranking, made on first use: a heap of (-largest free extent
+        #: when pushed, position in ``entries``). A node's free space only shrinks during a
+        #: call, so an item whose node has less than it says is pushed again when popped.
+        self._ranked: list[tuple[int, int]] | None = None
 
     def choose(
         self,
@@ -69,8 +77,45 @@ class TierPool:
                 front.extend(self._by_host.get(host, ()))
             _take(front, least, wanted, rng, most_free, chosen, taken)
         if len(chosen) < wanted:
-            _take(self.entries, least, wanted, rng, most_free, chosen, taken)
+            if most_free:
+                self._take_most_free(least, wanted, chosen, taken)
+            else:
+                _take(self.entries, least, wanted, rng, False, chosen, taken)
         return chosen
+
+    def _take_most_free(
+        self, least: int, wanted: int, chosen: list[SegmentRecord], taken: set[str]
+    ) -> None:
+        """Adds the nodes with the largest free extents (ties: in pool order), not yet
+        ``taken``, until ``chosen`` holds ``wanted``: a few heap operations per object, where
+        ranking every node cost a scan of the cluster."""
+        ranked = self._ranked
+        if ranked is None:
+            ranked = self._ranked = []
+            for position, (_, segments) in enumerate(self.entries):
+                best = _roomiest(segments, 1)
+                if best is not None:
+                    ranked.append((-best.allocator.largest_free, position))
+            heapq.heapify(ranked)
+        put_back = []
+        while ranked and len(chosen) < wanted:
+            negative_free, position = heapq.heappop(ranked)
+            node, segments = self.entries[position]
+            best = _roomiest(segments, 1)
+            free = best.allocator.largest_free if best is not None else 0
+            if free != -negative_free:  # it shrank since: rank it again by what it has now
+                if free:
+                    heapq.heappush(ranked, (-free, position))
+                continue
+            put_back.append((negative_free, position))
+            if free < least:
+                break  # the freest node left cannot hold it: none can
+            if node.node_id not in taken:
+                assert best is not None
+                chosen.append(best)
+                taken.add(node.node_id)
+        for item in put_back:  # (as they were: their allocations will show when next popped)
+            heapq.heappush(ranked, item)
 
 
 def _take(

@@ -633,6 +633,8 @@ class MasterState:
                 return replicas
         for tier in tiers:
             self._evict_to_fit(size, tier, now)
+            if pools is not None:
+                pools.pop(tier, None)  # space came free: a pool's ranking would be stale
             replicas = self._allocate(key, size, wanted, hosts, tier, pools)
             if replicas:
                 return replicas

@@ -544,6 +544,38 @@ def test_most_free_placement_picks_the_freest_node():
     assert nodes_of(put(state, "pair", 1 * KiB, replicas=2)) == ["medium", "big"]
 
 
+def test_most_free_placement_over_many_nodes_always_takes_the_freest_as_space_shrinks():
+    """Most-free ranks the nodes once per call and takes the top for each object: within a
+    batch, as each object shrinks its node's free space, the next goes to the freest then."""
+    state, _ = new_state(MOST_FREE)
+    for i in range(40):
+        mount(state, f"n{i}", (64 + i) * KiB)
+
+    def freest() -> set[str]:
+        free = {s.node_id: s.allocator.largest_free for s in state.segments.values()}
+        top = max(free.values())
+        return {node for node, room in free.items() if room == top}
+
+    for batch in range(6):
+        keys = [f"b{batch}/{i}" for i in range(16)]
+        expected = []
+        slots = []
+        for key in keys:  # one object at a time: what the freest node is before each
+            expected.append(freest())
+            [slot] = state.put_start("c1", [key], [4 * KiB], PutOptions())
+            slots.append(slot)
+        for slot, allowed in zip(slots, expected, strict=True):
+            assert nodes_of(slot)[0] in allowed
+    batch_keys = [f"together/{i}" for i in range(16)]
+    before = {s.node_id: s.allocator.largest_free for s in state.segments.values()}
+    together = state.put_start("c1", batch_keys, [4 * KiB] * 16, PutOptions())
+    placed = [nodes_of(slot)[0] for slot in together]
+    # One batch makes the same choices as the objects one by one: the 16 freest, each once
+    # here (every node has room for several 4 KiB objects, and they differ by 1 KiB).
+    assert sorted(placed, key=lambda node: -before[node]) == placed
+    assert len(set(placed)) == 16
+
+
 @pytest.mark.parametrize("config", [CONFIG, MOST_FREE], ids=["random", "most-free"])
 def test_a_preferred_host_gets_the_first_replica(config):
     state, _ = new_state(config)
