@@ -26,6 +26,7 @@ from __future__ import annotations
 import mmap
 import os
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,13 +99,17 @@ class Segment:
         if not self.persistent:
             self.index.put(entries)
             return []
-        durable = []
         for entry in entries:
             self._check_bounds(entry)
-            if self.tier is Tier.NVME:
-                self._sync(entry.offset, entry.size)
-            crc = self.checksum(entry.offset, entry.size)
-            durable.append(Entry(entry.key, entry.offset, entry.size, entry.generation, crc))
+        if self.tier is Tier.NVME:
+            # One sync per run of objects that lie back to back (a batch is usually placed
+            # so): each sync is a wait for the disk, and the file system's journal commit.
+            for start, end in _runs((e.offset, e.offset + e.size) for e in entries):
+                self._sync(start, end - start)
+        durable = [
+            Entry(e.key, e.offset, e.size, e.generation, self.checksum(e.offset, e.size))
+            for e in entries
+        ]
         self.index.put(durable)
         return [e.crc32c for e in durable if e.crc32c is not None]
 
@@ -275,3 +280,14 @@ def _prefault(memory: mmap.mmap) -> None:
     except OSError:  # kernel older than 5.14: touch one byte per page instead
         for offset in range(0, len(memory), mmap.PAGESIZE):
             memory[offset] = 0
+
+
+def _runs(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """[start, end) ranges merged where they touch or overlap, in order of start."""
+    runs: list[tuple[int, int]] = []
+    for start, end in sorted(ranges):
+        if runs and start <= runs[-1][1]:
+            runs[-1] = (runs[-1][0], max(runs[-1][1], end))
+        else:
+            runs.append((start, end))
+    return runs
