@@ -386,10 +386,10 @@ class Client:
 
     def _keyed_call(self, method: str, keys: Sequence[str], **fields: Any) -> list[Any]:
         """A per-key master call: entry i is key i's status, or InvalidKey without asking."""
-        if plainly_valid(keys):  # the common case, checked in one pass
-            return list(self._statuses(method, keys, fields))
         results: list[Any] = [None] * len(keys)
         valid = self._valid_keys(keys, results)
+        if len(valid) == len(keys):  # the common case: ask for the keys as given
+            return list(self._statuses(method, keys, fields))
         if valid:
             statuses = self._statuses(method, [keys[i] for i in valid], fields)
             for i, status in zip(valid, statuses, strict=True):

@@ -40,19 +40,13 @@ class Allocator:
 
     def allocate(self, size: int) -> int | None:
         """Offset of a new buffer of at least ``size`` bytes, or None when nothing fits."""
-        # On every put of every object: written for speed (the extent leaves the size list by
-        # its index, found once, not by a second search for its value).
         self._starts = None
-        alignment = self.alignment
-        need = ((size if size > 0 else 1) + alignment - 1) & -alignment
-        by_size = self._by_size
-        index = by_size.bisect_left((need, -1))
-        if index == len(by_size):
+        need = self.rounded(size)
+        index = self._by_size.bisect_left((need, -1))
+        if index == len(self._by_size):
             return None
-        free_size, offset = by_size[index]
-        del by_size[index]
-        del self._by_start[offset]
-        del self._by_end[offset + free_size]
+        free_size, offset = self._by_size[index]
+        self._remove_free(offset, free_size, index)
         if free_size > need:
             self._add_free(offset + need, free_size - need)
         self._allocated[offset] = need
@@ -128,8 +122,13 @@ class Allocator:
         if self._starts is not None:
             self._starts.add(offset)
 
-    def _remove_free(self, offset: int, size: int) -> None:
-        self._by_size.remove((size, offset))
+    def _remove_free(self, offset: int, size: int, index: int | None = None) -> None:
+        """``index``: where the extent lies in the size list, when the caller found it (no
+        second search for it: on every put)."""
+        if index is None:
+            self._by_size.remove((size, offset))
+        else:
+            del self._by_size[index]
         del self._by_start[offset]
         del self._by_end[offset + size]
         if self._starts is not None:

@@ -534,13 +534,9 @@ class MasterState:
         self._reservations[key] = record
         self._reservations_of.setdefault(client_id, set()).add(key)
         self.counters.puts_started += 1
-        placed = []
-        segments = self.segments
         for replica in replicas:
-            segment = segments[replica.segment_id]
-            info = segment.info
-            placed.append(PlacedReplica(info, info.base_address + replica.offset))
-            if info.tier is Tier.NVME and size:
+            segment = self.segments[replica.segment_id]
+            if segment.info.tier is Tier.NVME and size:
                 self.outbox.append(
                     PrepareCommand(
                         next(self._command_ids),
@@ -550,7 +546,7 @@ class MasterState:
                         size,
                     )
                 )
-        return PutSlot(KeyStatus.OK, record.put_id, tuple(placed))
+        return PutSlot(KeyStatus.OK, record.put_id, self._placed(record))
 
     def _put_end_one(self, commit: Commit) -> KeyStatus | None:
         record = self.objects.get(commit.key)
