@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import socket
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import grpc
@@ -76,8 +76,8 @@ class _Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._decoder = lp.FrameDecoder()
         self._tasks: set[asyncio.Task[None]] = set()
-        #: On a node's command stream: its reports, in order (None: the connection ended).
-        self._reports: asyncio.Queue[pb.NodeReport | None] | None = None
+        #: On a node's command stream: its reports, in order.
+        self._reports: _Reports | None = None
 
     # ---- asyncio.Protocol
 
@@ -102,7 +102,7 @@ class _Connection(asyncio.Protocol):
         self.transport = None
         self.lane._connections.discard(self)
         if self._reports is not None:
-            self._reports.put_nowait(None)
+            self._reports.end()
 
     def close(self) -> None:
         if self.transport is not None:
@@ -112,12 +112,12 @@ class _Connection(asyncio.Protocol):
 
     def _dispatch(self, frame: lp.Frame) -> None:
         if self._reports is not None:  # a node's command stream: every frame is a report
-            self._reports.put_nowait(_parse(pb.NodeReport, frame.body))
+            self._reports.put(_parse(pb.NodeReport, frame.body))
             return
         if frame.method == lp.NODE_SESSION:
             hello = _parse(pb.NodeReport, frame.body)
-            self._reports = asyncio.Queue()
-            self._reports.put_nowait(hello)
+            self._reports = _Reports(self._send_command)
+            self._reports.put(hello)
             self._spawn(self._node_session(frame))
             return
         described = lp.LANE_METHODS.get(frame.method)
@@ -185,10 +185,10 @@ class _Connection(asyncio.Protocol):
             return
         assert self._reports is not None
         metrics.LANE_SESSIONS.inc()
-        commands = self.lane.service.NodeSession(_Reports(self._reports), LaneContext())
+        commands = self.lane.service.NodeSession(self._reports, LaneContext())
         try:
             async for command in commands:
-                self._send(lp.encode(0, lp.NODE_SESSION, command.SerializeToString()))
+                self._send_command(command)
         except LaneAbort as abort:
             self._send_error(first, abort.code.value[0], abort.details)
         except asyncio.CancelledError:
@@ -201,6 +201,9 @@ class _Connection(asyncio.Protocol):
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _send_command(self, command: pb.NodeCommand) -> None:
+        self._send(lp.encode(0, lp.NODE_SESSION, command.SerializeToString()))
+
     def _send(self, data: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
@@ -210,10 +213,56 @@ class _Connection(asyncio.Protocol):
 
 
 class _Reports:
-    """A node's reports as the async iterator NodeSession reads."""
+    """A node's side of its command stream, as NodeSession reads and writes it: its reports
+    (an async iterator, or handed over as they arrive through ``deliver_to``) and
+    ``send_now``, which writes a command at once."""
 
-    def __init__(self, queue: asyncio.Queue[pb.NodeReport | None]) -> None:
-        self._queue = queue
+    def __init__(self, send_now: Callable[[pb.NodeCommand], None]) -> None:
+        self.send_now = send_now
+        self._queue: asyncio.Queue[pb.NodeReport | None] = asyncio.Queue()
+        self._on_report: Callable[[pb.NodeReport], bool] | None = None
+        self._ended: asyncio.Future[None] | None = None
+
+    def put(self, report: pb.NodeReport) -> None:
+        on_report = self._on_report
+        if on_report is None:
+            self._queue.put_nowait(report)
+            return
+        try:
+            if not on_report(report):
+                self._finish(None)
+        except Exception as error:  # ends the session, as it would a reading task
+            self._finish(error)
+
+    def end(self) -> None:
+        """The connection ended."""
+        self._queue.put_nowait(None)
+        self._finish(None)
+
+    async def deliver_to(self, on_report: Callable[[pb.NodeReport], bool]) -> None:
+        """Hands every report to ``on_report`` as its frame arrives, without a pass of the
+        event loop, until the connection ends or ``on_report`` returns False."""
+        while not self._queue.empty():  # what came before the session listened, in order
+            report = self._queue.get_nowait()
+            if report is None or not on_report(report):
+                if report is None:
+                    self._queue.put_nowait(None)
+                return
+        self._ended = asyncio.get_running_loop().create_future()
+        self._on_report = on_report
+        try:
+            await self._ended
+        finally:
+            self._on_report = None
+
+    def _finish(self, error: Exception | None) -> None:
+        self._on_report = None  # nothing more is delivered, even from the same data
+        ended = self._ended
+        if ended is not None and not ended.done():
+            if error is None:
+                ended.set_result(None)
+            else:
+                ended.set_exception(error)
 
     def __aiter__(self) -> _Reports:
         return self

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -276,7 +277,13 @@ class MasterService(master_pb2_grpc.MasterServicer):
         # This term's: a new term replaces them (and numbers its commands afresh).
         channels = self.channels
         term = (self.state, channels, self.forgets)
-        queue = channels.attach(node_id, session, self._still_wanted, hello.hello.incarnation)
+        queue = channels.attach(
+            node_id,
+            session,
+            self._still_wanted,
+            hello.hello.incarnation,
+            send_now=getattr(request_iterator, "send_now", None),  # the lane's stream can
+        )
         reader = asyncio.create_task(self._read_reports(request_iterator, term, node_id))
         # When the node's side ends, so does this handler: cancelling a wait on the queue
         # takes nothing out of it, so every command stays for the node's next stream.
@@ -319,18 +326,38 @@ class MasterService(master_pb2_grpc.MasterServicer):
         term: tuple[MasterState, NodeChannels, ForgetBarrier],
         node_id: str,
     ) -> None:
-        state, channels, forgets = term
+        """Applies the node's reports until its side ends or the term does. A stream that
+        can hand each report over as it arrives (the lane's, ``deliver_to``) does so, sparing
+        a pass of the event loop per report on every put's critical path."""
+        on_report = functools.partial(self._on_report, term, node_id)
+        deliver_to = getattr(request_iterator, "deliver_to", None)
+        if deliver_to is not None:
+            await deliver_to(on_report)
+            return
         async for report in request_iterator:
-            if self.state is not state:
-                return  # answers to an ended term's commands (ids start afresh each term)
-            if report.HasField("result"):
-                result = report.result
-                channels.answered(node_id, result.command_id)
-                forgets.answered(result.command_id)
-                with self._rpc("NodeResult"):
-                    if not result.ok and result.error:
-                        log.warning("a node command failed", error=result.error)
-                    state.command_done(result.command_id, result.ok, list(result.crc32c))
+            if not on_report(report):
+                return
+
+    def _on_report(
+        self,
+        term: tuple[MasterState, NodeChannels, ForgetBarrier],
+        node_id: str,
+        report: pb.NodeReport,
+    ) -> bool:
+        """Applies one report; False once the term it belongs to has ended (ids start afresh
+        each term, so its answers must change nothing)."""
+        state, channels, forgets = term
+        if self.state is not state:
+            return False
+        if report.HasField("result"):
+            result = report.result
+            channels.answered(node_id, result.command_id)
+            forgets.answered(result.command_id)
+            with self._rpc("NodeResult"):
+                if not result.ok and result.error:
+                    log.warning("a node command failed", error=result.error)
+                state.command_done(result.command_id, result.ok, list(result.crc32c))
+        return True
 
     async def PutRevoke(self, request, context):
         with self._rpc("PutRevoke"):

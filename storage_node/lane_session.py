@@ -38,34 +38,110 @@ async def serve_commands(
     port: int,
     hello: pb.NodeHello,
     run_command: Callable[[pb.NodeCommand], Awaitable[pb.CommandResult]],
+    run_now: Callable[[pb.NodeCommand], pb.CommandResult | None] = lambda command: None,
 ) -> None:
     """Answers the master's commands, in order, until the master closes the connection.
-    Raises LaneUnreachable when the lane cannot be reached, SessionRefused when the master
-    refuses, OSError when the connection breaks."""
+    ``run_now`` answers a command on the spot where it can (one that only touches memory,
+    with nothing before it still running): the answer then leaves in the same pass of the
+    event loop as the command arrived. Raises LaneUnreachable when the lane cannot be
+    reached, SessionRefused when the master refuses, OSError when the connection breaks."""
+    loop = asyncio.get_running_loop()
+    stream = _CommandStream(hello, run_command, run_now)
     try:
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port), timeout=CONNECT_TIMEOUT
+        transport, _ = await asyncio.wait_for(
+            loop.create_connection(lambda: stream, host, port), timeout=CONNECT_TIMEOUT
         )
     except (TimeoutError, OSError) as error:
         raise LaneUnreachable(f"cannot connect to the lane at {host}:{port}: {error}") from None
     try:
-        sock = writer.get_extra_info("socket")
+        # No deadline here: the stream lives as long as the master leads; a silent master is
+        # noticed by the node's heartbeats, which then end this session.
+        await stream.serve()
+    finally:
+        transport.close()
+
+
+class _CommandStream(asyncio.Protocol):
+    """The connection: commands in, one answer per command out, in order."""
+
+    def __init__(
+        self,
+        hello: pb.NodeHello,
+        run_command: Callable[[pb.NodeCommand], Awaitable[pb.CommandResult]],
+        run_now: Callable[[pb.NodeCommand], pb.CommandResult | None],
+    ) -> None:
+        self._hello = hello
+        self._run_command = run_command
+        self._run_now = run_now
+        self._decoder = lp.FrameDecoder()
+        self._transport: asyncio.Transport | None = None
+        #: Commands that wait for (or run on) the asynchronous path, in order.
+        self._backlog: asyncio.Queue[pb.NodeCommand] = asyncio.Queue()
+        self._unfinished = 0  # commands taken on the asynchronous path and not yet answered
+        self._ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+        sock = transport.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        writer.write(lp.encode(0, lp.NODE_SESSION, pb.NodeReport(hello=hello).SerializeToString()))
-        decoder = lp.FrameDecoder()
-        while True:
-            # No deadline here: the stream lives as long as the master leads; a silent master
-            # is noticed by the node's heartbeats, which then end this session.
-            data = await reader.read(1 << 16)
-            if not data:
-                return
-            for frame in decoder.feed(data):
+        self.send(
+            lp.encode(0, lp.NODE_SESSION, pb.NodeReport(hello=self._hello).SerializeToString())
+        )
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            for frame in self._decoder.feed(data):
                 if frame.status != lp.OK:
                     raise SessionRefused(frame.status, *frame.error())
-                result = await run_command(pb.NodeCommand.FromString(frame.body))
-                report = pb.NodeReport(result=result).SerializeToString()
-                writer.write(lp.encode(0, lp.NODE_SESSION, report))
-    finally:
-        writer.close()
+                command = pb.NodeCommand.FromString(frame.body)
+                if not self._unfinished:
+                    result = self._run_now(command)
+                    if result is not None:
+                        self._answer(result)
+                        continue
+                self._unfinished += 1
+                self._backlog.put_nowait(command)
+        except Exception as error:  # a refusal, a frame that does not parse
+            self._end(error)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end(exc)
+
+    def send(self, data: bytes) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(data)
+
+    async def serve(self) -> None:
+        """Runs the commands that cannot be answered on the spot, in order, until the
+        connection ends (raising what ended it, if anything but the master closing it)."""
+        worker = asyncio.ensure_future(self._work())
+        try:
+            await self._ended
+        finally:
+            worker.cancel()
+
+    async def _work(self) -> None:
+        while True:
+            command = await self._backlog.get()
+            try:
+                result = await self._run_command(command)
+            except Exception as error:  # ends the session, as it did the reading task
+                self._end(error)
+                return
+            finally:
+                self._unfinished -= 1
+            self._answer(result)
+
+    def _answer(self, result: pb.CommandResult) -> None:
+        self.send(lp.encode(0, lp.NODE_SESSION, pb.NodeReport(result=result).SerializeToString()))
+
+    def _end(self, error: Exception | None) -> None:
+        if self._transport is not None:
+            self._transport.close()
+        if not self._ended.done():
+            if error is None:
+                self._ended.set_result(None)
+            else:
+                self._ended.set_exception(error)

@@ -212,7 +212,9 @@ class StorageNode:
             port = 0 if lane_unreachable else await self._lane_port(stub)
             if port:
                 try:
-                    await lane_session.serve_commands(host_of(leader), port, hello, self._answer)
+                    await lane_session.serve_commands(
+                        host_of(leader), port, hello, self._answer, self._answer_now
+                    )
                 except lane_session.SessionRefused as refused:
                     log.warning("command stream refused", detail=refused.details)
                 except lane_session.LaneUnreachable as error:
@@ -246,6 +248,17 @@ class StorageNode:
 
     async def _answer(self, command: pb.NodeCommand) -> pb.CommandResult:
         result = await self._run_command(command)
+        if not result.ok:
+            log.warning("command failed", error=result.error)
+        return result
+
+    def _answer_now(self, command: pb.NodeCommand) -> pb.CommandResult | None:
+        """Carries out a command on the spot if it only touches memory and no earlier one
+        still runs (as ``_run_command`` would, without a pass of the event loop); else None."""
+        running = self._command_running
+        if (running is not None and not running.done()) or not self._executor.quick(command):
+            return None
+        result = self._executor.execute(command)
         if not result.ok:
             log.warning("command failed", error=result.error)
         return result

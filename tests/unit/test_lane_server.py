@@ -15,6 +15,7 @@ import time
 from state_helpers import segment_info
 
 from kvpool.common import lane_protocol as lp
+from kvpool.common.status import KeyStatus
 from kvpool.master.config import MasterConfig
 from kvpool.master.election import AlwaysLeader
 from kvpool.master.lane_server import LaneServer, _Connection
@@ -94,6 +95,34 @@ def test_a_waiting_put_end_does_not_hold_up_the_calls_behind_it_and_answers_once
         assert [f.call_id for f in wire.frames] == [1, 3, 2]
         assert list(pb.PutEndResponse.FromString(wire.frames[2].body).statuses) == [0]  # OK
         assert lane.shedder.inflight == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_put_end_s_persist_leaves_at_once_and_the_node_s_answer_applies_as_it_arrives():
+    async def scenario() -> None:
+        lane, node, node_wire = lane_with_one_node()
+        await asyncio.sleep(0)  # the node's session starts
+        await asyncio.sleep(0)  # and listens for its reports
+        client, wire = _Connection(lane), Recorder()
+        client.connection_made(wire)
+        start = pb.PutStartRequest(client_id="c", keys=["k"], sizes=[4096], replicas=1)
+        client.data_received(request(1, "PutStart", start))
+        put_id = pb.PutStartResponse.FromString(wire.frames[0].body).slots[0].put_id
+
+        commit = pb.PutCommit(key="k", put_id=put_id, replica_ok=[True])
+        client.data_received(
+            request(2, "PutEnd", pb.PutEndRequest(client_id="c", commits=[commit]))
+        )
+        [persist] = node_wire.frames  # written in the call that delivered the PutEnd
+        command = pb.NodeCommand.FromString(persist.body)
+        assert command.WhichOneof("kind") == "persist"
+
+        answer = pb.NodeReport(result=pb.CommandResult(command_id=command.command_id, ok=True))
+        node.data_received(lp.encode(0, lp.NODE_SESSION, answer.SerializeToString()))
+        assert lane.service.state.exists(["k"], grant_lease=False) == [KeyStatus.OK], "published"
+        await asyncio.sleep(0)  # the PutEnd runs on
+        assert [f.call_id for f in wire.frames] == [1, 2]
 
     asyncio.run(scenario())
 

@@ -114,3 +114,24 @@ def test_a_durable_index_replays_forgets_the_same_way(tmp_path: Path):
     reopened = DurableIndex(path, {})
     assert [(e.generation, e.crc32c) for e in reopened.entries()] == [(2, 8)]
     reopened.close()
+
+
+def test_a_stream_that_can_write_at_once_gets_commands_at_once_but_never_ahead_of_queued_ones():
+    channels = NodeChannels()
+    written: list[int] = []
+    channels.attach("n1", "stream 1", incarnation="process 1")
+    channels.written("n1", forget(1))  # lost with the stream
+
+    channels.attach(
+        "n1", "stream 2", incarnation="process 1", send_now=lambda c: written.append(c.command_id)
+    )
+    channels.send("n1", forget(2))  # 1 still waits in the queue: 2 goes behind it
+    assert written == [] and drain(channels, "n1") == [1, 2]
+
+    channels.send("n1", forget(3))  # nothing queued: written at once, and remembered
+    assert written == [3] and drain(channels, "n1") == []
+    assert channels.unanswered("n1") == [3]
+
+    channels.detach("n1", "stream 2")
+    channels.send("n1", forget(4))  # no stream: it waits for the next one
+    assert written == [3] and drain(channels, "n1") == [4]

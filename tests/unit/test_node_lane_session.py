@@ -1,0 +1,127 @@
+"""A storage node's command stream over the metadata lane (storage_node/lane_session.py),
+against a stand-in master on a real loopback connection.
+
+A command that only touches memory is answered on the spot, in the pass of the event loop that
+delivered it; one that must wait (a disk sync, a copy) runs on the asynchronous path, and every
+command behind it waits its turn: answers leave in the order the commands came.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from kvpool.common import lane_protocol as lp
+from kvpool.proto import master_pb2 as pb
+from kvpool.storage_node import lane_session
+
+
+def command(command_id: int, kind: str) -> bytes:
+    message = pb.NodeCommand(command_id=command_id)
+    if kind == "forget":
+        message.forget.segment_id = "n1/dram0"
+    else:
+        message.copy.source_segment_id = "n1/dram0"
+    return lp.encode(0, lp.NODE_SESSION, message.SerializeToString())
+
+
+def test_memory_only_commands_are_answered_at_once_and_every_answer_keeps_its_place():
+    async def scenario() -> None:
+        reports: asyncio.Queue[pb.NodeReport] = asyncio.Queue()
+        copy_may_finish = asyncio.Event()
+        answered_at_once: list[int] = []
+
+        def run_now(c: pb.NodeCommand) -> pb.CommandResult | None:
+            if c.WhichOneof("kind") != "forget":
+                return None
+            answered_at_once.append(c.command_id)
+            return pb.CommandResult(command_id=c.command_id, ok=True)
+
+        async def run_command(c: pb.NodeCommand) -> pb.CommandResult:
+            if c.WhichOneof("kind") == "copy":
+                await copy_may_finish.wait()
+            return pb.CommandResult(command_id=c.command_id, ok=True)
+
+        async def master(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            decoder = lp.FrameDecoder()
+            writer.write(command(1, "forget") + command(2, "copy") + command(3, "forget"))
+            while data := await reader.read(1 << 16):
+                for frame in decoder.feed(data):
+                    reports.put_nowait(pb.NodeReport.FromString(frame.body))
+            writer.close()
+
+        server = await asyncio.start_server(master, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        hello = pb.NodeHello(node_id="n1")
+        node = asyncio.create_task(
+            lane_session.serve_commands("127.0.0.1", port, hello, run_command, run_now)
+        )
+        assert (await asyncio.wait_for(reports.get(), 5)).hello.node_id == "n1"
+        first = await asyncio.wait_for(reports.get(), 5)
+        assert first.result.command_id == 1
+        await asyncio.sleep(0.05)
+        assert reports.empty(), "3 waits behind the copy"
+        assert answered_at_once == [1]
+
+        copy_may_finish.set()
+        later = [(await asyncio.wait_for(reports.get(), 5)).result.command_id for _ in range(2)]
+        assert later == [2, 3]
+        assert answered_at_once == [1], "3 came while the copy was unfinished"
+
+        node.cancel()
+        await asyncio.gather(node, return_exceptions=True)
+        server.close()
+        await server.wait_closed()
+        await asyncio.sleep(0.05)  # the stand-in master sees the end of the stream
+
+    asyncio.run(scenario())
+
+
+def test_a_refusing_master_ends_the_session_with_its_reason():
+    async def scenario() -> None:
+        async def master(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.read(1 << 16)
+            writer.write(
+                lp.encode_error(0, lp.NODE_SESSION, lp.UNAVAILABLE, "not the leader", "m2")
+            )
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(master, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+
+        async def never(c: pb.NodeCommand) -> pb.CommandResult:
+            raise AssertionError("no command was sent")
+
+        try:
+            await asyncio.wait_for(
+                lane_session.serve_commands("127.0.0.1", port, pb.NodeHello(node_id="n1"), never),
+                5,
+            )
+        except lane_session.SessionRefused as refused:
+            assert refused.details == "not the leader" and refused.leader == "m2"
+        else:
+            raise AssertionError("the refusal was not raised")
+        finally:
+            server.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_unreachable_lane_says_so():
+    async def scenario() -> None:
+        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        server.close()
+        await server.wait_closed()
+
+        async def never(c: pb.NodeCommand) -> pb.CommandResult:
+            raise AssertionError("no connection")
+
+        try:
+            await lane_session.serve_commands("127.0.0.1", port, pb.NodeHello(), never)
+        except lane_session.LaneUnreachable as error:
+            assert str(port) in str(error)
+        else:
+            raise AssertionError("LaneUnreachable was not raised")
+
+    asyncio.run(scenario())
