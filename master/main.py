@@ -20,6 +20,7 @@ from kvpool.master.election import DEFAULT_TTL, AlwaysLeader, Election
 from kvpool.master.lane_server import LaneServer
 from kvpool.master.leader_gate import LeaderGate
 from kvpool.master.load_shedding import LoadShedder
+from kvpool.master.records import TickReport
 from kvpool.master.service import MasterService
 from kvpool.master.state import MasterState
 from kvpool.proto import master_pb2_grpc
@@ -27,6 +28,9 @@ from kvpool.proto import master_pb2_grpc
 log = get_logger("kvpool.master")
 
 GRPC_MESSAGE_LIMIT = 256 * 1024 * 1024
+#: Objects one step of an eviction pass takes (about 2 ms of the master's time for small
+#: objects); calls waiting meanwhile are answered between steps.
+EVICTION_STEP = 256
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -264,10 +268,21 @@ async def serve(args: argparse.Namespace, config: MasterConfig) -> None:
     )
     write_ready_file(args.ready_file, grpc_port=port, lane_port=lane.port, http_port=http.port)
     try:
+        evicted = 0  # by the eviction pass under way, logged once it ends
         while not stop.is_set():
             state = service.state
             if state is not None:
-                _tick(service, state)
+                started = time.monotonic()
+                report = _tick(service, state)
+                evicted += report.objects_evicted
+                if report.eviction_unfinished:
+                    # Calls get at least as long as the step took before the next one: a put
+                    # goes through the master three times (PutStart, PutEnd, its node's answer).
+                    await pause(stop, time.monotonic() - started)
+                    continue
+                if evicted:
+                    log.info("objects evicted", count=evicted)
+                    evicted = 0
             await pause(stop, args.tick)
     finally:
         log.info("master stopping")
@@ -282,8 +297,9 @@ def _new_state(config: MasterConfig, epoch: int) -> MasterState:
     return MasterState(config, clock=time.monotonic, epoch=epoch)
 
 
-def _tick(service: MasterService, state: MasterState) -> None:
-    report = state.tick()
+def _tick(service: MasterService, state: MasterState) -> TickReport:
+    """One tick of the core (eviction in steps of EVICTION_STEP objects)."""
+    report = state.tick(EVICTION_STEP)
     service.after_state_change()
     for node_id in report.dead_nodes:
         service.channels.discard(node_id)
@@ -294,8 +310,6 @@ def _tick(service: MasterService, state: MasterState) -> None:
         log.info("reservations reclaimed", keys=len(report.reservations_reclaimed))
     if report.dead_clients:
         log.warning("clients declared dead", clients=len(report.dead_clients))
-    if report.objects_evicted:
-        log.info("objects evicted", count=report.objects_evicted)
     if report.dead_nodes:
         log.warning(
             "storage nodes declared dead",
@@ -303,6 +317,7 @@ def _tick(service: MasterService, state: MasterState) -> None:
             objects_lost=report.objects_lost,
         )
     metrics.STATE.publish(state.snapshot(), state.counters)
+    return report
 
 
 def _endpoints(etcd: str) -> list[str]:

@@ -48,6 +48,9 @@ class SegmentRecord:
     #: No new buffers here before this time: writers of an earlier master term may still be
     #: copying into space this master does not know was reserved.
     fenced_until: float = 0.0
+    #: While an eviction pass over this segment is under way (it passed the high watermark):
+    #: the bytes in use it brings the segment back to. None between passes.
+    evict_to: float | None = None
 
     @property
     def segment_id(self) -> str:
@@ -276,6 +279,8 @@ class TickReport:
     objects_lost: int = 0
     objects_evicted: int = 0
     buffers_released: int = 0
+    #: An eviction pass ran out of its step's budget: call ``tick`` again soon to go on.
+    eviction_unfinished: bool = False
 
 
 @dataclass(slots=True)

@@ -129,6 +129,9 @@ class MasterState:
         #: (time, seq, object) of soft pins and leases that may end then (checked when due).
         self._pin_ends: list[tuple[float, int, ObjectRecord]] = []
         self._lease_ends: list[tuple[float, int, ObjectRecord]] = []
+        #: tier -> the bytes in use an eviction pass over the tier's pool brings it back to,
+        #: while one is under way (as SegmentRecord.evict_to for one segment).
+        self._pool_evict_to: dict[Tier, float] = {}
         self._seq = itertools.count()
         self._put_ids = itertools.count((epoch << 32) + 1)
         self._command_ids = itertools.count(1)
@@ -462,9 +465,17 @@ class MasterState:
 
     # ------------------------------------------------------------------ time
 
-    def tick(self) -> TickReport:
+    def tick(self, eviction_step: int | None = None) -> TickReport:
         """Applies everything that is due: timeouts, dead nodes and clients, deferred frees,
-        ended pins and leases, and eviction (or demotion) above the high watermark."""
+        ended pins and leases, and eviction (or demotion) above the high watermark.
+
+        ``eviction_step`` bounds the objects one call takes through an eviction pass (None:
+        the whole pass). A pass over many small objects costs milliseconds per thousand, and
+        the master answers nothing meanwhile; in steps, calls are answered between them. A
+        pass that ran out of its step goes on at the next call (``eviction_unfinished``),
+        down to the low mark, even once below the high watermark."""
+        if eviction_step is not None and eviction_step < 1:
+            raise ValueError(f"eviction_step must be at least 1, got {eviction_step}")
         now = self.clock()
         report = TickReport()
         self._reclaim_reservations(now, report)
@@ -477,7 +488,9 @@ class MasterState:
                 report.buffers_released += 1
         self._end_soft_pins(now)
         self._count_ended_leases(now)
-        report.objects_evicted = self._evict_above_watermark(now)
+        budget = None if eviction_step is None else [eviction_step]
+        report.objects_evicted = self._evict_above_watermark(now, budget)
+        report.eviction_unfinished = budget is not None and budget[0] <= 0
         return report
 
     # ------------------------------------------------------------------ internals: puts
@@ -1109,10 +1122,11 @@ class MasterState:
 
     # ------------------------------------------------------------------ internals: eviction
 
-    def _evict_above_watermark(self, now: float) -> int:
+    def _evict_above_watermark(self, now: float, budget: list[int] | None = None) -> int:
         """Brings every segment, and each tier of the pool, back to ``eviction_ratio`` below
         the high watermark once it passed it. DRAM replicas are demoted to NVMe on their node
-        where it has room; the rest are evicted."""
+        where it has room; the rest are evicted. ``budget``: objects this call may still take
+        (see ``tick``); a pass it cuts short keeps its target for the next call."""
         high = self.config.high_watermark
         low = high - self.config.eviction_ratio
         evicted = 0
@@ -1121,23 +1135,34 @@ class MasterState:
             segments = [s for s in self.segments.values() if s.info.tier is tier]
             for segment in segments:
                 allocator = segment.allocator
-                if allocator.capacity and (
-                    allocator.used - segment.leaving > high * allocator.capacity
-                ):
-                    target = low * allocator.capacity
+                if segment.evict_to is None:
+                    if not allocator.capacity or (
+                        allocator.used - segment.leaving <= high * allocator.capacity
+                    ):
+                        continue
+                    segment.evict_to = low * allocator.capacity
 
-                    def done(s: SegmentRecord = segment, t: float = target) -> bool:
-                        return s.allocator.used - s.leaving <= t
+                def done(s: SegmentRecord = segment) -> bool:
+                    return s.allocator.used - s.leaving <= (s.evict_to or 0.0)
 
-                    evicted += self._evict_from(segment.lru, now, done, segment)
+                evicted += self._evict_from(segment.lru, now, done, segment, budget=budget)
+                if budget is not None and budget[0] <= 0:
+                    return evicted  # cut short: the pass goes on at the next call
+                segment.evict_to = None  # down to its mark, or nothing more may go
             capacity = sum(s.allocator.capacity for s in segments)
-            if capacity and self._tier_used(tier) > high * capacity:
-                target = low * capacity
+            target = self._pool_evict_to.get(tier)
+            if target is None:
+                if not capacity or self._tier_used(tier) <= high * capacity:
+                    continue
+                target = self._pool_evict_to[tier] = low * capacity
 
-                def pool_done(t: Tier = tier, limit: float = target) -> bool:
-                    return self._tier_used(t) <= limit
+            def pool_done(t: Tier = tier, limit: float = target) -> bool:
+                return self._tier_used(t) <= limit
 
-                evicted += self._evict_from(self._lru, now, pool_done, None, tier)
+            evicted += self._evict_from(self._lru, now, pool_done, None, tier, budget=budget)
+            if budget is not None and budget[0] <= 0:
+                return evicted
+            del self._pool_evict_to[tier]
         return evicted
 
     def _evict_to_fit(self, size: int, tier: Tier, now: float) -> None:
@@ -1167,11 +1192,13 @@ class MasterState:
         tier: Tier | None = None,
         *,
         demote: bool = True,
+        budget: list[int] | None = None,
     ) -> int:
         """Takes replicas away in ``index`` order, skipping leased and moving objects, until
         ``done()``: from ``segment``, or (pool) from any segment of ``tier``. A replica with
         a twin elsewhere is just dropped; a sole DRAM replica is demoted when it can be;
-        otherwise the object is evicted. Returns the objects evicted."""
+        otherwise the object is evicted. Stops early once ``budget[0]`` (counted down per
+        object taken) reaches 0. Returns the objects evicted."""
         evicted = 0
         skipped: set[str] = set()
         while True:
@@ -1210,6 +1237,10 @@ class MasterState:
                     skipped.add(record.key)
                 if done():
                     return evicted
+                if budget is not None:
+                    budget[0] -= 1
+                    if budget[0] <= 0:
+                        return evicted
 
     def _replica_in(
         self, record: ObjectRecord, segment: SegmentRecord | None, tier: Tier | None

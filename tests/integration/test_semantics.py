@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -46,6 +47,30 @@ def test_a_full_pool_evicts_least_recently_used_objects_to_take_new_puts(cluster
     assert wait_until(  # the metrics follow the master's state within a tick
         lambda: metric(cluster.master_http_port, "kvpool_evictions_total") >= evicted, 2.0
     )
+
+
+def test_a_store_of_small_objects_evicts_in_steps_and_keeps_taking_puts(cluster_factory):
+    """A pass over thousands of small objects runs in steps (the master answers calls between
+    them) until it reaches the low mark; the objects written last read back exactly."""
+    cluster = cluster_factory(
+        1, "16MiB", master_args=["--high-watermark", "0.9", "--eviction-ratio", "0.3"]
+    )
+    batches = 250  # 8000 objects of 4 KiB: twice the store
+    with Client(cluster.master_address) as client:
+        payloads = {}
+        for b in range(batches):
+            batch = {f"small-{b:03d}-{i:02d}": os.urandom(4096) for i in range(32)}
+            assert client.put_many(batch) == [1] * 32, "every put is served"
+            payloads.update(batch)
+        recent = list(payloads)[-960:]  # the last 30 batches: newer than any pass took
+        for key, data in zip(recent, client.get_many(recent), strict=True):
+            assert data == payloads[key]
+    passes = [
+        json.loads(line)["count"]
+        for line in cluster.master.log_path.read_text().splitlines()
+        if '"objects evicted"' in line
+    ]
+    assert passes and max(passes) > 1000, f"whole passes of more than one step: {passes}"
 
 
 def test_a_slow_reader_holds_off_eviction_until_its_lease_ends(cluster_factory):

@@ -467,6 +467,67 @@ def test_the_pool_watermark_evicts_across_segments():
     assert state.counters.evictions == 3
 
 
+def test_an_eviction_pass_in_steps_goes_on_below_the_high_watermark_down_to_the_low_mark():
+    """The master ticks with a step (master/main.py): each call takes at most that many
+    objects, and a pass cut short goes on at the next call, though the segment is back
+    under the high watermark by then, until it reaches the low mark: the same objects
+    leave as in one whole pass, in the same order."""
+    whole, _ = new_state()
+    stepped, _ = new_state()
+    for state in (whole, stepped):
+        mount(state, "n1", SEGMENT)
+        fill(state, "k", 17, 2 * KiB)  # 34 %
+        fill(state, "x", 28, 2 * KiB)  # 90 %, and 2 KiB more goes past the watermark:
+        fill(state, "y", 1, 2 * KiB)  # 92 %: down to 85 % is 4 objects
+    assert whole.tick().objects_evicted == 4
+
+    first = stepped.tick(eviction_step=3)
+    assert (first.objects_evicted, first.eviction_unfinished) == (3, True)
+    assert used(stepped, "n1/dram0") == 86 * KiB, "under the high watermark, above the low"
+    second = stepped.tick(eviction_step=3)
+    assert (second.objects_evicted, second.eviction_unfinished) == (1, False)
+    assert published(stepped) == published(whole)
+    assert used(stepped, "n1/dram0") <= LOW
+
+    third = stepped.tick(eviction_step=3)
+    assert (third.objects_evicted, third.eviction_unfinished) == (0, False), "pass over"
+
+
+def test_a_pass_with_nothing_left_to_evict_is_over_not_unfinished():
+    """Leased objects stay: a stepped pass that finds nothing more to take ends (the master
+    waits a whole tick before trying again, rather than spinning)."""
+    state, _ = new_state()
+    mount(state, "n1", SEGMENT)
+    keys = fill(state, "k", 19, 5 * KiB)  # 95 %
+    for key in keys:
+        get(state, key, lease_ttl=100)
+
+    report = state.tick(eviction_step=1)
+
+    assert (report.objects_evicted, report.eviction_unfinished) == (0, False)
+    with pytest.raises(ValueError, match="at least 1"):
+        state.tick(eviction_step=0)
+
+
+def test_a_pool_pass_in_steps_takes_the_same_objects_as_a_whole_one():
+    state, _ = new_state()
+    mount(state, "a", SEGMENT)
+    mount(state, "b", SEGMENT)
+    fill(state, "a", 10, 10 * KiB, on(host("a"), pin=Pin.HARD))  # a: 100 %, nothing evictable
+    keys = fill(state, "b", 17, 5 * KiB, on(host("b")))  # the pool: 92.5 %
+
+    steps = [state.tick(eviction_step=1) for _ in range(4)]
+
+    assert [(r.objects_evicted, r.eviction_unfinished) for r in steps] == [
+        (1, True),
+        (1, True),
+        (1, False),
+        (0, False),
+    ]
+    assert not published(state) & set(keys[:3])
+    assert used(state, "a/dram0") + used(state, "b/dram0") == 170 * KiB
+
+
 # ------------------------------------------------------------------ placement
 
 
