@@ -1145,9 +1145,10 @@ class MasterState:
                 def done(s: SegmentRecord = segment) -> bool:
                     return s.allocator.used - s.leaving <= (s.evict_to or 0.0)
 
-                evicted += self._evict_from(segment.lru, now, done, segment, budget=budget)
-                if budget is not None and budget[0] <= 0:
-                    return evicted  # cut short: the pass goes on at the next call
+                if not done():  # (removals may have done a pass's work since its last step)
+                    evicted += self._evict_from(segment.lru, now, done, segment, budget=budget)
+                    if budget is not None and budget[0] <= 0:
+                        return evicted  # cut short: the pass goes on at the next call
                 segment.evict_to = None  # down to its mark, or nothing more may go
             capacity = sum(s.allocator.capacity for s in segments)
             target = self._pool_evict_to.get(tier)
@@ -1159,9 +1160,10 @@ class MasterState:
             def pool_done(t: Tier = tier, limit: float = target) -> bool:
                 return self._tier_used(t) <= limit
 
-            evicted += self._evict_from(self._lru, now, pool_done, None, tier, budget=budget)
-            if budget is not None and budget[0] <= 0:
-                return evicted
+            if not pool_done():
+                evicted += self._evict_from(self._lru, now, pool_done, None, tier, budget=budget)
+                if budget is not None and budget[0] <= 0:
+                    return evicted
             del self._pool_evict_to[tier]
         return evicted
 

@@ -493,6 +493,19 @@ def test_an_eviction_pass_in_steps_goes_on_below_the_high_watermark_down_to_the_
     assert (third.objects_evicted, third.eviction_unfinished) == (0, False), "pass over"
 
 
+def test_a_pass_cut_short_takes_nothing_more_once_removals_brought_the_segment_down():
+    state, _ = new_state()
+    mount(state, "n1", SEGMENT)
+    keys = fill(state, "k", 46, 2 * KiB)  # 92 %: a pass down to 85 % takes 4 objects
+    assert state.tick(eviction_step=1).eviction_unfinished
+    assert state.remove(keys[-4:]) == [OK] * 4  # the newest go: 82 %, under the low mark
+
+    report = state.tick(eviction_step=1)
+
+    assert (report.objects_evicted, report.eviction_unfinished) == (0, False)
+    assert published(state) == set(keys[1:-4])
+
+
 def test_a_pass_with_nothing_left_to_evict_is_over_not_unfinished():
     """Leased objects stay: a stepped pass that finds nothing more to take ends (the master
     waits a whole tick before trying again, rather than spinning)."""
