@@ -28,9 +28,9 @@ from kvpool.proto import master_pb2_grpc
 log = get_logger("kvpool.master")
 
 GRPC_MESSAGE_LIMIT = 256 * 1024 * 1024
-#: Objects one step of an eviction pass takes (about 2 ms of the master's time for small
-#: objects); calls waiting meanwhile are answered between steps.
-EVICTION_STEP = 256
+#: Objects one tick goes through in its bulk jobs (frees, ended leases, an eviction pass: up
+#: to about 2 ms of the master's time); calls waiting meanwhile are answered between steps.
+TICK_STEP = 256
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -275,7 +275,7 @@ async def serve(args: argparse.Namespace, config: MasterConfig) -> None:
                 started = time.monotonic()
                 report = _tick(service, state)
                 evicted += report.objects_evicted
-                if report.eviction_unfinished:
+                if report.unfinished:
                     # Calls get at least as long as the step took before the next one: a put
                     # goes through the master three times (PutStart, PutEnd, its node's answer).
                     await pause(stop, time.monotonic() - started)
@@ -298,8 +298,8 @@ def _new_state(config: MasterConfig, epoch: int) -> MasterState:
 
 
 def _tick(service: MasterService, state: MasterState) -> TickReport:
-    """One tick of the core (eviction in steps of EVICTION_STEP objects)."""
-    report = state.tick(EVICTION_STEP)
+    """One tick of the core (its bulk jobs in steps of TICK_STEP objects)."""
+    report = state.tick(TICK_STEP)
     service.after_state_change()
     for node_id in report.dead_nodes:
         service.channels.discard(node_id)

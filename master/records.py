@@ -279,8 +279,9 @@ class TickReport:
     objects_lost: int = 0
     objects_evicted: int = 0
     buffers_released: int = 0
-    #: An eviction pass ran out of its step's budget: call ``tick`` again soon to go on.
-    eviction_unfinished: bool = False
+    #: The call's step ran out with work left (frees, ended leases, an eviction pass): call
+    #: ``tick`` again soon to go on.
+    unfinished: bool = False
 
 
 @dataclass(slots=True)

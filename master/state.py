@@ -465,32 +465,30 @@ class MasterState:
 
     # ------------------------------------------------------------------ time
 
-    def tick(self, eviction_step: int | None = None) -> TickReport:
+    def tick(self, step: int | None = None) -> TickReport:
         """Applies everything that is due: timeouts, dead nodes and clients, deferred frees,
         ended pins and leases, and eviction (or demotion) above the high watermark.
 
-        ``eviction_step`` bounds the objects one call takes through an eviction pass (None:
-        the whole pass). A pass over many small objects costs milliseconds per thousand, and
-        the master answers nothing meanwhile; in steps, calls are answered between them. A
-        pass that ran out of its step goes on at the next call (``eviction_unfinished``),
-        down to the low mark, even once below the high watermark."""
-        if eviction_step is not None and eviction_step < 1:
-            raise ValueError(f"eviction_step must be at least 1, got {eviction_step}")
+        ``step`` bounds the objects one call goes through in the jobs that come in bulk
+        (None: no bound): buffers whose frees are due, leases that ended, and an eviction
+        pass. Thousands of small objects cost milliseconds, and the master answers nothing
+        meanwhile; in steps, calls are answered between them. What a call leaves over
+        (``unfinished``) goes on at the next: an eviction pass down to the low mark, even
+        once below the high watermark."""
+        if step is not None and step < 1:
+            raise ValueError(f"step must be at least 1, got {step}")
         now = self.clock()
         report = TickReport()
+        budget = None if step is None else [step]
         self._reclaim_reservations(now, report)
         self._bury_dead_clients(now, report)
         self._bury_dead_nodes(now, report)
-        while self._deferred and self._deferred[0][0] <= now:
-            _, _, segment, offset = heapq.heappop(self._deferred)
-            if self.segments.get(segment.segment_id) is segment:
-                segment.allocator.free(offset)
-                report.buffers_released += 1
+        self._release_deferred(now, report, budget)
         self._end_soft_pins(now)
-        self._count_ended_leases(now)
-        budget = None if eviction_step is None else [eviction_step]
-        report.objects_evicted = self._evict_above_watermark(now, budget)
-        report.eviction_unfinished = budget is not None and budget[0] <= 0
+        self._count_ended_leases(now, budget)
+        if budget is None or budget[0] > 0:
+            report.objects_evicted = self._evict_above_watermark(now, budget)
+        report.unfinished = budget is not None and budget[0] <= 0
         return report
 
     # ------------------------------------------------------------------ internals: puts
@@ -1094,6 +1092,17 @@ class MasterState:
             del self.nodes[node.node_id]
             self.counters.nodes_died += 1
 
+    def _release_deferred(self, now: float, report: TickReport, budget: list[int] | None) -> None:
+        while self._deferred and self._deferred[0][0] <= now:
+            if budget is not None:
+                if budget[0] <= 0:
+                    return
+                budget[0] -= 1
+            _, _, segment, offset = heapq.heappop(self._deferred)
+            if self.segments.get(segment.segment_id) is segment:
+                segment.allocator.free(offset)
+                report.buffers_released += 1
+
     def _end_soft_pins(self, now: float) -> None:
         while self._pin_ends and self._pin_ends[0][0] <= now:
             _, _, record = heapq.heappop(self._pin_ends)
@@ -1109,8 +1118,12 @@ class MasterState:
                 if replica is not None:
                     self.segments[replica.segment_id].lru.unpin(record.key)
 
-    def _count_ended_leases(self, now: float) -> None:
+    def _count_ended_leases(self, now: float, budget: list[int] | None = None) -> None:
         while self._lease_ends and self._lease_ends[0][0] <= now:
+            if budget is not None:
+                if budget[0] <= 0:
+                    return
+                budget[0] -= 1
             _, _, record = heapq.heappop(self._lease_ends)
             if not record.lease_open:
                 continue  # already counted (the object was read again, or removed)

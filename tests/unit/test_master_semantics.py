@@ -481,28 +481,28 @@ def test_an_eviction_pass_in_steps_goes_on_below_the_high_watermark_down_to_the_
         fill(state, "y", 1, 2 * KiB)  # 92 %: down to 85 % is 4 objects
     assert whole.tick().objects_evicted == 4
 
-    first = stepped.tick(eviction_step=3)
-    assert (first.objects_evicted, first.eviction_unfinished) == (3, True)
+    first = stepped.tick(step=3)
+    assert (first.objects_evicted, first.unfinished) == (3, True)
     assert used(stepped, "n1/dram0") == 86 * KiB, "under the high watermark, above the low"
-    second = stepped.tick(eviction_step=3)
-    assert (second.objects_evicted, second.eviction_unfinished) == (1, False)
+    second = stepped.tick(step=3)
+    assert (second.objects_evicted, second.unfinished) == (1, False)
     assert published(stepped) == published(whole)
     assert used(stepped, "n1/dram0") <= LOW
 
-    third = stepped.tick(eviction_step=3)
-    assert (third.objects_evicted, third.eviction_unfinished) == (0, False), "pass over"
+    third = stepped.tick(step=3)
+    assert (third.objects_evicted, third.unfinished) == (0, False), "pass over"
 
 
 def test_a_pass_cut_short_takes_nothing_more_once_removals_brought_the_segment_down():
     state, _ = new_state()
     mount(state, "n1", SEGMENT)
     keys = fill(state, "k", 46, 2 * KiB)  # 92 %: a pass down to 85 % takes 4 objects
-    assert state.tick(eviction_step=1).eviction_unfinished
+    assert state.tick(step=1).unfinished
     assert state.remove(keys[-4:]) == [OK] * 4  # the newest go: 82 %, under the low mark
 
-    report = state.tick(eviction_step=1)
+    report = state.tick(step=1)
 
-    assert (report.objects_evicted, report.eviction_unfinished) == (0, False)
+    assert (report.objects_evicted, report.unfinished) == (0, False)
     assert published(state) == set(keys[1:-4])
 
 
@@ -515,11 +515,37 @@ def test_a_pass_with_nothing_left_to_evict_is_over_not_unfinished():
     for key in keys:
         get(state, key, lease_ttl=100)
 
-    report = state.tick(eviction_step=1)
+    report = state.tick(step=1)
 
-    assert (report.objects_evicted, report.eviction_unfinished) == (0, False)
+    assert (report.objects_evicted, report.unfinished) == (0, False)
     with pytest.raises(ValueError, match="at least 1"):
-        state.tick(eviction_step=0)
+        state.tick(step=0)
+
+
+def test_frees_that_fall_due_together_are_released_in_steps_too():
+    """Objects removed (by force) while leased keep their space until their leases end; when
+    thousands end together, a stepped tick releases them (and counts the ended leases) a step
+    at a time."""
+    state, clock = new_state()
+    mount(state, "n1", SEGMENT)
+    keys = fill(state, "k", 5, 5 * KiB)
+    for key in keys:
+        get(state, key, lease_ttl=1)
+    assert state.remove(keys, force=True) == [OK] * 5
+    assert used(state, "n1/dram0") == 25 * KiB, "the readers may still be copying"
+    clock.advance(2)
+    for node_id, node in list(state.nodes.items()):
+        state.heartbeat(node_id, sorted(node.segment_ids))
+
+    steps = [state.tick(step=2)]
+    while steps[-1].unfinished:  # 5 frees and 5 ended leases, 2 a step
+        assert len(steps) < 10
+        steps.append(state.tick(step=2))
+
+    assert [r.buffers_released for r in steps[:3]] == [2, 2, 1]
+    assert len(steps) >= 5
+    assert used(state, "n1/dram0") == 0
+    assert state.counters.lease_expiries == 5
 
 
 def test_a_pool_pass_in_steps_takes_the_same_objects_as_a_whole_one():
@@ -529,9 +555,9 @@ def test_a_pool_pass_in_steps_takes_the_same_objects_as_a_whole_one():
     fill(state, "a", 10, 10 * KiB, on(host("a"), pin=Pin.HARD))  # a: 100 %, nothing evictable
     keys = fill(state, "b", 17, 5 * KiB, on(host("b")))  # the pool: 92.5 %
 
-    steps = [state.tick(eviction_step=1) for _ in range(4)]
+    steps = [state.tick(step=1) for _ in range(4)]
 
-    assert [(r.objects_evicted, r.eviction_unfinished) for r in steps] == [
+    assert [(r.objects_evicted, r.unfinished) for r in steps] == [
         (1, True),
         (1, True),
         (1, False),
