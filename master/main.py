@@ -28,9 +28,11 @@ from kvpool.proto import master_pb2_grpc
 log = get_logger("kvpool.master")
 
 GRPC_MESSAGE_LIMIT = 256 * 1024 * 1024
-#: Objects one tick goes through in its bulk jobs (frees, ended leases, an eviction pass: up
-#: to about 2 ms of the master's time); calls waiting meanwhile are answered between steps.
-TICK_STEP = 256
+#: Objects one tick goes through in its bulk jobs (frees, ended leases, an eviction pass: about
+#: half a millisecond of the master's time); calls waiting meanwhile are answered between
+#: steps. Measured with bench/full_store.py: steps of 32, 64, 128 and 256 small objects gave
+#: put p99 3.2, 3.0, 3.7 and 4.3 ms, and a whole pass 19.9 ms.
+TICK_STEP = 64
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
