@@ -51,7 +51,8 @@ class ForgetBarrier:
         self._by_segment: dict[str, dict[int, _Unanswered]] = {}
         self._by_id: dict[int, _Unanswered] = {}
 
-    def sent(self, command: ForgetCommand) -> None:
+    def sent(self, command: ForgetCommand) -> asyncio.Future[None]:
+        """Holds back writers of its ranges until ``answered``; returns the answer to come."""
         ranges = sorted((o.offset, o.offset + max(o.size, 1)) for o in command.objects)
         starts = [start for start, _ in ranges]
         ends = [end for _, end in ranges]
@@ -65,6 +66,7 @@ class ForgetBarrier:
         )
         self._by_segment.setdefault(command.segment_id, {})[command.command_id] = forget
         self._by_id[command.command_id] = forget
+        return forget.answer
 
     def answered(self, command_id: int) -> None:
         """The node answered (whatever it said, it no longer lists the object)."""

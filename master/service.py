@@ -103,16 +103,18 @@ class MasterService(master_pb2_grpc.MasterServicer):
     def _rpc(self, method: str) -> _observe:
         return _observe(method, self.after_state_change)
 
-    def after_state_change(self) -> None:
-        """Sends the core's node commands and answers PutEnds whose objects were settled."""
+    def after_state_change(self) -> list[asyncio.Future[None]]:
+        """Sends the core's node commands and answers PutEnds whose objects were settled.
+        Returns the answers to come of the Forgets it sent."""
         state = self.state
+        forgets: list[asyncio.Future[None]] = []
         if state is None:
-            return
+            return forgets
         if state.outbox:
             loop = asyncio.get_running_loop()
             for command in merge_forgets(state.outbox):
                 if isinstance(command, ForgetCommand):
-                    self.forgets.sent(command)
+                    forgets.append(self.forgets.sent(command))
                 self.channels.send(command.node_id, command_to_pb(command))
                 if state.awaiting(command.command_id):
                     loop.call_later(self.command_timeout, self._expire, command.command_id)
@@ -122,6 +124,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
                 for wait, index in self._commits.pop((result.key, result.put_id), ()):
                     wait.settle(index, result.status)
             state.resolved.clear()
+        return forgets
 
     def _expire(self, command_id: int) -> None:
         if self.state is not None and self.state.awaiting(command_id):
@@ -394,15 +397,19 @@ class MasterService(master_pb2_grpc.MasterServicer):
         with self._rpc("Remove"):
             await _check_batch(context, request.keys)
             statuses = self.state.remove(request.keys, request.force)
-            _count("Remove", statuses)
-            return pb.RemoveResponse(statuses=statuses)
+            forgotten = self.after_state_change()
+        await _until_nodes_forgot(forgotten)
+        _count("Remove", statuses)
+        return pb.RemoveResponse(statuses=statuses)
 
     async def RemovePrefix(self, request, context):
         with self._rpc("RemovePrefix"):
             result = self.state.remove_prefix(request.prefix, request.force)
-            return pb.RemovePrefixResponse(
-                removed=result.removed, leased=result.leased, not_ready=result.not_ready
-            )
+            forgotten = self.after_state_change()
+        await _until_nodes_forgot(forgotten)
+        return pb.RemovePrefixResponse(
+            removed=result.removed, leased=result.leased, not_ready=result.not_ready
+        )
 
     async def Stat(self, request, context):
         with self._rpc("Stat"):
@@ -547,6 +554,15 @@ _STATUS_LABELS = {status.value: status.name.lower() for status in KeyStatus}
 def _count(method: str, statuses: Iterable[int | None]) -> None:
     for status, n in collections.Counter(statuses).items():  # (counted in C)
         metrics.labelled(metrics.KEYS, method, _STATUS_LABELS[status]).inc(n)
+
+
+async def _until_nodes_forgot(answers: list[asyncio.Future[None]]) -> None:
+    """A removal answers once the nodes have dropped what it removed (or FORGET_WAIT has
+    passed: a node that is away gets the Forget when it comes back). Answered earlier, a
+    master that died before its nodes heard would leave a new leader to adopt the removed
+    objects again from what the nodes report."""
+    if answers:
+        await asyncio.wait(answers, timeout=FORGET_WAIT)
 
 
 async def _check_batch(context, keys, *, sizes=None) -> None:

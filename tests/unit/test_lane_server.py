@@ -16,6 +16,7 @@ from state_helpers import segment_info
 
 from kvpool.common import lane_protocol as lp
 from kvpool.common.status import KeyStatus
+from kvpool.master import service as service_module
 from kvpool.master.config import MasterConfig
 from kvpool.master.election import AlwaysLeader
 from kvpool.master.lane_server import LaneServer, _Connection
@@ -123,6 +124,74 @@ def test_a_put_end_s_persist_leaves_at_once_and_the_node_s_answer_applies_as_it_
         assert lane.service.state.exists(["k"], grant_lease=False) == [KeyStatus.OK], "published"
         await asyncio.sleep(0)  # the PutEnd runs on
         assert [f.call_id for f in wire.frames] == [1, 2]
+
+    asyncio.run(scenario())
+
+
+def _published_on_the_lane(lane, node, node_wire, client, wire, key: str) -> None:
+    start = pb.PutStartRequest(client_id="c", keys=[key], sizes=[4096], replicas=1)
+    client.data_received(request(1, "PutStart", start))
+    put_id = pb.PutStartResponse.FromString(wire.frames.pop().body).slots[0].put_id
+    commit = pb.PutCommit(key=key, put_id=put_id, replica_ok=[True])
+    client.data_received(request(2, "PutEnd", pb.PutEndRequest(client_id="c", commits=[commit])))
+    _answer(node, node_wire.frames.pop())
+
+
+def _answer(node, frame) -> None:
+    command = pb.NodeCommand.FromString(frame.body)
+    answer = pb.NodeReport(result=pb.CommandResult(command_id=command.command_id, ok=True))
+    node.data_received(lp.encode(0, lp.NODE_SESSION, answer.SerializeToString()))
+
+
+def test_a_removal_answers_once_the_node_dropped_the_object():
+    """Answered earlier, a master that died before the node heard would leave a new leader to
+    adopt the removed object again from the node's report."""
+
+    async def scenario() -> None:
+        lane, node, node_wire = lane_with_one_node()
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        client, wire = _Connection(lane), Recorder()
+        client.connection_made(wire)
+        _published_on_the_lane(lane, node, node_wire, client, wire, "k")
+        await asyncio.sleep(0)
+        wire.frames.clear()
+
+        client.data_received(request(3, "Remove", pb.RemoveRequest(client_id="c", keys=["k"])))
+        [forget] = node_wire.frames
+        assert pb.NodeCommand.FromString(forget.body).WhichOneof("kind") == "forget"
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert wire.frames == [], "no answer before the node's"
+
+        _answer(node, node_wire.frames.pop())
+        for _ in range(3):
+            await asyncio.sleep(0)
+        [removed] = wire.frames
+        assert list(pb.RemoveResponse.FromString(removed.body).statuses) == [KeyStatus.OK]
+
+    asyncio.run(scenario())
+
+
+def test_a_removal_whose_node_is_silent_answers_after_the_forget_wait(monkeypatch):
+    monkeypatch.setattr(service_module, "FORGET_WAIT", 0.05)
+
+    async def scenario() -> None:
+        lane, node, node_wire = lane_with_one_node()
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        client, wire = _Connection(lane), Recorder()
+        client.connection_made(wire)
+        _published_on_the_lane(lane, node, node_wire, client, wire, "k")
+        await asyncio.sleep(0)
+        wire.frames.clear()
+
+        client.data_received(request(3, "Remove", pb.RemoveRequest(client_id="c", keys=["k"])))
+        assert wire.frames == []
+        await asyncio.sleep(0.2)  # the node never answers
+        [removed] = wire.frames
+        assert list(pb.RemoveResponse.FromString(removed.body).statuses) == [KeyStatus.OK]
+        assert lane.shedder.inflight == 0
 
     asyncio.run(scenario())
 
