@@ -12,15 +12,12 @@ checked byte for byte. Prints a table and writes bench/results/full_store.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
 from kvpool import Client
+from kvpool.bench.summary import print_and_save
 from kvpool.common.sizes import format_size, parse_size
 from kvpool.local_cluster import LocalCluster
 
@@ -78,16 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         for size in sizes:
             print(f"putting batches of {BATCH} x {format_size(size)} for {args.seconds:g} s")
             results[format_size(size)] = measure(client, size, args.seconds)
-    table = Table(title=f"put latency, batches of {BATCH}, {args.store} store kept full")
-    table.add_column("object size")
-    for column in next(iter(results.values())):
-        table.add_column(column, justify="right")
-    for size_name, row in results.items():
-        table.add_row(size_name, *(f"{value:,.2f}" for value in row.values()))
-    Console().print(table)
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {args.json}")
+    title = f"put latency, batches of {BATCH}, {args.store} store kept full"
+    print_and_save(title, "object size", results, args.json, "{:,.2f}".format)
     return 0
 
 

@@ -12,14 +12,11 @@ instead. Prints a table and writes bench/results/placement_scale.json.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import time
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
+from kvpool.bench.summary import print_and_save
 from kvpool.common.gc_tuning import tune_for_server
 from kvpool.common.status import Tier
 from kvpool.master.config import MasterConfig
@@ -86,16 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         }
         for nodes in sizes
     }
-    table = Table(title=f"master CPU per put cycle of {BATCH} keys ({args.placement} placement)")
-    table.add_column("cluster")
-    for column in next(iter(results.values())):
-        table.add_column(f"{column} (us)", justify="right")
-    for cluster, row in results.items():
-        table.add_row(cluster, *(f"{value:,}" for value in row.values()))
-    Console().print(table)
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
-    print(f"wrote {args.json}")
+    title = f"master CPU per put cycle of {BATCH} keys ({args.placement} placement)"
+    print_and_save(title, "cluster", results, args.json, unit="us")
     return 0
 
 

@@ -128,13 +128,22 @@ def test_a_put_end_s_persist_leaves_at_once_and_the_node_s_answer_applies_as_it_
     asyncio.run(scenario())
 
 
-def _published_on_the_lane(lane, node, node_wire, client, wire, key: str) -> None:
+async def lane_with_one_object(key: str):
+    """A lane, its node's connection and wire, and a client's, once ``key`` is published."""
+    lane, node, node_wire = lane_with_one_node()
+    await asyncio.sleep(0)  # the node's session starts
+    await asyncio.sleep(0)  # and listens for its reports
+    client, wire = _Connection(lane), Recorder()
+    client.connection_made(wire)
     start = pb.PutStartRequest(client_id="c", keys=[key], sizes=[4096], replicas=1)
     client.data_received(request(1, "PutStart", start))
     put_id = pb.PutStartResponse.FromString(wire.frames.pop().body).slots[0].put_id
     commit = pb.PutCommit(key=key, put_id=put_id, replica_ok=[True])
     client.data_received(request(2, "PutEnd", pb.PutEndRequest(client_id="c", commits=[commit])))
     _answer(node, node_wire.frames.pop())
+    await asyncio.sleep(0)  # the PutEnd is answered
+    wire.frames.clear()
+    return lane, node, node_wire, client, wire
 
 
 def _answer(node, frame) -> None:
@@ -148,14 +157,7 @@ def test_a_removal_answers_once_the_node_dropped_the_object():
     adopt the removed object again from the node's report."""
 
     async def scenario() -> None:
-        lane, node, node_wire = lane_with_one_node()
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
-        client, wire = _Connection(lane), Recorder()
-        client.connection_made(wire)
-        _published_on_the_lane(lane, node, node_wire, client, wire, "k")
-        await asyncio.sleep(0)
-        wire.frames.clear()
+        _lane, node, node_wire, client, wire = await lane_with_one_object("k")
 
         client.data_received(request(3, "Remove", pb.RemoveRequest(client_id="c", keys=["k"])))
         [forget] = node_wire.frames
@@ -177,14 +179,7 @@ def test_a_removal_whose_node_is_silent_answers_after_the_forget_wait(monkeypatc
     monkeypatch.setattr(service_module, "FORGET_WAIT", 0.05)
 
     async def scenario() -> None:
-        lane, node, node_wire = lane_with_one_node()
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
-        client, wire = _Connection(lane), Recorder()
-        client.connection_made(wire)
-        _published_on_the_lane(lane, node, node_wire, client, wire, "k")
-        await asyncio.sleep(0)
-        wire.frames.clear()
+        lane, _node, _node_wire, client, wire = await lane_with_one_object("k")
 
         client.data_received(request(3, "Remove", pb.RemoveRequest(client_id="c", keys=["k"])))
         assert wire.frames == []
