@@ -44,15 +44,13 @@ class Copier:
         """Copies everything it can start before ``deadline`` (time.monotonic); entry i is
         False when copy i was not completed. Returns only once every helper has stopped
         touching the memory."""
-        total = sum(copy.length for copy in copies)
-        if total < PARALLEL_MIN:
-            return self._run_here(copies, deadline)
         pieces = [
             (index, copy.target + offset, copy.source + offset, min(PIECE, copy.length - offset))
             for index, copy in enumerate(copies)
             for offset in range(0, copy.length, PIECE)
         ]
         done = [True] * len(copies)
+        total = sum(copy.length for copy in copies)
         next_piece = itertools.count()  # next() is atomic under the GIL: a shared work queue
 
         def work() -> None:
@@ -66,27 +64,12 @@ class Copier:
                 ctypes.memmove(target, source, length)
 
         helpers = []
-        if self.threads > 1 and len(pieces) > 1:
+        if self.threads > 1 and total >= PARALLEL_MIN and len(pieces) > 1:
             pool = self._pool()
             helpers = [pool.submit(work) for _ in range(min(self.threads, len(pieces)) - 1)]
         work()
         for helper in helpers:
             helper.result()
-        return done
-
-    @staticmethod
-    def _run_here(copies: Sequence[Copy], deadline: float) -> list[bool]:
-        """What ``run`` does for a few small copies (a batch of small objects), on this thread
-        alone: the same pieces and deadline checks, without listing the pieces first."""
-        done = [True] * len(copies)
-        memmove, now = ctypes.memmove, time.monotonic
-        for index, copy in enumerate(copies):
-            target, source, length = copy.target, copy.source, copy.length
-            for offset in range(0, length, PIECE):
-                if now() >= deadline:
-                    done[index] = False
-                    break
-                memmove(target + offset, source + offset, min(PIECE, length - offset))
         return done
 
     def close(self) -> None:
