@@ -244,9 +244,10 @@ class _Reports:
         event loop, until the connection ends or ``on_report`` returns False."""
         while not self._queue.empty():  # what came before the session listened, in order
             report = self._queue.get_nowait()
-            if report is None or not on_report(report):
-                if report is None:
-                    self._queue.put_nowait(None)
+            if report is None:  # the connection already ended
+                self._queue.put_nowait(None)  # (stays ended for any later reader)
+                return
+            if not on_report(report):
                 return
         self._ended = asyncio.get_running_loop().create_future()
         self._on_report = on_report

@@ -1094,10 +1094,8 @@ class MasterState:
 
     def _release_deferred(self, now: float, report: TickReport, budget: list[int] | None) -> None:
         while self._deferred and self._deferred[0][0] <= now:
-            if budget is not None:
-                if budget[0] <= 0:
-                    return
-                budget[0] -= 1
+            if _spent(budget):
+                return
             _, _, segment, offset = heapq.heappop(self._deferred)
             if self.segments.get(segment.segment_id) is segment:
                 segment.allocator.free(offset)
@@ -1120,10 +1118,8 @@ class MasterState:
 
     def _count_ended_leases(self, now: float, budget: list[int] | None = None) -> None:
         while self._lease_ends and self._lease_ends[0][0] <= now:
-            if budget is not None:
-                if budget[0] <= 0:
-                    return
-                budget[0] -= 1
+            if _spent(budget):
+                return
             _, _, record = heapq.heappop(self._lease_ends)
             if not record.lease_open:
                 continue  # already counted (the object was read again, or removed)
@@ -1273,3 +1269,14 @@ class MasterState:
         return sum(
             s.allocator.used - s.leaving for s in self.segments.values() if s.info.tier is tier
         )
+
+
+def _spent(budget: list[int] | None) -> bool:
+    """Takes one object out of a tick's ``budget``; True when none was left (None: no
+    bound)."""
+    if budget is None:
+        return False
+    if budget[0] <= 0:
+        return True
+    budget[0] -= 1
+    return False

@@ -247,10 +247,7 @@ class StorageNode:
             call.cancel()
 
     async def _answer(self, command: pb.NodeCommand) -> pb.CommandResult:
-        result = await self._run_command(command)
-        if not result.ok:
-            log.warning("command failed", error=result.error)
-        return result
+        return _logged(await self._run_command(command))
 
     def _answer_now(self, command: pb.NodeCommand) -> pb.CommandResult | None:
         """Carries out a command on the spot if it only touches memory and no earlier one
@@ -258,10 +255,7 @@ class StorageNode:
         running = self._command_running
         if (running is not None and not running.done()) or not self._executor.quick(command):
             return None
-        result = self._executor.execute(command)
-        if not result.ok:
-            log.warning("command failed", error=result.error)
-        return result
+        return _logged(self._executor.execute(command))
 
     async def _run_command(self, command: pb.NodeCommand) -> pb.CommandResult:
         """Runs one command after the one before it (even one begun on a stream that has
@@ -338,3 +332,10 @@ def _leader_hint(error: grpc.aio.AioRpcError) -> str:
         if key == LEADER_METADATA:
             return value
     return ""
+
+
+def _logged(result: pb.CommandResult) -> pb.CommandResult:
+    """A command's answer, its failure logged here (the master logs it too)."""
+    if not result.ok:
+        log.warning("command failed", error=result.error)
+    return result
