@@ -1,20 +1,19 @@
-"""A writer gets space only after its node has forgotten what lay there before.
+"""A writer gets space only after its node has forgotten what lay there before (sans-IO).
 
 When an object is removed, evicted or moved, the master frees its space and tells the node to
 forget it (a Forget on the node's command stream). Until the node has done so, the node's index
 still lists the old object there. Were the master to die in that window while a writer was
 already putting new bytes into that space, a new leader would rebuild its index from the node,
-adopt the old object, and serve whatever bytes the writer left in it. So ``PutStart`` holds back
-a reservation whose buffer overlaps a range with a Forget still unanswered, until the node
-answers (in the normal case a fraction of a millisecond: nodes run commands in order, quickly).
+adopt the old object, and serve whatever bytes the writer left in it. So the core holds back a
+``PutStart`` whose buffers overlap a range with a Forget still unanswered, until the node
+answers (nodes run commands in order, quickly) or the wait runs out (master/core.py).
 
-This is I/O-layer bookkeeping beside the sans-IO core: the core frees and reallocates as
-always; only the moment the writer learns where to write waits.
+This module only keeps the unanswered Forgets' byte ranges and says which of them a buffer
+overlaps; waiting is the core's business, and it has no clock or I/O.
 """
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 import itertools
 from dataclasses import dataclass
@@ -32,7 +31,6 @@ class _Unanswered:
     starts: list[int]
     ends: list[int]
     reach: list[int]
-    answer: asyncio.Future[None]
 
     def overlaps(self, offset: int, end: int) -> bool:
         """Whether any of its ranges overlaps [offset, end)."""
@@ -51,52 +49,51 @@ class ForgetBarrier:
         self._by_segment: dict[str, dict[int, _Unanswered]] = {}
         self._by_id: dict[int, _Unanswered] = {}
 
-    def sent(self, command: ForgetCommand) -> asyncio.Future[None]:
-        """Holds back writers of its ranges until ``answered``; returns the answer to come."""
+    def sent(self, command: ForgetCommand) -> None:
+        """Holds back writers of the Forget's ranges until ``answered``."""
         ranges = sorted((o.offset, o.offset + max(o.size, 1)) for o in command.objects)
-        starts = [start for start, _ in ranges]
         ends = [end for _, end in ranges]
         forget = _Unanswered(
             command.node_id,
             command.segment_id,
-            starts,
+            [start for start, _ in ranges],
             ends,
             list(itertools.accumulate(ends, max)),
-            asyncio.get_running_loop().create_future(),
         )
         self._by_segment.setdefault(command.segment_id, {})[command.command_id] = forget
         self._by_id[command.command_id] = forget
-        return forget.answer
 
-    def answered(self, command_id: int) -> None:
-        """The node answered (whatever it said, it no longer lists the object)."""
+    def answered(self, command_id: int) -> bool:
+        """The node answered (whatever it said, it no longer lists the objects); False when
+        ``command_id`` held nothing back."""
         forget = self._by_id.pop(command_id, None)
         if forget is None:
-            return
+            return False
         in_segment = self._by_segment[forget.segment_id]
         del in_segment[command_id]
         if not in_segment:
             del self._by_segment[forget.segment_id]
-        if not forget.answer.done():
-            forget.answer.set_result(None)
+        return True
 
-    def node_gone(self, node_id: str) -> None:
-        """The node was declared dead (its segments with it): stop waiting for it."""
-        for command_id in [c for c, f in self._by_id.items() if f.node_id == node_id]:
+    def node_gone(self, node_id: str) -> list[int]:
+        """The node was declared dead (its segments with it): nothing waits for it any more.
+        Returns the Forgets released."""
+        released = [c for c, f in self._by_id.items() if f.node_id == node_id]
+        for command_id in released:
             self.answered(command_id)
+        return released
 
-    def clear(self) -> None:
-        for command_id in list(self._by_id):
-            self.answered(command_id)
-
-    def pending(self, segment_id: str, offset: int, size: int) -> list[asyncio.Future[None]]:
-        """The answers a writer of ``size`` bytes at ``offset`` must wait for."""
+    def pending(self, segment_id: str, offset: int, size: int) -> list[int]:
+        """The Forgets a writer of ``size`` bytes at ``offset`` must wait for."""
         end = offset + max(size, 1)
         return [
-            forget.answer
-            for forget in self._by_segment.get(segment_id, {}).values()
+            command_id
+            for command_id, forget in self._by_segment.get(segment_id, {}).items()
             if forget.overlaps(offset, end)
         ]
+
+    def __contains__(self, command_id: int) -> bool:
+        return command_id in self._by_id
 
     def __len__(self) -> int:
         return len(self._by_id)

@@ -16,7 +16,10 @@ from kvpool.common.logging import LOG_FORMATS, configure_logging, get_logger
 from kvpool.common.process import stop_event_on_signals, write_ready_file
 from kvpool.master import metrics
 from kvpool.master.config import PLACEMENTS, MasterConfig
+from kvpool.master.core import MasterCore
+from kvpool.master.driver import CoreDriver
 from kvpool.master.election import DEFAULT_TTL, AlwaysLeader, Election
+from kvpool.master.handlers import MasterHandlers
 from kvpool.master.lane_server import LaneServer
 from kvpool.master.leader_gate import LeaderGate
 from kvpool.master.load_shedding import LoadShedder
@@ -28,10 +31,9 @@ from kvpool.proto import master_pb2_grpc
 log = get_logger("kvpool.master")
 
 GRPC_MESSAGE_LIMIT = 256 * 1024 * 1024
-#: Objects one tick goes through in its bulk jobs (frees, ended leases, an eviction pass: about
-#: half a millisecond of the master's time); calls waiting meanwhile are answered between
-#: steps. Measured with bench/full_store.py: steps of 32, 64, 128 and 256 small objects gave
-#: put p99 3.2, 3.0, 3.7 and 4.3 ms, and a whole pass 19.9 ms.
+#: Objects one tick goes through in its bulk jobs (frees, ended leases, an eviction pass);
+#: calls waiting meanwhile are answered between steps. Chosen by bench/full_store.py's put
+#: latency percentiles (docs/benchmarks.md, "Bulk work in steps").
 TICK_STEP = 64
 
 
@@ -196,14 +198,16 @@ async def serve(args: argparse.Namespace, config: MasterConfig) -> None:
     leadership: Election | AlwaysLeader
     if args.etcd:
         leadership = Election(_endpoints(args.etcd), args.cluster, "", args.election_ttl)
-        service = MasterService(None)  # a standby until elected
+        driver = CoreDriver(None)  # a standby until elected
     else:
         leadership = AlwaysLeader()
         # The epoch orders this master's writes after any earlier master's (whole seconds
         # fit the 32 bits it gets in every put id until 2106).
-        service = MasterService(_new_state(config, int(time.time())))
+        driver = CoreDriver(MasterCore(_new_state(config, int(time.time()))))
+    handlers = MasterHandlers(driver)
+    service = MasterService(handlers)
     shedder = LoadShedder(args.max_inflight)
-    gate = LeaderGate(leadership, lambda: service.accepting_clients())
+    gate = LeaderGate(leadership, driver.accepting_clients)
     server = grpc.aio.server(
         options=[
             ("grpc.max_receive_message_length", GRPC_MESSAGE_LIMIT),
@@ -219,10 +223,10 @@ async def serve(args: argparse.Namespace, config: MasterConfig) -> None:
         port = server.add_insecure_port(f"{args.host}:{args.port}")
     except RuntimeError as error:
         raise _cannot_listen("gRPC", args.host, args.port, "--port", error) from None
-    lane = LaneServer(service, gate, shedder)
+    lane = LaneServer(handlers, gate, shedder)
     if args.lane_port >= 0:
         try:
-            service.lane_port = await lane.start(args.host, args.lane_port)
+            handlers.lane_port = await lane.start(args.host, args.lane_port)
         except OSError as error:
             reason = error.strerror or str(error)
             raise _cannot_listen(
@@ -248,15 +252,16 @@ async def serve(args: argparse.Namespace, config: MasterConfig) -> None:
     if isinstance(leadership, Election):
         leadership.address = advertise
 
-        service.registry = leadership
+        handlers.registry = leadership
 
         async def elected(epoch: int) -> None:
             nodes = await leadership.registered_nodes()
             log.info("rebuilding the index from the nodes", expected_nodes=sorted(nodes))
-            service.reset(_new_state(config, epoch), nodes, config.node_ttl)
+            state = _new_state(config, epoch)
+            driver.reset(MasterCore(state, awaited_nodes=nodes, rebuild_window=config.node_ttl))
 
         async def lost() -> None:
-            service.reset(None)
+            driver.reset(None)
 
         tasks.append(asyncio.create_task(leadership.run(stop, elected, lost)))
     log.info(
@@ -272,10 +277,9 @@ async def serve(args: argparse.Namespace, config: MasterConfig) -> None:
     try:
         evicted = 0  # by the eviction pass under way, logged once it ends
         while not stop.is_set():
-            state = service.state
-            if state is not None:
-                started = time.monotonic()
-                report = _tick(service, state)
+            started = time.monotonic()
+            report = _tick(driver, handlers.registry)
+            if report is not None:
                 evicted += report.objects_evicted
                 if report.unfinished:
                     # Calls get at least as long as the step took before the next one: a put
@@ -299,15 +303,15 @@ def _new_state(config: MasterConfig, epoch: int) -> MasterState:
     return MasterState(config, clock=time.monotonic, epoch=epoch)
 
 
-def _tick(service: MasterService, state: MasterState) -> TickReport:
-    """One tick of the core (its bulk jobs in steps of TICK_STEP objects)."""
-    report = state.tick(TICK_STEP)
-    service.after_state_change()
+def _tick(driver: CoreDriver, registry: Election | None) -> TickReport | None:
+    """One tick of the core (its bulk jobs in steps of TICK_STEP objects); None on a standby."""
+    core = driver.core
+    report = driver.tick(TICK_STEP)
+    if core is None or report is None:
+        return None
     for node_id in report.dead_nodes:
-        service.channels.discard(node_id)
-        service.forgets.node_gone(node_id)
-        if service.registry is not None:
-            service.registry.node_gone(node_id)
+        if registry is not None:
+            registry.node_gone(node_id)
     if report.reservations_reclaimed:
         log.info("reservations reclaimed", keys=len(report.reservations_reclaimed))
     if report.dead_clients:
@@ -318,7 +322,7 @@ def _tick(service: MasterService, state: MasterState) -> TickReport:
             nodes=report.dead_nodes,
             objects_lost=report.objects_lost,
         )
-    metrics.STATE.publish(state.snapshot(), state.counters)
+    metrics.STATE.publish(core.state.snapshot(), core.state.counters)
     return report
 
 

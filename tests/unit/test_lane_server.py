@@ -1,10 +1,10 @@
-"""How the master's metadata lane runs calls (master/lane_server.py), with the real service
-and core behind it and the connections' transports replaced by recorders.
+"""How the master's metadata lane runs calls (master/lane_server.py), with the real handlers,
+driver and core behind it and the connections' transports replaced by recorders.
 
-A call runs at once, as its frame arrives; one that waits (a PutEnd waiting for its node)
-runs on when its wait ends, and never holds up the calls behind it on the same connection.
-Every call leaves the load shedder's count of calls in flight when it is answered, however
-it ends.
+A call runs at once, as its frame arrives; one whose answer comes later (a PutEnd waiting for
+its node) is answered when the core says, in the call that delivered what it waited for, and
+never holds up the calls behind it on the same connection. Every call leaves the load
+shedder's count of calls in flight when it is answered, however it ends.
 """
 
 from __future__ import annotations
@@ -16,13 +16,14 @@ from state_helpers import segment_info
 
 from kvpool.common import lane_protocol as lp
 from kvpool.common.status import KeyStatus
-from kvpool.master import service as service_module
 from kvpool.master.config import MasterConfig
+from kvpool.master.core import FORGET_WAIT, MasterCore
+from kvpool.master.driver import CoreDriver
 from kvpool.master.election import AlwaysLeader
+from kvpool.master.handlers import MasterHandlers
 from kvpool.master.lane_server import LaneServer, _Connection
 from kvpool.master.leader_gate import LeaderGate
 from kvpool.master.load_shedding import LoadShedder
-from kvpool.master.service import MasterService
 from kvpool.master.state import MasterState
 from kvpool.proto import master_pb2 as pb
 
@@ -48,11 +49,15 @@ class Recorder(asyncio.Transport):
         pass
 
 
-def lane_with_one_node() -> tuple[LaneServer, _Connection, Recorder]:
+def lane_with_one_node(
+    forget_wait: float = FORGET_WAIT,
+) -> tuple[LaneServer, _Connection, Recorder]:
     state = MasterState(MasterConfig(), clock=time.monotonic, epoch=1)
     state.mount_segment(segment_info("n1", 64 << 20), [])
-    service = MasterService(state)
-    lane = LaneServer(service, LeaderGate(AlwaysLeader(), lambda: True), LoadShedder(100))
+    driver = CoreDriver(MasterCore(state, forget_wait=forget_wait))
+    lane = LaneServer(
+        MasterHandlers(driver), LeaderGate(AlwaysLeader(), lambda: True), LoadShedder(100)
+    )
     node, node_wire = _Connection(lane), Recorder()
     node.connection_made(node_wire)
     hello = pb.NodeReport(hello=pb.NodeHello(node_id="n1"))
@@ -67,7 +72,6 @@ def request(call_id: int, method: str, message) -> bytes:
 def test_a_waiting_put_end_does_not_hold_up_the_calls_behind_it_and_answers_once_recorded():
     async def scenario() -> None:
         lane, node, node_wire = lane_with_one_node()
-        await asyncio.sleep(0)  # the node's session starts
         client, wire = _Connection(lane), Recorder()
         client.connection_made(wire)
 
@@ -84,16 +88,12 @@ def test_a_waiting_put_end_does_not_hold_up_the_calls_behind_it_and_answers_once
         assert [f.call_id for f in wire.frames] == [1, 3], "the Exists passed the waiting PutEnd"
         assert lane.shedder.inflight == 1, "only the PutEnd is still in flight"
 
-        for _ in range(5):  # the Persist reaches the node's stream
-            await asyncio.sleep(0)
         [persist] = node_wire.frames
         command = pb.NodeCommand.FromString(persist.body)
         answer = pb.NodeReport(result=pb.CommandResult(command_id=command.command_id, ok=True))
         node.data_received(lp.encode(0, lp.NODE_SESSION, answer.SerializeToString()))
-        for _ in range(5):
-            await asyncio.sleep(0)
 
-        assert [f.call_id for f in wire.frames] == [1, 3, 2]
+        assert [f.call_id for f in wire.frames] == [1, 3, 2], "answered as the node's frame came"
         assert list(pb.PutEndResponse.FromString(wire.frames[2].body).statuses) == [0]  # OK
         assert lane.shedder.inflight == 0
 
@@ -103,8 +103,6 @@ def test_a_waiting_put_end_does_not_hold_up_the_calls_behind_it_and_answers_once
 def test_a_put_end_s_persist_leaves_at_once_and_the_node_s_answer_applies_as_it_arrives():
     async def scenario() -> None:
         lane, node, node_wire = lane_with_one_node()
-        await asyncio.sleep(0)  # the node's session starts
-        await asyncio.sleep(0)  # and listens for its reports
         client, wire = _Connection(lane), Recorder()
         client.connection_made(wire)
         start = pb.PutStartRequest(client_id="c", keys=["k"], sizes=[4096], replicas=1)
@@ -121,18 +119,16 @@ def test_a_put_end_s_persist_leaves_at_once_and_the_node_s_answer_applies_as_it_
 
         answer = pb.NodeReport(result=pb.CommandResult(command_id=command.command_id, ok=True))
         node.data_received(lp.encode(0, lp.NODE_SESSION, answer.SerializeToString()))
-        assert lane.service.state.exists(["k"], grant_lease=False) == [KeyStatus.OK], "published"
-        await asyncio.sleep(0)  # the PutEnd runs on
+        state = lane.handlers.core.state
+        assert state.exists(["k"], grant_lease=False) == [KeyStatus.OK], "published"
         assert [f.call_id for f in wire.frames] == [1, 2]
 
     asyncio.run(scenario())
 
 
-async def lane_with_one_object(key: str):
+def lane_with_one_object(key: str, forget_wait: float = FORGET_WAIT):
     """A lane, its node's connection and wire, and a client's, once ``key`` is published."""
-    lane, node, node_wire = lane_with_one_node()
-    await asyncio.sleep(0)  # the node's session starts
-    await asyncio.sleep(0)  # and listens for its reports
+    lane, node, node_wire = lane_with_one_node(forget_wait)
     client, wire = _Connection(lane), Recorder()
     client.connection_made(wire)
     start = pb.PutStartRequest(client_id="c", keys=[key], sizes=[4096], replicas=1)
@@ -141,7 +137,7 @@ async def lane_with_one_object(key: str):
     commit = pb.PutCommit(key=key, put_id=put_id, replica_ok=[True])
     client.data_received(request(2, "PutEnd", pb.PutEndRequest(client_id="c", commits=[commit])))
     _answer(node, node_wire.frames.pop())
-    await asyncio.sleep(0)  # the PutEnd is answered
+    assert [f.call_id for f in wire.frames] == [2], "the PutEnd is answered"
     wire.frames.clear()
     return lane, node, node_wire, client, wire
 
@@ -157,33 +153,31 @@ def test_a_removal_answers_once_the_node_dropped_the_object():
     adopt the removed object again from the node's report."""
 
     async def scenario() -> None:
-        _lane, node, node_wire, client, wire = await lane_with_one_object("k")
+        _lane, node, node_wire, client, wire = lane_with_one_object("k")
 
         client.data_received(request(3, "Remove", pb.RemoveRequest(client_id="c", keys=["k"])))
         [forget] = node_wire.frames
         assert pb.NodeCommand.FromString(forget.body).WhichOneof("kind") == "forget"
-        for _ in range(3):
-            await asyncio.sleep(0)
+        await asyncio.sleep(0.01)
         assert wire.frames == [], "no answer before the node's"
 
         _answer(node, node_wire.frames.pop())
-        for _ in range(3):
-            await asyncio.sleep(0)
         [removed] = wire.frames
         assert list(pb.RemoveResponse.FromString(removed.body).statuses) == [KeyStatus.OK]
 
     asyncio.run(scenario())
 
 
-def test_a_removal_whose_node_is_silent_answers_after_the_forget_wait(monkeypatch):
-    monkeypatch.setattr(service_module, "FORGET_WAIT", 0.05)
-
+def test_a_removal_whose_node_is_silent_answers_after_the_forget_wait():
     async def scenario() -> None:
-        lane, _node, _node_wire, client, wire = await lane_with_one_object("k")
+        lane, _node, _node_wire, client, wire = lane_with_one_object("k", forget_wait=0.05)
 
         client.data_received(request(3, "Remove", pb.RemoveRequest(client_id="c", keys=["k"])))
         assert wire.frames == []
-        await asyncio.sleep(0.2)  # the node never answers
+        for _ in range(200):  # the node never answers: the driver's timer wakes the core
+            if wire.frames:
+                break
+            await asyncio.sleep(0.01)
         [removed] = wire.frames
         assert list(pb.RemoveResponse.FromString(removed.body).statuses) == [KeyStatus.OK]
         assert lane.shedder.inflight == 0
@@ -200,10 +194,10 @@ def test_a_call_that_fails_is_answered_with_its_status_and_leaves_no_call_in_fli
         too_many = pb.PutStartRequest(client_id="c", keys=["a", "b"], sizes=[1])  # 2 keys, 1 size
         client.data_received(request(1, "PutStart", too_many))
 
-        def broken(request, context):
+        def broken(request):
             raise RuntimeError("boom")
 
-        lane.service.Exists = _as_handler(broken)
+        lane.handlers.Exists = broken
         client.data_received(request(2, "Exists", pb.ExistsRequest(client_id="c", keys=["k"])))
 
         refused, failed = wire.frames
@@ -216,33 +210,23 @@ def test_a_call_that_fails_is_answered_with_its_status_and_leaves_no_call_in_fli
     asyncio.run(scenario())
 
 
-def _as_handler(function):
-    async def handler(request, context):
-        return function(request, context)
+def test_calls_still_waiting_when_the_term_ends_are_answered_and_told_to_retry():
+    """A PutStart held back by an unanswered Forget, and the removal that sent it, when the
+    master stops leading: the PutStart is refused UNAVAILABLE (the client retries at the new
+    leader), the removal says what it did, and nothing stays in flight."""
 
-    return handler
-
-
-def test_a_call_whose_wait_is_cancelled_tells_the_client_to_retry():
     async def scenario() -> None:
-        lane, _, _ = lane_with_one_node()
-        client, wire = _Connection(lane), Recorder()
-        client.connection_made(wire)
-        waiting = asyncio.get_running_loop().create_future()
+        lane, _node, _node_wire, client, wire = lane_with_one_object("k")
+        client.data_received(request(3, "Remove", pb.RemoveRequest(client_id="c", keys=["k"])))
+        start = pb.PutStartRequest(client_id="c", keys=["k2"], sizes=[4096], replicas=1)
+        client.data_received(request(4, "PutStart", start))  # the freed space, not yet forgotten
+        assert wire.frames == [] and lane.shedder.inflight == 2
 
-        async def waits(request, context):
-            await waiting
-            return pb.ExistsResponse()
+        lane.handlers.driver.reset(None)
 
-        lane.service.Exists = waits
-        client.data_received(request(1, "Exists", pb.ExistsRequest(client_id="c", keys=["k"])))
-        assert wire.frames == [] and lane.shedder.inflight == 1
-
-        waiting.cancel()
-        await asyncio.sleep(0)
-
-        [cancelled] = wire.frames
-        assert cancelled.status == lp.CANCELLED
+        removed, refused = sorted(wire.frames, key=lambda f: f.call_id)
+        assert list(pb.RemoveResponse.FromString(removed.body).statuses) == [KeyStatus.OK]
+        assert refused.status == lp.UNAVAILABLE and "retry" in refused.error()[0]
         assert lane.shedder.inflight == 0
 
     asyncio.run(scenario())

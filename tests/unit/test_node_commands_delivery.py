@@ -1,9 +1,10 @@
 """Node commands reach their node even when its stream breaks, and repeating one is harmless.
 
-The master remembers every command written to a node's stream until the node answers it; a new
-stream of that node gets the unanswered ones first (but not a Persist or Copy the master gave
-up on, as the service's ``still_wanted`` says, nor one written to an earlier process of the
-node: its bytes died with it). A node's index forgets exactly the object a
+The core's delivery (master/delivery.py, sans-IO) remembers every command written to a node's
+stream until the node answers it; a new stream of that node gets the unanswered ones first (but
+not a Persist or Copy the master gave up on, as the core's ``still_wanted`` says, nor one
+written to an earlier process of the node: its bytes died with it). An answer counts only from
+the node the command was sent to. A node's index forgets exactly the object a
 Forget names (its key, offset and generation), so a Forget that arrives twice, or late, never
 removes a newer put of the same key.
 """
@@ -12,82 +13,113 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvpool.master.node_channels import NodeChannels
-from kvpool.proto import master_pb2 as pb
+from kvpool.master.delivery import CommandDelivery
+from kvpool.master.records import (
+    CopyCommand,
+    ForgetCommand,
+    NodeCommand,
+    PersistCommand,
+    StoredObject,
+)
 from kvpool.storage_node.object_index import DurableIndex, Entry, MemoryIndex, live_entries
 
-
-def forget(command_id: int, key: str = "k") -> pb.NodeCommand:
-    return pb.NodeCommand(
-        command_id=command_id,
-        forget=pb.Forget(
-            segment_id="n1/dram0", objects=[pb.StoredObject(key=key, offset=0, generation=1)]
-        ),
-    )
+OLD = StoredObject("k", 0, 0, 1)
 
 
-def persist(command_id: int) -> pb.NodeCommand:
-    return pb.NodeCommand(command_id=command_id, persist=pb.Persist(segment_id="n1/dram0"))
+def forget(command_id: int, node: str = "n1") -> ForgetCommand:
+    return ForgetCommand(command_id, node, f"{node}/dram0", (OLD,))
 
 
-def drain(channels: NodeChannels, node: str) -> list[int]:
-    queue = channels.queue(node)
-    ids = []
-    while not queue.empty():
-        ids.append(queue.get_nowait().command_id)
-    return ids
+def persist(command_id: int) -> PersistCommand:
+    return PersistCommand(command_id, "n1", "n1/dram0", (OLD,))
+
+
+def ids(commands: list[NodeCommand]) -> list[int]:
+    return [command.command_id for command in commands]
+
+
+def wanted(command: NodeCommand) -> bool:
+    return True
+
+
+def test_commands_for_a_node_without_a_stream_wait_and_go_out_when_it_opens_one():
+    delivery = CommandDelivery()
+    assert not delivery.send(forget(1)), "no stream yet: it waits"
+    assert delivery.unsent("n1") == [1]
+
+    assert ids(delivery.connected("n1", "stream 1", "process 1", wanted)) == [1]
+    assert delivery.send(forget(2)), "an open stream: written at once"
+    assert delivery.unanswered("n1") == [1, 2]
 
 
 def test_commands_written_to_a_stream_that_broke_go_first_on_the_next_one():
-    channels = NodeChannels()
-    channels.attach("n1", "stream 1", incarnation="process 1")
+    delivery = CommandDelivery()
+    delivery.connected("n1", "stream 1", "process 1", wanted)
     for command_id in (1, 2, 3):
-        channels.send("n1", forget(command_id))
-    for command_id in drain(channels, "n1"):
-        channels.written("n1", forget(command_id))
-    channels.answered("n1", 2)  # 1 and 3 may have been lost with the stream
-    channels.send("n1", forget(4))  # queued while the node was away
+        assert delivery.send(forget(command_id))
+    assert delivery.answered("n1", 2) is not None  # 1 and 3 may have been lost with the stream
+    delivery.disconnected("n1", "stream 1")
+    assert not delivery.send(forget(4))  # queued while the node was away
 
-    channels.attach("n1", "stream 2", incarnation="process 1")
+    resent = delivery.connected("n1", "stream 2", "process 1", wanted)
 
-    assert drain(channels, "n1") == [1, 3, 4]
-    assert channels.unanswered("n1") == []
+    assert ids(resent) == [1, 3, 4]
+    assert delivery.unanswered("n1") == [1, 3, 4] and delivery.unsent("n1") == []
 
 
 def test_commands_the_master_no_longer_wants_are_not_sent_again():
-    channels = NodeChannels()
-    channels.attach("n1", "stream 1", incarnation="process 1")
-    channels.written("n1", persist(1))  # the master gave up waiting for this one
-    channels.written("n1", persist(2))
-    channels.written("n1", forget(3))
+    delivery = CommandDelivery()
+    delivery.connected("n1", "stream 1", "process 1", wanted)
+    for command in (persist(1), persist(2), forget(3)):  # the master gave up on 1
+        delivery.send(command)
 
-    channels.attach("n1", "stream 2", lambda c: c.command_id != 1, "process 1")
+    resent = delivery.connected("n1", "stream 2", "process 1", lambda c: c.command_id != 1)
 
-    assert drain(channels, "n1") == [2, 3]
+    assert ids(resent) == [2, 3]
 
 
 def test_a_restarted_node_gets_the_lost_forgets_but_no_persist_or_copy():
-    channels = NodeChannels()
-    channels.attach("n1", "stream 1", incarnation="process 1")
-    channels.written("n1", persist(1))
-    channels.written("n1", forget(2))
-    copy = pb.NodeCommand(command_id=3, copy=pb.Copy(source_segment_id="n1/dram0"))
-    channels.written("n1", copy)
+    delivery = CommandDelivery()
+    delivery.connected("n1", "stream 1", "process 1", wanted)
+    copy = CopyCommand(3, "n1", "n1/dram0", OLD, "n1/nvme0", OLD)
+    for command in (persist(1), forget(2), copy):
+        delivery.send(command)
 
-    channels.attach("n1", "stream 2", incarnation="process 2")  # the node process restarted
+    resent = delivery.connected("n1", "stream 2", "process 2", wanted)  # the process restarted
 
-    assert drain(channels, "n1") == [2]
+    assert ids(resent) == [2]
 
 
 def test_a_node_declared_dead_takes_its_unanswered_commands_with_it():
-    channels = NodeChannels()
-    channels.attach("n1", "stream 1")
-    channels.written("n1", forget(1))
+    delivery = CommandDelivery()
+    delivery.connected("n1", "stream 1", "process 1", wanted)
+    delivery.send(forget(1))
 
-    channels.discard("n1")
-    channels.attach("n1", "stream 2")
+    delivery.discard("n1")
 
-    assert drain(channels, "n1") == []
+    assert ids(delivery.connected("n1", "stream 2", "process 1", wanted)) == []
+
+
+def test_an_answer_counts_only_from_the_node_the_command_went_to_and_only_once():
+    delivery = CommandDelivery()
+    delivery.connected("n1", "stream 1", "p", wanted)
+    delivery.connected("n2", "stream 2", "p", wanted)
+    delivery.send(forget(1, node="n1"))
+
+    assert delivery.answered("n2", 1) is None, "n2 was never sent command 1"
+    assert delivery.answered("n1", 1) == forget(1)
+    assert delivery.answered("n1", 1) is None, "a second answer is nothing"
+
+
+def test_an_older_stream_closing_does_not_detach_the_newer_one():
+    delivery = CommandDelivery()
+    delivery.connected("n1", "stream 1", "p", wanted)
+    delivery.connected("n1", "stream 2", "p", wanted)
+
+    delivery.disconnected("n1", "stream 1")
+
+    assert delivery.stream_of("n1") == "stream 2"
+    assert delivery.send(forget(1))
 
 
 def test_a_forget_removes_only_the_put_it_names():
@@ -114,24 +146,3 @@ def test_a_durable_index_replays_forgets_the_same_way(tmp_path: Path):
     reopened = DurableIndex(path, {})
     assert [(e.generation, e.crc32c) for e in reopened.entries()] == [(2, 8)]
     reopened.close()
-
-
-def test_a_stream_that_can_write_at_once_gets_commands_at_once_but_never_ahead_of_queued_ones():
-    channels = NodeChannels()
-    written: list[int] = []
-    channels.attach("n1", "stream 1", incarnation="process 1")
-    channels.written("n1", forget(1))  # lost with the stream
-
-    channels.attach(
-        "n1", "stream 2", incarnation="process 1", send_now=lambda c: written.append(c.command_id)
-    )
-    channels.send("n1", forget(2))  # 1 still waits in the queue: 2 goes behind it
-    assert written == [] and drain(channels, "n1") == [1, 2]
-
-    channels.send("n1", forget(3))  # nothing queued: written at once, and remembered
-    assert written == [3] and drain(channels, "n1") == []
-    assert channels.unanswered("n1") == [3]
-
-    channels.detach("n1", "stream 2")
-    channels.send("n1", forget(4))  # no stream: it waits for the next one
-    assert written == [3] and drain(channels, "n1") == [4]

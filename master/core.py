@@ -1,0 +1,441 @@
+"""The master's sans-IO core: every rule and every timer, as events in and effects out.
+
+``MasterState`` (state.py) holds the object metadata and its life cycle. Around it, this
+module owns what used to live in the I/O layer, so that the model tests reach it too:
+
+* delivery of node commands (delivery.py): written at once to a node with an open stream,
+  kept for one without, sent again on a new stream when unanswered; an answer counts only from
+  the node the command went to;
+* how long the master waits for a node's answer before counting the command failed;
+* the forget barrier (forget_barrier.py): a PutStart whose buffers overlap space a node has
+  not yet confirmed forgetting waits for that answer, ``forget_wait`` at most, after which
+  the slots still held are revoked as FENCED (the client retries them);
+* removals that answer once their nodes dropped the objects (``forget_wait`` at most);
+* PutEnds that answer once their nodes recorded the objects;
+* the rebuild window of a new term: clients are turned away until the nodes the cluster
+  knows have remounted, or the window has passed.
+
+Each event is a method that takes a call id where a caller waits for an answer, and returns
+``Effects``: the commands to write on node streams, and the answers of the calls that have
+one now (its own, and any earlier call that waited). Time comes from the injected clock; the
+I/O layer calls ``timers()`` at ``next_deadline()`` and ``tick()`` periodically. No asyncio,
+sockets or threads here.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvpool.common.status import KeyStatus
+from kvpool.master.command_batching import merge_forgets
+from kvpool.master.delivery import BOUND_TO_PROCESS, CommandDelivery
+from kvpool.master.forget_barrier import ForgetBarrier
+from kvpool.master.records import (
+    Commit,
+    ForgetCommand,
+    NodeCommand,
+    PutOptions,
+    PutSlot,
+    SegmentInfo,
+    StoredObject,
+    TickReport,
+)
+from kvpool.master.state import MasterState
+
+#: How long the master waits for a node to answer a command before counting it failed.
+COMMAND_TIMEOUT = 5.0
+#: How long a PutStart or a removal waits for nodes to confirm their Forgets.
+FORGET_WAIT = 1.0
+
+
+class TermEnded:
+    """The answer of a call still waiting when its term ended: the caller must retry (at
+    whichever master leads now)."""
+
+    def __repr__(self) -> str:
+        return "TERM_ENDED"
+
+
+TERM_ENDED = TermEnded()
+
+
+@dataclass(slots=True)
+class Effects:
+    """What one event of the core asks of the I/O layer."""
+
+    #: Commands to write, in this order, each on the open stream of its node.
+    transmit: list[NodeCommand] = field(default_factory=list)
+    #: call id -> the answer of a call that has one now.
+    answers: dict[int, Any] = field(default_factory=dict)
+    #: What an operator should hear of: (event, fields), for the log.
+    notes: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+
+
+class _PutEndCall:
+    """A PutEnd waiting for its objects' nodes: ``statuses`` fills in as they answer."""
+
+    __slots__ = ("left", "statuses")
+
+    def __init__(self, statuses: list[KeyStatus | None]) -> None:
+        self.statuses = statuses
+        self.left = statuses.count(None)
+
+
+@dataclass(slots=True)
+class _HeldPutStart:
+    """A PutStart whose slots (by index) wait for the Forgets overlapping their buffers."""
+
+    keys: list[str]
+    slots: list[PutSlot]
+    waiting: dict[int, set[int]]
+
+    def forget_answered(self, command_id: int) -> bool:
+        for index in [i for i, ids in self.waiting.items() if command_id in ids]:
+            ids = self.waiting[index]
+            ids.discard(command_id)
+            if not ids:
+                del self.waiting[index]
+        return not self.waiting
+
+
+@dataclass(slots=True)
+class _HeldRemoval:
+    """A removal answered once its nodes confirmed its Forgets."""
+
+    answer: Any
+    waiting: set[int]
+
+    def forget_answered(self, command_id: int) -> bool:
+        self.waiting.discard(command_id)
+        return not self.waiting
+
+
+FENCED_SLOT = PutSlot(
+    KeyStatus.FENCED,
+    message="its storage node has not yet confirmed that it cleared the space: retry",
+)
+
+
+class MasterCore:
+    def __init__(
+        self,
+        state: MasterState,
+        *,
+        awaited_nodes: Iterable[str] = (),
+        rebuild_window: float = 0.0,
+        command_timeout: float = COMMAND_TIMEOUT,
+        forget_wait: float = FORGET_WAIT,
+    ) -> None:
+        """``awaited_nodes``: after an election, the nodes to wait for (``rebuild_window``
+        seconds at most) before answering clients from an index rebuilt from their reports."""
+        self.state = state
+        self.clock = state.clock
+        self.command_timeout = command_timeout
+        self.forget_wait = forget_wait
+        self.delivery = CommandDelivery()
+        self.barrier = ForgetBarrier()
+        self._awaited_nodes = set(awaited_nodes)
+        self._rebuild_until = self.clock() + rebuild_window
+        #: (key, put_id) -> the PutEnd calls waiting for it, each with its place in the batch.
+        self._commit_waits: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        self._put_ends: dict[int, _PutEndCall] = {}
+        #: call id -> a call held back by unanswered Forgets; Forget id -> calls it holds.
+        self._held: dict[int, _HeldPutStart | _HeldRemoval] = {}
+        self._held_by: dict[int, set[int]] = {}
+        #: (deadline, id) of awaited commands and of held calls.
+        self._command_deadlines: list[tuple[float, int]] = []
+        self._call_deadlines: list[tuple[float, int]] = []
+
+    # ------------------------------------------------------------------ clients
+
+    def accepting_clients(self) -> bool:
+        """False while a new leader still waits for known nodes to report what they hold:
+        it would answer NOT_FOUND for objects it has not heard of yet."""
+        if not self._awaited_nodes:
+            return True
+        if self.clock() >= self._rebuild_until:
+            self._awaited_nodes = set()
+            return True
+        self._awaited_nodes -= self.state.nodes.keys()
+        return not self._awaited_nodes
+
+    def put_start(
+        self,
+        call_id: int,
+        client_id: str,
+        keys: Sequence[str],
+        sizes: Sequence[int],
+        options: PutOptions,
+    ) -> Effects:
+        """Answers the slots, once no buffer overlaps space with a Forget unanswered."""
+        slots = self.state.put_start(client_id, keys, sizes, options)
+        effects = self._flush()  # the Forgets of what this call evicted
+        waiting = self._forgets_under(slots, sizes) if self.barrier else None
+        if not waiting:
+            effects.answers[call_id] = slots
+            return effects
+        self._hold(call_id, _HeldPutStart(list(keys), slots, waiting), waiting.values())
+        return effects
+
+    def put_end(self, call_id: int, commits: Sequence[Commit]) -> Effects:
+        """Answers once every object's nodes recorded it (or failed, or timed out)."""
+        statuses = self.state.put_end(commits)
+        call = _PutEndCall(statuses)
+        if call.left:
+            self._put_ends[call_id] = call
+            waits = self._commit_waits
+            for i, (commit, status) in enumerate(zip(commits, statuses, strict=True)):
+                if status is None:
+                    waits.setdefault((commit.key, commit.put_id), []).append((call_id, i))
+        effects = self._flush()
+        if not call.left:
+            effects.answers[call_id] = statuses
+        return effects
+
+    def put_revoke(self, call_id: int, keys: Sequence[str], put_ids: Sequence[int]) -> Effects:
+        return self._answer(call_id, self.state.put_revoke(keys, put_ids))
+
+    def get_replicas(self, call_id: int, keys: Sequence[str], lease_ttl: float) -> Effects:
+        return self._answer(call_id, self.state.get_replicas(keys, lease_ttl))
+
+    def exists(self, call_id: int, keys: Sequence[str], lease_ttl: float, lease: bool) -> Effects:
+        return self._answer(call_id, self.state.exists(keys, lease_ttl, grant_lease=lease))
+
+    def remove(self, call_id: int, keys: Sequence[str], force: bool) -> Effects:
+        """Answers once the nodes dropped what it removed (see ``_removal``)."""
+        return self._removal(call_id, self.state.remove(keys, force))
+
+    def remove_prefix(self, call_id: int, prefix: str, force: bool) -> Effects:
+        return self._removal(call_id, self.state.remove_prefix(prefix, force))
+
+    def client_heartbeat(self, call_id: int, client_id: str) -> Effects:
+        self.state.client_heartbeat(client_id)
+        return self._answer(call_id, None)
+
+    # ------------------------------------------------------------------ nodes
+
+    def mount_segment(
+        self,
+        call_id: int,
+        info: SegmentInfo,
+        stored: Sequence[StoredObject],
+        remount: bool,
+        silent: float,
+    ) -> Effects:
+        dropped = self.state.mount_segment(info, stored, remount=remount, silent=silent)
+        return self._answer(call_id, dropped)
+
+    def unmount_segment(self, call_id: int, node_id: str, segment_id: str) -> Effects:
+        return self._answer(call_id, self.state.unmount_segment(node_id, segment_id))
+
+    def heartbeat(self, call_id: int, node_id: str, segment_ids: Iterable[str]) -> Effects:
+        return self._answer(call_id, self.state.heartbeat(node_id, segment_ids))
+
+    def node_connected(self, node_id: str, stream: object, incarnation: str) -> Effects:
+        """A node opened its command stream: what it must get first goes out on it."""
+        effects = Effects()
+        effects.transmit.extend(
+            self.delivery.connected(node_id, stream, incarnation, self._still_wanted)
+        )
+        return effects
+
+    def node_disconnected(self, node_id: str, stream: object) -> None:
+        self.delivery.disconnected(node_id, stream)
+
+    def node_answered(
+        self, node_id: str, command_id: int, ok: bool, crc32c: Sequence[int] = ()
+    ) -> Effects:
+        """A node's answer to a command; one it was not sent (or already answered) changes
+        nothing."""
+        command = self.delivery.answered(node_id, command_id)
+        if command is None:
+            effects = Effects()
+            effects.notes.append(("an answer to no command of this node", {"node_id": node_id}))
+            return effects
+        if isinstance(command, ForgetCommand):
+            answers: dict[int, Any] = {}
+            self._forget_answered(command_id, answers)
+            effects = self._flush()
+            effects.answers.update(answers)
+            return effects
+        self.state.command_done(command_id, ok, crc32c)
+        return self._flush()
+
+    # ------------------------------------------------------------------ time
+
+    def next_deadline(self) -> float | None:
+        """When ``timers`` has something to do next (None: nothing waits)."""
+        heads = [h[0][0] for h in (self._command_deadlines, self._call_deadlines) if h]
+        return min(heads) if heads else None
+
+    def timers(self) -> Effects:
+        """Commands whose node did not answer in time count as failed (the node may still
+        carry them out: the state keeps their space a while); calls held back by Forgets past
+        ``forget_wait`` are answered."""
+        now = self.clock()
+        state = self.state
+        expired: list[int] = []
+        deadlines = self._command_deadlines
+        while deadlines and deadlines[0][0] <= now:
+            _, command_id = heapq.heappop(deadlines)
+            if state.awaiting(command_id):
+                state.command_expired(command_id)
+                expired.append(command_id)
+        answers: dict[int, Any] = {}
+        deadlines = self._call_deadlines
+        while deadlines and deadlines[0][0] <= now:
+            _, call_id = heapq.heappop(deadlines)
+            held = self._held.pop(call_id, None)
+            if held is not None:
+                answers[call_id] = self._release(held, timed_out=True)
+        effects = self._flush()
+        effects.answers.update(answers)
+        if expired:
+            effects.notes.append(("storage nodes did not answer in time", {"commands": expired}))
+        return effects
+
+    def tick(self, step: int | None = None) -> tuple[TickReport, Effects]:
+        """The state's tick (timeouts, dead nodes and clients, frees, eviction; in steps of
+        ``step`` objects), and what it releases here: nothing waits for a dead node."""
+        report = self.state.tick(step)
+        answers: dict[int, Any] = {}
+        for node_id in report.dead_nodes:
+            self.delivery.discard(node_id)
+            for command_id in self.barrier.node_gone(node_id):
+                self._forget_answered(command_id, answers, released=True)
+        effects = self.timers()
+        effects.answers.update(answers)
+        return report, effects
+
+    def end_term(self) -> Effects:
+        """The term ends (a new leader, or this one lost leadership): every call still
+        waiting is answered, commits as STALE_PUT (the writer puts again), held PutStarts
+        as TERM_ENDED, removals with what they did."""
+        effects = Effects()
+        for call_id, call in self._put_ends.items():
+            effects.answers[call_id] = [
+                KeyStatus.STALE_PUT if status is None else status for status in call.statuses
+            ]
+        for call_id, held in self._held.items():
+            effects.answers[call_id] = (
+                TERM_ENDED if isinstance(held, _HeldPutStart) else held.answer
+            )
+        self._put_ends.clear()
+        self._commit_waits.clear()
+        self._held.clear()
+        self._held_by.clear()
+        return effects
+
+    # ------------------------------------------------------------------ internals
+
+    def _answer(self, call_id: int, answer: Any) -> Effects:
+        effects = self._flush()
+        effects.answers[call_id] = answer
+        return effects
+
+    def _flush(self, forgets: list[int] | None = None) -> Effects:
+        """What the state's last event produced: its node commands (Forgets in a row for one
+        segment merged) go to delivery, and PutEnds whose objects settled are answered.
+        ``forgets`` collects the ids of the Forgets sent."""
+        effects = Effects()
+        state = self.state
+        if state.outbox:
+            now = self.clock()
+            transmit = effects.transmit
+            for command in merge_forgets(state.outbox):
+                if isinstance(command, ForgetCommand):
+                    self.barrier.sent(command)
+                    if forgets is not None:
+                        forgets.append(command.command_id)
+                if self.delivery.send(command):
+                    transmit.append(command)
+                if state.awaiting(command.command_id):
+                    heapq.heappush(
+                        self._command_deadlines, (now + self.command_timeout, command.command_id)
+                    )
+            state.outbox.clear()
+        if state.resolved:
+            answers = effects.answers
+            for result in state.resolved:
+                for call_id, index in self._commit_waits.pop((result.key, result.put_id), ()):
+                    call = self._put_ends.get(call_id)
+                    if call is None or call.statuses[index] is not None:
+                        continue
+                    call.statuses[index] = result.status
+                    call.left -= 1
+                    if not call.left:
+                        del self._put_ends[call_id]
+                        answers[call_id] = call.statuses
+            state.resolved.clear()
+        return effects
+
+    def _forgets_under(self, slots: list[PutSlot], sizes: Sequence[int]) -> dict[int, set[int]]:
+        """Slot index -> the unanswered Forgets overlapping its buffers."""
+        waiting: dict[int, set[int]] = {}
+        pending = self.barrier.pending
+        for i, slot in enumerate(slots):
+            if slot.status is not KeyStatus.OK:
+                continue
+            ids: set[int] = set()
+            for r in slot.replicas:
+                segment = r.segment
+                ids.update(pending(segment.segment_id, r.address - segment.base_address, sizes[i]))
+            if ids:
+                waiting[i] = ids
+        return waiting
+
+    def _removal(self, call_id: int, answer: Any) -> Effects:
+        """A removal answers once the nodes have dropped what it removed (or ``forget_wait``
+        has passed: a node that is away gets the Forget when it comes back). Answered earlier,
+        a master that died before its nodes heard would leave a new leader to adopt the
+        removed objects again from what the nodes report."""
+        forgets: list[int] = []
+        effects = self._flush(forgets)
+        if forgets:
+            self._hold(call_id, _HeldRemoval(answer, set(forgets)), [set(forgets)])
+        else:
+            effects.answers[call_id] = answer
+        return effects
+
+    def _hold(
+        self, call_id: int, held: _HeldPutStart | _HeldRemoval, waits: Iterable[set[int]]
+    ) -> None:
+        self._held[call_id] = held
+        for ids in waits:
+            for command_id in ids:
+                self._held_by.setdefault(command_id, set()).add(call_id)
+        heapq.heappush(self._call_deadlines, (self.clock() + self.forget_wait, call_id))
+
+    def _forget_answered(
+        self, command_id: int, answers: dict[int, Any], released: bool = False
+    ) -> None:
+        if not released:
+            self.barrier.answered(command_id)
+        for call_id in self._held_by.pop(command_id, ()):
+            held = self._held.get(call_id)
+            if held is not None and held.forget_answered(command_id):
+                del self._held[call_id]
+                answers[call_id] = self._release(held, timed_out=False)
+
+    def _release(self, held: _HeldPutStart | _HeldRemoval, timed_out: bool) -> Any:
+        """The answer of a held call; a PutStart's slots still held are revoked as FENCED."""
+        if isinstance(held, _HeldRemoval):
+            return held.answer
+        if not timed_out or not held.waiting:
+            return held.slots
+        late = sorted(held.waiting)
+        self.state.put_revoke([held.keys[i] for i in late], [held.slots[i].put_id for i in late])
+        slots = list(held.slots)
+        for i in late:
+            slots[i] = FENCED_SLOT
+        return slots
+
+    def _still_wanted(self, command: NodeCommand) -> bool:
+        """Whether a command a broken stream may have lost is worth sending again: not a
+        Persist or Copy the master stopped waiting for (its target may be reused by now)."""
+        if isinstance(command, BOUND_TO_PROCESS):
+            return self.state.awaiting(command.command_id)
+        return True

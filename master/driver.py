@@ -1,0 +1,231 @@
+"""Carries out what the core decides, on one asyncio event loop: the only glue between the
+sans-IO core (core.py) and the transports (gRPC in service.py, the lane in lane_server.py).
+
+It writes the core's commands on the nodes' open streams, hands each answer to the call that
+waits for it, and wakes the core when a timer of its falls due. It keeps no rule of its own:
+which commands go where, what waits for what and for how long are the core's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from kvpool.common.logging import get_logger
+from kvpool.master.commands_pb import command_to_pb
+from kvpool.master.core import Effects, MasterCore
+from kvpool.master.records import TickReport
+from kvpool.proto import master_pb2 as pb
+
+log = get_logger("kvpool.master")
+
+
+class CallRefused(Exception):
+    """A call ends with this status instead of an answer (either transport says it its way)."""
+
+    def __init__(self, code: Any, details: str) -> None:
+        super().__init__(details)
+        self.code = code  # a grpc.StatusCode
+        self.details = details
+
+
+class Pending:
+    """The answer of a call that waits: ``then(callback)`` gets (response, None) or (None,
+    CallRefused) once the core answers; ``wait()`` is the same for a coroutine."""
+
+    __slots__ = ("_callback", "_finish", "_outcome")
+
+    def __init__(self, finish: Callable[[Any], Any]) -> None:
+        self._finish = finish
+        self._callback: Callable[[Any, CallRefused | None], None] | None = None
+        self._outcome: tuple[Any, CallRefused | None] | None = None
+
+    def then(self, callback: Callable[[Any, CallRefused | None], None]) -> None:
+        if self._outcome is not None:
+            callback(*self._outcome)
+        else:
+            self._callback = callback
+
+    async def wait(self) -> Any:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        def settle(response: Any, refused: CallRefused | None) -> None:
+            if future.done():
+                return  # the caller went away
+            if refused is None:
+                future.set_result(response)
+            else:
+                future.set_exception(refused)
+
+        self.then(settle)
+        return await future
+
+    def resolve(self, answer: Any) -> None:
+        try:
+            outcome: tuple[Any, CallRefused | None] = (self._finish(answer), None)
+        except CallRefused as refused:
+            outcome = (None, refused)
+        self._settle(outcome)
+
+    def refuse(self, refused: CallRefused) -> None:
+        self._settle((None, refused))
+
+    def _settle(self, outcome: tuple[Any, CallRefused | None]) -> None:
+        self._outcome = outcome
+        if self._callback is not None:
+            self._callback(*outcome)
+
+
+class NodeStream:
+    """One open command stream of a node, as a transport offers it: ``write`` sends a command
+    at once, ``close`` ends the stream (the node reconnects to whoever leads)."""
+
+    __slots__ = ("close", "core", "node_id", "write")
+
+    def __init__(
+        self,
+        node_id: str,
+        core: MasterCore,
+        write: Callable[[pb.NodeCommand], None],
+        close: Callable[[], None],
+    ) -> None:
+        self.node_id = node_id
+        self.core = core
+        self.write = write
+        self.close = close
+
+
+_NO_ANSWER = object()
+
+
+class CoreDriver:
+    def __init__(self, core: MasterCore | None) -> None:
+        """``core`` is None on a standby (the leader gate turns every call away)."""
+        self.core = core
+        self._streams: dict[str, NodeStream] = {}
+        self._waiting: dict[int, Pending] = {}
+        self._call_ids = itertools.count(1)
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+
+    def accepting_clients(self) -> bool:
+        return self.core is None or self.core.accepting_clients()
+
+    def call(self, event: Callable[[int], Effects], finish: Callable[[Any], Any]) -> Any:
+        """Runs one event of the core for a call: returns ``finish(answer)`` when the core
+        answers at once, else a ``Pending`` that resolves when it does."""
+        call_id = next(self._call_ids)
+        effects = event(call_id)
+        answer = effects.answers.pop(call_id, _NO_ANSWER)
+        if answer is _NO_ANSWER:
+            pending = self._waiting[call_id] = Pending(finish)
+            self.carry_out(effects)
+            return pending
+        self.carry_out(effects)
+        return finish(answer)
+
+    def carry_out(self, effects: Effects) -> None:
+        if effects.transmit:
+            streams = self._streams
+            for command in effects.transmit:
+                stream = streams.get(command.node_id)
+                if stream is not None:  # (the core transmits only to open streams)
+                    stream.write(command_to_pb(command))
+        if effects.answers:
+            for call_id, answer in effects.answers.items():
+                pending = self._waiting.pop(call_id, None)
+                if pending is not None:
+                    pending.resolve(answer)
+        for event, fields in effects.notes:
+            log.warning(event, **fields)
+        self._arm_timer()
+
+    # ---- nodes' command streams
+
+    def node_connected(
+        self,
+        node_id: str,
+        incarnation: str,
+        write: Callable[[pb.NodeCommand], None],
+        close: Callable[[], None],
+    ) -> NodeStream:
+        core = self.core
+        if core is None:
+            raise RuntimeError("a standby has no command streams")
+        stream = self._streams[node_id] = NodeStream(node_id, core, write, close)
+        self.carry_out(core.node_connected(node_id, stream, incarnation))
+        return stream
+
+    def node_report(self, stream: NodeStream, report: pb.NodeReport) -> bool:
+        """Applies a node's report; False once the stream's term has ended (ids start afresh
+        each term, so its answers must change nothing)."""
+        core = self.core
+        if stream.core is not core or core is None:
+            return False
+        if report.HasField("result"):
+            result = report.result
+            if not result.ok and result.error:
+                log.warning("a node command failed", node_id=stream.node_id, error=result.error)
+            self.carry_out(
+                core.node_answered(stream.node_id, result.command_id, result.ok, result.crc32c)
+            )
+        return True
+
+    def node_disconnected(self, stream: NodeStream) -> None:
+        if self._streams.get(stream.node_id) is stream:
+            del self._streams[stream.node_id]
+        if stream.core is self.core:
+            stream.core.node_disconnected(stream.node_id, stream)
+
+    # ---- time and terms
+
+    def tick(self, step: int | None) -> TickReport | None:
+        if self.core is None:
+            return None
+        report, effects = self.core.tick(step)
+        self.carry_out(effects)
+        return report
+
+    def reset(self, core: MasterCore | None) -> None:
+        """A new term begins (``core``: a fresh one) or ends (None). The old term's waiting
+        calls get their answers, and the nodes' streams close, so that they reconnect to
+        whoever leads now."""
+        old = self.core
+        self.core = core
+        if old is not None:
+            self.carry_out(old.end_term())
+        for pending in self._waiting.values():  # (none should be left: end_term answers all)
+            pending.refuse(CallRefused(grpc.StatusCode.UNAVAILABLE, "the term ended: retry"))
+        self._waiting.clear()
+        streams, self._streams = list(self._streams.values()), {}
+        for stream in streams:
+            stream.close()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer, self._timer_at = None, math.inf
+
+    def _arm_timer(self) -> None:
+        core = self.core
+        if core is None:
+            return
+        at = core.next_deadline()
+        if at is None or at >= self._timer_at:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # driven without a loop (a test): it calls timers() itself
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = at
+        self._timer = loop.call_later(max(0.0, at - core.clock()), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer, self._timer_at = None, math.inf
+        if self.core is not None:
+            self.carry_out(self.core.timers())

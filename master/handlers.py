@@ -1,0 +1,382 @@
+"""The master's calls, independent of the transport that carries them.
+
+Each handler checks the request's shape, runs one event of the core through the driver and
+builds the protobuf answer from the core's plain data. It returns the answer, or a
+``Pending`` when the core answers later (a PutEnd waiting for its nodes), or raises
+``CallRefused`` with a status. gRPC (service.py) and the metadata lane (lane_server.py) are
+thin adapters over these, in the way h11's ``Connection`` is driven by any I/O library: both
+doors give the same answers; only the envelope differs. Whole-call problems are statuses;
+per-key outcomes are KeyStatus values.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import grpc
+
+from kvpool.common.status import KeyStatus, Pin, Tier
+from kvpool.master import metrics
+from kvpool.master.commands_pb import stored_from_pb
+from kvpool.master.core import TERM_ENDED, MasterCore
+from kvpool.master.driver import CallRefused, CoreDriver
+from kvpool.master.records import (
+    Commit,
+    Location,
+    PlacedReplica,
+    PrefixRemoval,
+    PutOptions,
+    PutSlot,
+    SegmentInfo,
+)
+from kvpool.proto import master_pb2 as pb
+
+MAX_BATCH = 65536
+
+#: The calls every transport carries, by name (NodeSession, a stream, is each adapter's own).
+UNARY_METHODS = (
+    "MountSegment",
+    "UnmountSegment",
+    "Heartbeat",
+    "PutStart",
+    "PutEnd",
+    "PutRevoke",
+    "GetReplicas",
+    "Exists",
+    "Remove",
+    "RemovePrefix",
+    "Stat",
+    "ClientHeartbeat",
+    "ListKeys",
+    "ClusterStatus",
+    "Lane",
+)
+
+_STARTED = time.monotonic()
+
+
+class MasterHandlers:
+    def __init__(self, driver: CoreDriver) -> None:
+        self.driver = driver
+        #: Where the cluster's storage nodes are listed (etcd in HA mode; else nowhere).
+        self.registry: Any = None
+        #: Where the metadata lane listens (0: no lane); clients ask through ``Lane``.
+        self.lane_port = 0
+        self._segment_pbs: dict[str, tuple[SegmentInfo, pb.Segment]] = {}
+
+    def call(self, method: str, request: Any) -> Any:
+        """Runs handler ``method``, counting and timing it (the part that runs now)."""
+        started = time.perf_counter()
+        try:
+            return getattr(self, method)(request)
+        finally:
+            metrics.labelled(metrics.REQUESTS, method).inc()
+            metrics.labelled(metrics.LATENCY, method).observe(time.perf_counter() - started)
+
+    @property
+    def core(self) -> MasterCore:
+        core = self.driver.core
+        if core is None:
+            raise CallRefused(grpc.StatusCode.UNAVAILABLE, "this master is not serving: retry")
+        return core
+
+    # ---- node side
+
+    def MountSegment(self, request: pb.MountSegmentRequest) -> Any:
+        s = request.segment
+        if not s.segment_id or not s.node_id or not s.worker_address or not s.size:
+            raise CallRefused(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "MountSegment needs segment_id, node_id, worker_address and size",
+            )
+        info = SegmentInfo(
+            segment_id=s.segment_id,
+            node_id=s.node_id,
+            host=s.host,
+            worker_address=s.worker_address,
+            base_address=s.base_address,
+            size=s.size,
+            rkey=s.rkey,
+            tier=Tier(s.tier) if s.tier else Tier.DRAM,
+            persistent=s.persistent,
+            shared_memory=(
+                s.shared_memory.SerializeToString() if s.HasField("shared_memory") else b""
+            ),
+        )
+        stored = [stored_from_pb(o) for o in request.objects]
+        core = self.core
+        if self.registry is not None:
+            self.registry.node_seen(info.node_id)
+
+        def answer(dropped: list[str]) -> pb.MountSegmentResponse:
+            return pb.MountSegmentResponse(dropped_keys=dropped)
+
+        return self.driver.call(
+            lambda call_id: core.mount_segment(
+                call_id, info, stored, request.remount, request.silent_ms / 1000.0
+            ),
+            answer,
+        )
+
+    def UnmountSegment(self, request: pb.UnmountSegmentRequest) -> Any:
+        core = self.core
+
+        def answer(result: tuple[int, float]) -> pb.UnmountSegmentResponse:
+            lost, drain = result
+            return pb.UnmountSegmentResponse(objects_removed=lost, drain_ms=int(drain * 1000))
+
+        return self.driver.call(
+            lambda call_id: core.unmount_segment(call_id, request.node_id, request.segment_id),
+            answer,
+        )
+
+    def Heartbeat(self, request: pb.HeartbeatRequest) -> Any:
+        core = self.core
+        return self.driver.call(
+            lambda call_id: core.heartbeat(call_id, request.node_id, request.segment_ids),
+            lambda remount: pb.HeartbeatResponse(remount_segment_ids=remount),
+        )
+
+    # ---- client side
+
+    def PutStart(self, request: pb.PutStartRequest) -> Any:
+        _check_batch(request.keys, sizes=request.sizes)
+        options = PutOptions(
+            replicas=request.replicas,
+            preferred_hosts=tuple(request.preferred_hosts),
+            pin=Pin(request.pin),
+            pin_ttl=request.pin_ttl_ms / 1000.0,
+            tier=Tier(request.tier),
+        )
+        core = self.core
+        write_timeout_ms = int(core.state.config.write_timeout * 1000)
+
+        def answer(slots: list[PutSlot] | object) -> pb.PutStartResponse:
+            if slots is TERM_ENDED:
+                raise CallRefused(
+                    grpc.StatusCode.UNAVAILABLE, "the master's term ended meanwhile: retry"
+                )
+            assert isinstance(slots, list)
+            response = pb.PutStartResponse(write_timeout_ms=write_timeout_ms)
+            segments: dict[str, pb.Segment] = {}
+            for slot in slots:
+                out = response.slots.add(status=slot.status, put_id=slot.put_id)
+                if slot.message:
+                    out.message = slot.message
+                self._add_replicas(out.replicas, slot.replicas, segments)
+            response.segments.extend(segments.values())
+            _count("PutStart", (slot.status for slot in slots))
+            return response
+
+        return self.driver.call(
+            lambda call_id: core.put_start(
+                call_id, request.client_id, request.keys, request.sizes, options
+            ),
+            answer,
+        )
+
+    def PutEnd(self, request: pb.PutEndRequest) -> Any:
+        _check_batch(request.commits)
+        commits = [
+            Commit(c.key, c.put_id, tuple(c.replica_ok), c.crc32c if c.HasField("crc32c") else None)
+            for c in request.commits
+        ]
+        core = self.core
+
+        def answer(statuses: list[KeyStatus]) -> pb.PutEndResponse:
+            _count("PutEnd", statuses)
+            return pb.PutEndResponse(statuses=statuses)
+
+        return self.driver.call(lambda call_id: core.put_end(call_id, commits), answer)
+
+    def PutRevoke(self, request: pb.PutRevokeRequest) -> Any:
+        _check_batch(request.keys, sizes=request.put_ids)
+        core = self.core
+
+        def answer(statuses: list[KeyStatus]) -> pb.PutRevokeResponse:
+            _count("PutRevoke", statuses)
+            return pb.PutRevokeResponse(statuses=statuses)
+
+        return self.driver.call(
+            lambda call_id: core.put_revoke(call_id, request.keys, request.put_ids), answer
+        )
+
+    def GetReplicas(self, request: pb.GetReplicasRequest) -> Any:
+        _check_batch(request.keys)
+        core = self.core
+
+        def answer(result: tuple[list[Location], float]) -> pb.GetReplicasResponse:
+            locations, ttl = result
+            response = pb.GetReplicasResponse(lease_ms=int(ttl * 1000))
+            segments: dict[str, pb.Segment] = {}
+            for location in locations:
+                out = response.objects.add(status=location.status, size=location.size)
+                if location.crc32c is not None:
+                    out.crc32c = location.crc32c
+                self._add_replicas(out.replicas, location.replicas, segments)
+            response.segments.extend(segments.values())
+            _count("GetReplicas", (loc.status for loc in locations))
+            return response
+
+        return self.driver.call(
+            lambda call_id: core.get_replicas(call_id, request.keys, request.lease_ms / 1000.0),
+            answer,
+        )
+
+    def Exists(self, request: pb.ExistsRequest) -> Any:
+        _check_batch(request.keys)
+        core = self.core
+
+        def answer(statuses: list[KeyStatus]) -> pb.ExistsResponse:
+            _count("Exists", statuses)
+            return pb.ExistsResponse(statuses=statuses)
+
+        return self.driver.call(
+            lambda call_id: core.exists(
+                call_id, request.keys, request.lease_ms / 1000.0, not request.no_lease
+            ),
+            answer,
+        )
+
+    def Remove(self, request: pb.RemoveRequest) -> Any:
+        _check_batch(request.keys)
+        core = self.core
+
+        def answer(statuses: list[KeyStatus]) -> pb.RemoveResponse:
+            _count("Remove", statuses)
+            return pb.RemoveResponse(statuses=statuses)
+
+        return self.driver.call(
+            lambda call_id: core.remove(call_id, request.keys, request.force), answer
+        )
+
+    def RemovePrefix(self, request: pb.RemovePrefixRequest) -> Any:
+        core = self.core
+
+        def answer(result: PrefixRemoval) -> pb.RemovePrefixResponse:
+            return pb.RemovePrefixResponse(
+                removed=result.removed, leased=result.leased, not_ready=result.not_ready
+            )
+
+        return self.driver.call(
+            lambda call_id: core.remove_prefix(call_id, request.prefix, request.force), answer
+        )
+
+    def ClientHeartbeat(self, request: pb.ClientHeartbeatRequest) -> Any:
+        core = self.core
+        return self.driver.call(
+            lambda call_id: core.client_heartbeat(call_id, request.client_id),
+            lambda _: pb.ClientHeartbeatResponse(),
+        )
+
+    # ---- reads of the state that change nothing
+
+    def Stat(self, request: pb.StatRequest) -> pb.StatResponse:
+        info = self.core.state.stat(request.key)
+        response = pb.StatResponse(
+            status=info.status,
+            size=info.size,
+            state=info.state,
+            lease_remaining_ms=int(info.lease_remaining * 1000),
+            pin=info.pin,
+            pin_remaining_ms=int(info.pin_remaining * 1000),
+            age_ms=int(info.age * 1000),
+            idle_ms=int(info.idle * 1000),
+        )
+        if info.crc32c is not None:
+            response.crc32c = info.crc32c
+        for replica in info.replicas:
+            response.replicas.add(
+                segment_id=replica.segment.segment_id,
+                node_id=replica.segment.node_id,
+                host=replica.segment.host,
+                tier=replica.segment.tier,
+                address=replica.address,
+            )
+        return response
+
+    def ListKeys(self, request: pb.ListKeysRequest) -> pb.ListKeysResponse:
+        page = self.core.state.list_keys(request.prefix, request.limit, request.start_after)
+        return pb.ListKeysResponse(
+            keys=page.keys, sizes=page.sizes, next_start_after=page.next_start_after
+        )
+
+    def ClusterStatus(self, request: pb.ClusterStatusRequest) -> pb.ClusterStatusResponse:
+        snapshot = self.core.state.snapshot()
+        response = pb.ClusterStatusResponse(
+            objects=snapshot.objects,
+            reservations=snapshot.reservations,
+            nodes=snapshot.nodes,
+            uptime_s=time.monotonic() - _STARTED,
+        )
+        for s in snapshot.segments:
+            response.segments.add(
+                segment_id=s.info.segment_id,
+                node_id=s.info.node_id,
+                host=s.info.host,
+                tier=s.info.tier,
+                capacity=s.capacity,
+                used=s.used,
+                objects=s.objects,
+                largest_free=s.largest_free,
+                persistent=s.info.persistent,
+            )
+        return response
+
+    def Lane(self, request: pb.LaneRequest) -> pb.LaneResponse:
+        return pb.LaneResponse(port=self.lane_port)
+
+    # ---- helpers
+
+    def _add_replicas(
+        self, out: Any, replicas: Iterable[PlacedReplica], segments: dict[str, pb.Segment]
+    ) -> None:
+        for replica in replicas:
+            segment_id = replica.segment.segment_id
+            out.add(segment_id=segment_id, address=replica.address)
+            if segment_id not in segments:
+                segments[segment_id] = self._segment_pb(replica.segment)
+
+    def _segment_pb(self, info: SegmentInfo) -> pb.Segment:
+        cached = self._segment_pbs.get(info.segment_id)
+        if cached is None or cached[0] is not info:
+            message = pb.Segment(
+                segment_id=info.segment_id,
+                node_id=info.node_id,
+                host=info.host,
+                worker_address=info.worker_address,
+                base_address=info.base_address,
+                size=info.size,
+                rkey=info.rkey,
+                tier=info.tier,
+                persistent=info.persistent,
+            )
+            if info.shared_memory:
+                message.shared_memory.ParseFromString(info.shared_memory)
+            cached = self._segment_pbs[info.segment_id] = (info, message)
+        return cached[1]
+
+
+#: The ``status`` label of each KeyStatus value.
+_STATUS_LABELS = {status.value: status.name.lower() for status in KeyStatus}
+
+
+def _count(method: str, statuses: Iterable[int | None]) -> None:
+    for status, n in collections.Counter(statuses).items():  # (counted in C)
+        metrics.labelled(metrics.KEYS, method, _STATUS_LABELS[status]).inc(n)
+
+
+def _check_batch(keys: Sequence[Any], *, sizes: Sequence[Any] | None = None) -> None:
+    if len(keys) > MAX_BATCH:
+        raise CallRefused(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"a batch holds at most {MAX_BATCH} keys, got {len(keys)}: split it",
+        )
+    if sizes is not None and len(sizes) != len(keys):
+        raise CallRefused(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{len(keys)} keys but {len(sizes)} sizes/ids: send one per key",
+        )
