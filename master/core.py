@@ -312,17 +312,16 @@ class MasterCore:
 
     def end_term(self) -> Effects:
         """The term ends (a new leader, or this one lost leadership): every call still
-        waiting is answered, commits as STALE_PUT (the writer puts again), held PutStarts
-        as TERM_ENDED, removals with what they did."""
+        waiting is answered, commits as STALE_PUT (the writer puts again), held PutStarts and
+        removals as TERM_ENDED: a removal whose nodes have not confirmed may come back at the
+        next leader, so its caller must remove again there."""
         effects = Effects()
         for call_id, call in self._put_ends.items():
             effects.answers[call_id] = [
                 KeyStatus.STALE_PUT if status is None else status for status in call.statuses
             ]
-        for call_id, held in self._held.items():
-            effects.answers[call_id] = (
-                TERM_ENDED if isinstance(held, _HeldPutStart) else held.answer
-            )
+        for call_id in self._held:
+            effects.answers[call_id] = TERM_ENDED
         self._put_ends.clear()
         self._commit_waits.clear()
         self._held.clear()

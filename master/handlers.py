@@ -155,10 +155,7 @@ class MasterHandlers:
         write_timeout_ms = int(core.state.config.write_timeout * 1000)
 
         def answer(slots: list[PutSlot] | object) -> pb.PutStartResponse:
-            if slots is TERM_ENDED:
-                raise CallRefused(
-                    grpc.StatusCode.UNAVAILABLE, "the master's term ended meanwhile: retry"
-                )
+            _unless_term_ended(slots)
             assert isinstance(slots, list)
             response = pb.PutStartResponse(write_timeout_ms=write_timeout_ms)
             segments: dict[str, pb.Segment] = {}
@@ -246,6 +243,7 @@ class MasterHandlers:
         core = self.core
 
         def answer(statuses: list[KeyStatus]) -> pb.RemoveResponse:
+            _unless_term_ended(statuses)
             _count("Remove", statuses)
             return pb.RemoveResponse(statuses=statuses)
 
@@ -257,6 +255,7 @@ class MasterHandlers:
         core = self.core
 
         def answer(result: PrefixRemoval) -> pb.RemovePrefixResponse:
+            _unless_term_ended(result)
             return pb.RemovePrefixResponse(
                 removed=result.removed, leased=result.leased, not_ready=result.not_ready
             )
@@ -367,6 +366,11 @@ _STATUS_LABELS = {status.value: status.name.lower() for status in KeyStatus}
 def _count(method: str, statuses: Iterable[int | None]) -> None:
     for status, n in collections.Counter(statuses).items():  # (counted in C)
         metrics.labelled(metrics.KEYS, method, _STATUS_LABELS[status]).inc(n)
+
+
+def _unless_term_ended(answer: object) -> None:
+    if answer is TERM_ENDED:
+        raise CallRefused(grpc.StatusCode.UNAVAILABLE, "the master's term ended meanwhile: retry")
 
 
 def _check_batch(keys: Sequence[Any], *, sizes: Sequence[Any] | None = None) -> None:

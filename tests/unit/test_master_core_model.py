@@ -1,0 +1,453 @@
+"""Model check of the master's whole sans-IO core (``master/core.py``): delivery of node
+commands across broken streams, answers waited for and given up on, the forget barrier, the
+rebuild window of a new term, and master failover.
+
+A hypothesis state machine drives ``MasterCore`` (fake clock) with a small cluster of simulated
+storage nodes, each with one DRAM segment and an index of what it recorded, as a node keeps it:
+a command the core writes travels on the node's stream; the node runs its commands in order
+(Persist records objects, Forget drops exactly the generation it names) and answers; a stream
+breaks, losing what was on the wire, and the node opens a new one; answers get lost; a node
+answers a command it was never sent; clients put, commit and remove; time passes and the core's
+timers fire; the leader dies and a new term rebuilds its index from the nodes' remounts.
+
+Invariants, after every step:
+
+1. the barrier: a PutStart hands out (OK) only buffers that no node's index lists under
+   another object: what a writer writes can never be adopted as an old object's bytes;
+2. nothing placed in fenced space: after a failover, no OK slot lies in a segment before its
+   fence (a write timeout and a margin after the node last heard from the old master);
+3. a held call (PutStart behind a Forget, a removal waiting for its Forgets) is answered within
+   ``forget_wait``, a PutEnd within the command timeout, once the core's timers ran;
+4. a removal answered before its wait ran out has had its Forgets run by the nodes;
+5. an answer from a node the command was not sent to changes nothing;
+6. the rebuild window: a new leader turns clients away until every known node remounted (or
+   the window passed), and takes them once they have;
+7. failover loses nothing and brings nothing back: every object published and not removed is
+   published again once the nodes remounted; an object whose removal was answered by its nodes
+   stays gone;
+8. delivery: once every node is connected and has run what it was sent (``settle``, also at the
+   end of every example), nothing is left unanswered or unsent, no call waits, and the forget
+   barrier is empty.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from state_helpers import FakeClock, segment_info
+
+from kvpool.common.status import KeyStatus
+from kvpool.master.config import MasterConfig
+from kvpool.master.core import TERM_ENDED, Effects, MasterCore
+from kvpool.master.records import (
+    Commit,
+    ForgetCommand,
+    NodeCommand,
+    ObjectState,
+    PersistCommand,
+    PutOptions,
+    PutSlot,
+    StoredObject,
+)
+from kvpool.master.state import FENCE_MARGIN, MasterState
+
+# Nodes are never declared dead here (the state model covers that): they heartbeat as time
+# passes, and their TTL is longer than any step.
+CONFIG = MasterConfig(node_ttl=60.0, reservation_timeout=8.0, reclaim_delay=0.0)
+COMMAND_TIMEOUT = 2.0
+FORGET_WAIT = 1.0
+NODES = ("n0", "n1")
+KEYS = ("a", "b", "c", "d", "e", "f")
+SEGMENT_SIZE = 2048
+STEPS = (0.1, 0.5, 1.0, 1.5, 3.0)
+
+
+@dataclass
+class SimNode:
+    """A storage node as the core sees it through its stream: what is on the wire to it, and
+    what its index holds (key, generation) -> the stored object."""
+
+    name: str
+    index: dict[tuple[str, int], StoredObject] = field(default_factory=dict)
+    stream: object | None = None
+    wire: list[NodeCommand] = field(default_factory=list)
+    streams_opened: int = 0
+    ran: list[NodeCommand] = field(default_factory=list)
+
+    def run(self, command: NodeCommand) -> None:
+        self.ran.append(command)
+        if isinstance(command, PersistCommand):
+            for item in command.objects:
+                self.index[item.key, item.generation] = item
+        elif isinstance(command, ForgetCommand):
+            for item in command.objects:
+                self.index.pop((item.key, item.generation), None)
+
+    def lists(self, offset: int, size: int) -> list[StoredObject]:
+        end = offset + max(size, 1)
+        return [
+            o for o in self.index.values() if o.offset < end and offset < o.offset + max(o.size, 1)
+        ]
+
+
+@dataclass
+class Call:
+    kind: str  # "put_start", "put_end", "remove"
+    started: float
+    keys: list[str]
+    sizes: list[int] = field(default_factory=list)
+    #: A removal's keys -> the generation published when it was asked for.
+    generations: dict[str, int] = field(default_factory=dict)
+
+
+class CoreModel(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = FakeClock()
+        self.epoch = 1
+        self.core = self.new_core(awaited=())
+        self.nodes = {name: SimNode(name) for name in NODES}
+        self.call_ids = iter(range(1, 1 << 30))
+        self.calls: dict[int, Call] = {}
+        #: key -> (put_id, slot) of an answered, uncommitted PutStart of this term.
+        self.reserved: dict[str, tuple[int, PutSlot]] = {}
+        #: key -> generation of the objects published when the last term ended.
+        self.published: dict[str, int] = {}
+        #: key -> generation of objects whose removal the nodes confirmed.
+        self.removed: dict[str, int] = {}
+        #: segment id -> the time before which nothing may be placed there (after a failover).
+        self.fences: dict[str, float] = {}
+        self.last_heard: dict[str, float] = {}
+        self.remounted: set[str] = set(NODES)
+        self.rebuild_until = 0.0
+
+    def new_core(self, awaited: tuple[str, ...]) -> MasterCore:
+        state = MasterState(
+            CONFIG, clock=self.clock, rng=random.Random(self.epoch), epoch=self.epoch
+        )
+        return MasterCore(
+            state,
+            awaited_nodes=awaited,
+            rebuild_window=CONFIG.node_ttl,
+            command_timeout=COMMAND_TIMEOUT,
+            forget_wait=FORGET_WAIT,
+        )
+
+    @initialize()
+    def mount_and_connect(self) -> None:
+        for name, node in self.nodes.items():
+            self.apply(
+                self.core.mount_segment(
+                    next(self.call_ids), segment_info(name, SEGMENT_SIZE), [], False, 0.0
+                )
+            )
+            self.connect(node)
+            self.last_heard[name] = self.clock()
+
+    # ------------------------------------------------------------------ the I/O layer's part
+
+    def apply(self, effects: Effects) -> None:
+        for command in effects.transmit:
+            node = self.nodes[command.node_id]
+            assert node.stream is not None, "the core wrote to a node without a stream"
+            node.wire.append(command)
+        for call_id, answer in effects.answers.items():
+            call = self.calls.pop(call_id, None)
+            if call is not None:
+                self.answered(call, answer)
+
+    def call(self, kind: str, keys: list[str], event, sizes: list[int] | None = None) -> None:
+        call_id = next(self.call_ids)
+        objects = self.core.state.objects
+        generations = {
+            k: objects[k].generation
+            for k in keys
+            if k in objects and objects[k].state is ObjectState.PUBLISHED
+        }
+        self.calls[call_id] = Call(kind, self.clock(), keys, sizes or [], generations)
+        self.apply(event(call_id))
+
+    def connect(self, node: SimNode) -> None:
+        node.streams_opened += 1
+        node.stream = f"{node.name}/stream{node.streams_opened}/term{self.epoch}"
+        node.wire = []
+        self.apply(self.core.node_connected(node.name, node.stream, "process 1"))
+
+    def answered(self, call: Call, answer) -> None:
+        now = self.clock()
+        if call.kind == "put_start":
+            if answer is TERM_ENDED:
+                return
+            for key, size, slot in zip(call.keys, call.sizes, answer, strict=True):
+                if slot.status is not KeyStatus.OK:
+                    continue
+                for replica in slot.replicas:
+                    segment = replica.segment
+                    offset = replica.address - segment.base_address
+                    listed = self.nodes[segment.node_id].lists(offset, size)
+                    assert not listed, (
+                        f"{key!r} handed {segment.segment_id}+{offset} ({size} B) where the "
+                        f"node still lists {listed}: the forget barrier let it through; "
+                        f"ran {self.nodes[segment.node_id].ran[-6:]}; "
+                        f"wire {self.nodes[segment.node_id].wire}; "
+                        f"unanswered {self.core.delivery.unanswered(segment.node_id)}; "
+                        f"unsent {self.core.delivery.unsent(segment.node_id)}"
+                    )
+                    assert now >= self.fences.get(segment.segment_id, 0.0), (
+                        f"{key!r} placed in {segment.segment_id} before its fence"
+                    )
+                self.reserved[key] = (slot.put_id, slot)
+        elif call.kind == "remove" and answer is not TERM_ENDED:
+            in_time = now < call.started + FORGET_WAIT
+            for key, status in zip(call.keys, answer, strict=True):
+                generation = call.generations.get(key)
+                if status is not KeyStatus.OK or generation is None or not in_time:
+                    continue
+                for node in self.nodes.values():
+                    assert (key, generation) not in node.index, (
+                        f"removal of {key!r} answered while {node.name} still lists it; "
+                        f"{call}; ran {node.ran[-8:]}; wire {node.wire}; now {now}"
+                    )
+                self.removed[key] = generation
+
+    # ------------------------------------------------------------------ clients
+
+    @precondition(lambda self: self.core.accepting_clients())
+    @rule(
+        batch=st.lists(
+            st.tuples(st.sampled_from(KEYS), st.integers(64, 1500)),
+            min_size=1,
+            max_size=3,
+            unique_by=lambda t: t[0],
+        ),
+        replicas=st.integers(1, 2),
+        then=st.sampled_from(["nothing", "commit", "commit", "commit and record"]),
+    )
+    def put(self, batch, replicas, then) -> None:
+        """A PutStart; its writer may commit at once, and the nodes may record it at once."""
+        keys = [k for k, _ in batch]
+        sizes = [s for _, s in batch]
+        options = PutOptions(replicas=replicas)
+        self.call(
+            "put_start",
+            keys,
+            lambda c: self.core.put_start(c, "client", keys, sizes, options),
+            sizes,
+        )
+        if then == "nothing":
+            return
+        for key in [k for k in keys if k in self.reserved]:
+            self.commit(key)
+        if then == "commit and record":
+            for name in NODES:
+                self.node_runs_commands(name, 10, False)
+
+    def commit(self, key: str) -> None:
+        put_id, slot = self.reserved.pop(key)
+        commit = Commit(key, put_id, (True,) * len(slot.replicas))
+        self.call("put_end", [key], lambda c: self.core.put_end(c, [commit]))
+
+    @precondition(lambda self: self.reserved)
+    @rule(data=st.data())
+    def put_end(self, data) -> None:
+        self.commit(data.draw(st.sampled_from(sorted(self.reserved))))
+
+    @precondition(lambda self: self.core.accepting_clients())
+    @rule(
+        keys=st.lists(st.sampled_from(KEYS), min_size=1, max_size=3, unique=True),
+        force=st.booleans(),
+    )
+    def remove(self, keys, force) -> None:
+        self.call("remove", keys, lambda c: self.core.remove(c, keys, force))
+
+    # ------------------------------------------------------------------ nodes
+
+    @rule(
+        name=st.sampled_from(NODES),
+        count=st.integers(1, 3),
+        lose_answer=st.sampled_from([False] * 5 + [True]),
+    )
+    def node_runs_commands(self, name, count, lose_answer) -> None:
+        """The node runs its next commands in order and answers them (or the last answer is
+        lost)."""
+        node = self.nodes[name]
+        for i in range(count):
+            if not node.wire:
+                return
+            command = node.wire.pop(0)
+            node.run(command)
+            if not (lose_answer and i == count - 1):
+                self.apply(self.core.node_answered(name, command.command_id, True))
+
+    @rule(name=st.sampled_from(NODES))
+    def stream_breaks(self, name) -> None:
+        node = self.nodes[name]
+        if node.stream is None:
+            return
+        self.core.node_disconnected(name, node.stream)
+        node.stream, node.wire = None, []  # what was on the wire is lost
+
+    @precondition(
+        lambda self: any(n.stream is None and n.name in self.remounted for n in self.nodes.values())
+    )
+    @rule(data=st.data())
+    def node_reconnects(self, data) -> None:
+        name = data.draw(
+            st.sampled_from(
+                sorted(
+                    n.name
+                    for n in self.nodes.values()
+                    if n.stream is None and n.name in self.remounted
+                )
+            )
+        )
+        self.connect(self.nodes[name])
+
+    @rule(name=st.sampled_from(NODES), other=st.sampled_from(NODES))
+    def answer_from_the_wrong_node(self, name, other) -> None:
+        """``other`` answers a command on ``name``'s wire: nothing changes."""
+        if name == other or not self.nodes[name].wire:
+            return
+        command = self.nodes[name].wire[0]
+        state = self.core.state
+        awaiting = state.awaiting(command.command_id)
+        effects = self.core.node_answered(other, command.command_id, False)
+        assert not effects.transmit and not effects.answers, "a stranger's answer had effects"
+        assert state.awaiting(command.command_id) == awaiting
+
+    # ------------------------------------------------------------------ time and terms
+
+    @rule(step=st.sampled_from(STEPS), tick_step=st.sampled_from([None, 1, 4]))
+    def time_passes(self, step, tick_step) -> None:
+        self.clock.advance(step)
+        for name in self.remounted:
+            self.apply(self.core.heartbeat(next(self.call_ids), name, [f"{name}/dram0"]))
+            self.last_heard[name] = self.clock()
+        self.apply(self.core.timers())
+        _, effects = self.core.tick(tick_step)
+        self.apply(effects)
+
+    @rule(chance=st.integers(0, 3))
+    def leader_fails_over(self, chance) -> None:
+        if chance:
+            return  # (rarer than other events: a new term takes several steps to rebuild)
+        self.published = {
+            key: record.generation
+            for key, record in self.core.state.objects.items()
+            if record.state is ObjectState.PUBLISHED
+        }
+        self.apply(self.core.end_term())
+        assert not self.calls, f"calls left waiting by the old term: {self.calls}"
+        self.epoch += 1
+        self.core = self.new_core(awaited=NODES)
+        self.reserved.clear()
+        self.remounted = set()
+        for node in self.nodes.values():
+            node.stream, node.wire = None, []
+        assert not self.core.accepting_clients(), "a new leader took clients before any remount"
+
+    @precondition(lambda self: len(self.remounted) < len(NODES))
+    @rule(data=st.data(), silent=st.sampled_from([0.0, 0.5, 2.0]))
+    def node_remounts(self, data, silent) -> None:
+        name = data.draw(st.sampled_from(sorted(set(NODES) - self.remounted)))
+        node = self.nodes[name]
+        stored = sorted(node.index.values(), key=lambda o: o.generation)
+        call_id = next(self.call_ids)
+        effects = self.core.mount_segment(
+            call_id, segment_info(name, SEGMENT_SIZE), stored, True, silent
+        )
+        dropped = set(effects.answers.pop(call_id))
+        self.apply(effects)
+        for key, generation in [k for k in node.index if k[0] in dropped]:
+            del node.index[key, generation]
+        self.fences[f"{name}/dram0"] = self.clock() - silent + CONFIG.write_timeout + FENCE_MARGIN
+        self.remounted.add(name)
+        self.connect(node)
+        if self.remounted == set(NODES):
+            assert self.core.accepting_clients(), "every node remounted: clients are welcome"
+            self.check_nothing_lost_nothing_back()
+
+    def check_nothing_lost_nothing_back(self) -> None:
+        state = self.core.state
+        for key, generation in self.published.items():
+            record = state.objects.get(key)
+            assert record is not None and record.generation == generation, (
+                f"published {key!r} (generation {generation}) lost in the failover"
+            )
+        for key, generation in self.removed.items():
+            record = state.objects.get(key)
+            assert record is None or record.generation != generation, (
+                f"{key!r}, whose removal its nodes confirmed, came back after the failover"
+            )
+
+    # ------------------------------------------------------------------ invariants
+
+    @invariant()
+    def held_calls_are_answered_in_time(self) -> None:
+        now = self.clock()
+        for call in self.calls.values():
+            limit = COMMAND_TIMEOUT if call.kind == "put_end" else FORGET_WAIT
+            assert now < call.started + limit + max(STEPS), f"{call} still waits at {now}"
+
+    @invariant()
+    def the_rebuild_window_turns_clients_away_until_the_nodes_remounted(self) -> None:
+        if self.remounted == set(NODES):
+            assert self.core.accepting_clients()
+
+    def teardown(self) -> None:
+        self.settle()
+
+    def settle(self) -> None:
+        """Every node remounts and connects and runs everything sent to it; time passes
+        beyond every wait: nothing may be left undelivered, unanswered or waiting."""
+        for name in sorted(set(NODES) - self.remounted):
+            self.node_remounts_now(name)
+        for node in self.nodes.values():
+            if node.stream is None:
+                self.connect(node)
+        for _ in range(3):
+            for _ in range(200):
+                busy = [n for n in self.nodes.values() if n.wire]
+                if not busy:
+                    break
+                for node in busy:
+                    command = node.wire.pop(0)
+                    node.run(command)
+                    self.apply(self.core.node_answered(node.name, command.command_id, True))
+            self.clock.advance(COMMAND_TIMEOUT + FORGET_WAIT)
+            for name in NODES:
+                self.apply(self.core.heartbeat(next(self.call_ids), name, [f"{name}/dram0"]))
+            self.apply(self.core.timers())
+        assert not self.calls, f"calls still waiting after everything settled: {self.calls}"
+        for name in NODES:
+            assert self.core.delivery.unanswered(name) == [], f"{name}: unanswered commands"
+            assert self.core.delivery.unsent(name) == [], f"{name}: commands never sent"
+        assert len(self.core.barrier) == 0, "Forgets still hold writers back"
+
+    def node_remounts_now(self, name: str) -> None:
+        node = self.nodes[name]
+        call_id = next(self.call_ids)
+        stored = sorted(node.index.values(), key=lambda o: o.generation)
+        effects = self.core.mount_segment(
+            call_id, segment_info(name, SEGMENT_SIZE), stored, True, 0.0
+        )
+        dropped = set(effects.answers.pop(call_id))
+        self.apply(effects)
+        for key in [k for k in node.index if k[0] in dropped]:
+            del node.index[key]
+        self.remounted.add(name)
+
+
+CoreModel.TestCase.settings = settings(
+    max_examples=100,
+    stateful_step_count=60,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_master_core_model = CoreModel.TestCase
