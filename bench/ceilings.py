@@ -1,4 +1,4 @@
-"""``python -m kvpool.bench.ceilings``: what this machine allows beneath any store.
+"""``python -m bench.ceilings``: what this machine allows beneath any store.
 
 For each placement of ``kvpool bench --compare`` (same-host; netns: two network namespaces
 over a veth pair), between two bare processes:
@@ -295,10 +295,10 @@ def _argv(role: str, config: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from kvpool.bench import environment
-    from kvpool.bench.compare import PLACEMENTS, open_placement
+    from bench import environment
+    from bench.compare import PLACEMENTS, open_placement
 
-    parser = argparse.ArgumentParser(prog="python -m kvpool.bench.ceilings")
+    parser = argparse.ArgumentParser(prog="python -m bench.ceilings")
     parser.add_argument("--placements", default=",".join(PLACEMENTS))
     parser.add_argument("--json", default=str(HERE / "results" / "ceilings.json"))
     args = parser.parse_args(argv)

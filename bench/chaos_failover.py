@@ -1,6 +1,6 @@
 """Failover under load: kill the leading master with SIGKILL, again and again, and count.
 
-``python -m kvpool.bench.chaos_failover [--rounds 3] [--masters 3] [--nodes 2]`` starts a real
+``python -m bench.chaos_failover [--rounds 3] [--masters 3] [--nodes 2]`` starts a real
 etcd, several masters electing a leader through it, storage nodes, and a client that puts
 (two replicas) and reads back without pause. Each round kills the leader and measures how long
 until a new one is elected and until the load is served again; then every object published

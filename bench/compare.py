@@ -137,7 +137,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvpool.bench import report
+    from bench import report
 
     try:
         options = _options(args)
@@ -200,8 +200,8 @@ def compare(
     a JSON-ready dict (see report.py for its shape)."""
     import os
 
-    from kvpool.bench import environment
-    from kvpool.bench.mooncake_runner import mooncake_available, mooncake_version
+    from bench import environment
+    from bench.mooncake_runner import mooncake_available, mooncake_version
 
     skipped: dict[str, str] = {}
     if "mooncake" in systems and (why := mooncake_available()):
@@ -238,7 +238,7 @@ def profile_workload(
     options: dict, workload: str, seconds: float, out_dir: Path, native: bool = False
 ) -> int:
     """Runs one workload on kvpool alone under py-spy in each placement; prints summaries."""
-    from kvpool.bench import profile
+    from bench import profile
 
     [chosen] = [w for w in options["workloads"] if w.name == workload]
     for name in options["placements"]:
@@ -256,7 +256,7 @@ def profile_workload(
 def _ceilings(placement) -> dict:
     import tempfile
 
-    from kvpool.bench import ceilings
+    from bench import ceilings
 
     print(f"[{placement.name}] measuring bare UCX, TCP and gRPC", flush=True)
     with tempfile.TemporaryDirectory(prefix="kvpool-ceilings-") as work_dir:
@@ -265,7 +265,7 @@ def _ceilings(placement) -> dict:
 
 @contextmanager
 def open_placement(name: str) -> Iterator:
-    from kvpool.bench import netns
+    from bench import netns
 
     if name == "same-host":
         yield netns.same_host()
@@ -300,7 +300,7 @@ class PlacementBench:
         self.kvpool_lease_ttl = 0.0
 
     def measure(self, workloads: list[Workload], runs: int, warmup: bool = True) -> dict:
-        from kvpool.bench import environment
+        from bench import environment
 
         snapshot = environment.cpu_snapshot()
         values: dict = {
@@ -340,7 +340,7 @@ class PlacementBench:
         self, workload: Workload, seconds: float, out_dir: Path, stem: str, native: bool = False
     ) -> dict:
         """Repeats ``workload`` on kvpool for ``seconds`` under py-spy; role -> raw file."""
-        from kvpool.bench import profile
+        from bench import profile
 
         self.kvpool_lease_ttl = 1.0
         with ExitStack() as stack:
@@ -365,9 +365,9 @@ class PlacementBench:
     # ---- processes
 
     def _start_servers(self, stack: ExitStack) -> None:
-        from kvpool.bench.kvpool_runner import KvpoolServers
-        from kvpool.bench.mooncake_runner import MooncakeServers
-        from kvpool.bench.processes import child_env
+        from bench.kvpool_runner import KvpoolServers
+        from bench.mooncake_runner import MooncakeServers
+        from bench.processes import child_env
 
         size = format_size(self.store_size).replace(" ", "")
         kinds = {"kvpool": lambda: KvpoolServers(self.placement, self.log_dir, size, child_env())}
@@ -382,8 +382,8 @@ class PlacementBench:
                 self.system_pids[system].update(self.servers[system].pids.values())
 
     def _start_runners(self, stack: ExitStack, per_system: int) -> None:
-        from kvpool.bench import memcpy_runner
-        from kvpool.bench.processes import RunnerProcess, child_env
+        from bench import memcpy_runner
+        from bench.processes import RunnerProcess, child_env
 
         started = []
         for system in self.systems:
@@ -451,7 +451,7 @@ class PlacementBench:
         """Waits until the other systems' processes are idle, so that background work one
         leaves behind (Mooncake's client was seen keeping more than a core busy after its own
         workload had returned) is not billed to the next."""
-        from kvpool.bench import environment
+        from bench import environment
 
         others = set().union(*(p for s, p in self.system_pids.items() if s != system))
         if not others:

@@ -1,4 +1,4 @@
-"""``python -m kvpool.bench.full_store``: put latency in a store that is always full.
+"""``python -m bench.full_store``: put latency in a store that is always full.
 
 A KV cache runs full: every put makes the master evict least recently used objects. This
 starts a local cluster (one master, one node with a small DRAM segment), lets one client put
@@ -16,8 +16,8 @@ import os
 import time
 from pathlib import Path
 
+from bench.summary import print_and_save
 from kvpool import Client
-from kvpool.bench.summary import print_and_save
 from kvpool.common.sizes import format_size, parse_size
 from kvpool.local_cluster import LocalCluster
 

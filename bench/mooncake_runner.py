@@ -68,7 +68,7 @@ class MooncakeServers:
         self.address = ""
 
     def __enter__(self) -> MooncakeServers:
-        from kvpool.bench.processes import RunnerProcess, ServerProcess, free_port
+        from bench.processes import RunnerProcess, ServerProcess, free_port
 
         ip = self.placement.server_ip
         rpc_port, metrics_port = free_port(), free_port()

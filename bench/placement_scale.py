@@ -1,4 +1,4 @@
-"""``python -m kvpool.bench.placement_scale``: the master's cost of a put batch as the cluster
+"""``python -m bench.placement_scale``: the master's cost of a put batch as the cluster
 grows.
 
 Runs the master's core (master/state.py, no I/O) in this process, with 1 to 256 storage
@@ -16,7 +16,7 @@ import random
 import time
 from pathlib import Path
 
-from kvpool.bench.summary import print_and_save
+from bench.summary import print_and_save
 from kvpool.common.gc_tuning import tune_for_server
 from kvpool.common.status import Tier
 from kvpool.master.config import MasterConfig

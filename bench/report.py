@@ -161,7 +161,7 @@ def _ceilings_markdown(ceilings: dict) -> list[str]:
 
 
 def write_all(results: dict, json_path: Path, png_path: Path, *, docs: bool = False) -> None:
-    from kvpool.bench import plot
+    from bench import plot
 
     json_path.parent.mkdir(parents=True, exist_ok=True)
     results = {**results, "rows": rows(results)}

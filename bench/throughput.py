@@ -1,4 +1,5 @@
-"""``kvpool bench``: put and get throughput between this process and storage node processes.
+"""``kvpool bench`` (or ``python -m bench.throughput`` from the checkout's root): put and get
+throughput between this process and storage node processes.
 
 Without ``--master`` it starts a local cluster (master + nodes as child processes), so the
 bytes always cross a process boundary. Objects are written from, and read into, one
@@ -18,6 +19,10 @@ from dataclasses import asdict, dataclass
 
 from kvpool.common.sizes import format_size, parse_size
 
+DESCRIPTION = (
+    "put/get throughput between this process and storage node processes "
+    "(starts a local cluster without --master)"
+)
 DEFAULT_SIZES = "1MiB,32MiB"
 #: Read lease of the benchmark's gets, in seconds.
 LEASE = 1.0
@@ -60,14 +65,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="measure master lookups (Exists, GetReplicas) in keys/s instead of throughput",
     )
-    from kvpool.bench import compare
+    from bench import compare
 
     compare.add_arguments(parser)
 
 
+def main(argv: list[str] | None = None, prog: str = "python -m bench.throughput") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
 def run(args: argparse.Namespace) -> int:
     if args.compare:
-        from kvpool.bench import compare
+        from bench import compare
 
         return compare.run(args)
     try:
@@ -77,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if args.metadata:
-        from kvpool.bench import metadata
+        from bench import metadata
 
         metadata.report(_on_cluster(args, metadata.measure))
         return 0
@@ -187,3 +198,7 @@ def _report(results: list[Result], json_path: str | None) -> int:
         with open(json_path, "w") as f:
             json.dump([asdict(r) for r in results], f, indent=2)
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -299,10 +299,6 @@ class Client:
             fields = {"no_lease": True}
         return _found(self._keyed_call("Exists", keys, **fields))
 
-    def renew_leases(self, keys: Sequence[str], lease_ttl: float = 0.0) -> list[bool | KVPoolError]:
-        """Extends the read lease on each key (for long readers); entry i says if it exists."""
-        return _found(self._keyed_call("Exists", keys, lease_ms=int(lease_ttl * 1000)))
-
     def remove_many(self, keys: Sequence[str], *, force: bool = False) -> list[KVPoolError | None]:
         statuses = self._keyed_call("Remove", keys, force=force)
         return [
@@ -342,6 +338,15 @@ class Client:
 
     def cluster_status(self) -> pb.ClusterStatusResponse:
         return self._call("ClusterStatus", pb.ClusterStatusRequest())
+
+    def story(self, key: str) -> list[pb.StoryEvent]:
+        """What happened to ``key`` lately, as the master noted it, oldest first: each put
+        reserved, committed and published it, each move, removal, eviction or loss (reads
+        are not noted). Empty when the master knows nothing of it, or no longer."""
+        problem = key_problem(key)
+        if problem is not None:
+            raise InvalidKey(f"invalid key {key!r}: {problem}", key=key)
+        return list(self._call("Story", pb.StoryRequest(key=key)).events)
 
     # ------------------------------------------------------------------ zero copy
 

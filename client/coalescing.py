@@ -24,6 +24,11 @@ class TransferLike(Protocol):
     local_address: int
     length: int
 
+    # A merged transfer is made as ``type(first)(segment_id, remote, local, length)``.
+    def __init__(
+        self, segment_id: str, remote_address: int, local_address: int, length: int
+    ) -> None: ...
+
 
 T = TypeVar("T", bound=TransferLike)
 

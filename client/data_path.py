@@ -259,11 +259,10 @@ class DataPath:
             pass
         mapped = None
         descriptor = self._descriptors.get(segment_id)
-        shared = descriptor.shared_memory if descriptor is not None else None
         if (
             descriptor is not None
             and descriptor.HasField("shared_memory")
-            and shared.boot_id == boot_id()
+            and (shared := descriptor.shared_memory).boot_id == boot_id()
         ):
             try:
                 mapped = MAPPINGS.acquire(

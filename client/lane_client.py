@@ -13,9 +13,13 @@ import itertools
 import socket
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvpool.common import lane_protocol as lp
+from kvpool.common.limits import MESSAGE_LIMIT
+
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
 
 #: How long connecting may take at most (a lane behind a firewall drops the SYN: the client
 #: gives up on it after this and uses gRPC).
@@ -35,10 +39,6 @@ class LaneError(Exception):
         self.leader = leader
 
 
-class LaneUnreachable(LaneError):
-    """No connection to the lane could be made: the caller may use gRPC instead."""
-
-
 class LaneClient:
     def __init__(self, host: str, port: int) -> None:
         self.host = host
@@ -47,8 +47,11 @@ class LaneClient:
         self._lock = threading.Lock()
         self._closed = False
 
-    def call(self, method: str, request: Any, response_type: type, timeout: float) -> Any:
-        """Sends ``request`` as ``method`` and returns its answer, within ``timeout`` seconds."""
+    def call(
+        self, method: str, request: Message, response_type: type[Message], timeout: float
+    ) -> Any:
+        """Sends ``request`` as ``method`` and returns its answer, within ``timeout`` seconds.
+        Raises ``lp.LaneUnreachable`` when no connection could be made, else LaneError."""
         deadline = time.monotonic() + timeout
         connection = self._take(deadline)
         try:
@@ -82,8 +85,8 @@ class LaneClient:
         try:
             sock = socket.create_connection((self.host, self.port), timeout=timeout)
         except OSError as error:
-            raise LaneUnreachable(
-                lp.UNAVAILABLE, f"cannot connect to the lane at {self.host}:{self.port}: {error}"
+            raise lp.LaneUnreachable(
+                f"cannot connect to the lane at {self.host}:{self.port}: {error}"
             ) from None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return _Connection(sock)
@@ -104,7 +107,9 @@ class _Connection:
         #: Where answers land: most fit whole, so that one recv usually reads a whole frame.
         self._buffer = bytearray(RECEIVE_BUFFER)
 
-    def call(self, method: int, request: Any, response_type: type, deadline: float) -> Any:
+    def call(
+        self, method: int, request: Message, response_type: type[Message], deadline: float
+    ) -> Any:
         call_id = next(self._ids) & 0xFFFFFFFF
         try:
             frame = lp.encode(call_id, method, request.SerializeToString())
@@ -130,7 +135,7 @@ class _Connection:
         while have < lp.HEADER.size:
             have = self._receive(buffer, have, deadline)
         length, answered, method, status = lp.HEADER.unpack_from(buffer)
-        if length > lp.MAX_BODY or answered != call_id:
+        if length > MESSAGE_LIMIT or answered != call_id:
             raise OSError("the lane answered out of turn")
         end = lp.HEADER.size + length
         if end > len(buffer):

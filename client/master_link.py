@@ -19,9 +19,10 @@ from typing import Any
 
 import grpc
 
-from kvpool.client.lane_client import LaneClient, LaneError, LaneUnreachable
+from kvpool.client.lane_client import LaneClient, LaneError
 from kvpool.common import lane_protocol as lp
 from kvpool.common.leader_resolver import LEADER_METADATA, LeaderResolver
+from kvpool.common.limits import GRPC_MESSAGE_OPTIONS
 from kvpool.common.logging import get_logger
 from kvpool.common.master_address import MasterTarget, host_of, parse_master
 from kvpool.errors import InvalidArgument, KVPoolError, MasterUnavailable
@@ -42,7 +43,6 @@ LANE_ASK_TIMEOUT = 1.0
 #: lane's packets costs one call a connect timeout that rarely).
 LANE_RETRY_AFTER = 60.0
 LANE_RETRY_MAX = 3600.0
-MESSAGE_LIMIT = 256 * 1024 * 1024
 FIRST_BACKOFF = 0.01
 MAX_BACKOFF = 0.5
 #: Consecutive failures to reach a master before asking where the leader is now.
@@ -76,7 +76,7 @@ class MasterLink:
         #: The lane could not be connected to: this attempt goes over gRPC, which tells
         #: whether the master is down (then the lane is tried again) or only its lane is
         #: out of reach (a firewall, a Service without the port: gRPC for a while).
-        lane_failure: LaneUnreachable | None = None
+        lane_failure: lp.LaneUnreachable | None = None
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -99,7 +99,7 @@ class MasterLink:
                     if lane_failure is not None:
                         self._lane_unreachable(leader, lane_failure)
                     return response
-                except LaneUnreachable as error:
+                except lp.LaneUnreachable as error:
                     lane_failure = error
                     continue  # the same call over gRPC, at once
                 except LaneError as error:
@@ -166,7 +166,7 @@ class MasterLink:
             other.close()
         return lane
 
-    def _lane_unreachable(self, leader: str, error: LaneError) -> None:
+    def _lane_unreachable(self, leader: str, error: lp.LaneUnreachable) -> None:
         with self._lock:
             lane = self._lanes.get(leader)
             first = leader not in self._lane_pauses
@@ -205,8 +205,7 @@ class MasterLink:
                 self._channel = grpc.insecure_channel(
                     leader,
                     options=[
-                        ("grpc.max_receive_message_length", MESSAGE_LIMIT),
-                        ("grpc.max_send_message_length", MESSAGE_LIMIT),
+                        *GRPC_MESSAGE_OPTIONS,
                         ("grpc.enable_retries", 0),
                         ("grpc.initial_reconnect_backoff_ms", 50),
                         ("grpc.max_reconnect_backoff_ms", 1000),

@@ -90,9 +90,11 @@ def reserve(
             sizes=sizes,
             replicas=options.replicas,
             preferred_hosts=options.preferred_hosts,
-            pin=options.pin,
+            # protoc's .pyi wants its own enum in an enum field; protobuf takes any int (the
+            # wire values, which common.status's enums hold)
+            pin=options.pin,  # type: ignore[arg-type]
             pin_ttl_ms=int(options.pin_ttl * 1000),
-            tier=options.tier,
+            tier=options.tier,  # type: ignore[arg-type]  # (as pin)
         ),
         deadline,
     )

@@ -3,9 +3,9 @@
 CPython's default collector runs a young-generation pass every 700 net allocations; a master
 handling a batch of 32 puts allocates thousands of objects (records, protobuf messages,
 futures), so several passes ran inside every call, each also walking what survived the last
-ones: ~50 us of a 32-key GetReplicas here. The servers' state lives long and has few cycles,
-so they collect less often, and freeze what start-up allocated (modules, configuration) out
-of every pass. Memory held by real cycles is still reclaimed, just in larger, rarer passes.
+ones: a measurable share of the call. The servers' state lives long and has few cycles, so
+they collect less often, and freeze what start-up allocated (modules, configuration) out of
+every pass. Memory held by real cycles is still reclaimed, just in larger, rarer passes.
 """
 
 from __future__ import annotations

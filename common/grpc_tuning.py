@@ -3,11 +3,12 @@
 gRPC's C core reads ``GRPC_EXPERIMENTS`` once, when ``grpc`` is imported. Its EventEngine
 client and listener add thread hand-offs to every call; on the 2-core machines kvpool was
 measured on, turning them off (back to the classic poller, which is what gRPC used for years)
-cut a unary round trip between two processes from about 600 to 330 us, and every kvpool call
-is such a round trip. So importing kvpool sets that default, unless ``GRPC_EXPERIMENTS`` is
-already set (set it, even to an empty string, to keep gRPC's own defaults), or gRPC was
-imported before kvpool (then it is too late, and nothing changes), or the installed grpcio is
-one this was not measured with (the experiments come and go between releases).
+made a unary round trip between two processes much shorter, and every kvpool call is such a
+round trip (docs/benchmarks.md has the figures). So importing kvpool sets that default,
+unless ``GRPC_EXPERIMENTS`` is already set (set it, even to an empty string, to keep gRPC's
+own defaults), or gRPC was imported before kvpool (then it is too late, and nothing changes),
+or the installed grpcio is one this was not measured with (the experiments come and go
+between releases).
 """
 
 from __future__ import annotations

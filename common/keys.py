@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 MAX_KEY_BYTES = 1024
 
@@ -30,4 +31,5 @@ def plainly_valid(keys: Sequence[object]) -> bool:
         joined = "".join(keys)  # type: ignore[arg-type]  # (a TypeError: not all str)
     except TypeError:
         return False
-    return joined.isascii() and all(keys) and max(map(len, keys), default=0) <= MAX_KEY_BYTES
+    strings = cast("Sequence[str]", keys)  # the join took every one
+    return joined.isascii() and all(strings) and max(map(len, strings), default=0) <= MAX_KEY_BYTES

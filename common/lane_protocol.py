@@ -2,11 +2,12 @@
 protobuf messages (sans-IO: bytes in, frames out).
 
 Why a second protocol: a put or get of small objects is a chain of metadata calls, and a
-Python gRPC unary call costs ~300 us on loopback before any handler runs (a poller thread
-hands every message to the event loop and back); a framed request on a kept-open TCP
-connection costs ~90 us. The lane carries only the hot calls (``LANE_METHODS``) and the
-storage nodes' command streams; everything else, and every client that cannot reach the
-lane, uses gRPC with the same semantics: the same messages, status codes and leader hints.
+Python gRPC unary call costs several times a framed request on a kept-open TCP connection
+before any handler runs (a poller thread hands every message to the event loop and back;
+docs/benchmarks.md has the figures). The lane carries only the hot calls (``LANE_METHODS``)
+and the storage nodes' command streams; everything else, and every client or node that
+cannot reach the lane, uses gRPC with the same semantics: the same messages, status codes
+and leader hints.
 
 A frame is ``HEADER`` (body length, call id, method, status) then the body. A request has
 status 0 and the request message as body; its answer carries the same call id and either
@@ -20,16 +21,19 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from kvpool.common.limits import MESSAGE_LIMIT
 from kvpool.proto import master_pb2 as pb
 
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
+
+#: A frame's body holds at most MESSAGE_LIMIT bytes, as a gRPC message does.
 HEADER = struct.Struct("<IIBB")  # body length, call id, method, status
-#: Largest body either side accepts (gRPC's message limit here too); a bigger length means a
-#: broken or foreign peer.
-MAX_BODY = 256 * 1024 * 1024
 
 #: The methods the lane carries, by wire number: (name, request type, response type).
-LANE_METHODS: dict[int, tuple[str, type, type]] = {
+LANE_METHODS: dict[int, tuple[str, type[Message], type[Message]]] = {
     1: ("PutStart", pb.PutStartRequest, pb.PutStartResponse),
     2: ("PutEnd", pb.PutEndRequest, pb.PutEndResponse),
     3: ("PutRevoke", pb.PutRevokeRequest, pb.PutRevokeResponse),
@@ -56,6 +60,11 @@ class LaneProtocolError(Exception):
     """The peer sent something that is not a lane frame: the connection must be dropped."""
 
 
+class LaneUnreachable(Exception):
+    """No connection to the lane could be made (refused, timed out): the caller, a client or a
+    storage node, uses gRPC instead."""
+
+
 @dataclass(frozen=True, slots=True)
 class Frame:
     call_id: int
@@ -70,8 +79,8 @@ class Frame:
 
 
 def encode(call_id: int, method: int, body: bytes, status: int = OK) -> bytes:
-    if len(body) > MAX_BODY:
-        raise ValueError(f"a lane frame holds at most {MAX_BODY} bytes, got {len(body)}")
+    if len(body) > MESSAGE_LIMIT:
+        raise ValueError(f"a lane frame holds at most {MESSAGE_LIMIT} bytes, got {len(body)}")
     return HEADER.pack(len(body), call_id, method, status) + body
 
 
@@ -92,8 +101,8 @@ class FrameDecoder:
         position = 0
         while len(buffer) - position >= HEADER.size:
             length, call_id, method, status = HEADER.unpack_from(buffer, position)
-            if length > MAX_BODY:
-                raise LaneProtocolError(f"frame of {length} bytes exceeds {MAX_BODY}")
+            if length > MESSAGE_LIMIT:
+                raise LaneProtocolError(f"frame of {length} bytes exceeds {MESSAGE_LIMIT}")
             end = position + HEADER.size + length
             if len(buffer) < end:
                 break

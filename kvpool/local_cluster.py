@@ -289,9 +289,9 @@ class LocalCluster:
 
     def logs(self) -> str:
         parts = []
-        for process in [*(self.masters or [self.master]), *self.nodes]:
-            if process is not None:
-                parts.append(f"--- {process.name} ---\n{process.log_tail()}")
+        masters = self.masters or ([self.master] if self.master else [])
+        for process in [*masters, *self.nodes]:
+            parts.append(f"--- {process.name} ---\n{process.log_tail()}")
         return "\n".join(parts)
 
     def __enter__(self) -> LocalCluster:

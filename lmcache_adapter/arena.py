@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from lmcache.logging import init_logger
 from lmcache.v1.distributed.internal_api import L1MemoryDesc
@@ -18,6 +19,9 @@ from lmcache.v1.memory_management import MemoryObj
 
 from kvpool import Client
 from kvpool.errors import KVPoolError
+
+if TYPE_CHECKING:
+    from kvpool.transport.ucp import MemoryRegion
 
 logger = init_logger(__name__)
 
@@ -32,7 +36,7 @@ class L1Arena:
     arena_buffers: int = 0
     other_buffers: int = 0
     _view: memoryview | None = field(default=None, repr=False)
-    _regions: list[tuple[Client, object]] = field(default_factory=list, repr=False)
+    _regions: list[tuple[Client, MemoryRegion]] = field(default_factory=list, repr=False)
 
     @classmethod
     def of(cls, desc: L1MemoryDesc | None) -> L1Arena:

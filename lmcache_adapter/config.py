@@ -21,7 +21,8 @@ kvpool L2 adapter (plugin) adapter_params:
 - replicas (int): copies per stored chunk, on distinct storage nodes (default 0: the
   master's default)
 - lock_ttl_s (float): read lease taken by lookup-and-lock and renewed until submit_unlock
-  (default 30; the master caps single leases at its --max-lease-ttl)
+  (default 30; the master grants no single lease longer than its max_lease_ttl, a
+  MasterConfig setting that `kvpool master` has no flag for)
 - store_timeout_s (float): deadline of one store batch (default 10)
 - load_timeout_s (float): deadline of one load batch, counted from its submission: what
   has not arrived by then is reported as a miss (default 5)

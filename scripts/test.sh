@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs kvpool and its test dependencies into .venv, checks style, and runs the test suite.
+# Installs kvpool and its test dependencies into .venv, checks style and types, and runs the
+# test suite.
 # Extra arguments go to pytest (e.g. scripts/test.sh tests/unit -x).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,4 +10,5 @@ python3 -m venv .venv
 bash scripts/install_lmcache.sh  # lmcache 0.5.6 needs --no-deps, which an extra cannot say
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+.venv/bin/python scripts/typecheck.py  # mypy, configured by [tool.mypy] in pyproject.toml
 exec .venv/bin/python -m pytest "$@"

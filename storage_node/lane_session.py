@@ -19,10 +19,6 @@ from kvpool.proto import master_pb2 as pb
 CONNECT_TIMEOUT = 2.0
 
 
-class LaneUnreachable(Exception):
-    """No connection to the lane could be made: the node uses the gRPC stream instead."""
-
-
 class SessionRefused(Exception):
     """The master ended the stream with an error (a standby names the leader)."""
 
@@ -43,7 +39,7 @@ async def serve_commands(
     """Answers the master's commands, in order, until the master closes the connection.
     ``run_now`` answers a command on the spot where it can (one that only touches memory,
     with nothing before it still running): the answer then leaves in the same pass of the
-    event loop as the command arrived. Raises LaneUnreachable when the lane cannot be
+    event loop as the command arrived. Raises lp.LaneUnreachable when the lane cannot be
     reached, SessionRefused when the master refuses, OSError when the connection breaks."""
     loop = asyncio.get_running_loop()
     stream = _CommandStream(hello, run_command, run_now)
@@ -52,7 +48,7 @@ async def serve_commands(
             loop.create_connection(lambda: stream, host, port), timeout=CONNECT_TIMEOUT
         )
     except (TimeoutError, OSError) as error:
-        raise LaneUnreachable(f"cannot connect to the lane at {host}:{port}: {error}") from None
+        raise lp.LaneUnreachable(f"cannot connect to the lane at {host}:{port}: {error}") from None
     try:
         # No deadline here: the stream lives as long as the master leads; a silent master is
         # noticed by the node's heartbeats, which then end this session.

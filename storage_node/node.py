@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import grpc
 
+from kvpool.common import lane_protocol as lp
 from kvpool.common.aio import pause
 from kvpool.common.leader_resolver import LEADER_METADATA, LeaderResolver
 from kvpool.common.logging import get_logger
@@ -217,7 +218,7 @@ class StorageNode:
                     )
                 except lane_session.SessionRefused as refused:
                     log.warning("command stream refused", detail=refused.details)
-                except lane_session.LaneUnreachable as error:
+                except lp.LaneUnreachable as error:
                     log.warning("metadata lane unreachable; using gRPC", error=str(error))
                     lane_unreachable = True
                     continue

@@ -76,7 +76,9 @@ class Segment:
             base_address=self.region.address,
             size=self.size,
             rkey=self.region.rkey,
-            tier=self.tier,
+            # protoc's .pyi wants its own enum in an enum field; protobuf takes any int (the
+            # wire values, which common.status's enums hold)
+            tier=self.tier,  # type: ignore[arg-type]
             persistent=self.persistent,
             shared_memory=self._shared_memory(),
         )
@@ -184,7 +186,7 @@ def allocate_dram_segment(
     where the kernel allows.
 
     With ``prefault`` every page is faulted in now: on a virtual machine a first touch costs
-    up to 20x a plain copy, and it would otherwise land on the first put into each page.
+    many times a plain copy, and it would otherwise land on the first put into each page.
     Shared either way: a memfd has no size limit of its own, so a client's first store into a
     page fails only where any allocation would (the memory limit).
     """

@@ -50,7 +50,6 @@ int kv_rkey_pack(ucp_context_h context, ucp_mem_h memh, void **buf, size_t *len)
 void kv_rkey_buffer_release(void *buf);
 int kv_rkey_unpack(ucp_ep_h ep, const void *buf, ucp_rkey_h *out);
 void kv_rkey_destroy(ucp_rkey_h rkey);
-int kv_rkey_ptr(ucp_rkey_h rkey, uint64_t remote, void **out);
 int kv_transfer(ucp_worker_h worker, int efd, int is_get, kv_op_t *ops, size_t n,
                 double timeout, double grace, int *status, ucp_ep_h *closed,
                 size_t *n_closed, int *tainted);

@@ -13,11 +13,11 @@ the process exits, so a client never keeps a dead node's memory alive. The clien
 process share one mapping per segment (``MAPPINGS``): it goes when the last lets go.
 
 Pages: mapping a file costs nothing until a page is first touched, and a first touch per
-4 KiB page costs far more than copying it (a first copy into a chunk ran at half speed here).
-So once mapped, a background thread populates the page tables chunk by chunk
-(``MADV_POPULATE_WRITE``, about 100 ms per GiB here, once per mapping), and a copy that
-reaches a chunk before it does populates that chunk itself. Where the kernel backs shared
-memory with huge pages (``shmem_enabled``), the mapping asks for them: far fewer entries.
+4 KiB page costs far more than copying it (a first copy into a chunk runs much slower than
+later ones). So once mapped, a background thread populates the page tables chunk by chunk
+(``MADV_POPULATE_WRITE``, once per mapping), and a copy that reaches a chunk before it does
+populates that chunk itself. Where the kernel backs shared memory with huge pages
+(``shmem_enabled``), the mapping asks for them: far fewer entries.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ class MappedSegment:
 
     def close(self) -> None:
         """Unmaps, once the background populator has let go of the range (it stops between
-        chunks: a few milliseconds at most)."""
+        chunks: at most the rest of one chunk's population)."""
         if not self.closed:
             self.closed = True
             self._stop_populating.set()

@@ -300,13 +300,6 @@ static void kv_rkey_destroy(ucp_rkey_h rkey)
     ucp_rkey_destroy(rkey);
 }
 
-/* Maps a remote address to a local pointer when the remote memory is directly reachable
- * (same host, shared memory). Returns UCS_ERR_UNREACHABLE otherwise. */
-static int kv_rkey_ptr(ucp_rkey_h rkey, uint64_t remote, void **out)
-{
-    return ucp_rkey_ptr(rkey, remote, out);
-}
-
 /* Starts a flush on each endpoint (remote completion of the puts issued on it). */
 static void kv_flush_eps(ucp_worker_h worker, ucp_ep_h *eps, size_t n_eps, void **flushes,
                          int *flush_status)

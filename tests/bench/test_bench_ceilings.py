@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvpool.bench import ceilings, netns
+from bench import ceilings, netns
 
 
 def test_the_lane_and_grpc_round_trips_are_measured_between_two_processes(tmp_path: Path):

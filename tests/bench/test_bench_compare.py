@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kvpool.bench import compare, report
-from kvpool.bench.compare import Workload
-from kvpool.bench.mooncake_runner import mooncake_available
+from bench import compare, report
+from bench.compare import Workload
+from bench.mooncake_runner import mooncake_available
 
 KiB, MiB = 1024, 1024 * 1024
 TINY = [

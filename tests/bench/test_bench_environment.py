@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from kvpool.bench.environment import wait_until_quiet
+from bench.environment import wait_until_quiet
 
 
 def test_idle_processes_count_as_quiet_at_once():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kvpool.bench import full_store
+from bench import full_store
 
 
 def test_a_store_kept_full_reports_ordered_percentiles_for_each_size(tmp_path: Path):

@@ -7,6 +7,7 @@ import grpc
 import pytest
 
 from kvpool.common import lane_protocol as lp
+from kvpool.common.limits import MESSAGE_LIMIT
 from kvpool.proto import master_pb2 as pb
 
 
@@ -37,7 +38,7 @@ def test_an_error_frame_carries_its_details_and_the_leader_hint():
 
 
 def test_a_length_beyond_the_limit_is_refused_as_a_foreign_peer():
-    header = lp.HEADER.pack(lp.MAX_BODY + 1, 1, 1, 0)
+    header = lp.HEADER.pack(MESSAGE_LIMIT + 1, 1, 1, 0)
     with pytest.raises(lp.LaneProtocolError, match="exceeds"):
         lp.FrameDecoder().feed(header)
     with pytest.raises(lp.LaneProtocolError):

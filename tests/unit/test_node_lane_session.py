@@ -119,7 +119,7 @@ def test_an_unreachable_lane_says_so():
 
         try:
             await lane_session.serve_commands("127.0.0.1", port, pb.NodeHello(), never)
-        except lane_session.LaneUnreachable as error:
+        except lp.LaneUnreachable as error:
             assert str(port) in str(error)
         else:
             raise AssertionError("LaneUnreachable was not raised")
