@@ -46,6 +46,7 @@ class Allocator:
         if index == len(self._by_size):
             return None
         free_size, offset = self._by_size[index]
+        assert isinstance(offset, int)
         self._remove_free(offset, free_size, index)
         if free_size > need:
             self._add_free(offset + need, free_size - need)

@@ -31,6 +31,7 @@ def merge_forgets(commands: Iterable[NodeCommand]) -> list[NodeCommand]:
         at = last_of_node.get(command.node_id)
         if isinstance(command, ForgetCommand) and at is not None and at in objects:
             previous = merged[at]
+            assert isinstance(previous, ForgetCommand)  # (``objects`` holds Forgets only)
             joined = objects[at]
             if (
                 previous.segment_id == command.segment_id

@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any
 
 import aetcd
 
@@ -63,7 +64,7 @@ class Election:
         self._valid_until = 0.0
         self._client: aetcd.Client | None = None
         self._registered: set[str] = set()
-        self._tasks: set[asyncio.Future] = set()
+        self._tasks: set[asyncio.Future[None]] = set()
         self._nodes_prefix = leader_key(cluster).rsplit(b"/", 1)[0] + b"/nodes/"
 
     def serving(self) -> bool:
@@ -83,7 +84,7 @@ class Election:
             self._registered.discard(node_id)
             self._spawn(self._delete_node(node_id))
 
-    def _spawn(self, coroutine) -> None:
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -134,7 +135,13 @@ class Election:
                     await client.close()
             await pause(stop, self.ttl / 4)
 
-    async def _campaign(self, client, stop, on_elected, on_lost) -> None:
+    async def _campaign(
+        self,
+        client: aetcd.Client,
+        stop: asyncio.Event,
+        on_elected: Callable[[int], Awaitable[None]],
+        on_lost: Callable[[], Awaitable[None]],
+    ) -> None:
         while not stop.is_set():
             sent = time.monotonic()
             lease = await client.lease(self.ttl)
@@ -165,7 +172,7 @@ class Election:
             with contextlib.suppress(*ETCD_ERRORS):
                 await lease.revoke()
 
-    async def _keep(self, lease, stop: asyncio.Event) -> None:
+    async def _keep(self, lease: Any, stop: asyncio.Event) -> None:
         """Renews the lease every third of its TTL until renewals stop working in time."""
         while not stop.is_set():
             await pause(stop, self.ttl / 3)

@@ -185,7 +185,7 @@ class MasterHandlers:
 
         def answer(statuses: list[KeyStatus]) -> pb.PutEndResponse:
             _count("PutEnd", statuses)
-            return pb.PutEndResponse(statuses=statuses)
+            return pb.PutEndResponse(statuses=_wire(statuses))
 
         return self.driver.call(lambda call_id: core.put_end(call_id, commits), answer)
 
@@ -195,7 +195,7 @@ class MasterHandlers:
 
         def answer(statuses: list[KeyStatus]) -> pb.PutRevokeResponse:
             _count("PutRevoke", statuses)
-            return pb.PutRevokeResponse(statuses=statuses)
+            return pb.PutRevokeResponse(statuses=_wire(statuses))
 
         return self.driver.call(
             lambda call_id: core.put_revoke(call_id, request.keys, request.put_ids), answer
@@ -229,7 +229,7 @@ class MasterHandlers:
 
         def answer(statuses: list[KeyStatus]) -> pb.ExistsResponse:
             _count("Exists", statuses)
-            return pb.ExistsResponse(statuses=statuses)
+            return pb.ExistsResponse(statuses=_wire(statuses))
 
         return self.driver.call(
             lambda call_id: core.exists(
@@ -245,7 +245,7 @@ class MasterHandlers:
         def answer(statuses: list[KeyStatus]) -> pb.RemoveResponse:
             _unless_term_ended(statuses)
             _count("Remove", statuses)
-            return pb.RemoveResponse(statuses=statuses)
+            return pb.RemoveResponse(statuses=_wire(statuses))
 
         return self.driver.call(
             lambda call_id: core.remove(call_id, request.keys, request.force), answer
@@ -276,11 +276,11 @@ class MasterHandlers:
     def Stat(self, request: pb.StatRequest) -> pb.StatResponse:
         info = self.core.state.stat(request.key)
         response = pb.StatResponse(
-            status=info.status,
+            status=_wire(info.status),
             size=info.size,
             state=info.state,
             lease_remaining_ms=int(info.lease_remaining * 1000),
-            pin=info.pin,
+            pin=_wire(info.pin),
             pin_remaining_ms=int(info.pin_remaining * 1000),
             age_ms=int(info.age * 1000),
             idle_ms=int(info.idle * 1000),
@@ -350,7 +350,7 @@ class MasterHandlers:
                 base_address=info.base_address,
                 size=info.size,
                 rkey=info.rkey,
-                tier=info.tier,
+                tier=_wire(info.tier),
                 persistent=info.persistent,
             )
             if info.shared_memory:
@@ -363,9 +363,15 @@ class MasterHandlers:
 _STATUS_LABELS = {status.value: status.name.lower() for status in KeyStatus}
 
 
-def _count(method: str, statuses: Iterable[int | None]) -> None:
+def _count(method: str, statuses: Iterable[int]) -> None:
     for status, n in collections.Counter(statuses).items():  # (counted in C)
         metrics.labelled(metrics.KEYS, method, _STATUS_LABELS[status]).inc(n)
+
+
+def _wire(value: object) -> Any:
+    """A core value where protobuf wants one of its enums: common.status's enums hold the wire
+    values, which protoc's stubs do not know."""
+    return value
 
 
 def _unless_term_ended(answer: object) -> None:

@@ -36,7 +36,8 @@ class KeyIndex:
         if self._pending:
             self._sorted.update(self._pending)
             self._pending.clear()
-        return self._sorted.irange(minimum=minimum, inclusive=inclusive)
+        keys: Iterator[str] = self._sorted.irange(minimum=minimum, inclusive=inclusive)
+        return keys
 
     def __len__(self) -> int:
         return len(self._sorted) + len(self._pending)

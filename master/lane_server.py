@@ -16,6 +16,7 @@ import socket
 from typing import Any
 
 import grpc
+from google.protobuf.message import Message
 
 from kvpool.common import lane_protocol as lp
 from kvpool.common.logging import get_logger
@@ -178,7 +179,7 @@ def _refused(error: Exception, frame: lp.Frame) -> CallRefused:
     return CallRefused(grpc.StatusCode.INTERNAL, f"{type(error).__name__}: {error}")
 
 
-def _parse(message_type: type, body: bytes) -> Any:
+def _parse(message_type: type[Message], body: bytes) -> Any:
     try:
         return message_type.FromString(body)
     except Exception as error:

@@ -7,7 +7,7 @@ trailing metadata, so clients and nodes go there instead.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 import grpc
@@ -67,7 +67,9 @@ class LeaderGate(grpc.aio.ServerInterceptor):
                 response_serializer=handler.response_serializer,
             )
 
-        async def refuse_stream(request_iterator: Any, context: grpc.aio.ServicerContext):
+        async def refuse_stream(
+            request_iterator: Any, context: grpc.aio.ServicerContext
+        ) -> AsyncIterator[None]:
             await refuse(None, context)
             yield  # pragma: no cover - unreachable: abort raises
 

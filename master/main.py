@@ -12,6 +12,7 @@ import grpc
 from kvpool.common.aio import pause
 from kvpool.common.gc_tuning import tune_for_server
 from kvpool.common.http_server import HealthServer
+from kvpool.common.limits import GRPC_MESSAGE_OPTIONS
 from kvpool.common.logging import LOG_FORMATS, configure_logging, get_logger
 from kvpool.common.process import stop_event_on_signals, write_ready_file
 from kvpool.master import metrics
@@ -30,7 +31,6 @@ from kvpool.proto import master_pb2_grpc
 
 log = get_logger("kvpool.master")
 
-GRPC_MESSAGE_LIMIT = 256 * 1024 * 1024
 #: Objects one tick goes through in its bulk jobs (frees, ended leases, an eviction pass);
 #: calls waiting meanwhile are answered between steps. Chosen by bench/full_store.py's put
 #: latency percentiles (docs/benchmarks.md, "Bulk work in steps").
@@ -210,8 +210,7 @@ async def serve(args: argparse.Namespace, config: MasterConfig) -> None:
     gate = LeaderGate(leadership, driver.accepting_clients)
     server = grpc.aio.server(
         options=[
-            ("grpc.max_receive_message_length", GRPC_MESSAGE_LIMIT),
-            ("grpc.max_send_message_length", GRPC_MESSAGE_LIMIT),
+            *GRPC_MESSAGE_OPTIONS,
             ("grpc.so_reuseport", 0),
         ],
         # The shedder is outermost: it must count (and release) every call it lets through,

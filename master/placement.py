@@ -5,8 +5,8 @@ random nodes (which spreads objects and load evenly) or the nodes with the most 
 within a node, its segment with the largest free extent.
 
 A PutStart places every object of its batch, and a scan of every node for every object made
-placement the master's largest cost on a cluster of many nodes (a batch of 32 keys took
-0.5 ms of the master with one node, 2 ms with 64, 6 ms with 256). So a ``TierPool`` lists,
+placement the master's largest cost on a cluster of many nodes, growing with the cluster
+(docs/benchmarks.md, bench/placement_scale.py). So a ``TierPool`` lists,
 once per call, the nodes that offer a tier (and groups them by host); random placement then
 draws nodes until enough have room, at an expected cost of the number of replicas, not of
 nodes. Most-free placement ranks the nodes once per call in a heap and takes the top of

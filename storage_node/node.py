@@ -21,6 +21,7 @@ import grpc
 from kvpool.common import lane_protocol as lp
 from kvpool.common.aio import pause
 from kvpool.common.leader_resolver import LEADER_METADATA, LeaderResolver
+from kvpool.common.limits import GRPC_MESSAGE_OPTIONS
 from kvpool.common.logging import get_logger
 from kvpool.common.master_address import MasterTarget, host_of
 from kvpool.proto import master_pb2 as pb
@@ -97,7 +98,7 @@ class StorageNode:
                 await pause(stop, self.heartbeat_interval)
                 await asyncio.to_thread(self._resolver.failed)
                 continue
-            async with grpc.aio.insecure_channel(leader) as channel:
+            async with grpc.aio.insecure_channel(leader, options=GRPC_MESSAGE_OPTIONS) as channel:
                 stub = master_pb2_grpc.MasterStub(channel)
                 self.mounted.clear()  # a new leader (or the first): mount everything there
                 session_over = asyncio.Event()
