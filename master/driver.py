@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 
 from kvpool.common.logging import get_logger
+from kvpool.master import metrics
 from kvpool.master.commands_pb import command_to_pb
 from kvpool.master.core import Effects, MasterCore
 from kvpool.master.records import TickReport
@@ -168,6 +169,7 @@ class CoreDriver:
         if stream.core is not core or core is None:
             return False
         if report.HasField("result"):
+            metrics.labelled(metrics.REQUESTS, "NodeResult").inc()
             result = report.result
             if not result.ok and result.error:
                 log.warning("a node command failed", node_id=stream.node_id, error=result.error)

@@ -12,17 +12,42 @@ from helpers import wait_until
 
 from kvpool import Client
 from kvpool.errors import ObjectNotFound, TransferError
+from kvpool.local_cluster import LocalCluster, ManagedProcess
 
 
-def test_a_two_replica_object_survives_a_node_killed_with_sigkill(cluster_factory):
+def node_read_first(cluster: LocalCluster, client: Client, key: str) -> ManagedProcess:
+    """The node holding the replica a get of ``key`` tries first.
+
+    A get tries the replicas in the order GetReplicas lists them, those on the client's host
+    first (client/get_path.py, by_nearness: a stable sort). Stat lists them in the same order
+    (both come from the master's record of the object), and every node of a LocalCluster is
+    on this host, so the first one Stat lists is the first one read.
+    """
+    replicas = client.stat(key).replicas
+    assert len({r.node_id for r in replicas}) == len(replicas) >= 2, "replicas on distinct nodes"
+    assert len({r.host == client.host for r in replicas}) == 1, "all replicas equally near"
+    (node,) = [n for n in cluster.nodes if n.ready["node_id"] == replicas[0].node_id]
+    return node
+
+
+@pytest.mark.parametrize("same_host_mapping", [True, False], ids=["mapped", "ucx"])
+def test_a_two_replica_object_survives_a_node_killed_with_sigkill(
+    cluster_factory, same_host_mapping
+):
+    """The node killed is the one holding the replica a get tries first: the get must fall
+    over to the next replica (mapped: the node's exit is seen; UCX: the transfer fails)."""
     cluster = cluster_factory(2, "64MiB", master_args=["--node-ttl", "1.5"])
     data = os.urandom(4 << 20)
-    with Client(cluster.master_address, timeout=5) as client:
+    with Client(cluster.master_address, timeout=5, same_host_mapping=same_host_mapping) as client:
         client.put("precious", data, replicas=2)
         assert {s.objects for s in client.cluster_status().segments} == {1}
-        cluster.nodes[0].kill()
-        assert client.get("precious") == data  # before the master notices: the other replica
-        assert wait_until(lambda: client.cluster_status().nodes == 1, timeout=4.0)
+        victim = node_read_first(cluster, client, "precious")
+        (survivor,) = [n.ready["node_id"] for n in cluster.nodes if n is not victim]
+        victim.kill()
+        # before the master notices: the first replica's transfer fails, the next one serves
+        assert client.get("precious") == data
+        assert wait_until(lambda: client.cluster_status().nodes == 1, timeout=30.0)
+        assert [r.node_id for r in client.stat("precious").replicas] == [survivor]
         assert client.get("precious") == data  # after: the master lists only the survivor
 
 
@@ -71,3 +96,56 @@ def test_a_stalled_node_gives_a_transfer_error_within_the_deadline(cluster_facto
         finally:
             cluster.nodes[0].signal(signal.SIGCONT)
         assert client.get("stalled") == data  # a fresh endpoint once the node is back
+
+
+def test_a_put_to_a_stalled_node_ends_within_the_write_timeout_with_no_late_bytes(
+    cluster_factory,
+):
+    """A writer stops copying at the master's write timeout (client/put_path.py): the put to a
+    stopped node fails then, nothing is published, and once the node runs again no byte of
+    the abandoned put lands in an object written afterwards (the failed put's space is free
+    again at once, so the objects written after it reuse it)."""
+    write_timeout = 1.5
+    cluster = cluster_factory(
+        1,
+        "64MiB",
+        # the node stays alive to the master throughout: only the write timeout ends the put;
+        # and the store may fill up without evictions
+        master_args=[
+            *("--write-timeout", str(write_timeout), "--node-ttl", "60"),
+            *("--high-watermark", "0.99"),
+        ],
+    )
+    with Client(
+        cluster.master_address,
+        timeout=30.0,  # far past the write timeout: that is what must end the put
+        ucx_config={"TLS": "tcp"},  # over TCP the node must progress for a transfer to finish
+        same_host_mapping=False,  # a mapping writes into a stopped node's memory regardless
+    ) as client:
+        warm = os.urandom(1 << 20)
+        assert client.put("warm", warm) == 1  # an endpoint to the node exists before it stops
+        data = os.urandom(8 << 20)  # more than the sockets buffer: the write cannot finish
+        node = cluster.nodes[0]
+        node.signal(signal.SIGSTOP)
+        try:
+            start = time.monotonic()
+            with pytest.raises(TransferError, match="no replica") as caught:
+                client.put("stalled-put", data)
+            elapsed = time.monotonic() - start
+        finally:
+            node.signal(signal.SIGCONT)
+        assert caught.value.key == "stalled-put"
+        assert "deadline" in str(caught.value), "the write was stopped at its deadline"
+        assert elapsed < write_timeout + 5.0, f"the put took {elapsed:.1f}s"
+
+        assert client.get("warm") == warm  # the node serves again
+        with pytest.raises(ObjectNotFound):
+            client.get("stalled-put")  # nothing was published
+        # 7 objects of the failed put's size, one under its key: 56 of the 63 MiB left, so
+        # one of them at least takes space the abandoned write aimed at
+        later = {f"later-{i}": os.urandom(8 << 20) for i in range(6)}
+        later["stalled-put"] = os.urandom(8 << 20)
+        assert client.put_many(list(later.items())) == [1] * len(later)
+        assert client.get("warm") == warm
+        for key, value in later.items():
+            assert client.get(key) == value, f"{key} holds other bytes than were put"

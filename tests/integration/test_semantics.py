@@ -77,21 +77,28 @@ def test_a_slow_reader_holds_off_eviction_until_its_lease_ends(cluster_factory):
     cluster = cluster_factory(
         1, "64MiB", master_args=["--high-watermark", "0.5", "--eviction-ratio", "0.2"]
     )
+    lease = 6.0
     with (
-        Client(cluster.master_address, lease_ttl=3.0) as reader,
+        Client(cluster.master_address, lease_ttl=lease) as reader,
         Client(cluster.master_address) as writer,
     ):
         writer.put("being-read", os.urandom(4 * MiB))
-        assert len(reader.get("being-read")) == 4 * MiB  # the reader now holds a 3 s lease
+        assert len(reader.get("being-read")) == 4 * MiB  # the reader now holds a lease
         for i in range(40):  # far past the watermark
             writer.put(f"filler-{i}", os.urandom(MiB))
-        time.sleep(0.3)  # a few master ticks
-        assert present(writer, "being-read"), "a leased object is never evicted"
-        assert not present(writer, "filler-0"), "others were evicted instead"
-        time.sleep(3.0)  # the lease ends
+        # the master's ticks evict the least recently used: being-read first, were it not leased
+        assert wait_until(lambda: not present(writer, "filler-0"), timeout=30.0), "no eviction"
+        try:
+            info = writer.stat("being-read")  # one answer: present, and how long its lease runs
+        except ObjectNotFound:
+            pytest.fail("a leased object was evicted")
+        assert info.lease_remaining_ms > 0, f"the {lease} s lease ended before the check"
+        assert wait_until(  # the lease ends (stat grants none)
+            lambda: writer.stat("being-read").lease_remaining_ms == 0, timeout=lease + 30.0
+        )
         for i in range(40, 70):  # pressure again, with the lease over
             writer.put(f"filler-{i}", os.urandom(MiB))
-        assert wait_until(lambda: not present(writer, "being-read"), timeout=2.0)
+        assert wait_until(lambda: not present(writer, "being-read"), timeout=30.0)
 
 
 def test_a_transfer_that_may_outlive_its_lease_raises_lease_expired(shared_cluster):

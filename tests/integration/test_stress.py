@@ -1,4 +1,8 @@
-"""Eight client processes doing mixed puts and gets for 20 s: no wrong byte, no hang."""
+"""Eight client processes doing mixed puts and gets for 20 s: no wrong byte, no hang.
+
+Nothing here measures speed (that is for the benchmarks): a busy machine only makes the run
+do fewer operations, and each worker goes on past the 20 s until it did a minimum of each.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +16,11 @@ from kvpool.errors import KVPoolError
 
 WORKERS = 8
 DURATION = 20.0
-OP_TIMEOUT = 5.0
+#: Each worker's minimum of puts and of gets, however slow the machine.
+MIN_OPS = 15
+#: Generous: on a loaded machine a call may wait long for the CPU, and a timeout would count
+#: as an error. A hang is still caught: no call outlives it.
+OP_TIMEOUT = 30.0
 
 
 def content_of(key: str) -> bytes:
@@ -29,7 +37,7 @@ def worker(master: str, wid: int, duration: float, results) -> None:
     stats = {"puts": 0, "gets": 0, "mismatches": 0, "errors": 0, "slowest": 0.0}
     with Client(master, timeout=OP_TIMEOUT) as client:
         end = time.monotonic() + duration
-        while time.monotonic() < end:
+        while time.monotonic() < end or stats["puts"] < MIN_OPS or stats["gets"] < MIN_OPS:
             start = time.monotonic()
             try:
                 roll = rng.random()
@@ -70,7 +78,8 @@ def test_eight_clients_for_twenty_seconds_read_only_what_was_written(cluster_fac
     ]
     for process in processes:
         process.start()
-    collected = dict(results.get(timeout=DURATION + 60) for _ in processes)
+    deadline = time.monotonic() + DURATION + 180  # a hang, not a slow machine, runs past it
+    collected = dict(results.get(timeout=max(0.0, deadline - time.monotonic())) for _ in processes)
     for process in processes:
         process.join(timeout=10)
         assert process.exitcode == 0
@@ -79,6 +88,7 @@ def test_eight_clients_for_twenty_seconds_read_only_what_was_written(cluster_fac
     }
     print(f"\nstress totals: {totals}")
     assert totals["mismatches"] == 0
-    assert totals["errors"] == 0
-    assert totals["puts"] > 100 and totals["gets"] > 100
-    assert max(s["slowest"] for s in collected.values()) < OP_TIMEOUT
+    assert totals["errors"] == 0, collected
+    assert totals["puts"] >= WORKERS * MIN_OPS and totals["gets"] >= WORKERS * MIN_OPS
+    # no hang: an iteration makes three calls at most, each ended by its timeout
+    assert max(s["slowest"] for s in collected.values()) < 3 * OP_TIMEOUT

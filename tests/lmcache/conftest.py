@@ -1,18 +1,37 @@
 """Fixtures of the LMCache adapter tests: one real kvpool cluster for the session, an L1
 arena per test, and adapters that are closed after their test.
 
-lmcache is optional (``scripts/install_lmcache.sh``): every test module here starts with
-``pytest.importorskip``, so nothing in this file may import lmcache at module level.
+LMCache is optional for kvpool but not for its test suite: ``scripts/install_lmcache.sh``
+installs it (``scripts/test.sh`` runs it, so CI has it). A missing or broken install must fail
+the run, never skip these tests, so it is checked here, before pytest imports any test module
+of this directory, with advice more useful than a bare ImportError.
 """
 
 from __future__ import annotations
+
+import importlib
+
+try:
+    for needed in (
+        "torch",
+        "lmcache.v1.distributed.l2_adapters.base",
+        "lmcache.v1.distributed.storage_manager",
+    ):
+        importlib.import_module(needed)
+except ImportError as error:
+    raise ImportError(
+        f"the LMCache tests need LMCache 0.5.6 and the `lmcache` extra, and cannot import them "
+        f"({error}): run scripts/install_lmcache.sh"
+    ) from error
 
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from lmcache_support import Arena
 
+from kvpool.lmcache import KVPoolL2Adapter
 from kvpool.local_cluster import LocalCluster
 
 ARENA_BYTES = 64 * 1024 * 1024
@@ -37,17 +56,13 @@ def lm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluste
 
 
 @pytest.fixture
-def arena():
-    from lmcache_support import Arena
-
+def arena() -> Arena:
     return Arena(ARENA_BYTES)
 
 
 @pytest.fixture
 def make_adapter(lm_cluster: LocalCluster, arena) -> Iterator[Callable[..., object]]:
     """Builds ``KVPoolL2Adapter`` s on ``lm_cluster`` (or ``master=``) over the test's arena."""
-    from kvpool.lmcache import KVPoolL2Adapter
-
     made: list[KVPoolL2Adapter] = []
 
     def make(l1_memory_desc=None, **params) -> KVPoolL2Adapter:

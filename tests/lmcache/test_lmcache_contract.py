@@ -8,9 +8,6 @@ import threading
 import time
 
 import pytest
-
-pytest.importorskip("lmcache.v1.distributed.l2_adapters.base")
-
 import torch
 from lmcache.v1.distributed.api import ObjectKey
 from lmcache.v1.distributed.internal_api import L2AdapterListener

@@ -9,10 +9,8 @@ import threading
 import time
 
 import pytest
-
-pytest.importorskip("lmcache.v1.distributed.l2_adapters.base")
-
 import torch
+from helpers import wait_until
 from lmcache_support import bits, load, object_keys, store
 
 from kvpool.client.master_link import MasterLink
@@ -25,28 +23,56 @@ SENTINEL = 0x5A
 #: node stalls transfers (shared-memory transports, and mapping the node's memory, would
 #: read it regardless).
 TCP_ONLY = {"TLS": "tcp"}
+#: How much later than its deadline a load or close may end on a loaded machine: the tests
+#: tell "at the deadline" from "never" (a hang), not fast from slow.
+SLACK = 5.0
 
 
 def untouched(objs) -> bool:
     return all(bool((obj.tensor == SENTINEL).all()) for obj in objs)
 
 
-def test_a_stalled_node_gives_misses_at_the_deadline_and_no_late_writes(
-    cluster_factory, make_adapter, arena
-):
+def _stalled_setup(cluster_factory, make_adapter, arena, timeout: float):
+    """A one-node cluster, a TCP-only adapter on it, and 4 objects of 1 MiB stored."""
     cluster = cluster_factory(1, "64MiB")
-    timeout = 1.0
-    adapter = make_adapter(
+    adapter = _tcp_adapter(make_adapter, cluster, timeout)
+    keys = object_keys(4)
+    sources = arena.objs(4, MIB)
+    assert store(adapter, keys, sources).is_successful()
+    assert bits(load(adapter, keys, arena.objs(4, MIB, random=False)), 4) == [True] * 4
+    return cluster, adapter, keys, sources
+
+
+def _tcp_adapter(make_adapter, cluster, timeout: float):
+    return make_adapter(
         master=cluster.master_address,
         load_timeout_s=timeout,
         ucx_config=TCP_ONLY,
         same_host_mapping=False,
     )
-    keys = object_keys(4)
-    sources = arena.objs(4, MIB)
-    assert store(adapter, keys, sources).is_successful()
-    assert bits(load(adapter, keys, arena.objs(4, MIB, random=False)), 4) == [True] * 4
 
+
+def _serves_again(adapter, keys, sources, arena, node) -> bool:
+    """Waits until ``node`` serves a load of ``keys`` (their exact bytes) once more; False if
+    it exited instead. A node that serves a new load has worked through the gets it was sent
+    while stopped: any late byte of theirs has landed by then."""
+    fresh = arena.objs(len(keys), MIB, random=False)
+
+    def served() -> bool:
+        return bits(load(adapter, keys, fresh), len(keys)) == [True] * len(keys)
+
+    assert wait_until(lambda: not node.alive() or served(), timeout=30.0), "no load served"
+    if not node.alive():
+        return False
+    assert all(torch.equal(f.tensor, s.tensor) for f, s in zip(fresh, sources, strict=True))
+    return True
+
+
+def test_a_stalled_node_gives_misses_at_the_deadline_and_no_late_writes(
+    cluster_factory, make_adapter, arena
+):
+    timeout = 1.0
+    cluster, adapter, keys, sources = _stalled_setup(cluster_factory, make_adapter, arena, timeout)
     node = cluster.nodes[0]
     node.signal(signal.SIGSTOP)
     try:
@@ -55,23 +81,50 @@ def test_a_stalled_node_gives_misses_at_the_deadline_and_no_late_writes(
         result = load(adapter, keys, targets)
         elapsed = time.monotonic() - started
         assert bits(result, 4) == [False] * 4
-        assert timeout * 0.8 < elapsed < timeout + 1.0
+        assert timeout * 0.8 < elapsed < timeout + SLACK, "the load ends at its deadline"
         assert adapter.report_status()["load_deadlines_missed"] >= 1
-
-        # close() during a stalled load: returns by the load's deadline, writes nothing later
-        late_targets = arena.objs(4, MIB, random=False, fill=SENTINEL)
-        started = time.monotonic()
-        adapter.submit_load_task(keys, late_targets)
-        assert time.monotonic() - started < 0.1  # asynchronous: submitting never waits
-        time.sleep(0.1)
-        started = time.monotonic()
-        adapter.close()
-        assert time.monotonic() - started < timeout + 1.0
     finally:
         node.signal(signal.SIGCONT)
-    time.sleep(0.5)  # the node answers the abandoned gets now: nothing may land in L1
+    # the node answers the abandoned gets once it runs again: nothing may land in L1
+    assert _serves_again(adapter, keys, sources, arena, node), node.log_tail(5)
     assert untouched(targets)
+
+
+class NodeDied(AssertionError):
+    """The storage node exited (the known UCX crash below), not another assertion."""
+
+
+@pytest.mark.xfail(
+    raises=NodeDied,
+    reason="known bug: a storage node that resumes after a client closed its worker during a "
+    "transfer the stopped node owed it often aborts (UCX 'Fatal: unexpected error: Endpoint "
+    "timeout', ucp_request.inl:356); not always, so the mark is not strict",
+)
+def test_closing_the_adapter_during_a_stalled_load_writes_nothing_later(
+    cluster_factory, make_adapter, arena
+):
+    timeout = 1.0
+    cluster, adapter, keys, sources = _stalled_setup(cluster_factory, make_adapter, arena, timeout)
+    node = cluster.nodes[0]
+    node.signal(signal.SIGSTOP)
+    try:
+        # close() during a stalled load: returns by the load's deadline, writes nothing later
+        late_targets = arena.objs(4, MIB, random=False, fill=SENTINEL)
+        task_id = adapter.submit_load_task(keys, late_targets)
+        # asynchronous: submitting never waits (the stalled load cannot be done yet)
+        assert adapter.query_load_result(task_id) is None
+        # the load worker has taken the task up (private: nothing public tells queued from
+        # running), so close() meets a load in flight, not one it can cancel unstarted
+        assert wait_until(adapter._load_worker._queue.empty, timeout=30.0)
+        started = time.monotonic()
+        adapter.close()
+        assert time.monotonic() - started < timeout + SLACK
+    finally:
+        node.signal(signal.SIGCONT)
+    served = _serves_again(_tcp_adapter(make_adapter, cluster, timeout), keys, sources, arena, node)
     assert untouched(late_targets)
+    if not served:
+        raise NodeDied(f"the storage node exited:\n{node.log_tail(5)}")
 
 
 def _node_of_each_key(master: str, names: list[str]) -> list[str]:
@@ -126,12 +179,15 @@ def test_a_node_dying_during_loads_gives_misses_not_hangs_or_wrong_bytes(
 
     thread = threading.Thread(target=loads)
     thread.start()
-    time.sleep(0.5)
+    assert wait_until(lambda: len(rounds) >= 2 or bool(failures), timeout=60.0), "no loads"
     killed_at = time.monotonic()
     cluster.nodes[1].kill()
     # Transfers to the dead node fail at once (then, after the master's node TTL, its
     # replicas are dropped): either way its keys miss while the other node's keys still hit.
-    time.sleep(3.0)
+    assert wait_until(
+        lambda: sum(r[0] > killed_at + 0.5 for r in rounds) >= 3 or bool(failures),
+        timeout=60.0,
+    ), "no loads after the kill"
     stop.set()
     thread.join(timeout + 10)
     assert not thread.is_alive(), "a load hung"
@@ -142,6 +198,6 @@ def test_a_node_dying_during_loads_gives_misses_not_hangs_or_wrong_bytes(
     assert before and after, f"{len(rounds)} rounds"
     assert all(hits == [True] * count for _, _, hits, _ in before)
     assert all(good for *_, good in rounds), "a hit returned other bytes than were stored"
-    assert all(duration < timeout + 1.0 for _, duration, _, _ in rounds)
+    assert all(duration < timeout + SLACK for _, duration, _, _ in rounds), "a load hung"
     for _, _, hits, _ in after:
         assert hits == [not victim for victim in on_victim]

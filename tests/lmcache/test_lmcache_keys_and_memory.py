@@ -7,9 +7,6 @@ import argparse
 import json
 
 import pytest
-
-pytest.importorskip("lmcache.v1.distributed.l2_adapters.base")
-
 import torch
 from lmcache.v1.distributed.api import ObjectKey
 from lmcache.v1.distributed.l2_adapters import create_l2_adapter
