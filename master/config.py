@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvpool.master.story import EVENTS_PER_KEY, KEYS
+
 PLACEMENTS = ("random", "most-free")
 
 
@@ -47,6 +49,15 @@ class MasterConfig:
     placement: str = "random"
     #: Buffers start at multiples of this many bytes.
     alignment: int = 64
+    #: Check the core's own invariants (``MasterState.validate``) after every event it
+    #: applies: a debugging aid that costs time proportional to everything the master holds,
+    #: per call.
+    validate_each_event: bool = False
+    #: ``MasterState.story``: at most this many events per key (the oldest go first)...
+    story_events_per_key: int = EVENTS_PER_KEY
+    #: ...and for at most this many keys (those whose last event is oldest go first; 0 keeps
+    #: no story at all).
+    story_keys: int = KEYS
 
     def __post_init__(self) -> None:
         if not 0.0 < self.high_watermark <= 1.0:
@@ -69,6 +80,12 @@ class MasterConfig:
             raise ValueError(f"reclaim_delay must not be negative, got {self.reclaim_delay}")
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {PLACEMENTS}, got {self.placement!r}")
+        if self.story_events_per_key < 1:
+            raise ValueError(
+                f"story_events_per_key must be at least 1, got {self.story_events_per_key}"
+            )
+        if self.story_keys < 0:
+            raise ValueError(f"story_keys must not be negative, got {self.story_keys}")
         if not 1 <= self.default_replicas <= self.max_replicas:
             raise ValueError(
                 f"default_replicas must be between 1 and max_replicas ({self.max_replicas}),"

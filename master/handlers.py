@@ -32,6 +32,7 @@ from kvpool.master.records import (
     PutSlot,
     SegmentInfo,
 )
+from kvpool.master.story_rpc import story_response
 from kvpool.proto import master_pb2 as pb
 
 MAX_BATCH = 65536
@@ -53,6 +54,7 @@ UNARY_METHODS = (
     "ListKeys",
     "ClusterStatus",
     "Lane",
+    "Story",
 )
 
 _STARTED = time.monotonic()
@@ -327,6 +329,9 @@ class MasterHandlers:
 
     def Lane(self, request: pb.LaneRequest) -> pb.LaneResponse:
         return pb.LaneResponse(port=self.lane_port)
+
+    def Story(self, request: pb.StoryRequest) -> pb.StoryResponse:
+        return story_response(self.core.state, request)
 
     # ---- helpers
 

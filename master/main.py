@@ -146,6 +146,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ready-file", default=None, help="write the bound addresses here as JSON once serving"
     )
+    parser.add_argument(
+        "--debug-validate",
+        action="store_true",
+        help="check the metadata core's invariants after every event and fail loudly on a "
+        "broken one (for debugging: costs CPU in proportion to the objects held)",
+    )
+    parser.add_argument(
+        "--story-keys",
+        type=int,
+        default=defaults.story_keys,
+        help="keys whose recent events `kvpool story KEY` can tell (0: none; default "
+        "%(default)s)",
+    )
     parser.add_argument("--log-format", choices=LOG_FORMATS, default="auto")
     parser.add_argument("--log-level", default="info")
 
@@ -163,6 +176,8 @@ def config_from_args(args: argparse.Namespace) -> MasterConfig:
         high_watermark=args.high_watermark,
         eviction_ratio=args.eviction_ratio,
         soft_pin_ttl=args.soft_pin_ttl,
+        validate_each_event=args.debug_validate,
+        story_keys=args.story_keys,
     )
 
 

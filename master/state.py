@@ -15,6 +15,11 @@ Life cycle of an object::
                      v replicas lost                v                          v node loss
                    gone (space freed, or quarantined while a writer may still be copying)
 
+Every change of an object's state, its creation and end included, goes through
+``_transition``, which checks it against the table of legal transitions (transitions.py) and
+notes it in the key's story (story.py): ``story(key)`` tells what happened to a key, and
+``validate()`` checks that its indexes agree with each other (invariants.py).
+
 Storage nodes are the source of truth for what they hold: an object is published only once
 every node holding a replica has recorded it (durably, on a persistent segment), so a node that
 remounts after a restart of itself or of the master can report it, and the master re-adopts it.
@@ -38,17 +43,20 @@ The rules that keep bytes safe:
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import random
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from kvpool.common.keys import key_problem, plainly_valid
 from kvpool.common.sizes import format_size
 from kvpool.common.status import KeyStatus, Pin, Tier
 from kvpool.master.allocator import Allocator
 from kvpool.master.config import MasterConfig
+from kvpool.master.invariants import check_invariants
 from kvpool.master.key_index import KeyIndex
 from kvpool.master.lru import LruIndex
 from kvpool.master.placement import TierPool
@@ -79,6 +87,15 @@ from kvpool.master.records import (
     SegmentUsage,
     StoredObject,
     TickReport,
+)
+from kvpool.master.story import StoryEvent, StoryLog
+from kvpool.master.transitions import (
+    COMMITTED,
+    GONE,
+    LEGAL_BY_ID,
+    PUBLISHED,
+    RESERVED,
+    IllegalTransition,
 )
 
 Clock = Callable[[], float]
@@ -135,6 +152,12 @@ class MasterState:
         self._seq = itertools.count()
         self._put_ids = itertools.count((epoch << 32) + 1)
         self._command_ids = itertools.count(1)
+        #: What happened to each key lately (``story``), noted through ``_note(key, entry)``.
+        self._story = StoryLog(self.config.story_events_per_key, self.config.story_keys)
+        self._note = self._story.add if self._story.max_keys else _ignore
+        if self.config.validate_each_event:
+            for method in EVENTS:
+                setattr(self, method, _validated(getattr(self, method), self.validate))
 
     # ------------------------------------------------------------------ node side
 
@@ -233,12 +256,7 @@ class MasterState:
         parked = self._parked.pop(command_id, None)
         if parked is not None:
             segment, offset, record, not_before = parked
-            mounted = self.segments.get(segment.segment_id) is segment
-            if (ok or expired) and mounted:  # the node recorded (or may yet record) a copy
-                self._send_forget(segment, record, offset)  # nobody wants
-            if expired:
-                not_before = max(not_before, self.clock() + self.config.reclaim_delay)
-            self._release(segment, offset, not_before)
+            self._abandon_copy(segment, record, offset, ok, expired, not_before)
         committed = ObjectState.COMMITTED
         for i, record in enumerate(records):
             if record.moving and command_id in record.moving:
@@ -251,6 +269,9 @@ class MasterState:
                     self._send_forget(
                         self.segments[segment_id], record, self._stored(record, segment_id).offset
                     )
+                if not ok:
+                    entry = (self.clock(), "persist_failed", record.put_id, segment_id, expired)
+                    self._note(record.key, entry)
                 self._persist_done(record, segment_id, ok)
 
     # ------------------------------------------------------------------ client side
@@ -292,8 +313,9 @@ class MasterState:
         ``resolved`` once they have (or through this list when nothing needs waiting)."""
         statuses: list[KeyStatus | None] = []
         persists: dict[str, list[ObjectRecord]] = {}
+        now = self.clock()
         for commit in commits:
-            status = self._put_end_one(commit)
+            status = self._put_end_one(commit, now)
             statuses.append(status)
             if status is None:
                 record = self.objects[commit.key]
@@ -310,6 +332,7 @@ class MasterState:
     def put_revoke(self, keys: Sequence[str], put_ids: Sequence[int]) -> list[KeyStatus]:
         """A writer gives up its reservations; their space returns at once (it stopped writing)."""
         statuses = []
+        now = self.clock()
         for key, put_id in zip(keys, put_ids, strict=True):
             record = self.objects.get(key)
             if (
@@ -319,7 +342,7 @@ class MasterState:
             ):
                 statuses.append(KeyStatus.STALE_PUT)
                 continue
-            self._forget(record)
+            self._forget(record, (now, "revoked", put_id))
             self._free_now(record.replicas)
             self.counters.puts_revoked += 1
             statuses.append(KeyStatus.OK)
@@ -381,7 +404,7 @@ class MasterState:
             status = self._removal_status(record, now, force)
             if status is KeyStatus.OK:
                 assert record is not None
-                self._remove(record, now)
+                self._remove(record, now, (now, "removed", record.put_id, record.state, force))
             statuses.append(status)
         return statuses
 
@@ -404,7 +427,7 @@ class MasterState:
             record = self.objects[key]
             status = self._removal_status(record, now, force)
             if status is KeyStatus.OK:
-                self._remove(record, now)
+                self._remove(record, now, (now, "removed", record.put_id, record.state, force))
                 removed += 1
             elif status is KeyStatus.HAS_LEASE:
                 leased += 1
@@ -463,6 +486,19 @@ class MasterState:
             len(self.nodes),
         )
 
+    # ------------------------------------------------------------------ debugging
+
+    def story(self, key: str) -> list[StoryEvent]:
+        """What happened to ``key`` lately, oldest first: each object under it reserved,
+        committed, published, moved, removed, evicted, lost... (reads are not noted). Empty
+        when nothing is known, or no longer (the log keeps a bounded number of events)."""
+        return self._story.story(key)
+
+    def validate(self) -> None:
+        """Checks the core's own invariants (invariants.py); raises InvariantViolation,
+        naming the one broken, when the core is inconsistent."""
+        check_invariants(self)
+
     # ------------------------------------------------------------------ time
 
     def tick(self, step: int | None = None) -> TickReport:
@@ -490,6 +526,33 @@ class MasterState:
             report.objects_evicted = self._evict_above_watermark(now, budget)
         report.unfinished = budget is not None and budget[0] <= 0
         return report
+
+    # ------------------------------------------------------------------ internals: life cycle
+
+    def _transition(
+        self, record: ObjectRecord, to: ObjectState | None, entry: tuple[Any, ...]
+    ) -> None:
+        """Every change of an object's state, its creation (from GONE) and end (to GONE)
+        included: checked against the table of legal transitions (transitions.py), and noted
+        in the key's story as ``entry`` (time, event, details...)."""
+        key = record.key
+        current = self.objects.get(key)
+        before: ObjectState | None
+        if current is record:
+            before = record.state
+        elif current is None or to is GONE:
+            before = GONE  # a new object, or one that has already ended
+        else:
+            raise IllegalTransition(key, current.state, to, "another object holds the key")
+        if to not in LEGAL_BY_ID[id(before)]:
+            raise IllegalTransition(key, before, to)
+        if to is GONE:
+            del self.objects[key]
+        else:
+            if before is GONE:
+                self.objects[key] = record
+            record.state = to
+        self._note(key, entry)
 
     # ------------------------------------------------------------------ internals: puts
 
@@ -541,7 +604,8 @@ class MasterState:
         )
         if options.pin is Pin.SOFT:
             record.pin_until = now + (options.pin_ttl or self.config.soft_pin_ttl)
-        self.objects[key] = record
+        entry = (now, "reserved", record.put_id, client_id, replicas)
+        self._transition(record, RESERVED, entry)
         self._reservations[key] = record
         self._reservations_of.setdefault(client_id, set()).add(key)
         self.counters.puts_started += 1
@@ -559,7 +623,7 @@ class MasterState:
                 )
         return PutSlot(KeyStatus.OK, record.put_id, self._placed(record))
 
-    def _put_end_one(self, commit: Commit) -> KeyStatus | None:
+    def _put_end_one(self, commit: Commit, now: float) -> KeyStatus | None:
         record = self.objects.get(commit.key)
         if record is None or record.put_id != commit.put_id:
             return KeyStatus.STALE_PUT
@@ -576,10 +640,11 @@ class MasterState:
         self._free_now(failed)
         self._end_reservation(record)
         if not kept:
-            del self.objects[record.key]
+            self._transition(record, GONE, (now, "write_failed", record.put_id))
             return KeyStatus.NO_REPLICA
         record.replicas = kept
-        record.state = ObjectState.COMMITTED
+        entry = (now, "committed", record.put_id, len(failed))
+        self._transition(record, COMMITTED, entry)
         record.crc32c = commit.crc32c
         record.unacked = {r.segment_id for r in kept if r is not None}
         return None
@@ -598,13 +663,15 @@ class MasterState:
         if self.objects.get(record.key) is not record:
             return  # removed (by force) or lost while committing: already answered
         replicas = [r for r in record.replicas if r is not None]
+        now = self.clock()
         if not replicas:
-            del self.objects[record.key]
+            self._transition(record, GONE, (now, "not_recorded", record.put_id))
             self.resolved.append(CommitResult(record.key, record.put_id, KeyStatus.NO_REPLICA))
             return
         record.replicas = replicas
-        record.state = ObjectState.PUBLISHED
-        record.last_access = self.clock()
+        entry = (now, "published", record.put_id, tuple(replicas))
+        self._transition(record, PUBLISHED, entry)
+        record.last_access = now
         self._index_published(record)
         if record.pin is Pin.SOFT:
             heapq.heappush(self._pin_ends, (record.pin_until, next(self._seq), record))
@@ -758,8 +825,8 @@ class MasterState:
                 return False  # an older copy
             if existing.generation == item.generation and existing.size != item.size:
                 return False  # not a copy of this object
-            if existing.generation < item.generation:
-                self._remove(existing, now)  # superseded by a newer write
+            if existing.generation < item.generation:  # superseded by a newer write
+                self._remove(existing, now, (now, "superseded", existing.put_id, item.generation))
                 existing = None
         if not segment.allocator.allocate_at(item.offset, item.size):
             return False  # overlaps a newer object
@@ -770,6 +837,7 @@ class MasterState:
             existing.replicas.append(replica)
             segment.lru.add(item.key, existing.pin)
             existing.lease_until = max(existing.lease_until, now + self.config.lease_ttl)
+            self._note(item.key, (now, "replica_adopted", existing.put_id, replica))
             return True
         record = ObjectRecord(
             item.key,
@@ -783,7 +851,7 @@ class MasterState:
             last_access=now,
             crc32c=item.crc32c,
         )
-        self.objects[item.key] = record
+        self._transition(record, PUBLISHED, (now, "adopted", item.generation, replica))
         self._index_published(record)
         self._put_ids = itertools.count(max(next(self._put_ids), item.generation + 1))
         return True
@@ -842,6 +910,8 @@ class MasterState:
         record.moving[command_id] = Move(source, destination, demotion)
         if demotion:
             self.segments[source.segment_id].leaving += target.allocator.rounded(record.size)
+        event = "demoting" if demotion else "promoting"
+        self._note(record.key, (self.clock(), event, record.put_id, source, destination))
         self._awaiting[command_id] = (target.segment_id, (record,))
         self.outbox.append(
             CopyCommand(
@@ -865,28 +935,51 @@ class MasterState:
             source_segment.leaving -= source_segment.allocator.rounded(record.size)
         target = self.segments.get(move.target.segment_id)
         alive = self.objects.get(record.key) is record and move.source in record.replicas
+        now = self.clock()
         if not ok or not alive or target is None:
+            if not ok:
+                why = "failed" if how == "answered" else how
+            else:
+                why = "target segment gone" if target is None else "object or source gone"
+            self._note(record.key, (now, "move_failed", record.put_id, move.target, why))
             if target is not None:
                 del target.owners[move.target.offset]
                 if how == "cancelled":  # its node may still be writing there
                     self._parked[command_id] = (target, move.target.offset, record, 0.0)
                     return
-                if ok or how == "expired":  # the node recorded (or may yet) a copy nobody
-                    self._send_forget(target, record, move.target.offset)  # wants
-                not_before = 0.0
-                if how == "expired":
-                    not_before = self.clock() + self.config.reclaim_delay
-                self._release(target, move.target.offset, not_before)
+                self._abandon_copy(target, record, move.target.offset, ok, how == "expired")
             return
         if record.crc32c is None:
             record.crc32c = crc32c
         record.replicas.append(move.target)
         target.lru.add(record.key, record.pin)
+        event = "demoted" if move.demotion else "promoted"
+        self._note(record.key, (now, event, record.put_id, move.target))
         if move.demotion:
-            self._release_replica(record, move.source, self.clock())
+            self._release_replica(record, move.source, now)
             self.counters.demotions += 1
         else:
             self.counters.promotions += 1
+
+    def _abandon_copy(
+        self,
+        segment: SegmentRecord,
+        record: ObjectRecord,
+        offset: int,
+        ok: bool,
+        expired: bool,
+        not_before: float = 0.0,
+    ) -> None:
+        """Gives up the target of a copy nobody wants any more, no longer owned by its object,
+        once the node answered (``ok``: it recorded the copy) or the I/O layer gave up on the
+        answer (``expired``: the node may yet record it, and may still be writing there). A
+        node that recorded (or may record) the copy is told to forget it; the space returns
+        at ``not_before``, or ``reclaim_delay`` from now when expired."""
+        if (ok or expired) and self.segments.get(segment.segment_id) is segment:
+            self._send_forget(segment, record, offset)
+        if expired:
+            not_before = max(not_before, self.clock() + self.config.reclaim_delay)
+        self._release([Replica(segment.segment_id, offset)], not_before, segment)
 
     # ------------------------------------------------------------------ internals: removal
 
@@ -899,16 +992,17 @@ class MasterState:
             return KeyStatus.HAS_LEASE
         return KeyStatus.OK
 
-    def _remove(self, record: ObjectRecord, now: float) -> None:
+    def _remove(self, record: ObjectRecord, now: float, entry: tuple[Any, ...]) -> None:
+        """``entry``: why, for the key's story."""
         if record.state is ObjectState.COMMITTED:
             self.resolved.append(CommitResult(record.key, record.put_id, KeyStatus.STALE_PUT))
-        self._forget(record)
+        self._forget(record, entry)
         if record.state is ObjectState.RESERVED:
             release_at = now + self.config.reclaim_delay  # its writer may still be copying
         else:
             release_at = max(now, record.lease_until)  # its readers may still be copying
             self._send_forgets(record)  # nodes may have recorded it (or be about to)
-        self._free_at(record.replicas, release_at)
+        self._release(record.replicas, release_at)
         for command_id, move in record.moving.items():  # copies in flight: cancelled
             target = self.segments.get(move.target.segment_id)
             if target is not None:  # its node may record the copy before it hears of this
@@ -932,7 +1026,7 @@ class MasterState:
         if segment is not None:
             segment.lru.discard(record.key)
             self._send_forget(segment, record, replica.offset)
-        self._free_at([replica], max(now, record.lease_until))
+        self._release([replica], max(now, record.lease_until))
 
     def _drop_replica(self, record: ObjectRecord, segment_id: str) -> None:
         """A committed object's replica in ``segment_id`` failed to be recorded."""
@@ -960,12 +1054,13 @@ class MasterState:
             if replica is not None:
                 self.segments[replica.segment_id].lru.add(record.key, record.pin)
 
-    def _forget(self, record: ObjectRecord) -> None:
-        """Removes an object from every index (its buffers are the caller's business)."""
+    def _forget(self, record: ObjectRecord, entry: tuple[Any, ...]) -> None:
+        """Removes an object from every index (its buffers are the caller's business);
+        ``entry``: why, for the key's story."""
         if record.lease_open and record.lease_until <= self.clock():
             self.counters.lease_expiries += 1
             record.lease_open = False
-        del self.objects[record.key]
+        self._transition(record, GONE, entry)
         if record.state is ObjectState.PUBLISHED:
             self._published_keys.remove(record.key)
             self._lru.discard(record.key)
@@ -993,29 +1088,29 @@ class MasterState:
                 del segment.owners[replica.offset]
                 segment.allocator.free(replica.offset)
 
-    def _release(self, segment: SegmentRecord, offset: int, not_before: float) -> None:
-        """Frees an unowned buffer at ``not_before`` (now if that has passed), unless its
-        segment went away (or was remounted anew) meanwhile."""
-        if self.segments.get(segment.segment_id) is not segment:
-            return
-        if not_before <= self.clock():
-            segment.allocator.free(offset)
-        else:
-            heapq.heappush(self._deferred, (not_before, next(self._seq), segment, offset))
-
-    def _free_at(self, replicas: Iterable[Replica | None], release_at: float) -> None:
-        """Detaches buffers from their object now; the space returns at ``release_at``."""
-        for replica in replicas:
-            if replica is None:
+    def _release(
+        self,
+        buffers: Iterable[Replica | None],
+        not_before: float,
+        segment: SegmentRecord | None = None,
+    ) -> None:
+        """Frees buffers at ``not_before`` (now if that has passed). One still owned (a
+        replica, not the target of an abandoned copy) leaves its segment's owners at once, so
+        that no new reader finds it. Buffers of a segment that went away meanwhile are left
+        alone; given ``segment``, the record they lie in, so are those of a segment remounted
+        anew under the same id (the offset may be another object's there by now)."""
+        now = self.clock()
+        for buffer in buffers:
+            if buffer is None:
                 continue
-            segment = self.segments.get(replica.segment_id)
-            if segment is None:
+            current = self.segments.get(buffer.segment_id)
+            if current is None or (segment is not None and current is not segment):
                 continue
-            del segment.owners[replica.offset]
-            if release_at <= self.clock():
-                segment.allocator.free(replica.offset)
+            current.owners.pop(buffer.offset, None)
+            if not_before <= now:
+                current.allocator.free(buffer.offset)
             else:
-                entry = (release_at, next(self._seq), segment, replica.offset)
+                entry = (not_before, next(self._seq), current, buffer.offset)
                 heapq.heappush(self._deferred, entry)
 
     def _drop_segment(self, segment_id: str) -> int:
@@ -1025,17 +1120,21 @@ class MasterState:
         if node is not None:
             node.segment_ids.discard(segment_id)
         lost = 0
+        now = self.clock()
         for key in set(segment.owners.values()):
             record = self.objects[key]
             for command_id, move in list(record.moving.items()):
                 if segment_id in (move.source.segment_id, move.target.segment_id):
                     self._move_done(record, command_id, False, None, "cancelled")
+            replicas = record.replicas
             record.replicas = [
-                None if r is not None and r.segment_id == segment_id else r for r in record.replicas
+                None if r is not None and r.segment_id == segment_id else r for r in replicas
             ]
+            replica_lost = (now, "replica_lost", record.put_id, segment_id)
             if record.state is ObjectState.COMMITTED and segment_id in record.unacked:
                 record.unacked.discard(segment_id)
                 if not record.unacked:
+                    self._note(key, replica_lost)
                     self._finish_commit(record)
                     if self.objects.get(key) is not record:
                         lost += 1
@@ -1045,8 +1144,10 @@ class MasterState:
             if self.objects.get(key) is record and not any(r is not None for r in record.replicas):
                 if record.state is ObjectState.COMMITTED:
                     self.resolved.append(CommitResult(key, record.put_id, KeyStatus.NO_REPLICA))
-                self._forget(record)
+                self._forget(record, (now, "lost", record.put_id, record.state, segment_id))
                 lost += 1
+            elif record.replicas != replicas:  # (not when only a copy's target was here)
+                self._note(key, replica_lost)
         self.counters.objects_lost += lost
         return lost
 
@@ -1063,21 +1164,21 @@ class MasterState:
             record = next(iter(self._reservations.values()))
             if record.created_at > deadline:
                 break
-            self._reclaim(record, now)
+            self._reclaim(record, now, "timed out")
             report.reservations_reclaimed.append(record.key)
 
-    def _reclaim(self, record: ObjectRecord, now: float) -> None:
+    def _reclaim(self, record: ObjectRecord, now: float, why: str) -> None:
         """Ends a reservation whose writer may still be copying: the key is free at once, the
         space only after the reclaim delay."""
-        self._forget(record)
-        self._free_at(record.replicas, now + self.config.reclaim_delay)
+        self._forget(record, (now, "reclaimed", record.put_id, why))
+        self._release(record.replicas, now + self.config.reclaim_delay)
         self.counters.reservations_reclaimed += 1
 
     def _bury_dead_clients(self, now: float, report: TickReport) -> None:
         silent_since = now - self.config.client_ttl
         for client_id in [c for c, seen in self.clients.items() if seen < silent_since]:
             for key in list(self._reservations_of.get(client_id, ())):
-                self._reclaim(self.objects[key], now)
+                self._reclaim(self.objects[key], now, "writer silent")
                 report.reservations_reclaimed.append(key)
             self.clients.pop(client_id, None)
             report.dead_clients.append(client_id)
@@ -1111,6 +1212,7 @@ class MasterState:
             ):
                 continue
             record.pin = Pin.NONE
+            self._note(record.key, (now, "pin_ended", record.put_id))
             self._lru.unpin(record.key)
             for replica in record.replicas:
                 if replica is not None:
@@ -1232,6 +1334,7 @@ class MasterState:
             for record, replica in victims:
                 if len(record.replicas) > 1:
                     self._release_replica(record, replica, now)
+                    self._note(record.key, (now, "replica_evicted", record.put_id, replica))
                     if self._replica_in(record, segment, tier) is None:
                         skipped.add(record.key)  # nothing more of it here to take
                 elif not (
@@ -1239,7 +1342,8 @@ class MasterState:
                     and self.segments[replica.segment_id].info.tier is Tier.DRAM
                     and self._try_demote(record, replica)
                 ):
-                    self._forget(record)
+                    entry = (now, "evicted", record.put_id, tuple(record.replicas))
+                    self._forget(record, entry)
                     self._send_forgets(record)
                     self._free_now(record.replicas)
                     self.counters.evictions += 1
@@ -1269,6 +1373,43 @@ class MasterState:
         return sum(
             s.allocator.used - s.leaving for s in self.segments.values() if s.info.tier is tier
         )
+
+
+#: The public methods that apply an event (each may change the state), checked after each call
+#: when ``validate_each_event`` is set.
+EVENTS = (
+    "mount_segment",
+    "unmount_segment",
+    "heartbeat",
+    "command_done",
+    "command_expired",
+    "client_heartbeat",
+    "put_start",
+    "put_end",
+    "put_revoke",
+    "get_replicas",
+    "exists",
+    "remove",
+    "remove_prefix",
+    "tick",
+)
+
+
+def _validated(method: Callable[..., Any], validate: Callable[[], None]) -> Callable[..., Any]:
+    """``method``, followed by ``validate()``. Set on the instance only when asked for, so
+    that the usual path pays nothing for the option."""
+
+    @functools.wraps(method)
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        result = method(*args, **kwargs)
+        validate()
+        return result
+
+    return checked
+
+
+def _ignore(key: str, entry: tuple[Any, ...]) -> None:
+    """Notes nothing (the story is off)."""
 
 
 def _spent(budget: list[int] | None) -> bool:

@@ -372,6 +372,37 @@ class StatResponse(_message.Message):
     idle_ms: int
     def __init__(self, status: _Optional[_Union[KeyStatus, str]] = ..., size: _Optional[int] = ..., state: _Optional[str] = ..., replicas: _Optional[_Iterable[_Union[ReplicaInfo, _Mapping]]] = ..., lease_remaining_ms: _Optional[int] = ..., pin: _Optional[_Union[Pin, str]] = ..., pin_remaining_ms: _Optional[int] = ..., crc32c: _Optional[int] = ..., age_ms: _Optional[int] = ..., idle_ms: _Optional[int] = ...) -> None: ...
 
+class StoryRequest(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    def __init__(self, key: _Optional[str] = ...) -> None: ...
+
+class StoryEvent(_message.Message):
+    __slots__ = ("time", "age_s", "event", "details")
+    class DetailsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    AGE_S_FIELD_NUMBER: _ClassVar[int]
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    time: float
+    age_s: float
+    event: str
+    details: _containers.ScalarMap[str, str]
+    def __init__(self, time: _Optional[float] = ..., age_s: _Optional[float] = ..., event: _Optional[str] = ..., details: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class StoryResponse(_message.Message):
+    __slots__ = ("events",)
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[StoryEvent]
+    def __init__(self, events: _Optional[_Iterable[_Union[StoryEvent, _Mapping]]] = ...) -> None: ...
+
 class NodeCommand(_message.Message):
     __slots__ = ("command_id", "persist", "forget", "copy", "prepare")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]

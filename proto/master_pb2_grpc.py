@@ -109,6 +109,11 @@ class MasterStub:
                 request_serializer=kvpool_dot_proto_dot_master__pb2.ClusterStatusRequest.SerializeToString,
                 response_deserializer=kvpool_dot_proto_dot_master__pb2.ClusterStatusResponse.FromString,
                 _registered_method=True)
+        self.Story = channel.unary_unary(
+                '/kvpool.v1.Master/Story',
+                request_serializer=kvpool_dot_proto_dot_master__pb2.StoryRequest.SerializeToString,
+                response_deserializer=kvpool_dot_proto_dot_master__pb2.StoryResponse.FromString,
+                _registered_method=True)
         self.Lane = channel.unary_unary(
                 '/kvpool.v1.Master/Lane',
                 request_serializer=kvpool_dot_proto_dot_master__pb2.LaneRequest.SerializeToString,
@@ -213,6 +218,13 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Story(self, request, context):
+        """What happened to a key lately: for operators chasing an incident.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Lane(self, request, context):
         """The port of the metadata lane, a lean framed protocol for the hot calls.
         """
@@ -297,6 +309,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.ClusterStatus,
                     request_deserializer=kvpool_dot_proto_dot_master__pb2.ClusterStatusRequest.FromString,
                     response_serializer=kvpool_dot_proto_dot_master__pb2.ClusterStatusResponse.SerializeToString,
+            ),
+            'Story': grpc.unary_unary_rpc_method_handler(
+                    servicer.Story,
+                    request_deserializer=kvpool_dot_proto_dot_master__pb2.StoryRequest.FromString,
+                    response_serializer=kvpool_dot_proto_dot_master__pb2.StoryResponse.SerializeToString,
             ),
             'Lane': grpc.unary_unary_rpc_method_handler(
                     servicer.Lane,
@@ -709,6 +726,33 @@ class Master:
             '/kvpool.v1.Master/ClusterStatus',
             kvpool_dot_proto_dot_master__pb2.ClusterStatusRequest.SerializeToString,
             kvpool_dot_proto_dot_master__pb2.ClusterStatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Story(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvpool.v1.Master/Story',
+            kvpool_dot_proto_dot_master__pb2.StoryRequest.SerializeToString,
+            kvpool_dot_proto_dot_master__pb2.StoryResponse.FromString,
             options,
             channel_credentials,
             insecure,

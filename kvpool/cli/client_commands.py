@@ -1,4 +1,7 @@
-"""``kvpool put/get/ls/rm/status/bench``: the cluster from a shell."""
+"""``kvpool put/get/ls/rm/status/bench``: the cluster from a shell.
+
+``kvpool bench`` runs the benchmark harness of the source checkout (bench/, not installed).
+"""
 
 from __future__ import annotations
 
@@ -55,15 +58,54 @@ def add_commands(commands: Any) -> None:
     stat.add_argument("key")
     stat.set_defaults(run=_with_client(_stat))
 
+    story = commands.add_parser("story", help="what happened to a key lately, event by event")
+    _client_options(story)
+    story.add_argument("key")
+    story.set_defaults(run=_with_client(_story))
+
     status = commands.add_parser("status", help="nodes, segments and their use")
     _client_options(status)
     status.set_defaults(run=_with_client(_status))
 
-    bench = commands.add_parser("bench", help="measure put/get throughput (starts a cluster)")
-    from kvpool.bench import throughput
+    # The harness (bench/) is not installed: it ships with the source checkout. Its arguments
+    # are parsed by the harness itself (main() hands it the rest of the command line), so that
+    # `kvpool --help` and every other command start without it.
+    bench = commands.add_parser(
+        "bench",
+        help="measure put/get throughput (starts a cluster; source checkout only)",
+        add_help=False,
+    )
+    bench.set_defaults(run=_bench, forward_rest=True)
 
-    throughput.add_arguments(bench)
-    bench.set_defaults(run=throughput.run)
+
+NO_HARNESS = (
+    "kvpool bench: the benchmark harness ships with kvpool's source checkout, not with the "
+    "installed package; clone the repository and run `python -m bench.throughput` from its "
+    "root (or `pip install -e .` there, then `kvpool bench`)"
+)
+
+
+def _checkout() -> Path:
+    """The source checkout of an editable install (``pip install -e .``): the folder above the
+    ``kvpool`` package. For an installed wheel this is site-packages, which has no bench/."""
+    import kvpool
+
+    return Path(kvpool.__file__).resolve().parent.parent
+
+
+def _bench(args: argparse.Namespace) -> int:
+    checkout = _checkout()
+    if not (checkout / "bench" / "throughput.py").is_file():
+        if {"-h", "--help"} & set(args.rest):
+            print(f"usage: kvpool bench [options]\n\n{NO_HARNESS}")
+            return 0
+        print(f"error: {NO_HARNESS}", file=sys.stderr)
+        return 2
+    if str(checkout) not in sys.path:
+        sys.path.insert(0, str(checkout))
+    from bench import throughput
+
+    return throughput.main(args.rest, prog="kvpool bench")
 
 
 def _with_client(command: Callable[[Any, argparse.Namespace], int]) -> Callable[..., int]:
@@ -181,8 +223,8 @@ def _status(client: Any, args: argparse.Namespace) -> int:
     console = Console()
     console.print(table)
     tiers = Table("tier", "segments", "used", "capacity", "use", "objects")
-    for tier, name in ((1, "dram"), (2, "nvme")):
-        segments = [s for s in status.segments if s.tier == tier]
+    for wire_tier, name in ((1, "dram"), (2, "nvme")):
+        segments = [s for s in status.segments if s.tier == wire_tier]
         if segments:
             used = sum(s.used for s in segments)
             capacity = sum(s.capacity for s in segments)
@@ -234,4 +276,31 @@ def _stat(client: Any, args: argparse.Namespace) -> int:
             f"{replica.address:#x}",
         )
     console.print(table)
+    return 0
+
+
+def _story(client: Any, args: argparse.Namespace) -> int:
+    import time
+    from datetime import datetime
+
+    from rich.console import Console
+    from rich.table import Table
+
+    events = client.story(args.key)
+    if not events:
+        print(
+            f"error: the master has no story of {args.key!r}: it never saw that key, or no "
+            "longer remembers it (it keeps the recent events of a bounded number of keys, "
+            "and forgets them all when it restarts)",
+            file=sys.stderr,
+        )
+        return 1
+    now = time.time()  # the master's clock is its own: events come with their age
+    table = Table("time", "ago", "event", "details")
+    for event in events:
+        at = datetime.fromtimestamp(now - event.age_s).isoformat(" ", timespec="milliseconds")
+        names = sorted(event.details, key=lambda name: (name != "put_id", name))
+        details = "  ".join(f"{name}={event.details[name]}" for name in names)
+        table.add_row(at, f"{event.age_s:.1f}s", event.event, details)
+    Console().print(table)
     return 0
