@@ -8,6 +8,7 @@ that key (they raise only for whole-call failures such as MasterUnavailable).
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -21,6 +22,7 @@ from kvpool.client.put_path import PendingPut, WriteOptions
 from kvpool.client.reservation import Reservation
 from kvpool.client.session import Session
 from kvpool.common.keys import key_problem, plainly_valid
+from kvpool.common.logging import get_logger
 from kvpool.common.master_address import parse_master
 from kvpool.common.status import KeyStatus
 from kvpool.errors import BufferTooSmall, InvalidArgument, InvalidKey, KVPoolError
@@ -28,6 +30,12 @@ from kvpool.proto import master_pb2 as pb
 from kvpool.transport import ucp
 
 DEFAULT_TIMEOUT = 10.0
+#: Leased keys a client remembers to give back when it closes.
+LEASES_REMEMBERED = 4096
+#: How long closing waits for the master to take the leases back.
+RELEASE_TIMEOUT = 2.0
+
+log = get_logger("kvpool.client")
 #: First pause before retrying puts refused while a new master fences old writers.
 FENCE_RETRY = 0.1
 
@@ -90,6 +98,9 @@ class Client:
             lease_ttl,
         )
         self._closed = False
+        #: Keys this client leased lately (at most LEASES_REMEMBERED, oldest dropped first):
+        #: given back when it closes, so that an exited reader does not hold up a removal.
+        self._leased: dict[str, None] = {}
 
     @property
     def client_id(self) -> str:
@@ -113,9 +124,34 @@ class Client:
     # ------------------------------------------------------------------ lifecycle
 
     def close(self) -> None:
+        """Gives back the read leases this client holds (best effort, briefly), then lets go
+        of its connections and mapped memory."""
         if not self._closed:
             self._closed = True
-            self._session.close()
+            try:
+                self._release_leases()
+            finally:
+                self._session.close()
+
+    def _remember_leases(self, keys: Iterable[str]) -> None:
+        leased = self._leased
+        for key in keys:
+            leased[key] = None
+        excess = len(leased) - LEASES_REMEMBERED
+        if excess > 0:
+            for key in list(itertools.islice(leased, excess)):
+                del leased[key]
+
+    def _release_leases(self) -> None:
+        if not self._leased:
+            return
+        keys, self._leased = list(self._leased), {}
+        request = pb.ReleaseLeasesRequest(client_id=self.client_id, keys=keys)
+        deadline = time.monotonic() + min(self.timeout, RELEASE_TIMEOUT)
+        try:
+            self._session.link.call("ReleaseLeases", request, deadline)
+        except KVPoolError as error:  # the leases run out by themselves
+            log.debug("could not give leases back", keys=len(keys), error=str(error))
 
     def __enter__(self) -> Client:
         return self
@@ -254,6 +290,7 @@ class Client:
             results[i] = data
             targets[i] = (address, location.size)
         get_path.read(self._session, keys, located, targets, results, deadline, lease_deadline)
+        self._remember_leases(keys[i] for i in located)
         if verify:
             get_path.verify(keys, located, targets, results)
         return [bytes(r) if isinstance(r, bytearray) else r for r in results]
@@ -285,6 +322,7 @@ class Client:
             results[i] = location.size
             targets[i] = (address, location.size)
         get_path.read(self._session, keys, located, targets, results, deadline, lease_deadline)
+        self._remember_leases(keys[i] for i in located)
         if verify:
             get_path.verify(keys, located, targets, results)
         return results
@@ -297,7 +335,10 @@ class Client:
             fields: dict[str, Any] = {"lease_ms": int(self._session.lease_ttl * 1000)}
         else:
             fields = {"no_lease": True}
-        return _found(self._keyed_call("Exists", keys, **fields))
+        found = _found(self._keyed_call("Exists", keys, **fields))
+        if lease:
+            self._remember_leases(k for k, hit in zip(keys, found, strict=True) if hit is True)
+        return found
 
     def remove_many(self, keys: Sequence[str], *, force: bool = False) -> list[KVPoolError | None]:
         statuses = self._keyed_call("Remove", keys, force=force)

@@ -49,6 +49,11 @@ from kvpool.master.state import MasterState
 COMMAND_TIMEOUT = 5.0
 #: How long a PutStart or a removal waits for nodes to confirm their Forgets.
 FORGET_WAIT = 1.0
+#: A master that does not know which nodes exist (a lone master that just started) and finds
+#: that some held objects before it started takes clients once no new node has come for this
+#: long (nodes heartbeat every second and remount at the first answer), or once its rebuild
+#: window has passed.
+REBUILD_QUIET = 2.0
 
 
 class TermEnded:
@@ -124,21 +129,31 @@ class MasterCore:
         self,
         state: MasterState,
         *,
-        awaited_nodes: Iterable[str] = (),
+        awaited_nodes: Iterable[str] | None = (),
         rebuild_window: float = 0.0,
+        rebuild_quiet: float = REBUILD_QUIET,
         command_timeout: float = COMMAND_TIMEOUT,
         forget_wait: float = FORGET_WAIT,
     ) -> None:
         """``awaited_nodes``: after an election, the nodes to wait for (``rebuild_window``
-        seconds at most) before answering clients from an index rebuilt from their reports."""
+        seconds at most) before answering clients from an index rebuilt from their reports;
+        None when nobody knows which nodes exist (a lone master that just started): then
+        clients wait until the nodes stopped coming (``rebuild_quiet``), or the window ends."""
         self.state = state
         self.clock = state.clock
         self.command_timeout = command_timeout
         self.forget_wait = forget_wait
         self.delivery = CommandDelivery()
         self.barrier = ForgetBarrier()
-        self._awaited_nodes = set(awaited_nodes)
+        self._awaited_nodes = set(awaited_nodes or ())
         self._rebuild_until = self.clock() + rebuild_window
+        #: Nodes unknown (see __init__): when a new node was last seen; whether one came back
+        #: from an earlier run of the cluster (a remount, or a heartbeat as its first word),
+        #: rather than starting afresh.
+        self._unknown_nodes = awaited_nodes is None and rebuild_window > 0
+        self._rebuild_quiet = rebuild_quiet
+        self._last_new_node: float | None = None
+        self._restarted = False
         #: (key, put_id) -> the PutEnd calls waiting for it, each with its place in the batch.
         self._commit_waits: dict[tuple[str, int], list[tuple[int, int]]] = {}
         self._put_ends: dict[int, _PutEndCall] = {}
@@ -152,8 +167,18 @@ class MasterCore:
     # ------------------------------------------------------------------ clients
 
     def accepting_clients(self) -> bool:
-        """False while a new leader still waits for known nodes to report what they hold:
-        it would answer NOT_FOUND for objects it has not heard of yet."""
+        """False while a new leader (or a master that just started) still waits for the nodes
+        to report what they hold: it would answer NOT_FOUND for objects it has not heard of
+        yet, and NO_SPACE for space it does not know of."""
+        if self._unknown_nodes:
+            now = self.clock()
+            last = self._last_new_node
+            if now < self._rebuild_until and (
+                last is None or (self._restarted and now - last < self._rebuild_quiet)
+            ):
+                return False  # no node yet, or nodes of an earlier run still coming back
+            self._unknown_nodes = False
+            return True
         if not self._awaited_nodes:
             return True
         if self.clock() >= self._rebuild_until:
@@ -198,11 +223,24 @@ class MasterCore:
     def put_revoke(self, call_id: int, keys: Sequence[str], put_ids: Sequence[int]) -> Effects:
         return self._answer(call_id, self.state.put_revoke(keys, put_ids))
 
-    def get_replicas(self, call_id: int, keys: Sequence[str], lease_ttl: float) -> Effects:
-        return self._answer(call_id, self.state.get_replicas(keys, lease_ttl))
+    def get_replicas(
+        self, call_id: int, keys: Sequence[str], lease_ttl: float, client_id: str = ""
+    ) -> Effects:
+        return self._answer(call_id, self.state.get_replicas(keys, lease_ttl, client_id))
 
-    def exists(self, call_id: int, keys: Sequence[str], lease_ttl: float, lease: bool) -> Effects:
-        return self._answer(call_id, self.state.exists(keys, lease_ttl, grant_lease=lease))
+    def exists(
+        self,
+        call_id: int,
+        keys: Sequence[str],
+        lease_ttl: float,
+        lease: bool,
+        client_id: str = "",
+    ) -> Effects:
+        answer = self.state.exists(keys, lease_ttl, grant_lease=lease, client_id=client_id)
+        return self._answer(call_id, answer)
+
+    def release_leases(self, call_id: int, client_id: str, keys: Sequence[str]) -> Effects:
+        return self._answer(call_id, self.state.release_leases(client_id, keys))
 
     def remove(self, call_id: int, keys: Sequence[str], force: bool) -> Effects:
         """Answers once the nodes dropped what it removed (see ``_removal``)."""
@@ -225,6 +263,9 @@ class MasterCore:
         remount: bool,
         silent: float,
     ) -> Effects:
+        if self._unknown_nodes and info.node_id not in self.state.nodes:
+            self._last_new_node = self.clock()
+            self._restarted |= remount or bool(stored)
         dropped = self.state.mount_segment(info, stored, remount=remount, silent=silent)
         return self._answer(call_id, dropped)
 
@@ -232,6 +273,9 @@ class MasterCore:
         return self._answer(call_id, self.state.unmount_segment(node_id, segment_id))
 
     def heartbeat(self, call_id: int, node_id: str, segment_ids: Iterable[str]) -> Effects:
+        if self._unknown_nodes and node_id not in self.state.nodes:
+            self._last_new_node = self.clock()  # (it mounts at this answer)
+            self._restarted = True
         return self._answer(call_id, self.state.heartbeat(node_id, segment_ids))
 
     def node_connected(self, node_id: str, stream: object, incarnation: str) -> Effects:

@@ -47,6 +47,7 @@ UNARY_METHODS = (
     "PutRevoke",
     "GetReplicas",
     "Exists",
+    "ReleaseLeases",
     "Remove",
     "RemovePrefix",
     "Stat",
@@ -152,6 +153,7 @@ class MasterHandlers:
             pin=Pin(request.pin),
             pin_ttl=request.pin_ttl_ms / 1000.0,
             tier=Tier(request.tier),
+            avoid_nodes=frozenset(request.avoid_nodes),
         )
         core = self.core
         write_timeout_ms = int(core.state.config.write_timeout * 1000)
@@ -221,7 +223,9 @@ class MasterHandlers:
             return response
 
         return self.driver.call(
-            lambda call_id: core.get_replicas(call_id, request.keys, request.lease_ms / 1000.0),
+            lambda call_id: core.get_replicas(
+                call_id, request.keys, request.lease_ms / 1000.0, request.client_id
+            ),
             answer,
         )
 
@@ -235,9 +239,21 @@ class MasterHandlers:
 
         return self.driver.call(
             lambda call_id: core.exists(
-                call_id, request.keys, request.lease_ms / 1000.0, not request.no_lease
+                call_id,
+                request.keys,
+                request.lease_ms / 1000.0,
+                not request.no_lease,
+                request.client_id,
             ),
             answer,
+        )
+
+    def ReleaseLeases(self, request: pb.ReleaseLeasesRequest) -> Any:
+        _check_batch(request.keys)
+        core = self.core
+        return self.driver.call(
+            lambda call_id: core.release_leases(call_id, request.client_id, request.keys),
+            lambda released: pb.ReleaseLeasesResponse(released=released),
         )
 
     def Remove(self, request: pb.RemoveRequest) -> Any:

@@ -24,7 +24,10 @@ class Leadership(Protocol):
 #: Calls a new leader takes while it rebuilds its index: the nodes' own (``Lane`` too: nodes
 #: ask for it before opening their command streams).
 NODE_METHODS = ("/MountSegment", "/UnmountSegment", "/Heartbeat", "/NodeSession", "/Lane")
-REBUILDING = "a new leader is rebuilding its index from the storage nodes: retry shortly"
+REBUILDING = (
+    "the master (a new leader, or one that just started) is rebuilding its index from the "
+    "storage nodes: retry shortly"
+)
 
 
 class LeaderGate(grpc.aio.ServerInterceptor):

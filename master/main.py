@@ -156,8 +156,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--story-keys",
         type=int,
         default=defaults.story_keys,
-        help="keys whose recent events `kvpool story KEY` can tell (0: none; default "
-        "%(default)s)",
+        help="keys whose recent events `kvpool story KEY` can tell (0: none; default %(default)s)",
     )
     parser.add_argument("--log-format", choices=LOG_FORMATS, default="auto")
     parser.add_argument("--log-level", default="info")
@@ -218,7 +217,10 @@ async def serve(args: argparse.Namespace, config: MasterConfig) -> None:
         leadership = AlwaysLeader()
         # The epoch orders this master's writes after any earlier master's (whole seconds
         # fit the 32 bits it gets in every put id until 2106).
-        driver = CoreDriver(MasterCore(_new_state(config, int(time.time()))))
+        # Nodes that held objects for an earlier run of this master remount within a few
+        # seconds: until then, clients are told it is rebuilding (they retry).
+        state = _new_state(config, int(time.time()))
+        driver = CoreDriver(MasterCore(state, awaited_nodes=None, rebuild_window=config.node_ttl))
     handlers = MasterHandlers(driver)
     service = MasterService(handlers)
     shedder = LoadShedder(args.max_inflight)

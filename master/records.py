@@ -98,6 +98,11 @@ class ObjectRecord:
     crc32c: int | None = None
     #: A read lease whose end has not been counted yet (for the lease-expiry metric).
     lease_open: bool = False
+    #: The client that leased it last ("": anonymous), and when the leases of every other
+    #: reader end at the latest: a release by that client brings ``lease_until`` back to
+    #: ``others_until``, so that no other reader's lease is ever cut short.
+    lease_client: str = ""
+    others_until: float = 0.0
     #: COMMITTED: segments whose nodes have not yet acknowledged recording it.
     unacked: set[str] = field(default_factory=set)
     #: Copies in flight (command id -> move), during which it is not evicted again.
@@ -156,6 +161,9 @@ class PutOptions:
     pin: Pin = Pin.NONE
     pin_ttl: float = 0.0  # soft pins; 0: the master's default
     tier: Tier = Tier.UNSPECIFIED  # UNSPECIFIED: DRAM first, then NVMe
+    #: Nodes the writer could not reach lately (it saw them fail; the master may not know
+    #: yet): no replica goes there.
+    avoid_nodes: frozenset[str] = frozenset()
 
 
 class StoredObject(NamedTuple):

@@ -349,9 +349,10 @@ class MasterState:
         return statuses
 
     def get_replicas(
-        self, keys: Sequence[str], lease_ttl: float = 0.0
+        self, keys: Sequence[str], lease_ttl: float = 0.0, client_id: str = ""
     ) -> tuple[list[Location], float]:
-        """Where each published object lives; grants (or extends) a read lease on each."""
+        """Where each published object lives; grants (or extends) a read lease on each, held
+        by ``client_id`` (see ``release_leases``)."""
         ttl = self._lease_ttl(lease_ttl)
         now = self.clock()
         locations = []
@@ -366,7 +367,7 @@ class MasterState:
                 append(Location(status))
                 continue
             hits += 1
-            lease(record, now, ttl)
+            lease(record, now, ttl, client_id)
             append(Location(KeyStatus.OK, record.size, placed(record), record.crc32c))
             if promote is not None:
                 promote(record)
@@ -374,7 +375,12 @@ class MasterState:
         return locations, ttl
 
     def exists(
-        self, keys: Sequence[str], lease_ttl: float = 0.0, *, grant_lease: bool = True
+        self,
+        keys: Sequence[str],
+        lease_ttl: float = 0.0,
+        *,
+        grant_lease: bool = True,
+        client_id: str = "",
     ) -> list[KeyStatus]:
         """Whether each key is published; grants a lease on those that are, unless told not to."""
         ttl = self._lease_ttl(lease_ttl)
@@ -388,11 +394,27 @@ class MasterState:
                 append(not_found)
             elif record.state is published:
                 if grant_lease:
-                    lease(record, now, ttl)
+                    lease(record, now, ttl, client_id)
                 append(ok)
             else:
                 append(KeyStatus.NOT_READY)
         return statuses
+
+    def release_leases(self, client_id: str, keys: Sequence[str]) -> int:
+        """A reader is done with these objects (it closed, or its process is exiting): a lease
+        it holds ends now, unless another reader leased the object since (their leases are
+        never cut short). Returns how many leases ended."""
+        if not client_id:
+            return 0
+        released = 0
+        find = self.objects.get
+        for key in keys:
+            record = find(key)
+            if record is not None and record.lease_client == client_id:
+                record.lease_until = record.others_until
+                record.lease_client = ""
+                released += 1
+        return released
 
     def remove(self, keys: Sequence[str], force: bool = False) -> list[KeyStatus]:
         """Removes published objects. A leased object is kept unless ``force``; even then its
@@ -702,14 +724,14 @@ class MasterState:
         tiers = _ANY_TIER if options.tier is Tier.UNSPECIFIED else (options.tier,)
         hosts = options.preferred_hosts
         for tier in tiers:
-            replicas = self._allocate(key, size, wanted, hosts, tier, pools)
+            replicas = self._allocate(key, size, wanted, hosts, tier, pools, options.avoid_nodes)
             if replicas:
                 return replicas
         for tier in tiers:
             self._evict_to_fit(size, tier, now)
             if pools is not None:
                 pools.pop(tier, None)  # space came free: a pool's ranking would be stale
-            replicas = self._allocate(key, size, wanted, hosts, tier, pools)
+            replicas = self._allocate(key, size, wanted, hosts, tier, pools, options.avoid_nodes)
             if replicas:
                 return replicas
         return []
@@ -739,6 +761,7 @@ class MasterState:
         preferred_hosts: Sequence[str] = (),
         tier: Tier = Tier.DRAM,
         pools: dict[Tier, TierPool] | None = None,
+        avoid: frozenset[str] = frozenset(),
     ) -> list[Replica]:
         """One buffer on each of up to ``wanted`` distinct nodes, in segments of ``tier``
         (chosen as master/placement.py says). ``pools`` caches ``_pool`` across one call's
@@ -750,7 +773,7 @@ class MasterState:
                 pools[tier] = pool
         most_free = self.config.placement == "most-free"
         replicas = []
-        for segment in pool.choose(size, wanted, preferred_hosts, self.rng, most_free):
+        for segment in pool.choose(size, wanted, preferred_hosts, self.rng, most_free, avoid):
             offset = segment.allocator.allocate(size)
             assert offset is not None, "placement said it fits"
             segment.owners[offset] = key
@@ -780,9 +803,13 @@ class MasterState:
 
     # ------------------------------------------------------------------ internals: reads
 
-    def _lease(self, record: ObjectRecord, now: float, ttl: float) -> None:
+    def _lease(self, record: ObjectRecord, now: float, ttl: float, client_id: str = "") -> None:
         # On every read of every key: written for speed (no helper calls on the common path).
         until = now + ttl
+        if client_id != record.lease_client:  # every lease so far now counts as another's
+            if record.lease_until > record.others_until:
+                record.others_until = record.lease_until
+            record.lease_client = client_id
         if record.lease_open and record.lease_until <= now:
             self.counters.lease_expiries += 1  # the last lease ran out before this one
             record.lease_open = False
@@ -1389,6 +1416,7 @@ EVENTS = (
     "put_revoke",
     "get_replicas",
     "exists",
+    "release_leases",
     "remove",
     "remove_prefix",
     "tick",

@@ -159,7 +159,7 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, remount_segment_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PutStartRequest(_message.Message):
-    __slots__ = ("client_id", "keys", "sizes", "replicas", "preferred_hosts", "pin", "pin_ttl_ms", "tier")
+    __slots__ = ("client_id", "keys", "sizes", "replicas", "preferred_hosts", "pin", "pin_ttl_ms", "tier", "avoid_nodes")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     SIZES_FIELD_NUMBER: _ClassVar[int]
@@ -168,6 +168,7 @@ class PutStartRequest(_message.Message):
     PIN_FIELD_NUMBER: _ClassVar[int]
     PIN_TTL_MS_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
+    AVOID_NODES_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     keys: _containers.RepeatedScalarFieldContainer[str]
     sizes: _containers.RepeatedScalarFieldContainer[int]
@@ -176,7 +177,8 @@ class PutStartRequest(_message.Message):
     pin: Pin
     pin_ttl_ms: int
     tier: Tier
-    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., sizes: _Optional[_Iterable[int]] = ..., replicas: _Optional[int] = ..., preferred_hosts: _Optional[_Iterable[str]] = ..., pin: _Optional[_Union[Pin, str]] = ..., pin_ttl_ms: _Optional[int] = ..., tier: _Optional[_Union[Tier, str]] = ...) -> None: ...
+    avoid_nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., sizes: _Optional[_Iterable[int]] = ..., replicas: _Optional[int] = ..., preferred_hosts: _Optional[_Iterable[str]] = ..., pin: _Optional[_Union[Pin, str]] = ..., pin_ttl_ms: _Optional[int] = ..., tier: _Optional[_Union[Tier, str]] = ..., avoid_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PutSlot(_message.Message):
     __slots__ = ("status", "put_id", "replicas", "message")
@@ -291,6 +293,20 @@ class ExistsResponse(_message.Message):
     STATUSES_FIELD_NUMBER: _ClassVar[int]
     statuses: _containers.RepeatedScalarFieldContainer[KeyStatus]
     def __init__(self, statuses: _Optional[_Iterable[_Union[KeyStatus, str]]] = ...) -> None: ...
+
+class ReleaseLeasesRequest(_message.Message):
+    __slots__ = ("client_id", "keys")
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    client_id: str
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ReleaseLeasesResponse(_message.Message):
+    __slots__ = ("released",)
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    released: int
+    def __init__(self, released: _Optional[int] = ...) -> None: ...
 
 class RemoveRequest(_message.Message):
     __slots__ = ("client_id", "keys", "force")

@@ -79,6 +79,11 @@ class MasterStub:
                 request_serializer=kvpool_dot_proto_dot_master__pb2.ExistsRequest.SerializeToString,
                 response_deserializer=kvpool_dot_proto_dot_master__pb2.ExistsResponse.FromString,
                 _registered_method=True)
+        self.ReleaseLeases = channel.unary_unary(
+                '/kvpool.v1.Master/ReleaseLeases',
+                request_serializer=kvpool_dot_proto_dot_master__pb2.ReleaseLeasesRequest.SerializeToString,
+                response_deserializer=kvpool_dot_proto_dot_master__pb2.ReleaseLeasesResponse.FromString,
+                _registered_method=True)
         self.Remove = channel.unary_unary(
                 '/kvpool.v1.Master/Remove',
                 request_serializer=kvpool_dot_proto_dot_master__pb2.RemoveRequest.SerializeToString,
@@ -176,6 +181,12 @@ class MasterServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Exists(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseLeases(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -279,6 +290,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.Exists,
                     request_deserializer=kvpool_dot_proto_dot_master__pb2.ExistsRequest.FromString,
                     response_serializer=kvpool_dot_proto_dot_master__pb2.ExistsResponse.SerializeToString,
+            ),
+            'ReleaseLeases': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseLeases,
+                    request_deserializer=kvpool_dot_proto_dot_master__pb2.ReleaseLeasesRequest.FromString,
+                    response_serializer=kvpool_dot_proto_dot_master__pb2.ReleaseLeasesResponse.SerializeToString,
             ),
             'Remove': grpc.unary_unary_rpc_method_handler(
                     servicer.Remove,
@@ -564,6 +580,33 @@ class Master:
             '/kvpool.v1.Master/Exists',
             kvpool_dot_proto_dot_master__pb2.ExistsRequest.SerializeToString,
             kvpool_dot_proto_dot_master__pb2.ExistsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseLeases(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvpool.v1.Master/ReleaseLeases',
+            kvpool_dot_proto_dot_master__pb2.ReleaseLeasesRequest.SerializeToString,
+            kvpool_dot_proto_dot_master__pb2.ReleaseLeasesResponse.FromString,
             options,
             channel_credentials,
             insecure,

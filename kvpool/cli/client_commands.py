@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpool.common.sizes import format_size
-from kvpool.errors import KVPoolError
+from kvpool.errors import KVPoolError, ObjectHasLease
 
 
 def _client_options(parser: argparse.ArgumentParser) -> None:
@@ -187,6 +187,7 @@ def _rm(client: Any, args: argparse.Namespace) -> int:
             kept.append(f"{result.not_ready} being written")
         if kept:
             print(f"kept {', '.join(kept)}: retry later or pass --force", file=sys.stderr)
+            return 1  # (documented: not everything asked for was removed)
         return 0
     if not args.keys:
         print("error: name the keys to remove, or pass --prefix or --all", file=sys.stderr)
@@ -195,6 +196,13 @@ def _rm(client: Any, args: argparse.Namespace) -> int:
     for key, result in zip(args.keys, client.remove_many(args.keys, force=args.force), strict=True):
         if result is None:
             print(f"removed {key!r}", file=sys.stderr)
+        elif isinstance(result, ObjectHasLease):
+            print(
+                f"error: object {key!r} is leased by a reader: retry once its lease ends, or "
+                "pass --force (its space is still kept until the lease ends)",
+                file=sys.stderr,
+            )
+            failed += 1
         else:
             print(f"error: {result}", file=sys.stderr)
             failed += 1

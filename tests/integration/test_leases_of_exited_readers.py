@@ -1,0 +1,63 @@
+"""A reader that exits gives its leases back: `kvpool get big; kvpool rm big` just works.
+
+A read lease keeps an object from removal while a reader may still be copying it. The CLI's
+`kvpool get` is a whole process that reads and exits; its lease used to hold the object for
+the lease's full TTL, so an operator's `kvpool rm` right after failed. A client that closes
+(as the CLI does at exit) now hands its leases back, while the leases of other readers that
+are still reading hold as before (a client gives back only a lease no other reader took
+after it: the master keeps one lessee per object, see master/state.py ``release_leases``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import kvpool
+
+
+def kvpool_cli(*args: str, master: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "kvpool.cli.main", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "KVPOOL_MASTER": master},
+        timeout=60,
+    )
+
+
+def test_a_get_that_exited_does_not_hold_up_a_removal(cluster_factory, tmp_path):
+    cluster = cluster_factory(nodes=1, dram="64MiB", master_args=["--lease-ttl", "30"])
+    payload = os.urandom(3 << 20)
+    with kvpool.Client(cluster.master_address) as client:
+        client.put("big", payload)
+
+    got = kvpool_cli("get", "big", "-o", str(tmp_path / "out.bin"), master=cluster.master_address)
+    assert got.returncode == 0, got.stderr
+    assert (tmp_path / "out.bin").read_bytes() == payload
+
+    removed = kvpool_cli("rm", "big", master=cluster.master_address)
+    assert removed.returncode == 0, removed.stderr
+    with kvpool.Client(cluster.master_address) as client:
+        assert client.exists("big", lease=False) is False
+
+
+def test_a_reader_still_reading_keeps_its_lease_and_the_cli_says_how_to_go_on(cluster_factory):
+    cluster = cluster_factory(nodes=1, dram="64MiB", master_args=["--lease-ttl", "30"])
+    with kvpool.Client(cluster.master_address) as reader:
+        reader.put("shared", b"x" * 4096)
+        done = kvpool_cli("get", "shared", "-o", os.devnull, master=cluster.master_address)
+        assert done.returncode == 0, done.stderr  # a reader came and went
+        assert reader.get("shared") == b"x" * 4096  # leased by a reader that stays open
+
+        refused = kvpool_cli("rm", "shared", master=cluster.master_address)
+        assert refused.returncode == 1
+        assert "--force" in refused.stderr and "force=True" not in refused.stderr
+
+        kept = kvpool_cli("rm", "--all", master=cluster.master_address)
+        assert kept.returncode == 1, "not everything asked for was removed"
+        assert "kept 1 leased by readers" in kept.stderr
+    gone = kvpool_cli("rm", "--all", master=cluster.master_address)
+    assert gone.returncode == 0, gone.stderr  # the open reader closed: its lease went with it
+    assert "removed 1 object(s)" in gone.stderr

@@ -1,0 +1,65 @@
+"""When the master's core takes clients after it starts (``MasterCore.accepting_clients``).
+
+A new leader knows from etcd which nodes to wait for; a lone master that just started does
+not know which nodes exist. It takes clients as soon as a node mounts afresh (a new cluster has
+nothing to rebuild); once a node comes back from an earlier run (a remount, or a heartbeat as
+its first word), it waits until no new node has come for ``rebuild_quiet``; with no node at
+all, until its window ends.
+"""
+
+from __future__ import annotations
+
+from state_helpers import FakeClock, segment_info
+
+from kvpool.master.config import MasterConfig
+from kvpool.master.core import MasterCore
+from kvpool.master.records import StoredObject
+from kvpool.master.state import MasterState
+
+
+def lone_master(window: float = 5.0, quiet: float = 2.0) -> tuple[MasterCore, FakeClock]:
+    clock = FakeClock()
+    state = MasterState(MasterConfig(), clock=clock)
+    core = MasterCore(state, awaited_nodes=None, rebuild_window=window, rebuild_quiet=quiet)
+    return core, clock
+
+
+def test_with_no_node_at_all_clients_wait_for_the_window():
+    core, clock = lone_master()
+    assert not core.accepting_clients()
+    clock.advance(4.9)
+    assert not core.accepting_clients()
+    clock.advance(0.2)
+    assert core.accepting_clients()
+
+
+def test_a_fresh_cluster_takes_clients_once_a_node_mounted():
+    core, _ = lone_master()
+    core.mount_segment(1, segment_info("n1", 1 << 20), [], False, 0.0)
+    assert core.accepting_clients()
+
+
+def test_nodes_coming_back_hold_clients_until_no_new_one_came_for_the_quiet_time():
+    core, clock = lone_master()
+    core.heartbeat(1, "n1", ["n1/dram0"])  # an earlier run's node: it remounts next
+    stored = [StoredObject("k", 0, 100, 7)]
+    core.mount_segment(2, segment_info("n1", 1 << 20), stored, True, 1.0)
+    assert not core.accepting_clients()
+    clock.advance(1.5)
+    core.mount_segment(3, segment_info("n2", 1 << 20), [], True, 1.0)  # another one
+    clock.advance(1.5)
+    assert not core.accepting_clients(), "n2 came 1.5 s ago"
+    clock.advance(0.6)
+    assert core.accepting_clients()
+    assert core.state.exists(["k"], grant_lease=False)[0].name == "OK"
+
+
+def test_a_new_leader_waits_for_the_nodes_etcd_lists_or_its_window():
+    clock = FakeClock()
+    core = MasterCore(
+        MasterState(MasterConfig(), clock=clock), awaited_nodes={"n1", "n2"}, rebuild_window=5.0
+    )
+    core.mount_segment(1, segment_info("n1", 1 << 20), [], True, 0.0)
+    assert not core.accepting_clients()
+    core.mount_segment(2, segment_info("n2", 1 << 20), [], True, 0.0)
+    assert core.accepting_clients()
