@@ -355,7 +355,7 @@ class MasterState:
         by ``client_id`` (see ``release_leases``)."""
         ttl = self._lease_ttl(lease_ttl)
         now = self.clock()
-        locations = []
+        locations: list[Location] = []
         append, find, lease, placed = locations.append, self.objects.get, self._lease, self._placed
         promote = self._maybe_promote if self.config.promote_on_hit else None
         hits = 0
@@ -385,7 +385,7 @@ class MasterState:
         """Whether each key is published; grants a lease on those that are, unless told not to."""
         ttl = self._lease_ttl(lease_ttl)
         now = self.clock()
-        statuses = []
+        statuses: list[KeyStatus] = []
         append, find, lease = statuses.append, self.objects.get, self._lease
         published, ok, not_found = ObjectState.PUBLISHED, KeyStatus.OK, KeyStatus.NOT_FOUND
         for key in keys:
@@ -684,7 +684,7 @@ class MasterState:
         # On every put of every object: written without generators.
         if self.objects.get(record.key) is not record:
             return  # removed (by force) or lost while committing: already answered
-        replicas = [r for r in record.replicas if r is not None]
+        replicas: list[Replica | None] = [r for r in record.replicas if r is not None]
         now = self.clock()
         if not replicas:
             self._transition(record, GONE, (now, "not_recorded", record.put_id))
