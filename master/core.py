@@ -160,9 +160,12 @@ class MasterCore:
         #: call id -> a call held back by unanswered Forgets; Forget id -> calls it holds.
         self._held: dict[int, _HeldPutStart | _HeldRemoval] = {}
         self._held_by: dict[int, set[int]] = {}
-        #: (deadline, id) of awaited commands and of held calls.
+        #: (deadline, id) of awaited commands, of held calls, and of Forgets in the barrier.
         self._command_deadlines: list[tuple[float, int]] = []
         self._call_deadlines: list[tuple[float, int]] = []
+        self._forget_deadlines: list[tuple[float, int]] = []
+        #: Forget id -> the Forget, while it holds writers back (to quarantine its space).
+        self._forgets: dict[int, ForgetCommand] = {}
 
     # ------------------------------------------------------------------ clients
 
@@ -312,7 +315,11 @@ class MasterCore:
 
     def next_deadline(self) -> float | None:
         """When ``timers`` has something to do next (None: nothing waits)."""
-        heads = [h[0][0] for h in (self._command_deadlines, self._call_deadlines) if h]
+        heads = [
+            h[0][0]
+            for h in (self._command_deadlines, self._call_deadlines, self._forget_deadlines)
+            if h
+        ]
         return min(heads) if heads else None
 
     def timers(self) -> Effects:
@@ -335,11 +342,35 @@ class MasterCore:
             held = self._held.pop(call_id, None)
             if held is not None:
                 answers[call_id] = self._release(held, timed_out=True)
+        late: list[int] = []
+        deadlines = self._forget_deadlines
+        while deadlines and deadlines[0][0] <= now:
+            _, command_id = heapq.heappop(deadlines)
+            if self._quarantine(command_id, answers):
+                late.append(command_id)
         effects = self._flush()
         effects.answers.update(answers)
         if expired:
             effects.notes.append(("storage nodes did not answer in time", {"commands": expired}))
+        if late:
+            note = "storage nodes did not confirm Forgets in time: their space is quarantined"
+            effects.notes.append((note, {"forgets": late}))
         return effects
+
+    def _quarantine(self, command_id: int, answers: dict[int, Any]) -> bool:
+        """A Forget still unanswered after ``forget_wait``: the writers it holds back get
+        FENCED for the slots it holds (they retry, elsewhere), and its space stays out of
+        use until the node answers, instead of holding every later writer back."""
+        forget = self._forgets.pop(command_id, None)
+        if forget is None or command_id not in self.barrier:
+            return False
+        for call_id in self._held_by.pop(command_id, ()):
+            held = self._held.pop(call_id, None)
+            if held is not None:
+                answers[call_id] = self._release(held, timed_out=True)
+        self.barrier.answered(command_id)
+        self.state.quarantine(forget)
+        return True
 
     def tick(self, step: int | None = None) -> tuple[TickReport, Effects]:
         """The state's tick (timeouts, dead nodes and clients, frees, eviction; in steps of
@@ -391,6 +422,9 @@ class MasterCore:
             for command in merge_forgets(state.outbox):
                 if isinstance(command, ForgetCommand):
                     self.barrier.sent(command)
+                    self._forgets[command.command_id] = command
+                    deadline = (now + self.forget_wait, command.command_id)
+                    heapq.heappush(self._forget_deadlines, deadline)
                     if forgets is not None:
                         forgets.append(command.command_id)
                 if self.delivery.send(command):
@@ -455,8 +489,10 @@ class MasterCore:
     def _forget_answered(
         self, command_id: int, answers: dict[int, Any], released: bool = False
     ) -> None:
+        self._forgets.pop(command_id, None)
         if not released:
             self.barrier.answered(command_id)
+            self.state.forget_answered(command_id)
         for call_id in self._held_by.pop(command_id, ()):
             held = self._held.get(call_id)
             if held is not None and held.forget_answered(command_id):

@@ -161,6 +161,9 @@ def _check_segments(state: MasterState, owned: dict[tuple[str, int], str]) -> No
     for segment, offset, _, _ in state._parked.values():
         if state.segments.get(segment.segment_id) is segment:
             waiting.setdefault(segment.segment_id, Counter())[offset] += 1
+    for segment, offset in state._quarantine.buffers():
+        if state.segments.get(segment.segment_id) is segment:
+            waiting.setdefault(segment.segment_id, Counter())[offset] += 1
     leaving = _leaving(state)
     for segment_id, segment in state.segments.items():
         for offset, key in segment.owners.items():

@@ -60,6 +60,7 @@ from kvpool.master.invariants import check_invariants
 from kvpool.master.key_index import KeyIndex
 from kvpool.master.lru import LruIndex
 from kvpool.master.placement import TierPool
+from kvpool.master.quarantine import Quarantine
 from kvpool.master.records import (
     ClusterSnapshot,
     Commit,
@@ -149,6 +150,9 @@ class MasterState:
         #: tier -> the bytes in use an eviction pass over the tier's pool brings it back to,
         #: while one is under way (as SegmentRecord.evict_to for one segment).
         self._pool_evict_to: dict[Tier, float] = {}
+        #: Space a node may still list under objects whose Forgets it left unanswered too long
+        #: (quarantine.py): no buffer freed there is reused until it answers.
+        self._quarantine = Quarantine()
         self._seq = itertools.count()
         self._put_ids = itertools.count((epoch << 32) + 1)
         self._command_ids = itertools.count(1)
@@ -415,6 +419,22 @@ class MasterState:
                 record.lease_client = ""
                 released += 1
         return released
+
+    def quarantine(self, forget: ForgetCommand) -> None:
+        """A node has not answered ``forget`` in time (the I/O layer gave up waiting, not on
+        the command): the space it names stays out of use until ``forget_answered``, so that
+        writers go elsewhere instead of waiting for the node."""
+        segment = self.segments.get(forget.segment_id)
+        if segment is None or segment.node_id != forget.node_id:
+            return
+        rounded = segment.allocator.rounded
+        ranges = [(o.offset, o.offset + rounded(max(o.size, 1))) for o in forget.objects]
+        self._quarantine.add(forget.command_id, segment, ranges)
+
+    def forget_answered(self, command_id: int) -> None:
+        """A node answered a Forget: space quarantined for it returns to use."""
+        if self._quarantine:
+            self._quarantine.release(command_id)
 
     def remove(self, keys: Sequence[str], force: bool = False) -> list[KeyStatus]:
         """Removes published objects. A leased object is kept unless ``force``; even then its
@@ -1113,7 +1133,13 @@ class MasterState:
             segment = self.segments.get(replica.segment_id)
             if segment is not None:
                 del segment.owners[replica.offset]
-                segment.allocator.free(replica.offset)
+                self._free(segment, replica.offset)
+
+    def _free(self, segment: SegmentRecord, offset: int) -> None:
+        """Returns a buffer to its segment's allocator, unless it lies in quarantined space."""
+        if self._quarantine and self._quarantine.claim(segment, offset):
+            return
+        segment.allocator.free(offset)
 
     def _release(
         self,
@@ -1135,7 +1161,7 @@ class MasterState:
                 continue
             current.owners.pop(buffer.offset, None)
             if not_before <= now:
-                current.allocator.free(buffer.offset)
+                self._free(current, buffer.offset)
             else:
                 entry = (not_before, next(self._seq), current, buffer.offset)
                 heapq.heappush(self._deferred, entry)
@@ -1143,6 +1169,8 @@ class MasterState:
     def _drop_segment(self, segment_id: str) -> int:
         """Forgets a segment and every replica in it; returns objects left with none."""
         segment = self.segments.pop(segment_id)
+        if self._quarantine:
+            self._quarantine.drop_segment(segment)
         node = self.nodes.get(segment.node_id)
         if node is not None:
             node.segment_ids.discard(segment_id)
@@ -1226,7 +1254,7 @@ class MasterState:
                 return
             _, _, segment, offset = heapq.heappop(self._deferred)
             if self.segments.get(segment.segment_id) is segment:
-                segment.allocator.free(offset)
+                self._free(segment, offset)
                 report.buffers_released += 1
 
     def _end_soft_pins(self, now: float) -> None:
@@ -1417,6 +1445,8 @@ EVENTS = (
     "get_replicas",
     "exists",
     "release_leases",
+    "quarantine",
+    "forget_answered",
     "remove",
     "remove_prefix",
     "tick",

@@ -26,8 +26,10 @@ Invariants, after every step:
    published again once the nodes remounted; an object whose removal was answered by its nodes
    stays gone;
 8. delivery: once every node is connected and has run what it was sent (``settle``, also at the
-   end of every example), nothing is left unanswered or unsent, no call waits, and the forget
-   barrier is empty.
+   end of every example), nothing is left unanswered or unsent, no call waits, the forget
+   barrier is empty and no space is quarantined (a Forget unanswered past ``forget_wait`` takes
+   its space out of use instead of holding writers back: invariant 1 covers that space too);
+9. the state's own invariants (``MasterState.validate``) hold after every step.
 """
 
 from __future__ import annotations
@@ -394,6 +396,10 @@ class CoreModel(RuleBasedStateMachine):
             assert now < call.started + limit + max(STEPS), f"{call} still waits at {now}"
 
     @invariant()
+    def the_state_is_valid(self) -> None:
+        self.core.state.validate()
+
+    @invariant()
     def the_rebuild_window_turns_clients_away_until_the_nodes_remounted(self) -> None:
         if self.remounted == set(NODES):
             assert self.core.accepting_clients()
@@ -427,6 +433,7 @@ class CoreModel(RuleBasedStateMachine):
             assert self.core.delivery.unanswered(name) == [], f"{name}: unanswered commands"
             assert self.core.delivery.unsent(name) == [], f"{name}: commands never sent"
         assert len(self.core.barrier) == 0, "Forgets still hold writers back"
+        assert not self.core.state._quarantine, "space still quarantined once every node answered"
 
     def node_remounts_now(self, name: str) -> None:
         node = self.nodes[name]

@@ -1,0 +1,94 @@
+"""A Forget its node leaves unanswered holds writers back for ``forget_wait`` at most; then its
+space is quarantined and writers go elsewhere (issue: a Forget left unanswered fenced every put
+for more than 80 s).
+
+Until the node confirms it forgot an object, the space must not hold anyone else's bytes (a
+new leader would adopt the old object over them). Waiting for the node stalls writers for as
+long as it is silent, so after ``forget_wait`` the core keeps that space out of use instead
+(allocated to the quarantine, and freed buffers in it join it) until the node answers.
+"""
+
+from __future__ import annotations
+
+from state_helpers import FakeClock, segment_info
+
+from kvpool.common.status import KeyStatus
+from kvpool.master.config import MasterConfig
+from kvpool.master.core import MasterCore
+from kvpool.master.records import Commit, ForgetCommand, PersistCommand, PutOptions
+from kvpool.master.state import MasterState
+
+KiB = 1024
+
+
+def one_node_core() -> tuple[MasterCore, FakeClock]:
+    clock = FakeClock()
+    core = MasterCore(
+        MasterState(MasterConfig(), clock=clock), forget_wait=1.0, command_timeout=5.0
+    )
+    core.mount_segment(0, segment_info("n1", 64 * KiB), [], False, 0.0)
+    core.node_connected("n1", "stream", "process")
+    return core, clock
+
+
+def put(core: MasterCore, call_id: int, key: str, size: int = 16 * KiB):
+    effects = core.put_start(call_id, "c", [key], [size], PutOptions(replicas=1))
+    return effects.answers.get(call_id), effects
+
+
+def publish(core: MasterCore, key: str) -> int:
+    [slot], _ = put(core, 1, key)
+    effects = core.put_end(2, [Commit(key, slot.put_id, (True,))])
+    [persist] = [c for c in effects.transmit if isinstance(c, PersistCommand)]
+    core.node_answered("n1", persist.command_id, True)
+    return slot.replicas[0].address - slot.replicas[0].segment.base_address
+
+
+def test_a_silent_node_s_forget_quarantines_its_space_and_writers_go_elsewhere():
+    core, clock = one_node_core()
+    offset = publish(core, "old")
+    effects = core.remove(10, ["old"], False)
+    [forget] = [c for c in effects.transmit if isinstance(c, ForgetCommand)]  # never answered
+
+    held, _ = put(core, 11, "new")
+    assert held is None, "the freed space is where the new object would go: it waits"
+    clock.advance(1.0)
+    effects = core.timers()
+    [fenced] = effects.answers[11]
+    assert fenced.status is KeyStatus.FENCED and "retry" in fenced.message
+    assert effects.answers[10] == [KeyStatus.OK], "the removal answers after its wait"
+
+    for call_id in range(20, 23):  # later puts are answered at once, elsewhere
+        [slot], _ = put(core, call_id, f"next{call_id}")
+        assert slot.status is KeyStatus.OK
+        start = slot.replicas[0].address - slot.replicas[0].segment.base_address
+        assert start >= offset + 16 * KiB or start + 16 * KiB <= offset, "not in quarantine"
+    core.state.validate()
+
+    core.node_answered("n1", forget.command_id, True)  # at last
+    core.state.validate()
+    assert not core.state._quarantine
+    [slot], _ = put(core, 30, "reuses")
+    assert slot.status is KeyStatus.OK, "the space is back in use"
+
+
+def test_a_buffer_freed_later_inside_quarantined_space_stays_out_of_use():
+    """A leased object's replica dropped by force: its space is freed when the lease ends,
+    which may come after the Forget was quarantined: it joins the quarantine then."""
+    core, clock = one_node_core()
+    publish(core, "read")
+    core.get_replicas(5, ["read"], 30.0)
+    effects = core.remove(6, ["read"], True)  # freed only when the lease ends
+    [forget] = [c for c in effects.transmit if isinstance(c, ForgetCommand)]
+    clock.advance(1.0)
+    core.timers()  # quarantined while the buffer is still the lease's
+    for _ in range(31):  # the lease ends (the node heartbeats meanwhile)
+        clock.advance(1.0)
+        core.heartbeat(7, "n1", ["n1/dram0"])
+    core.tick()  # the buffer is freed... into the quarantine
+    allocator = core.state.segments["n1/dram0"].allocator
+    assert allocator.used >= allocator.rounded(16 * KiB), "still out of use"
+    core.state.validate()
+
+    core.node_answered("n1", forget.command_id, True)
+    assert allocator.used == 0
