@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
+
 from kvpool.proto import master_pb2 as pb
+from kvpool.storage_node import metrics
 from kvpool.storage_node.object_index import Entry
 from kvpool.storage_node.segment import Segment
 
@@ -22,12 +25,15 @@ class CommandExecutor:
 
     def execute(self, command: pb.NodeCommand) -> pb.CommandResult:
         """Runs one command (blocking: persistent segments sync to disk)."""
+        began = time.perf_counter()
         result = pb.CommandResult(command_id=command.command_id, ok=True)
+        kind = command.WhichOneof("kind")
         try:
-            kind = command.WhichOneof("kind")
             if kind == "persist":
                 segment = self._segment(command.persist.segment_id)
-                result.crc32c.extend(segment.record([_entry(o) for o in command.persist.objects]))
+                entries = [_entry(o) for o in command.persist.objects]
+                result.crc32c.extend(segment.record(entries))
+                metrics.persisted(segment, entries)
             elif kind == "forget":
                 segment = self._segment(command.forget.segment_id)
                 segment.forget([_entry(o) for o in command.forget.objects])
@@ -41,11 +47,13 @@ class CommandExecutor:
                 result.crc32c.extend(
                     target.copy_from(source, copy.source.offset, _entry(copy.target))
                 )
+                metrics.copied(source.tier, target.tier, copy.target.size)
             else:
                 raise ValueError(f"unknown command {kind!r}")
         except Exception as error:
             result.ok = False
             result.error = f"{type(error).__name__}: {error}"
+        metrics.command_done(metrics.command_kind(kind), result.ok, time.perf_counter() - began)
         return result
 
     def _segment(self, segment_id: str) -> Segment:

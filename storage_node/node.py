@@ -88,6 +88,7 @@ class StorageNode:
             metrics.SEGMENT_BYTES.labels(segment.segment_id, segment.tier.name.lower()).set(
                 segment.size
             )
+        metrics.HOLDINGS.watch(self.segments, asyncio.get_running_loop())
         announced = False
         drain = 0.0
         while True:
@@ -302,6 +303,7 @@ class StorageNode:
         return drain
 
     def close(self) -> None:
+        metrics.HOLDINGS.stop_watching()
         self._progress.stop()
         for segment in self.segments:
             segment.close()

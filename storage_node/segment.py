@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ import google_crc32c
 
 from kvpool.common.status import Tier
 from kvpool.proto import master_pb2 as pb
+from kvpool.storage_node import metrics
 from kvpool.storage_node.object_index import DurableIndex, Entry, MemoryIndex
 from kvpool.transport import ucp
 from kvpool.transport.shared_memory import MADV_POPULATE_WRITE, boot_id
@@ -57,6 +59,9 @@ class Segment:
     fd: int | None = None
     #: Clients on this host may map ``fd`` (DRAM that no store can fault on; see above).
     shareable: bool = False
+    #: Bumped after every change of the index, so that the metrics count again only the
+    #: segments that changed (counting walks the whole index).
+    changes: int = 0
 
     @property
     def size(self) -> int:
@@ -100,6 +105,7 @@ class Segment:
         durable and checksums them. Returns the checksums it computed (none for DRAM)."""
         if not self.persistent:
             self.index.put(entries)
+            self.changes += 1
             return []
         for entry in entries:
             self._check_bounds(entry)
@@ -107,12 +113,18 @@ class Segment:
             # One sync per run of objects that lie back to back (a batch is usually placed
             # so): each sync is a wait for the disk, and the file system's journal commit.
             for start, end in _runs((e.offset, e.offset + e.size) for e in entries):
+                began = time.perf_counter()
                 self._sync(start, end - start)
+                metrics.synced(self, "data", time.perf_counter() - began)
         durable = [
             Entry(e.key, e.offset, e.size, e.generation, self.checksum(e.offset, e.size))
             for e in entries
         ]
+        began = time.perf_counter()
         self.index.put(durable)
+        if durable:  # an empty append writes nothing
+            metrics.synced(self, "index", time.perf_counter() - began)
+        self.changes += 1
         return [e.crc32c for e in durable if e.crc32c is not None]
 
     def prepare(self, offset: int, size: int) -> None:
@@ -124,7 +136,11 @@ class Segment:
             os.posix_fallocate(self.fd, offset, size)
 
     def forget(self, entries: list[Entry]) -> None:
+        began = time.perf_counter()
         self.index.delete(entries)
+        if self.persistent and entries:  # a durable index syncs its log
+            metrics.synced(self, "index", time.perf_counter() - began)
+        self.changes += 1
 
     def copy_from(self, source: Segment, source_offset: int, target: Entry) -> list[int]:
         """Copies an object from another segment of this node into ``target`` and records
