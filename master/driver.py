@@ -155,9 +155,16 @@ class CoreDriver:
         write: Callable[[pb.NodeCommand], None],
         close: Callable[[], None],
     ) -> NodeStream:
+        """A node opened its command stream; CallRefused when this master is not serving or
+        does not know the node (it has mounted nothing here)."""
         core = self.core
         if core is None:
-            raise RuntimeError("a standby has no command streams")
+            raise CallRefused(grpc.StatusCode.UNAVAILABLE, "this master is not serving: retry")
+        if node_id not in core.state.nodes:  # (bounds what a peer can make the core remember)
+            raise CallRefused(
+                grpc.StatusCode.UNAVAILABLE,
+                f"node {node_id!r} has mounted no segment here: mount one, then open the stream",
+            )
         stream = self._streams[node_id] = NodeStream(node_id, core, write, close)
         self.carry_out(core.node_connected(node_id, stream, incarnation))
         return stream

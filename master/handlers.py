@@ -14,10 +14,12 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any
+from enum import IntEnum
+from typing import Any, TypeVar
 
 import grpc
 
+from kvpool.common.keys import key_problem, plainly_valid
 from kvpool.common.status import KeyStatus, Pin, Tier
 from kvpool.master import metrics
 from kvpool.master.commands_pb import stored_from_pb
@@ -36,6 +38,12 @@ from kvpool.master.story_rpc import story_response
 from kvpool.proto import master_pb2 as pb
 
 MAX_BATCH = 65536
+#: Largest object and segment a request may name: far beyond any machine, yet small enough
+#: that no offset arithmetic on them overflows what the wire carries.
+MAX_OBJECT_SIZE = 1 << 48
+MAX_SEGMENT_SIZE = 1 << 52
+
+E = TypeVar("E", bound=IntEnum)
 
 #: The calls every transport carries, by name (NodeSession, a stream, is each adapter's own).
 UNARY_METHODS = (
@@ -95,6 +103,19 @@ class MasterHandlers:
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "MountSegment needs segment_id, node_id, worker_address and size",
             )
+        tier = _enum(Tier, s.tier, "segment.tier") if s.tier else Tier.DRAM
+        if tier is Tier.UNSPECIFIED:
+            tier = Tier.DRAM
+        for name, value in (("segment_id", s.segment_id), ("node_id", s.node_id)):
+            problem = key_problem(value)
+            if problem is not None:
+                raise CallRefused(grpc.StatusCode.INVALID_ARGUMENT, f"{name}: {problem}")
+        if s.size > MAX_SEGMENT_SIZE:
+            raise CallRefused(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"a segment holds at most {MAX_SEGMENT_SIZE} bytes, got {s.size}",
+            )
+        _check_batch(request.objects)
         info = SegmentInfo(
             segment_id=s.segment_id,
             node_id=s.node_id,
@@ -103,7 +124,7 @@ class MasterHandlers:
             base_address=s.base_address,
             size=s.size,
             rkey=s.rkey,
-            tier=Tier(s.tier) if s.tier else Tier.DRAM,
+            tier=tier,
             persistent=s.persistent,
             shared_memory=(
                 s.shared_memory.SerializeToString() if s.HasField("shared_memory") else b""
@@ -147,12 +168,17 @@ class MasterHandlers:
 
     def PutStart(self, request: pb.PutStartRequest) -> Any:
         _check_batch(request.keys, sizes=request.sizes)
+        if request.sizes and max(request.sizes) > MAX_OBJECT_SIZE:
+            raise CallRefused(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"an object holds at most {MAX_OBJECT_SIZE} bytes, got {max(request.sizes)}",
+            )
         options = PutOptions(
             replicas=request.replicas,
             preferred_hosts=tuple(request.preferred_hosts),
-            pin=Pin(request.pin),
+            pin=_enum(Pin, request.pin, "pin"),
             pin_ttl=request.pin_ttl_ms / 1000.0,
-            tier=Tier(request.tier),
+            tier=_enum(Tier, request.tier, "tier"),
             avoid_nodes=frozenset(request.avoid_nodes),
         )
         core = self.core
@@ -207,6 +233,7 @@ class MasterHandlers:
 
     def GetReplicas(self, request: pb.GetReplicasRequest) -> Any:
         _check_batch(request.keys)
+        _check_keys(request.keys)
         core = self.core
 
         def answer(result: tuple[list[Location], float]) -> pb.GetReplicasResponse:
@@ -231,6 +258,7 @@ class MasterHandlers:
 
     def Exists(self, request: pb.ExistsRequest) -> Any:
         _check_batch(request.keys)
+        _check_keys(request.keys)
         core = self.core
 
         def answer(statuses: list[KeyStatus]) -> pb.ExistsResponse:
@@ -250,6 +278,7 @@ class MasterHandlers:
 
     def ReleaseLeases(self, request: pb.ReleaseLeasesRequest) -> Any:
         _check_batch(request.keys)
+        _check_keys(request.keys)
         core = self.core
         return self.driver.call(
             lambda call_id: core.release_leases(call_id, request.client_id, request.keys),
@@ -258,6 +287,7 @@ class MasterHandlers:
 
     def Remove(self, request: pb.RemoveRequest) -> Any:
         _check_batch(request.keys)
+        _check_keys(request.keys)
         core = self.core
 
         def answer(statuses: list[KeyStatus]) -> pb.RemoveResponse:
@@ -398,6 +428,27 @@ def _wire(value: object) -> Any:
 def _unless_term_ended(answer: object) -> None:
     if answer is TERM_ENDED:
         raise CallRefused(grpc.StatusCode.UNAVAILABLE, "the master's term ended meanwhile: retry")
+
+
+def _enum(kind: type[E], value: int, field: str) -> E:
+    try:
+        return kind(value)
+    except ValueError:
+        names = ", ".join(f"{member.value} ({member.name})" for member in kind)
+        raise CallRefused(
+            grpc.StatusCode.INVALID_ARGUMENT, f"{field} must be one of {names}, got {value}"
+        ) from None
+
+
+def _check_keys(keys: Sequence[str]) -> None:
+    """Keys of a lookup or removal: a key no put could have made is a broken client."""
+    if plainly_valid(keys):
+        return
+    for key in keys:
+        problem = key_problem(key)
+        if problem is not None:
+            shown = key if len(key) <= 64 else f"{key[:64]}... ({len(key)} characters)"
+            raise CallRefused(grpc.StatusCode.INVALID_ARGUMENT, f"key {shown!r}: {problem}")
 
 
 def _check_batch(keys: Sequence[Any], *, sizes: Sequence[Any] | None = None) -> None:

@@ -49,14 +49,15 @@ class MasterService(master_pb2_grpc.MasterServicer):
         if hello is None or not hello.HasField("hello") or not hello.hello.node_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "say hello with a node_id first")
             return
-        if self.driver.core is None:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "this master is not serving: retry")
-            return
         node_id = hello.hello.node_id
         queue: asyncio.Queue[pb.NodeCommand | None] = asyncio.Queue()
-        stream = self.driver.node_connected(
-            node_id, hello.hello.incarnation, queue.put_nowait, lambda: queue.put_nowait(None)
-        )
+        try:
+            stream = self.driver.node_connected(
+                node_id, hello.hello.incarnation, queue.put_nowait, lambda: queue.put_nowait(None)
+            )
+        except CallRefused as refused:
+            await context.abort(refused.code, refused.details)
+            return
         reader = asyncio.create_task(self._read_reports(request_iterator, stream))
         # When the node's side ends, so does this handler.
         handler = asyncio.current_task()

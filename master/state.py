@@ -103,6 +103,11 @@ Clock = Callable[[], float]
 
 #: The tiers an object that asks for none may go to, in order.
 _ANY_TIER = (Tier.DRAM, Tier.NVME)
+#: Generations a node may report lie below this: put ids go on from the largest adopted, and
+#: must stay within the wire's 64 bits for as many puts as any cluster makes. (A generation of
+#: a later term than this master's is taken: a master whose clock went back starts a smaller
+#: epoch, and the objects its predecessor wrote are still good.)
+GENERATIONS_END = (1 << 64) - (1 << 40)
 #: Seconds added to the write timeout when fencing, for clock rates and network delays.
 FENCE_MARGIN = 0.5
 
@@ -155,6 +160,7 @@ class MasterState:
         self._quarantine = Quarantine()
         self._seq = itertools.count()
         self._put_ids = itertools.count((epoch << 32) + 1)
+
         self._command_ids = itertools.count(1)
         #: What happened to each key lately (``story``), noted through ``_note(key, entry)``.
         self._story = StoryLog(self.config.story_events_per_key, self.config.story_keys)
@@ -805,10 +811,16 @@ class MasterState:
             s for s in self.segments.values() if tier is Tier.UNSPECIFIED or s.info.tier is tier
         ]
         where = "" if tier is Tier.UNSPECIFIED else f" in the {tier.name} tier"
+        if not segments and tier is Tier.NVME:
+            return (
+                f"no storage node has mounted a segment{where} yet: start one with "
+                "`kvpool node --master HOST:PORT --nvme PATH --nvme-size 200GiB` (`kvpool up "
+                "--nvme-size 1GiB` locally), or put without tier='nvme'"
+            )
         if not segments:
             return (
                 f"no storage node has mounted a segment{where} yet: start one with "
-                "`kvpool node --master HOST:PORT --dram 4GiB` (or --nvme PATH)"
+                "`kvpool node --master HOST:PORT --dram 4GiB` (or --nvme PATH --nvme-size SIZE)"
             )
         largest = max(s.allocator.largest_free for s in segments)
         free = sum(s.allocator.free_bytes for s in segments)
@@ -863,7 +875,15 @@ class MasterState:
     # ------------------------------------------------------------------ internals: adoption
 
     def _adopt(self, segment: SegmentRecord, item: StoredObject, now: float) -> bool:
-        """Takes an object a node reports into the index; False when it must be dropped."""
+        """Takes an object a node reports into the index; False when it must be dropped. What
+        a node reports is checked as a new put would be: a node's index is input, not truth
+        (it may be damaged, or the node foreign)."""
+        if (
+            not 0 < item.generation < GENERATIONS_END
+            or item.size < 0
+            or key_problem(item.key) is not None
+        ):
+            return False
         existing = self.objects.get(item.key)
         if existing is not None:
             if existing.state is not ObjectState.PUBLISHED:

@@ -34,6 +34,8 @@ from kvpool.transport import ucp
 log = get_logger("kvpool.node")
 
 RPC_TIMEOUT = 2.0
+#: How often a command stream that waits for the first mount looks again.
+MOUNT_POLL = 0.05
 #: How long a stopping node waits for a command running on a worker thread (a copy, a sync).
 COMMAND_GRACE = 60.0
 
@@ -211,6 +213,9 @@ class StorageNode:
         takes the master's metadata lane where it has one, else gRPC."""
         lane_unreachable = False  # then this master's streams use gRPC
         while not stop.is_set() and not over.is_set():
+            if not self.mounted:  # a master takes command streams only from nodes it knows
+                await pause(over, MOUNT_POLL)
+                continue
             hello = pb.NodeHello(node_id=self.node_id, incarnation=self.incarnation)
             port = 0 if lane_unreachable else await self._lane_port(stub)
             if port:

@@ -232,3 +232,21 @@ def test_calls_still_waiting_when_the_term_ends_are_answered_and_told_to_retry()
         assert lane.shedder.inflight == 0
 
     asyncio.run(scenario())
+
+
+def test_a_command_stream_from_a_node_that_mounted_nothing_is_refused():
+    """A node opens its stream once it has mounted a segment; anyone else would only make the
+    master remember a node that does not exist."""
+
+    async def scenario() -> None:
+        lane, _, _ = lane_with_one_node()
+        stranger, wire = _Connection(lane), Recorder()
+        stranger.connection_made(wire)
+        hello = pb.NodeReport(hello=pb.NodeHello(node_id="nobody"))
+        stranger.data_received(lp.encode(0, lp.NODE_SESSION, hello.SerializeToString()))
+
+        [refused] = wire.frames
+        assert refused.status == lp.UNAVAILABLE and "mount" in refused.error()[0]
+        assert lane.handlers.core.delivery.stream_of("nobody") is None
+
+    asyncio.run(scenario())

@@ -1,0 +1,86 @@
+"""A running master keeps serving whatever a broken or hostile peer sends it (issue 18).
+
+Each case was found against a running master from one connection: a mount reporting an
+object of generation 2**64-1 made every later PutStart fail until a restart; adopted objects
+with empty or 5000-byte keys were taken; an unknown pin or tier answered INTERNAL with a
+traceback; a lookup of a 10 MiB key was served. Now each is refused precisely (or the bad
+report dropped), and legitimate puts keep working.
+"""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from kvpool import Client
+from kvpool.proto import master_pb2 as pb
+from kvpool.proto import master_pb2_grpc
+
+BASE = 0x7F00_0000_0000
+
+
+def mount(stub, segment_id: str, objects: list[pb.StoredObject], tier: int = 1):
+    segment = pb.Segment(
+        segment_id=segment_id,
+        node_id="intruder",
+        host="intruder.local",
+        worker_address=b"not-a-worker",
+        base_address=BASE,
+        size=1 << 20,
+        rkey=b"none",
+        tier=tier,
+    )
+    return stub.MountSegment(
+        pb.MountSegmentRequest(segment=segment, objects=objects, remount=True), timeout=10
+    )
+
+
+@pytest.fixture
+def master(cluster_factory):
+    cluster = cluster_factory(1, "64MiB")
+    with grpc.insecure_channel(cluster.master_address) as channel:
+        yield cluster, master_pb2_grpc.MasterStub(channel)
+
+
+def test_reported_objects_are_checked_before_they_are_adopted(master):
+    cluster, stub = master
+    reported = [
+        pb.StoredObject(key="far-future", offset=0, size=64, generation=2**64 - 1),
+        pb.StoredObject(key="", offset=4096, size=64, generation=5),
+        pb.StoredObject(key="k" * 5000, offset=8192, size=64, generation=6),
+        pb.StoredObject(key="outside", offset=(1 << 20) - 64, size=4096, generation=7),
+    ]
+    answer = mount(stub, "intruder/seg", reported)
+    assert sorted(answer.dropped_keys) == sorted(o.key for o in reported)
+
+    with Client(cluster.master_address) as client:  # puts still work
+        for i in range(20):
+            client.put(f"after-{i}", b"v" * 100)
+            assert client.get(f"after-{i}") == b"v" * 100
+
+
+@pytest.mark.parametrize(
+    ("request_", "expected"),
+    [
+        (pb.PutStartRequest(client_id="c", keys=["k"], sizes=[10], pin=7), "pin must be one of"),
+        (pb.PutStartRequest(client_id="c", keys=["k"], sizes=[10], tier=9), "tier must be one of"),
+        (pb.PutStartRequest(client_id="c", keys=["k"], sizes=[1 << 60]), "at most"),
+        (pb.GetReplicasRequest(client_id="c", keys=["x" * (10 << 20)]), "characters"),
+    ],
+)
+def test_out_of_range_fields_are_refused_as_invalid_arguments(master, request_, expected):
+    _, stub = master
+    method = getattr(stub, type(request_).__name__.removesuffix("Request"))
+    with pytest.raises(grpc.RpcError) as error:
+        method(request_, timeout=10)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert expected in (error.value.details() or "")
+    assert len(error.value.details() or "") < 500, "the key is not echoed in full"
+
+
+def test_a_mount_of_an_unknown_tier_is_refused(master):
+    _, stub = master
+    with pytest.raises(grpc.RpcError) as error:
+        mount(stub, "intruder/odd", [], tier=9)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "segment.tier must be one of" in (error.value.details() or "")
