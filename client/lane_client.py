@@ -3,7 +3,9 @@ kept-open TCP connections, one call at a time per connection, a pool of them per
 that threads sharing a client never queue behind each other.
 
 Every wait is bounded by the caller's deadline; a connection that timed out or broke is
-closed, never reused (a late answer must not be read as the next call's).
+closed, never reused (a late answer must not be read as the next call's). The master closes
+connections idle for minutes: an idle connection is used again only within ``MAX_IDLE``
+seconds and while the master has not closed it (else a new one is made, unseen by the caller).
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ if TYPE_CHECKING:
 CONNECT_TIMEOUT = 1.0
 #: Idle connections kept per master.
 POOL_SIZE = 8
+#: Seconds an idle connection is kept for reuse: well within the master's idle timeout
+#: (master/lane_server.py IDLE_TIMEOUT), so that it is never closed under a call.
+MAX_IDLE = 60.0
 RECEIVE_BUFFER = 64 * 1024
 
 
@@ -76,9 +81,14 @@ class LaneClient:
             connection.close()
 
     def _take(self, deadline: float) -> _Connection:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()
+        while True:
+            with self._lock:
+                if not self._idle:
+                    break
+                connection = self._idle.pop()
+            if connection.reusable():
+                return connection
+            connection.close()
         timeout = min(CONNECT_TIMEOUT, deadline - time.monotonic())
         if timeout <= 0:
             raise LaneError(lp.DEADLINE_EXCEEDED, "no time left to connect to the lane")
@@ -94,6 +104,7 @@ class LaneClient:
     def _give_back(self, connection: _Connection) -> None:
         with self._lock:
             if not self._closed and len(self._idle) < POOL_SIZE:
+                connection.idle_since = time.monotonic()
                 self._idle.append(connection)
                 return
         connection.close()
@@ -106,6 +117,21 @@ class _Connection:
         self._sock = sock
         #: Where answers land: most fit whole, so that one recv usually reads a whole frame.
         self._buffer = bytearray(RECEIVE_BUFFER)
+        #: When it was last given back to the pool.
+        self.idle_since = time.monotonic()
+
+    def reusable(self) -> bool:
+        """Not idle too long, and the master has neither closed it nor sent anything unasked."""
+        if time.monotonic() - self.idle_since > MAX_IDLE:
+            return False
+        try:
+            self._sock.settimeout(0.0)  # (a call sets its own timeout before it sends)
+            self._sock.recv(1, socket.MSG_PEEK)
+        except BlockingIOError:
+            return True  # open, and nothing waiting: as it should be
+        except OSError:
+            return False
+        return False  # closed (an empty read), or bytes nobody asked for
 
     def call(
         self, method: int, request: Message, response_type: type[Message], deadline: float

@@ -15,6 +15,11 @@ status 0 and the response message, or a gRPC status code and ``details NUL leade
 (``leader``: where a standby says the leader is, else empty). On a node session the first
 frame (method ``NodeSession``) holds the node's hello and every later frame one
 ``NodeReport`` (node to master) or ``NodeCommand`` (master to node).
+
+A frame is refused at its header when it announces more than its reader accepts: the master
+reads requests of at most ``REQUEST_LIMIT`` bytes (the largest legal call) and, on a node's
+command stream, reports of at most ``REPORT_LIMIT``; clients and nodes read the master's
+answers and commands up to ``MESSAGE_LIMIT``, as gRPC does.
 """
 
 from __future__ import annotations
@@ -23,14 +28,31 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kvpool.common.keys import MAX_KEY_BYTES
 from kvpool.common.limits import MESSAGE_LIMIT
 from kvpool.proto import master_pb2 as pb
 
 if TYPE_CHECKING:
     from google.protobuf.message import Message
 
-#: A frame's body holds at most MESSAGE_LIMIT bytes, as a gRPC message does.
 HEADER = struct.Struct("<IIBB")  # body length, call id, method, status
+
+#: Keys one call carries at most (the master refuses more: master/handlers.py's MAX_BATCH,
+#: which a test holds equal to this).
+MAX_BATCH_KEYS = 65536
+#: What a request spends per key besides the key itself, at most: the key's tag and length,
+#: its size or put id (a varint of up to 10 bytes), and in a PutCommit the message's own tag
+#: and length, put id, CRC and one flag per replica.
+PER_KEY_OVERHEAD = 64
+#: Everything else in a request: the client id, preferred hosts, options.
+REQUEST_ENVELOPE = 64 * 1024
+#: The largest request body the master reads: a full batch of the longest keys.
+REQUEST_LIMIT = MAX_BATCH_KEYS * (MAX_KEY_BYTES + PER_KEY_OVERHEAD) + REQUEST_ENVELOPE
+#: The largest NodeReport body the master reads on a command stream: a command's result holds
+#: a CRC (a varint of up to 5 bytes) per object of a full batch, and an error message the
+#: node cuts to ``REPORT_ERROR_CHARS``.
+REPORT_ERROR_CHARS = 4096
+REPORT_LIMIT = MAX_BATCH_KEYS * 8 + REQUEST_ENVELOPE
 
 #: The methods the lane carries, by wire number: (name, request type, response type).
 LANE_METHODS: dict[int, tuple[str, type[Message], type[Message]]] = {
@@ -89,20 +111,30 @@ def encode_error(call_id: int, method: int, status: int, details: str, leader: s
 
 
 class FrameDecoder:
-    """Turns a byte stream into frames, whatever the chunking."""
+    """Turns a byte stream into frames, whatever the chunking. A header announcing a body of
+    more than ``limit`` bytes raises LaneProtocolError before any of that body is kept."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = MESSAGE_LIMIT) -> None:
+        #: The largest body accepted (may be changed between feeds: a node's stream lowers it).
+        self.limit = limit
         self._buffer = bytearray()
+
+    @property
+    def pending(self) -> bool:
+        """Part of a frame has arrived and the rest has not."""
+        return bool(self._buffer)
 
     def feed(self, data: bytes) -> list[Frame]:
         buffer = self._buffer
         buffer += data
         frames = []
         position = 0
+        limit = self.limit
         while len(buffer) - position >= HEADER.size:
             length, call_id, method, status = HEADER.unpack_from(buffer, position)
-            if length > MESSAGE_LIMIT:
-                raise LaneProtocolError(f"frame of {length} bytes exceeds {MESSAGE_LIMIT}")
+            if length > limit:
+                buffer.clear()
+                raise LaneProtocolError(f"a frame announcing {length} bytes exceeds {limit}")
             end = position + HEADER.size + length
             if len(buffer) < end:
                 break

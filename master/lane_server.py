@@ -6,13 +6,28 @@ and load shedder as gRPC: each frame runs its handler as it arrives; an answer t
 later (a ``Pending``: a PutEnd waiting for its nodes) is sent when it does, so requests on one
 connection may be answered out of order and a waiting call never holds up the next. A node's
 first frame turns its connection into its command stream.
+
+What a peer can make the master hold is bounded. A request's body is refused at its header
+beyond ``lp.REQUEST_LIMIT`` (a node's reports beyond ``lp.REPORT_LIMIT``), before any of it
+is kept. A connection that sent part of a frame and then nothing for ``read_timeout``, or
+whose answers have waited unread that long, is closed; so is a client's connection with no
+call in flight and nothing heard for ``idle_timeout`` (clients connect again; a node's
+command stream may rightly stay quiet, and is not). Beyond ``max_connections`` a new
+connection is closed at once. A connection whose answers are not being read (its write
+buffer past ``WRITE_HIGH``) is not read either, and the frames already read wait, until the
+answers drain. One sweep per server checks the deadlines, so a frame arms no timer. Each
+such close is one log line, at most one per second per reason (with a count of the others).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import functools
+import math
 import socket
+import time
 from typing import Any
 
 import grpc
@@ -29,58 +44,187 @@ from kvpool.proto import master_pb2 as pb
 
 log = get_logger("kvpool.master.lane")
 
+#: Seconds a connection may sit on part of a frame, or on answers it does not read.
+READ_TIMEOUT = 10.0
+#: Seconds a client's connection may stay open with no call in flight and nothing sent.
+IDLE_TIMEOUT = 300.0
+#: Connections open at once, at most; more are closed as they come.
+MAX_CONNECTIONS = 4096
+#: Answers waiting in a connection's write buffer beyond which it is not read (bytes), and
+#: below which it is read again.
+WRITE_HIGH = 1 << 20
+WRITE_LOW = 256 << 10
+#: Seconds between two log lines about connections closed for the same reason.
+LOG_EVERY = 1.0
+
 
 class LaneServer:
-    def __init__(self, handlers: MasterHandlers, gate: LeaderGate, shedder: LoadShedder) -> None:
+    def __init__(
+        self,
+        handlers: MasterHandlers,
+        gate: LeaderGate,
+        shedder: LoadShedder,
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        read_timeout: float = READ_TIMEOUT,
+        idle_timeout: float = IDLE_TIMEOUT,
+    ) -> None:
+        if max_connections < 1:
+            raise ValueError(f"max_connections must be at least 1, got {max_connections}")
+        if not read_timeout > 0 or not idle_timeout > 0:
+            raise ValueError(
+                f"the lane's timeouts must be positive, got {read_timeout} and {idle_timeout}"
+            )
         self.handlers = handlers
         self.gate = gate
         self.shedder = shedder
+        self.max_connections = max_connections
+        self.read_timeout = read_timeout
+        self.idle_timeout = idle_timeout
         self.port = 0
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[_Connection] = set()
+        self._sweeper: asyncio.TimerHandle | None = None
+        #: Per reason: when a close for it was last logged, and how many since were not.
+        self._logged: dict[str, tuple[float, int]] = {}
 
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: _Connection(self), host, port)
         self.port = self._server.sockets[0].getsockname()[1]
+        self._sweeper = loop.call_later(self._sweep_every, self._sweep)
         return self.port
 
     async def stop(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         if self._server is not None:
             self._server.close()
             for connection in list(self._connections):
-                connection.close()
+                if connection.stalled:
+                    connection.abort()  # (its peer would never let it close)
+                else:
+                    connection.close()
             await self._server.wait_closed()
+
+    @property
+    def _sweep_every(self) -> float:
+        return min(self.read_timeout, self.idle_timeout) / 4
+
+    def _sweep(self) -> None:
+        """Closes the connections past a deadline; runs every ``_sweep_every`` seconds, so a
+        deadline is kept to within that."""
+        now = time.monotonic()
+        for connection in list(self._connections):
+            reason = connection.overdue(now)
+            if reason == "idle":
+                metrics.labelled(metrics.LANE_CLOSED, reason).inc()
+                connection.close()  # clients connect again: nothing to report
+            elif reason is not None:
+                self.drop(connection, reason, _OVERDUE[reason].format(self.read_timeout))
+        self._sweeper = asyncio.get_running_loop().call_later(self._sweep_every, self._sweep)
+
+    def drop(self, connection: _Connection, reason: str, why: str) -> None:
+        """Closes ``connection`` for ``reason`` (a word, a metric label), logging ``why``; what
+        it was still to be sent is dropped (a peer that does not read would hold it open)."""
+        metrics.labelled(metrics.LANE_CLOSED, reason).inc()
+        self._complain(reason, why, connection.peer)
+        connection.abort()
+
+    def _complain(self, reason: str, why: str, peer: str) -> None:
+        now = time.monotonic()
+        last, unlogged = self._logged.get(reason, (-math.inf, 0))
+        if now - last < LOG_EVERY:
+            self._logged[reason] = (last, unlogged + 1)
+            return
+        self._logged[reason] = (now, 0)
+        log.warning("closed a lane connection", reason=why, peer=peer, unlogged_before=unlogged)
+
+
+#: What the log says of a connection closed by the sweep, by reason.
+_OVERDUE = {
+    "read_timeout": "it sent part of a frame and then nothing for {}s",
+    "unread_answers": "its answers waited unread for {}s",
+}
 
 
 class _Connection(asyncio.Protocol):
     def __init__(self, lane: LaneServer) -> None:
         self.lane = lane
         self.transport: asyncio.Transport | None = None
-        self._decoder = lp.FrameDecoder()
+        self.peer = "?"
+        self._decoder = lp.FrameDecoder(lp.REQUEST_LIMIT)
         #: On a node's command stream: the stream, as the driver knows it.
         self._stream: NodeStream | None = None
+        #: Calls dispatched and not yet answered.
+        self._inflight = 0
+        #: Frames read while the answers were not being read: dispatched once they drain.
+        self._held: collections.deque[lp.Frame] = collections.deque()
+        #: Since when the answers wait unread (writing paused), else None.
+        self._paused_since: float | None = None
+        #: Something arrived since the last sweep, which then notes the time.
+        self._heard = True
+        self._last_heard = time.monotonic()
 
     # ---- asyncio.Protocol
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "?"
+        lane = self.lane
+        if len(lane._connections) >= lane.max_connections:
+            metrics.labelled(metrics.LANE_CLOSED, "over_cap").inc()
+            lane._complain("over_cap", f"{lane.max_connections} connections are open", self.peer)
+            self.transport = None
+            transport.abort()
+            return
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.lane._connections.add(self)
+        with contextlib.suppress(NotImplementedError):  # (a transport without a buffer)
+            transport.set_write_buffer_limits(high=WRITE_HIGH, low=WRITE_LOW)
+        lane._connections.add(self)
 
     def data_received(self, data: bytes) -> None:
+        self._heard = True
         try:
-            for frame in self._decoder.feed(data):
+            frames = self._decoder.feed(data)
+            if self._held or self._paused_since is not None:
+                self._held.extend(frames)
+                return
+            for at, frame in enumerate(frames):
                 self._dispatch(frame)
-        except (lp.LaneProtocolError, ValueError) as error:
-            log.warning("dropping a lane connection", error=str(error))
-            self.close()
+                if self._paused_since is not None:  # its answers are not being read
+                    self._held.extend(frames[at + 1 :])
+                    return
+        except lp.LaneProtocolError as error:
+            self.lane.drop(self, "bad_frame", str(error))
+
+    def pause_writing(self) -> None:
+        self._paused_since = time.monotonic()
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self._paused_since = None
+        self._heard = True  # (a partial frame's deadline starts again)
+        try:
+            while self._held and self._paused_since is None and self.transport is not None:
+                self._dispatch(self._held.popleft())
+        except lp.LaneProtocolError as error:
+            self.lane.drop(self, "bad_frame", str(error))
+            return
+        if self._paused_since is None and self.transport is not None:
+            self.transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.transport is None:
+            return  # refused at the cap: never counted
         self.transport = None
+        self._held.clear()
         self.lane._connections.discard(self)
         stream, self._stream = self._stream, None
         if stream is not None:
@@ -90,6 +234,34 @@ class _Connection(asyncio.Protocol):
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    @property
+    def stalled(self) -> bool:
+        """Its answers are waiting unread."""
+        return self._paused_since is not None
+
+    # ---- deadlines
+
+    def overdue(self, now: float) -> str | None:
+        """Why this connection must be closed at ``now`` (a reason for ``LaneServer.drop``),
+        or None. Called by the server's sweep: it also notes when the peer was last heard."""
+        if self._heard:
+            self._heard = False
+            self._last_heard = now
+        lane = self.lane
+        if self._paused_since is not None:  # not reading: the silence is ours
+            stalled = now - self._paused_since > lane.read_timeout
+            return "unread_answers" if stalled and self._stream is None else None
+        silent = now - self._last_heard
+        if self._decoder.pending:
+            return "read_timeout" if silent > lane.read_timeout else None
+        if self._stream is None and not self._inflight and not self._held:
+            return "idle" if silent > lane.idle_timeout else None
+        return None
 
     # ---- frames
 
@@ -123,6 +295,7 @@ class _Connection(asyncio.Protocol):
             self._send_error(frame, lp.INVALID_ARGUMENT, f"{name}: the request does not parse")
             return
         metrics.labelled(metrics.LANE_REQUESTS, name).inc()
+        self._inflight += 1
         try:
             reply = self.lane.handlers.call(name, request)
         except Exception as error:
@@ -137,28 +310,37 @@ class _Connection(asyncio.Protocol):
         self, frame: lp.Frame, call_id: int, response: Any, refused: CallRefused | None
     ) -> None:
         self.lane.shedder.release(call_id)  # answered (or failed): no longer in flight
+        self._inflight -= 1
         if refused is not None:
             self._send_error(frame, refused.code.value[0], refused.details)
-        else:
-            self._send(lp.encode(frame.call_id, frame.method, response.SerializeToString()))
+            return
+        try:
+            answer = lp.encode(frame.call_id, frame.method, response.SerializeToString())
+        except ValueError as error:  # an answer larger than any frame
+            self._send_error(frame, lp.RESOURCE_EXHAUSTED, f"{error}: split the batch")
+            return
+        self._send(answer)
 
     def _open_node_session(self, frame: lp.Frame) -> None:
         refusal = self.lane.gate.refusal("/NodeSession")
         hello = _parse(pb.NodeReport, frame.body)
         if refusal is None and (not hello.HasField("hello") or not hello.hello.node_id):
             refusal = (grpc.StatusCode.INVALID_ARGUMENT, "say hello with a node_id first", "")
-        if refusal is None and self.lane.handlers.driver.core is None:
-            refusal = (grpc.StatusCode.UNAVAILABLE, "this master is not serving: retry", "")
+        if refusal is None:
+            try:
+                self._stream = self.lane.handlers.driver.node_connected(
+                    hello.hello.node_id, hello.hello.incarnation, self._send_command, self.close
+                )
+            except CallRefused as refused:
+                refusal = (refused.code, refused.details, "")
         if refusal is not None:
             code, details, leader = refusal
             self._send_error(frame, code.value[0], details, leader)
             self.close()
             return
         metrics.LANE_SESSIONS.inc()
+        self._decoder.limit = lp.REPORT_LIMIT
         node_id = hello.hello.node_id
-        self._stream = self.lane.handlers.driver.node_connected(
-            node_id, hello.hello.incarnation, self._send_command, self.close
-        )
         log.info("node session open", node_id=node_id)
 
     def _send_command(self, command: pb.NodeCommand) -> None:

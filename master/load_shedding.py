@@ -59,7 +59,7 @@ class LoadShedder(grpc.aio.ServerInterceptor):
         if len(self._inflight) >= self.limit:
             self._forget_stale()
         if len(self._inflight) >= self.limit:
-            metrics.SHED.labels(method.rsplit("/", 1)[-1]).inc()
+            metrics.labelled(metrics.SHED, method.rsplit("/", 1)[-1]).inc()
             return None
         call_id = next(self._ids)
         self._inflight[call_id] = time.monotonic()

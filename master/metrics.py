@@ -2,12 +2,17 @@
 
 Counters and histograms are updated by the service; gauges are read at scrape time from the
 last snapshot the event loop published (the HTTP thread never touches live state).
+
+What a scrape shows stays bounded whatever peers send: a ``method`` label only ever names one
+of ``METHODS`` (anything else counts as "other"), and at most ``MAX_SEGMENT_SERIES`` segments
+have series of their own (the first to mount; the rest are summed per tier under
+``segment="other"``), with longer label values cut to ``MAX_LABEL_CHARS``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
+import hashlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,7 +20,19 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import REGISTRY, Collector
 
-from kvpool.master.records import ClusterSnapshot, Counters
+from kvpool.master.records import ClusterSnapshot, Counters, SegmentUsage
+from kvpool.proto import master_pb2 as pb
+
+#: What a ``method`` label may name: the Master service's calls, and NodeResult (a node's
+#: answer to a command). Anything else is counted as ``OTHER``.
+METHODS = frozenset(
+    [m.name for m in pb.DESCRIPTOR.services_by_name["Master"].methods] + ["NodeResult"]
+)
+OTHER = "other"
+#: Segments exported one by one at most; the others are summed per tier.
+MAX_SEGMENT_SERIES = 256
+#: Longest segment or node name a label holds (longer ones are cut).
+MAX_LABEL_CHARS = 128
 
 REQUESTS = Counter(
     "kvpool_master_requests_total", "RPCs served by the master, by method.", ["method"]
@@ -39,6 +56,12 @@ LANE_SESSIONS = Counter(
     "kvpool_master_lane_node_sessions_total",
     "Storage nodes' command streams opened over the metadata lane rather than gRPC.",
 )
+LANE_CLOSED = Counter(
+    "kvpool_master_lane_connections_closed_total",
+    "Metadata lane connections the master closed: bad_frame (oversized or unparseable), "
+    "read_timeout (part of a frame, then silence), unread_answers, idle, over_cap.",
+    ["reason"],
+)
 LATENCY = Histogram(
     "kvpool_master_request_seconds",
     "Time the master spent serving an RPC, by method.",
@@ -47,11 +70,20 @@ LATENCY = Histogram(
 )
 
 
-@functools.cache
+#: The metrics whose first label is a method.
+_BY_METHOD = (REQUESTS, KEYS, SHED, LANE_REQUESTS, LATENCY)
+_SERIES: dict[tuple[Counter | Histogram, tuple[str, ...]], Any] = {}
+
+
 def labelled(metric: Counter | Histogram, *labels: str) -> Any:
     """``metric.labels(*labels)``, looked up once: on the hot path a lookup costs a lock and
-    a hash of the labels per call."""
-    return metric.labels(*labels)
+    a hash of the labels per call. A method outside ``METHODS`` is counted as ``OTHER``."""
+    series = _SERIES.get((metric, labels))
+    if series is None:
+        if metric in _BY_METHOD and labels[0] not in METHODS:
+            return metric.labels(OTHER, *labels[1:])  # (not remembered: the table stays small)
+        series = _SERIES[metric, labels] = metric.labels(*labels)
+    return series
 
 
 class StateCollector(Collector):
@@ -76,6 +108,9 @@ class StateCollector(Collector):
             value=snapshot.reservations,
         )
         yield GaugeMetricFamily("kvpool_nodes", "Live storage nodes.", value=snapshot.nodes)
+        yield GaugeMetricFamily(
+            "kvpool_segments", "Mounted segments.", value=len(snapshot.segments)
+        )
         labels = ["segment", "node", "tier"]
         capacity = GaugeMetricFamily(
             "kvpool_segment_capacity_bytes", "Capacity of each mounted segment.", labels=labels
@@ -86,11 +121,10 @@ class StateCollector(Collector):
         objects = GaugeMetricFamily(
             "kvpool_segment_objects", "Replicas stored in each segment.", labels=labels
         )
-        for s in snapshot.segments:
-            values = [s.info.segment_id, s.info.node_id, s.info.tier.name.lower()]
-            capacity.add_metric(values, s.capacity)
-            used.add_metric(values, s.used)
-            objects.add_metric(values, s.objects)
+        for values, (capacity_bytes, used_bytes, count) in _segment_series(snapshot.segments):
+            capacity.add_metric(values, capacity_bytes)
+            used.add_metric(values, used_bytes)
+            objects.add_metric(values, count)
         yield capacity
         yield used
         yield objects
@@ -112,6 +146,38 @@ class StateCollector(Collector):
             ("lease_expiries", "Read leases that ran out."),
         ):
             yield CounterMetricFamily(f"kvpool_{name}", help_text, value=getattr(counters, name))
+
+
+def _segment_series(
+    segments: list[SegmentUsage],
+) -> Iterator[tuple[list[str], tuple[int, int, int]]]:
+    """(segment, node, tier) labels and (capacity, used, objects) of each of the first
+    ``MAX_SEGMENT_SERIES`` segments, then one sum per tier of the rest (and of any whose
+    labels would repeat others': a family with a series twice fails the whole scrape)."""
+    others: dict[str, list[int]] = {}
+    taken = {(OTHER, OTHER)}
+    for s in segments:
+        tier = s.info.tier.name.lower()
+        names = (_label(s.info.segment_id), _label(s.info.node_id))
+        if len(taken) <= MAX_SEGMENT_SERIES and names not in taken:
+            taken.add(names)
+            yield [*names, tier], (s.capacity, s.used, s.objects)
+        else:
+            total = others.setdefault(tier, [0, 0, 0])
+            total[0] += s.capacity
+            total[1] += s.used
+            total[2] += s.objects
+    for tier, (capacity, used, count) in others.items():
+        yield [OTHER, OTHER, tier], (capacity, used, count)
+
+
+def _label(name: str) -> str:
+    """``name``, or where it is longer than MAX_LABEL_CHARS its start and a digest of it (two
+    long names that start alike stay two series)."""
+    if len(name) <= MAX_LABEL_CHARS:
+        return name
+    digest = hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+    return f"{name[: MAX_LABEL_CHARS - len(digest) - 3]}...{digest}"
 
 
 STATE = StateCollector()

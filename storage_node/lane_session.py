@@ -131,6 +131,8 @@ class _CommandStream(asyncio.Protocol):
             self._answer(result)
 
     def _answer(self, result: pb.CommandResult) -> None:
+        if len(result.error) > lp.REPORT_ERROR_CHARS:  # the master reads reports of a bounded size
+            result.error = result.error[: lp.REPORT_ERROR_CHARS - 3] + "..."
         self.send(lp.encode(0, lp.NODE_SESSION, pb.NodeReport(result=result).SerializeToString()))
 
     def _end(self, error: Exception | None) -> None:

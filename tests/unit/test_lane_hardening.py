@@ -1,0 +1,366 @@
+"""What one unauthenticated peer can make the master's metadata lane hold is bounded
+(master/lane_server.py): a real LaneServer on loopback, with the real handlers, driver and core
+behind it, and plain sockets for peers.
+
+- A frame announcing more than the largest legal request is refused at its header: the
+  connection is closed before its body is read. A node's reports have a smaller limit.
+- A connection that sends part of a frame and then nothing is closed after the read timeout;
+  one with no call in flight, after the idle timeout. A node's command stream, and a client
+  waiting for an answer, are not.
+- Beyond the connection cap, a new connection is closed at once.
+- A connection whose answers are not being read is not read either; once they are, every
+  request is answered, in order. Left unread for the read timeout, it is closed.
+- The client's end makes a new connection, unseen by its caller, where the master closed one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from helpers import wait_until
+from prometheus_client import REGISTRY
+from state_helpers import segment_info
+
+from kvpool.client.lane_client import LaneClient
+from kvpool.common import lane_protocol as lp
+from kvpool.common.keys import MAX_KEY_BYTES
+from kvpool.common.status import KeyStatus
+from kvpool.master import handlers as master_handlers
+from kvpool.master.config import MasterConfig
+from kvpool.master.core import MasterCore
+from kvpool.master.driver import CoreDriver
+from kvpool.master.election import AlwaysLeader
+from kvpool.master.handlers import MasterHandlers
+from kvpool.master.lane_server import WRITE_HIGH, LaneServer
+from kvpool.master.leader_gate import LeaderGate
+from kvpool.master.load_shedding import LoadShedder
+from kvpool.master.state import MasterState
+from kvpool.proto import master_pb2 as pb
+
+#: What a UCX worker address may take: every PutStart answer carries its segment's.
+WORKER_ADDRESS_BYTES = 4096
+
+
+class RunningLane:
+    """A LaneServer on 127.0.0.1, on an event loop of its own thread (peers here block)."""
+
+    def __init__(self, **options: Any) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.lane: LaneServer = self.run(self._start(options))
+        self.port = self.lane.port
+
+    async def _start(self, options: dict[str, Any]) -> LaneServer:
+        state = MasterState(MasterConfig(), clock=time.monotonic, epoch=1)
+        segment = segment_info("n1", 1 << 30)
+        state.mount_segment(
+            dataclasses.replace(segment, worker_address=b"w" * WORKER_ADDRESS_BYTES), []
+        )
+        handlers = MasterHandlers(CoreDriver(MasterCore(state)))
+        gate = LeaderGate(AlwaysLeader(), lambda: True)
+        lane = LaneServer(handlers, gate, LoadShedder(10_000), **options)
+        await lane.start("127.0.0.1", 0)
+        return lane
+
+    def run(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(10)
+
+    def inspect(self, look: Callable[[LaneServer], Any]) -> Any:
+        """``look(lane)``, run on the lane's own thread."""
+
+        async def looking() -> Any:
+            return look(self.lane)
+
+        return self.run(looking())
+
+    def connections(self) -> int:
+        return self.inspect(lambda lane: len(lane._connections))
+
+    def stop(self) -> None:
+        self.run(self.lane.stop())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+        self.loop.close()
+
+
+@pytest.fixture
+def lanes() -> Iterator[Callable[..., RunningLane]]:
+    started: list[RunningLane] = []
+
+    def start(**options: Any) -> RunningLane:
+        started.append(RunningLane(**options))
+        return started[-1]
+
+    yield start
+    for running in started:
+        running.stop()
+
+
+def connect(port: int, receive_buffer: int = 0) -> socket.socket:
+    sock = socket.socket()
+    if receive_buffer:  # (before connecting: it sets the window the peer may fill)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+    sock.settimeout(5)
+    sock.connect(("127.0.0.1", port))
+    return sock
+
+
+def request(call_id: int, method: str, message: Any) -> bytes:
+    return lp.encode(call_id, lp.METHOD_IDS[method], message.SerializeToString())
+
+
+def read_frames(sock: socket.socket, count: int, timeout: float = 10) -> list[lp.Frame]:
+    decoder, frames = lp.FrameDecoder(), []
+    sock.settimeout(timeout)
+    while len(frames) < count:
+        data = sock.recv(1 << 20)
+        assert data, f"closed after {len(frames)} of {count} frames"
+        frames += decoder.feed(data)
+    return frames
+
+
+def exists(sock: socket.socket, call_id: int = 1) -> lp.Frame:
+    sock.sendall(request(call_id, "Exists", pb.ExistsRequest(client_id="c", keys=["k"])))
+    [answer] = read_frames(sock, 1)
+    return answer
+
+
+def closed_within(sock: socket.socket, seconds: float) -> bool:
+    """Whether the master closes ``sock`` within ``seconds`` (what it sends is read and
+    dropped)."""
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(1 << 16):
+            pass
+    except TimeoutError:
+        return False
+    except ConnectionError:
+        return True
+    return True
+
+
+def closed_for(reason: str) -> float:
+    name = "kvpool_master_lane_connections_closed_total"
+    return REGISTRY.get_sample_value(name, {"reason": reason}) or 0.0
+
+
+def node_hello(node_id: str = "n1") -> bytes:
+    hello = pb.NodeReport(hello=pb.NodeHello(node_id=node_id))
+    return lp.encode(0, lp.NODE_SESSION, hello.SerializeToString())
+
+
+def has_node_stream(lane: LaneServer) -> bool:
+    return any(connection._stream is not None for connection in lane._connections)
+
+
+# ---- frame limits
+
+
+def test_the_largest_legal_requests_fit_the_request_limit_and_a_byte_more_is_refused():
+    assert lp.MAX_BATCH_KEYS == master_handlers.MAX_BATCH
+    keys = [f"{i:0{MAX_KEY_BYTES}d}" for i in range(lp.MAX_BATCH_KEYS)]  # 1 KiB each
+    most = 2**64 - 1
+    replicas = MasterConfig().max_replicas
+    start = pb.PutStartRequest(
+        client_id="c" * 64, keys=keys, sizes=[most] * len(keys), replicas=replicas
+    )
+    assert start.ByteSize() <= lp.REQUEST_LIMIT
+    del start
+    commits = [
+        pb.PutCommit(key=k, put_id=most, replica_ok=[True] * replicas, crc32c=2**32 - 1)
+        for k in keys
+    ]
+    assert pb.PutEndRequest(client_id="c" * 64, commits=commits).ByteSize() <= lp.REQUEST_LIMIT
+    del commits
+    revoke = pb.PutRevokeRequest(client_id="c" * 64, keys=keys, put_ids=[most] * len(keys))
+    assert revoke.ByteSize() <= lp.REQUEST_LIMIT
+
+    decoder = lp.FrameDecoder(lp.REQUEST_LIMIT)
+    assert decoder.feed(lp.HEADER.pack(lp.REQUEST_LIMIT, 1, 1, 0)) == []
+    assert decoder.pending, "announced, and waited for"
+    with pytest.raises(lp.LaneProtocolError, match="exceeds"):
+        lp.FrameDecoder(lp.REQUEST_LIMIT).feed(lp.HEADER.pack(lp.REQUEST_LIMIT + 1, 1, 1, 0))
+
+
+def test_the_largest_node_report_fits_the_report_limit():
+    result = pb.CommandResult(
+        command_id=2**64 - 1,
+        error="\U0001f4a5" * lp.REPORT_ERROR_CHARS,  # four bytes of UTF-8 each
+        crc32c=[2**32 - 1] * lp.MAX_BATCH_KEYS,
+    )
+    assert pb.NodeReport(result=result).ByteSize() <= lp.REPORT_LIMIT < lp.REQUEST_LIMIT
+
+
+def test_a_frame_announcing_more_than_the_largest_request_is_refused_at_its_header(lanes):
+    running = lanes()
+    before = closed_for("bad_frame")
+    sock = connect(running.port)
+    header = lp.HEADER.pack(255 << 20, 1, lp.METHOD_IDS["PutStart"], lp.OK)
+    with contextlib.suppress(OSError):  # (closed before all of it went)
+        sock.sendall(header + bytes(1 << 20))
+    assert closed_within(sock, 5), "the master waited for the body"
+    assert running.connections() == 0
+    assert closed_for("bad_frame") == before + 1
+
+
+def test_a_node_report_beyond_the_report_limit_closes_the_stream(lanes):
+    running = lanes()
+    node = connect(running.port)
+    node.sendall(node_hello())
+    assert wait_until(lambda: running.inspect(has_node_stream), 5)
+    with contextlib.suppress(OSError):
+        node.sendall(lp.HEADER.pack(lp.REPORT_LIMIT + 1, 0, lp.NODE_SESSION, lp.OK))
+    assert closed_within(node, 5)
+
+
+# ---- deadlines
+
+
+def test_a_partial_frame_then_silence_is_closed_after_the_read_timeout(lanes):
+    running = lanes(read_timeout=0.5)
+    before = closed_for("read_timeout")
+    sock = connect(running.port)
+    frame = request(1, "Exists", pb.ExistsRequest(client_id="c", keys=["k"]))
+    sock.sendall(frame[:5])
+    sent = time.monotonic()
+    assert closed_within(sock, 5)
+    assert time.monotonic() - sent >= 0.5
+    assert closed_for("read_timeout") == before + 1
+
+
+def test_a_slow_sender_that_keeps_sending_is_not_cut_off(lanes):
+    running = lanes(read_timeout=0.5)
+    sock = connect(running.port)
+    frame = request(1, "Exists", pb.ExistsRequest(client_id="c", keys=["k"]))
+    for start in range(0, len(frame), 4):  # a piece every 0.3 s: longer than 0.5 s in all
+        sock.sendall(frame[start : start + 4])
+        time.sleep(0.3)
+    [answer] = read_frames(sock, 1)
+    assert answer.status == lp.OK
+
+
+def test_a_client_connection_with_no_call_in_flight_is_closed_after_the_idle_timeout(lanes):
+    running = lanes(read_timeout=0.5, idle_timeout=1.5)
+    before = closed_for("idle")
+    sock = connect(running.port)
+    assert exists(sock).status == lp.OK
+    assert not closed_within(sock, 1.0), "closed at the read timeout, with no frame begun"
+    assert closed_within(sock, 3.0)
+    assert closed_for("idle") == before + 1
+
+
+def test_a_node_stream_and_a_call_waiting_for_it_outlive_the_idle_timeout(lanes):
+    running = lanes(read_timeout=0.5, idle_timeout=0.5)
+    node = connect(running.port)
+    node.sendall(node_hello())
+    assert wait_until(lambda: running.inspect(has_node_stream), 5)
+    client = connect(running.port)
+    start = pb.PutStartRequest(client_id="c", keys=["k"], sizes=[4096], replicas=1)
+    client.sendall(request(1, "PutStart", start))
+    [started] = read_frames(client, 1)
+    put_id = pb.PutStartResponse.FromString(started.body).slots[0].put_id
+    commit = pb.PutCommit(key="k", put_id=put_id, replica_ok=[True])
+    client.sendall(request(2, "PutEnd", pb.PutEndRequest(client_id="c", commits=[commit])))
+    [persist] = read_frames(node, 1)  # the PutEnd waits for the node to record the object
+
+    time.sleep(1.5)  # three idle timeouts
+    assert running.connections() == 2, "neither the node's stream nor the waiting client closed"
+
+    command_id = pb.NodeCommand.FromString(persist.body).command_id
+    answer = pb.NodeReport(result=pb.CommandResult(command_id=command_id, ok=True))
+    node.sendall(lp.encode(0, lp.NODE_SESSION, answer.SerializeToString()))
+    [ended] = read_frames(client, 1)
+    assert list(pb.PutEndResponse.FromString(ended.body).statuses) == [KeyStatus.OK]
+
+
+# ---- the connection cap
+
+
+def test_connections_beyond_the_cap_are_closed_at_once(lanes):
+    running = lanes(max_connections=3)
+    before = closed_for("over_cap")
+    peers = [connect(running.port) for _ in range(3)]
+    for peer in peers:
+        assert exists(peer).status == lp.OK
+
+    assert closed_within(connect(running.port), 2)
+    assert closed_for("over_cap") == before + 1
+
+    peers.pop().close()
+    assert wait_until(lambda: running.connections() == 2, 5)
+    assert exists(connect(running.port)).status == lp.OK, "a place freed is taken again"
+
+
+# ---- backpressure
+
+
+def flood(sock: socket.socket, count: int) -> None:
+    """``count`` PutStarts in one go: each answer carries a segment (its worker address), many
+    times the request's size."""
+    sock.sendall(
+        b"".join(
+            request(i, "PutStart", pb.PutStartRequest(client_id="c", keys=[f"k{i}"], sizes=[1]))
+            for i in range(1, count + 1)
+        )
+    )
+
+
+def client_side(lane: LaneServer) -> tuple[bool, int]:
+    """(reading, bytes of answers waiting to be written) of the only client's connection."""
+    [connection] = lane._connections
+    transport = connection.transport
+    return transport.is_reading(), transport.get_write_buffer_size()
+
+
+def test_a_client_that_does_not_read_its_answers_is_not_read_until_it_does(lanes):
+    running = lanes()
+    sock = connect(running.port, receive_buffer=4096)
+    count = 4000  # answers of some 16 MiB: more than the sockets' buffers hold
+    flood(sock, count)
+
+    assert wait_until(lambda: not running.inspect(client_side)[0], 10), "never stopped reading"
+    time.sleep(0.2)
+    reading, buffered = running.inspect(client_side)
+    assert not reading
+    assert buffered <= WRITE_HIGH + WORKER_ADDRESS_BYTES + 1024, "one answer past the mark"
+
+    answers = read_frames(sock, count, timeout=30)
+    assert [a.call_id for a in answers] == list(range(1, count + 1)), "all of them, in order"
+    assert {a.status for a in answers} == {lp.OK}
+    assert running.inspect(client_side)[0], "reading again"
+
+
+def test_a_client_that_never_reads_its_answers_is_closed_after_the_read_timeout(lanes):
+    running = lanes(read_timeout=0.5)
+    before = closed_for("unread_answers")
+    sock = connect(running.port, receive_buffer=4096)
+    flood(sock, 4000)
+    assert wait_until(lambda: running.connections() == 0, 5)
+    assert closed_for("unread_answers") == before + 1
+    sock.close()
+
+
+# ---- the client's end
+
+
+def test_the_client_connects_again_unseen_where_the_master_closed_an_idle_connection(lanes):
+    running = lanes(idle_timeout=0.5)
+    client = LaneClient("127.0.0.1", running.port)
+    request = pb.ExistsRequest(client_id="c", keys=["k"], no_lease=True)
+
+    def ask() -> list[int]:
+        return list(client.call("Exists", request, pb.ExistsResponse, timeout=5).statuses)
+
+    assert ask() == [KeyStatus.NOT_FOUND]
+    assert wait_until(lambda: running.connections() == 0, 5), "the master closed it, idle"
+    assert ask() == [KeyStatus.NOT_FOUND], "on a new connection"
+    client.close()
