@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from kvpool.master.story import EVENTS_PER_KEY, KEYS
@@ -68,16 +69,25 @@ class MasterConfig:
             )
         for name in (
             "lease_ttl",
+            "max_lease_ttl",
             "reservation_timeout",
             "node_ttl",
             "client_ttl",
             "soft_pin_ttl",
             "write_timeout",
         ):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.reclaim_delay < 0:
-            raise ValueError(f"reclaim_delay must not be negative, got {self.reclaim_delay}")
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):  # nan compares false: refused too
+                raise ValueError(f"{name} must be a positive finite number, got {value}")
+        if self.lease_ttl > self.max_lease_ttl:
+            raise ValueError(
+                f"lease_ttl must be at most max_lease_ttl ({self.max_lease_ttl}),"
+                f" got {self.lease_ttl}"
+            )
+        if not (self.reclaim_delay >= 0 and math.isfinite(self.reclaim_delay)):
+            raise ValueError(
+                f"reclaim_delay must be a finite number, not negative, got {self.reclaim_delay}"
+            )
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {PLACEMENTS}, got {self.placement!r}")
         if self.story_events_per_key < 1:

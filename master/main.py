@@ -10,6 +10,7 @@ import time
 import grpc
 
 from kvpool.common.aio import pause
+from kvpool.common.cli_numbers import integer, port, real, seconds
 from kvpool.common.gc_tuning import tune_for_server
 from kvpool.common.http_server import HealthServer
 from kvpool.common.limits import GRPC_MESSAGE_OPTIONS
@@ -39,24 +40,37 @@ TICK_STEP = 64
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = MasterConfig()
+    # Every number is checked as it is read (common/cli_numbers.py): finite, within these
+    # ceilings (durations: at most cli_numbers.MAX_SECONDS) and MasterConfig's own ranges.
+    max_tick, max_inflight, max_election_ttl, max_story_keys = 60.0, 1_000_000, 3600, 10**8
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")
-    parser.add_argument("--port", type=int, default=50051, help="gRPC port (0 picks a free one)")
+    parser.add_argument(
+        "--port",
+        type=port(),
+        default=50051,
+        help="gRPC port (default %(default)s; 0 picks a free one)",
+    )
     parser.add_argument(
         "--lane-port",
-        type=int,
+        type=port(none=-1),
         default=50052,
         help="port of the metadata lane, the lean protocol of the hot client calls and the "
-        "nodes' command streams (0 picks a free one; -1: none, everything over gRPC). Clients "
+        "nodes' command streams (default %(default)s; 0 picks a free one; -1: none, everything "
+        "over gRPC). Clients "
         "learn it over gRPC and fall back to gRPC where it is unreachable",
     )
     parser.add_argument(
-        "--http-port", type=int, default=9090, help="port of /healthz, /readyz, /metrics (0: free)"
+        "--http-port",
+        type=port(),
+        default=9090,
+        help="port of /healthz, /readyz, /metrics (default %(default)s; 0: free)",
     )
     parser.add_argument(
         "--default-replicas",
-        type=int,
+        type=integer(1, defaults.max_replicas),
         default=defaults.default_replicas,
-        help="replicas per object when a put does not say",
+        help="replicas per object when a put does not say (default %(default)s; at most "
+        f"{defaults.max_replicas}: puts asking for more are refused)",
     )
     parser.add_argument(
         "--placement",
@@ -65,63 +79,69 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="replica placement: random nodes, or the most free first",
     )
     parser.add_argument(
-        "--lease-ttl", type=float, default=defaults.lease_ttl, help="read lease in seconds"
+        "--lease-ttl",
+        type=seconds(0, defaults.max_lease_ttl),
+        default=defaults.lease_ttl,
+        help=f"read lease in seconds, at most {defaults.max_lease_ttl:g}",
     )
     parser.add_argument(
         "--write-timeout",
-        type=float,
+        type=seconds(0),
         default=defaults.write_timeout,
         help="seconds a writer has to copy its bytes after PutStart (also the fence after a "
         "master change)",
     )
     parser.add_argument(
         "--reservation-timeout",
-        type=float,
+        type=seconds(0),
         default=defaults.reservation_timeout,
         help="seconds before an uncommitted put is revoked and its key freed",
     )
     parser.add_argument(
         "--reclaim-delay",
-        type=float,
+        type=seconds(0, zero=True),
         default=defaults.reclaim_delay,
         help="extra seconds a revoked reservation's space stays quarantined",
     )
     parser.add_argument(
         "--node-ttl",
-        type=float,
+        type=seconds(0),
         default=defaults.node_ttl,
         help="seconds without a heartbeat before a storage node is declared dead",
     )
     parser.add_argument(
         "--client-ttl",
-        type=float,
+        type=seconds(0),
         default=defaults.client_ttl,
         help="seconds without a heartbeat before a client's reservations are revoked",
     )
     parser.add_argument(
         "--high-watermark",
-        type=float,
+        type=real(0, 1, low_included=False),
         default=defaults.high_watermark,
         help="fill fraction of a segment or the pool that starts eviction (default 0.90)",
     )
     parser.add_argument(
         "--eviction-ratio",
-        type=float,
+        type=real(0, 1, high_included=False),
         default=defaults.eviction_ratio,
         help="fraction of capacity eviction frees below the watermark (default 0.05)",
     )
     parser.add_argument(
         "--soft-pin-ttl",
-        type=float,
+        type=seconds(0),
         default=defaults.soft_pin_ttl,
         help="seconds a soft pin lasts unless the put says otherwise",
     )
     parser.add_argument(
-        "--tick", type=float, default=0.1, help="seconds between timeout checks (default 0.1)"
+        "--tick",
+        type=seconds(0, max_tick),
+        default=0.1,
+        help=f"seconds between timeout checks, at most {max_tick:g} (default 0.1)",
     )
     parser.add_argument(
         "--max-inflight",
-        type=int,
+        type=integer(1, max_inflight),
         default=1024,
         help="calls admitted and not yet answered; beyond this the master answers "
         "RESOURCE_EXHAUSTED",
@@ -134,7 +154,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster", default="kvpool", help="cluster name (etcd key prefix)")
     parser.add_argument(
         "--election-ttl",
-        type=int,
+        type=integer(1, max_election_ttl),
         default=DEFAULT_TTL,
         help="seconds of the etcd lease behind leadership; a failover takes at most twice this",
     )
@@ -154,7 +174,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--story-keys",
-        type=int,
+        type=integer(0, max_story_keys),
         default=defaults.story_keys,
         help="keys whose recent events `kvpool story KEY` can tell (0: none; default %(default)s)",
     )
@@ -163,6 +183,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> MasterConfig:
+    """The configuration the flags give (each checked on its own as it was read); a
+    ValueError when they do not fit together."""
+    if args.eviction_ratio >= args.high_watermark:
+        raise ValueError(
+            f"--eviction-ratio ({args.eviction_ratio:g}) must be below --high-watermark "
+            f"({args.high_watermark:g}): eviction frees that much below the watermark"
+        )
     return MasterConfig(
         default_replicas=args.default_replicas,
         placement=args.placement,

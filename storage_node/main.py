@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
+import hashlib
 import os
+import secrets
 import socket
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from kvpool.common.cli_numbers import MAX_SECONDS, port, seconds, size
 from kvpool.common.gc_tuning import tune_for_server
 from kvpool.common.http_server import HealthServer
 from kvpool.common.logging import LOG_FORMATS, configure_logging, get_logger
@@ -15,16 +21,33 @@ from kvpool.common.master_address import MasterTarget, parse_master
 from kvpool.common.process import stop_event_on_signals, write_ready_file
 from kvpool.common.sizes import format_size, parse_size
 
+if TYPE_CHECKING:  # UCX is loaded when the node starts, not to build the CLI parser
+    from kvpool.storage_node.segment import Segment
+    from kvpool.transport import ucp
+
 log = get_logger("kvpool.node")
+
+#: Longest pause between heartbeats (a master declares a node dead after its --node-ttl).
+MAX_HEARTBEAT = 60.0
+#: Longest --node-id (it names the node's segments, in their index headers too).
+MAX_NODE_ID = 255
+
+NODE_ID_HELP = (
+    "node id, one per node process (default: the host name and a suffix. A node with no "
+    "persistent segment takes a random suffix: a fresh id each start, as its objects do not "
+    "outlive it. A node with --nvme or --dram-shm takes one derived from those paths (and "
+    "--shm-dir): it comes back under the same id after a restart and remounts what it holds, "
+    "and two such nodes on one host differ as long as their paths do)"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--master", default=None, help="master HOST:PORT (default: $KVPOOL_MASTER)")
     parser.add_argument(
         "--dram",
-        type=parse_size,
+        type=size(),
         default=parse_size("4GiB"),
-        help="DRAM segment size, e.g. 4GiB (0: no DRAM segment)",
+        help="DRAM segment size, e.g. 4GiB (0: no DRAM segment; at most this machine's memory)",
     )
     parser.add_argument(
         "--dram-shm",
@@ -32,19 +55,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="keep the DRAM segment in /dev/shm, so its objects survive a restart of the node",
     )
     parser.add_argument(
-        "--shm-dir", default="/dev/shm", help="where --dram-shm keeps its files (default /dev/shm)"
+        "--shm-dir",
+        default="/dev/shm",
+        help="where --dram-shm keeps its files, in a directory of their own made there, "
+        "kvpool-NAME-dram (NAME: --node-id, else the host name; default /dev/shm)",
     )
     parser.add_argument(
         "--nvme",
         action="append",
         default=[],
         metavar="PATH",
-        help="an NVMe segment: a directory (on the device) for its data and index; repeatable",
+        help="an NVMe segment: a directory (on the device); its data and index go in "
+        "PATH/kvpool-nvme/, which only the node may write; repeatable",
     )
     parser.add_argument(
         "--nvme-size",
         action="append",
-        type=parse_size,
+        type=size(low=1),
         default=[],
         metavar="SIZE",
         help="size of each --nvme segment (one for all, or one per --nvme), e.g. 200GiB",
@@ -63,20 +90,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--node-id",
         default=None,
-        help="node id, stable across restarts (default: the host name); one per node process",
+        help=NODE_ID_HELP,
     )
     parser.add_argument(
         "--listen", default="0.0.0.0", help="address of the HTTP side door (default: all)"
     )
     parser.add_argument(
-        "--http-port", type=int, default=9091, help="port of /healthz, /readyz, /metrics (0: free)"
+        "--http-port",
+        type=port(),
+        default=9091,
+        help="port of /healthz, /readyz, /metrics (0: free)",
     )
     parser.add_argument(
-        "--heartbeat-interval", type=float, default=1.0, help="seconds between heartbeats"
+        "--heartbeat-interval",
+        type=seconds(0, MAX_HEARTBEAT),
+        default=1.0,
+        help=f"seconds between heartbeats, at most {MAX_HEARTBEAT:g}",
     )
     parser.add_argument(
         "--drain-timeout",
-        type=float,
+        type=seconds(0, MAX_SECONDS, zero=True),
         default=30.0,
         help="on shutdown, keep memory at most this long for readers holding leases (s)",
     )
@@ -85,6 +118,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--log-format", choices=LOG_FORMATS, default="auto")
     parser.add_argument("--log-level", default="info")
+
+
+class CannotStart(Exception):
+    """What the node was told to do cannot be done here: a port is taken, a segment is held
+    by another process, a segment's directory is not the node's own."""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -101,6 +139,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         asyncio.run(_serve(args, master))
+    except CannotStart as error:
+        log.error("cannot start", error=str(error))
+        return 2
     except (ValueError, OSError) as error:
         log.error("cannot open storage", error=str(error))
         return 1
@@ -108,8 +149,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _storage_problem(args: argparse.Namespace) -> str | None:
-    if args.dram < 0:
-        return f"--dram must not be negative, got {args.dram}"
     if args.dram == 0 and not args.nvme:
         return "nothing to serve: give --dram SIZE, --nvme PATH, or both"
     if args.dram == 0 and args.dram_shm:
@@ -120,41 +159,62 @@ def _storage_problem(args: argparse.Namespace) -> str | None:
         return "--nvme-size without --nvme: say where the NVMe segment lives"
     if args.nvme and not args.nvme_size:
         return "--nvme needs --nvme-size, e.g. --nvme-size 200GiB"
+    memory = memory_limit()
+    if args.dram > memory:
+        return (
+            f"--dram {format_size(args.dram)} is more than this machine's memory "
+            f"({format_size(memory)}): give a smaller size"
+        )
+    if args.node_id is not None and not args.node_id.strip():
+        return "--node-id is empty: give a name, or leave the flag out for the default"
+    if args.node_id is not None and len(args.node_id) > MAX_NODE_ID:
+        return f"--node-id is {len(args.node_id)} characters long; at most {MAX_NODE_ID}"
     return None
 
 
-def _nvme_base(path: str) -> Path:
-    """``PATH`` is a directory (created if missing) that holds ``kvpool-nvme.data`` and
-    ``kvpool-nvme.index``."""
-    return Path(path) / "kvpool-nvme"
+def memory_limit() -> int:
+    """The memory this process may use: the machine's, or its cgroup's limit when lower."""
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        with open("/sys/fs/cgroup/memory.max", "rb") as file:
+            text = file.read(32).strip()
+    except OSError:
+        return physical
+    return min(physical, int(text)) if text.isdigit() else physical  # else "max": none
+
+
+def node_id_of(args: argparse.Namespace) -> str:
+    """``--node-id``, else the host name and a suffix (see NODE_ID_HELP)."""
+    if args.node_id:
+        return str(args.node_id)
+    host = socket.gethostname()
+    places = [str(Path(path).resolve()) for path in args.nvme]
+    if args.dram and args.dram_shm:
+        places.append(str(Path(args.shm_dir).resolve()))
+    if not places:
+        return f"{host}-{secrets.token_hex(3)}"
+    digest = hashlib.sha256("\n".join(sorted(places)).encode()).hexdigest()
+    return f"{host}-{digest[:6]}"
 
 
 async def _serve(args: argparse.Namespace, master: MasterTarget) -> None:
     # UCX is loaded here, not at import: building the CLI parser must stay cheap.
-    from kvpool.common.status import Tier
     from kvpool.storage_node.node import StorageNode
-    from kvpool.storage_node.segment import allocate_dram_segment, open_persistent_segment
     from kvpool.transport import ucp
 
     host = args.host or socket.gethostname()
-    node_id = args.node_id or socket.gethostname()
-    context = ucp.Context()
-    worker = context.create_worker()
-    segments = []
-    if args.dram and args.dram_shm:
-        base = Path(args.shm_dir) / f"kvpool-{node_id.replace('/', '_')}-dram"
-        segments.append(
-            open_persistent_segment(
-                context, node_id, base, args.dram, Tier.DRAM, prefault=args.prefault
-            )
-        )
-    elif args.dram:
-        segments.append(allocate_dram_segment(context, node_id, args.dram, prefault=args.prefault))
-    sizes = args.nvme_size * len(args.nvme) if len(args.nvme_size) == 1 else args.nvme_size
-    for path, size in zip(args.nvme, sizes, strict=True):
-        segments.append(
-            open_persistent_segment(context, node_id, _nvme_base(path), size, Tier.NVME)
-        )
+    node_id = node_id_of(args)
+    node: StorageNode | None = None
+    # The port first: a taken one is reported as such, before any memory is set up.
+    http = _http_server(args, lambda: node.ready if node else (False, "opening segments"))
+    http.start()
+    try:
+        context = ucp.Context()
+        worker = context.create_worker()
+        segments = _open_segments(args, context, node_id)
+    except BaseException:
+        http.stop()
+        raise
     for segment in segments:
         if segment.dropped_on_open:
             log.warning(
@@ -162,6 +222,15 @@ async def _serve(args: argparse.Namespace, master: MasterTarget) -> None:
                 segment=segment.segment_id,
                 count=len(segment.dropped_on_open),
                 keys=segment.dropped_on_open[:10],
+            )
+        damaged = getattr(segment.index, "damaged_records", 0)
+        undecodable = getattr(segment.index, "undecodable_records", 0)
+        if damaged or undecodable:
+            log.warning(
+                "skipped index records on open",
+                segment=segment.segment_id,
+                damaged=damaged,
+                undecodable=undecodable,
             )
     node = StorageNode(
         node_id=node_id,
@@ -173,8 +242,6 @@ async def _serve(args: argparse.Namespace, master: MasterTarget) -> None:
         heartbeat_interval=args.heartbeat_interval,
         drain_timeout=args.drain_timeout,
     )
-    http = HealthServer(args.listen, args.http_port, readiness=lambda: node.ready)
-    http.start()
     log.info(
         "node starting",
         node_id=node_id,
@@ -195,3 +262,55 @@ async def _serve(args: argparse.Namespace, master: MasterTarget) -> None:
     finally:
         http.stop()
         log.info("node stopped", node_id=node_id)
+
+
+def _http_server(
+    args: argparse.Namespace, readiness: Callable[[], tuple[bool, str]]
+) -> HealthServer:
+    try:
+        return HealthServer(args.listen, args.http_port, readiness=readiness)
+    except OSError as error:
+        if error.errno == errno.EADDRINUSE:
+            raise CannotStart(
+                f"port {args.http_port} is taken (another kvpool node on this host?): pass "
+                "--http-port with a free port (0: any free one)"
+            ) from None
+        raise CannotStart(
+            f"cannot listen on {args.listen}:{args.http_port} ({error.strerror or error}): "
+            "pass --listen with an address of this host, and --http-port with a port this "
+            "user may open (0: any free one)"
+        ) from None
+
+
+def _open_segments(args: argparse.Namespace, context: ucp.Context, node_id: str) -> list[Segment]:
+    from kvpool.common.status import Tier
+    from kvpool.storage_node import segment_layout
+    from kvpool.storage_node.private_files import SegmentInUse, UnsafeLocation
+    from kvpool.storage_node.segment import allocate_dram_segment, open_persistent_segment
+
+    segments = []
+    try:
+        if args.dram and args.dram_shm:
+            name = args.node_id or socket.gethostname()
+            base = segment_layout.segment_base(segment_layout.shm_directory(args.shm_dir, name))
+            segments.append(
+                open_persistent_segment(
+                    context, node_id, base, args.dram, Tier.DRAM, prefault=args.prefault
+                )
+            )
+        elif args.dram:
+            segments.append(
+                allocate_dram_segment(context, node_id, args.dram, prefault=args.prefault)
+            )
+        sizes = args.nvme_size * len(args.nvme) if len(args.nvme_size) == 1 else args.nvme_size
+        for path, nvme_size in zip(args.nvme, sizes, strict=True):
+            base = segment_layout.segment_base(segment_layout.nvme_directory(path))
+            segments.append(open_persistent_segment(context, node_id, base, nvme_size, Tier.NVME))
+    except SegmentInUse as error:  # the process ends: what was opened goes with it
+        raise CannotStart(
+            f"{error}: another kvpool node on this host serves this segment. Give each node "
+            "its own --nvme directory, and with --dram-shm its own --node-id (or --shm-dir)"
+        ) from None
+    except UnsafeLocation as error:
+        raise CannotStart(str(error)) from None
+    return segments

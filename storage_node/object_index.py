@@ -2,38 +2,34 @@
 
 ``MemoryIndex`` serves DRAM segments (lost with the process, like their bytes).
 ``DurableIndex`` serves persistent segments (NVMe files, /dev/shm): an append-only log next
-to the data, each record framed by a magic number, its length and a CRC-32C of its body. A
-torn or corrupted record is skipped (the scan resynchronises on the next magic), never
-trusted; on open the log is compacted to the live entries.
+to the data (its format, and how a damaged one is read back: ``index_log``), compacted to the
+live entries on open. Its directory must be the node's own, its files are never opened through
+a symbolic link, and one process at a time holds it (``private_files``).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import struct
 import threading
 from collections.abc import Iterable
 from pathlib import Path
-from typing import NamedTuple
 
-import google_crc32c
+from kvpool.storage_node import private_files
+from kvpool.storage_node.index_log import (
+    OP_DELETE,
+    OP_PUT,
+    SALT_BYTES,
+    Entry,
+    encode,
+    frame,
+    header_slots,
+    read_log,
+)
 
-MAGIC = 0x4B56504C  # "KVPL"
-FRAME = struct.Struct("<III")  # magic, body length, crc32c(body)
-ENTRY = struct.Struct("<BQQQIB")  # op, offset, size, generation, crc32c, has_crc
-OP_HEADER, OP_PUT, OP_DELETE = 0, 1, 2
-MAX_BODY = 1 << 16
+__all__ = ["DurableIndex", "Entry", "MemoryIndex", "live_entries"]
 
-
-class Entry(NamedTuple):
-    """One recorded object (a named tuple: one is made per object of every command)."""
-
-    key: str
-    offset: int
-    size: int
-    generation: int
-    crc32c: int | None = None
+LOCK_SUFFIX = ".lock"
+TMP_SUFFIX = ".tmp"
 
 
 class MemoryIndex:
@@ -73,90 +69,73 @@ class DurableIndex(MemoryIndex):
 
     def __init__(self, path: Path, header: dict) -> None:
         """Opens (or creates) the log at ``path``. ``header`` is written to a new log; an
-        existing one keeps its own, available as ``self.header``."""
+        existing one keeps its own, available as ``self.header``. Refuses (ValueError) a
+        directory other users can write, a symbolic link, a log another process holds, and a
+        log whose header is lost (then nothing is rewritten); damaged records are skipped and
+        counted in ``damaged_records`` and ``undecodable_records``."""
         super().__init__()
         self.path = path
-        self.skipped_records = 0
-        if path.exists() and path.stat().st_size > 0:
-            self.header = self._replay()
-        else:
-            self.header = header
-        self._rewrite()
-        self._file = open(path, "ab")  # noqa: SIM115 - kept open for appends until close()
+        private_files.check_private_directory(path.parent)
+        self._holder = private_files.hold_exclusively(path.with_name(path.name + LOCK_SUFFIX), path)
+        try:
+            self.header, self._salt = self._replay(header)
+            self._rewrite()
+            self._file = os.fdopen(private_files.open_for_append(path), "ab")
+        except BaseException:
+            os.close(self._holder)
+            raise
 
     def put(self, entries: Iterable[Entry]) -> None:
         entries = list(entries)
-        self._append([_encode(OP_PUT, e) for e in entries])
+        self._append([encode(OP_PUT, e) for e in entries])
         super().put(entries)
 
     def delete(self, entries: Iterable[Entry]) -> None:
         entries = list(entries)
-        self._append([_encode(OP_DELETE, e) for e in entries])
+        self._append([encode(OP_DELETE, e) for e in entries])
         super().delete(entries)
 
     def close(self) -> None:
         self._file.close()
+        os.close(self._holder)
 
     def _append(self, bodies: list[bytes]) -> None:
         if not bodies:
             return
-        self._file.write(b"".join(_frame(body) for body in bodies))
+        self._file.write(b"".join(frame(body, self._salt) for body in bodies))
         self._file.flush()
         os.fdatasync(self._file.fileno())
 
-    def _replay(self) -> dict:
-        header = {}
-        for op, value in read_records(self.path.read_bytes(), self):
-            if op == OP_HEADER:
-                header = value
-            else:
-                (super().put if op == OP_PUT else super().delete)([value])
-        return header
+    def _replay(self, header: dict) -> tuple[dict, bytes]:
+        self.damaged_records = self.undecodable_records = 0
+        data = private_files.read_nofollow(self.path)
+        if not data:
+            return header, os.urandom(SALT_BYTES)
+        scan = read_log(data, self.path)
+        for op, entry in scan.records:
+            (super().put if op == OP_PUT else super().delete)([entry])
+        self.damaged_records, self.undecodable_records = scan.damaged, scan.undecodable
+        return scan.header, scan.salt or os.urandom(SALT_BYTES)  # format 1 had no salt
 
     def _rewrite(self) -> None:
         """Compacts the log to its header and live entries, atomically."""
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "wb") as out:
-            out.write(_frame(bytes([OP_HEADER]) + json.dumps(self.header).encode()))
-            out.write(b"".join(_frame(_encode(OP_PUT, e)) for e in self.entries()))
+        tmp = self.path.with_name(self.path.name + TMP_SUFFIX)
+        with os.fdopen(private_files.create_new(tmp), "wb") as out:
+            out.write(header_slots(self.header, self._salt))
+            out.write(b"".join(frame(encode(OP_PUT, e), self._salt) for e in self.entries()))
             out.flush()
             os.fsync(out.fileno())
         tmp.replace(self.path)
-        directory = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
-
-
-def read_records(data: bytes, counter: DurableIndex | None = None):
-    """Yields (op, header dict or Entry) for every intact record of a log; damaged ones are
-    skipped (and counted in ``counter.skipped_records``)."""
-    position = 0
-    while position + FRAME.size <= len(data):
-        magic, length, crc = FRAME.unpack_from(data, position)
-        body = data[position + FRAME.size : position + FRAME.size + length]
-        if magic != MAGIC or length > MAX_BODY or len(body) != length or not body:
-            intact = False
-        else:
-            intact = google_crc32c.value(body) == crc
-        if not intact:
-            if counter is not None:
-                counter.skipped_records += 1
-            position = _next_magic(data, position + 1)
-            continue
-        position += FRAME.size + length
-        op = body[0]
-        if op == OP_HEADER:
-            yield op, json.loads(body[1:])
-        elif op in (OP_PUT, OP_DELETE):
-            yield op, _decode(body)
+        private_files.sync_directory(self.path.parent)
 
 
 def live_entries(path: Path) -> dict[str, Entry]:
     """The objects a log says its segment holds, read without changing the file."""
     entries: dict[str, Entry] = {}
-    for op, value in read_records(path.read_bytes()):
+    data = private_files.read_nofollow(path)
+    if not data:
+        return entries
+    for op, value in read_log(data, path).records:
         if op == OP_PUT:
             entries[value.key] = value
         elif op == OP_DELETE and _same_object(entries.get(value.key, value), value):
@@ -168,27 +147,3 @@ def _same_object(a: Entry, b: Entry) -> bool:
     """One put of a key: the same place and generation (a later put of the key may land at
     the same offset, and a late or repeated Forget of the earlier one must not remove it)."""
     return (a.offset, a.generation) == (b.offset, b.generation)
-
-
-def _frame(body: bytes) -> bytes:
-    return FRAME.pack(MAGIC, len(body), google_crc32c.value(body)) + body
-
-
-def _encode(op: int, entry: Entry) -> bytes:
-    has_crc = entry.crc32c is not None
-    crc = entry.crc32c if has_crc else 0
-    return (
-        ENTRY.pack(op, entry.offset, entry.size, entry.generation, crc, has_crc)
-        + entry.key.encode()
-    )
-
-
-def _decode(body: bytes) -> Entry:
-    _, offset, size, generation, crc, has_crc = ENTRY.unpack_from(body)
-    key = body[ENTRY.size :].decode()
-    return Entry(key, offset, size, generation, crc if has_crc else None)
-
-
-def _next_magic(data: bytes, start: int) -> int:
-    found = data.find(struct.pack("<I", MAGIC), start)
-    return len(data) if found < 0 else found

@@ -408,7 +408,7 @@ def test_node_command_parses(renders: dict[str, Render], value_set: str) -> None
     env = {e["name"]: e for e in container["env"]}
     assert env["K8S_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert args.http_port == named_port(container, "http") == storage["httpPort"]
-    assert args.node_id is None  # a restarted node must come back under a fresh id
+    assert args.node_id is None  # the CLI's default: fresh for DRAM, kept for NVMe
     assert args.log_format == "json"
     if storage["nvme"]["enabled"]:
         assert args.nvme == [storage["nvme"]["mountPath"]]

@@ -65,7 +65,7 @@ def test_a_64_gib_sparse_segment_holds_gibibytes_on_a_24_gib_machine(cluster_fac
             client.get_into(key, target)
             assert np.array_equal(target, chunk)
         client.unregister_buffer(region)
-    data_file = tmp_path / "big" / "kvpool-nvme.data"
+    data_file = tmp_path / "big" / "kvpool-nvme" / "segment.data"
     assert data_file.stat().st_size == 64 * GiB  # the apparent size...
     assert data_file.stat().st_blocks * 512 < 8 * GiB  # ...but sparse: only written blocks
 
@@ -95,8 +95,8 @@ def test_a_damaged_index_entry_or_data_range_is_dropped_not_served(cluster_facto
     with Client(cluster.master_address) as client:
         client.put_many(list(objects.items()), tier="nvme")
         node.kill()
-        index = tmp_path / "nvme" / "kvpool-nvme.index"
-        data = tmp_path / "nvme" / "kvpool-nvme.data"
+        index = tmp_path / "nvme" / "kvpool-nvme" / "segment.index"
+        data = tmp_path / "nvme" / "kvpool-nvme" / "segment.data"
         entries = live_entries(index)
         # obj-1's bytes rot on the device...
         with open(data, "r+b") as f:
@@ -115,7 +115,9 @@ def test_a_damaged_index_entry_or_data_range_is_dropped_not_served(cluster_facto
                     client.get(key)
             else:
                 assert client.get(key, verify=True) == value
-    assert "dropped damaged objects on open" in (cluster.run_dir / "node0.log").read_text()
+    log_text = (cluster.run_dir / "node0.log").read_text()
+    assert "dropped damaged objects on open" in log_text  # obj-1
+    assert "skipped index records on open" in log_text  # obj-2's record, counted once
 
 
 def test_after_a_master_restart_every_object_is_readable_once_nodes_remount(

@@ -1,0 +1,219 @@
+"""The file format of a durable index: a log of framed records, and how it is read back.
+
+Every record is framed by a magic number, the length of its body and a CRC-32C. A log
+(format 2) starts with two identical copies of its header, each a record padded to fill a
+slot of ``HEADER_SLOT`` bytes, so that damage to one copy is recovered from the other at a
+known place. The header (JSON) carries the segment's identity, the format and a salt: random
+bytes, drawn for each log, that every entry record's CRC covers ahead of its body. Entries
+(puts and deletes) follow, appended one record each.
+
+Reading trusts nothing: a frame whose magic, length or CRC is wrong is skipped and counted
+(damaged). The scan goes on after the damaged record's declared span when that span is
+plausible (the length of an entry, ending at the end of the log or at the next magic number),
+else at the next magic number, never before. Keys come from clients and may spell out a whole
+record; without the log's salt, which never leaves the node, such a record's CRC is wrong,
+so a scan that resynchronises inside a key still adopts nothing from it. A record whose CRC
+holds but whose body does not decode (short, an unknown operation, a key that is not a valid
+key) is skipped and counted too (undecodable). A log whose header cannot be read in either
+copy is refused as a whole (``LogDamaged``): without it nothing says what the segment is.
+
+Format 1, written by kvpool before format 2, has one header with no ``format`` field and no
+salt; it is read as such (a damaged header is then not recoverable) and rewritten in format 2
+when its index is opened. A log of a later format is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+import google_crc32c
+
+from kvpool.common.keys import MAX_KEY_BYTES, key_problem
+
+MAGIC = 0x4B56504C  # "KVPL"
+MAGIC_BYTES = struct.pack("<I", MAGIC)
+FRAME = struct.Struct("<III")  # magic, body length, crc32c(salt + body)
+ENTRY = struct.Struct("<BQQQIB")  # op, offset, size, generation, crc32c, has_crc
+OP_HEADER, OP_PUT, OP_DELETE = 0, 1, 2
+FORMAT = 2
+SALT_BYTES = 8
+HEADER_SLOT = 4096
+HEADER_BODY = HEADER_SLOT - FRAME.size  # a format-2 header's body: always exactly this long
+MAX_ENTRY_BODY = ENTRY.size + MAX_KEY_BYTES
+MAX_FORMAT1_HEADER = 1 << 16
+
+
+class Entry(NamedTuple):
+    """One recorded object (a named tuple: one is made per object of every command)."""
+
+    key: str
+    offset: int
+    size: int
+    generation: int
+    crc32c: int | None = None
+
+
+class LogDamaged(ValueError):
+    """A log that cannot be read: its header is lost, or it is of a later format."""
+
+
+@dataclass
+class Scan:
+    """What a log holds: its header, its salt and its entry records in order."""
+
+    header: dict
+    salt: bytes
+    records: list[tuple[int, Entry]] = field(default_factory=list)
+    #: Records skipped: a damaged frame (magic, length or CRC), a torn end, a bad header copy.
+    damaged: int = 0
+    #: Records skipped whose CRC held but whose body does not decode.
+    undecodable: int = 0
+
+
+def header_slots(header: dict, salt: bytes) -> bytes:
+    """The two copies of a log's header, as a format-2 log starts."""
+    text = json.dumps({**header, "format": FORMAT, "salt": salt.hex()}).encode()
+    body = bytes([OP_HEADER]) + text
+    if len(body) > HEADER_BODY:
+        raise ValueError(f"an index header takes at most {HEADER_BODY} bytes, not {len(body)}")
+    return frame(body.ljust(HEADER_BODY, b" "), b"") * 2
+
+
+def frame(body: bytes, salt: bytes) -> bytes:
+    return FRAME.pack(MAGIC, len(body), _crc(salt, body)) + body
+
+
+def encode(op: int, entry: Entry) -> bytes:
+    has_crc = entry.crc32c is not None
+    crc = entry.crc32c if has_crc else 0
+    return (
+        ENTRY.pack(op, entry.offset, entry.size, entry.generation, crc, has_crc)
+        + entry.key.encode()
+    )
+
+
+def read_log(data: bytes, path: Path) -> Scan:
+    """Reads a whole log (``path`` only names it in errors)."""
+    scan, start = _read_header(data, path)
+    _read_entries(data, start, scan)
+    return scan
+
+
+def _read_header(data: bytes, path: Path) -> tuple[Scan, int]:
+    """The header, and where the entries start."""
+    body = _intact(data, 0, b"", MAX_FORMAT1_HEADER)
+    first = _header(body)
+    if body is not None and first is not None and "format" not in first:
+        return Scan(first, b""), FRAME.size + len(body)  # format 1: one header
+    found: Scan | None = None
+    damaged = 0
+    for slot in (0, HEADER_SLOT):
+        body = _intact(data, slot, b"", HEADER_BODY)
+        header = _header(body) if body is not None and len(body) == HEADER_BODY else None
+        version = header.get("format") if header is not None else None
+        if isinstance(version, int) and version > FORMAT:
+            raise LogDamaged(
+                f"{path} is an index of format {version}, written by a later kvpool than this "
+                f"one (format {FORMAT}): run that version, or delete the segment's directory to "
+                "start afresh"
+            )
+        salt = _salt(header.get("salt")) if header is not None and version == FORMAT else None
+        if header is None or salt is None:
+            damaged += 1  # this copy is lost (the other may hold); the open rewrites both
+        elif found is None:
+            identity = {k: v for k, v in header.items() if k not in ("format", "salt")}
+            found = Scan(identity, salt)
+    if found is None:
+        raise LogDamaged(
+            f"{path} is damaged beyond repair: neither copy of its header can be read, so "
+            "nothing says which segment it describes. Delete the segment's directory to start "
+            "afresh (its objects are lost)"
+        )
+    found.damaged = damaged
+    return found, 2 * HEADER_SLOT
+
+
+def _read_entries(data: bytes, position: int, scan: Scan) -> None:
+    while position < len(data):
+        if len(data) - position < FRAME.size:
+            scan.damaged += 1  # a torn end
+            return
+        magic, length, crc = FRAME.unpack_from(data, position)
+        end = position + FRAME.size + length
+        if magic == MAGIC and 0 < length <= MAX_ENTRY_BODY and end <= len(data):
+            body = data[position + FRAME.size : end]
+            if _crc(scan.salt, body) == crc:
+                record = _decode(body)
+                if record is None:
+                    scan.undecodable += 1
+                else:
+                    scan.records.append(record)
+                position = end
+                continue
+        scan.damaged += 1
+        plausible = (
+            magic == MAGIC
+            and ENTRY.size < length <= MAX_ENTRY_BODY
+            and (end == len(data) or data[end : end + len(MAGIC_BYTES)] == MAGIC_BYTES)
+        )
+        position = end if plausible else _next_magic(data, position + 1)
+
+
+def _intact(data: bytes, position: int, salt: bytes, limit: int) -> bytes | None:
+    """The body of the record at ``position`` if its frame is whole and right, else None."""
+    if position + FRAME.size > len(data):
+        return None
+    magic, length, crc = FRAME.unpack_from(data, position)
+    body = data[position + FRAME.size : position + FRAME.size + length]
+    if magic != MAGIC or not 0 < length <= limit or len(body) != length:
+        return None
+    return body if _crc(salt, body) == crc else None
+
+
+def _header(body: bytes | None) -> dict | None:
+    if not body or body[0] != OP_HEADER:
+        return None
+    try:
+        header = json.loads(body[1:])
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return header if isinstance(header, dict) else None
+
+
+def _salt(text: object) -> bytes | None:
+    if not isinstance(text, str) or len(text) != 2 * SALT_BYTES:
+        return None
+    try:
+        return bytes.fromhex(text)
+    except ValueError:
+        return None
+
+
+def _decode(body: bytes) -> tuple[int, Entry] | None:
+    if len(body) <= ENTRY.size:
+        return None
+    op, offset, size, generation, crc, has_crc = ENTRY.unpack_from(body)
+    if op not in (OP_PUT, OP_DELETE) or has_crc not in (0, 1) or (crc and not has_crc):
+        return None
+    try:
+        key = body[ENTRY.size :].decode()
+    except UnicodeDecodeError:
+        return None
+    if key_problem(key) is not None:
+        return None
+    return op, Entry(key, offset, size, generation, crc if has_crc else None)
+
+
+def _crc(salt: bytes, body: bytes) -> int:
+    return (
+        google_crc32c.extend(google_crc32c.value(salt), body) if salt else google_crc32c.value(body)
+    )
+
+
+def _next_magic(data: bytes, start: int) -> int:
+    found = data.find(MAGIC_BYTES, start)
+    return len(data) if found < 0 else found
