@@ -1,8 +1,9 @@
 """Where a new object's replicas go: the choice of nodes and segments, apart from allocating.
 
-The rule: one replica per node, on distinct nodes; nodes on a preferred host first; then
-random nodes (which spreads objects and load evenly) or the nodes with the most free space;
-within a node, its segment with the largest free extent.
+The rule: one replica per node, on distinct nodes, none on a node the writer asked to avoid
+(one it could not reach); nodes on a preferred host first; then random nodes (which spreads
+objects and load evenly) or the nodes with the most free space; within a node, its segment
+with the largest free extent.
 
 A PutStart places every object of its batch, and a scan of every node for every object made
 placement the master's largest cost on a cluster of many nodes, growing with the cluster
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 
 from kvpool.master.records import NodeRecord, SegmentRecord
 
@@ -52,13 +53,15 @@ class TierPool:
         preferred_hosts: Sequence[str],
         rng: random.Random,
         most_free: bool,
+        avoid: Set[str] = frozenset(),
     ) -> list[SegmentRecord]:
-        """Segments on up to ``wanted`` distinct nodes with room for ``size`` bytes, in the
-        order their replicas take (fewer when fewer nodes have room)."""
+        """Segments on up to ``wanted`` distinct nodes with room for ``size`` bytes, none in
+        ``avoid`` (node ids), in the order their replicas take (fewer when fewer nodes have
+        room)."""
         # Free extents are aligned, so one of at least ``size`` bytes (one, for an empty
         # object) holds the object's rounded size too.
         least = size if size > 0 else 1
-        if wanted == 1 and not preferred_hosts and not most_free:
+        if wanted == 1 and not preferred_hosts and not most_free and not avoid:
             # The common case: a few draws, each uniform over all nodes, find a node with
             # room, and the one they find is uniform over those with room.
             entries = self.entries
@@ -70,7 +73,7 @@ class TierPool:
                 if best is not None:
                     return [best]
         chosen: list[SegmentRecord] = []
-        taken: set[str] = set()
+        taken: set[str] = set(avoid)  # (an avoided node counts as taken: it gets no replica)
         if preferred_hosts:
             front: list[PoolEntry] = []
             for host in dict.fromkeys(preferred_hosts):  # each host once, in the caller's order
