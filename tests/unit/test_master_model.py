@@ -3,21 +3,31 @@
 A hypothesis state machine drives ``MasterState`` (fake clock, seeded placement) through random
 sequences of what happens to a small cluster: storage nodes with one or two small DRAM segments
 and often an NVMe segment come, go away gracefully, die, or restart and remount their segments
-with the objects they recorded; clients put batches of objects of random sizes, replica counts,
-pins and tiers, commit them with random replica failures, revoke them or go silent; nodes answer
-the master's Persist and Copy commands at once, later, with a failure, or not at all (the I/O
-layer gives up: a failure to the master, though the node may have recorded the object, which
-the master then tells it to forget);
-readers take leases with ``get_replicas`` (which may promote NVMe objects to DRAM) and
+with the objects they recorded; nodes stall (alive, but silent to the master) and resume, and
+a node the master declared dead meanwhile remounts what it holds when its heartbeat asks;
+clients put batches of objects of random sizes, replica counts, pins and tiers, commit them
+with random replica failures, revoke them or go silent; nodes answer the master's Persist and
+Copy commands at once, later, with a failure, or not at all (the I/O layer gives up: a failure
+to the master, though the node may have recorded the object, which the master then tells it to
+forget); readers take leases with ``get_replicas`` (which may promote NVMe objects to DRAM) and
 ``exists``; objects are removed one by one or by prefix, with or without force; time passes in
-small steps and in large jumps; the master ticks (evicting, or demoting DRAM objects to NVMe).
+small steps and in large jumps; the master ticks, whole or (as production does) in steps of a
+few objects, a pass cut short going on at the next tick (evicting, or demoting DRAM objects to
+NVMe); and the master fails over: a new term (a higher epoch) starts from an empty index, every
+live node mounts its segments again (``remount``, with how long it was silent) with what it
+holds, and the new master adopts that. Each example runs under a configuration drawn from
+``CONFIGS``: random or most-free placement, default or lower watermarks, eviction ratios,
+default replica counts, write timeouts (fences), lease and node TTLs, promotion on or off.
 
 Beside the master, the machine keeps a small model of its own: which reservations are open,
 which commits wait for which nodes and which nodes recorded them, which copies are in flight,
 which leases it was granted and until when, which buffers must not be reused yet (leases on
-removed objects, quarantined reservations), which nodes and clients are alive, and what each
-node's index holds (what it recorded, less what it was told to forget, though a node that
-restarts may have missed some Forgets). After every step the invariants below compare the two:
+removed objects, quarantined reservations), which nodes and clients are alive (or stalled, or
+declared dead though alive), which segments are fenced until when, which bytes writers the
+master forgot may still copy into, which objects were removed or evicted, and what each node's
+index holds (one entry per key: what its commands recorded, less what they told it to forget,
+in the order the node carried them out; a node that restarts may have missed some Forgets).
+After every step the invariants below compare the two:
 
 1. no two live buffers of a segment overlap;
 2. every byte of a segment is either allocated or free, never both, never neither;
@@ -33,32 +43,52 @@ restarts may have missed some Forgets). After every step the invariants below co
    belongs to a replica of a published object, and every lease granted was counted as ended;
 6. a copy in flight (demotion or promotion) leaves its object readable, with its source
    replica, until the node acknowledges it; its target is allocated to the object meanwhile,
-   and a demotion's bytes count as leaving their DRAM segment.
+   and a demotion's bytes count as leaving their DRAM segment;
+7. the master's nodes and segments are the live nodes' (not the stalled ones it declared dead);
+8. the core's own invariants hold (``MasterState.validate``).
 
 Each event is also checked against the model as it happens: every status a call returns (the
-model predicts HAS_LEASE, NOT_READY, STALE_PUT, NO_REPLICA...); every commit that waited for its
-nodes comes out of ``resolved`` exactly once with the status the model predicts; every command
-for a node names a mounted segment of that node (a Forget never names a replica the master still
-keeps), every Persist the replicas awaiting that node, every Copy a published object and a
-target on the same node in the other tier; a remount adopts exactly what the adoption rules say
-(newest generation first, at its exact offset, never over another buffer, never over a key
-being written, superseding older generations) and leases it; a later put gets a larger
+model predicts HAS_LEASE, NOT_READY, STALE_PUT, NO_REPLICA, FENCED...); every commit that waited
+for its nodes comes out of ``resolved`` exactly once with the status the model predicts; every
+command for a node names a mounted segment of that node (a Forget never names a replica the
+master still keeps), every Persist the replicas awaiting that node, every Copy a published object
+and a target on the same node in the other tier; a remount adopts exactly what the adoption
+rules say (newest generation first, at its exact offset, never over another buffer, never over
+a key being written, superseding older generations) and leases it; a later put gets a larger
 generation than any object known; a tick declares dead exactly the clients (holding
 reservations) and nodes that went silent, reclaims exactly the reservations due, ends exactly
-the soft pins due, and leaves no segment (nor either tier of the pool) above the watermark
-while something there may still be evicted or demoted; eviction, at a tick or to make room for
-a put, goes in least-recently-used order (the model keeps its own recency), unpinned objects
-before soft-pinned ones; NO_SPACE only once nothing evictable is left in the tiers tried;
-unmounting a segment reports a drain time exactly as long as the longest guard on its bytes.
+the soft pins due, and, once a tick finishes its work (``unfinished`` False), leaves no segment
+(nor either tier of the pool) above the watermark while something there may still be evicted
+or demoted; eviction, at a tick or to make room for a put, goes in least-recently-used order
+(the model keeps its own recency), unpinned objects before soft-pinned ones; NO_SPACE only once
+nothing evictable is left in the tiers tried and no segment is fenced, FENCED (no buffer, a
+message saying to retry) only while one is; unmounting a segment reports a drain time exactly
+as long as the longest guard on its bytes; a heartbeat asks a node to remount exactly the
+segments the master lost (none while it keeps them).
 
-Placement within a node iterates a set of segment ids, so with two equally free segments the
-choice may differ between interpreter runs (string hashing is salted): the examples are
-derandomized, the model predicts nothing that depends on that choice.
+Remounts by a live process (failover, heartbeat) are checked for what they must keep:
+
+* nothing is placed in fenced space: a remounted segment is fenced until ``write_timeout +
+  FENCE_MARGIN - silent`` after the remount, and no put gets a buffer there before, nor over
+  bytes a writer of a reservation the master forgot may still copy into;
+* no published object is lost in a failover: every object published before it, whose replica's
+  node lives and recorded it, is published again (same generation or newer);
+* no removed object comes back: an object whose removal (or eviction) was answered, its Forgets
+  delivered, is never adopted again from a node that got them.
+
+The gaps the model found there (``COPIES_RESPECT_FENCES`` and the flags beside it, each with an
+xfail test in test_master_fence.py or test_master_remount_gaps.py) are checked around until
+they are closed.
+
+Examples are not the same on every run: each run draws a seed, named in the failure (replay it
+with ``KVPOOL_MODEL_SEED=<seed>``; string hashing, salted per interpreter unless
+``PYTHONHASHSEED`` is set, may change the order the master drops a segment's objects in).
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import random
 import sys
 import zlib
@@ -66,7 +96,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, event, seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -74,8 +104,9 @@ from hypothesis.stateful import (
     invariant,
     precondition,
     rule,
+    run_state_machine_as_test,
 )
-from state_helpers import FakeClock, end_puts, rounded, segment_info
+from state_helpers import FakeClock, rounded, segment_info
 
 from kvpool.common.status import KeyStatus, Pin, Tier
 from kvpool.master.config import MasterConfig
@@ -94,7 +125,26 @@ from kvpool.master.records import (
     StoredObject,
     TickReport,
 )
-from kvpool.master.state import MasterState
+from kvpool.master.state import FENCE_MARGIN, MasterState
+
+# Known gaps of master/state.py, each shown by an xfail test in test_master_fence.py or
+# test_master_remount_gaps.py: the model checks around them while they are open (set one True
+# once its gap is closed, and the model checks that too).
+#: Copies (promotions, demotions) keep out of fenced space (test_a_promotion_stays_out_of_...).
+COPIES_RESPECT_FENCES = False
+#: The fence covers writes the master granted in a node's segment after the node last heard from
+#: it, before it declared the node dead or failed (test_the_fence_covers_reservations_...).
+FENCE_COVERS_LATE_GRANTS = False
+#: A node declared dead while it lived brings back no object removed meanwhile, when it remounts
+#: (test_a_removed_object_stays_removed_when_a_node_declared_dead_remounts).
+REMOVALS_SURVIVE_ORPHANS = False
+#: Nor does the target of a copy cancelled (its source withdrawn) before its object was removed,
+#: recorded by its node just before a failover (test_a_removed_object_stays_removed_though_...).
+REMOVALS_SURVIVE_CANCELLED_COPIES = False
+#: An entry a node recorded for no replica the master holds (the second Persist of a retried
+#: commit, whose first failed) is forgotten, so that no remount drops a published object for it
+#: (test_a_failed_persist_of_a_retried_commit_leaves_no_entry_behind).
+STALE_ENTRIES_FORGOTTEN = False
 
 # Production timings (lease 10 s, node TTL 5 s, ...) but for reservations, which time out and
 # leave quarantine sooner, so that space turns over within one example, and for writers, declared
@@ -102,13 +152,39 @@ from kvpool.master.state import MasterState
 CONFIG = MasterConfig(
     reservation_timeout=8.0, reclaim_delay=12.0, max_lease_ttl=120.0, client_ttl=4.0
 )
+#: The configurations an example runs under (one drawn per example): the above; replicas on the
+#: most free nodes first; eviction from a lower watermark and further down (a fifth of a small
+#: segment is one object); both, with two replicas by default and no promotion on reads; no
+#: eviction but to make room, and a fence longer than a lease and than the node TTL (so that a
+#: node declared dead while it lived remounts fenced).
+CONFIGS = {
+    "default": CONFIG,
+    "most-free": replace(CONFIG, placement="most-free"),
+    "low watermark": replace(CONFIG, high_watermark=0.7, eviction_ratio=0.2),
+    "most-free, low watermark, 2 replicas, no promotion": replace(
+        CONFIG,
+        placement="most-free",
+        high_watermark=0.7,
+        eviction_ratio=0.2,
+        default_replicas=2,
+        promote_on_hit=False,
+    ),
+    "full watermark, long fence, short lease and node TTL": replace(
+        CONFIG,
+        high_watermark=1.0,
+        eviction_ratio=0.0,
+        write_timeout=5.0,
+        lease_ttl=4.0,
+        node_ttl=2.0,
+    ),
+}
 NODES = ("n0", "n1", "n2", "n3")
 CLIENTS = ("c0", "c1", "c2")
 KEYS = ("a0", "a1", "a2", "a3", "a/0", "a/1", "a/2", "a/3", "ab", "b", "b/0", "b/1", "c0", "c1")
 PREFIXES = ("", "a", "a/", "ab", "b", "b/", "c", "zz")
 DRAM_SIZES = (1000, 2048, 4096)  # 1000 rounds down to 960 usable bytes
 NVME_SIZES = (None, 2048, 4096, 4096)  # None: the node has no NVMe segment
-LEASES = (-1.0, 0.0, 1.0, 7.5, 30.0, 1e4)  # <= 0: the default (10 s); 1e4: capped at 120 s
+LEASES = (-1.0, 0.0, 1.0, 7.5, 30.0, 1e4)  # <= 0: the lease TTL (10 s); 1e4: capped at 120 s
 STEPS = (0.0, 0.5, 2.0, 4.0, 6.0, 11.0, 31.0, 75.0, 700.0)  # a bare tick, steps and jumps
 PINS = st.sampled_from(
     [
@@ -135,7 +211,6 @@ LAYOUT = st.tuples(
     st.sampled_from(NVME_SIZES),
     st.booleans(),  # DRAM on /dev/shm: persistent
 )
-HIGH = CONFIG.high_watermark
 
 
 def host_of(node: str) -> str:
@@ -203,6 +278,7 @@ class Reservation:
     created_at: float
     buffers: list[Buffer]  # in the order of the PutSlot's replicas
     ended: bool = False  # committed, revoked, removed or reclaimed, as far as the model knows
+    done: bool = False  # its writer committed or revoked it: it copies no more
 
 
 @dataclass
@@ -239,6 +315,20 @@ class Sent:
     segment: SegmentRecord
 
 
+@dataclass(frozen=True)
+class Hazard:
+    """Bytes of a segment (by id: the node's memory, whatever record the master has of it) that
+    a writer of a reservation the master no longer knows (it was replaced, or it dropped the
+    segment) may still be copying into until ``until``; ``boot``: the node's process then."""
+
+    segment_id: str
+    boot: int
+    offset: int
+    size: int
+    until: float
+    key: str
+
+
 @dataclass
 class Guard:
     """Bytes that must stay allocated (never handed out again) until ``until``: those of a
@@ -260,6 +350,8 @@ class MasterModel(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.clock = FakeClock()
+        self.config = CONFIG  # until start_cluster draws the example's
+        self.epoch = 0  # the master's term (see master_fails_over)
         self.state = MasterState(CONFIG, clock=self.clock, rng=random.Random(0))
         #: node -> its segments (kept while it is down: a node that restarts has them again).
         self.layout: dict[str, list[SegmentSpec]] = {}
@@ -299,9 +391,40 @@ class MasterModel(RuleBasedStateMachine):
         self.disk: dict[str, dict[str, StoredObject]] = defaultdict(dict)
         #: segment id -> key -> an entry a Forget removed (a node that crashes may miss it).
         self.missed: dict[str, dict[str, StoredObject]] = defaultdict(dict)
-        #: (id(segment), key, generation, offset) of every Forget sent: the node has it after
-        #: the command it follows in its stream, whatever order the answers come in.
-        self.forgotten: set[tuple[int, str, int, int]] = set()
+        #: (segment id, key) -> what the index held when the node last mounted the segment, and
+        #: the commands it carried out since that recorded or forgot the key: (command id,
+        #: recorded, forgotten). ``disk`` is the outcome, in the order the node ran them.
+        self.disk_base: dict[tuple[str, str], StoredObject] = {}
+        self.disk_log: dict[
+            tuple[str, str], list[tuple[int, StoredObject | None, StoredObject | None]]
+        ] = {}
+        #: id(segment) -> (node, boot): the node process whose memory a segment record stands
+        #: for (commands sent to it change that process's index, even once the master dropped
+        #: the record, as long as the process lives).
+        self.incarnation: dict[int, tuple[str, int]] = {}
+        #: Nodes alive but not heartbeating (stalled); those the master declared dead meanwhile
+        #: (it dropped their segments), with when they last heard from it.
+        self.slow: set[str] = set()
+        self.orphans: dict[str, float] = {}
+        #: id(segment) -> when the master's fence on it ends (remounts by a live process).
+        self.fences: dict[int, float] = {}
+        #: Bytes old writers may still copy into, unknown to the master (see Hazard).
+        self.hazards: list[Hazard] = []
+        #: (key, generation) of objects removed or evicted (their Forgets delivered): none may
+        #: come back, but through a node that missed the Forgets (a restart, see ``missed``) or
+        #: that the master could not reach (see ``unforgettable``).
+        self.erased: set[tuple[str, int]] = set()
+        #: (segment id, key, generation, offset) a node recorded through a command sent to a
+        #: segment record the master had dropped meanwhile (its node declared dead while alive):
+        #: the master cannot tell it to forget those.
+        self.unforgettable: set[tuple[str, str, int, int]] = set()
+        #: (segment id, key, generation, offset) a node recorded for no replica the master
+        #: holds (a late answer, a second Persist of a retried commit...): unless forgotten, its
+        #: bytes may go to another object, which a remount may then drop for it.
+        self.stale: set[tuple[str, str, int, int]] = set()
+        #: Likewise, the targets of copies cancelled in flight that their node carried out
+        #: before the master failed over (it forgets them once the node answers).
+        self.cancelled_copies: set[tuple[str, str, int, int]] = set()
 
     # ------------------------------------------------------------------ model helpers
 
@@ -348,6 +471,7 @@ class MasterModel(RuleBasedStateMachine):
 
     def keep(self, segment: SegmentRecord) -> SegmentRecord:
         self.segment_records.append(segment)
+        self.incarnation[id(segment)] = (segment.node_id, self.boots[segment.node_id])
         return segment
 
     def fingerprint(self) -> tuple:
@@ -416,7 +540,7 @@ class MasterModel(RuleBasedStateMachine):
     def quarantine(self, reservation: Reservation) -> None:
         """A reservation was taken from its writer, who may still be copying into it."""
         reservation.ended = True
-        until = self.now + CONFIG.reclaim_delay
+        until = self.now + self.config.reclaim_delay
         for buffer in reservation.buffers:
             if buffer.mounted(self.state):
                 guard_key = ("quarantine", reservation.put_id, id(buffer.segment), buffer.offset)
@@ -442,6 +566,7 @@ class MasterModel(RuleBasedStateMachine):
         """The master removed ``record`` (status OK from remove or remove_prefix, or superseded
         on adoption); returns the Forgets it owes the nodes: (segment id, key, offset)."""
         ident = (record.key, record.put_id)
+        self.erased.add(ident)
         if record.state is ObjectState.RESERVED:
             assert force, f"{record.key}: a reservation removed without force"
             reservation = self.reservations[record.key]
@@ -479,7 +604,7 @@ class MasterModel(RuleBasedStateMachine):
 
     def heartbeat(self, silent_nodes=(), silent_clients=()) -> None:
         for node, segments in self.nodes.items():
-            if node not in silent_nodes:
+            if node not in silent_nodes and node not in self.slow:
                 assert self.state.heartbeat(node, sorted(segments)) == [], f"{node} must remount"
                 self.node_seen[node] = self.now
         for client in self.alive_clients - set(silent_clients):
@@ -529,23 +654,74 @@ class MasterModel(RuleBasedStateMachine):
                 assert (command.segment_id, item.offset) not in held, (
                     f"{command.node_id} told to forget {item.key!r}, which it holds for the master"
                 )
-            self.forgotten.add((id(segment), item.key, item.generation, item.offset))
-            self.forget_on_disk(command.segment_id, item)
+            self.on_disk(segment.segment_id, command.command_id, None, item)
 
-    def forget_on_disk(self, segment_id: str, item: StoredObject) -> None:
-        entry = self.disk[segment_id].get(item.key)
-        if entry is not None and (entry.offset, entry.generation) == (item.offset, item.generation):
-            del self.disk[segment_id][item.key]
-            self.missed[segment_id][item.key] = entry
+    def record_on_disk(self, segment: SegmentRecord, item: StoredObject, command_id: int) -> None:
+        """The node carried out command ``command_id``, which recorded ``item`` (if its
+        process still lives: it got the command)."""
+        node, boot = self.incarnation[id(segment)]
+        if (
+            boot != self.boots[node]
+            or not (node in self.nodes or node in self.orphans)
+            or segment.segment_id not in {s.segment_id for s in self.layout.get(node, ())}
+        ):
+            return  # the node restarted, died or withdrew the segment: it never got the command
+        self.on_disk(segment.segment_id, command_id, item, None)
+        place = (segment.segment_id, item.key, item.generation, item.offset)
+        if not self.mounted(segment):  # dropped while its node lived: no Forget can reach it
+            self.unforgettable.add(place)
+        record = self.state.objects.get(item.key)
+        held = set()
+        if record is not None and record.put_id == item.generation and self.mounted(segment):
+            held = {(r.segment_id, r.offset) for r in record.replicas if r is not None}
+            held |= {(m.target.segment_id, m.target.offset) for m in record.moving.values()}
+        if (segment.segment_id, item.offset) not in held:
+            self.stale.add(place)  # recorded, though the master holds no such replica
 
-    def record_on_disk(self, segment: SegmentRecord, item: StoredObject) -> None:
-        """The node recorded ``item`` (unless told to forget it already: that came later)."""
-        if not self.mounted(segment):
-            return  # the node restarted meanwhile: it never got the command
-        if (id(segment), item.key, item.generation, item.offset) in self.forgotten:
-            return
-        self.disk[segment.segment_id][item.key] = item
-        self.missed[segment.segment_id].pop(item.key, None)
+    def on_disk(
+        self,
+        segment_id: str,
+        command_id: int,
+        recorded: StoredObject | None,
+        forgotten: StoredObject | None,
+    ) -> None:
+        """A node's index (one entry per key) after a command recorded or forgot an object:
+        the node carries out its commands in the order they were sent (by id), whatever order
+        the model learns of them in, on what it reported when it last mounted the segment."""
+        item = recorded or forgotten
+        assert item is not None
+        where = (segment_id, item.key)
+        log = self.disk_log.setdefault(where, [])
+        log.append((command_id, recorded, forgotten))
+        log.sort(key=lambda entry: entry[0])
+        entry = self.disk_base.get(where)
+        missed = None
+        for _, put, forget in log:
+            if put is not None:
+                entry, missed = put, None
+            elif entry is not None and (entry.offset, entry.generation) == (
+                forget.offset,
+                forget.generation,
+            ):
+                entry, missed = None, entry  # (a node that crashes may not have applied it)
+        if entry is None:
+            self.disk[segment_id].pop(item.key, None)
+        else:
+            self.disk[segment_id][item.key] = entry
+            self.missed[segment_id].pop(item.key, None)
+        if missed is not None:
+            self.missed[segment_id][item.key] = missed
+
+    def reset_disk(self, segment_id: str, entries: dict[str, StoredObject]) -> None:
+        """What a node's index holds as it mounts a segment (its commands apply from there)."""
+        self.disk[segment_id] = dict(entries)
+        for where in [w for w in self.disk_log if w[0] == segment_id]:
+            del self.disk_log[where]
+        for where in [w for w in self.disk_base if w[0] == segment_id]:
+            del self.disk_base[where]
+        for key, entry in entries.items():
+            self.disk_base[segment_id, key] = entry
+            self.missed[segment_id].pop(key, None)
 
     def mounted(self, segment: SegmentRecord) -> bool:
         return self.state.segments.get(segment.segment_id) is segment
@@ -593,9 +769,36 @@ class MasterModel(RuleBasedStateMachine):
         target = self.buffer_of(command.target_segment_id, command.target.offset)
         for guard in self.live_guards():
             assert not target.overlaps(guard.buffer), f"{key} copied over guarded bytes"
+        if COPIES_RESPECT_FENCES:
+            self.check_unfenced(target, key)
         source = self.buffer_of(command.source_segment_id, command.source.offset)
         self.moves[command.command_id] = Moving(record, source, target, demotion)
         self.sent[command.command_id] = Sent(command, target_segment)
+
+    def fenced(self) -> list[str]:
+        """The mounted segments the model expects fenced now."""
+        return sorted(
+            segment.segment_id
+            for segment in self.state.segments.values()
+            if self.fences.get(id(segment), 0.0) > self.now
+        )
+
+    def check_unfenced(self, buffer: Buffer, key: str) -> None:
+        """A new buffer (a put's, a copy's target) is never in fenced space, nor over bytes an
+        old writer may still be copying into."""
+        fence = self.fences.get(id(buffer.segment), 0.0)
+        assert self.now >= fence, (
+            f"{key} placed in {buffer.segment_id}, fenced until {fence} (now {self.now})"
+        )
+        node = buffer.segment.node_id
+        for hazard in self.hazards:
+            assert not (
+                hazard.until > self.now
+                and hazard.segment_id == buffer.segment_id
+                and hazard.boot == self.boots[node]
+                and hazard.offset < buffer.offset + buffer.size
+                and buffer.offset < hazard.offset + hazard.size
+            ), f"{key} placed over bytes a writer of {hazard.key!r} may copy into: {hazard}"
 
     def finish_commit(self, ident: tuple[str, int]) -> KeyStatus:
         """Every node of a committed object answered (or went away): it is published with the
@@ -680,7 +883,7 @@ class MasterModel(RuleBasedStateMachine):
                 finished.append(ident)
         if how != "failed":
             for item in command.objects:
-                self.record_on_disk(segment, item)
+                self.record_on_disk(segment, item, command.command_id)
         before = None if touched else self.fingerprint()
 
         self.tell(command.command_id, how, crcs)
@@ -700,7 +903,7 @@ class MasterModel(RuleBasedStateMachine):
     ) -> None:
         ok = how == "ok"
         if how != "failed":
-            self.record_on_disk(segment, command.target)
+            self.record_on_disk(segment, command.target, command.command_id)
         move = self.moves.pop(command.command_id, None)
         if move is None:  # cancelled: its object went, or a segment of its node did
             before = self.fingerprint()
@@ -708,7 +911,7 @@ class MasterModel(RuleBasedStateMachine):
             after = self.fingerprint()
             guard = self.guards.pop(("copy", command.command_id), None)
             if guard is not None and how == "timeout":  # the node may still write there
-                guard.until = self.now + CONFIG.reclaim_delay
+                guard.until = self.now + self.config.reclaim_delay
                 self.guards[("copy", command.command_id)] = guard
             assert after[1:] == before[1:], "the answer to a cancelled copy changed objects"
             for segment_id, (ident, _, owners, leaving) in after[0].items():
@@ -731,7 +934,7 @@ class MasterModel(RuleBasedStateMachine):
             allocated = move.target.offset in move.target.segment.allocator.allocations()
             if how == "timeout":  # its node may still be writing there
                 assert allocated, "a copy target reused though its node may still write it"
-                self.guard_copy(command.command_id, move, self.now + CONFIG.reclaim_delay)
+                self.guard_copy(command.command_id, move, self.now + self.config.reclaim_delay)
             else:
                 assert not allocated, "the target of a failed copy was not freed"
             assert counters == (self.state.counters.demotions, self.state.counters.promotions)
@@ -761,27 +964,35 @@ class MasterModel(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ time
 
-    def pass_time(self, seconds: float, silent_nodes=(), silent_clients=()) -> TickReport:
-        """``seconds`` pass, everyone alive (but the silent) heartbeats, the master ticks; the
-        tick must do exactly what the model expects."""
+    def pass_time(
+        self, seconds: float, silent_nodes=(), silent_clients=(), step: int | None = None
+    ) -> TickReport:
+        """``seconds`` pass, everyone alive (but the silent and the stalled) heartbeats, the
+        master ticks (``step``: as production does, a bounded part of its bulk jobs); the tick
+        must do exactly what the model expects (the watermarks hold once a tick finished)."""
         self.clock.advance(seconds)
         self.heartbeat(silent_nodes, silent_clients)
         now = self.now
         state = self.state
         reserved = {k: r for k, r in self.reservations.items() if self.open(r)}
-        due = {k for k, r in reserved.items() if r.created_at <= now - CONFIG.reservation_timeout}
+        due = {
+            k for k, r in reserved.items() if r.created_at <= now - self.config.reservation_timeout
+        }
         dying_clients = {  # writers that still hold reservations once those due are reclaimed
             r.client
             for k, r in reserved.items()
-            if k not in due and self.client_seen[r.client] < now - CONFIG.client_ttl
+            if k not in due and self.client_seen[r.client] < now - self.config.client_ttl
         }
         reclaimed = due | {k for k, r in reserved.items() if r.client in dying_clients}
-        dying_nodes = {n for n in self.nodes if self.node_seen[n] < now - CONFIG.node_ttl}
+        dying_nodes = {n for n in self.nodes if self.node_seen[n] < now - self.config.node_ttl}
         before = {key: (record, list(record.replicas)) for key, record in state.objects.items()}
         pins_before = {key: record.pin for key, record in state.objects.items()}
         counters = _counts(state)
 
-        report = state.tick()
+        for node in dying_nodes & self.slow:  # writes into its segments go on unknown
+            self.add_hazards(node, self.node_seen[node])
+
+        report = state.tick(step)
 
         assert set(report.dead_clients) == dying_clients, (report.dead_clients, dying_clients)
         assert sorted(report.reservations_reclaimed) == sorted(reclaimed), report
@@ -791,6 +1002,10 @@ class MasterModel(RuleBasedStateMachine):
         for key in reclaimed:
             self.quarantine(self.reservations[key])
         for node in dying_nodes:
+            if node in self.slow:  # only stalled: it lives on, with what it holds
+                self.slow.discard(node)
+                self.orphans[node] = self.node_seen[node]
+                event("a stalled node declared dead")
             for segment in self.nodes.pop(node).values():
                 self.segment_gone(segment)
             del self.node_seen[node]
@@ -817,8 +1032,11 @@ class MasterModel(RuleBasedStateMachine):
         assert after["clients_died"] - counters["clients_died"] == len(report.dead_clients)
         reclaimed_count = after["reservations_reclaimed"] - counters["reservations_reclaimed"]
         assert reclaimed_count == len(reclaimed)
+        if report.unfinished:
+            event("a tick cut short")
         self.check_eviction(before, report, moving, demoted)
         self.guards = {k: g for k, g in self.guards.items() if g.until > now}
+        self.hazards = [h for h in self.hazards if h.until > now]
         return report
 
     def victims(
@@ -836,6 +1054,7 @@ class MasterModel(RuleBasedStateMachine):
                 if taken:  # (not a loss with its node)
                     evicted.append(record)
                     victims.append((record, taken))
+                    self.erased.add((key, record.put_id))
             else:
                 dropped = [r for r in taken if r not in record.replicas]
                 if dropped:
@@ -863,11 +1082,16 @@ class MasterModel(RuleBasedStateMachine):
             r for r in state.objects.values() if self.evictable(r, moving) and id(r) not in touched
         ]
         self.check_eviction_order(victims, survivors, by_segment=True)
+        if report.unfinished:
+            return  # the pass goes on at the next tick: no watermark holds yet
         leaving = self.leaving()
         evictable = [r for r in state.objects.values() if self.evictable(r)]  # not moving now
         for segment in state.segments.values():
             allocator = segment.allocator
-            if allocator.used - leaving[id(segment)] > HIGH * allocator.capacity:
+            if (
+                allocator.used - leaving[id(segment)]
+                > self.config.high_watermark * allocator.capacity
+            ):
                 assert not [r.key for r in evictable if _on(r, segment.segment_id)], (
                     f"{segment.segment_id} stays above the watermark with evictable objects"
                 )
@@ -878,7 +1102,7 @@ class MasterModel(RuleBasedStateMachine):
             segments = [s for s in state.segments.values() if s.info.tier is tier]
             capacity = sum(s.allocator.capacity for s in segments)
             used = sum(s.allocator.used - leaving[id(s)] for s in segments)
-            if used > HIGH * capacity:
+            if used > self.config.high_watermark * capacity:
                 left = [
                     r.key
                     for r in evictable
@@ -950,7 +1174,7 @@ class MasterModel(RuleBasedStateMachine):
         self.layout[node] = layout
         self.boots[node] += 1
         for spec in layout:
-            self.disk.pop(spec.segment_id, None)
+            self.reset_disk(spec.segment_id, {})
             self.missed.pop(spec.segment_id, None)
             assert self.state.mount_segment(self.info_of(node, spec)) == []
             segment = self.keep(self.state.segments[spec.segment_id])
@@ -965,45 +1189,83 @@ class MasterModel(RuleBasedStateMachine):
             self.remount(node, spec, data)
         self.node_seen[node] = self.now
 
-    def remount(self, node: str, spec: SegmentSpec, data) -> None:
+    def remount(self, node: str, spec: SegmentSpec, data, silent: float | None = None) -> None:
+        """A node mounts a segment again with what its index holds: after a restart of its
+        own (``silent`` None), or (a live process: ``silent`` seconds since it last heard from
+        a master) at a new master, or when the master asks (it had declared it dead)."""
         state = self.state
         info = self.info_of(node, spec)
-        if not spec.persistent:  # its memory went with the process
-            self.disk.pop(spec.segment_id, None)
-            self.missed.pop(spec.segment_id, None)
         entries = dict(self.disk[spec.segment_id])
-        missed = sorted(k for k in self.missed[spec.segment_id] if k not in entries)
-        if missed:  # Forgets it never applied (it crashed first)
-            lost = data.draw(st.lists(st.booleans(), min_size=len(missed), max_size=len(missed)))
-            for key, kept in zip(missed, lost, strict=True):
-                if kept:
-                    entries[key] = self.missed[spec.segment_id][key]
-        if spec.persistent and data.draw(st.booleans(), label="a stale duplicate"):
-            self.add_stale_duplicate(node, spec, entries, data)
+        if silent is None:
+            if not spec.persistent:  # its memory went with the process
+                self.reset_disk(spec.segment_id, {})
+                self.missed.pop(spec.segment_id, None)
+                entries = {}
+            missed = sorted(k for k in self.missed[spec.segment_id] if k not in entries)
+            if missed:  # Forgets it never applied (it crashed first)
+                lost = data.draw(
+                    st.lists(st.booleans(), min_size=len(missed), max_size=len(missed))
+                )
+                for key, kept in zip(missed, lost, strict=True):
+                    if kept:
+                        entries[key] = self.missed[spec.segment_id][key]
+            if spec.persistent and data.draw(st.booleans(), label="a stale duplicate"):
+                self.add_stale_duplicate(node, spec, entries, data)
         stored = data.draw(st.permutations(sorted(entries.values(), key=repr)), label="order")
         old = state.segments.get(spec.segment_id)
         if old is not None:  # the master drops the old segment first (a changed info)
             assert old is self.nodes[node][spec.segment_id]
             self.segment_gone(old)
         view = self.objects_without(old)
+        known = {key: (kind.name, generation) for key, (kind, generation, _) in view.items()}
         adopted, rejected, superseded = self.predict_adoption(spec, stored, view)
         records = {key: state.objects.get(key) for key in superseded}
         adopted_before = state.counters.objects_adopted
 
-        dropped = state.mount_segment(info, stored)
+        if silent is None:
+            dropped = state.mount_segment(info, stored)
+        else:
+            dropped = state.mount_segment(info, stored, remount=True, silent=silent)
 
-        assert dropped == [item.key for item in rejected], (dropped, rejected)
+        assert dropped == [item.key for item in rejected], (
+            f"{spec.segment_id}: the master dropped {dropped}, the adoption rules drop "
+            f"{[item.key for item in rejected]} of {stored} (it knew {known})"
+        )
         assert state.counters.objects_adopted - adopted_before == len(adopted)
         segment = self.keep(state.segments[spec.segment_id])
+        if silent is None:
+            assert segment.fenced_until <= self.now, "a restarted node's segment is fenced"
+        else:
+            fence = self.now - silent + self.config.write_timeout + FENCE_MARGIN
+            assert segment.fenced_until == pytest.approx(fence), (
+                f"{spec.segment_id} remounted {silent} s after its node last heard from a "
+                f"master: fenced until {segment.fenced_until}, expected {fence} (now {self.now})"
+            )
+            self.fences[id(segment)] = fence
+        for item, _ in adopted:
+            ident = (item.key, item.generation)
+            if ident not in self.erased:
+                continue
+            place = (spec.segment_id, item.key, item.generation, item.offset)
+            orphaned = node in self.orphans or place in self.unforgettable
+            exempt = (
+                silent is None  # a restart: the node may have missed Forgets (see ``missed``)
+                or (orphaned and not REMOVALS_SURVIVE_ORPHANS)
+                or (place in self.cancelled_copies and not REMOVALS_SURVIVE_CANCELLED_COPIES)
+            )
+            if not exempt:
+                raise AssertionError(
+                    f"{item.key!r} (generation {item.generation}) was removed, its Forgets "
+                    f"delivered, yet {node} reported it on {spec.segment_id} and the master "
+                    "adopted it again"
+                )
+            event("a removed object back: " + ("restart" if silent is None else "known gap"))
+            self.erased.discard(ident)
         self.nodes.setdefault(node, {})[spec.segment_id] = segment
         self.node_seen[node] = self.now
         for key in dropped:  # the node forgets what was not adopted
-            self.disk[spec.segment_id].pop(key, None)
             self.missed[spec.segment_id].pop(key, None)
-        for item in stored:
-            if item.key not in dropped:
-                self.disk[spec.segment_id][item.key] = item
-                self.missed[spec.segment_id].pop(item.key, None)
+        self.reset_disk(spec.segment_id, {i.key: i for i in stored if i.key not in dropped})
         forgets = set()
         for key, record in records.items():
             assert record is not None and state.objects.get(key) is not record
@@ -1031,9 +1293,9 @@ class MasterModel(RuleBasedStateMachine):
         candidates = sorted(k for k, g in generations.items() if k not in entries and g > 1)
         if candidates:
             key = data.draw(st.sampled_from(candidates), label="stale key")
-            offset = data.draw(st.integers(0, spec.size // CONFIG.alignment), label="at")
+            offset = data.draw(st.integers(0, spec.size // self.config.alignment), label="at")
             size = data.draw(st.sampled_from([0, 100, 500, 1200]), label="stale size")
-            stale = StoredObject(key, offset * CONFIG.alignment, size, generations[key] - 1)
+            stale = StoredObject(key, offset * self.config.alignment, size, generations[key] - 1)
             entries[key] = stale
             self.disk[spec.segment_id][key] = stale
 
@@ -1061,7 +1323,7 @@ class MasterModel(RuleBasedStateMachine):
     ) -> tuple[list[tuple[StoredObject, bool]], list[StoredObject], list[str]]:
         """What the master adopts of ``stored`` (with whether it is a twin of a published
         object), what it drops, and which published objects the adopted supersede."""
-        capacity = spec.size - spec.size % CONFIG.alignment
+        capacity = spec.size - spec.size % self.config.alignment
         taken: list[tuple[int, int]] = []
         adopted, rejected, superseded = [], [], []
         for item in sorted(stored, key=lambda s: s.generation, reverse=True):
@@ -1082,7 +1344,7 @@ class MasterModel(RuleBasedStateMachine):
                     del view[item.key]
             need = rounded(item.size)
             if (
-                item.offset % CONFIG.alignment
+                item.offset % self.config.alignment
                 or item.offset < 0
                 or item.offset + need > capacity
                 or any(item.offset < end and start < item.offset + need for start, end in taken)
@@ -1097,7 +1359,7 @@ class MasterModel(RuleBasedStateMachine):
     def adopted(self, segment: SegmentRecord, adopted: list[tuple[StoredObject, bool]]) -> None:
         """The model learns of what the master adopted into ``segment``; checks each."""
         state = self.state
-        until = self.now + CONFIG.lease_ttl
+        until = self.now + self.config.lease_ttl
         for item, twin in adopted:
             ident = (item.key, item.generation)
             record = state.objects[item.key]
@@ -1120,8 +1382,14 @@ class MasterModel(RuleBasedStateMachine):
             record = state.objects[item.key]
             self.guard_lease(record, self.lease_until[item.key, record.put_id])
 
-    @initialize(layouts=st.lists(LAYOUT, min_size=2, max_size=2))
-    def start_cluster(self, layouts):
+    @initialize(
+        layouts=st.lists(LAYOUT, min_size=2, max_size=2), config=st.sampled_from(list(CONFIGS))
+    )
+    def start_cluster(self, layouts, config):
+        """The example's master configuration, and its first two nodes."""
+        self.config = CONFIGS[config]
+        self.state = MasterState(self.config, clock=self.clock, rng=random.Random(0))
+        event(f"config: {config}")
         for node, layout in zip(NODES, layouts, strict=False):
             self.mount_node(node, make_layout(node, *layout))
 
@@ -1130,30 +1398,36 @@ class MasterModel(RuleBasedStateMachine):
         """A node comes (a new one, or one that died or withdrew, with fresh segments or with
         what it recorded), dies, restarts, or withdraws a segment: one rule, so that nodes
         change less often than objects."""
+        heard = sorted(set(self.nodes) - self.slow)  # (a stalled node cannot withdraw)
         events = ["dies"] if len(self.nodes) >= 2 else []
-        events += ["unmounts", "restarts"] if self.nodes else []
+        events += ["restarts"] if self.nodes else []
+        events += ["unmounts"] if heard else []
         events += ["mounts"] if len(self.nodes) < len(NODES) else []
-        event = data.draw(st.sampled_from(events))
-        if event == "mounts":
+        what = data.draw(st.sampled_from(events))
+        if what == "mounts":  # (an orphan too: its process restarts, or a new one comes)
             node = data.draw(st.sampled_from([n for n in NODES if n not in self.nodes]))
+            self.orphans.pop(node, None)
             if node in self.layout and data.draw(st.booleans(), label="comes back"):
                 self.bring_up(node, data)
             else:
                 self.mount_node(node, make_layout(node, *data.draw(LAYOUT)))
-        elif event == "dies":
-            self.node_dies(data.draw(st.sampled_from(sorted(self.nodes))))
-        elif event == "restarts":
+        elif what == "dies":
             node = data.draw(st.sampled_from(sorted(self.nodes)))
+            self.slow.discard(node)
+            self.node_dies(node)
+        elif what == "restarts":
+            node = data.draw(st.sampled_from(sorted(self.nodes)))
+            self.slow.discard(node)
             if data.draw(st.booleans(), label="declared dead first"):
                 self.node_dies(node)
             self.bring_up(node, data)
         else:
-            node = data.draw(st.sampled_from(sorted(self.nodes)))
+            node = data.draw(st.sampled_from(heard))
             self.node_unmounts(node, data.draw(st.sampled_from(sorted(self.nodes[node]))))
 
     def node_dies(self, node: str) -> None:
         """A node stops heartbeating: after node_ttl the next tick drops it and its replicas."""
-        report = self.pass_time(CONFIG.node_ttl + 0.5, silent_nodes=(node,))
+        report = self.pass_time(self.config.node_ttl + 0.5, silent_nodes=(node,))
         assert node in report.dead_nodes
         assert node not in self.state.nodes
 
@@ -1183,7 +1457,7 @@ class MasterModel(RuleBasedStateMachine):
         assert drain == pytest.approx(max([0.0, *waits])), (drain, waits)
         del self.nodes[node][segment_id]
         self.layout[node] = [s for s in self.layout[node] if s.segment_id != segment_id]
-        self.disk.pop(segment_id, None)
+        self.reset_disk(segment_id, {})
         self.missed.pop(segment_id, None)
         if not self.nodes[node]:
             del self.nodes[node]
@@ -1201,6 +1475,169 @@ class MasterModel(RuleBasedStateMachine):
         )
         for command_id in ids:
             self.answer(command_id, data.draw(ANSWERS), data)
+
+    # ------------------------------------------------------------------ stalls and failover
+
+    def add_hazards(self, node: str, contact: float) -> None:
+        """The master lets go of the reservations in ``node``'s segments (it drops them, or it
+        is replaced): their writers may copy on until their write timeout. The fence on a
+        remount covers those granted before the node last heard from a master (``contact``):
+        those granted later are not covered (see test_master_fence.py)."""
+        for reservation in self.reservations.values():
+            until = reservation.created_at + self.config.write_timeout
+            late = reservation.created_at > contact and not FENCE_COVERS_LATE_GRANTS
+            if reservation.done or late or until <= self.now:
+                continue
+            for buffer in reservation.buffers:
+                if buffer.segment.node_id == node and buffer.mounted(self.state):
+                    self.hazards.append(
+                        Hazard(
+                            buffer.segment_id,
+                            self.boots[node],
+                            buffer.offset,
+                            buffer.size,
+                            until,
+                            reservation.key,
+                        )
+                    )
+
+    @precondition(lambda self: len(set(self.nodes) - self.slow) >= 2)
+    @rule(data=st.data())
+    def node_stalls(self, data):
+        """A node stops heartbeating, though it lives (a long pause, a partition from the
+        master): writes may still go to it, and ticks may declare it dead meanwhile."""
+        self.slow.add(data.draw(st.sampled_from(sorted(set(self.nodes) - self.slow))))
+
+    @precondition(lambda self: self.slow or self.orphans)
+    @rule(data=st.data())
+    def node_resumes(self, data):
+        """A stalled node heartbeats again. If the master declared it dead meanwhile, the
+        heartbeat asks it to mount its segments again, which it does with what it holds (a
+        live process: the master fences them)."""
+        node = data.draw(st.sampled_from(sorted(self.slow | set(self.orphans))))
+        segment_ids = [spec.segment_id for spec in self.layout[node]]
+
+        asked = self.state.heartbeat(node, segment_ids)
+
+        if node in self.slow:
+            assert asked == [], f"{node} asked to remount, though the master keeps its segments"
+            self.slow.discard(node)
+            self.node_seen[node] = self.now
+            return
+        assert asked == segment_ids, f"{node} asked to remount {asked}, not all it has"
+        silent = self.now - self.orphans[node]
+        for spec in data.draw(st.permutations(self.layout[node]), label="segments in order"):
+            self.remount(node, spec, data, silent=silent)
+        del self.orphans[node]
+        assert self.state.heartbeat(node, segment_ids) == []
+        self.node_seen[node] = self.now
+        event("a heartbeat asked a node to remount")
+
+    @rule(data=st.data(), gap=st.sampled_from([0.0, 0.5, 2.0, 6.0]))
+    def master_fails_over(self, data, gap):
+        """The master goes and another takes over (a new term, a higher epoch) ``gap`` seconds
+        later, with an empty index: every live node mounts its segments again with what it
+        holds (as it does when it finds a new leader), and the new master adopts that.
+
+        What the old term had under way is gone: reservations (their writers get STALE_PUT, and
+        may still be copying: the new master fences the space they may write), commits (their
+        writers get STALE_PUT, though a node may have recorded the object first: it is adopted),
+        commands (a node may have carried out a prefix of those it was sent), leases (the new
+        master leases what it adopts for one lease TTL). No published object is lost; no
+        removed object comes back; nothing is placed in fenced space."""
+        old = self.state
+        assert not old.outbox and not old.resolved and not self.owed
+        by_node: dict[str, list[int]] = defaultdict(list)
+        for command_id, sent in sorted(self.sent.items()):
+            by_node[sent.command.node_id].append(command_id)
+        for node, ids in sorted(by_node.items()):  # commands run in order on a node
+            done = data.draw(st.integers(0, len(ids)), label=f"commands {node} carried out")
+            for command_id in ids[:done]:
+                sent = self.sent[command_id]
+                command = sent.command
+                items = command.objects if isinstance(command, PersistCommand) else [command.target]
+                for item in items:
+                    self.record_on_disk(sent.segment, item, command_id)
+                if isinstance(command, CopyCommand) and command_id not in self.moves:
+                    target = command.target  # a cancelled copy: the master forgets it on answer
+                    self.cancelled_copies.add(
+                        (command.target_segment_id, target.key, target.generation, target.offset)
+                    )
+        published = {
+            key: (record.put_id, record.size, [(r.segment_id, r.offset) for r in record.replicas])
+            for key, record in old.objects.items()
+            if record.state is ObjectState.PUBLISHED
+        }
+        for key, (generation, _, places) in published.items():
+            for segment_id, offset in places:  # (what the model made the nodes record)
+                entry = self.disk[segment_id].get(key)
+                assert entry is not None and entry.generation == generation, (
+                    f"model: {key} published in {segment_id}+{offset}, its node holds {entry}"
+                )
+        contact = {node: self.node_seen[node] for node in self.nodes}
+        for node in self.nodes:
+            self.add_hazards(node, contact[node])
+        contact.update(self.orphans)
+        held = {segment_id: dict(entries) for segment_id, entries in self.disk.items()}
+        self.clock.advance(gap)
+        self.epoch += 1
+        self.state = state = MasterState(
+            self.config, clock=self.clock, rng=random.Random(self.epoch), epoch=self.epoch
+        )
+        for reservation in self.reservations.values():
+            reservation.ended = True
+        self.nodes, self.node_seen, self.slow = {}, {}, set()
+        self.sent, self.moves, self.committing, self.guards = {}, {}, {}, {}
+        self.issued = set()
+        self.open_leases, self.lease_periods = {}, 0
+
+        for node in data.draw(st.permutations(sorted(contact)), label="nodes in order"):
+            segment_ids = [spec.segment_id for spec in self.layout[node]]
+            assert state.heartbeat(node, segment_ids) == segment_ids, "a new master knows it"
+            for spec in data.draw(st.permutations(self.layout[node]), label="segments in order"):
+                self.remount(node, spec, data, silent=self.now - contact[node])
+        self.orphans = {}
+
+        for key, (generation, size, places) in published.items():
+            record = state.objects.get(key)
+            if (
+                record is not None
+                and record.state is ObjectState.PUBLISHED
+                and record.put_id >= generation
+            ):
+                continue
+            shadows = self.stale_over(held, key, generation, size, places)
+            if shadows and not STALE_ENTRIES_FORGOTTEN:
+                event("a published object lost to a stale entry (known gap)")
+                continue
+            raise AssertionError(
+                f"{key} (generation {generation}, in {places}) lost in the failover: {record}"
+                + (f"; stale entries over it: {shadows}" if shadows else "")
+            )
+        event("the master failed over")
+
+    def stale_over(
+        self,
+        held: dict[str, dict[str, StoredObject]],
+        key: str,
+        generation: int,
+        size: int,
+        places: list[tuple[str, int]],
+    ) -> list[StoredObject]:
+        """Entries the nodes ``held`` for no replica the master held (see ``stale``), newer
+        than ``key``'s and over its bytes: a remount adopts them first, and drops ``key``."""
+        found = []
+        for segment_id, offset in places:
+            for entry in held.get(segment_id, {}).values():
+                if (
+                    (segment_id, entry.key, entry.generation, entry.offset) in self.stale
+                    and entry.key != key
+                    and entry.generation > generation
+                    and entry.offset < offset + rounded(size)
+                    and offset < entry.offset + rounded(entry.size)
+                ):
+                    found.append(entry)
+        return found
 
     # ------------------------------------------------------------------ writers
 
@@ -1229,7 +1666,14 @@ class MasterModel(RuleBasedStateMachine):
             if slot.status is KeyStatus.ALREADY_EXISTS:
                 assert key in before or key in started, f"{key}: ALREADY_EXISTS, but it was not"
                 continue
+            fenced = self.fenced()
+            if slot.status is KeyStatus.FENCED:  # no room but in fenced space: retry later
+                assert fenced, f"{key}: FENCED, but no segment is fenced"
+                assert "retry" in slot.message and not slot.replicas and not slot.put_id, slot
+                event("a put FENCED")
+                continue
             if slot.status is KeyStatus.NO_SPACE:
+                assert not fenced, f"{key}: NO_SPACE while {fenced} are fenced: FENCED expected"
                 if i == len(keys) - 1:  # later keys of the batch did not change the pool since
                     self.check_no_space(size, tier, spared=self.thinned(before))
                 continue
@@ -1241,7 +1685,7 @@ class MasterModel(RuleBasedStateMachine):
             assert slot.put_id > self.max_generation, "a put id older than a known generation"
             self.max_generation = slot.put_id
             nodes = [r.segment.node_id for r in slot.replicas]
-            assert 1 <= len(nodes) <= (replicas or CONFIG.default_replicas)
+            assert 1 <= len(nodes) <= (replicas or self.config.default_replicas)
             assert len(set(nodes)) == len(nodes), f"{key}: two replicas on one node: {nodes}"
             assert set(nodes) <= set(self.nodes)
             if prefer in nodes:
@@ -1257,6 +1701,7 @@ class MasterModel(RuleBasedStateMachine):
                     replica.segment.segment_id, replica.address - replica.segment.base_address
                 )
                 assert buffer.size >= rounded(size)
+                self.check_unfenced(buffer, key)
                 for guard in self.live_guards():
                     assert not buffer.overlaps(guard.buffer), (
                         f"{key} was given bytes still guarded for {guard.why} of {guard.key!r} "
@@ -1266,7 +1711,9 @@ class MasterModel(RuleBasedStateMachine):
             started[key] = self.reservations[key] = Reservation(
                 key, slot.put_id, client, size, now, buffers
             )
-            pin_until = now + (pin.pin_ttl or CONFIG.soft_pin_ttl) if pin.pin is Pin.SOFT else 0.0
+            pin_until = (
+                now + (pin.pin_ttl or self.config.soft_pin_ttl) if pin.pin is Pin.SOFT else 0.0
+            )
             self.pins[key, slot.put_id] = (pin.pin, pin_until)
         if self.writing(client):  # the master tracks writers only
             self.client_seen[client] = now
@@ -1329,7 +1776,9 @@ class MasterModel(RuleBasedStateMachine):
         node = data.draw(st.sampled_from(sorted(n for n in self.nodes if self.two_tiers(n))))
         for key in KEYS:
             dram = [s for s in self.nodes[node].values() if s.info.tier is Tier.DRAM]
-            if all(s.allocator.used > HIGH * s.allocator.capacity for s in dram):
+            if all(
+                s.allocator.used > self.config.high_watermark * s.allocator.capacity for s in dram
+            ):
                 break
             if key not in self.state.objects:
                 for reservation in self.start_puts(
@@ -1386,6 +1835,7 @@ class MasterModel(RuleBasedStateMachine):
         key, put_id = reservation.key, reservation.put_id
         ident = (key, put_id)
         n = len(reservation.buffers)
+        reservation.done = True  # its writer copies no more
         ok = tuple(
             data.draw(st.lists(st.sampled_from([True, True, True, False]), min_size=n, max_size=n))
         )
@@ -1419,15 +1869,28 @@ class MasterModel(RuleBasedStateMachine):
             [status] = state.put_end([Commit(key, put_id, ok, crc32c)])
         else:
             nodes_ok = data.draw(st.sampled_from([True, True, True, False]), label="nodes ok")
-            [status] = end_puts(state, [Commit(key, put_id, ok, crc32c)], nodes_ok)
-            if waiting is not None:  # every node answered (end_puts took the results)
+            [status] = state.put_end([Commit(key, put_id, ok, crc32c)])
+            persists = {}  # segment id -> its Persist: every node answers at once
+            for command in state.outbox:
+                assert isinstance(command, PersistCommand), command
+                assert command.command_id not in self.issued, "a command id used twice"
+                self.issued.add(command.command_id)
+                persists[command.segment_id] = command.command_id
+                state.command_done(command.command_id, nodes_ok)
+            state.outbox.clear()
+            if status is None:
+                [result] = state.resolved
+                state.resolved.clear()
+                assert (result.key, result.put_id) == ident
+                status = result.status
+            if waiting is not None:  # every node answered
                 for buffer in waiting.unacked.values():
                     if nodes_ok:
                         waiting.persisted.append(buffer)
                         item = StoredObject(
                             key, buffer.offset, waiting.size, put_id, waiting.crc32c
                         )
-                        self.record_on_disk(buffer.segment, item)
+                        self.record_on_disk(buffer.segment, item, persists[buffer.segment_id])
                 waiting.unacked.clear()
                 expected = self.finish_commit(ident)
                 self.owed[key, put_id, expected] -= 1
@@ -1456,7 +1919,7 @@ class MasterModel(RuleBasedStateMachine):
         statuses = self.state.put_revoke([reservation.key], [reservation.put_id])
 
         assert statuses == [expected]
-        reservation.ended = True
+        reservation.ended = reservation.done = True
         self.collect()
 
     @precondition(lambda self: self.alive_clients)
@@ -1465,7 +1928,7 @@ class MasterModel(RuleBasedStateMachine):
         """A client stops heartbeating: after client_ttl its reservations are revoked."""
         client = data.draw(st.sampled_from(sorted(self.alive_clients)))
         self.alive_clients.discard(client)
-        self.pass_time(CONFIG.client_ttl + 0.5)
+        self.pass_time(self.config.client_ttl + 0.5)
         assert not [
             k
             for k, r in self.state.objects.items()
@@ -1481,9 +1944,8 @@ class MasterModel(RuleBasedStateMachine):
             return KeyStatus.NOT_FOUND
         return KeyStatus.OK if record.state is ObjectState.PUBLISHED else KeyStatus.NOT_READY
 
-    @staticmethod
-    def granted(asked: float) -> float:
-        return CONFIG.lease_ttl if asked <= 0 else min(asked, CONFIG.max_lease_ttl)
+    def granted(self, asked: float) -> float:
+        return self.config.lease_ttl if asked <= 0 else min(asked, self.config.max_lease_ttl)
 
     def draw_keys(self, data, unique: bool = False) -> list[str]:
         """A few keys, mostly of objects that exist, most of those published."""
@@ -1546,16 +2008,20 @@ class MasterModel(RuleBasedStateMachine):
         self, record: ObjectRecord, copy: CopyCommand | None, moving: set[tuple[str, int]]
     ) -> None:
         """A read promotes an object held only on NVMe, not moving, into DRAM on the node of
-        its first replica when that has room below the watermark."""
+        its first replica when that has room below the watermark (if reads promote)."""
         state = self.state
         nvme_only = all(self.tier_of(r) is Tier.NVME for r in record.replicas)
-        candidate = nvme_only and (record.key, record.put_id) not in moving
+        candidate = (
+            nvme_only and (record.key, record.put_id) not in moving and self.config.promote_on_hit
+        )
         node = state.segments[record.replicas[0].segment_id].node_id
         if copy is not None:
-            assert candidate and CONFIG.promote_on_hit
+            assert candidate and self.config.promote_on_hit
             assert copy.source_segment_id == record.replicas[0].segment_id
             target = state.segments[copy.target_segment_id].allocator
-            assert target.used <= HIGH * target.capacity, "promoted above the watermark"
+            assert target.used <= self.config.high_watermark * target.capacity, (
+                "promoted above the watermark"
+            )
         elif candidate and not record.moving:
             for segment_id in state.nodes[node].segment_ids:
                 segment = state.segments[segment_id]
@@ -1564,7 +2030,7 @@ class MasterModel(RuleBasedStateMachine):
                 assert not (
                     segment.info.tier is Tier.DRAM
                     and allocator.largest_free >= need
-                    and allocator.used + need <= HIGH * allocator.capacity
+                    and allocator.used + need <= self.config.high_watermark * allocator.capacity
                 ), f"{record.key}: not promoted although {segment_id} has room"
 
     @rule(data=st.data(), ttl=st.sampled_from(LEASES), lease=st.booleans())
@@ -1638,6 +2104,18 @@ class MasterModel(RuleBasedStateMachine):
     def time_passes(self, seconds):
         self.pass_time(seconds)
 
+    @rule(seconds=st.sampled_from(STEPS), step=st.sampled_from([1, 2, 5]), through=st.booleans())
+    def tick_in_steps(self, seconds, step, through):
+        """Time passes and the master ticks as production does: its bulk jobs a few objects
+        at a time, what is left going on at the next tick (``through``: at once, until a tick
+        finishes, as the production loop does; or other events come first)."""
+        report = self.pass_time(seconds, step=step)
+        for _ in range(1000):
+            if not (through and report.unfinished):
+                return
+            report = self.pass_time(0.0, step=step)
+        raise AssertionError(f"ticks of {step} never finish")
+
     def answer_everything(self) -> None:
         for command_id in sorted(self.sent):
             self.answer(command_id, "ok")
@@ -1646,9 +2124,9 @@ class MasterModel(RuleBasedStateMachine):
         """Long enough for every reservation, quarantine and lease to end, and every node
         answers: nothing is left over."""
         self.answer_everything()
-        self.pass_time(CONFIG.reservation_timeout)
+        self.pass_time(self.config.reservation_timeout)
         self.answer_everything()
-        self.pass_time(max(CONFIG.reclaim_delay, CONFIG.max_lease_ttl) + 1)
+        self.pass_time(max(self.config.reclaim_delay, self.config.max_lease_ttl) + 1)
         self.answer_everything()
         state = self.state
         assert not [k for k, r in state.objects.items() if r.state is not ObjectState.PUBLISHED]
@@ -1672,6 +2150,10 @@ class MasterModel(RuleBasedStateMachine):
             self.settle()
 
     # ------------------------------------------------------------------ invariants
+
+    @invariant()
+    def the_core_validates(self):
+        self.state.validate()  # its own invariants (master/invariants.py)
 
     @invariant()
     def buffers_never_overlap(self):
@@ -1822,13 +2304,32 @@ def _counts(state: MasterState) -> dict[str, int]:
     }
 
 
-# About 12,000 steps, in some 12 s; derandomized, so every run checks the same sequences.
-MasterModel.TestCase.settings = settings(
+#: Seeds the examples: set it to replay a run (its seed is printed when it fails); unset, every
+#: run draws a new one, so that runs together check more sequences than one run does.
+SEED_VARIABLE = "KVPOOL_MODEL_SEED"
+# About 12,000 steps, in some 15 s.
+SETTINGS = settings(
     max_examples=150,
     stateful_step_count=80,
-    derandomize=True,
+    derandomize=False,
     database=None,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
+    # No explain phase: tracing every line while shrinking a failure of 80 steps takes minutes.
+    phases=[Phase.explicit, Phase.generate, Phase.shrink],
 )
-test_master_model = MasterModel.TestCase
+
+
+def test_master_model():
+    chosen = os.environ.get(SEED_VARIABLE, "").strip()
+    value = int(chosen) if chosen else random.SystemRandom().randrange(2**32)
+
+    @seed(value)
+    def machine() -> MasterModel:
+        return MasterModel()
+
+    try:
+        run_state_machine_as_test(machine, settings=SETTINGS)
+    except BaseException as failure:
+        failure.add_note(f"replay with {SEED_VARIABLE}={value}")
+        raise
