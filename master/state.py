@@ -945,6 +945,7 @@ class MasterState:
             need = allocator.rounded(record.size)
             if (
                 target.info.tier is Tier.DRAM
+                and target.fenced_until <= self.clock()  # an old writer may copy in there
                 and allocator.largest_free >= need
                 and allocator.used + need <= self.config.high_watermark * allocator.capacity
             ):
@@ -960,6 +961,7 @@ class MasterState:
             target = self.segments[segment_id]
             if (
                 target.info.tier is Tier.NVME
+                and target.fenced_until <= self.clock()  # an old writer may copy in there
                 and target.allocator.largest_free >= target.allocator.rounded(record.size)
             ):
                 self._start_move(record, source, target, demotion=True)

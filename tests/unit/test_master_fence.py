@@ -182,7 +182,6 @@ def nvme_info(node: str, size: int = 4096) -> SegmentInfo:
     return replace(info, tier=Tier.NVME, persistent=True)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="copies ignore the fence")
 def test_a_promotion_stays_out_of_fenced_space():
     """A read of an object held only on NVMe promotes it into DRAM on its node: the copy's
     target must not be fenced space either (an old writer may overwrite the copy)."""

@@ -131,7 +131,7 @@ from kvpool.master.state import FENCE_MARGIN, MasterState
 # test_master_remount_gaps.py: the model checks around them while they are open (set one True
 # once its gap is closed, and the model checks that too).
 #: Copies (promotions, demotions) keep out of fenced space (test_a_promotion_stays_out_of_...).
-COPIES_RESPECT_FENCES = False
+COPIES_RESPECT_FENCES = True
 #: The fence covers writes the master granted in a node's segment after the node last heard from
 #: it, before it declared the node dead or failed (test_the_fence_covers_reservations_...).
 FENCE_COVERS_LATE_GRANTS = False
@@ -2027,8 +2027,10 @@ class MasterModel(RuleBasedStateMachine):
                 segment = state.segments[segment_id]
                 allocator = segment.allocator
                 need = allocator.rounded(record.size)
+                fenced = COPIES_RESPECT_FENCES and self.fences.get(id(segment), 0.0) > self.now
                 assert not (
                     segment.info.tier is Tier.DRAM
+                    and not fenced
                     and allocator.largest_free >= need
                     and allocator.used + need <= self.config.high_watermark * allocator.capacity
                 ), f"{record.key}: not promoted although {segment_id} has room"
