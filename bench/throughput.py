@@ -1,9 +1,10 @@
 """``kvpool bench`` (or ``python -m bench.throughput`` from the checkout's root): put and get
 throughput between this process and storage node processes.
 
-Without ``--master`` it starts a local cluster (master + nodes as child processes), so the
-bytes always cross a process boundary. Objects are written from, and read into, one
-pre-registered buffer (the zero-copy path an inference engine uses).
+It measures the cluster of ``--master``, else of ``$KVPOOL_MASTER`` (as every kvpool command
+does), else (or with ``--local``) a local cluster it starts (master + nodes as child
+processes), so the bytes always cross a process boundary. Objects are written from, and read
+into, one pre-registered buffer (the zero-copy path an inference engine uses).
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from dataclasses import asdict, dataclass
 from kvpool.common.sizes import format_size, parse_size
 
 DESCRIPTION = (
-    "put/get throughput between this process and storage node processes "
-    "(starts a local cluster without --master)"
+    "put/get throughput between this process and storage node processes, of the cluster at "
+    "--master, else at $KVPOOL_MASTER, else of a local cluster it starts"
 )
+ENV_VAR = "KVPOOL_MASTER"
 DEFAULT_SIZES = "1MiB,32MiB"
 #: Read lease of the benchmark's gets, in seconds.
 LEASE = 1.0
@@ -40,7 +42,19 @@ class Result:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--master", default=None, help="use this cluster instead of a local one")
+    now = os.environ.get(ENV_VAR, "")
+    parser.add_argument(
+        "--master",
+        default=None,
+        help=f"the cluster to measure, HOST:PORT (default: ${ENV_VAR}, "
+        + (f"now {now}" if now else "unset here")
+        + "; without either, a local cluster it starts)",
+    )
+    parser.add_argument(
+        "--local",
+        action="store_true",
+        help=f"measure a local cluster it starts, even where ${ENV_VAR} is set",
+    )
     parser.add_argument(
         "--sizes", default=DEFAULT_SIZES, help=f"object sizes (default {DEFAULT_SIZES})"
     )
@@ -100,9 +114,20 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _on_cluster(args: argparse.Namespace, work):
-    """Runs ``work(master_address)`` on ``--master``, or on a local cluster started for it."""
-    if args.master:
-        return work(args.master)
+    """Runs ``work(master_address)`` on ``--master`` (else ``$KVPOOL_MASTER``), or on a local
+    cluster started for it; says which."""
+    if args.master and args.local:
+        raise SystemExit("bench: --master or --local, not both")
+    master = None if args.local else args.master or os.environ.get(ENV_VAR)
+    if master:
+        source = "--master" if args.master else f"${ENV_VAR}"
+        print(f"measuring the cluster at {master} ({source}; --local for a fresh one)", flush=True)
+        from kvpool.errors import MasterUnavailable
+
+        try:
+            return work(master)
+        except MasterUnavailable as error:
+            raise SystemExit(f"error: {error} (or measure a cluster of its own: --local)") from None
     import tempfile
 
     from kvpool.local_cluster import LocalCluster

@@ -21,7 +21,7 @@ from kvpool.client.outcomes import error_for
 from kvpool.client.put_path import PendingPut, WriteOptions
 from kvpool.client.reservation import Reservation
 from kvpool.client.session import Session
-from kvpool.common.keys import key_problem, plainly_valid
+from kvpool.common.keys import key_problem, plainly_valid, shown_key
 from kvpool.common.logging import get_logger
 from kvpool.common.master_address import parse_master
 from kvpool.common.status import KeyStatus
@@ -45,7 +45,9 @@ class Client:
 
     ``master`` is ``HOST:PORT``, a list ``HOST:PORT,HOST:PORT`` of masters, or
     ``etcd://HOST:2379/CLUSTER`` (default: ``$KVPOOL_MASTER``); the client follows failovers.
-    ``replicas`` is the number of copies a put asks for (0: the master's default).
+    ``replicas`` is the number of copies a put asks for, each on another storage node (None:
+    the master's ``--default-replicas``). Puts are best effort: where fewer nodes have room,
+    fewer copies are stored, and ``put`` returns how many (never 0: then it raises).
     ``timeout`` bounds every call, master round trips and transfers together. ``lease_ttl``
     asks for read leases of that many seconds (0: the master's default). ``checksum`` makes
     puts send a CRC-32C of their bytes, which ``get(..., verify=True)`` checks.
@@ -64,7 +66,7 @@ class Client:
         self,
         master: str | None = None,
         *,
-        replicas: int = 0,
+        replicas: int | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         lease_ttl: float = 0.0,
         checksum: bool = False,
@@ -78,8 +80,7 @@ class Client:
             target = parse_master(master)
         except ValueError as error:
             raise InvalidArgument(str(error)) from None
-        if replicas < 0:
-            raise InvalidArgument(f"replicas must be 0 (master default) or more, got {replicas}")
+        _check_replicas(replicas)
         if timeout <= 0:
             raise InvalidArgument(f"timeout must be positive seconds, got {timeout}")
         if lease_ttl < 0:
@@ -164,8 +165,10 @@ class Client:
     def put(self, key: str, data: Any, **options: Any) -> int:
         """Stores ``data`` (bytes or any contiguous buffer) under ``key``, zero-copy.
 
-        Returns how many replicas were written (puts are best effort: at least one). Options
-        as for ``put_many``.
+        Returns how many replicas were stored: puts are best effort, so that a cache keeps
+        working while nodes are away or full. Asked for 3 on a cluster where only 2 nodes
+        have room, it stores 2 and returns 2 (compare with what you asked for if fewer
+        matters to you); when none can be stored it raises. Options as for ``put_many``.
         """
         return _raise_if_error(self.put_many([(key, data)], **options)[0])
 
@@ -195,9 +198,11 @@ class Client:
         checksum: bool | None = None,
         tier: str | None = None,
     ) -> list[int | KVPoolError]:
-        """Stores every (key, data) pair; entry i is the number of replicas written for key i,
-        or its error.
+        """Stores every (key, data) pair; entry i is the number of replicas stored for key i
+        (best effort, as for ``put``: possibly fewer than ``replicas``), or its error.
 
+        ``replicas``: copies on distinct storage nodes, at least 1 and at most the master's
+        limit (None: the client's ``replicas``, else the master's default).
         ``pin``: None, ``"soft"`` (evicted only after unpinned objects, for ``pin_ttl``
         seconds or the master's default) or ``"hard"`` (never evicted). ``tier``: ``"dram"``,
         ``"nvme"``, or None/``"any"`` (DRAM first, then NVMe).
@@ -211,12 +216,12 @@ class Client:
         for i, (key, data) in enumerate(pairs):
             problem = None if checked else key_problem(key)
             if problem is not None:
-                results[i] = InvalidKey(f"invalid key {key!r}: {problem}", key=key)
+                results[i] = InvalidKey(f"invalid key {shown_key(key)}: {problem}", key=key)
                 continue
             try:
                 sources[i] = readable_address(data)
             except InvalidArgument as error:
-                results[i] = InvalidArgument(f"{key!r}: {error}", key=key)
+                results[i] = InvalidArgument(f"{shown_key(key)}: {error}", key=key)
         if not sources:
             return results
         order = list(sources)
@@ -230,8 +235,8 @@ class Client:
                 puts.append(PendingPut(i, pairs[i][0], slot, sources[i], write_deadline))
             else:
                 results[i] = error_for(slot.status, pairs[i][0], slot.message)
-        put_path.write(self._session, puts, options.checksum)
-        for put, status in zip(puts, put_path.commit(self._session, puts, deadline), strict=True):
+        statuses = put_path.write_and_commit(self._session, puts, options, deadline)
+        for put, status in zip(puts, statuses, strict=True):
             if status == KeyStatus.OK:
                 results[put.index] = put.replicas_written
             else:
@@ -246,7 +251,7 @@ class Client:
         """
         problem = key_problem(key)
         if problem is not None:
-            raise InvalidKey(f"invalid key {key!r}: {problem}", key=key)
+            raise InvalidKey(f"invalid key {shown_key(key)}: {problem}", key=key)
         write_options = self._write_options(**options)
         deadline = time.monotonic() + self.timeout
         [(slot, write_deadline)] = self._reserve([key], [size], write_options, deadline)
@@ -310,12 +315,12 @@ class Client:
             try:
                 address, capacity, _ = writable_address(buffers[i])
             except InvalidArgument as error:
-                results[i] = InvalidArgument(f"{keys[i]!r}: {error}", key=keys[i])
+                results[i] = InvalidArgument(f"{shown_key(keys[i])}: {error}", key=keys[i])
                 continue
             if capacity < location.size:
                 results[i] = BufferTooSmall(
-                    f"object {keys[i]!r} is {location.size} bytes but its buffer holds only "
-                    f"{capacity}: pass a larger buffer",
+                    f"object {shown_key(keys[i])} is {location.size} bytes but its buffer "
+                    f"holds only {capacity}: pass a larger buffer",
                     key=keys[i],
                 )
                 continue
@@ -371,7 +376,7 @@ class Client:
         """Size, state, replicas and where they are, lease and pin of one object."""
         problem = key_problem(key)
         if problem is not None:
-            raise InvalidKey(f"invalid key {key!r}: {problem}", key=key)
+            raise InvalidKey(f"invalid key {shown_key(key)}: {problem}", key=key)
         info = self._call("Stat", pb.StatRequest(key=key))
         if info.status != KeyStatus.OK:
             raise error_for(info.status, key)
@@ -386,7 +391,7 @@ class Client:
         are not noted). Empty when the master knows nothing of it, or no longer."""
         problem = key_problem(key)
         if problem is not None:
-            raise InvalidKey(f"invalid key {key!r}: {problem}", key=key)
+            raise InvalidKey(f"invalid key {shown_key(key)}: {problem}", key=key)
         return list(self._call("Story", pb.StoryRequest(key=key)).events)
 
     # ------------------------------------------------------------------ zero copy
@@ -418,8 +423,11 @@ class Client:
     ) -> WriteOptions:
         if preferred_hosts is None:
             preferred_hosts = (self.host,) if self.prefer_local else ()
+        _check_replicas(replicas)
+        if replicas is None:
+            replicas = self.replicas
         return WriteOptions.build(
-            self.replicas if replicas is None else replicas,
+            replicas or 0,  # 0 on the wire: the master's default
             preferred_hosts,
             pin,
             pin_ttl,
@@ -458,8 +466,20 @@ class Client:
             if problem is None:
                 valid.append(i)
             else:
-                results[i] = InvalidKey(f"invalid key {key!r}: {problem}", key=key)
+                results[i] = InvalidKey(f"invalid key {shown_key(key)}: {problem}", key=key)
         return valid
+
+
+def _check_replicas(replicas: object) -> None:
+    """A replica count is a whole number of copies, at least 1 (None: the default). The
+    master has its own upper limit, and answers InvalidArgument beyond it."""
+    if replicas is None:
+        return
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise InvalidArgument(
+            f"replicas must be a whole number of copies, at least 1, got {replicas!r}: pass "
+            "1 or more, or None for the master's default (kvpool master --default-replicas)"
+        )
 
 
 def _found(statuses: list[Any]) -> list[bool | KVPoolError]:

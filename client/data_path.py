@@ -18,6 +18,11 @@ driven by our own progress, never waiting on the node); all others are created f
 so that a transfer past its deadline is cancelled. Should a timed-out transfer be neither
 cancellable nor finished after a grace period, the worker is given up (never progressed again)
 and a fresh one takes over: no late byte ever lands in memory a caller moved on from.
+
+A transfer that fails for another reason than its deadline (the node's process exited, an
+endpoint cannot be created, the connection broke) marks its node unreachable for a few
+seconds (``unreachable``, client/unreachable_nodes.py): puts are placed elsewhere, reads try
+that node last.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpool.client.coalescing import coalesce
+from kvpool.client.unreachable_nodes import UnreachableNodes
 from kvpool.proto import master_pb2 as pb
 from kvpool.transport import ucp
 from kvpool.transport.memory_copy import Copier, Copy
@@ -53,10 +59,13 @@ class Transfer:
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """Why one transfer did not complete."""
+    """Why one transfer did not complete: it ran out of time (``timed_out``), or its node
+    (``node_id``) could not be reached (``unreachable``), or (neither) it was refused."""
 
     message: str
     timed_out: bool = False
+    node_id: str = ""
+    unreachable: bool = False
 
     def __str__(self) -> str:
         return self.message
@@ -93,6 +102,8 @@ class DataPath:
         self._mapped: dict[str, MappedSegment | None] = {}
         self._reaper = Reaper(self._node_exited)
         self._copier = Copier(copy_threads)
+        #: Nodes a transfer failed to reach lately (not by a deadline).
+        self.unreachable = UnreachableNodes()
 
     def learn(self, segments: Iterable[pb.Segment]) -> None:
         """Records segment descriptors from a master response (cheap when unchanged)."""
@@ -100,6 +111,8 @@ class DataPath:
             known = self._descriptors.get(segment.segment_id)
             if known is None or known != segment:
                 self._descriptors[segment.segment_id] = segment
+                if known is not None:
+                    self.unreachable.forget(segment.node_id)  # it mounted again: try it
                 with self._lock:
                     self._drop_route(segment.segment_id)
                     self._unmap(segment.segment_id)
@@ -124,6 +137,10 @@ class DataPath:
     def host_of(self, segment_id: str) -> str:
         descriptor = self._descriptors.get(segment_id)
         return descriptor.host if descriptor is not None else ""
+
+    def node_of(self, segment_id: str) -> str:
+        descriptor = self._descriptors.get(segment_id)
+        return descriptor.node_id if descriptor is not None else ""
 
     def run(
         self, transfers: Sequence[Transfer], *, is_get: bool, deadline: float
@@ -157,11 +174,10 @@ class DataPath:
             copies: list[Copy] = []
             copied: list[int] = []
             mapped_here, exited = self._live_mappings({t.segment_id for t in transfers})
+            unroutable: dict[str, Failure] = {}  # node (or segment) -> why: tried once per run
             for i, transfer in enumerate(transfers):
                 if transfer.segment_id in exited:
-                    errors[i] = Failure(
-                        f"the storage node of segment {transfer.segment_id} has exited"
-                    )
+                    errors[i] = self._unreachable(transfer.segment_id, "its process has exited")
                     continue
                 mapped = mapped_here.get(transfer.segment_id)
                 if mapped is not None:
@@ -172,10 +188,9 @@ class DataPath:
                         copies.append(copy)
                         copied.append(i)
                     continue
-                try:
-                    route = self._route(transfer.segment_id)
-                except (ucp.UcxError, KeyError) as error:
-                    errors[i] = Failure(f"cannot reach segment {transfer.segment_id}: {error}")
+                route = self._route_or_failure(transfer.segment_id, unroutable)
+                if isinstance(route, Failure):
+                    errors[i] = route
                     continue
                 ops.append(
                     ucp.Op(
@@ -203,20 +218,25 @@ class DataPath:
             else:
                 statuses = self.worker.transfer(ops, is_get=is_get, timeout=timeout)
             failed_segments = set()
+            remembered = set(self.unreachable.current())  # (as a rule none, and no work below)
             for i, status in zip(indexes, statuses, strict=True):
-                if status != ucp.UCS_OK:
-                    segment_id = transfers[i].segment_id
-                    failed_segments.add(segment_id)
-                    if status == ucp.UCS_ERR_TIMED_OUT:
-                        errors[i] = Failure(
-                            f"transfer with segment {segment_id} missed its deadline",
-                            timed_out=True,
-                        )
-                    else:
-                        errors[i] = Failure(
-                            f"transfer with segment {segment_id} failed: "
-                            f"{ucp.status_string(status)}"
-                        )
+                segment_id = transfers[i].segment_id
+                if status == ucp.UCS_OK:
+                    if remembered and (node_id := self.node_of(segment_id)) in remembered:
+                        self.unreachable.forget(node_id)  # it answers again
+                        remembered.discard(node_id)
+                    continue
+                failed_segments.add(segment_id)
+                if status == ucp.UCS_ERR_TIMED_OUT:
+                    errors[i] = Failure(
+                        f"transfer with segment {segment_id} missed its deadline",
+                        timed_out=True,
+                        node_id=self.node_of(segment_id),
+                    )
+                else:
+                    errors[i] = self._unreachable(
+                        segment_id, f"a transfer failed: {ucp.status_string(status)}"
+                    )
             if self.worker.tainted:
                 self._replace_worker()
             else:
@@ -248,6 +268,34 @@ class DataPath:
         self._copier.close()
 
     # ---- internals (callers hold _lock)
+
+    def _unreachable(self, segment_id: str, why: str) -> Failure:
+        """The failure of a transfer whose node could not be reached; remembers the node."""
+        node_id = self.node_of(segment_id)
+        if node_id:
+            self.unreachable.add(node_id)
+        return Failure(
+            f"cannot reach storage node {node_id or '(unknown)'} (segment {segment_id}): {why}",
+            node_id=node_id,
+            unreachable=True,
+        )
+
+    def _route_or_failure(
+        self, segment_id: str, unroutable: dict[str, Failure]
+    ) -> _Route | Failure:
+        """The segment's route, or why there is none (each node is tried once per run)."""
+        node_id = self.node_of(segment_id) or segment_id
+        failure = unroutable.get(node_id)
+        if failure is not None:
+            return failure
+        try:
+            return self._route(segment_id)
+        except KeyError:
+            failure = Failure(f"segment {segment_id} is not known to this client")
+        except ucp.UcxError as error:
+            failure = self._unreachable(segment_id, str(error))
+        unroutable[node_id] = failure
+        return failure
 
     def _mapping(self, segment_id: str) -> MappedSegment | None:
         """The segment's mapping, made on first use; None where UCX must carry the transfer."""

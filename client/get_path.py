@@ -1,6 +1,9 @@
 """The read side: locate at the master (granting leases), then copy over UCX.
 
-Replicas on this host are tried first; a failed transfer falls over to the next replica. The
+Replicas on this host are tried first, those on nodes this client could not reach lately
+last; a failed transfer falls over to the next replica. When no replica's node can be reached
+(a node died and the master has not declared it dead yet: it still lists the object), the
+error names the nodes and says when the master will notice. The
 lease is timed on our own monotonic clock from before the request was sent, so our estimate
 can only end early: bytes whose transfer may have outlived the lease are discarded
 (LeaseExpired) rather than returned, since their space may have been reused meanwhile.
@@ -13,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvpool.client.checksum import crc32c_at
-from kvpool.client.data_path import Transfer
+from kvpool.client.data_path import Failure, Transfer
 from kvpool.client.outcomes import error_for
 from kvpool.client.session import Session
 from kvpool.common.status import KeyStatus
@@ -65,7 +68,7 @@ def read(
 ) -> None:
     """Copies each located object into its target; errors replace results[i]."""
     candidates = {i: by_nearness(session, located[i].replicas) for i in targets}
-    failures: dict[int, list[str]] = {i: [] for i in targets}
+    failures: dict[int, list[Failure]] = {i: [] for i in targets}
     pending = [i for i in targets if targets[i][1] > 0]
     lease_first = lease_deadline <= deadline  # a timeout then means the lease ran out
     attempt = 0
@@ -81,22 +84,33 @@ def read(
         for i, error in zip(pending, errors, strict=True):
             if error is None:
                 continue
-            failures[i].append(str(error))
+            failures[i].append(error)
             if error.timed_out and lease_first:
                 results[i] = _lease_expired(keys[i])
             elif attempt < len(candidates[i]) and time.monotonic() < deadline:
                 retry.append(i)
             else:
-                results[i] = TransferError(
-                    f"could not read {keys[i]!r} from any of its {len(candidates[i])} "
-                    f"replica(s): {'; '.join(failures[i])}",
-                    key=keys[i],
-                )
+                results[i] = _unreadable(keys[i], len(candidates[i]), failures[i])
         pending = retry
     if time.monotonic() > lease_deadline:
         for i in targets:
             if not isinstance(results[i], KVPoolError):
                 results[i] = _lease_expired(keys[i])
+
+
+def _unreadable(key: str, replicas: int, failures: Sequence[Failure]) -> TransferError:
+    what = "; ".join(map(str, failures))
+    message = f"could not read {key!r} from any of its {replicas} replica(s): {what}"
+    if len(failures) == replicas and all(f.unreachable for f in failures):
+        nodes = ", ".join(dict.fromkeys(f.node_id or "(unknown)" for f in failures))
+        message = (
+            f"could not read {key!r}: no storage node holding it can be reached ({nodes}; "
+            f"{what}). A node that died is declared dead by the master once it misses "
+            "heartbeats for the node TTL (`kvpool master --node-ttl`, 5 s by default); until "
+            f"then exists({key!r}) still answers True, afterwards a get gives ObjectNotFound. "
+            "Put the object again, or retry once the node is back"
+        )
+    return TransferError(message, key=key)
 
 
 def _lease_expired(key: str) -> LeaseExpired:
@@ -128,7 +142,15 @@ def verify(
 
 
 def by_nearness(session: Session, replicas: Sequence[pb.Replica]) -> list[pb.Replica]:
-    """Replicas on this host first: they move over shared memory."""
+    """Replicas on this host first (they move over shared memory), those on nodes this
+    client could not reach lately last."""
     if len(replicas) < 2:
         return list(replicas)
-    return sorted(replicas, key=lambda r: session.data.host_of(r.segment_id) != session.host)
+    data = session.data
+    avoid = data.unreachable.current()
+
+    def rank(replica: pb.Replica) -> tuple[bool, bool]:
+        far = data.host_of(replica.segment_id) != session.host
+        return bool(avoid) and data.node_of(replica.segment_id) in avoid, far
+
+    return sorted(replicas, key=rank)

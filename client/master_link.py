@@ -9,6 +9,11 @@ A call is retried with exponential backoff while the master is unreachable or sh
 not the leader (FAILED_PRECONDITION, naming the leader) or the leader stops answering, until
 the caller's deadline; then MasterUnavailable says what was tried. Other gRPC failures become
 typed errors at once.
+
+One exception: a connection refused at a master address given directly, by a link that no
+master has answered yet, fails at once. Nothing listens there, and waiting out the deadline
+(seconds) would only delay the same error: the address is wrong or the master is not started.
+Once a master has answered, a refusal means one restarting, and the call waits for it.
 """
 
 from __future__ import annotations
@@ -67,6 +72,10 @@ class MasterLink:
         self._channel: grpc.Channel | None = None
         self._stub: master_pb2_grpc.MasterStub | None = None
         self._connected_to = ""
+        #: Whether a master has ever answered this link (a refusal is then a restart).
+        self._answered = False
+        #: Directly given masters that refused a connection while none had answered yet.
+        self._refused: set[str] = set()
 
     def call(self, method: str, request: Any, deadline: float) -> Any:
         """Calls ``method`` on the leader until it answers or ``deadline`` (monotonic) passes."""
@@ -94,8 +103,11 @@ class MasterLink:
                     lane = None if lane_failure else self._lane(method, stub, leader, remaining)
                     if lane is not None:
                         response_type = LANE_RESPONSES[method]
-                        return lane.call(method, request, response_type, remaining)
+                        answer = lane.call(method, request, response_type, remaining)
+                        self._answered = True
+                        return answer
                     response = getattr(stub, method)(request, timeout=remaining)
+                    self._answered = True
                     if lane_failure is not None:
                         self._lane_unreachable(leader, lane_failure)
                     return response
@@ -111,6 +123,15 @@ class MasterLink:
                     self._lane_unreachable(leader, lane_failure)  # gRPC reached the master
                 lane_failure = None  # (else the master itself is away: try its lane again)
                 name = _CODE_NAMES.get(code, str(code))
+                if code not in RETRYABLE:
+                    self._answered = True
+                if code == lp.UNAVAILABLE and self._nothing_listens(leader, details):
+                    refused = ", ".join(sorted(self._refused))
+                    raise MasterUnavailable(
+                        f"master {self.address} did not answer {method}: connection refused at "
+                        f"{refused}, so nothing listens there ({name}: {details}). Check that "
+                        "`kvpool master` runs there, and the address and port."
+                    )
                 if code == lp.FAILED_PRECONDITION and "not the leader" in details:
                     last_error = f"{leader}: {details}"
                     self._resolver.failed(hint)
@@ -129,6 +150,18 @@ class MasterLink:
             self.retries += 1
             time.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
             backoff = min(backoff * 2, MAX_BACKOFF)
+
+    def _nothing_listens(self, leader: str, details: str) -> bool:
+        """Whether ``leader`` refusing a connection means that no master is to be waited for:
+        no master has answered this link yet, and every master given directly has refused.
+        (Where etcd names the leader, an election is under way: it is waited for.)"""
+        if self._answered or self.target.etcd or "connection refused" not in details.lower():
+            return False
+        self._refused.add(leader)
+        if self._refused.issuperset(self.target.masters):
+            return True
+        self._resolver.failed()  # the next master of the list, at once
+        return False
 
     def _lane(
         self, method: str, stub: master_pb2_grpc.MasterStub, leader: str, remaining: float

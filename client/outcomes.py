@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from kvpool.common.keys import shown_key
 from kvpool.common.status import KeyStatus
 from kvpool.errors import (
     Fenced,
@@ -21,47 +22,55 @@ from kvpool.errors import (
 def error_for(status: int, key: str, message: str = "") -> KVPoolError:
     """The exception for a non-OK KeyStatus of ``key``."""
     detail = f" ({message})" if message else ""
+    shown = shown_key(key)
     match KeyStatus(status):
         case KeyStatus.NOT_FOUND:
             return ObjectNotFound(
-                f"no object with key {key!r}: it was never put, was removed, or lost its last "
+                f"no object with key {shown}: it was never put, was removed, or lost its last "
                 "replica",
                 key=key,
             )
         case KeyStatus.NOT_READY:
             return ObjectNotReady(
-                f"object {key!r} is being written and not yet published; retry shortly",
+                f"object {shown} is being written and not yet published; retry shortly",
                 key=key,
             )
         case KeyStatus.ALREADY_EXISTS:
+            # (the master's message says which of the two: it would only repeat the key)
+            if "being written" in message:
+                return ObjectExists(
+                    f"object {shown} is already being written by another put: objects "
+                    "are immutable; use another key, or remove it (force=True) and put again",
+                    key=key,
+                )
             return ObjectExists(
-                f"object {key!r} already exists{detail}: objects are immutable; remove it first "
-                "or use another key",
+                f"object {shown} already exists: objects are immutable; remove it "
+                "first or use another key",
                 key=key,
             )
         case KeyStatus.NO_SPACE:
-            return NoSpace(f"no room for {key!r}: {message}", key=key)
+            return NoSpace(f"no room for {shown}: {message}", key=key)
         case KeyStatus.INVALID_KEY:
-            return InvalidKey(f"invalid key {key!r}: {message}", key=key)
+            return InvalidKey(f"invalid key {shown}: {message}", key=key)
         case KeyStatus.HAS_LEASE:
             return ObjectHasLease(
-                f"object {key!r} is leased by a reader; retry after the lease ends or remove "
+                f"object {shown} is leased by a reader; retry after the lease ends or remove "
                 "with force=True",
                 key=key,
             )
         case KeyStatus.INVALID_ARGUMENT:
-            return InvalidArgument(f"bad request for {key!r}: {message}", key=key)
+            return InvalidArgument(f"bad request for {shown}: {message}", key=key)
         case KeyStatus.STALE_PUT:
             return PutAborted(
-                f"the reservation for {key!r} ended before it was committed (it timed out, or "
+                f"the reservation for {shown} ended before it was committed (it timed out, or "
                 "its storage node died); nothing was published: put it again",
                 key=key,
             )
         case KeyStatus.FENCED:
-            return Fenced(f"cannot place {key!r} yet: {message}", key=key)
+            return Fenced(f"cannot place {shown} yet: {message}", key=key)
         case KeyStatus.NO_REPLICA:
             return TransferError(
-                f"no replica of {key!r} could be written; nothing was published{detail}",
+                f"no replica of {shown} could be written; nothing was published{detail}",
                 key=key,
             )
     raise AssertionError(f"no error for status {status}")

@@ -4,6 +4,12 @@ A batch costs two master round trips whatever its size; all its transfers are in
 together. Writes stop at the earlier of the caller's deadline and the write timeout the
 master sets (after which the reservation may be gone and its space reused): the data path
 force-closes transfers that run past it, so a late writer never touches reused memory.
+
+A put none of whose replicas could be written because their nodes could not be reached (a
+node that died and that the master has not declared dead yet; not a missed deadline) is
+placed again within the caller's deadline: its failed reservation is committed as failed
+(PutEnd frees it), and PutStart asks the master to avoid the nodes this client cannot reach
+(client/unreachable_nodes.py), which every PutStart does for a few seconds after.
 """
 
 from __future__ import annotations
@@ -14,14 +20,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvpool.client.checksum import crc32c_at
-from kvpool.client.data_path import Transfer
+from kvpool.client.data_path import Failure, Transfer
 from kvpool.client.session import Session
-from kvpool.common.status import Pin, Tier
+from kvpool.common.status import KeyStatus, Pin, Tier
 from kvpool.errors import InvalidArgument
 from kvpool.proto import master_pb2 as pb
 
 PINS = {None: Pin.NONE, "none": Pin.NONE, "soft": Pin.SOFT, "hard": Pin.HARD}
 TIERS = {None: Tier.UNSPECIFIED, "any": Tier.UNSPECIFIED, "dram": Tier.DRAM, "nvme": Tier.NVME}
+#: Placements a put gets in all (the first included) while the nodes it is placed on cannot
+#: be reached: each one avoids every node that failed before it.
+PLACEMENTS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,10 +75,17 @@ class PendingPut:
     write_deadline: float  # monotonic: no byte may be written after this
     crc32c: int | None = None
     errors: list[str] = field(default_factory=list)  # per replica: '' when written
+    failures: list[Failure | None] = field(default_factory=list)  # per replica: None when written
 
     @property
     def replicas_written(self) -> int:
         return sum(1 for error in self.errors if not error)
+
+    @property
+    def nodes_unreachable(self) -> bool:
+        """No replica was written, each for want of reaching its node (not of time)."""
+        failures = self.failures
+        return bool(failures) and all(f is not None and f.unreachable for f in failures)
 
 
 def reserve(
@@ -81,6 +97,7 @@ def reserve(
 ) -> tuple[Sequence[pb.PutSlot], float]:
     """PutStart for a batch; returns the slots and the monotonic time writes must end by."""
     session.writing()
+    avoid = session.data.unreachable.current()
     sent_at = time.monotonic()
     response = session.link.call(
         "PutStart",
@@ -95,6 +112,7 @@ def reserve(
             pin=options.pin,  # type: ignore[arg-type]
             pin_ttl_ms=int(options.pin_ttl * 1000),
             tier=options.tier,  # type: ignore[arg-type]  # (as pin)
+            avoid_nodes=avoid,
         ),
         deadline,
     )
@@ -102,7 +120,75 @@ def reserve(
     write_deadline = deadline
     if response.write_timeout_ms:
         write_deadline = min(deadline, sent_at + response.write_timeout_ms / 1000.0)
+    if avoid:
+        for slot in response.slots:
+            if slot.status == KeyStatus.NO_SPACE:
+                slot.message += (
+                    f" (left out: node(s) {', '.join(avoid)}, which this client could not reach "
+                    "in the last seconds)"
+                )
     return response.slots, write_deadline
+
+
+def write_and_commit(
+    session: Session, puts: Sequence[PendingPut], options: WriteOptions, deadline: float
+) -> list[int]:
+    """Writes and commits ``puts``, placing again those whose nodes could not be reached (see
+    the module's docstring) while ``deadline`` allows. Entry i is put i's final status; its
+    ``slot``, ``errors`` and ``failures`` are then those of its last placement (or, when a
+    placement was refused, ``errors`` says why)."""
+    write(session, puts, options.checksum)
+    statuses = commit(session, puts, deadline)
+    for _ in range(PLACEMENTS - 1):
+        again = [
+            i
+            for i, (put, status) in enumerate(zip(puts, statuses, strict=True))
+            if status == KeyStatus.NO_REPLICA and put.nodes_unreachable
+        ]
+        if not again or time.monotonic() >= deadline:
+            break
+        placed = []
+        refusals = _place_again(session, again, puts, options, deadline)
+        for i, refused in zip(again, refusals, strict=True):
+            if refused is None:
+                placed.append(i)
+            else:
+                statuses[i] = refused
+        written = [puts[i] for i in placed]
+        write(session, written, options.checksum)
+        for i, status in zip(placed, commit(session, written, deadline), strict=True):
+            statuses[i] = status
+    return statuses
+
+
+def _place_again(
+    session: Session,
+    again: Sequence[int],
+    puts: Sequence[PendingPut],
+    options: WriteOptions,
+    deadline: float,
+) -> list[int | None]:
+    """PutStart for ``puts[i] for i in again`` (the nodes that failed them now avoided);
+    entry j is None when the j-th of them got new replicas, else the status that ends it."""
+    keys = [puts[i].key for i in again]
+    sizes = [_size(puts[i]) for i in again]
+    slots, write_deadline = reserve(session, keys, sizes, options, deadline)
+    outcomes: list[int | None] = []
+    for put, slot in zip([puts[i] for i in again], slots, strict=True):
+        if slot.status == KeyStatus.OK:
+            put.slot, put.write_deadline = slot, write_deadline
+            outcomes.append(None)
+        else:
+            earlier = "; ".join(filter(None, put.errors))
+            put.errors = [f"{slot.message} (it was being placed again: {earlier})"]
+            put.failures = []
+            outcomes.append(slot.status)
+    return outcomes
+
+
+def _size(put: PendingPut) -> int:
+    assert put.source is not None, "a put being placed again has its bytes"
+    return put.source[1]
 
 
 def write(session: Session, puts: Sequence[PendingPut], checksum: bool) -> None:
@@ -116,6 +202,7 @@ def write(session: Session, puts: Sequence[PendingPut], checksum: bool) -> None:
             put.crc32c = crc32c_at(address, length)
         replicas = put.slot.replicas
         put.errors = [""] * len(replicas)
+        put.failures = [None] * len(replicas)
         for replica_index, replica in enumerate(replicas):
             if length:
                 transfers.append(Transfer(replica.segment_id, replica.address, address, length))
@@ -126,6 +213,7 @@ def write(session: Session, puts: Sequence[PendingPut], checksum: bool) -> None:
     errors = session.data.run(transfers, is_get=False, deadline=deadline)
     for (put, replica_index), error in zip(owners, errors, strict=True):
         put.errors[replica_index] = str(error) if error else ""
+        put.failures[replica_index] = error
 
 
 def commit(session: Session, puts: Sequence[PendingPut], deadline: float) -> list[int]:

@@ -33,3 +33,18 @@ def plainly_valid(keys: Sequence[object]) -> bool:
         return False
     strings = cast("Sequence[str]", keys)  # the join took every one
     return joined.isascii() and all(strings) and max(map(len, strings), default=0) <= MAX_KEY_BYTES
+
+
+#: Keys longer than this are cut when a message quotes them: a 1 KiB key (the limit, or an
+#: invalid longer one) would bury the message itself.
+SHOWN_KEY_CHARS = 80
+
+
+def shown_key(key: object) -> str:
+    """``key`` as messages quote it: its repr, or for a long key its start and end around an
+    ellipsis, with its length (keys often share a long prefix and differ at the end)."""
+    if isinstance(key, str) and len(key) > SHOWN_KEY_CHARS:
+        return f"{key[:56] + '…' + key[-16:]!r} ({len(key)} characters)"
+    if isinstance(key, bytes) and len(key) > SHOWN_KEY_CHARS:
+        return f"{key[:56] + b'...' + key[-16:]!r} ({len(key)} bytes)"
+    return repr(key)

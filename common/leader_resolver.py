@@ -8,10 +8,7 @@ etcd's JSON gateway (plain HTTP: clients need no etcd library). Thread-safe.
 from __future__ import annotations
 
 import base64
-import json
 import threading
-import urllib.error
-import urllib.request
 
 from kvpool.common.master_address import MasterTarget
 
@@ -52,6 +49,12 @@ class LeaderResolver:
             return self._current
 
     def _ask_etcd(self) -> str:
+        # imported here: only etcd-mode processes need HTTP (and a `kvpool get` waits for
+        # every import of every call)
+        import json
+        import urllib.error
+        import urllib.request
+
         body = json.dumps({"key": base64.b64encode(leader_key(self.target.cluster)).decode()})
         for endpoint in self.target.etcd:
             request = urllib.request.Request(

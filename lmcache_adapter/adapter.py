@@ -82,7 +82,7 @@ class KVPoolL2Adapter(L2AdapterInterface):
             undo.callback(self._control.close)
             self._store_client = Client(
                 config.master,
-                replicas=config.replicas,
+                replicas=config.replicas or None,  # 0 in the config: the master's default
                 timeout=config.store_timeout_s,
                 ucx_config=ucx,
                 same_host_mapping=config.same_host_mapping,

@@ -28,6 +28,14 @@ typedef struct {
     ucp_mem_h memh;
 } kv_op_t;
 
+typedef struct {
+    int level;
+    unsigned line;
+    unsigned repeats;
+    char file[...];
+    char text[...];
+} kv_log_entry_t;
+
 #define UCS_OK ...
 #define UCS_INPROGRESS ...
 #define UCS_ERR_TIMED_OUT ...
@@ -55,6 +63,9 @@ int kv_transfer(ucp_worker_h worker, int efd, int is_get, kv_op_t *ops, size_t n
                 size_t *n_closed, int *tainted);
 int kv_progress_loop(ucp_worker_h worker, int efd, int stop_fd);
 unsigned kv_worker_progress(ucp_worker_h worker);
+void kv_log_install(int notify_fd, int also_ucx);
+size_t kv_log_take(kv_log_entry_t *out, size_t max, uint64_t *dropped);
+void kv_log_emit(int level, unsigned line, const char *text);
 """
 
 

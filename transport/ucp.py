@@ -2,7 +2,8 @@
 
 The objects here are thin owners of UCX handles; the loops that matter for speed run in C
 (``ucp_helpers.c``) with the GIL released. Create every UCX object after ``fork()``: a child
-must never use a context its parent created.
+must never use a context its parent created. UCX's own log lines go to kvpool's structured
+log, not to the process's output (``ucx_log.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import libucx
 
 libucx.load_library()
 
+from kvpool.transport import ucx_log  # noqa: E402  (UCX's log lines go to structlog from now on)
 from kvpool.transport._ucp_cffi import ffi, lib  # noqa: E402  (needs libucp loaded first)
 
 #: UCX settings kvpool applies unless the environment already sets them. 256 KiB TCP segments
@@ -50,6 +52,7 @@ def status_string(status: int) -> str:
 
 def _check(what: str, status: int) -> None:
     if status != UCS_OK:
+        ucx_log.drain()  # what UCX said about it, logged before the error travels on
         raise UcxError(what, status)
 
 

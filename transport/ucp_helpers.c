@@ -8,12 +8,20 @@
  * kv_progress_loop, which returns when its stop fd becomes readable.
  */
 #include <ucp/api/ucp.h>
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wsign-compare" /* (in UCX's inline helpers it brings in) */
+#include <ucs/debug/log_def.h>
+#pragma GCC diagnostic pop
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
+#include <stdarg.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #ifndef KV_SPIN_SECONDS
 #define KV_SPIN_SECONDS 20e-6
@@ -540,4 +548,162 @@ static int kv_progress_loop(ucp_worker_h worker, int efd, int stop_fd)
 static unsigned kv_worker_progress(ucp_worker_h worker)
 {
     return ucp_worker_progress(worker);
+}
+
+/*
+ * UCX's own log lines. UCX prints its errors and warnings (e.g. "mm_sysv.c:61 UCX ERROR
+ * shmat(...) failed" when a same-host peer has died) straight onto the process's stdout,
+ * which is the caller's terminal in a client. kv_log_install puts a handler in front of
+ * UCX's: it formats each message into a bounded ring (messages that find it full are only
+ * counted) and, when the ring stops being empty, writes one byte to notify_fd; Python drains
+ * the ring into kvpool's structured log (kvpool/transport/ucx_log.py). One source line of
+ * UCX's holds at most KV_LOG_SAME entries of the ring at a time (further messages from it only
+ * count as its newest entry's repeats), so that a storm of one message leaves room for the
+ * others. UCX may log from any thread, its own async thread included, so the ring is guarded by a flag that is only ever
+ * tried (a message that cannot get it within a bounded number of tries is dropped, and
+ * counted): no thread ever blocks inside a log call. FATAL messages also go to UCX's own
+ * handler, which prints them before UCX aborts the process.
+ */
+#define KV_LOG_SLOTS 128
+#define KV_LOG_TEXT 480
+#define KV_LOG_FILE 64
+#define KV_LOG_TRIES 1000
+#define KV_LOG_SAME 8
+
+typedef struct {
+    int level;
+    unsigned line;
+    unsigned repeats; /* messages from the same source line after this one, not kept */
+    char file[KV_LOG_FILE];
+    char text[KV_LOG_TEXT];
+} kv_log_entry_t;
+
+static kv_log_entry_t kv_log_ring[KV_LOG_SLOTS];
+static size_t kv_log_first;     /* index of the oldest entry */
+static size_t kv_log_count;     /* entries held */
+static uint64_t kv_log_dropped; /* messages lost since the last take: ring full or busy */
+static int kv_log_busy;         /* the ring's guard, taken with __atomic_test_and_set */
+static int kv_log_fd = -1;      /* written to when the ring stops being empty */
+static int kv_log_also_ucx;     /* let UCX's own handler print too (UCX_LOG_FILE was set) */
+static int kv_log_installed;
+
+static int kv_log_lock(void)
+{
+    int tries;
+
+    for (tries = 0; __atomic_test_and_set(&kv_log_busy, __ATOMIC_ACQUIRE); tries++) {
+        if (tries >= KV_LOG_TRIES) {
+            return 0;
+        }
+        sched_yield();
+    }
+    return 1;
+}
+
+static void kv_log_unlock(void)
+{
+    __atomic_clear(&kv_log_busy, __ATOMIC_RELEASE);
+}
+
+static ucs_log_func_rc_t kv_log_handler(const char *file, unsigned line, const char *function,
+                                        ucs_log_level_t level,
+                                        const ucs_log_component_config_t *comp_conf,
+                                        const char *format, va_list ap)
+{
+    ucs_log_func_rc_t pass = kv_log_also_ucx || level == UCS_LOG_LEVEL_FATAL
+                                 ? UCS_LOG_FUNC_RC_CONTINUE
+                                 : UCS_LOG_FUNC_RC_STOP;
+    kv_log_entry_t *entry, *same = NULL;
+    char base[KV_LOG_FILE];
+    const char *slash = file != NULL ? strrchr(file, '/') : NULL;
+    size_t k, n_same = 0;
+    int was_empty;
+    va_list copy;
+    char byte = 1;
+
+    (void)function;
+    (void)comp_conf;
+    snprintf(base, sizeof(base), "%s", slash != NULL ? slash + 1 : file != NULL ? file : "");
+    if (!kv_log_lock()) {
+        __atomic_add_fetch(&kv_log_dropped, 1, __ATOMIC_RELAXED);
+        return pass;
+    }
+    for (k = 0; k < kv_log_count; k++) {
+        entry = &kv_log_ring[(kv_log_first + k) % KV_LOG_SLOTS];
+        if (entry->line == line && strcmp(entry->file, base) == 0) {
+            same = entry;
+            n_same++;
+        }
+    }
+    if (n_same >= KV_LOG_SAME) {
+        same->repeats++;
+        kv_log_unlock();
+        return pass;
+    }
+    if (kv_log_count == KV_LOG_SLOTS) {
+        __atomic_add_fetch(&kv_log_dropped, 1, __ATOMIC_RELAXED);
+        kv_log_unlock();
+        return pass;
+    }
+    entry = &kv_log_ring[(kv_log_first + kv_log_count) % KV_LOG_SLOTS];
+    memcpy(entry->file, base, sizeof(base));
+    entry->repeats = 0;
+    entry->line = line;
+    entry->level = (int)level;
+    va_copy(copy, ap);
+    vsnprintf(entry->text, sizeof(entry->text), format, copy);
+    va_end(copy);
+    was_empty = kv_log_count == 0;
+    kv_log_count++;
+    kv_log_unlock();
+    if (was_empty && kv_log_fd >= 0) {
+        /* non-blocking: a full pipe already holds a wake-up */
+        if (write(kv_log_fd, &byte, 1) < 0) {
+        }
+    }
+    return pass;
+}
+
+/* Routes UCX's log lines into the ring from now on (once per process; later calls only
+ * change notify_fd and also_ucx, and empty the ring, as a child does after fork). */
+static void kv_log_install(int notify_fd, int also_ucx)
+{
+    __atomic_clear(&kv_log_busy, __ATOMIC_RELEASE);
+    kv_log_first = 0;
+    kv_log_count = 0;
+    kv_log_dropped = 0;
+    kv_log_fd = notify_fd;
+    kv_log_also_ucx = also_ucx;
+    if (!kv_log_installed) {
+        kv_log_installed = 1;
+        ucs_log_push_handler(kv_log_handler);
+    }
+}
+
+/* Moves up to max of the oldest entries into out; returns how many, and in *dropped the
+ * messages lost since the last call. */
+static size_t kv_log_take(kv_log_entry_t *out, size_t max, uint64_t *dropped)
+{
+    size_t n = 0;
+
+    *dropped = 0;
+    if (!kv_log_lock()) {
+        return 0;
+    }
+    while (n < max && kv_log_count > 0) {
+        out[n++] = kv_log_ring[kv_log_first];
+        kv_log_first = (kv_log_first + 1) % KV_LOG_SLOTS;
+        kv_log_count--;
+    }
+    *dropped = __atomic_exchange_n(&kv_log_dropped, 0, __ATOMIC_RELAXED);
+    kv_log_unlock();
+    return n;
+}
+
+/* Logs one message through UCX's log dispatch, as from source line `line` of a file of
+ * UCX's: for tests. */
+static void kv_log_emit(int level, unsigned line, const char *text)
+{
+    ucs_log_dispatch("src/ucs/kv_log_emit.c", line, "kv_log_emit", (ucs_log_level_t)level,
+                     &ucs_global_opts.log_component, "%s", text);
 }

@@ -6,13 +6,15 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kvpool.common.keys import shown_key
 from kvpool.common.sizes import format_size
-from kvpool.errors import KVPoolError, ObjectHasLease
+from kvpool.errors import InvalidArgument, InvalidKey, KVPoolError, ObjectHasLease
 
 
 def _client_options(parser: argparse.ArgumentParser) -> None:
@@ -27,7 +29,15 @@ def add_commands(commands: Any) -> None:
     source = put.add_mutually_exclusive_group()
     source.add_argument("file", nargs="?", help="file to store ('-' or nothing: stdin)")
     source.add_argument("--value", help="store this string (UTF-8) instead of a file")
-    put.add_argument("--replicas", type=int, default=0, help="copies on distinct nodes")
+    put.add_argument(
+        "--replicas",
+        type=_replica_count,
+        default=None,
+        metavar="N",
+        help="copies on distinct storage nodes, at least 1 (default: the master's "
+        "--default-replicas); puts are best effort: where fewer nodes have room, fewer are "
+        "stored, and the command says how many",
+    )
     put.set_defaults(run=_with_client(_put))
 
     get = commands.add_parser("get", help="print an object (or write it to a file)")
@@ -72,7 +82,8 @@ def add_commands(commands: Any) -> None:
     # `kvpool --help` and every other command start without it.
     bench = commands.add_parser(
         "bench",
-        help="measure put/get throughput (starts a cluster; source checkout only)",
+        help="measure put/get throughput of --master, else $KVPOOL_MASTER, else of a local "
+        "cluster it starts (source checkout only)",
         add_help=False,
     )
     bench.set_defaults(run=_bench, forward_rest=True)
@@ -108,13 +119,39 @@ def _bench(args: argparse.Namespace) -> int:
     return throughput.main(args.rest, prog="kvpool bench")
 
 
+def _replica_count(text: str) -> int:
+    try:
+        count = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number of copies, got {text!r}"
+        ) from None
+    if count < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be at least 1 (copies on distinct storage nodes), got {count}; leave it out "
+            "for the master's --default-replicas"
+        )
+    return count
+
+
+#: UCX settings of the one-shot client commands (the user's own UCX_* settings win). Memory
+#: events feed UCX's registration cache, which a command moving one object has no use for,
+#: and hooking them in costs every command a large share of its run time on some machines.
+ONE_SHOT_UCX = {"UCX_MEM_EVENTS": "no"}
+
+
 def _with_client(command: Callable[[Any, argparse.Namespace], int]) -> Callable[..., int]:
     def run(args: argparse.Namespace) -> int:
+        for name, value in ONE_SHOT_UCX.items():
+            os.environ.setdefault(name, value)  # before UCX loads, with the client
         from kvpool import Client
 
         try:
             with Client(args.master, timeout=args.timeout) as client:
                 return command(client, args)
+        except (InvalidArgument, InvalidKey) as error:  # bad input, as argparse's own: 2
+            print(f"error: {error}", file=sys.stderr)
+            return 2
         except KVPoolError as error:
             print(f"error: {error}", file=sys.stderr)
             return 1
@@ -133,8 +170,14 @@ def _put(client: Any, args: argparse.Namespace) -> int:
         except OSError as error:
             print(f"error: cannot read {args.file}: {error.strerror}", file=sys.stderr)
             return 1
-    client.put(args.key, data, replicas=args.replicas or None)
-    print(f"stored {args.key!r} ({format_size(len(data))})", file=sys.stderr)
+    stored = client.put(args.key, data, replicas=args.replicas)
+    what = format_size(len(data))
+    if args.replicas is not None and stored < args.replicas:
+        what += (
+            f", {stored} of {args.replicas} replicas: puts are best effort, and only {stored} "
+            f"storage node{'s' if stored > 1 else ''} took it"
+        )
+    print(f"stored {shown_key(args.key)} ({what})", file=sys.stderr)
     return 0
 
 
@@ -297,8 +340,8 @@ def _story(client: Any, args: argparse.Namespace) -> int:
     events = client.story(args.key)
     if not events:
         print(
-            f"error: the master has no story of {args.key!r}: it never saw that key, or no "
-            "longer remembers it (it keeps the recent events of a bounded number of keys, "
+            f"error: the master has no story of {shown_key(args.key)}: it never saw that key, "
+            "or no longer remembers it (it keeps the recent events of a bounded number of keys, "
             "and forgets them all when it restarts)",
             file=sys.stderr,
         )

@@ -1,47 +1,64 @@
-"""The ``kvpool`` command: one entry point, a subcommand per job."""
+"""The ``kvpool`` command: one entry point, a subcommand per job.
+
+Only the module of the subcommand being run is imported. A shell user waits for every import
+of every call: ``kvpool get`` has no use for the master's modules (gRPC servers, the metadata
+core), and ``kvpool --help`` for none at all. A ``kvpool node`` process must not import the
+master's modules either: their Prometheus metrics register in the process-wide registry on
+import, and the node's /metrics would list them as its own.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 
-from kvpool.cli import client_commands, up
-from kvpool.master import main as master_main
-from kvpool.storage_node import main as node_main
+from kvpool.cli import client_commands
+
+#: The services: name -> (one-line help, module with ``add_arguments(parser)`` and ``run``).
+SERVICES = {
+    "master": ("run the metadata master (gRPC)", "kvpool.master.main"),
+    "node": ("run a storage node", "kvpool.storage_node.main"),
+    "up": ("run a local cluster: a master and N nodes", "kvpool.cli.up"),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; with ``command`` (the subcommand about to run), only that service's
+    module is imported, and the other services' parsers are left empty (they are not used)."""
     parser = argparse.ArgumentParser(
         prog="kvpool",
         description="kvpool: a distributed object store for LLM KV cache.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    master = commands.add_parser("master", help="run the metadata master (gRPC)")
-    master_main.add_arguments(master)
-    master.set_defaults(run=master_main.run)
-
-    node = commands.add_parser("node", help="run a storage node")
-    node_main.add_arguments(node)
-    node.set_defaults(run=node_main.run)
-
-    local = commands.add_parser("up", help="run a local cluster: a master and N nodes")
-    up.add_arguments(local)
-    local.set_defaults(run=up.run)
-
+    for name, (help_text, module_name) in SERVICES.items():
+        service = commands.add_parser(name, help=help_text)
+        if command is None or command == name:
+            module = importlib.import_module(module_name)
+            module.add_arguments(service)
+            service.set_defaults(run=module.run)
     client_commands.add_commands(commands)
     return parser
 
 
+def _command_in(argv: Sequence[str]) -> str | None:
+    """The subcommand named on the command line: its first word that is not an option (the
+    top-level parser has no option that takes a value)."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = _command_in(argv)
+    parser = build_parser(command or "")  # "": no service's module
     args, rest = parser.parse_known_args(argv)
     if getattr(args, "forward_rest", False):  # a command that parses its own arguments
         args.rest = rest
     elif rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
-    return args.run(args)
+    result: int = args.run(args)
+    return result
 
 
 if __name__ == "__main__":

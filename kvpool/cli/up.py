@@ -1,10 +1,18 @@
-"""``kvpool up``: a master and N storage nodes on this machine until Ctrl-C."""
+"""``kvpool up``: a master and N storage nodes on this machine until Ctrl-C.
+
+It prints every endpoint it opened (the ports are picked free, so they cannot be guessed),
+and keeps its processes' logs after it stops, in a folder it names at start and at exit:
+a cluster that misbehaved is most often looked into after it was stopped.
+"""
 
 from __future__ import annotations
 
 import argparse
+import shutil
 import signal
+import tempfile
 import threading
+from pathlib import Path
 
 from kvpool.common.sizes import parse_size
 from kvpool.local_cluster import ClusterError, LocalCluster
@@ -13,9 +21,21 @@ from kvpool.local_cluster import ClusterError, LocalCluster
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nodes", type=int, default=2, help="storage nodes to start (default 2)")
     parser.add_argument("--dram", default="1GiB", help="DRAM segment per node (default 1GiB)")
-    parser.add_argument("--port", type=int, default=50051, help="master gRPC port (0: free)")
     parser.add_argument(
-        "--run-dir", default=None, help="where logs and ready files go (default: a temp dir)"
+        "--nvme-size",
+        default=None,
+        metavar="SIZE",
+        help="also give each node an NVMe-tier segment this large, a file in the run directory "
+        "(removed at exit), to try tier='nvme' (default: none)",
+    )
+    parser.add_argument(
+        "--port", type=int, default=50051, help="master gRPC port (default 50051; 0: free)"
+    )
+    parser.add_argument(
+        "--run-dir",
+        default=None,
+        help="where the logs and ready files go, kept after exit (default: a new kvpool-up-* "
+        "folder in the temporary directory)",
     )
 
 
@@ -23,25 +43,28 @@ def run(args: argparse.Namespace) -> int:
     if args.nodes < 1:
         print("error: --nodes must be at least 1", flush=True)
         return 2
-    try:
-        parse_size(args.dram)
-    except ValueError as error:
-        print(f"error: --dram: {error}", flush=True)
-        return 2
-    cluster = LocalCluster(args.nodes, args.dram, port=args.port, run_dir=args.run_dir)
+    for flag, size in (("--dram", args.dram), ("--nvme-size", args.nvme_size)):
+        try:
+            if size is not None:
+                parse_size(size)
+        except ValueError as error:
+            print(f"error: {flag}: {error}", flush=True)
+            return 2
+    run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="kvpool-up-"))
+    cluster = LocalCluster(0, args.dram, port=args.port, run_dir=run_dir)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     try:
         cluster.start()
+        for i in range(args.nodes):
+            nvme = ["--nvme", str(run_dir / f"node{i}-nvme"), "--nvme-size", args.nvme_size]
+            cluster.add_node(extra=nvme if args.nvme_size else ())
     except ClusterError as error:
         print(f"error: the cluster did not start:\n{error}", flush=True)
-        cluster.stop()
+        _stop(cluster, run_dir)
         return 1
-    print(f"kvpool master at {cluster.master_address}", flush=True)
-    print(f"  {args.nodes} node(s) with {args.dram} DRAM each; logs in {cluster.run_dir}")
-    print(f"  try: export KVPOOL_MASTER={cluster.master_address}; kvpool status")
-    print("  Ctrl-C stops the cluster", flush=True)
+    _announce(cluster, args, run_dir)
     try:
         while not stop.wait(0.5):
             dead = [p.name for p in [cluster.master, *cluster.nodes] if p and not p.alive()]
@@ -50,6 +73,33 @@ def run(args: argparse.Namespace) -> int:
                 return 1
     finally:
         print("stopping the cluster...", flush=True)
-        cluster.stop()
+        _stop(cluster, run_dir)
     print("stopped", flush=True)
     return 0
+
+
+def _announce(cluster: LocalCluster, args: argparse.Namespace, run_dir: Path) -> None:
+    host = "127.0.0.1"
+    lines = [
+        f"kvpool master at {cluster.master_address}",
+        f"  metadata lane  {host}:{cluster.lane_port}",
+        f"  master HTTP    http://{host}:{cluster.master_http_port}  (/metrics /healthz /readyz)",
+    ]
+    for node in cluster.nodes:
+        lines.append(f"  {node.name} HTTP     http://{host}:{node.ready['http_port']}")
+    tiers = f"{args.dram} DRAM" + (f" + {args.nvme_size} NVMe" if args.nvme_size else "")
+    lines += [
+        f"  {args.nodes} node(s) with {tiers} each",
+        f"  logs in {run_dir} (kept after exit)",
+        f"  try: export KVPOOL_MASTER={cluster.master_address}; kvpool status",
+        "  Ctrl-C stops the cluster",
+    ]
+    print("\n".join(lines), flush=True)
+
+
+def _stop(cluster: LocalCluster, run_dir: Path) -> None:
+    """Stops every process; removes the NVMe segments' files, keeps the logs."""
+    cluster.stop()
+    for nvme in run_dir.glob("node*-nvme"):
+        shutil.rmtree(nvme, ignore_errors=True)
+    print(f"logs kept in {run_dir}", flush=True)
