@@ -140,6 +140,9 @@ def _raise_first(results: list[Any]) -> None:
 
 
 def main() -> int:
+    import kvpool
+
+    kvpool.tune_grpc()  # as a serving process would (and kvpool's own processes do)
     sys.path.insert(0, str(HERE))
     import workloads
 

@@ -4,11 +4,12 @@ gRPC's C core reads ``GRPC_EXPERIMENTS`` once, when ``grpc`` is imported. Its Ev
 client and listener add thread hand-offs to every call; on the 2-core machines kvpool was
 measured on, turning them off (back to the classic poller, which is what gRPC used for years)
 made a unary round trip between two processes much shorter, and every kvpool call is such a
-round trip (docs/benchmarks.md has the figures). So importing kvpool sets that default,
-unless ``GRPC_EXPERIMENTS`` is already set (set it, even to an empty string, to keep gRPC's
-own defaults), or gRPC was imported before kvpool (then it is too late, and nothing changes),
-or the installed grpcio is one this was not measured with (the experiments come and go
-between releases).
+round trip (docs/benchmarks.md has the figures). So kvpool's own processes (the ``kvpool``
+command) set that default, and ``kvpool.tune_grpc()`` lets another program opt in; importing
+kvpool sets nothing. It applies unless ``GRPC_EXPERIMENTS`` is already set (set it, even to
+an empty string, to keep gRPC's own defaults), or gRPC was imported first (then it is too
+late, and nothing changes), or the installed grpcio is one this was not measured with (the
+experiments come and go between releases).
 """
 
 from __future__ import annotations

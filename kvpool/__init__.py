@@ -2,18 +2,28 @@
 
 ``from kvpool import Client`` for the Python API; ``kvpool.errors`` for its exceptions.
 The client is imported lazily so that ``kvpool master`` does not load UCX.
+
+Importing kvpool changes nothing in the process that imports it (an inference server's):
+no environment variable, no global setting. ``tune_grpc()`` opts into the gRPC settings
+kvpool's own processes use.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from kvpool.common import grpc_tuning
-
-grpc_tuning.apply()  # before anything imports grpc
-
 __version__ = "0.1.0"
-__all__ = ["Client", "__version__"]
+__all__ = ["Client", "__version__", "tune_grpc"]
+
+
+def tune_grpc() -> bool:
+    """Applies the gRPC settings kvpool's own processes run with (common/grpc_tuning.py: the
+    classic poller instead of gRPC's EventEngine, measured faster on small machines). It must
+    run before anything imports grpc, and changes the whole process: call it from a program's
+    entry point, if at all. Returns whether it took effect."""
+    from kvpool.common import grpc_tuning
+
+    return grpc_tuning.apply()
 
 if TYPE_CHECKING:
     from kvpool.client.client import Client

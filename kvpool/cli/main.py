@@ -14,7 +14,11 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from kvpool.cli import client_commands
+from kvpool.common import grpc_tuning
+
+grpc_tuning.apply()  # a kvpool process: its own gRPC settings, before anything imports grpc
+
+from kvpool.cli import client_commands  # noqa: E402  (after the settings above)
 
 #: The services: name -> (one-line help, module with ``add_arguments(parser)`` and ``run``).
 SERVICES = {
