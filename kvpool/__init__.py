@@ -25,6 +25,7 @@ def tune_grpc() -> bool:
 
     return grpc_tuning.apply()
 
+
 if TYPE_CHECKING:
     from kvpool.client.client import Client
 
