@@ -10,12 +10,14 @@ bytes, drawn for each log, that every entry record's CRC covers ahead of its bod
 Reading trusts nothing: a frame whose magic, length or CRC is wrong is skipped and counted
 (damaged). The scan goes on after the damaged record's declared span when that span is
 plausible (the length of an entry, ending at the end of the log or at the next magic number),
-else at the next magic number, never before. Keys come from clients and may spell out a whole
-record; without the log's salt, which never leaves the node, such a record's CRC is wrong,
-so a scan that resynchronises inside a key still adopts nothing from it. A record whose CRC
-holds but whose body does not decode (short, an unknown operation, a key that is not a valid
-key) is skipped and counted too (undecodable). A log whose header cannot be read in either
-copy is refused as a whole (``LogDamaged``): without it nothing says what the segment is.
+else at the next magic number, never before; in a salted log, a plausible span that a
+damaged length stretched over intact records resumes at the first of them. Keys come from
+clients and may spell out a whole record; without the log's salt, which never leaves the
+node, such a record's CRC is wrong, so a scan that resynchronises inside a key still adopts
+nothing from it. A record whose CRC holds but whose body does not decode (short, an unknown
+operation, a key that is not a valid key) is skipped and counted too (undecodable). A log
+whose header cannot be read in either copy is refused as a whole (``LogDamaged``): without
+it nothing says what the segment is.
 
 Format 1, written by kvpool before format 2, has one header with no ``format`` field and no
 salt; it is read as such (a damaged header is then not recoverable) and rewritten in format 2
@@ -160,7 +162,20 @@ def _read_entries(data: bytes, position: int, scan: Scan) -> None:
             and ENTRY.size < length <= MAX_ENTRY_BODY
             and (end == len(data) or data[end : end + len(MAGIC_BYTES)] == MAGIC_BYTES)
         )
+        if plausible and scan.salt:  # a damaged length may span records that are intact
+            end = _first_intact(data, position + 1, end, scan.salt)
         position = end if plausible else _next_magic(data, position + 1)
+
+
+def _first_intact(data: bytes, start: int, end: int, salt: bytes) -> int:
+    """Where the first intact record between ``start`` and ``end`` begins, else ``end``
+    (only with a salt: a record spelled in a key does not carry it)."""
+    position = _next_magic(data, start)
+    while position < end:
+        if _intact(data, position, salt, MAX_ENTRY_BODY) is not None:
+            return position
+        position = _next_magic(data, position + 1)
+    return end
 
 
 def _intact(data: bytes, position: int, salt: bytes, limit: int) -> bytes | None:

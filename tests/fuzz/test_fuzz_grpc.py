@@ -1,0 +1,72 @@
+"""Every unary method of a real ``kvpool master``'s gRPC service, fed generated requests.
+
+Whatever a request holds, the master answers it or refuses it with a status it chose
+(INVALID_ARGUMENT, NOT_FOUND, RESOURCE_EXHAUSTED...), never UNKNOWN or INTERNAL (an exception
+its handler did not expect), and goes on serving: the watch's probe, canaries, memory bound
+and logs (tests/fuzz/fuzzing.py) hold after every case.
+"""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from fuzzing import Watch, fuzz_settings, messages, share, steer_clear
+from hypothesis import event, given
+from hypothesis import strategies as st
+
+from kvpool.proto import master_pb2 as pb
+from kvpool.proto import master_pb2_grpc
+
+SURFACE = "grpc"
+pytestmark = pytest.mark.fuzz
+SETTINGS = fuzz_settings(share(2))
+
+UNARY = sorted(
+    (method.name, method.input_type)
+    for method in pb.DESCRIPTOR.services_by_name["Master"].methods
+    if not method.client_streaming and not method.server_streaming
+)
+calls = st.sampled_from(UNARY).flatmap(
+    lambda named: st.tuples(st.just(named[0]), messages(named[1]))
+)
+UNEXPECTED = (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL)
+
+
+def test_the_fuzzer_reaches_every_unary_method():
+    assert {name for name, _ in UNARY} >= {"PutStart", "MountSegment", "Story", "Lane"}
+
+
+def settle(name: str, outcome: grpc.Future) -> None:
+    try:
+        outcome.result()
+        event(f"{name}: OK")
+    except grpc.RpcError as error:
+        event(f"{name}: {error.code().name}")
+        assert error.code() not in UNEXPECTED, f"{name}: {error.code()} {error.details()}"
+
+
+@SETTINGS
+@given(call=calls)
+def test_generated_requests_of_every_unary_method(watch: Watch, call):
+    name, request = call
+    steer_clear(request, watch.node_ids)
+    settle(name, getattr(watch.stub, name).future(request, timeout=30))
+    watch.after_case()
+
+
+@SETTINGS
+@given(sequence=st.lists(st.tuples(st.integers(0, 2), calls), min_size=2, max_size=8))
+def test_random_call_sequences_across_several_connections(watch: Watch, sequence):
+    channels = [grpc.insecure_channel(watch.cluster.master_address) for _ in range(3)]
+    try:
+        stubs = [master_pb2_grpc.MasterStub(channel) for channel in channels]
+        pending = []
+        for connection, (name, request) in sequence:  # all in flight at once
+            steer_clear(request, watch.node_ids)
+            pending.append((name, getattr(stubs[connection], name).future(request, timeout=30)))
+        for name, outcome in pending:
+            settle(name, outcome)
+    finally:
+        for channel in channels:
+            channel.close()
+    watch.after_case()
