@@ -315,12 +315,12 @@ class MasterCore:
 
     def next_deadline(self) -> float | None:
         """When ``timers`` has something to do next (None: nothing waits)."""
-        heads = [
-            h[0][0]
-            for h in (self._command_deadlines, self._call_deadlines, self._forget_deadlines)
-            if h
-        ]
-        return min(heads) if heads else None
+        # (Asked after every event: no list built, no generator.)
+        first = None
+        for heap in (self._command_deadlines, self._call_deadlines, self._forget_deadlines):
+            if heap and (first is None or heap[0][0] < first):
+                first = heap[0][0]
+        return first
 
     def timers(self) -> Effects:
         """Commands whose node did not answer in time count as failed (the node may still
