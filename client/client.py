@@ -136,12 +136,10 @@ class Client:
 
     def _remember_leases(self, keys: Iterable[str]) -> None:
         leased = self._leased
-        for key in keys:
-            leased[key] = None
-        excess = len(leased) - LEASES_REMEMBERED
-        if excess > 0:
-            for key in list(itertools.islice(leased, excess)):
-                del leased[key]
+        leased.update(dict.fromkeys(keys))  # (in C: on every read)
+        if len(leased) > 2 * LEASES_REMEMBERED:  # trimmed now and then, not on every call
+            kept = list(itertools.islice(reversed(leased), LEASES_REMEMBERED))
+            self._leased = dict.fromkeys(reversed(kept))
 
     def _release_leases(self) -> None:
         if not self._leased:
@@ -342,7 +340,7 @@ class Client:
             fields = {"no_lease": True}
         found = _found(self._keyed_call("Exists", keys, **fields))
         if lease:
-            self._remember_leases(k for k, hit in zip(keys, found, strict=True) if hit is True)
+            self._remember_leases(keys)  # (a key it holds no lease on is given back harmlessly)
         return found
 
     def remove_many(self, keys: Sequence[str], *, force: bool = False) -> list[KVPoolError | None]:

@@ -167,7 +167,8 @@ class MasterHandlers:
     # ---- client side
 
     def PutStart(self, request: pb.PutStartRequest) -> Any:
-        _check_batch(request.keys, sizes=request.sizes)
+        keys = list(request.keys)  # (protobuf builds a str per key per pass: one pass)
+        _check_batch(keys, sizes=request.sizes)
         if request.sizes and max(request.sizes) > MAX_OBJECT_SIZE:
             raise CallRefused(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -200,7 +201,7 @@ class MasterHandlers:
 
         return self.driver.call(
             lambda call_id: core.put_start(
-                call_id, request.client_id, request.keys, request.sizes, options
+                call_id, request.client_id, keys, request.sizes, options
             ),
             answer,
         )
@@ -220,7 +221,8 @@ class MasterHandlers:
         return self.driver.call(lambda call_id: core.put_end(call_id, commits), answer)
 
     def PutRevoke(self, request: pb.PutRevokeRequest) -> Any:
-        _check_batch(request.keys, sizes=request.put_ids)
+        keys = list(request.keys)
+        _check_batch(keys, sizes=request.put_ids)
         core = self.core
 
         def answer(statuses: list[KeyStatus]) -> pb.PutRevokeResponse:
@@ -228,12 +230,11 @@ class MasterHandlers:
             return pb.PutRevokeResponse(statuses=_wire(statuses))
 
         return self.driver.call(
-            lambda call_id: core.put_revoke(call_id, request.keys, request.put_ids), answer
+            lambda call_id: core.put_revoke(call_id, keys, request.put_ids), answer
         )
 
     def GetReplicas(self, request: pb.GetReplicasRequest) -> Any:
-        _check_batch(request.keys)
-        _check_keys(request.keys)
+        keys = _keys(request)
         core = self.core
 
         def answer(result: tuple[list[Location], float]) -> pb.GetReplicasResponse:
@@ -251,14 +252,13 @@ class MasterHandlers:
 
         return self.driver.call(
             lambda call_id: core.get_replicas(
-                call_id, request.keys, request.lease_ms / 1000.0, request.client_id
+                call_id, keys, request.lease_ms / 1000.0, request.client_id
             ),
             answer,
         )
 
     def Exists(self, request: pb.ExistsRequest) -> Any:
-        _check_batch(request.keys)
-        _check_keys(request.keys)
+        keys = _keys(request)
         core = self.core
 
         def answer(statuses: list[KeyStatus]) -> pb.ExistsResponse:
@@ -268,7 +268,7 @@ class MasterHandlers:
         return self.driver.call(
             lambda call_id: core.exists(
                 call_id,
-                request.keys,
+                keys,
                 request.lease_ms / 1000.0,
                 not request.no_lease,
                 request.client_id,
@@ -277,17 +277,15 @@ class MasterHandlers:
         )
 
     def ReleaseLeases(self, request: pb.ReleaseLeasesRequest) -> Any:
-        _check_batch(request.keys)
-        _check_keys(request.keys)
+        keys = _keys(request)
         core = self.core
         return self.driver.call(
-            lambda call_id: core.release_leases(call_id, request.client_id, request.keys),
+            lambda call_id: core.release_leases(call_id, request.client_id, keys),
             lambda released: pb.ReleaseLeasesResponse(released=released),
         )
 
     def Remove(self, request: pb.RemoveRequest) -> Any:
-        _check_batch(request.keys)
-        _check_keys(request.keys)
+        keys = _keys(request)
         core = self.core
 
         def answer(statuses: list[KeyStatus]) -> pb.RemoveResponse:
@@ -295,9 +293,7 @@ class MasterHandlers:
             _count("Remove", statuses)
             return pb.RemoveResponse(statuses=_wire(statuses))
 
-        return self.driver.call(
-            lambda call_id: core.remove(call_id, request.keys, request.force), answer
-        )
+        return self.driver.call(lambda call_id: core.remove(call_id, keys, request.force), answer)
 
     def RemovePrefix(self, request: pb.RemovePrefixRequest) -> Any:
         core = self.core
@@ -438,6 +434,15 @@ def _enum(kind: type[E], value: int, field: str) -> E:
         raise CallRefused(
             grpc.StatusCode.INVALID_ARGUMENT, f"{field} must be one of {names}, got {value}"
         ) from None
+
+
+def _keys(request: Any) -> list[str]:
+    """The request's keys as a list (protobuf builds a str per key on every pass over its own
+    container: one pass here, the rest over the list), checked."""
+    keys = list(request.keys)
+    _check_batch(keys)
+    _check_keys(keys)
+    return keys
 
 
 def _check_keys(keys: Sequence[str]) -> None:
