@@ -144,7 +144,10 @@ class Client:
     def _release_leases(self) -> None:
         if not self._leased:
             return
-        keys, self._leased = list(self._leased), {}
+        leased, self._leased = list(self._leased), {}
+        keys = leased if plainly_valid(leased) else [k for k in leased if key_problem(k) is None]
+        if not keys:  # (an Exists may have asked about keys no put could have made)
+            return
         request = pb.ReleaseLeasesRequest(client_id=self.client_id, keys=keys)
         deadline = time.monotonic() + min(self.timeout, RELEASE_TIMEOUT)
         try:
