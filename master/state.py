@@ -108,8 +108,11 @@ _ANY_TIER = (Tier.DRAM, Tier.NVME)
 #: a later term than this master's is taken: a master whose clock went back starts a smaller
 #: epoch, and the objects its predecessor wrote are still good.)
 GENERATIONS_END = (1 << 64) - (1 << 40)
-#: Seconds added to the write timeout when fencing, for clock rates and network delays.
-FENCE_MARGIN = 0.5
+#: Seconds added to the write timeout when fencing. The fence counts from the node's last
+#: contact with a master, and that master may have granted writes there until its next
+#: heartbeat could have come (a node heartbeats every second by default); half a second more
+#: for clock rates and network delays.
+FENCE_MARGIN = 1.5
 
 
 class MasterState:
