@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable
@@ -24,3 +27,14 @@ def metric(port: int, name: str) -> float:
             if line.startswith(name + " "):
                 return float(line.split()[1])
     raise AssertionError(f"{name} not exported")
+
+
+def kvpool_cli(*args: str, master: str) -> subprocess.CompletedProcess[str]:
+    """Runs ``kvpool ARGS`` as a shell user would, against ``master`` ($KVPOOL_MASTER)."""
+    return subprocess.run(
+        [sys.executable, "-m", "kvpool.cli.main", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "KVPOOL_MASTER": master},
+        timeout=60,
+    )

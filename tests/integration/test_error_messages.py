@@ -7,12 +7,10 @@ stays readable, and the exception still carries the whole key.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import uuid
 
 import pytest
+from helpers import kvpool_cli
 
 from kvpool import Client
 from kvpool.errors import InvalidKey, ObjectExists, ObjectNotFound
@@ -25,20 +23,11 @@ def cluster(tmp_path_factory):
         yield cluster
 
 
-def kvpool(*args: str, master: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kvpool.cli.main", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "KVPOOL_MASTER": master},
-        timeout=60,
-    )
-
 
 def test_a_second_put_of_a_key_says_it_exists_once(cluster):
     key = f"mykey-{uuid.uuid4().hex[:8]}"
-    assert kvpool("put", key, "--value", "first", master=cluster.master_address).returncode == 0
-    again = kvpool("put", key, "--value", "second", master=cluster.master_address)
+    assert kvpool_cli("put", key, "--value", "first", master=cluster.master_address).returncode == 0
+    again = kvpool_cli("put", key, "--value", "second", master=cluster.master_address)
     assert again.returncode == 1
     assert again.stderr.count(key) == 1, again.stderr
     assert again.stderr.count("exists") == 1, again.stderr
@@ -50,7 +39,7 @@ def test_a_second_put_of_a_key_says_it_exists_once(cluster):
 
 def test_an_over_long_key_is_cut_in_the_message_with_its_length(cluster):
     key = "k" * 1025
-    got = kvpool("get", key, master=cluster.master_address)
+    got = kvpool_cli("get", key, master=cluster.master_address)
     assert got.returncode == 2, "a bad argument"
     assert "1025 characters" in got.stderr and "the limit is 1024" in got.stderr
     assert len(got.stderr) < 300, got.stderr
@@ -66,5 +55,5 @@ def test_a_long_valid_key_is_cut_too_keeping_its_end(cluster):
         client.get(key)
     message = str(caught.value)
     assert len(message) < 300 and "chunk-0042" in message and f"({len(key)} characters)" in message
-    missing = kvpool("get", key, master=cluster.master_address)
+    missing = kvpool_cli("get", key, master=cluster.master_address)
     assert missing.returncode == 1 and len(missing.stderr) < 300, missing.stderr

@@ -11,20 +11,10 @@ after it: the master keeps one lessee per object, see master/state.py ``release_
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
+
+from helpers import kvpool_cli
 
 import kvpool
-
-
-def kvpool_cli(*args: str, master: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "kvpool.cli.main", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "KVPOOL_MASTER": master},
-        timeout=60,
-    )
 
 
 def test_a_get_that_exited_does_not_hold_up_a_removal(cluster_factory, tmp_path):

@@ -8,12 +8,10 @@ limit, is refused as a bad argument: InvalidArgument in Python, exit status 2 fr
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import uuid
 
 import pytest
+from helpers import kvpool_cli
 
 from kvpool import Client
 from kvpool.errors import InvalidArgument
@@ -24,16 +22,6 @@ from kvpool.local_cluster import LocalCluster
 def cluster(tmp_path_factory):
     with LocalCluster(2, "32MiB", run_dir=tmp_path_factory.mktemp("replicas")) as cluster:
         yield cluster
-
-
-def kvpool(*args: str, master: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kvpool.cli.main", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "KVPOOL_MASTER": master},
-        timeout=60,
-    )
 
 
 def new_key() -> str:
@@ -74,13 +62,13 @@ def test_a_replica_count_above_the_masters_limit_is_refused(cluster):
 
 def test_kvpool_put_says_how_many_of_the_replicas_asked_for_it_stored(cluster):
     key = new_key()
-    done = kvpool("put", key, "--value", "v", "--replicas", "3", master=cluster.master_address)
+    done = kvpool_cli("put", key, "--value", "v", "--replicas", "3", master=cluster.master_address)
     assert done.returncode == 0, done.stderr
     assert "2 of 3 replicas" in done.stderr
     with Client(cluster.master_address) as client:
         assert len(client.stat(key).replicas) == 2
 
-    enough = kvpool(
+    enough = kvpool_cli(
         "put", new_key(), "--value", "v", "--replicas", "2", master=cluster.master_address
     )
     assert enough.returncode == 0 and " of " not in enough.stderr, enough.stderr
@@ -92,7 +80,8 @@ def test_kvpool_put_says_how_many_of_the_replicas_asked_for_it_stored(cluster):
 )
 def test_kvpool_put_refuses_a_bad_replica_count_with_exit_status_2(cluster, count, says):
     key = new_key()
-    done = kvpool("put", key, "--value", "v", "--replicas", count, master=cluster.master_address)
+    master = cluster.master_address
+    done = kvpool_cli("put", key, "--value", "v", "--replicas", count, master=master)
     assert done.returncode == 2
     assert says in done.stderr and "Traceback" not in done.stderr
-    assert kvpool("get", key, master=cluster.master_address).returncode == 1, "not stored"
+    assert kvpool_cli("get", key, master=cluster.master_address).returncode == 1, "not stored"
