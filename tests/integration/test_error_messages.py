@@ -23,7 +23,6 @@ def cluster(tmp_path_factory):
         yield cluster
 
 
-
 def test_a_second_put_of_a_key_says_it_exists_once(cluster):
     key = f"mykey-{uuid.uuid4().hex[:8]}"
     assert kvpool_cli("put", key, "--value", "first", master=cluster.master_address).returncode == 0
