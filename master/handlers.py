@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from enum import IntEnum
 from typing import Any, TypeVar
 
@@ -213,24 +213,16 @@ class MasterHandlers:
             for c in request.commits
         ]
         core = self.core
-
-        def answer(statuses: list[KeyStatus]) -> pb.PutEndResponse:
-            _count("PutEnd", statuses)
-            return pb.PutEndResponse(statuses=_wire(statuses))
-
+        answer = _statuses("PutEnd", pb.PutEndResponse)
         return self.driver.call(lambda call_id: core.put_end(call_id, commits), answer)
 
     def PutRevoke(self, request: pb.PutRevokeRequest) -> Any:
         keys = list(request.keys)
         _check_batch(keys, sizes=request.put_ids)
         core = self.core
-
-        def answer(statuses: list[KeyStatus]) -> pb.PutRevokeResponse:
-            _count("PutRevoke", statuses)
-            return pb.PutRevokeResponse(statuses=_wire(statuses))
-
         return self.driver.call(
-            lambda call_id: core.put_revoke(call_id, keys, request.put_ids), answer
+            lambda call_id: core.put_revoke(call_id, keys, request.put_ids),
+            _statuses("PutRevoke", pb.PutRevokeResponse),
         )
 
     def GetReplicas(self, request: pb.GetReplicasRequest) -> Any:
@@ -260,11 +252,7 @@ class MasterHandlers:
     def Exists(self, request: pb.ExistsRequest) -> Any:
         keys = _keys(request)
         core = self.core
-
-        def answer(statuses: list[KeyStatus]) -> pb.ExistsResponse:
-            _count("Exists", statuses)
-            return pb.ExistsResponse(statuses=_wire(statuses))
-
+        answer = _statuses("Exists", pb.ExistsResponse)
         return self.driver.call(
             lambda call_id: core.exists(
                 call_id,
@@ -287,12 +275,7 @@ class MasterHandlers:
     def Remove(self, request: pb.RemoveRequest) -> Any:
         keys = _keys(request)
         core = self.core
-
-        def answer(statuses: list[KeyStatus]) -> pb.RemoveResponse:
-            _unless_term_ended(statuses)
-            _count("Remove", statuses)
-            return pb.RemoveResponse(statuses=_wire(statuses))
-
+        answer = _statuses("Remove", pb.RemoveResponse)
         return self.driver.call(lambda call_id: core.remove(call_id, keys, request.force), answer)
 
     def RemovePrefix(self, request: pb.RemovePrefixRequest) -> Any:
@@ -413,6 +396,18 @@ _STATUS_LABELS = {status.value: status.name.lower() for status in KeyStatus}
 def _count(method: str, statuses: Iterable[int]) -> None:
     for status, n in collections.Counter(statuses).items():  # (counted in C)
         metrics.labelled(metrics.KEYS, method, _STATUS_LABELS[status]).inc(n)
+
+
+def _statuses(method: str, response_type: Any) -> Callable[[Any], Any]:
+    """The answer of a call that says one KeyStatus per key: counted, and refused as
+    UNAVAILABLE when the core says the term ended while it waited."""
+
+    def answer(statuses: list[KeyStatus]) -> Any:
+        _unless_term_ended(statuses)
+        _count(method, statuses)
+        return response_type(statuses=_wire(statuses))
+
+    return answer
 
 
 def _wire(value: object) -> Any:
