@@ -9,6 +9,7 @@ that key (they raise only for whole-call failures such as MasterUnavailable).
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -27,6 +28,7 @@ from kvpool.common.master_address import parse_master
 from kvpool.common.status import KeyStatus
 from kvpool.errors import BufferTooSmall, InvalidArgument, InvalidKey, KVPoolError
 from kvpool.proto import master_pb2 as pb
+from kvpool.security.caller import CallerCredentials
 from kvpool.transport import ucp
 
 DEFAULT_TIMEOUT = 10.0
@@ -60,6 +62,13 @@ class Client:
     more; 1 keeps them on the calling thread. ``metadata_lane`` sends the hot metadata calls
     over the master's metadata lane when it has one (else, and where it cannot be reached,
     gRPC); turn it off to use gRPC only.
+
+    Credentials: ``token`` (or ``@/path/to/file``; default ``$KVPOOL_TOKEN`` or the file
+    ``$KVPOOL_TOKEN_FILE``) is a client token of one tenant (`kvpool token create --role
+    client --tenant T`): the client reaches that tenant's objects only. ``tls_ca`` (default
+    ``$KVPOOL_TLS_CA``) is the CA of the master's certificate and makes every connection to
+    it TLS; ``tls_cert`` and ``tls_key`` (``$KVPOOL_TLS_CERT``, ``$KVPOOL_TLS_KEY``) a client
+    certificate, where the master asks for one. A master started ``--insecure`` needs none.
     """
 
     def __init__(
@@ -75,9 +84,14 @@ class Client:
         same_host_mapping: bool = True,
         copy_threads: int = 2,
         metadata_lane: bool = True,
+        token: str | None = None,
+        tls_ca: str | os.PathLike[str] | None = None,
+        tls_cert: str | os.PathLike[str] | None = None,
+        tls_key: str | os.PathLike[str] | None = None,
     ) -> None:
         try:
             target = parse_master(master)
+            credentials = CallerCredentials.resolve(token, tls_ca, tls_cert, tls_key)
         except ValueError as error:
             raise InvalidArgument(str(error)) from None
         _check_replicas(replicas)
@@ -93,7 +107,7 @@ class Client:
         self.checksum = checksum
         self.prefer_local = prefer_local
         self._session = Session(
-            MasterLink(target, use_lane=metadata_lane),
+            MasterLink(target, use_lane=metadata_lane, credentials=credentials),
             DataPath(ucx_config, same_host_mapping=same_host_mapping, copy_threads=copy_threads),
             timeout,
             lease_ttl,

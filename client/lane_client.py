@@ -13,12 +13,14 @@ from __future__ import annotations
 import contextlib
 import itertools
 import socket
+import ssl
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 from kvpool.common import lane_protocol as lp
 from kvpool.common.limits import MESSAGE_LIMIT
+from kvpool.security.caller import ANONYMOUS, CallerCredentials
 
 if TYPE_CHECKING:
     from google.protobuf.message import Message
@@ -45,9 +47,11 @@ class LaneError(Exception):
 
 
 class LaneClient:
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, credentials: CallerCredentials = ANONYMOUS) -> None:
         self.host = host
         self.port = port
+        self.credentials = credentials
+        self._tls = credentials.lane_context()
         self._idle: list[_Connection] = []
         self._lock = threading.Lock()
         self._closed = False
@@ -99,7 +103,28 @@ class LaneClient:
                 f"cannot connect to the lane at {self.host}:{self.port}: {error}"
             ) from None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return _Connection(sock)
+        try:
+            if self._tls is not None:
+                sock = self._tls.wrap_socket(sock, server_hostname=self.host)
+            connection = _Connection(sock)
+            connection.authenticate(self.credentials.lane_auth, deadline)
+        except TimeoutError:
+            sock.close()
+            raise LaneError(lp.DEADLINE_EXCEEDED, "the lane did not answer in time") from None
+        except ssl.SSLError as error:
+            sock.close()
+            raise LaneError(
+                lp.UNAVAILABLE,
+                f"TLS with the lane at {self.host}:{self.port} failed ({error}): check that "
+                "KVPOOL_TLS_CA is the CA of the master's certificate",
+            ) from None
+        except OSError as error:
+            sock.close()
+            raise LaneError(lp.UNAVAILABLE, f"the lane connection broke: {error}") from None
+        except LaneError:
+            sock.close()
+            raise
+        return connection
 
     def _give_back(self, connection: _Connection) -> None:
         with self._lock:
@@ -120,13 +145,25 @@ class _Connection:
         #: When it was last given back to the pool.
         self.idle_since = time.monotonic()
 
+    def authenticate(self, token: bytes, deadline: float) -> None:
+        """Sends the connection's credentials (the AUTH frame every connection opens with);
+        LaneError when the master refuses them."""
+        call_id = next(self._ids) & 0xFFFFFFFF
+        self._sock.settimeout(_left(deadline))
+        self._sock.sendall(lp.encode(call_id, lp.AUTH, token))
+        answer = self._read_frame(call_id, deadline)
+        if answer.status not in (lp.OK, lp.UNIMPLEMENTED):  # (UNIMPLEMENTED: an older master)
+            details, leader = answer.error()
+            raise LaneError(answer.status, details, leader)
+
     def reusable(self) -> bool:
         """Not idle too long, and the master has neither closed it nor sent anything unasked."""
         if time.monotonic() - self.idle_since > MAX_IDLE:
             return False
         try:
             self._sock.settimeout(0.0)  # (a call sets its own timeout before it sends)
-            self._sock.recv(1, socket.MSG_PEEK)
+            # (on the socket itself: under TLS, any bytes at all are ones nobody asked for)
+            socket.socket.recv(self._sock, 1, socket.MSG_PEEK)
         except BlockingIOError:
             return True  # open, and nothing waiting: as it should be
         except OSError:

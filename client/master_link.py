@@ -30,9 +30,16 @@ from kvpool.common.leader_resolver import LEADER_METADATA, LeaderResolver
 from kvpool.common.limits import GRPC_MESSAGE_OPTIONS
 from kvpool.common.logging import get_logger
 from kvpool.common.master_address import MasterTarget, host_of, parse_master
-from kvpool.errors import InvalidArgument, KVPoolError, MasterUnavailable
+from kvpool.errors import (
+    InvalidArgument,
+    KVPoolError,
+    MasterUnavailable,
+    NotAuthenticated,
+    PermissionDenied,
+)
 from kvpool.proto import master_pb2 as pb
 from kvpool.proto import master_pb2_grpc
+from kvpool.security.caller import ANONYMOUS, CallerCredentials
 
 log = get_logger("kvpool.client")
 
@@ -55,10 +62,17 @@ FAILURES_BEFORE_RESOLVING = 2
 
 
 class MasterLink:
-    def __init__(self, target: MasterTarget | str, use_lane: bool = True) -> None:
+    def __init__(
+        self,
+        target: MasterTarget | str,
+        use_lane: bool = True,
+        credentials: CallerCredentials = ANONYMOUS,
+    ) -> None:
         if isinstance(target, str):
             target = parse_master(target)
         self.target = target
+        self.credentials = credentials
+        self._metadata = credentials.metadata
         self.use_lane = use_lane
         #: Per master address: its lane, or until when to use gRPC there (no lane, unreachable).
         self._lanes: dict[str, LaneClient | float] = {}
@@ -106,7 +120,9 @@ class MasterLink:
                         answer = lane.call(method, request, response_type, remaining)
                         self._answered = True
                         return answer
-                    response = getattr(stub, method)(request, timeout=remaining)
+                    response = getattr(stub, method)(
+                        request, timeout=remaining, metadata=self._metadata
+                    )
                     self._answered = True
                     if lane_failure is not None:
                         self._lane_unreachable(leader, lane_failure)
@@ -145,6 +161,10 @@ class MasterLink:
                         self._new_channel()
                 elif code == lp.INVALID_ARGUMENT:
                     raise InvalidArgument(f"master rejected {method}: {details}")
+                elif code == lp.UNAUTHENTICATED:
+                    raise NotAuthenticated(f"master {leader} refused {method}: {details}")
+                elif code == lp.PERMISSION_DENIED:
+                    raise PermissionDenied(f"master {leader} refused {method}: {details}")
                 else:
                     raise KVPoolError(f"master {method} failed: {name}: {details}")
             self.retries += 1
@@ -176,7 +196,11 @@ class MasterLink:
         if isinstance(known, float) and time.monotonic() < known:
             return None  # none there, or unreachable from here: ask again later
         try:
-            port = stub.Lane(pb.LaneRequest(), timeout=min(remaining, LANE_ASK_TIMEOUT)).port
+            port = stub.Lane(
+                pb.LaneRequest(),
+                timeout=min(remaining, LANE_ASK_TIMEOUT),
+                metadata=self._metadata,
+            ).port
         except grpc.RpcError as error:
             if error.code() == grpc.StatusCode.UNIMPLEMENTED:  # a master from before the lane
                 with self._lock:
@@ -194,7 +218,7 @@ class MasterLink:
                     if isinstance(other, LaneClient):
                         stale.append(other)
                         del self._lanes[address]
-                lane = self._lanes[leader] = LaneClient(host_of(leader), port)
+                lane = self._lanes[leader] = LaneClient(host_of(leader), port, self.credentials)
         for other in stale:
             other.close()
         return lane
@@ -235,7 +259,7 @@ class MasterLink:
             if leader != self._connected_to or self._stub is None:
                 if self._channel is not None:
                     self._channel.close()
-                self._channel = grpc.insecure_channel(
+                self._channel = self.credentials.channel(
                     leader,
                     options=[
                         *GRPC_MESSAGE_OPTIONS,

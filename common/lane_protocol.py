@@ -12,8 +12,9 @@ and leader hints.
 A frame is ``HEADER`` (body length, call id, method, status) then the body. A request has
 status 0 and the request message as body; its answer carries the same call id and either
 status 0 and the response message, or a gRPC status code and ``details NUL leader`` in UTF-8
-(``leader``: where a standby says the leader is, else empty). On a node session the first
-frame (method ``NodeSession``) holds the node's hello and every later frame one
+(``leader``: where a standby says the leader is, else empty). A master that checks
+credentials reads an ``AUTH`` frame first (a bearer token), no larger than ``AUTH_LIMIT``.
+On a node session the first frame (method ``NodeSession``) holds the node's hello and every later frame one
 ``NodeReport`` (node to master) or ``NodeCommand`` (master to node).
 
 A frame is refused at its header when it announces more than its reader accepts: the master
@@ -64,6 +65,12 @@ LANE_METHODS: dict[int, tuple[str, type[Message], type[Message]]] = {
     6: ("Remove", pb.RemoveRequest, pb.RemoveResponse),
 }
 NODE_SESSION = 100
+#: The first frame of every connection to a master that checks credentials: its body is
+#: the caller's bearer token in UTF-8 (empty when a client certificate proves who it is).
+#: Answered with an empty body, or UNAUTHENTICATED (and the connection closed).
+AUTH = 99
+#: The largest frame the master reads before the caller is authenticated.
+AUTH_LIMIT = 8192
 METHOD_IDS = {name: number for number, (name, _, _) in LANE_METHODS.items()}
 
 #: gRPC status codes by number (``grpc.StatusCode.X.value[0]``), without importing grpc.
@@ -76,6 +83,8 @@ INVALID_ARGUMENT = 3
 UNAVAILABLE = 14
 INTERNAL = 13
 UNIMPLEMENTED = 12
+UNAUTHENTICATED = 16
+PERMISSION_DENIED = 7
 
 
 class LaneProtocolError(Exception):

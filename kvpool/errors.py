@@ -87,3 +87,16 @@ class ChecksumMismatch(KVPoolError):
     """The bytes read do not match the checksum their writer recorded."""
 
     retryable = True
+
+
+class NotAuthenticated(KVPoolError):
+    """The master did not accept the caller's credentials (none, unknown, revoked or
+    malformed token; a certificate naming no kvpool identity)."""
+
+
+class PermissionDenied(KVPoolError):
+    """The caller's identity may not make this call (another role's, another node's)."""
+
+
+class QuotaExceeded(KVPoolError):
+    """The caller's tenant reached one of its quotas; the message names it."""

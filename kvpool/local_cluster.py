@@ -2,6 +2,11 @@
 
 Used by ``kvpool up``, ``kvpool bench`` and the test suite. Every process is a real
 ``kvpool master`` / ``kvpool node``; readiness is learned from the ready files they write.
+
+Secure unless told otherwise: the cluster makes a throwaway CA (the master serves TLS with
+a certificate it signs), a credentials file with an admin token, a client token per tenant
+asked for and a token per node, bound to its node id. ``client_env()`` is what a client of
+the cluster needs in its environment; ``secure=False`` runs everything ``--insecure``.
 """
 
 from __future__ import annotations
@@ -18,6 +23,14 @@ import time
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from kvpool.security.dev_pki import DevPki
+    from kvpool.security.tokens import CredentialStore, TokenRecord
+
+#: The tenant of the client token every secure local cluster makes.
+DEFAULT_TENANT = "default"
 
 
 class ClusterError(RuntimeError):
@@ -121,6 +134,12 @@ class LocalCluster:
     nodes and clients find the leader with ``etcd://HOST:PORT/<cluster name>``.
     """
 
+    #: A CA and tokens every secure cluster this process starts shares, when set (the test
+    #: session sets them, so that the one client token and CA in its environment reach every
+    #: cluster it starts).
+    shared_pki: ClassVar[DevPki | None] = None
+    shared_tokens: ClassVar[tuple[TokenRecord, ...]] = ()
+
     def __init__(
         self,
         nodes: int = 2,
@@ -135,6 +154,11 @@ class LocalCluster:
         masters: int = 1,
         etcd: str | None = None,
         name: str = "kvpool",
+        secure: bool = True,
+        pki: DevPki | None = None,
+        tenants: Sequence[str] = (DEFAULT_TENANT,),
+        tokens: Sequence[TokenRecord] = (),
+        etcd_tls: bool = False,
     ) -> None:
         if masters > 1 and not etcd:
             raise ValueError("several masters need etcd to elect a leader")
@@ -157,6 +181,97 @@ class LocalCluster:
         self.master_address = ""
         self.master_http_port = 0
         self.lane_port = 0
+        self.secure = secure
+        #: The throwaway CA and the master's certificate (secure clusters).
+        self.pki = pki or LocalCluster.shared_pki
+        self._tenants = tuple(tenants)
+        self._extra_tokens = (*LocalCluster.shared_tokens, *tokens)
+        #: etcd serves https with client certificates (given ``etcd``): masters use the CA's
+        #: server certificate, which is also a client certificate.
+        self.etcd_tls = etcd_tls
+        self._credentials: CredentialStore | None = None
+        #: Tokens made for this cluster: "admin", and one per tenant asked for.
+        self.admin_token = ""
+        self.tenant_tokens: dict[str, str] = {}
+
+    # ---- credentials
+
+    def _prepare_credentials(self) -> None:
+        if not self.secure or self._credentials is not None:
+            return
+        from kvpool.security.dev_pki import make_dev_pki
+        from kvpool.security.identity import Role
+        from kvpool.security.tokens import CredentialStore, new_token
+
+        if self.pki is None:
+            self.pki = make_dev_pki(self.run_dir / "pki")
+        self._credentials = CredentialStore.create(self.run_dir / "credentials.json")
+        for record in self._extra_tokens:
+            self._credentials.add(record)
+        self.admin_token, record = new_token("admin", Role.ADMIN)
+        self._credentials.add(record)
+        for tenant in self._tenants:
+            token, record = new_token(f"{tenant}-client", Role.CLIENT, tenant=tenant)
+            self._credentials.add(record)
+            self.tenant_tokens[tenant] = token
+
+    def _node_token(self, node_id: str) -> str:
+        from kvpool.security.identity import Role
+        from kvpool.security.tokens import new_token
+
+        assert self._credentials is not None
+        token, record = new_token(node_id, Role.NODE, node_id=node_id)
+        self._credentials.add(record)
+        return token
+
+    def client_env(self, tenant: str = DEFAULT_TENANT) -> dict[str, str]:
+        """The environment a client of this cluster needs (empty for an insecure one)."""
+        if not self.secure:
+            return {}
+        assert self.pki is not None
+        return {"KVPOOL_TOKEN": self.tenant_tokens[tenant], "KVPOOL_TLS_CA": str(self.pki.ca)}
+
+    def admin_env(self) -> dict[str, str]:
+        """The environment of an admin of this cluster (`kvpool status`, across tenants)."""
+        if not self.secure:
+            return {}
+        assert self.pki is not None
+        return {"KVPOOL_TOKEN": self.admin_token, "KVPOOL_TLS_CA": str(self.pki.ca)}
+
+    def client_credentials(self, tenant: str = DEFAULT_TENANT) -> dict[str, str]:
+        """``Client(...)`` keyword arguments of a client of ``tenant``."""
+        env = self.client_env(tenant)
+        return {"token": env["KVPOOL_TOKEN"], "tls_ca": env["KVPOOL_TLS_CA"]} if env else {}
+
+    def _master_security_args(self) -> list[str]:
+        if not self.secure:
+            return ["--insecure"]
+        assert self.pki is not None
+        return [
+            "--tls-cert",
+            str(self.pki.server_cert),
+            "--tls-key",
+            str(self.pki.server_key),
+            "--tls-client-ca",
+            str(self.pki.ca),
+            "--credentials",
+            str(self.run_dir / "credentials.json"),
+        ]
+
+    def _etcd_args(self) -> list[str]:
+        if not self.etcd_tls:
+            return ["--etcd", f"http://{self.etcd}"]
+        assert self.pki is not None
+        return [
+            "--etcd",
+            f"https://{self.etcd}",
+            "--etcd-ca",
+            str(self.pki.ca),
+            "--etcd-cert",
+            str(self.pki.server_cert),
+            "--etcd-key",
+            str(self.pki.server_key),
+        ]
 
     def _kvpool(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "kvpool.cli.main", *args]
@@ -166,6 +281,7 @@ class LocalCluster:
         if self.master is not None or self.masters:
             return self
         deadline = time.monotonic() + timeout
+        self._prepare_credentials()
         if self.etcd:
             for _ in range(self.master_count):
                 self.add_master(deadline)
@@ -191,6 +307,7 @@ class LocalCluster:
             "0",
             "--log-format",
             self.log_format,
+            *self._master_security_args(),
             *self.master_args,
         )
         self.master = ManagedProcess("master", argv, self.run_dir, self.env)
@@ -212,12 +329,12 @@ class LocalCluster:
             "0",
             "--http-port",
             "0",
-            "--etcd",
-            f"http://{self.etcd}",
+            *self._etcd_args(),
             "--cluster",
             self.name,
             "--log-format",
             self.log_format,
+            *self._master_security_args(),
             *self.master_args,
         )
         master = ManagedProcess(f"master{len(self.masters)}", argv, self.run_dir, self.env)
@@ -274,7 +391,16 @@ class LocalCluster:
             *self.node_args,
             *extra,
         )
-        node = ManagedProcess(name, argv, self.run_dir, self.env)
+        env = dict(self.env)
+        if self.secure:
+            assert self.pki is not None
+            # (argparse takes the last --node-id: a test's own wins over the name)
+            node_id = argv[len(argv) - 1 - argv[::-1].index("--node-id") + 1]
+            env.update(KVPOOL_TOKEN=self._node_token(node_id), KVPOOL_TLS_CA=str(self.pki.ca))
+            env.pop("KVPOOL_TOKEN_FILE", None)
+        else:
+            argv.append("--insecure")
+        node = ManagedProcess(name, argv, self.run_dir, env)
         node.ready = node.wait_ready(deadline)
         self.nodes.append(node)
         return node

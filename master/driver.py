@@ -20,6 +20,7 @@ from kvpool.common.logging import get_logger
 from kvpool.master import metrics
 from kvpool.master.commands_pb import command_to_pb
 from kvpool.master.core import Effects, MasterCore
+from kvpool.master.node_processes import Attached, NodeProcesses
 from kvpool.master.records import TickReport
 from kvpool.proto import master_pb2 as pb
 
@@ -86,7 +87,7 @@ class NodeStream:
     """One open command stream of a node, as a transport offers it: ``write`` sends a command
     at once, ``close`` ends the stream (the node reconnects to whoever leads)."""
 
-    __slots__ = ("close", "core", "node_id", "write")
+    __slots__ = ("attached", "close", "core", "node_id", "write")
 
     def __init__(
         self,
@@ -94,11 +95,13 @@ class NodeStream:
         core: MasterCore,
         write: Callable[[pb.NodeCommand], None],
         close: Callable[[], None],
+        attached: Attached,
     ) -> None:
         self.node_id = node_id
         self.core = core
         self.write = write
         self.close = close
+        self.attached = attached
 
 
 _NO_ANSWER = object()
@@ -113,6 +116,7 @@ class CoreDriver:
         self._call_ids = itertools.count(1)
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
+        self.processes = NodeProcesses(core.state.config.node_ttl if core is not None else 0.0)
 
     def accepting_clients(self) -> bool:
         return self.core is None or self.core.accepting_clients()
@@ -154,9 +158,11 @@ class CoreDriver:
         incarnation: str,
         write: Callable[[pb.NodeCommand], None],
         close: Callable[[], None],
+        peer: str = "?",
     ) -> NodeStream:
-        """A node opened its command stream; CallRefused when this master is not serving or
-        does not know the node (it has mounted nothing here)."""
+        """A node opened its command stream; CallRefused when this master is not serving,
+        does not know the node (it has mounted nothing here), or another live process of the
+        node holds its stream."""
         core = self.core
         if core is None:
             raise CallRefused(grpc.StatusCode.UNAVAILABLE, "this master is not serving: retry")
@@ -165,7 +171,15 @@ class CoreDriver:
                 grpc.StatusCode.UNAVAILABLE,
                 f"node {node_id!r} has mounted no segment here: mount one, then open the stream",
             )
-        stream = self._streams[node_id] = NodeStream(node_id, core, write, close)
+        held = self._streams.get(node_id)
+        if held is not None:
+            self.processes.node_ttl = core.state.config.node_ttl
+            refusal = self.processes.refusal(node_id, incarnation, held.attached, core.clock())
+            if refusal is not None:
+                raise CallRefused(grpc.StatusCode.FAILED_PRECONDITION, refusal)
+            held.close()  # (its process is gone, or reconnects on this new stream)
+        attached = Attached(incarnation, peer)
+        stream = self._streams[node_id] = NodeStream(node_id, core, write, close, attached)
         self.carry_out(core.node_connected(node_id, stream, incarnation))
         return stream
 

@@ -25,6 +25,8 @@ import aetcd
 from kvpool.common.aio import pause
 from kvpool.common.leader_resolver import leader_key
 from kvpool.common.logging import get_logger
+from kvpool.security.etcd_tls import TlsEtcdClient
+from kvpool.security.tls import TlsFiles
 
 log = get_logger("kvpool.election")
 
@@ -49,11 +51,19 @@ class AlwaysLeader:
 
 class Election:
     def __init__(
-        self, endpoints: Sequence[str], cluster: str, address: str, ttl: int = DEFAULT_TTL
+        self,
+        endpoints: Sequence[str],
+        cluster: str,
+        address: str,
+        ttl: int = DEFAULT_TTL,
+        *,
+        tls: TlsFiles | None = None,
     ) -> None:
         if ttl < 1:
             raise ValueError(f"the election lease TTL is whole seconds, at least 1; got {ttl}")
         self.endpoints = list(endpoints)
+        #: Client certificate and CA for etcd over https, else None (plain http).
+        self.tls = tls
         self.key = leader_key(cluster)
         self.address = address
         self.ttl = ttl
@@ -121,7 +131,12 @@ class Election:
             endpoint = self.endpoints[attempt % len(self.endpoints)]
             attempt += 1
             host, _, port = endpoint.rpartition(":")
-            client = aetcd.Client(host, int(port), timeout=max(1, self.ttl // 2))
+            timeout = max(1, self.ttl // 2)
+            client = (
+                TlsEtcdClient(host, int(port), timeout=timeout, tls=self.tls)
+                if self.tls is not None
+                else aetcd.Client(host, int(port), timeout=timeout)
+            )
             self._client = client
             try:
                 await self._campaign(client, stop, on_elected, on_lost)

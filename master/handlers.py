@@ -22,6 +22,7 @@ import grpc
 from kvpool.common.keys import key_problem, plainly_valid
 from kvpool.common.status import KeyStatus, Pin, Tier
 from kvpool.master import metrics
+from kvpool.master.access import authorize, client_scope, key_prefix, own_node
 from kvpool.master.commands_pb import stored_from_pb
 from kvpool.master.core import TERM_ENDED, MasterCore
 from kvpool.master.driver import CallRefused, CoreDriver
@@ -36,6 +37,7 @@ from kvpool.master.records import (
 )
 from kvpool.master.story_rpc import story_response
 from kvpool.proto import master_pb2 as pb
+from kvpool.security.identity import Identity
 
 MAX_BATCH = 65536
 #: Largest object and segment a request may name: far beyond any machine, yet small enough
@@ -78,11 +80,13 @@ class MasterHandlers:
         self.lane_port = 0
         self._segment_pbs: dict[str, tuple[SegmentInfo, pb.Segment]] = {}
 
-    def call(self, method: str, request: Any) -> Any:
-        """Runs handler ``method``, counting and timing it (the part that runs now)."""
+    def call(self, method: str, request: Any, identity: Identity) -> Any:
+        """Runs handler ``method`` for ``identity`` once its role may make the call,
+        counting and timing it (the part that runs now)."""
         started = time.perf_counter()
         try:
-            return getattr(self, method)(request)
+            authorize(identity, method)
+            return getattr(self, method)(request, identity)
         finally:
             metrics.labelled(metrics.REQUESTS, method).inc()
             metrics.labelled(metrics.LATENCY, method).observe(time.perf_counter() - started)
@@ -96,13 +100,14 @@ class MasterHandlers:
 
     # ---- node side
 
-    def MountSegment(self, request: pb.MountSegmentRequest) -> Any:
+    def MountSegment(self, request: pb.MountSegmentRequest, identity: Identity) -> Any:
         s = request.segment
         if not s.segment_id or not s.node_id or not s.worker_address or not s.size:
             raise CallRefused(
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "MountSegment needs segment_id, node_id, worker_address and size",
             )
+        own_node(identity, s.node_id, "mount segments")
         tier = _enum(Tier, s.tier, "segment.tier") if s.tier else Tier.DRAM
         if tier is Tier.UNSPECIFIED:
             tier = Tier.DRAM
@@ -132,6 +137,9 @@ class MasterHandlers:
         )
         stored = [stored_from_pb(o) for o in request.objects]
         core = self.core
+        problem = core.state.mount_problem(info)
+        if problem is not None:
+            raise CallRefused(grpc.StatusCode.FAILED_PRECONDITION, problem)
         if self.registry is not None:
             self.registry.node_seen(info.node_id)
 
@@ -145,7 +153,8 @@ class MasterHandlers:
             answer,
         )
 
-    def UnmountSegment(self, request: pb.UnmountSegmentRequest) -> Any:
+    def UnmountSegment(self, request: pb.UnmountSegmentRequest, identity: Identity) -> Any:
+        own_node(identity, request.node_id, "unmount segments")
         core = self.core
 
         def answer(result: tuple[int, float]) -> pb.UnmountSegmentResponse:
@@ -157,8 +166,10 @@ class MasterHandlers:
             answer,
         )
 
-    def Heartbeat(self, request: pb.HeartbeatRequest) -> Any:
+    def Heartbeat(self, request: pb.HeartbeatRequest, identity: Identity) -> Any:
+        own_node(identity, request.node_id, "heartbeat")
         core = self.core
+        self.driver.processes.heard(request.node_id, request.incarnation, core.clock())
         return self.driver.call(
             lambda call_id: core.heartbeat(call_id, request.node_id, request.segment_ids),
             lambda remount: pb.HeartbeatResponse(remount_segment_ids=remount),
@@ -166,9 +177,11 @@ class MasterHandlers:
 
     # ---- client side
 
-    def PutStart(self, request: pb.PutStartRequest) -> Any:
+    def PutStart(self, request: pb.PutStartRequest, identity: Identity) -> Any:
         keys = list(request.keys)  # (protobuf builds a str per key per pass: one pass)
         _check_batch(keys, sizes=request.sizes)
+        keys = _scoped(keys, key_prefix(identity))
+        client_id = client_scope(identity, request.client_id)
         if request.sizes and max(request.sizes) > MAX_OBJECT_SIZE:
             raise CallRefused(
                 grpc.StatusCode.INVALID_ARGUMENT,
@@ -200,33 +213,39 @@ class MasterHandlers:
             return response
 
         return self.driver.call(
-            lambda call_id: core.put_start(
-                call_id, request.client_id, keys, request.sizes, options
-            ),
+            lambda call_id: core.put_start(call_id, client_id, keys, request.sizes, options),
             answer,
         )
 
-    def PutEnd(self, request: pb.PutEndRequest) -> Any:
+    def PutEnd(self, request: pb.PutEndRequest, identity: Identity) -> Any:
         _check_batch(request.commits)
+        prefix = key_prefix(identity)
         commits = [
-            Commit(c.key, c.put_id, tuple(c.replica_ok), c.crc32c if c.HasField("crc32c") else None)
+            Commit(
+                prefix + c.key,
+                c.put_id,
+                tuple(c.replica_ok),
+                c.crc32c if c.HasField("crc32c") else None,
+            )
             for c in request.commits
         ]
         core = self.core
         answer = _statuses("PutEnd", pb.PutEndResponse)
         return self.driver.call(lambda call_id: core.put_end(call_id, commits), answer)
 
-    def PutRevoke(self, request: pb.PutRevokeRequest) -> Any:
+    def PutRevoke(self, request: pb.PutRevokeRequest, identity: Identity) -> Any:
         keys = list(request.keys)
         _check_batch(keys, sizes=request.put_ids)
+        keys = _scoped(keys, key_prefix(identity))
         core = self.core
         return self.driver.call(
             lambda call_id: core.put_revoke(call_id, keys, request.put_ids),
             _statuses("PutRevoke", pb.PutRevokeResponse),
         )
 
-    def GetReplicas(self, request: pb.GetReplicasRequest) -> Any:
-        keys = _keys(request)
+    def GetReplicas(self, request: pb.GetReplicasRequest, identity: Identity) -> Any:
+        keys = _keys(request, identity)
+        client_id = client_scope(identity, request.client_id)
         core = self.core
 
         def answer(result: tuple[list[Location], float]) -> pb.GetReplicasResponse:
@@ -243,14 +262,13 @@ class MasterHandlers:
             return response
 
         return self.driver.call(
-            lambda call_id: core.get_replicas(
-                call_id, keys, request.lease_ms / 1000.0, request.client_id
-            ),
+            lambda call_id: core.get_replicas(call_id, keys, request.lease_ms / 1000.0, client_id),
             answer,
         )
 
-    def Exists(self, request: pb.ExistsRequest) -> Any:
-        keys = _keys(request)
+    def Exists(self, request: pb.ExistsRequest, identity: Identity) -> Any:
+        keys = _keys(request, identity)
+        client_id = client_scope(identity, request.client_id)
         core = self.core
         answer = _statuses("Exists", pb.ExistsResponse)
         return self.driver.call(
@@ -259,26 +277,28 @@ class MasterHandlers:
                 keys,
                 request.lease_ms / 1000.0,
                 not request.no_lease,
-                request.client_id,
+                client_id,
             ),
             answer,
         )
 
-    def ReleaseLeases(self, request: pb.ReleaseLeasesRequest) -> Any:
-        keys = _keys(request)
+    def ReleaseLeases(self, request: pb.ReleaseLeasesRequest, identity: Identity) -> Any:
+        keys = _keys(request, identity)
+        client_id = client_scope(identity, request.client_id)
         core = self.core
         return self.driver.call(
-            lambda call_id: core.release_leases(call_id, request.client_id, keys),
+            lambda call_id: core.release_leases(call_id, client_id, keys),
             lambda released: pb.ReleaseLeasesResponse(released=released),
         )
 
-    def Remove(self, request: pb.RemoveRequest) -> Any:
-        keys = _keys(request)
+    def Remove(self, request: pb.RemoveRequest, identity: Identity) -> Any:
+        keys = _keys(request, identity)
         core = self.core
         answer = _statuses("Remove", pb.RemoveResponse)
         return self.driver.call(lambda call_id: core.remove(call_id, keys, request.force), answer)
 
-    def RemovePrefix(self, request: pb.RemovePrefixRequest) -> Any:
+    def RemovePrefix(self, request: pb.RemovePrefixRequest, identity: Identity) -> Any:
+        prefix = key_prefix(identity) + request.prefix
         core = self.core
 
         def answer(result: PrefixRemoval) -> pb.RemovePrefixResponse:
@@ -288,20 +308,21 @@ class MasterHandlers:
             )
 
         return self.driver.call(
-            lambda call_id: core.remove_prefix(call_id, request.prefix, request.force), answer
+            lambda call_id: core.remove_prefix(call_id, prefix, request.force), answer
         )
 
-    def ClientHeartbeat(self, request: pb.ClientHeartbeatRequest) -> Any:
+    def ClientHeartbeat(self, request: pb.ClientHeartbeatRequest, identity: Identity) -> Any:
+        client_id = client_scope(identity, request.client_id)
         core = self.core
         return self.driver.call(
-            lambda call_id: core.client_heartbeat(call_id, request.client_id),
+            lambda call_id: core.client_heartbeat(call_id, client_id),
             lambda _: pb.ClientHeartbeatResponse(),
         )
 
     # ---- reads of the state that change nothing
 
-    def Stat(self, request: pb.StatRequest) -> pb.StatResponse:
-        info = self.core.state.stat(request.key)
+    def Stat(self, request: pb.StatRequest, identity: Identity) -> pb.StatResponse:
+        info = self.core.state.stat(key_prefix(identity) + request.key)
         response = pb.StatResponse(
             status=_wire(info.status),
             size=info.size,
@@ -324,13 +345,20 @@ class MasterHandlers:
             )
         return response
 
-    def ListKeys(self, request: pb.ListKeysRequest) -> pb.ListKeysResponse:
-        page = self.core.state.list_keys(request.prefix, request.limit, request.start_after)
+    def ListKeys(self, request: pb.ListKeysRequest, identity: Identity) -> pb.ListKeysResponse:
+        scope = key_prefix(identity)
+        start_after = scope + request.start_after if request.start_after else ""
+        page = self.core.state.list_keys(scope + request.prefix, request.limit, start_after)
+        cut = len(scope)
         return pb.ListKeysResponse(
-            keys=page.keys, sizes=page.sizes, next_start_after=page.next_start_after
+            keys=[key[cut:] for key in page.keys] if cut else page.keys,
+            sizes=page.sizes,
+            next_start_after=page.next_start_after[cut:],
         )
 
-    def ClusterStatus(self, request: pb.ClusterStatusRequest) -> pb.ClusterStatusResponse:
+    def ClusterStatus(
+        self, request: pb.ClusterStatusRequest, identity: Identity
+    ) -> pb.ClusterStatusResponse:
         snapshot = self.core.state.snapshot()
         response = pb.ClusterStatusResponse(
             objects=snapshot.objects,
@@ -352,11 +380,11 @@ class MasterHandlers:
             )
         return response
 
-    def Lane(self, request: pb.LaneRequest) -> pb.LaneResponse:
+    def Lane(self, request: pb.LaneRequest, identity: Identity) -> pb.LaneResponse:
         return pb.LaneResponse(port=self.lane_port)
 
-    def Story(self, request: pb.StoryRequest) -> pb.StoryResponse:
-        return story_response(self.core.state, request)
+    def Story(self, request: pb.StoryRequest, identity: Identity) -> pb.StoryResponse:
+        return story_response(self.core.state, key_prefix(identity) + request.key)
 
     # ---- helpers
 
@@ -431,13 +459,18 @@ def _enum(kind: type[E], value: int, field: str) -> E:
         ) from None
 
 
-def _keys(request: Any) -> list[str]:
+def _keys(request: Any, identity: Identity) -> list[str]:
     """The request's keys as a list (protobuf builds a str per key on every pass over its own
-    container: one pass here, the rest over the list), checked."""
+    container: one pass here, the rest over the list), checked, in the caller's tenant."""
     keys = list(request.keys)
     _check_batch(keys)
     _check_keys(keys)
-    return keys
+    return _scoped(keys, key_prefix(identity))
+
+
+def _scoped(keys: list[str], prefix: str) -> list[str]:
+    """``keys`` in the master's key space: each behind its tenant's prefix."""
+    return [prefix + key for key in keys] if prefix else keys
 
 
 def _check_keys(keys: Sequence[str]) -> None:

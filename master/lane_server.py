@@ -27,6 +27,7 @@ import contextlib
 import functools
 import math
 import socket
+import ssl
 import time
 from typing import Any
 
@@ -36,11 +37,14 @@ from google.protobuf.message import Message
 from kvpool.common import lane_protocol as lp
 from kvpool.common.logging import get_logger
 from kvpool.master import metrics
+from kvpool.master.access import authorize, own_node
+from kvpool.master.authenticator import Authenticator
 from kvpool.master.driver import CallRefused, NodeStream, Pending
 from kvpool.master.handlers import MasterHandlers
 from kvpool.master.leader_gate import LeaderGate
 from kvpool.master.load_shedding import LoadShedder
 from kvpool.proto import master_pb2 as pb
+from kvpool.security.identity import Identity
 
 log = get_logger("kvpool.master.lane")
 
@@ -64,7 +68,9 @@ class LaneServer:
         handlers: MasterHandlers,
         gate: LeaderGate,
         shedder: LoadShedder,
+        auth: Authenticator,
         *,
+        tls: ssl.SSLContext | None = None,
         max_connections: int = MAX_CONNECTIONS,
         read_timeout: float = READ_TIMEOUT,
         idle_timeout: float = IDLE_TIMEOUT,
@@ -78,6 +84,8 @@ class LaneServer:
         self.handlers = handlers
         self.gate = gate
         self.shedder = shedder
+        self.auth = auth
+        self.tls = tls
         self.max_connections = max_connections
         self.read_timeout = read_timeout
         self.idle_timeout = idle_timeout
@@ -90,7 +98,13 @@ class LaneServer:
 
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(lambda: _Connection(self), host, port)
+        self._server = await loop.create_server(
+            lambda: _Connection(self),
+            host,
+            port,
+            ssl=self.tls,
+            ssl_handshake_timeout=self.read_timeout if self.tls else None,
+        )
         self.port = self._server.sockets[0].getsockname()[1]
         self._sweeper = loop.call_later(self._sweep_every, self._sweep)
         return self.port
@@ -154,7 +168,12 @@ class _Connection(asyncio.Protocol):
         self.lane = lane
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
-        self._decoder = lp.FrameDecoder(lp.REQUEST_LIMIT)
+        #: Who is calling, once proven (an AUTH frame, a client certificate, or insecure).
+        self.identity: Identity | None = lane.auth.from_token(None) if lane.auth.insecure else None
+        #: Until then, no frame beyond a token's size is read.
+        self._decoder = lp.FrameDecoder(lp.REQUEST_LIMIT if self.identity else lp.AUTH_LIMIT)
+        #: The client certificate the connection presented (TLS), if any.
+        self._certificate: bytes | None = None
         #: On a node's command stream: the stream, as the driver knows it.
         self._stream: NodeStream | None = None
         #: Calls dispatched and not yet answered.
@@ -186,6 +205,9 @@ class _Connection(asyncio.Protocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with contextlib.suppress(NotImplementedError):  # (a transport without a buffer)
             transport.set_write_buffer_limits(high=WRITE_HIGH, low=WRITE_LOW)
+        tls = transport.get_extra_info("ssl_object")
+        if tls is not None:
+            self._certificate = tls.getpeercert(binary_form=True)
         lane._connections.add(self)
 
     def data_received(self, data: bytes) -> None:
@@ -267,12 +289,16 @@ class _Connection(asyncio.Protocol):
 
     def _dispatch(self, frame: lp.Frame) -> None:
         driver = self.lane.handlers.driver
+        identity = self.identity
+        if identity is None or frame.method == lp.AUTH:
+            self._authenticate(frame)
+            return
         if self._stream is not None:  # a node's command stream: every frame is a report
             if not driver.node_report(self._stream, _parse(pb.NodeReport, frame.body)):
                 self.close()  # its term ended
             return
         if frame.method == lp.NODE_SESSION:
-            self._open_node_session(frame)
+            self._open_node_session(frame, identity)
             return
         described = lp.LANE_METHODS.get(frame.method)
         if described is None:
@@ -297,7 +323,7 @@ class _Connection(asyncio.Protocol):
         metrics.labelled(metrics.LANE_REQUESTS, name).inc()
         self._inflight += 1
         try:
-            reply = self.lane.handlers.call(name, request)
+            reply = self.lane.handlers.call(name, request, identity)
         except Exception as error:
             self._answer(frame, call_id, None, _refused(error, frame))
             return
@@ -321,15 +347,39 @@ class _Connection(asyncio.Protocol):
             return
         self._send(answer)
 
-    def _open_node_session(self, frame: lp.Frame) -> None:
+    def _authenticate(self, frame: lp.Frame) -> None:
+        """The connection's first frame: its credentials. Anything else, or credentials that
+        prove nothing, is answered UNAUTHENTICATED and the connection closed."""
+        if self.identity is not None:  # (an insecure master: every caller is let in)
+            self._send(lp.encode(frame.call_id, lp.AUTH, b""))
+            return
+        try:
+            if frame.method != lp.AUTH:
+                raise self.lane.auth.refusal_before_auth()
+            token = frame.body.decode("utf-8", "replace").strip() or None
+            self.identity = self.lane.auth.from_token(token, self._certificate)
+        except CallRefused as refused:
+            self._send_error(frame, refused.code.value[0], refused.details)
+            self.close()
+            return
+        self._decoder.limit = lp.REQUEST_LIMIT
+        self._send(lp.encode(frame.call_id, lp.AUTH, b""))
+
+    def _open_node_session(self, frame: lp.Frame, identity: Identity) -> None:
         refusal = self.lane.gate.refusal("/NodeSession")
         hello = _parse(pb.NodeReport, frame.body)
         if refusal is None and (not hello.HasField("hello") or not hello.hello.node_id):
             refusal = (grpc.StatusCode.INVALID_ARGUMENT, "say hello with a node_id first", "")
         if refusal is None:
             try:
+                authorize(identity, "NodeSession")
+                own_node(identity, hello.hello.node_id, "open the command stream")
                 self._stream = self.lane.handlers.driver.node_connected(
-                    hello.hello.node_id, hello.hello.incarnation, self._send_command, self.close
+                    hello.hello.node_id,
+                    hello.hello.incarnation,
+                    self._send_command,
+                    self.close,
+                    self.peer,
                 )
             except CallRefused as refused:
                 refusal = (refused.code, refused.details, "")

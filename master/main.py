@@ -26,9 +26,16 @@ from kvpool.master.lane_server import LaneServer
 from kvpool.master.leader_gate import LeaderGate
 from kvpool.master.load_shedding import LoadShedder
 from kvpool.master.records import TickReport
+from kvpool.master.security_config import (
+    MasterSecurity,
+    add_security_arguments,
+    security_from_args,
+)
 from kvpool.master.service import MasterService
 from kvpool.master.state import MasterState
 from kvpool.proto import master_pb2_grpc
+from kvpool.security.etcd_tls import parse_etcd_endpoint
+from kvpool.security.tls import TlsFiles
 
 log = get_logger("kvpool.master")
 
@@ -178,6 +185,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=defaults.story_keys,
         help="keys whose recent events `kvpool story KEY` can tell (0: none; default %(default)s)",
     )
+    add_security_arguments(parser)
     parser.add_argument("--log-format", choices=LOG_FORMATS, default="auto")
     parser.add_argument("--log-level", default="info")
 
@@ -212,11 +220,20 @@ def run(args: argparse.Namespace) -> int:
     tune_for_server()
     try:
         config = config_from_args(args)
+        security = security_from_args(args)
+        if args.etcd:
+            etcd_endpoints(args.etcd, security.etcd_tls)  # (refuses a scheme that does not fit)
     except ValueError as error:
         log.error("bad configuration", error=str(error))
         return 2
+    if not security.secure:
+        log.warning(
+            "INSECURE: no credentials and no TLS; anyone who reaches this master's ports may "
+            "read, write and remove everything (--insecure)",
+            host=args.host,
+        )
     try:
-        asyncio.run(serve(args, config))
+        asyncio.run(serve(args, config, security))
     except CannotListen as error:
         log.error("cannot start", error=str(error))
         return 2
@@ -234,11 +251,17 @@ def _cannot_listen(what: str, host: str, port: int, flag: str, error: object) ->
     )
 
 
-async def serve(args: argparse.Namespace, config: MasterConfig) -> None:
+async def serve(args: argparse.Namespace, config: MasterConfig, security: MasterSecurity) -> None:
     stop = stop_event_on_signals(asyncio.get_running_loop())
     leadership: Election | AlwaysLeader
     if args.etcd:
-        leadership = Election(_endpoints(args.etcd), args.cluster, "", args.election_ttl)
+        leadership = Election(
+            etcd_endpoints(args.etcd, security.etcd_tls),
+            args.cluster,
+            "",
+            args.election_ttl,
+            tls=security.etcd_tls,
+        )
         driver = CoreDriver(None)  # a standby until elected
     else:
         leadership = AlwaysLeader()
@@ -249,7 +272,7 @@ async def serve(args: argparse.Namespace, config: MasterConfig) -> None:
         state = _new_state(config, int(time.time()))
         driver = CoreDriver(MasterCore(state, awaited_nodes=None, rebuild_window=config.node_ttl))
     handlers = MasterHandlers(driver)
-    service = MasterService(handlers)
+    service = MasterService(handlers, security.auth)
     shedder = LoadShedder(args.max_inflight)
     gate = LeaderGate(leadership, driver.accepting_clients)
     server = grpc.aio.server(
@@ -263,10 +286,14 @@ async def serve(args: argparse.Namespace, config: MasterConfig) -> None:
     )
     master_pb2_grpc.add_MasterServicer_to_server(service, server)
     try:
-        port = server.add_insecure_port(f"{args.host}:{args.port}")
+        address = f"{args.host}:{args.port}"
+        if security.grpc_credentials is not None:
+            port = server.add_secure_port(address, security.grpc_credentials)
+        else:
+            port = server.add_insecure_port(address)
     except RuntimeError as error:
         raise _cannot_listen("gRPC", args.host, args.port, "--port", error) from None
-    lane = LaneServer(handlers, gate, shedder)
+    lane = LaneServer(handlers, gate, shedder, security.auth, tls=security.lane_tls)
     if args.lane_port >= 0:
         try:
             handlers.lane_port = await lane.start(args.host, args.lane_port)
@@ -314,6 +341,8 @@ async def serve(args: argparse.Namespace, config: MasterConfig) -> None:
         http_port=http.port,
         advertise=advertise,
         etcd=args.etcd or "(none: the only master)",
+        tls=security.grpc_credentials is not None,
+        credentials=str(args.credentials) if security.secure else "(none: --insecure)",
         config=str(config),
     )
     write_ready_file(args.ready_file, grpc_port=port, lane_port=lane.port, http_port=http.port)
@@ -369,13 +398,23 @@ def _tick(driver: CoreDriver, registry: Election | None) -> TickReport | None:
     return report
 
 
-def _endpoints(etcd: str) -> list[str]:
-    """``http://a:2379,http://b:2379`` (or without scheme) -> ["a:2379", "b:2379"]."""
+def etcd_endpoints(etcd: str, tls: TlsFiles | None) -> list[str]:
+    """``https://a:2379,https://b:2379`` -> ["a:2379", "b:2379"]. An ``https://`` endpoint
+    needs TLS material (--etcd-ca ...) and a plain one must not come with it: the scheme is
+    never changed without a word. ValueError when they do not fit."""
     endpoints = []
     for part in etcd.split(","):
-        part = part.strip().removeprefix("http://").removeprefix("https://").rstrip("/")
-        if part:
-            endpoints.append(part)
+        if not part.strip():
+            continue
+        scheme, host, port = parse_etcd_endpoint(part.strip())
+        if scheme == "https" and tls is None:
+            raise ValueError(f"etcd endpoint {part.strip()} is https:// but no --etcd-ca given")
+        if scheme == "http" and tls is not None:
+            raise ValueError(
+                f"etcd endpoint {part.strip()} is http:// but --etcd-ca/--etcd-cert were "
+                "given: write https:// (or drop them)"
+            )
+        endpoints.append(f"{host}:{port}")
     return endpoints
 
 

@@ -62,6 +62,12 @@ LANE_CLOSED = Counter(
     "read_timeout (part of a frame, then silence), unread_answers, idle, over_cap.",
     ["reason"],
 )
+AUTH_REFUSED = Counter(
+    "kvpool_master_auth_refused_total",
+    "Calls and connections refused for their credentials: missing, bad_token, "
+    "bad_certificate (UNAUTHENTICATED); role, other_node (PERMISSION_DENIED).",
+    ["reason"],
+)
 LATENCY = Histogram(
     "kvpool_master_request_seconds",
     "Time the master spent serving an RPC, by method.",

@@ -1,5 +1,6 @@
 """The master over gRPC: a thin ``grpc.aio`` adapter over the transport-neutral handlers
-(handlers.py). A handler's refusal becomes ``context.abort``; an answer that comes later (a
+(handlers.py). Each call's identity comes from its metadata or client certificate
+(authenticator.py); a handler's refusal becomes ``context.abort``; an answer that comes later (a
 ``Pending``) is awaited. A node's command stream is a bidirectional stream: the driver writes
 commands into the stream's queue, and the node's reports go to the driver as they arrive.
 """
@@ -14,6 +15,8 @@ from typing import Any
 import grpc
 
 from kvpool.common.logging import get_logger
+from kvpool.master.access import authorize, own_node
+from kvpool.master.authenticator import Authenticator
 from kvpool.master.driver import CallRefused, NodeStream, Pending
 from kvpool.master.handlers import UNARY_METHODS, MasterHandlers
 from kvpool.proto import master_pb2 as pb
@@ -25,7 +28,8 @@ log = get_logger("kvpool.master")
 def _unary(name: str) -> Callable[..., Any]:
     async def method(self: MasterService, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
-            reply = self.handlers.call(name, request)
+            identity = self.auth.from_grpc(context)
+            reply = self.handlers.call(name, request, identity)
             if isinstance(reply, Pending):
                 reply = await reply.wait()
         except CallRefused as refused:
@@ -37,14 +41,21 @@ def _unary(name: str) -> Callable[..., Any]:
 
 
 class MasterService(master_pb2_grpc.MasterServicer):
-    def __init__(self, handlers: MasterHandlers) -> None:
+    def __init__(self, handlers: MasterHandlers, auth: Authenticator) -> None:
         self.handlers = handlers
         self.driver = handlers.driver
+        self.auth = auth
 
     async def NodeSession(
         self, request_iterator: AsyncIterator[pb.NodeReport], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.NodeCommand]:
         """A node's command stream: its hello, then an answer per command we send."""
+        try:
+            identity = self.auth.from_grpc(context)
+            authorize(identity, "NodeSession")
+        except CallRefused as refused:
+            await context.abort(refused.code, refused.details)
+            return
         hello = await anext(aiter(request_iterator), None)
         if hello is None or not hello.HasField("hello") or not hello.hello.node_id:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "say hello with a node_id first")
@@ -52,8 +63,13 @@ class MasterService(master_pb2_grpc.MasterServicer):
         node_id = hello.hello.node_id
         queue: asyncio.Queue[pb.NodeCommand | None] = asyncio.Queue()
         try:
+            own_node(identity, node_id, "open the command stream")
             stream = self.driver.node_connected(
-                node_id, hello.hello.incarnation, queue.put_nowait, lambda: queue.put_nowait(None)
+                node_id,
+                hello.hello.incarnation,
+                queue.put_nowait,
+                lambda: queue.put_nowait(None),
+                context.peer(),
             )
         except CallRefused as refused:
             await context.abort(refused.code, refused.details)

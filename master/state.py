@@ -215,6 +215,40 @@ class MasterState:
             if not self._adopt(segment, item, now)
         ]
 
+    def mount_problem(self, info: SegmentInfo) -> str | None:
+        """Why ``info`` may not be mounted, or None. A segment id belongs to the node that
+        mounted it; memory one mounted segment describes (the same worker's address range,
+        or the same shared-memory mapping) is not mounted again under another id: the master
+        would place new objects over the ones already there."""
+        existing = self.segments.get(info.segment_id)
+        if existing is not None and existing.node_id != info.node_id:
+            return (
+                f"segment id {info.segment_id!r} is mounted by node {existing.node_id!r}: "
+                "segment ids are unique in a cluster; give this segment another one"
+            )
+        end = info.base_address + info.size
+        for other in self.segments.values():
+            held = other.info
+            if held.segment_id == info.segment_id:
+                continue
+            same_worker = held.worker_address == info.worker_address
+            if same_worker and held.node_id != info.node_id:
+                return (
+                    f"segment {info.segment_id!r} gives the UCX worker address of node "
+                    f"{held.node_id!r}'s segment {held.segment_id!r}: a node mounts only "
+                    "memory it registered itself"
+                )
+            overlaps = held.base_address < end and info.base_address < held.base_address + held.size
+            if (same_worker and overlaps) or (
+                info.shared_memory and held.shared_memory == info.shared_memory
+            ):
+                return (
+                    f"segment {info.segment_id!r} describes memory that segment "
+                    f"{held.segment_id!r} of node {held.node_id!r} already holds: unmount "
+                    "that one first, or mount this memory under its id"
+                )
+        return None
+
     def unmount_segment(self, node_id: str, segment_id: str) -> tuple[int, float]:
         """A node withdraws a segment (graceful drain).
 

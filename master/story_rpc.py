@@ -11,10 +11,11 @@ from kvpool.master.story import format_value
 from kvpool.proto import master_pb2 as pb
 
 
-def story_response(state: MasterState, request: pb.StoryRequest) -> pb.StoryResponse:
+def story_response(state: MasterState, key: str) -> pb.StoryResponse:
+    """The story of ``key`` (as the master holds it: behind its tenant's prefix)."""
     response = pb.StoryResponse()
     now = state.clock()
-    for event in state.story(request.key):
+    for event in state.story(key):
         response.events.add(
             time=event.time,
             age_s=max(0.0, now - event.time),

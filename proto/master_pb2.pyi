@@ -145,12 +145,14 @@ class UnmountSegmentResponse(_message.Message):
     def __init__(self, objects_removed: _Optional[int] = ..., drain_ms: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "segment_ids")
+    __slots__ = ("node_id", "segment_ids", "incarnation")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     segment_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node_id: _Optional[str] = ..., segment_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, node_id: _Optional[str] = ..., segment_ids: _Optional[_Iterable[str]] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("remount_segment_ids",)

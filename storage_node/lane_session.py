@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 from collections.abc import Awaitable, Callable
 
 from kvpool.common import lane_protocol as lp
 from kvpool.proto import master_pb2 as pb
+from kvpool.security.caller import ANONYMOUS, CallerCredentials
 
 CONNECT_TIMEOUT = 2.0
 
@@ -35,18 +37,31 @@ async def serve_commands(
     hello: pb.NodeHello,
     run_command: Callable[[pb.NodeCommand], Awaitable[pb.CommandResult]],
     run_now: Callable[[pb.NodeCommand], pb.CommandResult | None] = lambda command: None,
+    credentials: CallerCredentials = ANONYMOUS,
 ) -> None:
     """Answers the master's commands, in order, until the master closes the connection.
     ``run_now`` answers a command on the spot where it can (one that only touches memory,
     with nothing before it still running): the answer then leaves in the same pass of the
     event loop as the command arrived. Raises lp.LaneUnreachable when the lane cannot be
-    reached, SessionRefused when the master refuses, OSError when the connection breaks."""
+    reached, SessionRefused when the master refuses, OSError when the connection breaks.
+    The connection opens with the node's credentials (TLS where a CA is given, then the
+    AUTH frame), then the hello."""
     loop = asyncio.get_running_loop()
-    stream = _CommandStream(hello, run_command, run_now)
+    stream = _CommandStream(hello, run_command, run_now, credentials.lane_auth)
+    tls = credentials.lane_context()
     try:
         transport, _ = await asyncio.wait_for(
-            loop.create_connection(lambda: stream, host, port), timeout=CONNECT_TIMEOUT
+            loop.create_connection(
+                lambda: stream, host, port, ssl=tls, server_hostname=host if tls else None
+            ),
+            timeout=CONNECT_TIMEOUT,
         )
+    except ssl.SSLError as error:
+        raise SessionRefused(
+            lp.UNAVAILABLE,
+            f"TLS with the master's lane at {host}:{port} failed ({error}): check --tls-ca",
+            "",
+        ) from None
     except (TimeoutError, OSError) as error:
         raise lp.LaneUnreachable(f"cannot connect to the lane at {host}:{port}: {error}") from None
     try:
@@ -65,8 +80,10 @@ class _CommandStream(asyncio.Protocol):
         hello: pb.NodeHello,
         run_command: Callable[[pb.NodeCommand], Awaitable[pb.CommandResult]],
         run_now: Callable[[pb.NodeCommand], pb.CommandResult | None],
+        auth: bytes,
     ) -> None:
         self._hello = hello
+        self._auth = auth
         self._run_command = run_command
         self._run_now = run_now
         self._decoder = lp.FrameDecoder()
@@ -82,6 +99,7 @@ class _CommandStream(asyncio.Protocol):
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        self.send(lp.encode(0, lp.AUTH, self._auth))
         self.send(
             lp.encode(0, lp.NODE_SESSION, pb.NodeReport(hello=self._hello).SerializeToString())
         )
@@ -90,7 +108,11 @@ class _CommandStream(asyncio.Protocol):
         try:
             for frame in self._decoder.feed(data):
                 if frame.status != lp.OK:
+                    if frame.method == lp.AUTH and frame.status == lp.UNIMPLEMENTED:
+                        continue  # an older master: it checks no credentials
                     raise SessionRefused(frame.status, *frame.error())
+                if frame.method == lp.AUTH:
+                    continue  # the credentials were accepted
                 command = pb.NodeCommand.FromString(frame.body)
                 if not self._unfinished:
                     result = self._run_now(command)

@@ -20,8 +20,10 @@ from kvpool.common.logging import LOG_FORMATS, configure_logging, get_logger
 from kvpool.common.master_address import MasterTarget, parse_master
 from kvpool.common.process import stop_event_on_signals, write_ready_file
 from kvpool.common.sizes import format_size, parse_size
+from kvpool.storage_node.security_config import add_security_arguments, credentials_from_args
 
 if TYPE_CHECKING:  # UCX is loaded when the node starts, not to build the CLI parser
+    from kvpool.security.caller import CallerCredentials
     from kvpool.storage_node.segment import Segment
     from kvpool.transport import ucp
 
@@ -116,6 +118,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ready-file", default=None, help="write the node's id and ports here as JSON once ready"
     )
+    add_security_arguments(parser)
     parser.add_argument("--log-format", choices=LOG_FORMATS, default="auto")
     parser.add_argument("--log-level", default="info")
 
@@ -138,7 +141,14 @@ def run(args: argparse.Namespace) -> int:
         log.error("bad storage options", error=problem)
         return 2
     try:
-        asyncio.run(_serve(args, master))
+        credentials = credentials_from_args(args, master)
+    except ValueError as error:
+        log.error("no credentials", error=str(error))
+        return 2
+    if args.insecure:
+        log.warning("INSECURE: this node presents no credentials to the master (--insecure)")
+    try:
+        asyncio.run(_serve(args, master, credentials))
     except CannotStart as error:
         log.error("cannot start", error=str(error))
         return 2
@@ -197,7 +207,9 @@ def node_id_of(args: argparse.Namespace) -> str:
     return f"{host}-{digest[:6]}"
 
 
-async def _serve(args: argparse.Namespace, master: MasterTarget) -> None:
+async def _serve(
+    args: argparse.Namespace, master: MasterTarget, credentials: CallerCredentials
+) -> None:
     # UCX is loaded here, not at import: building the CLI parser must stay cheap.
     from kvpool.storage_node.node import StorageNode
     from kvpool.transport import ucp
@@ -241,6 +253,7 @@ async def _serve(args: argparse.Namespace, master: MasterTarget) -> None:
         segments=segments,
         heartbeat_interval=args.heartbeat_interval,
         drain_timeout=args.drain_timeout,
+        credentials=credentials,
     )
     log.info(
         "node starting",

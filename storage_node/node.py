@@ -26,6 +26,7 @@ from kvpool.common.logging import get_logger
 from kvpool.common.master_address import MasterTarget, host_of
 from kvpool.proto import master_pb2 as pb
 from kvpool.proto import master_pb2_grpc
+from kvpool.security.caller import ANONYMOUS, CallerCredentials
 from kvpool.storage_node import lane_session, metrics
 from kvpool.storage_node.commands import CommandExecutor
 from kvpool.storage_node.segment import Segment
@@ -52,8 +53,12 @@ class StorageNode:
         segments: list[Segment],
         heartbeat_interval: float = 1.0,
         drain_timeout: float = 30.0,
+        credentials: CallerCredentials = ANONYMOUS,
     ) -> None:
         self.node_id = node_id
+        self.credentials = credentials
+        #: gRPC metadata of every call to the master: the node's token.
+        self._metadata = credentials.metadata
         self.incarnation = uuid.uuid4().hex  # this process (see NodeHello)
         self.host = host
         self.master = str(master)
@@ -101,7 +106,7 @@ class StorageNode:
                 await pause(stop, self.heartbeat_interval)
                 await asyncio.to_thread(self._resolver.failed)
                 continue
-            async with grpc.aio.insecure_channel(leader, options=GRPC_MESSAGE_OPTIONS) as channel:
+            async with self.credentials.aio_channel(leader, GRPC_MESSAGE_OPTIONS) as channel:
                 stub = master_pb2_grpc.MasterStub(channel)
                 self.mounted.clear()  # a new leader (or the first): mount everything there
                 session_over = asyncio.Event()
@@ -155,6 +160,7 @@ class StorageNode:
                             silent_ms=int((time.monotonic() - self._last_contact) * 1000),
                         ),
                         timeout=RPC_TIMEOUT,
+                        metadata=self._metadata,
                     )
                     self._ever_mounted.add(segment.segment_id)
                     dropped = set(response.dropped_keys)
@@ -170,9 +176,12 @@ class StorageNode:
                     )
             response = await stub.Heartbeat(
                 pb.HeartbeatRequest(
-                    node_id=self.node_id, segment_ids=[s.segment_id for s in self.segments]
+                    node_id=self.node_id,
+                    segment_ids=[s.segment_id for s in self.segments],
+                    incarnation=self.incarnation,
                 ),
                 timeout=RPC_TIMEOUT,
+                metadata=self._metadata,
             )
             if response.remount_segment_ids:
                 log.warning("master asks to remount", segments=list(response.remount_segment_ids))
@@ -221,7 +230,12 @@ class StorageNode:
             if port:
                 try:
                     await lane_session.serve_commands(
-                        host_of(leader), port, hello, self._answer, self._answer_now
+                        host_of(leader),
+                        port,
+                        hello,
+                        self._answer,
+                        self._answer_now,
+                        self.credentials,
                     )
                 except lane_session.SessionRefused as refused:
                     log.warning("command stream refused", detail=refused.details)
@@ -237,14 +251,16 @@ class StorageNode:
 
     async def _lane_port(self, stub: master_pb2_grpc.MasterStub) -> int:
         try:
-            return (await stub.Lane(pb.LaneRequest(), timeout=RPC_TIMEOUT)).port
+            return (
+                await stub.Lane(pb.LaneRequest(), timeout=RPC_TIMEOUT, metadata=self._metadata)
+            ).port
         except grpc.aio.AioRpcError:
             return 0  # an older master, or not the leader: the gRPC stream says which
 
     async def _grpc_session(self, stub: master_pb2_grpc.MasterStub, hello: pb.NodeHello) -> None:
         reports = _Reports()
         reports.put(pb.NodeReport(hello=hello))
-        call = stub.NodeSession(reports)
+        call = stub.NodeSession(reports, metadata=self._metadata)
         try:
             async for command in call:
                 reports.put(pb.NodeReport(result=await self._answer(command)))
@@ -291,6 +307,7 @@ class StorageNode:
                 response = await stub.UnmountSegment(
                     pb.UnmountSegmentRequest(node_id=self.node_id, segment_id=segment.segment_id),
                     timeout=RPC_TIMEOUT,
+                    metadata=self._metadata,
                 )
                 log.info(
                     "segment unmounted",

@@ -2,14 +2,42 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
-from kvpool.local_cluster import LocalCluster
+from kvpool.local_cluster import DEFAULT_TENANT, LocalCluster
+from kvpool.security.dev_pki import make_dev_pki
+from kvpool.security.identity import Role
+from kvpool.security.tokens import new_token
 
 ClusterFactory = Callable[..., LocalCluster]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def secure_by_default(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every cluster of the session runs secure (TLS, tokens) with one throwaway CA, and the
+    tests' own process is a client of tenant ``default`` of each: ``Client()`` and the CLI
+    find the token and CA in the environment, as a user's would."""
+    pki = make_dev_pki(tmp_path_factory.mktemp("pki"))
+    token, record = new_token("tests", Role.CLIENT, tenant=DEFAULT_TENANT)
+    admin, admin_record = new_token("tests-admin", Role.ADMIN)
+    LocalCluster.shared_pki = pki
+    LocalCluster.shared_tokens = (record, admin_record)
+    saved = {name: os.environ.get(name) for name in SECURE_ENV}
+    os.environ.update(KVPOOL_TOKEN=token, KVPOOL_TLS_CA=str(pki.ca), KVPOOL_TEST_ADMIN_TOKEN=admin)
+    os.environ.pop("KVPOOL_TOKEN_FILE", None)
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+SECURE_ENV = ("KVPOOL_TOKEN", "KVPOOL_TLS_CA", "KVPOOL_TEST_ADMIN_TOKEN", "KVPOOL_TOKEN_FILE")
 
 
 @pytest.hookimpl(tryfirst=True, hookwrapper=True)

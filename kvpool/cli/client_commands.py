@@ -20,6 +20,17 @@ from kvpool.errors import InvalidArgument, InvalidKey, KVPoolError, ObjectHasLea
 def _client_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--master", default=None, help="master HOST:PORT (default: $KVPOOL_MASTER)")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds per call (default 10)")
+    parser.add_argument(
+        "--token",
+        default=None,
+        help="token, or @FILE holding it (default: $KVPOOL_TOKEN, or the file "
+        "$KVPOOL_TOKEN_FILE); `kvpool status` needs an admin's",
+    )
+    parser.add_argument(
+        "--tls-ca", default=None, help="CA of the master's certificate (default: $KVPOOL_TLS_CA)"
+    )
+    parser.add_argument("--tls-cert", default=None, help="client certificate ($KVPOOL_TLS_CERT)")
+    parser.add_argument("--tls-key", default=None, help="its private key ($KVPOOL_TLS_KEY)")
 
 
 def add_commands(commands: Any) -> None:
@@ -147,7 +158,14 @@ def _with_client(command: Callable[[Any, argparse.Namespace], int]) -> Callable[
         from kvpool import Client
 
         try:
-            with Client(args.master, timeout=args.timeout) as client:
+            with Client(
+                args.master,
+                timeout=args.timeout,
+                token=args.token,
+                tls_ca=args.tls_ca,
+                tls_cert=args.tls_cert,
+                tls_key=args.tls_key,
+            ) as client:
                 return command(client, args)
         except (InvalidArgument, InvalidKey) as error:  # bad input, as argparse's own: 2
             print(f"error: {error}", file=sys.stderr)

@@ -3,11 +3,19 @@
 It prints every endpoint it opened (the ports are picked free, so they cannot be guessed),
 and keeps its processes' logs after it stops, in a folder it names at start and at exit:
 a cluster that misbehaved is most often looked into after it was stopped.
+
+The cluster is secure as a shared one would be: a throwaway CA signs the master's
+certificate, and the tokens it makes (an admin's, a client's of tenant ``default``) are
+written, with the master's address and the CA, to ``client.env`` and ``admin.env`` in the
+run folder (readable by this user only): ``source`` one to talk to the cluster.
+``--insecure`` runs it without.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import shutil
 import signal
 import tempfile
@@ -32,6 +40,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--port", type=int, default=50051, help="master gRPC port (default 50051; 0: free)"
     )
     parser.add_argument(
+        "--insecure",
+        action="store_true",
+        help="no TLS and no tokens (anyone on this machine may do anything)",
+    )
+    parser.add_argument(
         "--run-dir",
         default=None,
         help="where the logs and ready files go, kept after exit (default: a new kvpool-up-* "
@@ -51,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"error: {flag}: {error}", flush=True)
             return 2
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="kvpool-up-"))
-    cluster = LocalCluster(0, args.dram, port=args.port, run_dir=run_dir)
+    cluster = LocalCluster(0, args.dram, port=args.port, run_dir=run_dir, secure=not args.insecure)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -64,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: the cluster did not start:\n{error}", flush=True)
         _stop(cluster, run_dir)
         return 1
+    _write_env_files(cluster, run_dir)
     _announce(cluster, args, run_dir)
     try:
         while not stop.wait(0.5):
@@ -91,10 +105,32 @@ def _announce(cluster: LocalCluster, args: argparse.Namespace, run_dir: Path) ->
     lines += [
         f"  {args.nodes} node(s) with {tiers} each",
         f"  logs in {run_dir} (kept after exit)",
-        f"  try: export KVPOOL_MASTER={cluster.master_address}; kvpool status",
+        *(
+            [
+                f"  a client of tenant 'default': source {run_dir / 'client.env'}; "
+                "kvpool put hello --value world; kvpool get hello",
+                f"  the admin: source {run_dir / 'admin.env'}; kvpool status",
+            ]
+            if cluster.secure
+            else [
+                "  INSECURE (--insecure): no TLS, no tokens",
+                f"  try: export KVPOOL_MASTER={cluster.master_address}; kvpool status",
+            ]
+        ),
         "  Ctrl-C stops the cluster",
     ]
     print("\n".join(lines), flush=True)
+
+
+def _write_env_files(cluster: LocalCluster, run_dir: Path) -> None:
+    """client.env and admin.env: what a shell needs to reach the cluster (0600: tokens)."""
+    for name, env in (("client.env", cluster.client_env()), ("admin.env", cluster.admin_env())):
+        lines = [f"export KVPOOL_MASTER={cluster.master_address}"]
+        lines += [f"export {key}={shlex.quote(value)}" for key, value in env.items()]
+        path = run_dir / name
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as file:
+            file.write("\n".join(lines) + "\n")
 
 
 def _stop(cluster: LocalCluster, run_dir: Path) -> None:

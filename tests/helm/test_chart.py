@@ -30,8 +30,13 @@ from kvpool.master.main import config_from_args
 
 REPO = Path(__file__).resolve().parents[2]
 CHART_DIR = REPO / "helm" / "kvpool"
-#: Custom resources: no Kubernetes OpenAPI schema covers them (see test_service_monitor_*).
-CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
+#: Custom resources: no Kubernetes OpenAPI schema covers them, so kubernetes-validate cannot
+#: check them offline; they are checked structurally instead (test_service_monitor_*,
+#: test_cert_manager_*).
+CRD_KINDS = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("cert-manager.io/v1", "Certificate"),
+}
 
 Renderer = Callable[[dict[str, Any]], dict[str, str]]
 
@@ -229,9 +234,11 @@ def test_ha_masters_with_bundled_etcd(renders: dict[str, Render]) -> None:
     domain = f"{render.fullname}-etcd-headless.{render.namespace}.svc"
     pods = [f"{render.fullname}-etcd-{i}" for i in range(3)]
     initial = next(a for a in member["args"] if a.startswith("--initial-cluster="))
-    assert initial == "--initial-cluster=" + ",".join(f"{p}=http://{p}.{domain}:2380" for p in pods)
+    assert initial == "--initial-cluster=" + ",".join(
+        f"{p}=https://{p}.{domain}:2380" for p in pods
+    )
     args = parse_cli(container_argv(render.container("master")))
-    assert args.etcd == ",".join(f"http://{p}.{domain}:2379" for p in pods)
+    assert args.etcd == ",".join(f"https://{p}.{domain}:2379" for p in pods)
     assert args.cluster == "kv-prod"
     pdb = render.get("PodDisruptionBudget", f"{render.fullname}-etcd")
     assert pdb["spec"]["minAvailable"] == 2  # the quorum of three
@@ -408,7 +415,13 @@ def test_node_command_parses(renders: dict[str, Render], value_set: str) -> None
     env = {e["name"]: e for e in container["env"]}
     assert env["K8S_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert args.http_port == named_port(container, "http") == storage["httpPort"]
-    assert args.node_id is None  # the CLI's default: fresh for DRAM, kept for NVMe
+    if render.values["auth"]["insecure"]:
+        assert args.node_id is None  # the CLI's default: fresh for DRAM, kept for NVMe
+        assert args.insecure is True
+    else:  # the id its token is bound to: the pod's name, or a DaemonSet's Kubernetes node
+        id_var = "POD_NAME" if storage["kind"] == "StatefulSet" else "K8S_NODE_NAME"
+        assert args.node_id == f"<{id_var}>"
+        assert args.insecure is False
     assert args.log_format == "json"
     if storage["nvme"]["enabled"]:
         assert args.nvme == [storage["nvme"]["mountPath"]]
@@ -418,10 +431,11 @@ def test_node_command_parses(renders: dict[str, Render], value_set: str) -> None
 
 
 def _node_master_address(render: Render) -> str:
-    """Nodes reach a lone master through its Service, elected masters through etcd."""
+    """Nodes reach a lone master through its Service, elected masters through etcd on an
+    insecure cluster (a secure one's etcd wants client certificates only masters hold)."""
     master_args = render.container("master")["args"]
     etcd = next((a.split("=", 1)[1] for a in master_args if a.startswith("--etcd=")), None)
-    if etcd is None:
+    if etcd is None or "--insecure" not in master_args:
         return render.master_address
     cluster = next(a.split("=", 1)[1] for a in master_args if a.startswith("--cluster="))
     endpoints = [e.removeprefix("http://").removeprefix("https://") for e in etcd.split(",")]
@@ -449,10 +463,14 @@ def test_master_service_is_what_nodes_and_notes_point_at(renders: dict[str, Rend
 
 
 def test_notes_tell_ha_users_how_to_follow_the_leader(renders: dict[str, Render]) -> None:
-    ha = renders["ha-bundled-etcd"]
-    endpoints, _, cluster = _node_master_address(ha).removeprefix("etcd://").partition("/")
-    assert "elect a leader through etcd" in ha.notes
-    assert f"KVPOOL_MASTER=etcd://{endpoints.split(',')[0]}/{cluster}" in ha.notes
+    insecure = renders["insecure-dev"]
+    endpoints, _, cluster = _node_master_address(insecure).removeprefix("etcd://").partition("/")
+    assert "elect a leader through etcd" in insecure.notes
+    assert f"KVPOOL_MASTER=etcd://{endpoints.split(',')[0]}/{cluster}" in insecure.notes
+    secure = renders["ha-bundled-etcd"]
+    assert "elect a leader through etcd" in secure.notes
+    assert "reach the leader through the master Service" in secure.notes
+    assert "etcd://" not in secure.notes
     assert "elect a leader" not in renders["default"].notes
 
 
@@ -780,3 +798,588 @@ def test_image_matches_the_chart() -> None:
     version = re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1)
     assert chart["appVersion"] == version  # the default image tag
     assert chart["apiVersion"] == "v2"
+
+
+# --------------------------------------------------------------------------- security
+
+
+def _pod(workload: dict[str, Any]) -> dict[str, Any]:
+    return workload["spec"]["template"]["spec"]
+
+
+def _workload(render: Render, component: str) -> dict[str, Any]:
+    (found,) = [
+        w
+        for w in render.workloads()
+        if w["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] == component
+    ]
+    return found
+
+
+def _flags(args: list[str]) -> dict[str, str]:
+    """``--name=value`` arguments as a dict (valueless flags map to "")."""
+    found = {}
+    for arg in args:
+        if arg.startswith("--"):
+            name, _, value = arg.partition("=")
+            found[name] = value
+    return found
+
+
+def _secret_files(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """Path in the container -> (Secret, key) for every file of a mounted Secret volume whose
+    keys are listed; a whole-Secret mount maps its directory to (Secret, "*")."""
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    files = {}
+    for mount in container.get("volumeMounts", []):
+        secret = volumes.get(mount["name"], {}).get("secret")
+        if secret is None:
+            continue
+        if "items" in secret:
+            for item in secret["items"]:
+                files[f"{mount['mountPath']}/{item['path']}"] = (secret["secretName"], item["key"])
+        else:
+            files[mount["mountPath"]] = (secret["secretName"], "*")
+    return files
+
+
+def _file_source(files: dict[str, tuple[str, str]], path: str) -> tuple[str, str] | None:
+    """The (Secret, key) a path in the container reads, or None when no Secret provides it."""
+    if path in files:
+        return files[path]
+    directory, _, name = path.rpartition("/")
+    secret, key = files.get(directory, (None, None))
+    return (secret, name) if key == "*" else None
+
+
+PATH_FLAGS = (
+    "--tls-cert",
+    "--tls-key",
+    "--tls-client-ca",
+    "--tls-ca",
+    "--credentials",
+    "--etcd-ca",
+    "--etcd-cert",
+    "--etcd-key",
+)
+
+
+def test_default_values_are_secure(renders: dict[str, Render]) -> None:
+    render = renders["default"]
+    master = _flags(render.container("master")["args"])
+    assert master["--tls-cert"] == "/etc/kvpool/tls/tls.crt"
+    assert master["--tls-key"] == "/etc/kvpool/tls/tls.key"
+    assert master["--tls-client-ca"] == "/etc/kvpool/tls/ca.crt"
+    assert master["--credentials"] == "/etc/kvpool/credentials/credentials.json"
+    assert "--insecure" not in master and "--require-client-cert" not in master
+    node_container = render.container("node")
+    node = _flags(node_container["args"])
+    assert node["--tls-ca"] == "/etc/kvpool/tls/ca.crt"
+    assert node["--node-id"] == "$(K8S_NODE_NAME)"  # a DaemonSet: the Kubernetes node's name
+    assert "--insecure" not in node and "--tls-cert" not in node
+    env = {e["name"]: e.get("value") for e in node_container["env"]}
+    assert env["KVPOOL_TOKEN_FILE"] == "/etc/kvpool/node-tokens/$(K8S_NODE_NAME)"
+    master_files = _secret_files(_pod(_workload(render, "master")), render.container("master"))
+    assert master_files["/etc/kvpool/tls"] == ("kvpool-tls", "*")
+    assert master_files["/etc/kvpool/credentials/credentials.json"] == (
+        "kvpool-credentials",
+        "credentials.json",
+    )
+    node_files = _secret_files(_pod(_workload(render, "node")), node_container)
+    # The nodes get the CA of the master's Secret, never its key.
+    assert node_files["/etc/kvpool/tls/ca.crt"] == ("kvpool-tls", "ca.crt")
+    assert not [f for f in node_files.values() if f[1] in ("tls.key", "*") and f[0] == "kvpool-tls"]
+    assert node_files["/etc/kvpool/node-tokens"] == ("kvpool-node-tokens", "*")
+    kinds = {o["kind"] for o in render.objects}
+    assert "NetworkPolicy" in kinds and "Certificate" not in kinds
+
+
+def test_statefulset_nodes_read_the_token_of_their_pod_name(renders: dict[str, Render]) -> None:
+    render = renders["single-master"]
+    container = render.container("node")
+    assert _flags(container["args"])["--node-id"] == "$(POD_NAME)"
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["KVPOOL_TOKEN_FILE"]["value"] == "/etc/kvpool/node-tokens/$(POD_NAME)"
+    names = [e["name"] for e in container["env"]]
+    assert names.index("POD_NAME") < names.index("KVPOOL_TOKEN_FILE")  # defined before use
+
+
+def test_secret_files_named_by_flags_are_mounted(
+    renders: dict[str, Render], value_set: str
+) -> None:
+    """Every file a security flag names is a key of a Secret mounted in that container."""
+    render = renders[value_set]
+    for component in ("master", "node"):
+        container = render.container(component)
+        files = _secret_files(_pod(_workload(render, component)), container)
+        for name, value in _flags(container["args"]).items():
+            if name in PATH_FLAGS:
+                assert _file_source(files, value), f"{component} {name}={value} is not mounted"
+        for env in container.get("env", []):
+            if env["name"] == "KVPOOL_TOKEN_FILE":
+                directory = env["value"].rpartition("/")[0]
+                assert files[directory][1] == "*"
+
+
+def test_secrets_are_never_mounted_with_subpath(renders: dict[str, Render], value_set: str) -> None:
+    """A subPath mount is a copy made at start: rotated certificates and tokens never reach it."""
+    for workload in renders[value_set].workloads():
+        pod = _pod(workload)
+        secrets = {v["name"] for v in pod.get("volumes", []) if "secret" in v}
+        for container in pod["containers"]:
+            for mount in container.get("volumeMounts", []):
+                if mount["name"] in secrets:
+                    assert "subPath" not in mount and "subPathExpr" not in mount
+                    assert mount.get("readOnly") is True
+
+
+def test_insecure_cluster(renders: dict[str, Render]) -> None:
+    render = renders["insecure-dev"]
+    for component in ("master", "node"):
+        args = render.container(component)["args"]
+        assert "--insecure" in args
+        assert not [a for a in args if a.split("=")[0] in PATH_FLAGS]
+    master = _flags(render.container("master")["args"])
+    assert master["--etcd"].startswith("http://")
+    assert _flags(render.container("node")["args"])["--master"].startswith("etcd://")
+    assert "--node-id" not in _flags(render.container("node")["args"])
+    for workload in render.workloads():
+        assert not [v for v in _pod(workload).get("volumes", []) if "secret" in v]
+    (etcd,) = _pod(_workload(render, "etcd"))["containers"]
+    assert not [a for a in etcd["args"] if "https" in a or "cert" in a]
+    assert "INSECURE" in render.notes
+
+
+def test_cert_manager_certificates(renders: dict[str, Render]) -> None:
+    render = renders["cert-manager-mtls"]
+    name, ns = render.fullname, render.namespace
+    certificates = {c["metadata"]["name"]: c for c in render.of_kind("Certificate")}
+    assert set(certificates) == {
+        f"{name}-master",
+        f"{name}-node-client",
+        f"{name}-etcd",
+        f"{name}-etcd-client",
+    }
+    for certificate in certificates.values():
+        assert certificate["apiVersion"] == "cert-manager.io/v1"
+        spec = certificate["spec"]
+        assert spec["issuerRef"] == {
+            "name": "kvpool-ca",
+            "kind": "ClusterIssuer",
+            "group": "cert-manager.io",
+        }
+        assert spec["privateKey"]["rotationPolicy"] == "Always"
+    master_cert = certificates[f"{name}-master"]["spec"]
+    service = f"{name}-master"
+    assert master_cert["dnsNames"] == [
+        service,
+        f"{service}.{ns}",
+        f"{service}.{ns}.svc",
+        f"{service}.{ns}.svc.cluster.local",
+        "kvpool.example.com",
+    ]
+    assert "server auth" in master_cert["usages"]
+    assert render.master_address.rpartition(":")[0] in master_cert["dnsNames"]
+    # The Secrets cert-manager writes are the ones the pods mount.
+    master_files = _secret_files(_pod(_workload(render, "master")), render.container("master"))
+    assert master_files["/etc/kvpool/tls"] == (master_cert["secretName"], "*")
+    etcd_client = certificates[f"{name}-etcd-client"]["spec"]
+    assert master_files["/etc/kvpool/etcd-tls"] == (etcd_client["secretName"], "*")
+    assert etcd_client["usages"][-1] == "client auth"
+    node_files = _secret_files(_pod(_workload(render, "node")), render.container("node"))
+    node_client = certificates[f"{name}-node-client"]["spec"]
+    assert node_files["/etc/kvpool/client-tls/tls.crt"] == (node_client["secretName"], "tls.crt")
+    assert node_files["/etc/kvpool/tls/ca.crt"] == (master_cert["secretName"], "ca.crt")
+    assert node_client["usages"] == ["digital signature", "key encipherment", "client auth"]
+    etcd_cert = certificates[f"{name}-etcd"]["spec"]
+    headless = f"{name}-etcd-headless.{ns}.svc"
+    assert f"*.{headless}" in etcd_cert["dnsNames"]
+    assert {"server auth", "client auth"} <= set(etcd_cert["usages"])
+    etcd_pod = _pod(_workload(render, "etcd"))
+    etcd_secrets = {v["secret"]["secretName"] for v in etcd_pod["volumes"] if "secret" in v}
+    assert etcd_secrets == {etcd_cert["secretName"]}
+    # Mutual TLS: the master requires client certificates, the nodes present one.
+    assert "--require-client-cert" in render.container("master")["args"]
+    node = _flags(render.container("node")["args"])
+    assert node["--tls-cert"] == "/etc/kvpool/client-tls/tls.crt"
+    assert node["--tls-key"] == "/etc/kvpool/client-tls/tls.key"
+    assert node["--node-id"] == "$(POD_NAME)"
+    # Elected masters behind TLS: the nodes dial the Service the certificate names.
+    assert node["--master"] == render.master_address
+
+
+def test_cert_manager_only_for_the_master(render: Renderer) -> None:
+    values = {"tls": {"certManager": {"enabled": True, "issuerRef": {"name": "ca"}}}}
+    objects = [d for p, t in render(values).items() if p.endswith(".yaml") for d in _docs(t)]
+    (certificate,) = [o for o in objects if o["kind"] == "Certificate"]
+    assert certificate["spec"]["secretName"] == "kv-kvpool-tls"
+    assert certificate["spec"]["issuerRef"] == {
+        "name": "ca",
+        "kind": "Issuer",
+        "group": "cert-manager.io",
+    }
+
+
+def _docs(text: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def test_bundled_etcd_serves_tls_with_client_certificates(renders: dict[str, Render]) -> None:
+    render = renders["ha-bundled-etcd"]
+    (etcd,) = _pod(_workload(render, "etcd"))["containers"]
+    args = _flags(etcd["args"])
+    tls_dir = "/etc/etcd/tls"
+    assert args["--listen-client-urls"] == "https://0.0.0.0:2379"
+    assert args["--listen-peer-urls"] == "https://0.0.0.0:2380"
+    assert args["--advertise-client-urls"].startswith("https://$(POD_NAME).")
+    assert args["--initial-advertise-peer-urls"].startswith("https://$(POD_NAME).")
+    assert all("=https://" in m for m in args["--initial-cluster"].split(","))
+    assert args["--listen-metrics-urls"] == "http://0.0.0.0:2381"  # probes and Prometheus
+    for prefix in ("", "peer-"):
+        assert args[f"--{prefix}cert-file"] == f"{tls_dir}/tls.crt"
+        assert args[f"--{prefix}key-file"] == f"{tls_dir}/tls.key"
+        assert args[f"--{prefix}trusted-ca-file"] == f"{tls_dir}/ca.crt"
+        assert args[f"--{prefix}client-cert-auth"] == ""
+    files = _secret_files(_pod(_workload(render, "etcd")), etcd)
+    assert files[tls_dir] == ("kvpool-etcd-tls", "*")
+    master = _flags(render.container("master")["args"])
+    assert all(e.startswith("https://") for e in master["--etcd"].split(","))
+    assert master["--etcd-ca"] == "/etc/kvpool/etcd-tls/ca.crt"
+    assert master["--etcd-cert"] == "/etc/kvpool/etcd-tls/tls.crt"
+    assert master["--etcd-key"] == "/etc/kvpool/etcd-tls/tls.key"
+    master_files = _secret_files(_pod(_workload(render, "master")), render.container("master"))
+    assert master_files["/etc/kvpool/etcd-tls"] == ("kvpool-etcd-tls", "*")
+
+
+def test_external_etcd_over_tls(renders: dict[str, Render]) -> None:
+    render = renders["external-etcd"]
+    master = _flags(render.container("master")["args"])
+    assert master["--etcd"] == ",".join(render.values["etcd"]["external"]["endpoints"])
+    assert master["--etcd-cert"] == "/etc/kvpool/etcd-tls/tls.crt"
+    files = _secret_files(_pod(_workload(render, "master")), render.container("master"))
+    assert files["/etc/kvpool/etcd-tls"] == ("etcd-client-tls", "*")
+    assert not [o for o in render.objects if "etcd" in o["metadata"]["name"]]
+
+
+def test_master_accepts_its_rendered_security_flags(
+    renders: dict[str, Render], value_set: str, tmp_path: Path
+) -> None:
+    """The rendered security flags pass the master's own checks (security_from_args), with
+    real files where the pod mounts its Secrets: a throwaway CA and a credentials file made
+    by `kvpool token create`."""
+    from kvpool.cli.main import main as kvpool_main
+    from kvpool.master.security_config import security_from_args
+    from kvpool.security.dev_pki import make_dev_pki
+
+    render = renders[value_set]
+    root = tmp_path / "root"
+    pki = make_dev_pki(tmp_path / "pki", hosts=["kv-kvpool-master.cache.svc"])
+    for directory in ("etc/kvpool/tls", "etc/kvpool/etcd-tls"):
+        (root / directory).mkdir(parents=True)
+        (root / directory / "tls.crt").write_bytes(pki.server_cert.read_bytes())
+        (root / directory / "tls.key").write_bytes(pki.server_key.read_bytes())
+        (root / directory / "ca.crt").write_bytes(pki.ca.read_bytes())
+    credentials = root / "etc/kvpool/credentials/credentials.json"
+    credentials.parent.mkdir(parents=True)
+    with contextlib.redirect_stdout(io.StringIO()):
+        kvpool_main(
+            ["token", "create", "--credentials", str(credentials), "--name", "a", "--role", "admin"]
+        )
+    argv = [
+        f"{a.split('=')[0]}={root}{a.split('=', 1)[1]}" if "=/etc/kvpool/" in a else a
+        for a in container_argv(render.container("master"))
+    ]
+    security = security_from_args(parse_cli(argv))
+    assert security.secure is not render.values["auth"]["insecure"]
+    assert (security.grpc_credentials is None) is render.values["auth"]["insecure"]
+    assert (security.etcd_tls is not None) is (
+        render.values["master"]["replicas"] > 1 and not render.values["auth"]["insecure"]
+    )
+
+
+# -- refusals
+
+
+def test_refuses_insecure_load_balancer(render: Renderer) -> None:
+    values = {"auth": {"insecure": True}, "master": {"service": {"type": "LoadBalancer"}}}
+    message = rejected(render, values)
+    assert "auth.insecure is true and master.service.type is LoadBalancer" in message
+    assert "auth.allowInsecureExposure=true" in message
+
+
+def test_refuses_insecure_node_port(render: Renderer) -> None:
+    values = {"auth": {"insecure": True}, "master": {"service": {"type": "NodePort"}}}
+    assert "master.service.type is NodePort" in rejected(render, values)
+
+
+def test_insecure_exposure_when_asked_for(render: Renderer) -> None:
+    values = {
+        "auth": {"insecure": True, "allowInsecureExposure": True},
+        "master": {"service": {"type": "LoadBalancer"}},
+    }
+    master = yaml.safe_load(render(values)["kvpool/templates/master-deployment.yaml"])
+    assert "--insecure" in master["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_secure_load_balancer_renders(render: Renderer) -> None:
+    render({"master": {"service": {"type": "LoadBalancer"}}})
+
+
+def test_refuses_missing_credentials(render: Renderer) -> None:
+    message = rejected(render, {"auth": {"credentialsSecret": ""}})
+    assert "auth.credentialsSecret is empty" in message
+    assert "kvpool token create --credentials" in message and "auth.insecure=true" in message
+
+
+def test_refuses_missing_node_tokens(render: Renderer) -> None:
+    message = rejected(render, {"auth": {"nodeTokens": {"existingSecret": ""}}})
+    assert "auth.nodeTokens.existingSecret is empty" in message
+
+
+def test_refuses_tls_off_unless_insecure(render: Renderer) -> None:
+    message = rejected(render, {"tls": {"enabled": False}})
+    assert "tls.enabled is false but auth.insecure is not set" in message
+    render({"tls": {"enabled": False}, "auth": {"insecure": True}})
+
+
+def test_refuses_missing_tls_secret(render: Renderer) -> None:
+    message = rejected(render, {"tls": {"existingSecret": ""}})
+    assert "tls.existingSecret is empty" in message and "tls.certManager.enabled" in message
+
+
+def test_refuses_cert_manager_without_issuer(render: Renderer) -> None:
+    message = rejected(render, {"tls": {"certManager": {"enabled": True}}})
+    assert "tls.certManager.issuerRef.name is empty" in message
+
+
+def test_refuses_mutual_tls_without_a_node_certificate(render: Renderer) -> None:
+    message = rejected(render, {"tls": {"requireClientCert": True}})
+    assert "tls.requireClientCert is true but the storage nodes have no client" in message
+    files = render({"tls": {"requireClientCert": True, "nodeClientSecret": "node-client"}})
+    node = yaml.safe_load(files["kvpool/templates/node-workload.yaml"])
+    volumes = {v["name"]: v for v in node["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["client-tls"]["secret"]["secretName"] == "node-client"
+
+
+def test_refuses_plaintext_external_etcd(render: Renderer) -> None:
+    etcd = {"mode": "external", "external": {"endpoints": ["http://etcd:2379"]}}
+    message = rejected(render, {"master": {"replicas": 2}, "etcd": etcd})
+    assert "etcd.external.endpoints lists http://etcd:2379, a plaintext URL" in message
+    render({"master": {"replicas": 2}, "etcd": etcd, "auth": {"insecure": True}})
+
+
+def test_refuses_bundled_etcd_without_certificates(render: Renderer) -> None:
+    values = {"master": {"replicas": 3}, "etcd": {"tls": {"existingSecret": ""}}}
+    assert "etcd.tls.existingSecret is empty" in rejected(render, values)
+
+
+def test_refuses_bad_ucx_port_range(render: Renderer) -> None:
+    message = rejected(render, {"storage": {"ucxTcpPortRange": "5000-4000"}})
+    assert 'storage.ucxTcpPortRange "5000-4000" is not a range of ports' in message
+
+
+@pytest.mark.parametrize(
+    ("values", "where"),
+    [
+        ({"tls": {"enable": True}}, "at '/tls': additional properties 'enable' not allowed"),
+        ({"tls": {"enabled": "yes"}}, "at '/tls/enabled'"),
+        ({"tls": {"certManager": {"issuerRef": {"kind": "Foo"}}}}, "/tls/certManager/issuerRef"),
+        ({"tls": {"certManager": {"duration": "90 days"}}}, "at '/tls/certManager/duration'"),
+        ({"tls": {"existingSecret": "Bad_Name"}}, "at '/tls/existingSecret'"),
+        ({"auth": {"insecure": "true"}}, "at '/auth/insecure'"),
+        ({"auth": {"tokens": "x"}}, "additional properties 'tokens' not allowed"),
+        ({"auth": {"nodeTokens": {"secret": "x"}}}, "at '/auth/nodeTokens'"),
+        ({"etcd": {"tls": {"caFile": "x"}}}, "at '/etcd/tls'"),
+        ({"networkPolicy": {"enabled": 1}}, "at '/networkPolicy/enabled'"),
+        ({"networkPolicy": {"metricsFrom": [{"pods": {}}]}}, "at '/networkPolicy/metricsFrom/0'"),
+        ({"networkPolicy": {"metricsFrom": [{}]}}, "at '/networkPolicy/metricsFrom/0'"),
+        (
+            {"networkPolicy": {"clientPodSelector": {"matchLabels": {"a": 1}}}},
+            "at '/networkPolicy/clientPodSelector/matchLabels/a'",
+        ),
+        ({"storage": {"ucxTcpPortRange": "40000"}}, "at '/storage/ucxTcpPortRange'"),
+    ],
+)
+def test_schema_rejects_bad_security_values(
+    render: Renderer, values: dict[str, Any], where: str
+) -> None:
+    assert where in rejected(render, values)
+
+
+# -- NetworkPolicy
+
+
+def _selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a LabelSelector matches labels (matchLabels and matchExpressions)."""
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for expression in selector.get("matchExpressions", []):
+        key, operator, values = expression["key"], expression["operator"], expression.get("values")
+        if operator == "Exists" and key not in labels:
+            return False
+        if operator == "DoesNotExist" and key in labels:
+            return False
+        if operator == "In" and labels.get(key) not in values:
+            return False
+        if operator == "NotIn" and labels.get(key) in values:
+            return False
+    return True
+
+
+def _admits(
+    policy: dict[str, Any],
+    labels: dict[str, str],
+    port: int,
+    namespace: str,
+    namespace_labels: dict[str, str] | None = None,
+) -> bool:
+    """Whether ``policy`` admits TCP to ``port`` from a pod (Kubernetes' semantics for pod and
+    namespace selectors; IP blocks are not evaluated)."""
+    namespace_labels = {"kubernetes.io/metadata.name": namespace, **(namespace_labels or {})}
+    for rule in policy["spec"].get("ingress", []):
+        ports = rule.get("ports")
+        port_ok = ports is None or any(
+            p.get("protocol", "TCP") == "TCP"
+            and (
+                "port" not in p or p["port"] <= port <= p.get("endPort", p["port"])
+                if isinstance(p.get("port", 0), int)
+                else False
+            )
+            for p in ports
+        )
+        if not port_ok:
+            continue
+        for peer in rule.get("from", []):
+            if "ipBlock" in peer:
+                continue
+            if "namespaceSelector" in peer:
+                namespace_ok = _selects(peer["namespaceSelector"], namespace_labels)
+            else:
+                namespace_ok = namespace == policy["metadata"]["namespace"]
+            pod_ok = _selects(peer.get("podSelector", {}), labels)
+            if namespace_ok and pod_ok:
+                return True
+    return False
+
+
+def _chart_pod(render: Render, component: str) -> dict[str, str]:
+    return _workload(render, component)["spec"]["template"]["metadata"]["labels"]
+
+
+def test_network_policies_select_the_chart_pods(renders: dict[str, Render], value_set: str) -> None:
+    render = renders[value_set]
+    policies = {p["metadata"]["name"]: p for p in render.of_kind("NetworkPolicy")}
+    for workload in render.workloads():
+        labels = workload["spec"]["template"]["metadata"]["labels"]
+        selecting = [p for p in policies.values() if _selects(p["spec"]["podSelector"], labels)]
+        assert len(selecting) == 1, workload["metadata"]["name"]
+        assert selecting[0]["spec"]["policyTypes"] == ["Ingress"]
+
+
+def test_network_policy_admits_chart_pods_and_clients_only(renders: dict[str, Render]) -> None:
+    render = renders["default"]
+    ns = render.namespace
+    master = render.get("NetworkPolicy", f"{render.fullname}-master")
+    node = render.get("NetworkPolicy", f"{render.fullname}-node")
+    client = {"app": "vllm", "kvpool.io/client": "true"}
+    stranger = {"app": "vllm"}
+    for port in (50051, 50052, 9090):
+        assert _admits(master, _chart_pod(render, "node"), port, ns)
+        assert _admits(master, client, port, ns)
+        assert not _admits(master, stranger, port, ns)
+        assert not _admits(master, client, port, "elsewhere")  # clients of this namespace only
+    assert not _admits(master, client, 22, ns)
+    # UCX takes ephemeral ports: clients reach every TCP port of the storage nodes.
+    for port in (9091, 34567, 60999):
+        assert _admits(node, client, port, ns)
+        assert _admits(node, _chart_pod(render, "node"), port, ns)
+        assert not _admits(node, stranger, port, ns)
+    # Another release's pods are not this release's.
+    other = {**_chart_pod(render, "node"), "app.kubernetes.io/instance": "other"}
+    assert not _admits(master, other, 50051, ns)
+
+
+def test_network_policy_with_a_ucx_port_range_and_metrics_peers(
+    renders: dict[str, Render],
+) -> None:
+    render = renders["cert-manager-mtls"]
+    ns = render.namespace
+    master = render.get("NetworkPolicy", f"{render.fullname}-master")
+    node = render.get("NetworkPolicy", f"{render.fullname}-node")
+    etcd = render.get("NetworkPolicy", f"{render.fullname}-etcd")
+    env = {e["name"]: e.get("value") for e in render.container("node")["env"]}
+    assert env["UCX_TCP_PORT_RANGE"] == "40000-40099"
+    client = {"kvpool.io/client": "true"}
+    clients_ns = {"kvpool.io/clients": "true"}
+    assert _admits(node, client, 40000, "team-a", clients_ns)
+    assert _admits(node, client, 40099, "team-a", clients_ns)
+    assert _admits(node, client, 9091, "team-a", clients_ns)
+    assert not _admits(node, client, 40100, "team-a", clients_ns)
+    assert not _admits(node, client, 40000, "team-b")  # namespace not labelled
+    assert not _admits(node, client, 40000, ns)  # the selector names the client namespaces
+    assert _admits(master, client, 50051, "team-a", clients_ns)
+    prometheus = {"app.kubernetes.io/name": "prometheus"}
+    assert _admits(master, prometheus, 9090, "monitoring")
+    assert not _admits(master, prometheus, 50051, "monitoring")
+    assert _admits(node, prometheus, 9091, "monitoring")
+    assert not _admits(node, prometheus, 40000, "monitoring")
+    assert _admits(etcd, prometheus, 2381, "monitoring")
+    # etcd: clients are the release's pods (the masters), peers the members.
+    assert _admits(etcd, _chart_pod(render, "master"), 2379, ns)
+    assert not _admits(etcd, client, 2379, "team-a", clients_ns)
+    assert _admits(etcd, _chart_pod(render, "etcd"), 2380, ns)
+    assert not _admits(etcd, _chart_pod(render, "master"), 2380, ns)
+
+
+def test_network_policy_can_be_turned_off(render: Renderer) -> None:
+    files = render({"networkPolicy": {"enabled": False}})
+    assert not files.get("kvpool/templates/networkpolicy.yaml", "").strip()
+
+
+def test_node_accepts_its_rendered_security_flags(
+    renders: dict[str, Render], value_set: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rendered node command line and token file pass the node's own checks
+    (credentials_from_args), with real files where the pod mounts its Secrets."""
+    from kvpool.cli.main import main as kvpool_main
+    from kvpool.common.master_address import parse_master
+    from kvpool.security.dev_pki import make_dev_pki
+    from kvpool.storage_node.security_config import credentials_from_args
+
+    render = renders[value_set]
+    container = render.container("node")
+    root = tmp_path / "root"
+    pki = make_dev_pki(tmp_path / "pki", hosts=["kv-kvpool-master.cache.svc"])
+    (root / "etc/kvpool/tls").mkdir(parents=True)
+    (root / "etc/kvpool/tls/ca.crt").write_bytes(pki.ca.read_bytes())
+    (root / "etc/kvpool/client-tls").mkdir(parents=True)
+    cert, key = pki.client_certificate("kvpool://node/shared", "node")
+    (root / "etc/kvpool/client-tls/tls.crt").write_bytes(cert.read_bytes())
+    (root / "etc/kvpool/client-tls/tls.key").write_bytes(key.read_bytes())
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    if "KVPOOL_TOKEN_FILE" in env:
+        node_id = "kv-kvpool-node-0"
+        token_file = root / env["KVPOOL_TOKEN_FILE"].lstrip("/").replace(
+            "$(POD_NAME)", node_id
+        ).replace("$(K8S_NODE_NAME)", node_id)
+        token_file.parent.mkdir(parents=True)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            create = ["token", "create", "--credentials", str(tmp_path / "c.json")]
+            kvpool_main([*create, "--name", "n0", "--role", "node", "--node-id", node_id])
+        token_file.write_text(out.getvalue())
+        monkeypatch.setenv("KVPOOL_TOKEN_FILE", str(token_file))
+    for name in ("KVPOOL_TOKEN", "KVPOOL_TLS_CA", "KVPOOL_TLS_CERT", "KVPOOL_TLS_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    argv = [
+        f"{a.split('=')[0]}={root}{a.split('=', 1)[1]}" if "=/etc/kvpool/" in a else a
+        for a in container_argv(container)
+    ]
+    args = parse_cli(argv)
+    credentials = credentials_from_args(args, parse_master(args.master))
+    if render.values["auth"]["insecure"]:
+        assert credentials.token is None and credentials.tls is None
+    else:
+        assert credentials.token and credentials.tls is not None
+        assert (credentials.tls.cert is not None) is render.values["tls"]["requireClientCert"]

@@ -91,11 +91,14 @@ capabilities:
 {{- end -}}
 
 {{/*
-Where storage nodes find the master: with several masters, through etcd (etcd://HOST:PORT,.../CLUSTER),
-so they follow a failover at once instead of waiting for the Service to notice it; else the Service.
+Where storage nodes find the master: with several masters and auth.insecure, through etcd
+(etcd://HOST:PORT,.../CLUSTER), so they follow a failover at once instead of waiting for the
+Service to notice it; else the Service. A secure cluster's etcd requires client certificates,
+which only the masters hold: its nodes go through the Service (which routes to the leader only,
+the standbys being unready), whose name the master's certificate carries.
 */}}
 {{- define "kvpool.nodeMasterAddress" -}}
-{{- if include "kvpool.ha" . -}}
+{{- if and (include "kvpool.ha" .) (not (include "kvpool.secure" .)) -}}
 {{- $endpoints := list -}}
 {{- range (splitList "," (include "kvpool.etcd.endpoints" .)) -}}
 {{- $endpoints = append $endpoints (. | trimPrefix "http://" | trimPrefix "https://" | trimSuffix "/") -}}
@@ -122,12 +125,12 @@ so they follow a failover at once instead of waiting for the Service to notice i
 {{- $name := include "kvpool.etcd.fullname" . -}}
 {{- $headless := include "kvpool.etcd.headless" . -}}
 {{- range $i := until (int .Values.etcd.bundled.replicas) -}}
-{{- $urls = append $urls (printf "http://%s-%d.%s.%s.svc:2379" $name $i $headless $.Release.Namespace) -}}
+{{- $urls = append $urls (printf "%s://%s-%d.%s.%s.svc:2379" (include "kvpool.etcd.scheme" $) $name $i $headless $.Release.Namespace) -}}
 {{- end -}}
 {{- join "," $urls -}}
 {{- else -}}
 {{- if not .Values.etcd.external.endpoints -}}
-{{- fail (printf "master.replicas is %d, so the masters elect a leader through etcd, and etcd.mode is \"external\" but etcd.external.endpoints is empty: list your etcd client URLs (e.g. [\"http://etcd-0.etcd:2379\"]) or set etcd.mode to \"bundled\"" (int .Values.master.replicas)) -}}
+{{- fail (printf "master.replicas is %d, so the masters elect a leader through etcd, and etcd.mode is \"external\" but etcd.external.endpoints is empty: list your etcd client URLs (e.g. [\"%s://etcd-0.etcd:2379\"]) or set etcd.mode to \"bundled\"" (int .Values.master.replicas) (include "kvpool.etcd.scheme" .)) -}}
 {{- end -}}
 {{- join "," .Values.etcd.external.endpoints -}}
 {{- end -}}
@@ -256,4 +259,173 @@ storageClassName: {{ . }}
 resources:
   requests:
     storage: {{ include "kvpool.nvme.claimSize" . }}
+{{- end -}}
+
+
+{{/* ------------------------------------------------------------------------- security */}}
+
+{{/* True ("true") unless auth.insecure: TLS, tokens, etcd over TLS. */}}
+{{- define "kvpool.secure" -}}
+{{- if not .Values.auth.insecure -}}true{{- end -}}
+{{- end -}}
+
+{{- define "kvpool.etcd.scheme" -}}
+{{- if include "kvpool.secure" . -}}https{{- else -}}http{{- end -}}
+{{- end -}}
+
+{{/*
+Where the processes find their secrets. Secret volumes are mounted whole (never with subPath:
+a subPath mount is a copy made at container start that never sees a Secret update, while a
+whole volume is updated in place by the kubelet), so renewed certificates, a new
+credentials.json and new tokens reach the running processes, which re-read them.
+*/}}
+{{- define "kvpool.paths.tls" -}}/etc/kvpool/tls{{- end -}}
+{{- define "kvpool.paths.clientTls" -}}/etc/kvpool/client-tls{{- end -}}
+{{- define "kvpool.paths.credentials" -}}/etc/kvpool/credentials{{- end -}}
+{{- define "kvpool.paths.nodeTokens" -}}/etc/kvpool/node-tokens{{- end -}}
+{{- define "kvpool.paths.etcdTls" -}}/etc/kvpool/etcd-tls{{- end -}}
+
+{{/* The Secret with the master's certificate (tls.crt, tls.key) and the CA (ca.crt). */}}
+{{- define "kvpool.tls.secretName" -}}
+{{- if .Values.tls.certManager.enabled -}}
+{{- include "kvpool.fullname" . }}-tls
+{{- else -}}
+{{- .Values.tls.existingSecret -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret whose certificate the storage nodes present to the master, or "". */}}
+{{- define "kvpool.tls.nodeClientSecret" -}}
+{{- if .Values.tls.nodeClientSecret -}}
+{{- .Values.tls.nodeClientSecret -}}
+{{- else if and .Values.tls.certManager.enabled .Values.tls.requireClientCert -}}
+{{- include "kvpool.fullname" . }}-node-client-tls
+{{- end -}}
+{{- end -}}
+
+{{/* The bundled etcd members' certificate (server and peer). */}}
+{{- define "kvpool.etcd.tls.secretName" -}}
+{{- if .Values.etcd.tls.certManager.enabled -}}
+{{- include "kvpool.fullname" . }}-etcd-tls
+{{- else -}}
+{{- .Values.etcd.tls.existingSecret -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The certificate the masters present to etcd. */}}
+{{- define "kvpool.etcd.tls.clientSecretName" -}}
+{{- if .Values.etcd.tls.certManager.enabled -}}
+{{- include "kvpool.fullname" . }}-etcd-client-tls
+{{- else -}}
+{{- default .Values.etcd.tls.existingSecret .Values.etcd.tls.clientExistingSecret -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The cert-manager issuer of the etcd certificates (as YAML). */}}
+{{- define "kvpool.etcd.issuerRef" -}}
+{{- $ref := .Values.etcd.tls.certManager.issuerRef -}}
+{{- if not $ref.name -}}
+{{- $ref = .Values.tls.certManager.issuerRef -}}
+{{- end -}}
+name: {{ $ref.name }}
+kind: {{ $ref.kind }}
+group: {{ $ref.group }}
+{{- end -}}
+
+{{/*
+The environment variable holding a storage node's id: a StatefulSet pod's name is stable
+(<fullname>-node-0, ...), a DaemonSet pod's is not (a random suffix, new with every pod), but
+its Kubernetes node is, and a DaemonSet runs one storage node per Kubernetes node.
+*/}}
+{{- define "kvpool.node.idVar" -}}
+{{- if eq .Values.storage.kind "StatefulSet" -}}POD_NAME{{- else -}}K8S_NODE_NAME{{- end -}}
+{{- end -}}
+
+{{/* The UCX TCP port range as a dict {"start": N, "end": M}, or an empty dict. */}}
+{{- define "kvpool.ucxPortRange" -}}
+{{- $range := .Values.storage.ucxTcpPortRange -}}
+{{- if $range -}}
+{{- $parts := splitList "-" $range -}}
+{{- $start := index $parts 0 | int -}}
+{{- $end := index $parts 1 | int -}}
+{{- if or (lt $start 1024) (gt $end 65535) (gt $start $end) -}}
+{{- fail (printf "storage.ucxTcpPortRange %q is not a range of ports: give START-END with 1024 <= START <= END <= 65535, e.g. 40000-40999" $range) -}}
+{{- end -}}
+{{- dict "start" $start "end" $end | toJson -}}
+{{- else -}}
+{{- dict | toJson -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Refuses configurations that would run an unprotected cluster without having been asked to, or
+that miss what the secure one needs. Included by the master Deployment (always rendered).
+*/}}
+{{- define "kvpool.validateSecurity" -}}
+{{- $tls := .Values.tls -}}
+{{- $auth := .Values.auth -}}
+{{- if $auth.insecure -}}
+{{- if and (ne .Values.master.service.type "ClusterIP") (not $auth.allowInsecureExposure) -}}
+{{- fail (printf "auth.insecure is true and master.service.type is %s: the master would be reachable from outside the cluster in plaintext and without authentication. Use master.service.type=ClusterIP, or turn auth.insecure off (TLS and credentials), or, if you really mean it, set auth.allowInsecureExposure=true." .Values.master.service.type) -}}
+{{- end -}}
+{{- else -}}
+{{- if not $tls.enabled -}}
+{{- fail "tls.enabled is false but auth.insecure is not set: kvpool runs without TLS only as an insecure cluster (no TLS, no authentication). Keep tls.enabled=true with tls.existingSecret or tls.certManager.enabled=true, or set auth.insecure=true (development only)." -}}
+{{- end -}}
+{{- if $tls.certManager.enabled -}}
+{{- if not $tls.certManager.issuerRef.name -}}
+{{- fail "tls.certManager.enabled is true but tls.certManager.issuerRef.name is empty: name the cert-manager Issuer (or ClusterIssuer, with tls.certManager.issuerRef.kind) that signs the master's certificate." -}}
+{{- end -}}
+{{- else if not $tls.existingSecret -}}
+{{- fail "tls.existingSecret is empty: name a kubernetes.io/tls Secret holding tls.crt, tls.key and ca.crt (see docs/kubernetes.md, Security), or set tls.certManager.enabled=true with tls.certManager.issuerRef, or set auth.insecure=true (no TLS, no authentication; development only)." -}}
+{{- end -}}
+{{- if and $tls.requireClientCert (not (include "kvpool.tls.nodeClientSecret" .)) -}}
+{{- fail "tls.requireClientCert is true but the storage nodes have no client certificate: set tls.nodeClientSecret to a kubernetes.io/tls Secret signed by the CA in ca.crt, or use tls.certManager.enabled=true, which issues one." -}}
+{{- end -}}
+{{- if not $auth.credentialsSecret -}}
+{{- fail "auth.credentialsSecret is empty: the master admits only callers holding a token. Create the tokens with `kvpool token create --credentials credentials.json ...`, store the file in a Secret (kubectl create secret generic kvpool-credentials --from-file=credentials.json) and set auth.credentialsSecret to its name, or set auth.insecure=true (no TLS, no authentication; development only)." -}}
+{{- end -}}
+{{- if not $auth.nodeTokens.existingSecret -}}
+{{- fail "auth.nodeTokens.existingSecret is empty: every storage node needs a node token. Create one per node id with `kvpool token create --credentials credentials.json --role node --node-id ID ...`, store them in a Secret keyed by node id and set auth.nodeTokens.existingSecret to its name, or set auth.insecure=true (no TLS, no authentication; development only)." -}}
+{{- end -}}
+{{- if include "kvpool.ha" . -}}
+{{- $etcdTls := .Values.etcd.tls -}}
+{{- if and $etcdTls.certManager.enabled (not (or $etcdTls.certManager.issuerRef.name $tls.certManager.issuerRef.name)) -}}
+{{- fail "etcd.tls.certManager.enabled is true but no issuer is named: set etcd.tls.certManager.issuerRef.name (or tls.certManager.issuerRef.name, which it defaults to)." -}}
+{{- end -}}
+{{- if and (not $etcdTls.certManager.enabled) (not (include "kvpool.etcd.tls.clientSecretName" .)) -}}
+{{- fail "etcd.tls.existingSecret is empty: the masters reach etcd over TLS with a client certificate. Name a Secret with ca.crt, tls.crt and tls.key in etcd.tls.existingSecret (or etcd.tls.clientExistingSecret), or set etcd.tls.certManager.enabled=true, or auth.insecure=true (development only)." -}}
+{{- end -}}
+{{- if and (eq .Values.etcd.mode "bundled") (not $etcdTls.certManager.enabled) (not $etcdTls.existingSecret) -}}
+{{- fail "etcd.tls.existingSecret is empty: the bundled etcd serves its clients and peers over TLS. Name a Secret with the members' certificate (ca.crt, tls.crt, tls.key) in etcd.tls.existingSecret, or set etcd.tls.certManager.enabled=true, or auth.insecure=true (development only)." -}}
+{{- end -}}
+{{- if eq .Values.etcd.mode "external" -}}
+{{- range .Values.etcd.external.endpoints -}}
+{{- if hasPrefix "http://" . -}}
+{{- fail (printf "etcd.external.endpoints lists %s, a plaintext URL: the masters reach etcd over TLS with a client certificate (etcd.tls). Use https:// endpoints, or set auth.insecure=true (no TLS, no authentication; development only)." .) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* NetworkPolicy peers: the pods of this release (as a YAML list). */}}
+{{- define "kvpool.policy.releasePeers" -}}
+{{- $labels := dict "app.kubernetes.io/name" (include "kvpool.name" .) "app.kubernetes.io/instance" .Release.Name -}}
+{{- toYaml (list (dict "podSelector" (dict "matchLabels" $labels))) -}}
+{{- end -}}
+
+{{/*
+NetworkPolicy peers admitted where clients are (as a YAML list): this release's pods, the client
+pods (networkPolicy.clientPodSelector, in the release's namespace or in those of
+networkPolicy.clientNamespaceSelector), and networkPolicy.extraFrom.
+*/}}
+{{- define "kvpool.policy.clientPeers" -}}
+{{- $np := .Values.networkPolicy -}}
+{{- $client := dict "podSelector" $np.clientPodSelector -}}
+{{- if $np.clientNamespaceSelector -}}
+{{- $_ := set $client "namespaceSelector" $np.clientNamespaceSelector -}}
+{{- end -}}
+{{- toYaml (concat (include "kvpool.policy.releasePeers" . | fromYamlArray) (list $client) $np.extraFrom) -}}
 {{- end -}}

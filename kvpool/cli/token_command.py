@@ -1,0 +1,140 @@
+"""``kvpool token create/list/revoke``: the bearer tokens of a credentials file.
+
+Works on the file the master reads (``--credentials``, else ``$KVPOOL_CREDENTIALS``); a
+running master picks changes up within a second. A token is printed once, when created, on
+stdout alone (``kvpool token create ... > node-0.token``): the file keeps only its hash.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+ROLES = ("node", "client", "admin")
+
+
+def _credentials_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--credentials",
+        metavar="FILE",
+        default=None,
+        help="the credentials file (default: $KVPOOL_CREDENTIALS)",
+    )
+
+
+def add_commands(commands: Any) -> None:
+    token = commands.add_parser(
+        "token", help="create, list and revoke bearer tokens (the file keeps only their hashes)"
+    )
+    actions = token.add_subparsers(dest="token_action", required=True, metavar="ACTION")
+
+    create = actions.add_parser(
+        "create", help="make a token and print it, once (the file is made if missing)"
+    )
+    _credentials_option(create)
+    create.add_argument("--name", required=True, help="whom it is for: shown in logs")
+    create.add_argument("--role", required=True, choices=ROLES)
+    create.add_argument("--tenant", default="", help="the tenant of a client token")
+    create.add_argument("--node-id", default="", help="the node id a node token is bound to")
+    create.set_defaults(run=_create)
+
+    listing = actions.add_parser("list", help="the tokens of the file (never their secrets)")
+    _credentials_option(listing)
+    listing.set_defaults(run=_list)
+
+    revoke = actions.add_parser(
+        "revoke", help="remove a token by id, or every token of a name (effective in ~1 s)"
+    )
+    _credentials_option(revoke)
+    revoke.add_argument("token", metavar="ID_OR_NAME")
+    revoke.set_defaults(run=_revoke)
+
+
+class _Refused(Exception):
+    """A one-line error for the user: exit status 2."""
+
+
+def _credentials_path(args: argparse.Namespace) -> str:
+    path: str | None = args.credentials or os.environ.get("KVPOOL_CREDENTIALS")
+    if not path:
+        raise _Refused("no credentials file: give --credentials FILE or set KVPOOL_CREDENTIALS")
+    return path
+
+
+def _reporting_errors(command: Any) -> Any:
+    def run(args: argparse.Namespace) -> int:
+        from kvpool.security.tokens import CredentialError
+
+        try:
+            result: int = command(args)
+        except (_Refused, CredentialError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        return result
+
+    return run
+
+
+@_reporting_errors
+def _create(args: argparse.Namespace) -> int:
+    from kvpool.security.identity import Role
+    from kvpool.security.tokens import CredentialStore, new_token
+
+    path = _credentials_path(args)
+    token, record = new_token(args.name, Role(args.role), args.tenant, args.node_id)
+    if not os.path.exists(path):
+        store = CredentialStore.create(path)
+        print(f"created credentials file {path}", file=sys.stderr)
+    else:
+        store = CredentialStore(path)
+    store.add(record)
+    print(token)
+    sys.stdout.flush()
+    print(
+        f"token {record.token_id} for {record.identity().describe()}: shown this once, the "
+        "file keeps only its hash; keep it secret (callers read it from $KVPOOL_TOKEN, "
+        "or @FILE)",
+        file=sys.stderr,
+    )
+    return 0
+
+
+@_reporting_errors
+def _list(args: argparse.Namespace) -> int:
+    import datetime
+
+    from kvpool.security.tokens import CredentialStore
+
+    path = _credentials_path(args)
+    records = CredentialStore(path).records()
+    if not records:
+        print(f"no tokens in {path}", file=sys.stderr)
+        return 0
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table("id", "name", "role", "tenant", "node id", "created", box=None)
+    for record in records:
+        created = datetime.datetime.fromtimestamp(record.created).astimezone()
+        cells = (record.token_id, record.name, record.role.value, record.tenant, record.node_id)
+        table.add_row(*map(escape, cells), created.isoformat(timespec="seconds"))
+    Console(soft_wrap=True).print(table)
+    print(f"{len(records)} token(s)", file=sys.stderr)
+    return 0
+
+
+@_reporting_errors
+def _revoke(args: argparse.Namespace) -> int:
+    from kvpool.security.tokens import CredentialStore
+
+    path = _credentials_path(args)
+    removed = CredentialStore(path).revoke(args.token)
+    if not removed:
+        raise _Refused(
+            f"no token with id or name {args.token!r} in {path}: see `kvpool token list`"
+        )
+    print(f"revoked {removed} token{'s' if removed > 1 else ''}", file=sys.stderr)
+    return 0
