@@ -14,8 +14,8 @@ status 0 and the request message as body; its answer carries the same call id an
 status 0 and the response message, or a gRPC status code and ``details NUL leader`` in UTF-8
 (``leader``: where a standby says the leader is, else empty). A master that checks
 credentials reads an ``AUTH`` frame first (a bearer token), no larger than ``AUTH_LIMIT``.
-On a node session the first frame (method ``NodeSession``) holds the node's hello and every later frame one
-``NodeReport`` (node to master) or ``NodeCommand`` (master to node).
+On a node session the next frame (method ``NodeSession``) holds the node's hello and every
+later frame one ``NodeReport`` (node to master) or ``NodeCommand`` (master to node).
 
 A frame is refused at its header when it announces more than its reader accepts: the master
 reads requests of at most ``REQUEST_LIMIT`` bytes (the largest legal call) and, on a node's

@@ -400,21 +400,14 @@ def _tick(driver: CoreDriver, registry: Election | None) -> TickReport | None:
 
 def etcd_endpoints(etcd: str, tls: TlsFiles | None) -> list[str]:
     """``https://a:2379,https://b:2379`` -> ["a:2379", "b:2379"]. An ``https://`` endpoint
-    needs TLS material (--etcd-ca ...) and a plain one must not come with it: the scheme is
-    never changed without a word. ValueError when they do not fit."""
+    needs TLS material (--etcd-ca ...), a plain ``http://`` one must not come with it, and a
+    bare HOST:PORT takes https when it does: the scheme is never changed without a word.
+    ValueError when they do not fit."""
     endpoints = []
     for part in etcd.split(","):
-        if not part.strip():
-            continue
-        scheme, host, port = parse_etcd_endpoint(part.strip())
-        if scheme == "https" and tls is None:
-            raise ValueError(f"etcd endpoint {part.strip()} is https:// but no --etcd-ca given")
-        if scheme == "http" and tls is not None:
-            raise ValueError(
-                f"etcd endpoint {part.strip()} is http:// but --etcd-ca/--etcd-cert were "
-                "given: write https:// (or drop them)"
-            )
-        endpoints.append(f"{host}:{port}")
+        if part.strip():
+            _, host, port = parse_etcd_endpoint(part.strip(), tls)
+            endpoints.append(f"{host}:{port}")
     return endpoints
 
 
