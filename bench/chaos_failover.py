@@ -119,6 +119,7 @@ def main() -> int:
         EtcdProcess() as etcd,
         LocalCluster(args.nodes, "256MiB", masters=args.masters, etcd=etcd.endpoint) as cluster,
     ):
+        cluster.export_client_env()
         load = Load(cluster.master_address)
         load.start()
         try:

@@ -95,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print("starting a local cluster: a master and 2 nodes x 64MiB DRAM ...", flush=True)
         with LocalCluster(2, "64MiB") as cluster:
+            cluster.export_client_env()
             results = measure(args.kvpool, cluster.master_address, args.runs)
     print_and_save(
         f"one kvpool command, start to exit ({args.runs} runs each)",

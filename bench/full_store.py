@@ -71,7 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     results: dict[str, dict[str, float]] = {}
-    with LocalCluster(1, args.store) as cluster, Client(cluster.master_address) as client:
+    with (
+        LocalCluster(1, args.store) as cluster,
+        Client(cluster.master_address, **cluster.client_credentials()) as client,
+    ):
         for size in sizes:
             print(f"putting batches of {BATCH} x {format_size(size)} for {args.seconds:g} s")
             results[format_size(size)] = measure(client, size, args.seconds)

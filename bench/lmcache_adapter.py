@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"starting a local cluster: {args.nodes} node(s) x {args.dram} DRAM ...", flush=True)
     with LocalCluster(args.nodes, args.dram) as cluster:
+        cluster.export_client_env()
         return _bench(cluster.master_address, chunk, args.batch, args.rounds)
 
 

@@ -140,6 +140,7 @@ def _on_cluster(args: argparse.Namespace, work):
             for i in range(args.nodes):
                 extra = ["--nvme", f"{scratch}/nvme{i}", "--nvme-size", args.nvme_size]
                 cluster.add_node(extra=extra if args.nvme_size else ())
+            cluster.export_client_env()
             return work(cluster.master_address)
 
 

@@ -231,6 +231,12 @@ class LocalCluster:
         assert self.pki is not None
         return {"KVPOOL_TOKEN": self.tenant_tokens[tenant], "KVPOOL_TLS_CA": str(self.pki.ca)}
 
+    def export_client_env(self, tenant: str = DEFAULT_TENANT) -> None:
+        """Makes this process (and the processes it starts) a client of ``tenant`` of this
+        cluster: what a user's shell does with ``source client.env``."""
+        os.environ.update(self.client_env(tenant))
+        os.environ.pop("KVPOOL_TOKEN_FILE", None)
+
     def admin_env(self) -> dict[str, str]:
         """The environment of an admin of this cluster (`kvpool status`, across tenants)."""
         if not self.secure:

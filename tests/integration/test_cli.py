@@ -1,25 +1,43 @@
-"""From a shell: `kvpool up` in one terminal, put/get/ls/rm/status in another."""
+"""From a shell: `kvpool up` in one terminal, put/get/ls/rm/status in another, with the
+credentials `kvpool up` wrote (`source RUN/client.env`, `source RUN/admin.env`)."""
 
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 
-def kvpool(*args: str, master: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+#: What `source client.env` / `source admin.env` of the running `kvpool up` would export.
+UP_ENV: dict[str, dict[str, str]] = {"client": {}, "admin": {}}
+
+
+def kvpool(
+    *args: str, master: str, stdin: bytes | None = None, role: str = "client"
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "kvpool.cli.main", *args],
         input=stdin,
         capture_output=True,
-        env={**os.environ, "KVPOOL_MASTER": master},
+        env={**os.environ, **UP_ENV[role], "KVPOOL_MASTER": master},
         timeout=60,
     )
+
+
+def sourced(path: Path) -> dict[str, str]:
+    """The variables a shell's ``source PATH`` of an env file of `kvpool up` exports."""
+    exported = {}
+    for line in path.read_text().splitlines():
+        name, _, value = line.removeprefix("export ").partition("=")
+        exported[name] = shlex.split(value)[0]
+    return exported
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +73,9 @@ def up(tmp_path_factory):
         if line.startswith("kvpool master at "):
             master = line.split()[-1]
     assert master, "".join(lines)
+    UP_ENV["client"] = sourced(run_dir / "client.env")
+    UP_ENV["admin"] = sourced(run_dir / "admin.env")
+    assert UP_ENV["client"]["KVPOOL_MASTER"] == master
     yield process, master
     if process.poll() is None:
         process.kill()
@@ -84,7 +105,9 @@ def test_put_get_ls_rm_status_against_kvpool_up(up, tmp_path):
         assert key in listing.stdout
     assert b"greeting" not in kvpool("ls", "--prefix", "bl", master=master).stdout
 
-    status = kvpool("status", master=master)
+    refused = kvpool("status", master=master)  # a client of one tenant: not the cluster's
+    assert refused.returncode == 1 and b"admin" in refused.stderr, refused.stderr
+    status = kvpool("status", master=master, role="admin")
     assert status.returncode == 0
     assert b"2 node(s), 3 object(s)" in status.stdout
 
@@ -148,7 +171,7 @@ def test_a_master_whose_port_is_taken_says_which_and_exits(flag):
         ports[flag] = str(taken.getsockname()[1])
         done = subprocess.run(
             [sys.executable, "-m", "kvpool.cli.main", "master", "--host", "127.0.0.1",
-             *[item for pair in ports.items() for item in pair]],
+             "--insecure", *[item for pair in ports.items() for item in pair]],
             capture_output=True,
             timeout=60,
         )  # fmt: skip
