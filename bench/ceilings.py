@@ -11,7 +11,12 @@ over a veth pair), between two bare processes:
   kvpool applies on import (kvpool.common.grpc_tuning);
 - the round trip of a near-empty call over the metadata lane's framing: an asyncio server
   answering every frame at once and kvpool's blocking lane client (the floor of a call over
-  kvpool's lane, before any handler).
+  kvpool's lane, before any handler);
+- both round trips again as a secure kvpool makes them (``TLS + token``): TLS with a
+  throwaway CA's certificate for the placement's addresses, served with kvpool's own server
+  credentials and contexts (security/tls.py, rotation included), and a bearer token on every
+  call (gRPC metadata; the lane's AUTH frame, once per connection). The servers echo and
+  check nothing: what is measured is the transport's cost, next to the plain figure.
 
 Run as root (namespaces); prints a table and writes bench/results/ceilings.json. Each role
 below also runs as ``ceilings.py ROLE CONFIG_JSON`` in its own process; servers hand their
@@ -134,11 +139,35 @@ def _grpc_settings(config: dict) -> None:
     os.environ["GRPC_EXPERIMENTS"] = config["grpc_experiments"]
 
 
+def _tls_suffix(config: dict) -> str:
+    return ", TLS + token" if config.get("tls") else ""
+
+
+def _caller(config: dict):
+    """kvpool's caller credentials of a TLS probe: the CA and a token (None: plaintext)."""
+    from kvpool.security.caller import ANONYMOUS, CallerCredentials
+    from kvpool.security.tls import TlsFiles
+
+    tls = config.get("tls")
+    if not tls:
+        return ANONYMOUS
+    return CallerCredentials(tls["token"], TlsFiles(ca=Path(tls["ca"])))
+
+
+def _server_tls_files(config: dict):
+    from kvpool.security.tls import TlsFiles
+
+    tls = config["tls"]
+    return TlsFiles(cert=Path(tls["cert"]), key=Path(tls["key"]), ca=Path(tls["ca"]))
+
+
 def _grpc_server(config: dict) -> None:
     import asyncio
 
     _grpc_settings(config)
     import grpc
+
+    from kvpool.security.tls import grpc_server_credentials
 
     async def echo(request: bytes, context: object) -> bytes:
         return request
@@ -149,7 +178,12 @@ def _grpc_server(config: dict) -> None:
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler("bench.Echo", {"Echo": handler}),)
         )
-        port = server.add_insecure_port(f"{config['ip']}:0")
+        address = f"{config['ip']}:0"
+        if config.get("tls"):
+            credentials = grpc_server_credentials(_server_tls_files(config), False)
+            port = server.add_secure_port(address, credentials)
+        else:
+            port = server.add_insecure_port(address)
         await server.start()
         _publish(config, {"port": port})
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
@@ -159,22 +193,22 @@ def _grpc_server(config: dict) -> None:
 
 
 def _grpc_client(config: dict) -> dict:
-    _grpc_settings(config)
-    import grpc
-
+    _grpc_settings(config)  # before grpc's import (kvpool.security.caller's)
     port = json.loads(Path(config["file"]).read_text())["port"]
-    with grpc.insecure_channel(f"{config['ip']}:{port}") as channel:
+    caller = _caller(config)
+    metadata = caller.metadata or None
+    with caller.channel(f"{config['ip']}:{port}", options=()) as channel:
         call = channel.unary_unary("/bench.Echo/Echo")
         for _ in range(200):
-            call(b"x" * 64, timeout=10)
+            call(b"x" * 64, timeout=10, metadata=metadata)
         latencies = []
         end = time.perf_counter() + 2.0
         while time.perf_counter() < end:
             start = time.perf_counter()
-            call(b"x" * 64, timeout=10)
+            call(b"x" * 64, timeout=10, metadata=metadata)
             latencies.append(time.perf_counter() - start)
     latencies.sort()
-    label = config["grpc_label"]
+    label = config["grpc_label"] + _tls_suffix(config)
     return {f"gRPC unary round trip p50 (us), {label}": latencies[len(latencies) // 2] * 1e6}
 
 
@@ -194,7 +228,14 @@ def _lane_server(config: dict) -> None:
 
     async def serve() -> None:
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(Echo, config["ip"], 0)
+        context = None
+        if config.get("tls"):
+            from kvpool.security.tls import ServerContexts
+
+            # as the master's lane serves TLS: a context that follows rotated files
+            files = _server_tls_files(config)
+            context = ServerContexts(files, require_client_cert=False).listening_context()
+        server = await loop.create_server(Echo, config["ip"], 0, ssl=context)
         _publish(config, {"port": server.sockets[0].getsockname()[1]})
         await loop.run_in_executor(None, sys.stdin.read)
         server.close()
@@ -207,7 +248,7 @@ def _lane_client(config: dict) -> dict:
     from kvpool.proto import master_pb2 as pb
 
     port = json.loads(Path(config["file"]).read_text())["port"]
-    lane = LaneClient(config["ip"], port)
+    lane = LaneClient(config["ip"], port, _caller(config))
     request = pb.ExistsRequest(keys=["x" * 64])
     for _ in range(200):
         lane.call("Exists", request, pb.ExistsResponse, 10)
@@ -219,7 +260,8 @@ def _lane_client(config: dict) -> dict:
         latencies.append(time.perf_counter() - start)
     lane.close()
     latencies.sort()
-    return {"metadata lane round trip p50 (us)": latencies[len(latencies) // 2] * 1e6}
+    label = "metadata lane round trip p50 (us)" + _tls_suffix(config)
+    return {label: latencies[len(latencies) // 2] * 1e6}
 
 
 ROLES = {
@@ -241,7 +283,25 @@ PAIRS = (
         "grpc-client",
         {"grpc_experiments": grpc_tuning.EXPERIMENTS, "grpc_label": "kvpool's settings"},
     ),
+    (
+        "grpc-server",
+        "grpc-client",
+        {
+            "grpc_experiments": grpc_tuning.EXPERIMENTS,
+            "grpc_label": "kvpool's settings",
+            "tls": True,
+        },
+    ),
     ("lane-server", "lane-client", {}),
+    ("lane-server", "lane-client", {"tls": True}),
+)
+#: Round trips measured plain and with TLS + token: (plain figure, TLS figure) names.
+TLS_PAIRS = (
+    (
+        "gRPC unary round trip p50 (us), kvpool's settings",
+        "gRPC unary round trip p50 (us), kvpool's settings, TLS + token",
+    ),
+    ("metadata lane round trip p50 (us)", "metadata lane round trip p50 (us), TLS + token"),
 )
 
 
@@ -251,6 +311,7 @@ PAIRS = (
 def measure(placement, work_dir: Path, pairs: tuple = PAIRS) -> dict:
     """Every pair of roles across ``placement``: server side, then client side."""
     results = {}
+    tls = _tls_material(placement, work_dir) if any(p[2].get("tls") for p in pairs) else None
     for number, (server_role, client_role, extra) in enumerate(pairs):
         config = {
             "file": str(work_dir / f"{server_role}-{number}.json"),
@@ -258,6 +319,8 @@ def measure(placement, work_dir: Path, pairs: tuple = PAIRS) -> dict:
             "tcp_only": placement.tcp_only,
             **extra,
         }
+        if extra.get("tls"):
+            config["tls"] = tls
         server = subprocess.Popen(
             [*placement.server_prefix, *_argv(server_role, config)],
             stdin=subprocess.PIPE,
@@ -290,6 +353,33 @@ def measure(placement, work_dir: Path, pairs: tuple = PAIRS) -> dict:
     return results
 
 
+def _tls_material(placement, work_dir: Path) -> dict:
+    """A throwaway CA, a server certificate for every address of ``placement`` and a client
+    token (made as a secure kvpool's are; the echo servers check none of it)."""
+    from kvpool.security.dev_pki import make_dev_pki
+    from kvpool.security.identity import Role
+    from kvpool.security.tokens import new_token
+
+    hosts = dict.fromkeys((placement.server_ip, placement.client_ip, "127.0.0.1", "localhost"))
+    pki = make_dev_pki(work_dir / "pki", hosts=tuple(hosts))
+    token, _ = new_token("bench-client", Role.CLIENT, tenant="bench")
+    return {
+        "cert": str(pki.server_cert),
+        "key": str(pki.server_key),
+        "ca": str(pki.ca),
+        "token": token,
+    }
+
+
+def tls_costs(values: dict) -> list[tuple[str, float, float]]:
+    """(what, plain us, TLS us) of each round trip measured both ways in ``values``."""
+    out = []
+    for plain, tls in TLS_PAIRS:
+        if plain in values and tls in values:
+            out.append((plain.split(" p50")[0], values[plain], values[tls]))
+    return out
+
+
 def _argv(role: str, config: dict) -> list[str]:
     return [sys.executable, str(HERE / "ceilings.py"), role, json.dumps(config)]
 
@@ -310,7 +400,13 @@ def main(argv: list[str] | None = None) -> int:
     for name, values in out["placements"].items():
         for what, value in values.items():
             unit = "" if "(us)" in what else " GB/s"
-            print(f"{name:10} {what:40} {value:8.2f}{unit}")
+            print(f"{name:10} {what:64} {value:8.2f}{unit}")
+    for name, values in out["placements"].items():
+        for what, plain, tls in tls_costs(values):
+            print(
+                f"{name:10} {what}: {plain:.1f} us plain, {tls:.1f} us with TLS + token "
+                f"({tls - plain:+.1f} us, {tls / plain - 1:+.0%})"
+            )
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
     print(f"wrote {args.json}")

@@ -14,6 +14,14 @@ Objects are removed (forced) after each workload; kvpool keeps the space of an o
 under a read lease until the lease ends (10 s), so each store is sized (``--store-size``,
 default 4 GiB) for the few hundred MiB that a run leaves waiting.
 
+kvpool runs secure, as it does by default: TLS on the master's ports, tokens for the node and
+the clients (bench/kvpool_runner.py). ``--security insecure`` runs it ``--insecure``;
+``--security both`` runs a secure and an insecure kvpool side by side, as two more systems of
+the rotation ("kvpool" and "kvpool-insecure"): every run measures each workload on both, one
+right after the other, the order alternating from run to run, and a second table gives the
+difference per workload (a secure kvpool should stay within 10 % of an insecure one). Both
+clusters hold their store at once: ``both`` needs twice kvpool's ``--store-size`` of memory.
+
 Mooncake needs ``bench/setup_mooncake.sh`` first; without it the comparison runs kvpool and
 memcpy only. The netns placement needs root. See docs/benchmarks.md.
 """
@@ -35,6 +43,9 @@ from kvpool.common.sizes import format_size, parse_size
 HERE = Path(__file__).resolve().parent
 SYSTEMS = ("kvpool", "mooncake", "memcpy")
 PLACEMENTS = ("same-host", "netns")
+SECURITY = ("secure", "insecure", "both")
+#: The system name of the insecure kvpool when ``--security both`` runs it beside the secure.
+KVPOOL_INSECURE = "kvpool-insecure"
 KiB, MiB = 1024, 1024 * 1024
 
 
@@ -110,6 +121,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--workloads", default=",".join(w.name for w in WORKLOADS), help="%(default)s"
     )
     group.add_argument(
+        "--security",
+        choices=SECURITY,
+        default="secure",
+        help="kvpool with TLS and tokens (secure, the default), --insecure, or both side by "
+        "side, alternating, with their difference per workload (both: twice the memory)",
+    )
+    group.add_argument(
         "--ceilings",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -164,6 +182,14 @@ def _options(args: argparse.Namespace) -> dict:
     workloads = [by_name[n] for n in _choose(chosen, tuple(by_name), "workload")]
     if args.runs < 1:
         raise ValueError("--runs must be at least 1")
+    security = getattr(args, "security", "secure")
+    if args.profile and security == "both":
+        raise ValueError("--profile runs one kvpool: --security secure or insecure")
+    if getattr(args, "update_docs", False) and security == "insecure":
+        raise ValueError(
+            "the docs' table is of kvpool as it runs by default, secure: --security secure "
+            "or both with --update-docs"
+        )
     return {
         "placements": placements,
         "systems": systems,
@@ -172,6 +198,7 @@ def _options(args: argparse.Namespace) -> dict:
         "store_size": parse_size(args.store_size),
         "ceilings": args.ceilings,
         "log_dir": Path(args.out_dir) / "logs",
+        "security": security,
     }
 
 
@@ -195,9 +222,11 @@ def compare(
     log_dir: Path = HERE / "results" / "logs",
     warmup: bool = True,
     ceilings: bool = False,
+    security: str = "secure",
 ) -> dict:
     """Measures every workload on every system in every placement; returns the results as
-    a JSON-ready dict (see report.py for its shape)."""
+    a JSON-ready dict (see report.py for its shape). ``security``: kvpool secure, insecure,
+    or both (then "kvpool" is the secure one and "kvpool-insecure" the other)."""
     import os
 
     from bench import environment
@@ -212,10 +241,13 @@ def compare(
         placements = [p for p in placements if p != "netns"]
     for what, why in skipped.items():
         print(f"skipping {what}: {why}", file=sys.stderr)
+    systems, security_of = kvpool_systems(systems, security)
     results: dict = {
         "environment": environment.describe(),
         "mooncake_version": mooncake_version() if "mooncake" in systems else None,
         "systems": systems,
+        "security": security,
+        "security_of": security_of,
         "skipped": skipped,
         "runs": runs,
         "store_size": store_size,
@@ -228,10 +260,25 @@ def compare(
         with open_placement(name) as placement:
             if ceilings:
                 results.setdefault("ceilings", {})[name] = _ceilings(placement)
-            bench = PlacementBench(placement, systems, store_size, log_dir / name)
+            bench = PlacementBench(placement, systems, store_size, log_dir / name, security_of)
             results["placements"][name] = bench.measure(workloads, runs, warmup=warmup)
     results["seconds"] = round(time.monotonic() - started, 1)
     return results
+
+
+def kvpool_systems(systems: list[str], security: str) -> tuple[list[str], dict[str, str]]:
+    """The systems with kvpool as ``security`` asks (``both``: "kvpool-insecure" right after
+    "kvpool"), and each kvpool system's security ("secure" or "insecure")."""
+    if security not in SECURITY:
+        raise ValueError(f"unknown security {security!r}: choose from {', '.join(SECURITY)}")
+    if "kvpool" not in systems:
+        return list(systems), {}
+    if security != "both":
+        return list(systems), {"kvpool": security}
+    out: list[str] = []
+    for system in systems:
+        out += ["kvpool", KVPOOL_INSECURE] if system == "kvpool" else [system]
+    return out, {"kvpool": "secure", KVPOOL_INSECURE: "insecure"}
 
 
 def profile_workload(
@@ -244,7 +291,11 @@ def profile_workload(
     for name in options["placements"]:
         with open_placement(name) as placement:
             bench = PlacementBench(
-                placement, ["kvpool"], options["store_size"], options["log_dir"] / name
+                placement,
+                ["kvpool"],
+                options["store_size"],
+                options["log_dir"] / name,
+                {"kvpool": options.get("security", "secure")},
             )
             files = bench.profile(chosen, seconds, out_dir, f"{name}-{workload}", native)
         for role, path in files.items():
@@ -277,9 +328,20 @@ def open_placement(name: str) -> Iterator:
 class PlacementBench:
     """Every system's servers and clients in one placement, and the runs on them."""
 
-    def __init__(self, placement, systems: list[str], store_size: int, log_dir: Path) -> None:
+    def __init__(
+        self,
+        placement,
+        systems: list[str],
+        store_size: int,
+        log_dir: Path,
+        security_of: dict[str, str] | None = None,
+    ) -> None:
         self.placement = placement
         self.systems = systems
+        #: kvpool system -> "secure" or "insecure" (a kvpool not named here is secure)
+        self.security_of = {
+            s: (security_of or {}).get(s, "secure") for s in systems if s.startswith("kvpool")
+        }
         self.store_size = store_size
         self.log_dir = log_dir
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -370,13 +432,24 @@ class PlacementBench:
         from bench.processes import child_env
 
         size = format_size(self.store_size).replace(" ", "")
-        kinds = {"kvpool": lambda: KvpoolServers(self.placement, self.log_dir, size, child_env())}
+        kinds = {
+            label: lambda label=label, security=security: KvpoolServers(
+                self.placement,
+                self.log_dir,
+                size,
+                child_env(),
+                secure=security == "secure",
+                name=label,
+            )
+            for label, security in self.security_of.items()
+        }
         kinds["mooncake"] = lambda: MooncakeServers(
             self.placement, self.log_dir, self.store_size, child_env()
         )
         for system in self.systems:
             if system in kinds:
-                print(f"[{self.placement.name}] starting {system} servers", flush=True)
+                how = f" ({self.security_of[system]})" if system in self.security_of else ""
+                print(f"[{self.placement.name}] starting {system} servers{how}", flush=True)
                 self.servers[system] = stack.enter_context(kinds[system]())
                 self.pids.update(self.servers[system].pids.values())
                 self.system_pids[system].update(self.servers[system].pids.values())
@@ -395,8 +468,9 @@ class PlacementBench:
                     server = self.servers[system]
                     argv, env = server.client_argv(), server.client_env()
                 else:
-                    argv = self.servers[system].client_argv(self.kvpool_lease_ttl)
-                    env = child_env()
+                    server = self.servers[system]
+                    argv = server.client_argv(self.kvpool_lease_ttl)
+                    env = server.client_env(child_env())
                 name = f"{system}-client{index}"
                 runner = RunnerProcess(name, argv, self.log_dir / f"{name}.log", env)
                 stack.callback(runner.stop)

@@ -10,12 +10,18 @@ Placements that must not share memory (``tcp_only``) force UCX onto TCP in both 
 (``UCX_TLS`` in its environment) and the client (``ucx_config``), and keep the client from
 mapping the node's memory (``same_host_mapping=False``): two namespaces of one machine still
 share its memory, two hosts would not.
+
+Secure by default, as kvpool runs by default: TLS on the master's gRPC port and lane, a token
+for the node and one for the clients (``KvpoolServers(secure=False)``: everything
+``--insecure``, for ``kvpool bench --compare --security insecure|both``).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -23,17 +29,97 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 
 
-class KvpoolServers:
-    """A kvpool master and one storage node of ``dram`` bytes; a context manager."""
+#: What a process of the benchmark may inherit that would make it someone else's caller (the
+#: test session exports a client's token and CA): every kvpool process gets its own, or none.
+CALLER_ENV = (
+    "KVPOOL_TOKEN",
+    "KVPOOL_TOKEN_FILE",
+    "KVPOOL_TLS_CA",
+    "KVPOOL_TLS_CERT",
+    "KVPOOL_TLS_KEY",
+)
+NODE_ID = "bench-node"
+SECURITY_MODES = ("secure", "insecure")
 
-    def __init__(self, placement: Any, run_dir: Path, dram: str, env: dict[str, str]) -> None:
+
+def _without_callers(env: dict[str, str]) -> dict[str, str]:
+    return {name: value for name, value in env.items() if name not in CALLER_ENV}
+
+
+class KvpoolServers:
+    """A kvpool master and one storage node of ``dram`` bytes; a context manager.
+
+    Secure (the default, as a deployment runs): a throwaway CA whose server certificate names
+    every address of the placement, a credentials file with a token for the node (bound to
+    its node id) and one for the clients; the master serves TLS and checks tokens on gRPC and
+    the lane, the node and the clients present their token over TLS. ``secure=False`` starts
+    master and node ``--insecure`` and gives clients no credentials.
+    """
+
+    def __init__(
+        self,
+        placement: Any,
+        run_dir: Path,
+        dram: str,
+        env: dict[str, str],
+        *,
+        secure: bool = True,
+        name: str = "kvpool",
+    ) -> None:
         self.placement = placement
         self.run_dir = run_dir
         self.dram = dram
-        self.env = {**env, "UCX_TLS": "tcp"} if placement.tcp_only else dict(env)
+        self.secure = secure
+        self.name = name
+        self.base_env = _without_callers(env)
+        self.env = {**self.base_env, "UCX_TLS": "tcp"} if placement.tcp_only else self.base_env
         self.master: Any = None
         self.node: Any = None
         self.address = ""
+        self._secrets: tempfile.TemporaryDirectory[str] | None = None
+        self.pki: Any = None
+        self.credentials = Path()
+        self.ca = ""
+        self.node_token = ""
+        self.client_token = ""
+
+    @property
+    def security(self) -> str:
+        return "secure" if self.secure else "insecure"
+
+    def _prepare_credentials(self) -> None:
+        """The CA, the master's certificate and the tokens, in a private folder (removed on
+        exit); namespaces share the file system, so every side reads the same files."""
+        from kvpool.security.dev_pki import make_dev_pki
+        from kvpool.security.identity import Role
+        from kvpool.security.tokens import CredentialStore, new_token
+
+        self._secrets = tempfile.TemporaryDirectory(prefix=f"{self.name}-secrets-")
+        folder = Path(self._secrets.name)
+        hosts = dict.fromkeys(
+            (self.placement.server_ip, self.placement.client_ip, "127.0.0.1", "localhost")
+        )
+        self.pki = make_dev_pki(folder / "pki", hosts=tuple(hosts))
+        self.ca = str(self.pki.ca)
+        self.credentials = folder / "credentials.json"
+        store = CredentialStore.create(self.credentials)
+        self.node_token, record = new_token(NODE_ID, Role.NODE, node_id=NODE_ID)
+        store.add(record)
+        self.client_token, record = new_token("bench-client", Role.CLIENT, tenant="bench")
+        store.add(record)
+
+    def _master_security_args(self) -> list[str]:
+        if not self.secure:
+            return ["--insecure"]
+        return [
+            "--tls-cert", str(self.pki.server_cert), "--tls-key", str(self.pki.server_key),
+            "--tls-client-ca", self.ca, "--credentials", str(self.credentials),
+        ]  # fmt: skip
+
+    def _node_env(self) -> dict[str, str]:
+        if not self.secure:
+            return self.env
+        return {**self.env, "KVPOOL_TOKEN": self.node_token, "KVPOOL_TLS_CA": self.ca}
 
     def __enter__(self) -> KvpoolServers:
         from kvpool.local_cluster import ManagedProcess
@@ -41,22 +127,25 @@ class KvpoolServers:
         ip = self.placement.server_ip
         kvpool = [*self.placement.server_prefix, sys.executable, "-m", "kvpool.cli.main"]
         try:
+            if self.secure:
+                self._prepare_credentials()
             self.master = ManagedProcess(
-                "kvpool-master",
+                f"{self.name}-master",
                 [*kvpool, "master", "--host", ip, "--port", "0", "--lane-port", "0",
-                 "--http-port", "0", "--log-format", "json"],
+                 "--http-port", "0", "--log-format", "json", *self._master_security_args()],
                 self.run_dir,
                 self.env,
             )  # fmt: skip
             port = self.master.wait_ready(_deadline(60))["grpc_port"]
             self.address = f"{ip}:{port}"
             self.node = ManagedProcess(
-                "kvpool-node",
+                f"{self.name}-node",
                 [*kvpool, "node", "--master", self.address, "--dram", self.dram,
-                 "--listen", ip, "--http-port", "0", "--node-id", "bench-node",
-                 "--drain-timeout", "1", "--log-format", "json"],
+                 "--listen", ip, "--http-port", "0", "--node-id", NODE_ID,
+                 "--drain-timeout", "1", "--log-format", "json",
+                 *([] if self.secure else ["--insecure"])],
                 self.run_dir,
-                self.env,
+                self._node_env(),
             )  # fmt: skip
             self.node.wait_ready(_deadline(120))
         except BaseException:
@@ -68,20 +157,30 @@ class KvpoolServers:
         for process in (self.node, self.master):
             if process is not None:
                 process.stop()
+        if self._secrets is not None:
+            self._secrets.cleanup()
+            self._secrets = None
 
     @property
     def pids(self) -> dict[str, int]:
         return {"master": self.master.pid, "node": self.node.pid}
 
     def client_argv(self, lease_ttl: float = 0.0) -> list[str]:
-        config = {"master": self.address, "tcp_only": self.placement.tcp_only}
+        config: dict[str, Any] = {"master": self.address, "tcp_only": self.placement.tcp_only}
         config["lease_ttl"] = lease_ttl  # 0: the master's default (10 s)
+        config["tls_ca"] = self.ca if self.secure else None
         return [
             *self.placement.client_prefix,
             sys.executable,
             str(HERE / "kvpool_runner.py"),
             json.dumps(config),
         ]
+
+    def client_env(self, env: dict[str, str]) -> dict[str, str]:
+        """``env`` made the environment of this cluster's client runner: the client's token
+        (kept out of the command line, which any user may read), or no credentials at all."""
+        env = _without_callers(env)
+        return {**env, "KVPOOL_TOKEN": self.client_token} if self.secure else env
 
 
 def _deadline(seconds: float) -> float:
@@ -95,8 +194,12 @@ class KvpoolStore:
         from kvpool import Client
 
         ucx = {"TLS": "tcp"} if config.get("tcp_only") else None
+        # A secure cluster's runner has its token in KVPOOL_TOKEN and the CA in its config;
+        # an insecure one has neither.
         self.client = Client(
             config["master"],
+            token=os.environ.get("KVPOOL_TOKEN") or None,
+            tls_ca=config.get("tls_ca"),
             replicas=1,
             timeout=60,
             lease_ttl=config.get("lease_ttl", 0.0),

@@ -10,8 +10,25 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-STYLE = {"kvpool": "tab:blue", "mooncake": "tab:orange", "memcpy": "tab:gray"}
-LABEL = {"kvpool": "kvpool", "mooncake": "Mooncake Store", "memcpy": "memcpy"}
+STYLE = {
+    "kvpool": "tab:blue",
+    "kvpool-insecure": "tab:cyan",
+    "mooncake": "tab:orange",
+    "memcpy": "tab:gray",
+}
+LABEL = {
+    "kvpool": "kvpool",
+    "kvpool-insecure": "kvpool --insecure",
+    "mooncake": "Mooncake Store",
+    "memcpy": "memcpy",
+}
+
+
+def _label(results: dict, system: str) -> str:
+    """The legend's name of ``system``; kvpool says whether it ran secure when both ran."""
+    if system == "kvpool" and len(results.get("security_of", {})) > 1:
+        return "kvpool (TLS, tokens)"
+    return LABEL.get(system, system)
 
 
 def series(results: dict, placement: str) -> dict[tuple[str, str], list[tuple[int, float]]]:
@@ -65,7 +82,7 @@ def draw(results: dict, path: Path) -> bool:
                 marker="o" if metric == "put" else "s",
                 linestyle="-" if metric == "put" else "--",
                 color=STYLE.get(system, "black"),
-                label=f"{LABEL.get(system, system)} {metric}",
+                label=f"{_label(results, system)} {metric}",
             )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")

@@ -2,18 +2,25 @@
 
 The results dict (what compare.compare returns and compare.json holds)::
 
-    environment, mooncake_version, systems, skipped, runs, store_size, workloads, targets,
+    environment, mooncake_version, systems, security, security_of, skipped, runs, store_size,
+    workloads, targets,
     placements: {name: {description, seconds, other_processes,
                         values:  {workload: {metric: {system: [one value per run]}}},
                         medians: {workload: {metric: {system: median}}}}}
 
 Metrics are put, get (GB/s, or objects/s for small objects) and exists (keys/s).
+``security`` is what ``--security`` asked (secure, insecure, both) and ``security_of`` says
+of each kvpool system whether it ran secure (TLS and tokens) or ``--insecure``: with
+``both``, "kvpool" is the secure one and "kvpool-insecure" the other, and the written files
+add ``security_rows`` (``security_rows()``: the two side by side, per workload). Results
+written before kvpool was secure by default have neither (their kvpool ran insecure).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import statistics
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -21,6 +28,11 @@ DOCS = REPO / "docs"
 NAMES = {"kvpool": "kvpool", "mooncake": "Mooncake", "memcpy": "memcpy"}
 START, END = "<!-- compare:start -->", "<!-- compare:end -->"
 COMMAND = "bash bench/setup_mooncake.sh && .venv/bin/kvpool bench --compare --update-docs"
+#: The docs' secure-vs-insecure table, refreshed between these markers when the page has them.
+SECURITY_START, SECURITY_END = "<!-- security:start -->", "<!-- security:end -->"
+SECURE, INSECURE = "kvpool", "kvpool-insecure"
+#: A secure kvpool should stay within this fraction of an insecure one on every workload.
+SECURITY_TOLERANCE = 0.10
 
 
 def rows(results: dict) -> list[dict]:
@@ -48,6 +60,7 @@ def rows(results: dict) -> list[dict]:
                         "medians": medians,
                         "vs_mooncake": _ratio(kv, medians.get("mooncake")),
                         "vs_memcpy": _ratio(kv, medians.get("memcpy")),
+                        "kvpool_security": results.get("security_of", {}).get("kvpool"),
                         "targets": targets,
                     }
                 )
@@ -56,6 +69,66 @@ def rows(results: dict) -> list[dict]:
 
 def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
+
+
+def security_rows(results: dict) -> list[dict]:
+    """Where a secure and an insecure kvpool both ran (``--security both``): one row per
+    placement, workload and metric with both medians, the secure one's difference from the
+    insecure one (``change``: +0.05 is 5 % faster; every metric is a rate) and the median of
+    the runs' own differences (``paired``: each run measured the two back to back)."""
+    workloads = {w["name"]: w for w in results["workloads"]}
+    out = []
+    for placement, measured in results["placements"].items():
+        for name, by_metric in measured["medians"].items():
+            for metric, medians in by_metric.items():
+                secure, insecure = medians.get(SECURE), medians.get(INSECURE)
+                if secure is None or insecure is None:
+                    continue
+                runs = measured["values"][name][metric]
+                changes = [
+                    s / i - 1 for s, i in zip(runs[SECURE], runs[INSECURE], strict=False) if i
+                ]
+                change = _ratio(secure, insecure)
+                change = None if change is None else change - 1
+                out.append(
+                    {
+                        "placement": placement,
+                        "workload": name,
+                        "title": workloads[name]["title"],
+                        "metric": metric,
+                        "unit": workloads[name]["unit"],
+                        "secure": secure,
+                        "insecure": insecure,
+                        "change": change,
+                        "paired": statistics.median(changes) if changes else None,
+                        "within": None if change is None else change >= -SECURITY_TOLERANCE,
+                    }
+                )
+    return out
+
+
+def _percent(change: float | None) -> str:
+    return "-" if change is None else f"{change:+.1%}"
+
+
+SECURITY_HEADERS = [
+    "placement", "workload", "op", "unit", "secure", "insecure", "secure vs insecure",
+    "per run (median)", "within 10 %",
+]  # fmt: skip
+
+
+def _security_cells(row: dict, short: bool = False) -> list[str]:
+    return [
+        row["placement"],
+        row["workload"] if short else row["title"],
+        row["metric"],
+        row["unit"],
+        _value(row["secure"], row["unit"]),
+        _value(row["insecure"], row["unit"]),
+        _percent(row["change"]),
+        _percent(row["paired"]),
+        {True: "yes", False: "NO", None: "n/a"}[row["within"]],
+    ]
 
 
 def _value(value: float | None, unit: str) -> str:
@@ -102,7 +175,19 @@ def print_table(results: dict) -> None:
     for row in rows(results):
         table.add_row(*_cells(row, short=True))
     console = Console(width=max(Console().width, 150))
+    if (security := results.get("security_of", {}).get("kvpool")) is not None:
+        table.caption = f"kvpool: {_security_words(security)}"
     console.print(table)
+    if compared := security_rows(results):
+        table = Table(
+            title=f"kvpool secure (TLS, tokens) vs --insecure: medians of {results['runs']} "
+            "alternating runs"
+        )
+        for header in SECURITY_HEADERS:
+            table.add_column(header, justify="left" if header == "workload" else "right")
+        for row in compared:
+            table.add_row(*_security_cells(row, short=True))
+        console.print(table)
     for name, why in results["skipped"].items():
         console.print(f"skipped {name}: {why}", markup=False)
     for placement, values in results.get("ceilings", {}).items():
@@ -117,12 +202,18 @@ def print_table(results: dict) -> None:
         )
 
 
+def _security_words(security: str) -> str:
+    return "secure (TLS, tokens)" if security == "secure" else "--insecure"
+
+
 def markdown(results: dict) -> str:
     env = results["environment"]
+    security = results.get("security_of", {}).get("kvpool")
     lines = [
         f"Measured {env['date']} on {env['cpus']} cores ({env['cpu_model']}), kernel "
         f"{env['kernel']}, kvpool {env['kvpool_commit']}"
-        f"{' plus uncommitted changes' if env['kvpool_changes'] else ''}, Mooncake "
+        f"{' plus uncommitted changes' if env['kvpool_changes'] else ''}"
+        f"{f' ({_security_words(security)})' if security else ''}, Mooncake "
         f"{results['mooncake_version']}; medians of {results['runs']} alternating runs, "
         f"{results['seconds']:.0f} s in all.",
         "",
@@ -142,6 +233,23 @@ def markdown(results: dict) -> str:
             f"- {placement}: {measured['description']}; other processes busy meanwhile: "
             f"{busy or 'none'}."
         )
+    return "\n".join(lines)
+
+
+def security_markdown(results: dict) -> str:
+    """The secure-vs-insecure table (``--security both``) in Markdown; empty without one."""
+    compared = security_rows(results)
+    if not compared:
+        return ""
+    lines = [
+        f"kvpool secure (TLS on the master's gRPC port and lane, tokens) vs `--insecure`, "
+        f"medians of {results['runs']} runs that measured the two back to back, alternating "
+        f"which went first:",
+        "",
+        "| " + " | ".join(SECURITY_HEADERS) + " |",
+        "|" + "|".join("---" for _ in SECURITY_HEADERS) + "|",
+    ]
+    lines += ["| " + " | ".join(_security_cells(row)) + " |" for row in compared]
     return "\n".join(lines)
 
 
@@ -165,6 +273,8 @@ def write_all(results: dict, json_path: Path, png_path: Path, *, docs: bool = Fa
 
     json_path.parent.mkdir(parents=True, exist_ok=True)
     results = {**results, "rows": rows(results)}
+    if compared := security_rows(results):
+        results["security_rows"] = compared
     json_path.write_text(json.dumps(results, indent=1) + "\n")
     print(f"wrote {json_path}")
     drawn = plot.draw(results, png_path)
@@ -176,6 +286,8 @@ def write_all(results: dict, json_path: Path, png_path: Path, *, docs: bool = Fa
             plot.draw(results, DOCS / "benchmarks.png")
         _update_markdown(DOCS / "benchmarks.md", markdown(results))
         print(f"updated {DOCS / 'benchmarks.md'}, benchmarks.json, benchmarks.png")
+        if compared:
+            _update_security_block(DOCS / "benchmarks.md", security_markdown(results))
 
 
 def _update_markdown(path: Path, table: str) -> None:
@@ -185,3 +297,19 @@ def _update_markdown(path: Path, table: str) -> None:
     else:
         text = f"# Benchmarks\n\n```bash\n{COMMAND}\n```\n\n{block}\n"
     path.write_text(text)
+
+
+def _update_security_block(path: Path, table: str) -> None:
+    """Refreshes the secure-vs-insecure table between its markers when the page has them;
+    else prints it (the page's prose decides where it goes: add the markers there)."""
+    text = path.read_text() if path.exists() else ""
+    if SECURITY_START not in text:
+        print(
+            f"secure vs insecure (in docs/benchmarks.json; add {SECURITY_START} "
+            f"{SECURITY_END} to {path.name} to keep this there):\n\n{table}\n"
+        )
+        return
+    block = f"{SECURITY_START}\n{table}\n{SECURITY_END}"
+    pattern = re.escape(SECURITY_START) + ".*?" + re.escape(SECURITY_END)
+    path.write_text(re.sub(pattern, lambda _: block, text, flags=re.S))
+    print(f"updated the secure-vs-insecure table in {path}")
