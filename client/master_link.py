@@ -39,7 +39,7 @@ from kvpool.errors import (
 )
 from kvpool.proto import master_pb2 as pb
 from kvpool.proto import master_pb2_grpc
-from kvpool.security.caller import ANONYMOUS, CallerCredentials
+from kvpool.security.caller import CallerCredentials
 
 log = get_logger("kvpool.client")
 
@@ -66,8 +66,11 @@ class MasterLink:
         self,
         target: MasterTarget | str,
         use_lane: bool = True,
-        credentials: CallerCredentials = ANONYMOUS,
+        credentials: CallerCredentials | None = None,
     ) -> None:
+        """``credentials``: None takes them from the environment (KVPOOL_TOKEN, ...)."""
+        if credentials is None:
+            credentials = CallerCredentials.resolve()
         if isinstance(target, str):
             target = parse_master(target)
         self.target = target

@@ -68,6 +68,17 @@ class Authenticator:
             "certificate with a kvpool identity",
         )
 
+    def revoked(self, token: str) -> bool:
+        """Whether a token that proved an identity no longer does: checked on every frame
+        of a lane connection (a dict lookup while the credentials file is unchanged)."""
+        return self.credentials is not None and self.credentials.authenticate(token) is None
+
+    def refusal_revoked(self) -> CallRefused:
+        return _refused(
+            "bad_token",
+            "the connection's token was revoked (or the credentials changed): get a new one",
+        )
+
     def refusal_before_auth(self) -> CallRefused:
         """The answer to a lane frame sent before the connection's credentials."""
         return _refused(

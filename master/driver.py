@@ -183,6 +183,16 @@ class CoreDriver:
         self.carry_out(core.node_connected(node_id, stream, incarnation))
         return stream
 
+    def process_refusal(self, node_id: str, incarnation: str) -> str | None:
+        """Why process ``incarnation`` may not act for node ``node_id`` (mount segments):
+        another live process of the node holds its command stream. None when it may."""
+        core = self.core
+        held = self._streams.get(node_id)
+        if core is None or held is None or not incarnation:
+            return None
+        self.processes.node_ttl = core.state.config.node_ttl
+        return self.processes.refusal(node_id, incarnation, held.attached, core.clock())
+
     def node_report(self, stream: NodeStream, report: pb.NodeReport) -> bool:
         """Applies a node's report; False once the stream's term has ended (ids start afresh
         each term, so its answers must change nothing)."""

@@ -108,6 +108,9 @@ class MasterHandlers:
                 "MountSegment needs segment_id, node_id, worker_address and size",
             )
         own_node(identity, s.node_id, "mount segments")
+        refusal = self.driver.process_refusal(s.node_id, request.incarnation)
+        if refusal is not None:
+            raise CallRefused(grpc.StatusCode.FAILED_PRECONDITION, refusal)
         tier = _enum(Tier, s.tier, "segment.tier") if s.tier else Tier.DRAM
         if tier is Tier.UNSPECIFIED:
             tier = Tier.DRAM

@@ -174,6 +174,9 @@ class _Connection(asyncio.Protocol):
         self._decoder = lp.FrameDecoder(lp.REQUEST_LIMIT if self.identity else lp.AUTH_LIMIT)
         #: The client certificate the connection presented (TLS), if any.
         self._certificate: bytes | None = None
+        #: The token its AUTH frame proved, checked again on every frame: revoked, it ends
+        #: the connection (a client's connection may stay open for as long as it calls).
+        self._token: str | None = None
         #: On a node's command stream: the stream, as the driver knows it.
         self._stream: NodeStream | None = None
         #: Calls dispatched and not yet answered.
@@ -293,6 +296,8 @@ class _Connection(asyncio.Protocol):
         if identity is None or frame.method == lp.AUTH:
             self._authenticate(frame)
             return
+        if self._token is not None and self._revoked(frame):
+            return
         if self._stream is not None:  # a node's command stream: every frame is a report
             if not driver.node_report(self._stream, _parse(pb.NodeReport, frame.body)):
                 self.close()  # its term ended
@@ -358,12 +363,23 @@ class _Connection(asyncio.Protocol):
                 raise self.lane.auth.refusal_before_auth()
             token = frame.body.decode("utf-8", "replace").strip() or None
             self.identity = self.lane.auth.from_token(token, self._certificate)
+            self._token = token
         except CallRefused as refused:
             self._send_error(frame, refused.code.value[0], refused.details)
             self.close()
             return
         self._decoder.limit = lp.REQUEST_LIMIT
         self._send(lp.encode(frame.call_id, lp.AUTH, b""))
+
+    def _revoked(self, frame: lp.Frame) -> bool:
+        """The connection's token no longer proves its identity (revoked since): the frame
+        is refused UNAUTHENTICATED and the connection closed."""
+        if self._token is None or not self.lane.auth.revoked(self._token):
+            return False
+        refused = self.lane.auth.refusal_revoked()
+        self._send_error(frame, refused.code.value[0], refused.details)
+        self.close()
+        return True
 
     def _open_node_session(self, frame: lp.Frame, identity: Identity) -> None:
         refusal = self.lane.gate.refusal("/NodeSession")

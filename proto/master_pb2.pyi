@@ -111,16 +111,18 @@ class Replica(_message.Message):
     def __init__(self, segment_id: _Optional[str] = ..., address: _Optional[int] = ...) -> None: ...
 
 class MountSegmentRequest(_message.Message):
-    __slots__ = ("segment", "objects", "remount", "silent_ms")
+    __slots__ = ("segment", "objects", "remount", "silent_ms", "incarnation")
     SEGMENT_FIELD_NUMBER: _ClassVar[int]
     OBJECTS_FIELD_NUMBER: _ClassVar[int]
     REMOUNT_FIELD_NUMBER: _ClassVar[int]
     SILENT_MS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     segment: Segment
     objects: _containers.RepeatedCompositeFieldContainer[StoredObject]
     remount: bool
     silent_ms: int
-    def __init__(self, segment: _Optional[_Union[Segment, _Mapping]] = ..., objects: _Optional[_Iterable[_Union[StoredObject, _Mapping]]] = ..., remount: _Optional[bool] = ..., silent_ms: _Optional[int] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, segment: _Optional[_Union[Segment, _Mapping]] = ..., objects: _Optional[_Iterable[_Union[StoredObject, _Mapping]]] = ..., remount: _Optional[bool] = ..., silent_ms: _Optional[int] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class MountSegmentResponse(_message.Message):
     __slots__ = ("dropped_keys",)

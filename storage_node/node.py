@@ -158,6 +158,7 @@ class StorageNode:
                             objects=objects,
                             remount=remount,
                             silent_ms=int((time.monotonic() - self._last_contact) * 1000),
+                            incarnation=self.incarnation,
                         ),
                         timeout=RPC_TIMEOUT,
                         metadata=self._metadata,
@@ -195,7 +196,14 @@ class StorageNode:
             metrics.HEARTBEAT_FAILURES.inc()
             metrics.MOUNTED.set(len(self.mounted))
             if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                return _leader_hint(error)  # a standby: it says who leads
+                hint = _leader_hint(error)  # a standby: it says who leads
+                if not hint:  # refused outright (another process of this node is attached)
+                    self._failures += 1
+                    if self._failures in (1, 10) or self._failures % 60 == 0:
+                        log.warning(
+                            "master refused", detail=error.details(), failures=self._failures
+                        )
+                return hint
             self._failures += 1
             if self._failures in (1, 10) or self._failures % 60 == 0:
                 log.warning(

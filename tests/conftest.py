@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,6 +61,7 @@ def _make_factory(run_root: Path, clusters: list[LocalCluster]) -> ClusterFactor
         master_args: Sequence[str] = (),
         node_args: Sequence[str] = (),
         env: dict[str, str] | None = None,
+        **options: Any,
     ) -> LocalCluster:
         cluster = LocalCluster(
             nodes,
@@ -68,6 +70,7 @@ def _make_factory(run_root: Path, clusters: list[LocalCluster]) -> ClusterFactor
             node_args=node_args,
             env=env,
             run_dir=run_root / f"cluster{len(clusters)}",
+            **options,
         )
         clusters.append(cluster)
         cluster.start()

@@ -8,6 +8,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable
+from typing import Any
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
@@ -38,3 +39,45 @@ def kvpool_cli(*args: str, master: str) -> subprocess.CompletedProcess[str]:
         env={**os.environ, "KVPOOL_MASTER": master},
         timeout=60,
     )
+
+
+_ADMIN_LINKS: dict[str, Any] = {}
+
+
+def cluster_status(master: str) -> Any:
+    """``ClusterStatus`` of ``master`` as the session's admin asks it (a client of a tenant
+    may not: the cluster's topology is not a tenant's to see). One link per master."""
+    from kvpool.client.master_link import MasterLink
+    from kvpool.proto import master_pb2 as pb
+    from kvpool.security.caller import CallerCredentials
+
+    link = _ADMIN_LINKS.get(master)
+    if link is None:
+        admin = CallerCredentials.resolve(token=os.environ["KVPOOL_TEST_ADMIN_TOKEN"])
+        link = _ADMIN_LINKS[master] = MasterLink(master, use_lane=False, credentials=admin)
+    return link.call("ClusterStatus", pb.ClusterStatusRequest(), time.monotonic() + 10)
+
+
+def master_channel(master: str) -> Any:
+    """A gRPC channel to ``master`` as the session's clients reach it (TLS with the session's
+    CA); calls on it carry no token unless given ``metadata=bearer(...)``."""
+    from kvpool.security.caller import CallerCredentials
+
+    return CallerCredentials.resolve().channel(master, [])
+
+
+def bearer(token: str | None = None) -> tuple[tuple[str, str], ...]:
+    """gRPC metadata with ``token`` (default: the session's client token of tenant default)."""
+    return (("authorization", f"Bearer {token or os.environ['KVPOOL_TOKEN']}"),)
+
+
+def lane_socket(port: int, timeout: float = 5.0) -> Any:
+    """A TLS connection to the master's lane on 127.0.0.1:``port`` (no AUTH frame sent)."""
+    import socket
+
+    from kvpool.security.caller import CallerCredentials
+
+    context = CallerCredentials.resolve().lane_context()
+    assert context is not None
+    sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    return context.wrap_socket(sock, server_hostname="127.0.0.1")

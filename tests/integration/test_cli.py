@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-
 #: What `source client.env` / `source admin.env` of the running `kvpool up` would export.
 UP_ENV: dict[str, dict[str, str]] = {"client": {}, "admin": {}}
 

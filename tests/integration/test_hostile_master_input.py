@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from helpers import bearer, master_channel
 
 from kvpool import Client
 from kvpool.proto import master_pb2 as pb
 from kvpool.proto import master_pb2_grpc
+from kvpool.security.identity import Role
+from kvpool.security.tokens import new_token
 
 BASE = 0x7F00_0000_0000
 
@@ -31,14 +34,20 @@ def mount(stub, segment_id: str, objects: list[pb.StoredObject], tier: int = 1):
         tier=tier,
     )
     return stub.MountSegment(
-        pb.MountSegmentRequest(segment=segment, objects=objects, remount=True), timeout=10
+        pb.MountSegmentRequest(segment=segment, objects=objects, remount=True),
+        timeout=10,
+        metadata=bearer(INTRUDER_TOKEN),
     )
+
+
+#: A node token for node id "intruder": what a broken node, or one taken over, holds.
+INTRUDER_TOKEN, INTRUDER = new_token("intruder", Role.NODE, node_id="intruder")
 
 
 @pytest.fixture
 def master(cluster_factory):
-    cluster = cluster_factory(1, "64MiB")
-    with grpc.insecure_channel(cluster.master_address) as channel:
+    cluster = cluster_factory(1, "64MiB", tokens=[INTRUDER])
+    with master_channel(cluster.master_address) as channel:
         yield cluster, master_pb2_grpc.MasterStub(channel)
 
 
@@ -72,7 +81,7 @@ def test_out_of_range_fields_are_refused_as_invalid_arguments(master, request_, 
     _, stub = master
     method = getattr(stub, type(request_).__name__.removesuffix("Request"))
     with pytest.raises(grpc.RpcError) as error:
-        method(request_, timeout=10)
+        method(request_, timeout=10, metadata=bearer())
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert expected in (error.value.details() or "")
     assert len(error.value.details() or "") < 500, "the key is not echoed in full"

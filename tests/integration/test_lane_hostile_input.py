@@ -1,15 +1,15 @@
 """A real ``kvpool master``'s metadata lane against what issue 18 sent it from one connection:
 a header announcing 255 MiB, then a body. The master closes the connection at the header,
-holds none of the body, and goes on serving.
+holds none of the body, and goes on serving. (Sent before any credentials, on a TLS
+connection: what anyone who reaches the port can send.)
 """
 
 from __future__ import annotations
 
 import contextlib
-import socket
 from pathlib import Path
 
-from helpers import metric
+from helpers import lane_socket, metric
 
 from kvpool import Client
 from kvpool.common import lane_protocol as lp
@@ -25,7 +25,7 @@ def resident_bytes(pid: int) -> int:
 def test_a_header_announcing_255_mib_is_refused_before_its_body(cluster_factory):
     cluster = cluster_factory(0)
     resident = resident_bytes(cluster.master.pid)
-    sock = socket.create_connection(("127.0.0.1", cluster.lane_port), timeout=5)
+    sock = lane_socket(cluster.lane_port)
     with contextlib.suppress(OSError):  # (closed while the body was still going)
         sock.sendall(lp.HEADER.pack(255 << 20, 1, lp.METHOD_IDS["PutStart"], lp.OK))
         for _ in range(64):

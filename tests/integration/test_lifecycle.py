@@ -10,14 +10,14 @@ import textwrap
 import time
 
 import pytest
-from helpers import wait_until
+from helpers import cluster_status, wait_until
 
 from kvpool import Client
 from kvpool.errors import ObjectExists, ObjectNotFound, ObjectNotReady, PutAborted
 
 
 def used_bytes(client: Client) -> int:
-    return sum(s.used for s in client.cluster_status().segments)
+    return sum(s.used for s in cluster_status(client.master).segments)
 
 
 def test_readers_never_see_an_object_between_reserve_and_publish(shared_cluster):
@@ -89,7 +89,7 @@ def test_a_writer_killed_before_commit_gets_its_space_back_after_the_timeout(clu
 
 
 def _reserved(client: Client) -> bool:
-    return client.cluster_status().reservations > 0
+    return cluster_status(client.master).reservations > 0
 
 
 def test_committing_after_the_reservation_timed_out_publishes_nothing(cluster_factory):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 
 import grpc
+from helpers import bearer, master_channel
 
 from kvpool import Client
 from kvpool.proto import master_pb2 as pb
@@ -28,10 +29,12 @@ def test_gets_and_puts_right_after_a_restart_wait_for_the_rebuild_and_succeed(cl
     cluster.master.kill()
     cluster.start_master()  # same port, empty memory
 
-    with grpc.insecure_channel(cluster.master_address) as channel:  # what a client hears first
+    with master_channel(cluster.master_address) as channel:  # what a client hears first
         stub = master_pb2_grpc.MasterStub(channel)
         try:
-            answer = stub.GetReplicas(pb.GetReplicasRequest(keys=["before"]), timeout=5)
+            answer = stub.GetReplicas(
+                pb.GetReplicasRequest(keys=["before"]), timeout=5, metadata=bearer()
+            )
             statuses = [o.status for o in answer.objects]
             assert statuses == [pb.KeyStatus.OK], "answered only once the nodes were back"
         except grpc.RpcError as error:
@@ -47,7 +50,9 @@ def test_gets_and_puts_right_after_a_restart_wait_for_the_rebuild_and_succeed(cl
 def test_a_fresh_cluster_takes_clients_as_soon_as_a_node_has_mounted(cluster_factory):
     """Nodes that mount for the first time bring nothing to rebuild: no wait."""
     cluster = cluster_factory(1, "64MiB")
-    with grpc.insecure_channel(cluster.master_address) as channel:
+    with master_channel(cluster.master_address) as channel:
         stub = master_pb2_grpc.MasterStub(channel)
-        answer = stub.Exists(pb.ExistsRequest(keys=["nothing"], no_lease=True), timeout=5)
+        answer = stub.Exists(
+            pb.ExistsRequest(keys=["nothing"], no_lease=True), timeout=5, metadata=bearer()
+        )
         assert list(answer.statuses) == [pb.KeyStatus.NOT_FOUND]

@@ -8,7 +8,7 @@ import socket
 import time
 
 import pytest
-from helpers import metric
+from helpers import cluster_status, metric
 
 from kvpool import Client
 from kvpool.client.lane_client import LaneClient
@@ -112,7 +112,7 @@ def test_clients_and_nodes_find_the_lane_again_after_a_master_restart(cluster_fa
             client.exists("during")
         cluster.start_master()  # same ports, empty memory: the node remounts by itself
         deadline = time.monotonic() + 10
-        while client.cluster_status().nodes < 1 and time.monotonic() < deadline:
+        while cluster_status(client.master).nodes < 1 and time.monotonic() < deadline:
             time.sleep(0.05)
         round_trip(client, "after")
     assert lane_requests(cluster, "PutEnd") > 0

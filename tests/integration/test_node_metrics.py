@@ -9,7 +9,7 @@ import re
 import urllib.request
 from pathlib import Path
 
-from helpers import wait_until
+from helpers import cluster_status, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvpool import Client
@@ -61,7 +61,7 @@ def node_with_dram_and_nvme(cluster_factory, tmp_path: Path, dram: str = "64MiB"
 
 def master_holdings(client: Client) -> dict[str, int]:
     """{segment id: objects} as the master counts them."""
-    return {s.segment_id: s.objects for s in client.cluster_status().segments}
+    return {s.segment_id: s.objects for s in cluster_status(client.master).segments}
 
 
 def test_objects_and_bytes_held_are_counted_per_segment_and_tier(cluster_factory, tmp_path):

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import metric, wait_until
+from helpers import cluster_status, metric, wait_until
 
 from kvpool import Client
 from kvpool.errors import ObjectNotFound
+from kvpool.local_cluster import DEFAULT_TENANT
 from kvpool.storage_node.object_index import live_entries
 
 MiB = 1 << 20
@@ -20,7 +21,7 @@ NVME, DRAM = 2, 1
 
 
 def _counts(client: Client) -> tuple[int, int]:
-    status = client.cluster_status()
+    status = cluster_status(client.master)
     return status.nodes, status.objects
 
 
@@ -57,7 +58,7 @@ def test_a_64_gib_sparse_segment_holds_gibibytes_on_a_24_gib_machine(cluster_fac
         for start in range(0, len(keys), 8):
             batch = keys[start : start + 8]
             assert client.put_many([(k, chunk) for k in batch], tier="nvme") == [1] * len(batch)
-        status = client.cluster_status()
+        status = cluster_status(client.master)
         [nvme] = [s for s in status.segments if s.tier == NVME]
         assert nvme.capacity == 64 * GiB and nvme.used >= total and nvme.objects == len(keys)
         target = np.empty_like(chunk)
@@ -82,7 +83,7 @@ def test_a_node_killed_and_restarted_serves_its_nvme_and_shm_objects_again(
         assert client.put("in-shm", b"shared memory survives the process", tier="dram") == 1
         node.kill()
         node.restart()
-        assert wait_until(lambda: client.cluster_status().objects == 5, timeout=5)
+        assert wait_until(lambda: cluster_status(client.master).objects == 5, timeout=5)
         for key, value in objects.items():
             assert client.get(key, verify=True) == value
         assert client.get("in-shm") == b"shared memory survives the process"
@@ -100,7 +101,7 @@ def test_a_damaged_index_entry_or_data_range_is_dropped_not_served(cluster_facto
         entries = live_entries(index)
         # obj-1's bytes rot on the device...
         with open(data, "r+b") as f:
-            f.seek(entries["obj-1"].offset + 100)
+            f.seek(entries[f"{DEFAULT_TENANT}/obj-1"].offset + 100)  # (the master's key)
             f.write(b"\xff" * 16)
         # ...and obj-2's index record is torn
         log = bytearray(index.read_bytes())
@@ -108,7 +109,7 @@ def test_a_damaged_index_entry_or_data_range_is_dropped_not_served(cluster_facto
         log[at] ^= 0xFF
         index.write_bytes(bytes(log))
         node.restart()
-        assert wait_until(lambda: client.cluster_status().objects == 4, timeout=5)
+        assert wait_until(lambda: cluster_status(client.master).objects == 4, timeout=5)
         for key, value in objects.items():
             if key in ("obj-1", "obj-2"):
                 with pytest.raises(ObjectNotFound):

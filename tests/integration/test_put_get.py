@@ -7,6 +7,7 @@ import uuid
 
 import numpy as np
 import pytest
+from helpers import cluster_status
 
 from kvpool import Client
 from kvpool.errors import KVPoolError, ObjectHasLease
@@ -68,7 +69,7 @@ def test_registered_buffers_are_used_in_place(client):
 def test_objects_spread_over_both_nodes(client):
     keys = [unique("spread") for _ in range(16)]
     assert client.put_many([(k, os.urandom(64 << 10)) for k in keys]) == [1] * 16
-    status = client.cluster_status()
+    status = cluster_status(client.master)
     holding = {s.node_id for s in status.segments if s.objects > 0}
     assert len(holding) == 2
     client.remove_many(keys, force=True)
@@ -76,9 +77,9 @@ def test_objects_spread_over_both_nodes(client):
 
 def test_two_replicas_land_on_two_nodes(client):
     key = unique("replicated")
-    before = {s.node_id: s.objects for s in client.cluster_status().segments}
+    before = {s.node_id: s.objects for s in cluster_status(client.master).segments}
     assert client.put(key, os.urandom(1 << 20), replicas=2) == 2
-    after = {s.node_id: s.objects for s in client.cluster_status().segments}
+    after = {s.node_id: s.objects for s in cluster_status(client.master).segments}
     assert all(after[node] == before[node] + 1 for node in after)
     client.remove(key, force=True)
 

@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 import pytest
-from helpers import wait_until
+from helpers import cluster_status, wait_until
 from test_node_failure import node_read_first
 from test_nvme import nvme_args
 
@@ -23,7 +23,7 @@ def _mapped_ranges() -> str:
 
 
 def _dram_segments(client: Client) -> set[str]:
-    return {s.segment_id for s in client.cluster_status().segments if s.tier == Tier.DRAM}
+    return {s.segment_id for s in cluster_status(client.master).segments if s.tier == Tier.DRAM}
 
 
 def test_mapped_and_ucx_clients_read_each_others_bytes_exactly(cluster_factory):
@@ -85,7 +85,7 @@ def test_a_killed_nodes_memory_is_unmapped_and_reads_use_the_surviving_replica(c
         )
         assert _mapped_ranges().count("memfd:kvpool-") == 1
         assert client.get("precious") == data  # over UCX: the first replica fails, the next serves
-        assert wait_until(lambda: client.cluster_status().nodes == 1, timeout=30.0)
+        assert wait_until(lambda: cluster_status(client.master).nodes == 1, timeout=30.0)
         assert client.get("precious") == data
 
 

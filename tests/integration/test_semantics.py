@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import metric, wait_until
+from helpers import cluster_status, metric, wait_until
 
 from kvpool import Client
 from kvpool.client.data_path import Transfer
@@ -161,13 +161,14 @@ def test_a_client_killed_mid_put_has_its_reservation_revoked_when_it_stops_heart
         assert writer.stdout.readline().strip() == "written"
         time.sleep(1.5)  # alive and heartbeating: the reservation stays
         with Client(cluster.master_address) as client:
-            assert client.cluster_status().reservations == 1
+            assert cluster_status(client.master).reservations == 1
             killed = time.monotonic()
             os.kill(writer.pid, signal.SIGKILL)
-            assert wait_until(lambda: client.cluster_status().reservations == 0, timeout=3.0)
+            assert wait_until(lambda: cluster_status(client.master).reservations == 0, timeout=3.0)
             assert time.monotonic() - killed < 3.0, "well before the 60 s reservation timeout"
             assert wait_until(
-                lambda: sum(s.used for s in client.cluster_status().segments) == 0, timeout=2.0
+                lambda: sum(s.used for s in cluster_status(client.master).segments) == 0,
+                timeout=2.0,
             )
             client.put("orphan", b"adopted")
             assert client.get("orphan") == b"adopted"
@@ -232,7 +233,7 @@ def test_a_node_shutting_down_removes_its_objects_and_drains_leased_reads(cluste
         node = cluster.nodes[0]
         stopped = time.monotonic()
         node.signal(signal.SIGTERM)
-        assert wait_until(lambda: client.cluster_status().nodes == 0, timeout=2.0)
+        assert wait_until(lambda: cluster_status(client.master).nodes == 0, timeout=2.0)
         with pytest.raises(ObjectNotFound):
             client.get("draining")
         time.sleep(0.5)
@@ -248,7 +249,7 @@ def test_nodes_remount_by_themselves_after_a_master_restart(cluster_factory):
     cluster.master.kill()
     cluster.start_master()  # same port, empty memory
     with Client(cluster.master_address) as client:
-        assert wait_until(lambda: client.cluster_status().nodes == 2, timeout=5.0)
+        assert wait_until(lambda: cluster_status(client.master).nodes == 2, timeout=5.0)
         client.put("after", b"2")
         assert client.get("after") == b"2"
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import cluster_status
 
 from kvpool import Client
 
@@ -93,4 +94,4 @@ def test_client_story_names_the_nodes_segments(shared_cluster):
 
 def client_segments(cluster):
     with Client(cluster.master_address, timeout=30) as client:
-        return list(client.cluster_status().segments)
+        return list(cluster_status(client.master).segments)
