@@ -25,6 +25,11 @@ import pytest
 README = Path(__file__).resolve().parents[2] / "README.md"
 #: The master address the README's examples use.
 README_MASTER = "127.0.0.1:50051"
+#: The run folder the README's `kvpool up` writes its credentials into.
+README_RUN_DIR = "./kvpool-up"
+#: What a fresh shell does not have: the test session's own credentials.
+SESSION_ONLY = ("KVPOOL_MASTER", "KVPOOL_TOKEN", "KVPOOL_TOKEN_FILE", "KVPOOL_TLS_CA",
+                "KVPOOL_TEST_ADMIN_TOKEN")  # fmt: skip
 BIN = Path(sys.executable).parent
 
 
@@ -60,7 +65,7 @@ def readme_blocks() -> list[Block]:
 
 def environment() -> dict[str, str]:
     """What a user's shell has: the kvpool command on PATH, no master chosen yet."""
-    env = {k: v for k, v in os.environ.items() if k != "KVPOOL_MASTER"}
+    env = {k: v for k, v in os.environ.items() if k not in SESSION_ONLY}
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     return env
 
@@ -90,13 +95,22 @@ def readme_cluster(tmp_path_factory):
         if line.startswith("kvpool master at "):
             master = line.split()[-1]
     assert master, "".join(lines)
-    yield master
+    yield master, run_dir
     process.send_signal(signal.SIGINT)
     try:
         process.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         process.kill()
         process.communicate()
+
+
+def sourced(path: Path) -> dict[str, str]:
+    """The variables ``source PATH`` of an env file of `kvpool up` exports."""
+    exported = {}
+    for line in path.read_text().splitlines():
+        name, _, value = line.removeprefix("export ").partition("=")
+        exported[name] = shlex.split(value)[0]
+    return exported
 
 
 def test_only_a_few_readme_blocks_are_marked_not_run():
@@ -108,14 +122,17 @@ def test_only_a_few_readme_blocks_are_marked_not_run():
 
 
 def test_the_readme_examples_run_as_written(readme_cluster, tmp_path):
+    master, run_dir = readme_cluster
     for block in [b for b in readme_blocks() if b.marker == "run"]:
-        code = block.code.replace(README_MASTER, readme_cluster)
+        code = block.code.replace(README_MASTER, master).replace(README_RUN_DIR, str(run_dir))
+        env = environment()
         if block.language == "bash":
             argv = ["bash", "-euo", "pipefail", "-c", code]
-        else:
+        else:  # run as the README says: in the shell that sourced client.env
             argv = [sys.executable, "-c", code]
+            env.update(sourced(run_dir / "client.env"))
         done = subprocess.run(
-            argv, cwd=tmp_path, env=environment(), capture_output=True, text=True, timeout=300
+            argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
         )
         output = f"README.md line {block.line}:\n{done.stdout}\n{done.stderr}"
         assert done.returncode == 0, output

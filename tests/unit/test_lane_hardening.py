@@ -1,7 +1,12 @@
 """What one unauthenticated peer can make the master's metadata lane hold is bounded
-(master/lane_server.py): a real LaneServer on loopback, with the real handlers, driver and core
-behind it, and plain sockets for peers.
+(master/lane_server.py): a real LaneServer on loopback that checks tokens (a credentials file
+with a client's and a node's), with the real handlers, driver and core behind it, and plain
+sockets for peers.
 
+- Before a connection has proven who it is (its first frame, AUTH, with a token), it is read
+  in frames of at most ``lp.AUTH_LIMIT`` bytes; any other first frame, or a token the master
+  does not know, is answered UNAUTHENTICATED and the connection closed, nothing done. A
+  client's token opens no node's command stream.
 - A frame announcing more than the largest legal request is refused at its header: the
   connection is closed before its body is read. A node's reports have a smaller limit.
 - A connection that sends part of a frame and then nothing is closed after the read timeout;
@@ -34,6 +39,7 @@ from kvpool.common import lane_protocol as lp
 from kvpool.common.keys import MAX_KEY_BYTES
 from kvpool.common.status import KeyStatus
 from kvpool.master import handlers as master_handlers
+from kvpool.master.authenticator import Authenticator
 from kvpool.master.config import MasterConfig
 from kvpool.master.core import MasterCore
 from kvpool.master.driver import CoreDriver
@@ -44,15 +50,31 @@ from kvpool.master.leader_gate import LeaderGate
 from kvpool.master.load_shedding import LoadShedder
 from kvpool.master.state import MasterState
 from kvpool.proto import master_pb2 as pb
+from kvpool.security.caller import CallerCredentials
+from kvpool.security.identity import Role
+from kvpool.security.tokens import CredentialStore, new_token
 
 #: What a UCX worker address may take: every PutStart answer carries its segment's.
 WORKER_ADDRESS_BYTES = 4096
 
 
-class RunningLane:
-    """A LaneServer on 127.0.0.1, on an event loop of its own thread (peers here block)."""
+@dataclasses.dataclass(frozen=True)
+class Credentials:
+    """The master's credentials file, and the tokens it knows."""
 
-    def __init__(self, **options: Any) -> None:
+    store: CredentialStore
+    #: A client's, of tenant "default".
+    client: str
+    #: Node n1's (the node whose segment the master holds).
+    node: str
+
+
+class RunningLane:
+    """A LaneServer on 127.0.0.1 that checks ``credentials``, on an event loop of its own
+    thread (peers here block)."""
+
+    def __init__(self, credentials: Credentials, **options: Any) -> None:
+        self.credentials = credentials
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -67,7 +89,8 @@ class RunningLane:
         )
         handlers = MasterHandlers(CoreDriver(MasterCore(state)))
         gate = LeaderGate(AlwaysLeader(), lambda: True)
-        lane = LaneServer(handlers, gate, LoadShedder(10_000), **options)
+        auth = Authenticator(self.credentials.store)
+        lane = LaneServer(handlers, gate, LoadShedder(10_000), auth, **options)
         await lane.start("127.0.0.1", 0)
         return lane
 
@@ -85,6 +108,14 @@ class RunningLane:
     def connections(self) -> int:
         return self.inspect(lambda lane: len(lane._connections))
 
+    def client(self, receive_buffer: int = 0) -> socket.socket:
+        """A connection that proved itself a client's."""
+        return authenticated(self.port, self.credentials.client, receive_buffer)
+
+    def node(self) -> socket.socket:
+        """A connection that proved itself node n1's."""
+        return authenticated(self.port, self.credentials.node)
+
     def stop(self) -> None:
         self.run(self.lane.stop())
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -93,11 +124,21 @@ class RunningLane:
 
 
 @pytest.fixture
-def lanes() -> Iterator[Callable[..., RunningLane]]:
+def credentials(tmp_path) -> Credentials:
+    store = CredentialStore.create(tmp_path / "credentials.json")
+    client, record = new_token("t", Role.CLIENT, tenant="default")
+    store.add(record)
+    node, record = new_token("n1", Role.NODE, node_id="n1")
+    store.add(record)
+    return Credentials(store, client, node)
+
+
+@pytest.fixture
+def lanes(credentials: Credentials) -> Iterator[Callable[..., RunningLane]]:
     started: list[RunningLane] = []
 
     def start(**options: Any) -> RunningLane:
-        started.append(RunningLane(**options))
+        started.append(RunningLane(credentials, **options))
         return started[-1]
 
     yield start
@@ -111,6 +152,15 @@ def connect(port: int, receive_buffer: int = 0) -> socket.socket:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
     sock.settimeout(5)
     sock.connect(("127.0.0.1", port))
+    return sock
+
+
+def authenticated(port: int, token: str, receive_buffer: int = 0) -> socket.socket:
+    """A connection whose first frame, AUTH with ``token``, the master accepted."""
+    sock = connect(port, receive_buffer)
+    sock.sendall(lp.encode(7, lp.AUTH, token.encode()))
+    [accepted] = read_frames(sock, 1)
+    assert (accepted.call_id, accepted.method, accepted.status) == (7, lp.AUTH, lp.OK)
     return sock
 
 
@@ -203,7 +253,7 @@ def test_the_largest_node_report_fits_the_report_limit():
 def test_a_frame_announcing_more_than_the_largest_request_is_refused_at_its_header(lanes):
     running = lanes()
     before = closed_for("bad_frame")
-    sock = connect(running.port)
+    sock = running.client()
     header = lp.HEADER.pack(255 << 20, 1, lp.METHOD_IDS["PutStart"], lp.OK)
     with contextlib.suppress(OSError):  # (closed before all of it went)
         sock.sendall(header + bytes(1 << 20))
@@ -214,7 +264,7 @@ def test_a_frame_announcing_more_than_the_largest_request_is_refused_at_its_head
 
 def test_a_node_report_beyond_the_report_limit_closes_the_stream(lanes):
     running = lanes()
-    node = connect(running.port)
+    node = running.node()
     node.sendall(node_hello())
     assert wait_until(lambda: running.inspect(has_node_stream), 5)
     with contextlib.suppress(OSError):
@@ -222,14 +272,102 @@ def test_a_node_report_beyond_the_report_limit_closes_the_stream(lanes):
     assert closed_within(node, 5)
 
 
+# ---- before authentication
+
+
+def nothing_done(lane: LaneServer) -> bool:
+    """No object, no call in flight, no command stream: the master as it started."""
+    state = lane.handlers.core.state
+    return not state.objects and not lane.shedder.inflight and not has_node_stream(lane)
+
+
+def test_before_authentication_a_frame_announcing_more_than_a_token_is_refused_at_its_header(
+    lanes,
+):
+    running = lanes()
+    before = closed_for("bad_frame")
+    for method in (lp.AUTH, lp.METHOD_IDS["PutStart"]):
+        sock = connect(running.port)
+        sock.sendall(lp.HEADER.pack(lp.AUTH_LIMIT + 1, 1, method, lp.OK))  # and no body
+        assert closed_within(sock, 5), "the master waited for the body"
+    assert wait_until(lambda: running.connections() == 0, 5)
+    assert closed_for("bad_frame") == before + 2
+    assert running.inspect(nothing_done)
+
+
+def test_a_request_before_authentication_is_answered_unauthenticated_and_closed(lanes):
+    running = lanes()
+    sock = connect(running.port)
+    start = pb.PutStartRequest(client_id="c", keys=["k"], sizes=[4096], replicas=1)
+    sock.sendall(request(3, "PutStart", start) + node_hello())
+    [refused] = read_frames(sock, 1)
+    assert (refused.call_id, refused.status) == (3, lp.UNAUTHENTICATED)
+    assert "AUTH" in refused.error()[0], "it says what to send first"
+    assert closed_within(sock, 5), "and nothing after it is read"
+    assert wait_until(lambda: running.connections() == 0, 5)
+    assert running.inspect(nothing_done)
+
+
+@pytest.mark.parametrize(
+    "token",
+    [
+        new_token("stranger", Role.CLIENT, tenant="default")[0],  # well formed, not in the file
+        "Bearer not-a-kvpool-token",
+        "",
+    ],
+    ids=["unknown", "malformed", "empty"],
+)
+def test_an_auth_frame_with_a_token_the_master_does_not_know_is_refused_and_closed(lanes, token):
+    running = lanes()
+    sock = connect(running.port)
+    sock.sendall(lp.encode(5, lp.AUTH, token.encode()))
+    [refused] = read_frames(sock, 1)
+    assert (refused.call_id, refused.method, refused.status) == (5, lp.AUTH, lp.UNAUTHENTICATED)
+    assert closed_within(sock, 5)
+    assert wait_until(lambda: running.connections() == 0, 5)
+    assert running.inspect(nothing_done)
+
+
+def test_a_secret_for_a_known_token_id_that_is_wrong_is_refused(lanes):
+    running = lanes()
+    token_id = running.credentials.client.split(".")[1]
+    sock = connect(running.port)
+    sock.sendall(lp.encode(1, lp.AUTH, f"kvp1.{token_id}.{'x' * 43}".encode()))
+    [refused] = read_frames(sock, 1)
+    assert refused.status == lp.UNAUTHENTICATED
+    assert closed_within(sock, 5)
+
+
+@pytest.mark.parametrize("whose", ["client", "another node"])
+def test_a_node_session_from_credentials_not_of_that_node_is_refused(lanes, credentials, whose):
+    running = lanes()
+    if whose == "client":
+        token = credentials.client
+    else:
+        token, record = new_token("n2", Role.NODE, node_id="n2")
+        credentials.store.add(record)
+    sock = authenticated(running.port, token)
+    sock.sendall(node_hello("n1"))
+    [refused] = read_frames(sock, 1)
+    assert (refused.method, refused.status) == (lp.NODE_SESSION, lp.PERMISSION_DENIED)
+    assert closed_within(sock, 5)
+    assert wait_until(lambda: running.connections() == 0, 5)
+    assert running.inspect(nothing_done), "no command stream opened"
+
+
 # ---- deadlines
 
 
-def test_a_partial_frame_then_silence_is_closed_after_the_read_timeout(lanes):
+@pytest.mark.parametrize("proven", [False, True], ids=["its AUTH frame", "a request"])
+def test_a_partial_frame_then_silence_is_closed_after_the_read_timeout(lanes, proven):
     running = lanes(read_timeout=0.5)
     before = closed_for("read_timeout")
-    sock = connect(running.port)
-    frame = request(1, "Exists", pb.ExistsRequest(client_id="c", keys=["k"]))
+    if proven:
+        sock = running.client()
+        frame = request(1, "Exists", pb.ExistsRequest(client_id="c", keys=["k"]))
+    else:
+        sock = connect(running.port)
+        frame = lp.encode(1, lp.AUTH, running.credentials.client.encode())
     sock.sendall(frame[:5])
     sent = time.monotonic()
     assert closed_within(sock, 5)
@@ -239,7 +377,7 @@ def test_a_partial_frame_then_silence_is_closed_after_the_read_timeout(lanes):
 
 def test_a_slow_sender_that_keeps_sending_is_not_cut_off(lanes):
     running = lanes(read_timeout=0.5)
-    sock = connect(running.port)
+    sock = running.client()
     frame = request(1, "Exists", pb.ExistsRequest(client_id="c", keys=["k"]))
     for start in range(0, len(frame), 4):  # a piece every 0.3 s: longer than 0.5 s in all
         sock.sendall(frame[start : start + 4])
@@ -251,7 +389,7 @@ def test_a_slow_sender_that_keeps_sending_is_not_cut_off(lanes):
 def test_a_client_connection_with_no_call_in_flight_is_closed_after_the_idle_timeout(lanes):
     running = lanes(read_timeout=0.5, idle_timeout=1.5)
     before = closed_for("idle")
-    sock = connect(running.port)
+    sock = running.client()
     assert exists(sock).status == lp.OK
     assert not closed_within(sock, 1.0), "closed at the read timeout, with no frame begun"
     assert closed_within(sock, 3.0)
@@ -260,10 +398,10 @@ def test_a_client_connection_with_no_call_in_flight_is_closed_after_the_idle_tim
 
 def test_a_node_stream_and_a_call_waiting_for_it_outlive_the_idle_timeout(lanes):
     running = lanes(read_timeout=0.5, idle_timeout=0.5)
-    node = connect(running.port)
+    node = running.node()
     node.sendall(node_hello())
     assert wait_until(lambda: running.inspect(has_node_stream), 5)
-    client = connect(running.port)
+    client = running.client()
     start = pb.PutStartRequest(client_id="c", keys=["k"], sizes=[4096], replicas=1)
     client.sendall(request(1, "PutStart", start))
     [started] = read_frames(client, 1)
@@ -288,7 +426,7 @@ def test_a_node_stream_and_a_call_waiting_for_it_outlive_the_idle_timeout(lanes)
 def test_connections_beyond_the_cap_are_closed_at_once(lanes):
     running = lanes(max_connections=3)
     before = closed_for("over_cap")
-    peers = [connect(running.port) for _ in range(3)]
+    peers = [running.client() for _ in range(3)]
     for peer in peers:
         assert exists(peer).status == lp.OK
 
@@ -297,7 +435,7 @@ def test_connections_beyond_the_cap_are_closed_at_once(lanes):
 
     peers.pop().close()
     assert wait_until(lambda: running.connections() == 2, 5)
-    assert exists(connect(running.port)).status == lp.OK, "a place freed is taken again"
+    assert exists(running.client()).status == lp.OK, "a place freed is taken again"
 
 
 # ---- backpressure
@@ -323,7 +461,7 @@ def client_side(lane: LaneServer) -> tuple[bool, int]:
 
 def test_a_client_that_does_not_read_its_answers_is_not_read_until_it_does(lanes):
     running = lanes()
-    sock = connect(running.port, receive_buffer=4096)
+    sock = running.client(receive_buffer=4096)
     count = 4000  # answers of some 16 MiB: more than the sockets' buffers hold
     flood(sock, count)
 
@@ -345,7 +483,7 @@ def test_a_client_that_never_reads_its_answers_is_closed_after_the_read_timeout(
     running = lanes(read_timeout=0.5)
     reasons = ("unread_answers", "read_timeout")
     before = sum(closed_for(reason) for reason in reasons)
-    sock = connect(running.port, receive_buffer=4096)
+    sock = running.client(receive_buffer=4096)
     flood(sock, 4000)
     assert wait_until(lambda: running.connections() == 0, 5)
     assert sum(closed_for(reason) for reason in reasons) == before + 1
@@ -357,7 +495,8 @@ def test_a_client_that_never_reads_its_answers_is_closed_after_the_read_timeout(
 
 def test_the_client_connects_again_unseen_where_the_master_closed_an_idle_connection(lanes):
     running = lanes(idle_timeout=0.5)
-    client = LaneClient("127.0.0.1", running.port)
+    token = running.credentials.client
+    client = LaneClient("127.0.0.1", running.port, CallerCredentials(token=token))
     request = pb.ExistsRequest(client_id="c", keys=["k"], no_lease=True)
 
     def ask() -> list[int]:

@@ -16,6 +16,7 @@ from state_helpers import segment_info
 
 from kvpool.common import lane_protocol as lp
 from kvpool.common.status import KeyStatus
+from kvpool.master.authenticator import Authenticator
 from kvpool.master.config import MasterConfig
 from kvpool.master.core import FORGET_WAIT, MasterCore
 from kvpool.master.driver import CoreDriver
@@ -26,6 +27,7 @@ from kvpool.master.leader_gate import LeaderGate
 from kvpool.master.load_shedding import LoadShedder
 from kvpool.master.state import MasterState
 from kvpool.proto import master_pb2 as pb
+from kvpool.security.identity import INSECURE, internal_key
 
 
 class Recorder(asyncio.Transport):
@@ -55,8 +57,13 @@ def lane_with_one_node(
     state = MasterState(MasterConfig(), clock=time.monotonic, epoch=1)
     state.mount_segment(segment_info("n1", 64 << 20), [])
     driver = CoreDriver(MasterCore(state, forget_wait=forget_wait))
+    # An insecure master: these tests are about the order calls run and are answered in, not
+    # about access (tests/unit/test_lane_hardening.py covers a master that checks tokens).
     lane = LaneServer(
-        MasterHandlers(driver), LeaderGate(AlwaysLeader(), lambda: True), LoadShedder(100)
+        MasterHandlers(driver),
+        LeaderGate(AlwaysLeader(), lambda: True),
+        LoadShedder(100),
+        Authenticator(None, insecure=True),
     )
     node, node_wire = _Connection(lane), Recorder()
     node.connection_made(node_wire)
@@ -120,7 +127,8 @@ def test_a_put_end_s_persist_leaves_at_once_and_the_node_s_answer_applies_as_it_
         answer = pb.NodeReport(result=pb.CommandResult(command_id=command.command_id, ok=True))
         node.data_received(lp.encode(0, lp.NODE_SESSION, answer.SerializeToString()))
         state = lane.handlers.core.state
-        assert state.exists(["k"], grant_lease=False) == [KeyStatus.OK], "published"
+        held_as = internal_key(INSECURE.tenant, "k")  # (an insecure caller's tenant)
+        assert state.exists([held_as], grant_lease=False) == [KeyStatus.OK], "published"
         assert [f.call_id for f in wire.frames] == [1, 2]
 
     asyncio.run(scenario())
@@ -194,7 +202,7 @@ def test_a_call_that_fails_is_answered_with_its_status_and_leaves_no_call_in_fli
         too_many = pb.PutStartRequest(client_id="c", keys=["a", "b"], sizes=[1])  # 2 keys, 1 size
         client.data_received(request(1, "PutStart", too_many))
 
-        def broken(request):
+        def broken(request, identity):
             raise RuntimeError("boom")
 
         lane.handlers.Exists = broken

@@ -43,7 +43,6 @@ from kvpool.master.state import EVENTS, MasterState
 from kvpool.master.story import FIELDS, StoryLog, format_value
 from kvpool.master.story_rpc import story_response
 from kvpool.master.transitions import GONE, LEGAL, IllegalTransition
-from kvpool.proto import master_pb2 as pb
 
 RESERVED, COMMITTED, PUBLISHED = ObjectState.RESERVED, ObjectState.COMMITTED, ObjectState.PUBLISHED
 
@@ -481,7 +480,7 @@ def test_the_story_rpc_gives_ages_and_readable_details():
     slot = publish(state, "k")
     clock.advance(3)
 
-    response = story_response(state, pb.StoryRequest(key="k"))
+    response = story_response(state, "k")
 
     assert [e.event for e in response.events] == ["reserved", "committed", "published"]
     assert [round(e.age_s, 3) for e in response.events] == [3.0, 3.0, 3.0]
@@ -490,7 +489,7 @@ def test_the_story_rpc_gives_ages_and_readable_details():
     assert reserved.details["client"] == "c1"
     offset = slot.replicas[0].address - slot.replicas[0].segment.base_address
     assert reserved.details["replicas"] == f"n1/dram0@{offset:#x}"
-    assert story_response(state, pb.StoryRequest(key="nothing")).events == []
+    assert story_response(state, "nothing").events == []
 
 
 def test_details_read_plainly():

@@ -3,7 +3,8 @@ against a stand-in master on a real loopback connection.
 
 A command that only touches memory is answered on the spot, in the pass of the event loop that
 delivered it; one that must wait (a disk sync, a copy) runs on the asynchronous path, and every
-command behind it waits its turn: answers leave in the order the commands came.
+command behind it waits its turn: answers leave in the order the commands came. The
+connection opens with the node's credentials (an AUTH frame), then its hello.
 """
 
 from __future__ import annotations
@@ -12,7 +13,11 @@ import asyncio
 
 from kvpool.common import lane_protocol as lp
 from kvpool.proto import master_pb2 as pb
+from kvpool.security.caller import CallerCredentials
 from kvpool.storage_node import lane_session
+
+#: The node's token (a stand-in master takes any): the AUTH frame that opens the connection.
+TOKEN = "kvp1.0123456789ab." + "s" * 43
 
 
 def command(command_id: int, kind: str) -> bytes:
@@ -42,8 +47,15 @@ def test_memory_only_commands_are_answered_at_once_and_every_answer_keeps_its_pl
             return pb.CommandResult(command_id=c.command_id, ok=True)
 
         async def master(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            decoder = lp.FrameDecoder()
+            decoder, frames = lp.FrameDecoder(), []
+            while not frames:  # the connection opens with the node's credentials
+                frames += decoder.feed(await reader.read(1 << 16))
+            auth = frames.pop(0)
+            assert (auth.method, auth.body) == (lp.AUTH, TOKEN.encode())
+            writer.write(lp.encode(auth.call_id, lp.AUTH, b""))  # accepted
             writer.write(command(1, "forget") + command(2, "copy") + command(3, "forget"))
+            for frame in frames:
+                reports.put_nowait(pb.NodeReport.FromString(frame.body))
             while data := await reader.read(1 << 16):
                 for frame in decoder.feed(data):
                     reports.put_nowait(pb.NodeReport.FromString(frame.body))
@@ -53,7 +65,9 @@ def test_memory_only_commands_are_answered_at_once_and_every_answer_keeps_its_pl
         port = server.sockets[0].getsockname()[1]
         hello = pb.NodeHello(node_id="n1")
         node = asyncio.create_task(
-            lane_session.serve_commands("127.0.0.1", port, hello, run_command, run_now)
+            lane_session.serve_commands(
+                "127.0.0.1", port, hello, run_command, run_now, CallerCredentials(token=TOKEN)
+            )
         )
         assert (await asyncio.wait_for(reports.get(), 5)).hello.node_id == "n1"
         first = await asyncio.wait_for(reports.get(), 5)
