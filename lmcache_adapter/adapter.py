@@ -78,7 +78,8 @@ class KVPoolL2Adapter(L2AdapterInterface):
         self._closed = False
         ucx = config.ucx_config or None
         with ExitStack() as undo:
-            self._control = ControlPlane(config.master, config.metadata_lane)
+            credentials = config.credentials
+            self._control = ControlPlane(config.master, config.metadata_lane, credentials)
             undo.callback(self._control.close)
             self._store_client = Client(
                 config.master,
@@ -87,6 +88,7 @@ class KVPoolL2Adapter(L2AdapterInterface):
                 ucx_config=ucx,
                 same_host_mapping=config.same_host_mapping,
                 metadata_lane=config.metadata_lane,
+                **credentials.client_arguments(),
             )
             undo.callback(self._store_client.close)
             self._load_client = Client(
@@ -98,6 +100,7 @@ class KVPoolL2Adapter(L2AdapterInterface):
                 ucx_config=ucx,
                 same_host_mapping=config.same_host_mapping,
                 metadata_lane=config.metadata_lane,
+                **credentials.client_arguments(),
             )
             undo.callback(self._load_client.close)
             self._arena = L1Arena.of(l1_memory_desc)

@@ -14,6 +14,7 @@ from lmcache.v1.distributed.l2_adapters.config import L2AdapterConfigBase
 
 from kvpool.common.master_address import resolve_master
 from kvpool.lmcache.keys import DEFAULT_PREFIX
+from kvpool.security.caller import CallerCredentials
 
 _HELP = """\
 kvpool L2 adapter (plugin) adapter_params:
@@ -37,6 +38,12 @@ kvpool L2 adapter (plugin) adapter_params:
   instead of using UCX (default true)
 - metadata_lane (bool): send the hot metadata calls over the master's metadata lane when it
   has one, else gRPC (default true)
+- token (str): a client token of the tenant whose objects this engine shares (`kvpool token
+  create --role client --tenant T`), or "@/path/to/file" holding it (default:
+  $KVPOOL_TOKEN, or the file $KVPOOL_TOKEN_FILE)
+- tls_ca (str): CA of the master's certificate (default: $KVPOOL_TLS_CA)
+- tls_cert, tls_key (str): a client certificate and its key, where the master asks for one
+  (default: $KVPOOL_TLS_CERT, $KVPOOL_TLS_KEY)
 Example: {"type": "plugin", "module_path": "kvpool.lmcache",
           "class_name": "KVPoolL2Adapter", "adapter_params": {"master": "10.0.0.5:50051"}}"""
 
@@ -57,6 +64,10 @@ _KNOWN = {
     "ucx_config",
     "same_host_mapping",
     "metadata_lane",
+    "token",
+    "tls_ca",
+    "tls_cert",
+    "tls_key",
     *_FLOATS,
 }
 #: Keys LMCache itself may leave in the dict (consumed by its own config parser).
@@ -81,9 +92,23 @@ class KVPoolL2AdapterConfig(L2AdapterConfigBase):
         ucx_config: Mapping[str, str] | None = None,
         same_host_mapping: bool = True,
         metadata_lane: bool = True,
+        token: str | None = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
     ) -> None:
         super().__init__()
         self.master = resolve_master(master)
+        for name, value in (
+            ("token", token),
+            ("tls_ca", tls_ca),
+            ("tls_cert", tls_cert),
+            ("tls_key", tls_key),
+        ):
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"{name} must be a non-empty string, got {type(value).__name__}")
+        #: The credentials (checked: a malformed token or a missing file is a ValueError).
+        self.credentials = CallerCredentials.resolve(token, tls_ca, tls_cert, tls_key)
         if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
             raise ValueError(f"replicas must be an integer >= 0, got {replicas!r}")
         self.replicas = replicas

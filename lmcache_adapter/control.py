@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from kvpool.client.master_link import MasterLink
 from kvpool.common.status import KeyStatus
 from kvpool.proto import master_pb2 as pb
+from kvpool.security.caller import CallerCredentials
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,10 +34,15 @@ class Leased:
 
 
 class ControlPlane:
-    def __init__(self, master: str, metadata_lane: bool = True) -> None:
+    def __init__(
+        self,
+        master: str,
+        metadata_lane: bool = True,
+        credentials: CallerCredentials | None = None,
+    ) -> None:
         self.master = master
         self.client_id = f"lmcache-{uuid.uuid4().hex}"
-        self._link = MasterLink(master, use_lane=metadata_lane)
+        self._link = MasterLink(master, use_lane=metadata_lane, credentials=credentials)
 
     def lease(self, keys: Sequence[str], ttl: float, timeout: float) -> Leased:
         """Leases every existing key for ``ttl`` seconds (one round trip); raises

@@ -35,7 +35,7 @@ ALLOWED: dict[str, frozenset[Role]] = {
     "Stat": CLIENT | ADMIN,
     "ClientHeartbeat": CLIENT,
     "ListKeys": CLIENT | ADMIN,
-    "ClusterStatus": ADMIN,
+    "ClusterStatus": CLIENT | ADMIN,  # (a client's answer: totals, no topology)
     "Lane": CLIENT | NODE | ADMIN,
     "Story": CLIENT | ADMIN,
 }

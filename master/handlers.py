@@ -27,6 +27,7 @@ from kvpool.master.commands_pb import stored_from_pb
 from kvpool.master.core import TERM_ENDED, MasterCore
 from kvpool.master.driver import CallRefused, CoreDriver
 from kvpool.master.records import (
+    ClusterSnapshot,
     Commit,
     Location,
     PlacedReplica,
@@ -37,7 +38,7 @@ from kvpool.master.records import (
 )
 from kvpool.master.story_rpc import story_response
 from kvpool.proto import master_pb2 as pb
-from kvpool.security.identity import Identity
+from kvpool.security.identity import Identity, Role
 
 MAX_BATCH = 65536
 #: Largest object and segment a request may name: far beyond any machine, yet small enough
@@ -362,7 +363,10 @@ class MasterHandlers:
     def ClusterStatus(
         self, request: pb.ClusterStatusRequest, identity: Identity
     ) -> pb.ClusterStatusResponse:
-        snapshot = self.core.state.snapshot()
+        state = self.core.state
+        snapshot = state.snapshot()
+        if identity.role is not Role.ADMIN and not identity.insecure:
+            return _totals(snapshot, state.published_count(key_prefix(identity)))
         response = pb.ClusterStatusResponse(
             objects=snapshot.objects,
             reservations=snapshot.reservations,
@@ -422,6 +426,25 @@ class MasterHandlers:
 
 #: The ``status`` label of each KeyStatus value.
 _STATUS_LABELS = {status.value: status.name.lower() for status in KeyStatus}
+
+
+def _totals(snapshot: ClusterSnapshot, objects: int) -> pb.ClusterStatusResponse:
+    """What a client of a tenant learns of the cluster: its own objects, how many nodes, and
+    capacity and use per tier, summed: no segment, node, host or other tenant's count."""
+    response = pb.ClusterStatusResponse(
+        objects=objects, nodes=snapshot.nodes, uptime_s=time.monotonic() - _STARTED
+    )
+    tiers: dict[int, pb.SegmentStatus] = {}
+    for s in snapshot.segments:
+        total = tiers.get(s.info.tier)
+        if total is None:
+            total = tiers[s.info.tier] = response.segments.add(
+                segment_id=f"(every {Tier(s.info.tier).name.lower()} segment)", tier=s.info.tier
+            )
+        total.capacity += s.capacity
+        total.used += s.used
+        total.largest_free = max(total.largest_free, s.largest_free)
+    return response
 
 
 def _count(method: str, statuses: Iterable[int]) -> None:

@@ -39,6 +39,16 @@ class KeyIndex:
         keys: Iterator[str] = self._sorted.irange(minimum=minimum, inclusive=inclusive)
         return keys
 
+    def count_prefix(self, prefix: str) -> int:
+        """How many keys start with ``prefix`` (two bisections: no walk over them)."""
+        if not prefix:
+            return len(self)
+        if self._pending:
+            self._sorted.update(self._pending)
+            self._pending.clear()
+        after = prefix[:-1] + chr(ord(prefix[-1]) + 1)  # the first string past the prefix
+        return self._sorted.bisect_left(after) - self._sorted.bisect_left(prefix)
+
     def __len__(self) -> int:
         return len(self._sorted) + len(self._pending)
 

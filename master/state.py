@@ -553,6 +553,10 @@ class MasterState:
         more = len(keys) == limit and self._has_key_after(keys[-1], prefix)
         return KeyPage(keys, [self.objects[k].size for k in keys], keys[-1] if more else "")
 
+    def published_count(self, prefix: str) -> int:
+        """Published objects whose key starts with ``prefix`` (a tenant's, by its prefix)."""
+        return self._published_keys.count_prefix(prefix)
+
     def snapshot(self) -> ClusterSnapshot:
         usages = [
             SegmentUsage(

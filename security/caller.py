@@ -74,6 +74,16 @@ class CallerCredentials:
                 raise CredentialsProblem(str(error)) from None
         return cls(token, tls)
 
+    def client_arguments(self) -> dict[str, Any]:
+        """``kvpool.Client`` keyword arguments that give these same credentials."""
+        tls = self.tls
+        return {
+            "token": self.token,
+            "tls_ca": tls.ca if tls else None,
+            "tls_cert": tls.cert if tls else None,
+            "tls_key": tls.key if tls else None,
+        }
+
     @property
     def metadata(self) -> tuple[tuple[str, str], ...]:
         """gRPC metadata that carries the token (none without one)."""
