@@ -131,7 +131,9 @@ class LocalCluster:
     """Master plus ``nodes`` storage nodes on 127.0.0.1; a context manager.
 
     With ``etcd`` (an etcd HOST:PORT), ``masters`` masters elect a leader through it, and
-    nodes and clients find the leader with ``etcd://HOST:PORT/<cluster name>``.
+    nodes and clients find the leader with ``etcd://HOST:PORT/<cluster name>``; with
+    ``etcd_tls`` (etcd serves https and asks for client certificates) they are given the
+    masters' addresses and follow the leader's hints.
     """
 
     #: A CA and tokens every secure cluster this process starts shares, when set (the test
@@ -291,7 +293,13 @@ class LocalCluster:
         if self.etcd:
             for _ in range(self.master_count):
                 self.add_master(deadline)
-            self.master_address = f"etcd://{self.etcd}/{self.name}"
+            if self.etcd_tls:  # (clients read etcd's gateway without certificates: see
+                # docs/security.md; they follow the masters' leader hints instead)
+                self.master_address = ",".join(
+                    f"127.0.0.1:{m.ready['grpc_port']}" for m in self.masters
+                )
+            else:
+                self.master_address = f"etcd://{self.etcd}/{self.name}"
             self.wait_for_leader(deadline - time.monotonic())
         else:
             self.start_master(deadline)

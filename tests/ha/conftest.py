@@ -13,7 +13,8 @@ from kvpool.local_cluster import LocalCluster
 
 @pytest.fixture
 def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
-    process = EtcdProcess(tmp_path / "etcd").start()
+    # etcd as production runs it: https, client certificates (the session's throwaway CA)
+    process = EtcdProcess(tmp_path / "etcd", tls=LocalCluster.shared_pki).start()
     yield process
     process.close()
 
@@ -32,6 +33,7 @@ def ha_cluster(
             etcd=etcd.endpoint,
             name=f"test{len(clusters)}",
             run_dir=tmp_path / f"cluster{len(clusters)}",
+            etcd_tls=True,
         )
         clusters.append(cluster)
         return cluster.start()

@@ -10,7 +10,7 @@ import urllib.request
 
 import grpc
 import pytest
-from helpers import wait_until
+from helpers import bearer, master_channel, wait_until
 
 from kvpool import Client
 from kvpool.client import get_path
@@ -18,6 +18,7 @@ from kvpool.client.lane_client import LaneClient, LaneError
 from kvpool.errors import KVPoolError, MasterUnavailable, PutAborted, TransferError
 from kvpool.proto import master_pb2 as pb
 from kvpool.proto import master_pb2_grpc
+from kvpool.security.caller import CallerCredentials
 from kvpool.transport import ucp
 
 TTL = 2  # seconds: the masters' default etcd lease
@@ -41,12 +42,13 @@ def test_one_master_leads_and_standbys_point_callers_to_it(ha_cluster):
     assert [readyz(m) for m in standbys] == [503, 503]
     leader_address = f"127.0.0.1:{leader.ready['grpc_port']}"
     standby = f"127.0.0.1:{standbys[0].ready['grpc_port']}"
-    with grpc.insecure_channel(standby) as channel, pytest.raises(grpc.RpcError) as refused:
-        master_pb2_grpc.MasterStub(channel).Exists(pb.ExistsRequest(keys=["k"]), timeout=5)
+    with master_channel(standby) as channel, pytest.raises(grpc.RpcError) as refused:
+        stub = master_pb2_grpc.MasterStub(channel)
+        stub.Exists(pb.ExistsRequest(keys=["k"]), timeout=5, metadata=bearer())
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert ("kvpool-leader", leader_address) in refused.value.trailing_metadata()
     # its metadata lane refuses the same way (a client that knew it as the leader moves on)
-    lane = LaneClient("127.0.0.1", standbys[0].ready["lane_port"])
+    lane = LaneClient("127.0.0.1", standbys[0].ready["lane_port"], CallerCredentials.resolve())
     with pytest.raises(LaneError) as refused_on_lane:
         lane.call("Exists", pb.ExistsRequest(keys=["k"]), pb.ExistsResponse, timeout=5)
     lane.close()
