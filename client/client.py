@@ -355,7 +355,7 @@ class Client:
             fields: dict[str, Any] = {"lease_ms": int(self._session.lease_ttl * 1000)}
         else:
             fields = {"no_lease": True}
-        found = _found(self._keyed_call("Exists", keys, **fields))
+        found = _found(self._keyed_call("Exists", keys, **fields), keys)
         if lease:
             self._remember_leases(keys)  # (a key it holds no lease on is given back harmlessly)
         return found
@@ -497,9 +497,13 @@ def _check_replicas(replicas: object) -> None:
         )
 
 
-def _found(statuses: list[Any]) -> list[bool | KVPoolError]:
-    ok = KeyStatus.OK.value
-    return [s if isinstance(s, KVPoolError) else s == ok for s in statuses]
+def _found(statuses: list[Any], keys: Sequence[str]) -> list[bool | KVPoolError]:
+    """True where published; an error where the lease asked for was refused (quota)."""
+    ok, refused = KeyStatus.OK.value, KeyStatus.QUOTA_EXCEEDED.value
+    return [
+        s if isinstance(s, KVPoolError) else error_for(s, k) if s == refused else s == ok
+        for s, k in zip(statuses, keys, strict=True)
+    ]
 
 
 def _raise_if_error(result: Any) -> Any:

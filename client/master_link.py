@@ -8,7 +8,8 @@ A call is retried with exponential backoff while the master is unreachable or sh
 (UNAVAILABLE, RESOURCE_EXHAUSTED), and is redirected when a standby master answers that it is
 not the leader (FAILED_PRECONDITION, naming the leader) or the leader stops answering, until
 the caller's deadline; then MasterUnavailable says what was tried. Other gRPC failures become
-typed errors at once.
+typed errors at once, among them a RESOURCE_EXHAUSTED for the tenant's quota of calls in flight
+("quota exceeded: ...", QuotaExceeded): its own calls fill it, and retrying adds to them.
 
 One exception: a connection refused at a master address given directly, by a link that no
 master has answered yet, fails at once. Nothing listens there, and waiting out the deadline
@@ -36,6 +37,7 @@ from kvpool.errors import (
     MasterUnavailable,
     NotAuthenticated,
     PermissionDenied,
+    QuotaExceeded,
 )
 from kvpool.proto import master_pb2 as pb
 from kvpool.proto import master_pb2_grpc
@@ -55,6 +57,9 @@ LANE_ASK_TIMEOUT = 1.0
 #: lane's packets costs one call a connect timeout that rarely).
 LANE_RETRY_AFTER = 60.0
 LANE_RETRY_MAX = 3600.0
+#: How a refusal for a tenant's quota of calls in flight begins (RESOURCE_EXHAUSTED, like
+#: load shedding, which is retried; this is not).
+QUOTA_REFUSAL = "quota exceeded"
 FIRST_BACKOFF = 0.01
 MAX_BACKOFF = 0.5
 #: Consecutive failures to reach a master before asking where the leader is now.
@@ -144,6 +149,13 @@ class MasterLink:
                 name = _CODE_NAMES.get(code, str(code))
                 if code not in RETRYABLE:
                     self._answered = True
+                if code == lp.UNAVAILABLE and _untrusted(details):
+                    ca = self.credentials.tls.ca if self.credentials.tls else None
+                    raise MasterUnavailable(
+                        f"master {leader} did not prove who it is: its certificate is not "
+                        f"signed by the CA this client trusts ({ca or 'none given'}). Give the "
+                        "CA of the master's certificate (tls_ca=, KVPOOL_TLS_CA or --tls-ca)"
+                    )
                 if code == lp.UNAVAILABLE and self._nothing_listens(leader, details):
                     refused = ", ".join(sorted(self._refused))
                     raise MasterUnavailable(
@@ -151,6 +163,9 @@ class MasterLink:
                         f"{refused}, so nothing listens there ({name}: {details}). Check that "
                         "`kvpool master` runs there, and the address and port."
                     )
+                if code == lp.RESOURCE_EXHAUSTED and details.startswith(QUOTA_REFUSAL):
+                    # the tenant's own calls fill its quota: retrying would only add to them
+                    raise QuotaExceeded(f"master {leader} refused {method}: {details}")
                 if code == lp.FAILED_PRECONDITION and "not the leader" in details:
                     last_error = f"{leader}: {details}"
                     self._resolver.failed(hint)
@@ -274,6 +289,12 @@ class MasterLink:
                 self._stub = master_pb2_grpc.MasterStub(self._channel)
                 self._connected_to = leader
             return self._stub, leader
+
+
+def _untrusted(details: str) -> bool:
+    """Whether a connection failed because the master's certificate is not trusted here: no
+    retry fixes that."""
+    return "CERTIFICATE_VERIFY_FAILED" in details or "certificate verify failed" in details
 
 
 def _leader_hint(error: grpc.RpcError) -> str:

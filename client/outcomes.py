@@ -15,6 +15,7 @@ from kvpool.errors import (
     ObjectNotFound,
     ObjectNotReady,
     PutAborted,
+    QuotaExceeded,
     TransferError,
 )
 
@@ -68,6 +69,13 @@ def error_for(status: int, key: str, message: str = "") -> KVPoolError:
             )
         case KeyStatus.FENCED:
             return Fenced(f"cannot place {shown} yet: {message}", key=key)
+        case KeyStatus.QUOTA_EXCEEDED:
+            # (a put's message names the quota; a read's is always the one of leases)
+            why = message or (
+                "its leases quota (objects under read lease) is reached: release leases "
+                "(close readers) or wait for them to end, or ask an admin for more"
+            )
+            return QuotaExceeded(f"{shown} refused: {why}", key=key)
         case KeyStatus.NO_REPLICA:
             return TransferError(
                 f"no replica of {shown} could be written; nothing was published{detail}",

@@ -6,10 +6,15 @@ from collections.abc import Sequence
 from typing import cast
 
 MAX_KEY_BYTES = 1024
+#: What a tenant's name and its separator add in front of a key where the master and the
+#: storage nodes hold it ("TENANT/KEY"; tenant names are at most 63 characters).
+TENANT_PREFIX_BYTES = 64
+#: The longest key as the master and the nodes hold it.
+STORED_KEY_BYTES = MAX_KEY_BYTES + TENANT_PREFIX_BYTES
 
 
-def key_problem(key: object) -> str | None:
-    """Why ``key`` is not a valid kvpool key, or None when it is."""
+def key_problem(key: object, limit: int = MAX_KEY_BYTES) -> str | None:
+    """Why ``key`` is not a valid kvpool key (of at most ``limit`` bytes), or None."""
     if not isinstance(key, str):
         return f"keys are str, not {type(key).__name__}"
     if not key:
@@ -18,12 +23,12 @@ def key_problem(key: object) -> str | None:
         encoded = key.encode("utf-8")
     except UnicodeEncodeError:
         return "the key is not valid UTF-8 (it contains lone surrogates)"
-    if len(encoded) > MAX_KEY_BYTES:
-        return f"the key is {len(encoded)} bytes of UTF-8; the limit is {MAX_KEY_BYTES}"
+    if len(encoded) > limit:
+        return f"the key is {len(encoded)} bytes of UTF-8; the limit is {limit}"
     return None
 
 
-def plainly_valid(keys: Sequence[object]) -> bool:
+def plainly_valid(keys: Sequence[object], limit: int = MAX_KEY_BYTES) -> bool:
     """True when every key is a non-empty ASCII str short enough: valid without looking
     closer (ASCII is one byte per character, and never a lone surrogate). A False asks for
     ``key_problem`` on each. Checked a whole batch at a time, in C: on every keyed call."""
@@ -32,7 +37,7 @@ def plainly_valid(keys: Sequence[object]) -> bool:
     except TypeError:
         return False
     strings = cast("Sequence[str]", keys)  # the join took every one
-    return joined.isascii() and all(strings) and max(map(len, strings), default=0) <= MAX_KEY_BYTES
+    return joined.isascii() and all(strings) and max(map(len, strings), default=0) <= limit
 
 
 #: Keys longer than this are cut when a message quotes them: a 1 KiB key (the limit, or an

@@ -21,6 +21,7 @@ class KeyStatus(IntEnum):
     STALE_PUT = 8
     NO_REPLICA = 9
     FENCED = 10
+    QUOTA_EXCEEDED = 11
 
 
 class Tier(IntEnum):

@@ -38,14 +38,23 @@ class CallRefused(Exception):
 
 class Pending:
     """The answer of a call that waits: ``then(callback)`` gets (response, None) or (None,
-    CallRefused) once the core answers; ``wait()`` is the same for a coroutine."""
+    CallRefused) once the core answers; ``wait()`` is the same for a coroutine.
+    ``when_settled(hook)`` runs ``hook()`` then too, before the callback, whoever waits.
+    """
 
-    __slots__ = ("_callback", "_finish", "_outcome")
+    __slots__ = ("_callback", "_finish", "_hooks", "_outcome")
 
     def __init__(self, finish: Callable[[Any], Any]) -> None:
         self._finish = finish
         self._callback: Callable[[Any, CallRefused | None], None] | None = None
         self._outcome: tuple[Any, CallRefused | None] | None = None
+        self._hooks: list[Callable[[], None]] = []
+
+    def when_settled(self, hook: Callable[[], None]) -> None:
+        if self._outcome is not None:
+            hook()
+        else:
+            self._hooks.append(hook)
 
     def then(self, callback: Callable[[Any, CallRefused | None], None]) -> None:
         if self._outcome is not None:
@@ -79,6 +88,9 @@ class Pending:
 
     def _settle(self, outcome: tuple[Any, CallRefused | None]) -> None:
         self._outcome = outcome
+        hooks, self._hooks = self._hooks, []
+        for hook in hooks:
+            hook()
         if self._callback is not None:
             self._callback(*outcome)
 

@@ -12,6 +12,7 @@ per-key outcomes are KeyStatus values.
 from __future__ import annotations
 
 import collections
+import functools
 import time
 from collections.abc import Callable, Iterable, Sequence
 from enum import IntEnum
@@ -25,7 +26,8 @@ from kvpool.master import metrics
 from kvpool.master.access import authorize, client_scope, key_prefix, own_node
 from kvpool.master.commands_pb import stored_from_pb
 from kvpool.master.core import TERM_ENDED, MasterCore
-from kvpool.master.driver import CallRefused, CoreDriver
+from kvpool.master.driver import CallRefused, CoreDriver, Pending
+from kvpool.master.quotas import InflightLimiter
 from kvpool.master.records import (
     ClusterSnapshot,
     Commit,
@@ -80,15 +82,34 @@ class MasterHandlers:
         #: Where the metadata lane listens (0: no lane); clients ask through ``Lane``.
         self.lane_port = 0
         self._segment_pbs: dict[str, tuple[SegmentInfo, pb.Segment]] = {}
+        #: Each tenant's calls not yet answered, held to its ``inflight`` quota.
+        self.inflight = InflightLimiter()
 
     def call(self, method: str, request: Any, identity: Identity) -> Any:
         """Runs handler ``method`` for ``identity`` once its role may make the call,
-        counting and timing it (the part that runs now)."""
+        counting and timing it (the part that runs now). A client's call beyond its tenant's
+        quota of calls in flight is refused (RESOURCE_EXHAUSTED, "quota exceeded: ...")."""
         started = time.perf_counter()
+        tenant = ""
         try:
             authorize(identity, method)
-            return getattr(self, method)(request, identity)
+            core = self.driver.core
+            quotas = core.state.quotas if core is not None else None
+            if quotas is not None and identity.tenant and identity.role is not Role.NODE:
+                limit = quotas.of(identity.tenant).inflight
+                if limit is not None:
+                    refused = self.inflight.enter(identity.tenant, limit)
+                    if refused is not None:
+                        raise CallRefused(grpc.StatusCode.RESOURCE_EXHAUSTED, refused)
+                    tenant = identity.tenant
+            reply = getattr(self, method)(request, identity)
+            if tenant and isinstance(reply, Pending):
+                reply.when_settled(functools.partial(self.inflight.leave, tenant))
+                tenant = ""  # (counted out when it is answered)
+            return reply
         finally:
+            if tenant:
+                self.inflight.leave(tenant)
             metrics.labelled(metrics.REQUESTS, method).inc()
             metrics.labelled(metrics.LATENCY, method).observe(time.perf_counter() - started)
 
@@ -184,6 +205,7 @@ class MasterHandlers:
     def PutStart(self, request: pb.PutStartRequest, identity: Identity) -> Any:
         keys = list(request.keys)  # (protobuf builds a str per key per pass: one pass)
         _check_batch(keys, sizes=request.sizes)
+        _check_keys(keys)  # (as the client wrote them: the tenant's prefix comes next)
         keys = _scoped(keys, key_prefix(identity))
         client_id = client_scope(identity, request.client_id)
         if request.sizes and max(request.sizes) > MAX_OBJECT_SIZE:
@@ -240,6 +262,7 @@ class MasterHandlers:
     def PutRevoke(self, request: pb.PutRevokeRequest, identity: Identity) -> Any:
         keys = list(request.keys)
         _check_batch(keys, sizes=request.put_ids)
+        _check_keys(keys)
         keys = _scoped(keys, key_prefix(identity))
         core = self.core
         return self.driver.call(

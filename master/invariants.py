@@ -16,8 +16,10 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from kvpool.common.status import Pin
+from kvpool.common.status import Pin, Tier
+from kvpool.master.quotas import TenantUsage
 from kvpool.master.records import ObjectRecord, ObjectState
+from kvpool.security.identity import tenant_of
 
 if TYPE_CHECKING:
     from kvpool.master.state import MasterState
@@ -42,6 +44,7 @@ def check_invariants(state: MasterState) -> None:
     _check_indexes(state)
     _check_reservations(state)
     _check_commands(state)
+    _check_tenant_usage(state)
 
 
 def _check_nodes(state: MasterState) -> None:
@@ -310,3 +313,39 @@ def _check_commands(state: MasterState) -> None:
 
 def _sample(index: dict[str, set[str]]) -> str:
     return str({client: sorted(keys)[:5] for client, keys in sorted(index.items())[:5]})
+
+
+def _check_tenant_usage(state: MasterState) -> None:
+    """Each tenant's usage, kept up to date event by event, is what its objects hold:
+    recomputed here from scratch."""
+    expected: dict[str, TenantUsage] = {}
+
+    def usage_of(key: str) -> TenantUsage:
+        return expected.setdefault(tenant_of(key), TenantUsage())
+
+    for key, record in state.objects.items():
+        usage = usage_of(key)
+        usage.objects += 1
+        if record.state is RESERVED:
+            usage.reserved_bytes += record.size
+        if record.lease_open:
+            usage.leases += 1
+    for segment in state.segments.values():
+        allocator = segment.allocator
+        for offset, key in segment.owners.items():
+            usage = usage_of(key)
+            if segment.info.tier is Tier.NVME:
+                usage.nvme_bytes += allocator.size_of(offset)
+            else:
+                usage.dram_bytes += allocator.size_of(offset)
+    actual = state._usage
+    if actual != expected:
+        wrong = sorted(
+            t for t in actual.keys() | expected.keys() if actual.get(t) != expected.get(t)
+        )
+        raise InvariantViolation(
+            "each tenant's usage is what its objects hold",
+            "; ".join(
+                f"tenant {t!r}: kept {actual.get(t)}, held {expected.get(t)}" for t in wrong[:5]
+            ),
+        )

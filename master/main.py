@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import socket
 import time
+from pathlib import Path
 
 import grpc
 
@@ -25,6 +26,7 @@ from kvpool.master.handlers import MasterHandlers
 from kvpool.master.lane_server import LaneServer
 from kvpool.master.leader_gate import LeaderGate
 from kvpool.master.load_shedding import LoadShedder
+from kvpool.master.quota_file import QuotaFile
 from kvpool.master.records import TickReport
 from kvpool.master.security_config import (
     MasterSecurity,
@@ -185,6 +187,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=defaults.story_keys,
         help="keys whose recent events `kvpool story KEY` can tell (0: none; default %(default)s)",
     )
+    parser.add_argument(
+        "--quotas",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="per-tenant quotas and guaranteed shares (JSON; `kvpool quota set --quotas FILE "
+        "...`), read again when it changes. With it, eviction is fair between tenants "
+        '(docs/security.md, "Tenants and quotas"); without, no quota and plain LRU',
+    )
     add_security_arguments(parser)
     parser.add_argument("--log-format", choices=LOG_FORMATS, default="auto")
     parser.add_argument("--log-level", default="info")
@@ -223,6 +234,7 @@ def run(args: argparse.Namespace) -> int:
         security = security_from_args(args)
         if args.etcd:
             etcd_endpoints(args.etcd, security.etcd_tls)  # (refuses a scheme that does not fit)
+        quotas = QuotaFile(args.quotas) if args.quotas is not None else None
     except ValueError as error:
         log.error("bad configuration", error=str(error))
         return 2
@@ -233,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
             host=args.host,
         )
     try:
-        asyncio.run(serve(args, config, security))
+        asyncio.run(serve(args, config, security, quotas))
     except CannotListen as error:
         log.error("cannot start", error=str(error))
         return 2
@@ -251,7 +263,12 @@ def _cannot_listen(what: str, host: str, port: int, flag: str, error: object) ->
     )
 
 
-async def serve(args: argparse.Namespace, config: MasterConfig, security: MasterSecurity) -> None:
+async def serve(
+    args: argparse.Namespace,
+    config: MasterConfig,
+    security: MasterSecurity,
+    quotas: QuotaFile | None = None,
+) -> None:
     stop = stop_event_on_signals(asyncio.get_running_loop())
     leadership: Election | AlwaysLeader
     if args.etcd:
@@ -269,7 +286,7 @@ async def serve(args: argparse.Namespace, config: MasterConfig, security: Master
         # fit the 32 bits it gets in every put id until 2106).
         # Nodes that held objects for an earlier run of this master remount within a few
         # seconds: until then, clients are told it is rebuilding (they retry).
-        state = _new_state(config, int(time.time()))
+        state = _new_state(config, int(time.time()), quotas)
         driver = CoreDriver(MasterCore(state, awaited_nodes=None, rebuild_window=config.node_ttl))
     handlers = MasterHandlers(driver)
     service = MasterService(handlers, security.auth)
@@ -327,7 +344,7 @@ async def serve(args: argparse.Namespace, config: MasterConfig, security: Master
         async def elected(epoch: int) -> None:
             nodes = await leadership.registered_nodes()
             log.info("rebuilding the index from the nodes", expected_nodes=sorted(nodes))
-            state = _new_state(config, epoch)
+            state = _new_state(config, epoch, quotas)
             driver.reset(MasterCore(state, awaited_nodes=nodes, rebuild_window=config.node_ttl))
 
         async def lost() -> None:
@@ -350,7 +367,7 @@ async def serve(args: argparse.Namespace, config: MasterConfig, security: Master
         evicted = 0  # by the eviction pass under way, logged once it ends
         while not stop.is_set():
             started = time.monotonic()
-            report = _tick(driver, handlers.registry)
+            report = _tick(driver, handlers, quotas)
             if report is not None:
                 evicted += report.objects_evicted
                 if report.unfinished:
@@ -371,13 +388,24 @@ async def serve(args: argparse.Namespace, config: MasterConfig, security: Master
         http.stop()
 
 
-def _new_state(config: MasterConfig, epoch: int) -> MasterState:
-    return MasterState(config, clock=time.monotonic, epoch=epoch)
+def _new_state(config: MasterConfig, epoch: int, quotas: QuotaFile | None) -> MasterState:
+    state = MasterState(config, clock=time.monotonic, epoch=epoch)
+    if quotas is not None:
+        state.set_quotas(quotas.current())
+    return state
 
 
-def _tick(driver: CoreDriver, registry: Election | None) -> TickReport | None:
-    """One tick of the core (its bulk jobs in steps of TICK_STEP objects); None on a standby."""
+def _tick(
+    driver: CoreDriver, handlers: MasterHandlers, quotas: QuotaFile | None = None
+) -> TickReport | None:
+    """One tick of the core (its bulk jobs in steps of TICK_STEP objects); None on a standby.
+    The quotas file's quotas go to the core first when they changed (or the core is new)."""
     core = driver.core
+    registry = handlers.registry
+    if core is not None and quotas is not None:
+        current = quotas.current()
+        if core.state.quotas is not current:
+            core.state.set_quotas(current)
     report = driver.tick(TICK_STEP)
     if core is None or report is None:
         return None
@@ -394,7 +422,12 @@ def _tick(driver: CoreDriver, registry: Election | None) -> TickReport | None:
             nodes=report.dead_nodes,
             objects_lost=report.objects_lost,
         )
-    metrics.STATE.publish(core.state.snapshot(), core.state.counters)
+    state = core.state
+    metrics.STATE.publish(state.snapshot(), state.counters)
+    refusals = dict(state.quota_refusals)
+    for tenant, count in handlers.inflight.refusals.items():
+        refusals[tenant, "inflight"] = count
+    metrics.STATE.publish_tenants(state.tenant_usage(), refusals)
     return report
 
 

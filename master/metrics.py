@@ -6,7 +6,9 @@ last snapshot the event loop published (the HTTP thread never touches live state
 What a scrape shows stays bounded whatever peers send: a ``method`` label only ever names one
 of ``METHODS`` (anything else counts as "other"), and at most ``MAX_SEGMENT_SERIES`` segments
 have series of their own (the first to mount; the rest are summed per tier under
-``segment="other"``), with longer label values cut to ``MAX_LABEL_CHARS``.
+``segment="other"``), with longer label values cut to ``MAX_LABEL_CHARS``; at most
+``MAX_TENANT_SERIES`` tenants have series of their own (those holding the most bytes; the rest,
+and a tenant named "other", are summed under ``tenant="other"``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import REGISTRY, Collector
 
+from kvpool.master.quotas import TenantUsage
 from kvpool.master.records import ClusterSnapshot, Counters, SegmentUsage
 from kvpool.proto import master_pb2 as pb
 
@@ -33,6 +36,8 @@ OTHER = "other"
 MAX_SEGMENT_SERIES = 256
 #: Longest segment or node name a label holds (longer ones are cut).
 MAX_LABEL_CHARS = 128
+#: Tenants exported one by one at most (the largest by bytes held); the others are summed.
+MAX_TENANT_SERIES = 64
 
 REQUESTS = Counter(
     "kvpool_master_requests_total", "RPCs served by the master, by method.", ["method"]
@@ -98,10 +103,20 @@ class StateCollector(Collector):
     def __init__(self) -> None:
         self.snapshot: ClusterSnapshot | None = None
         self.counters: Counters | None = None
+        self.tenants: dict[str, TenantUsage] = {}
+        self.refusals: dict[tuple[str, str], int] = {}
 
     def publish(self, snapshot: ClusterSnapshot, counters: Counters) -> None:
         self.snapshot = snapshot
         self.counters = dataclasses.replace(counters)
+
+    def publish_tenants(
+        self, usage: dict[str, TenantUsage], refusals: dict[tuple[str, str], int]
+    ) -> None:
+        """Each tenant's usage (copies) and the keys and calls refused for each of its quotas,
+        (tenant, quota) -> count."""
+        self.tenants = usage
+        self.refusals = refusals
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         snapshot, counters = self.snapshot, self.counters
@@ -152,6 +167,62 @@ class StateCollector(Collector):
             ("lease_expiries", "Read leases that ran out."),
         ):
             yield CounterMetricFamily(f"kvpool_{name}", help_text, value=getattr(counters, name))
+        yield from _tenant_families(self.tenants, self.refusals)
+
+
+def _tenant_families(
+    tenants: dict[str, TenantUsage], refusals: dict[tuple[str, str], int]
+) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+    """Per tenant: usage gauges and refusals by quota, for the ``MAX_TENANT_SERIES`` tenants
+    holding the most bytes, the rest summed under ``tenant="other"``."""
+    held = {t: u.total_bytes for t, u in tenants.items()}
+    known = (set(tenants) | {t for t, _ in refusals}) - {OTHER}
+    largest = sorted(known, key=lambda t: (-held.get(t, 0), t))
+    named = set(largest[:MAX_TENANT_SERIES])
+    rows: dict[str, TenantUsage] = {}
+    for tenant, usage in tenants.items():
+        label = tenant if tenant in named else OTHER
+        row = rows.setdefault(label, TenantUsage())
+        for f in dataclasses.fields(TenantUsage):
+            setattr(row, f.name, getattr(row, f.name) + getattr(usage, f.name))
+    objects = GaugeMetricFamily(
+        "kvpool_tenant_objects", "Live objects of each tenant (any state).", labels=["tenant"]
+    )
+    stored = GaugeMetricFamily(
+        "kvpool_tenant_bytes",
+        "Bytes each tenant's replicas (and copies in flight) take, by tier.",
+        labels=["tenant", "tier"],
+    )
+    reserved = GaugeMetricFamily(
+        "kvpool_tenant_reserved_bytes",
+        "Bytes of each tenant's puts reserved and not yet committed.",
+        labels=["tenant"],
+    )
+    leases = GaugeMetricFamily(
+        "kvpool_tenant_leases", "Objects of each tenant under a read lease.", labels=["tenant"]
+    )
+    for label, row in sorted(rows.items()):
+        objects.add_metric([label], row.objects)
+        stored.add_metric([label, "dram"], row.dram_bytes)
+        stored.add_metric([label, "nvme"], row.nvme_bytes)
+        reserved.add_metric([label], row.reserved_bytes)
+        leases.add_metric([label], row.leases)
+    yield objects
+    yield stored
+    yield reserved
+    yield leases
+    refused = CounterMetricFamily(
+        "kvpool_tenant_quota_refusals",
+        "Keys (puts, leases) and calls (inflight) refused for a tenant's quota, by quota.",
+        labels=["tenant", "quota"],
+    )
+    totals: dict[tuple[str, str], int] = {}
+    for (tenant, quota), count in refusals.items():
+        key = (tenant if tenant in named else OTHER, quota)
+        totals[key] = totals.get(key, 0) + count
+    for (label, quota), count in sorted(totals.items()):
+        refused.add_metric([label, quota], count)
+    yield refused
 
 
 def _segment_series(

@@ -43,15 +43,16 @@ The rules that keep bytes safe:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import heapq
 import itertools
 import random
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from kvpool.common.keys import key_problem, plainly_valid
+from kvpool.common.keys import STORED_KEY_BYTES, key_problem, plainly_valid
 from kvpool.common.sizes import format_size
 from kvpool.common.status import KeyStatus, Pin, Tier
 from kvpool.master.allocator import Allocator
@@ -61,6 +62,7 @@ from kvpool.master.key_index import KeyIndex
 from kvpool.master.lru import LruIndex
 from kvpool.master.placement import TierPool
 from kvpool.master.quarantine import Quarantine
+from kvpool.master.quotas import Quotas, TenantUsage, default_share, refusal
 from kvpool.master.records import (
     ClusterSnapshot,
     Commit,
@@ -98,6 +100,7 @@ from kvpool.master.transitions import (
     RESERVED,
     IllegalTransition,
 )
+from kvpool.security.identity import tenant_of
 
 Clock = Callable[[], float]
 
@@ -113,6 +116,9 @@ GENERATIONS_END = (1 << 64) - (1 << 40)
 #: heartbeat could have come (a node heartbeats every second by default); half a second more
 #: for clock rates and network delays.
 FENCE_MARGIN = 1.5
+#: Ended leases a lease refused for its tenant's quota first counts out, at most (they may
+#: still be counted as held until a tick gets to them).
+LEASE_SWEEP = 1024
 
 
 class MasterState:
@@ -161,6 +167,17 @@ class MasterState:
         #: Space a node may still list under objects whose Forgets it left unanswered too long
         #: (quarantine.py): no buffer freed there is reused until it answers.
         self._quarantine = Quarantine()
+        #: Per tenant (``tenant_of`` its keys): what its objects hold now, kept up to date at
+        #: each change (``_transition``, ``_own``/``_disown``, leases): no scans. Tenants
+        #: holding nothing are dropped.
+        self._usage: dict[str, TenantUsage] = {}
+        #: The quotas in force (``set_quotas``); None: none, and eviction in plain LRU order.
+        self.quotas: Quotas | None = None
+        #: Whether some tenant is held to a quota of objects, bytes or leases (else the
+        #: checks are skipped on the hot paths).
+        self._put_quotas = self._lease_quotas = False
+        #: (tenant, quota) -> keys refused for it (puts and leases).
+        self.quota_refusals: Counter[tuple[str, str]] = Counter()
         self._seq = itertools.count()
         self._put_ids = itertools.count((epoch << 32) + 1)
 
@@ -344,7 +361,8 @@ class MasterState:
             message = f"replicas must be between 1 and {self.config.max_replicas}, got {wanted}"
             return [PutSlot(KeyStatus.INVALID_ARGUMENT, message=message) for _ in keys]
         now = self.clock()
-        checked = plainly_valid(keys)  # the common case: every key valid, seen in one pass
+        # (keys as the master holds them: behind their tenant's prefix)
+        checked = plainly_valid(keys, STORED_KEY_BYTES)  # the common case, seen in one pass
         pools: dict[Tier, TierPool] = {}
         slots = [
             self._put_start_one(client_id, key, size, wanted, options, now, pools, checked)
@@ -413,6 +431,9 @@ class MasterState:
                 status = KeyStatus.NOT_FOUND if record is None else KeyStatus.NOT_READY
                 append(Location(status))
                 continue
+            if self._lease_quotas and not record.lease_open and self._lease_refused(record, now):
+                append(Location(KeyStatus.QUOTA_EXCEEDED))
+                continue
             hits += 1
             lease(record, now, ttl, client_id)
             append(Location(KeyStatus.OK, record.size, placed(record), record.crc32c))
@@ -441,6 +462,13 @@ class MasterState:
                 append(not_found)
             elif record.state is published:
                 if grant_lease:
+                    if (
+                        self._lease_quotas
+                        and not record.lease_open
+                        and self._lease_refused(record, now)
+                    ):
+                        append(KeyStatus.QUOTA_EXCEEDED)
+                        continue
                     lease(record, now, ttl, client_id)
                 append(ok)
             else:
@@ -557,6 +585,29 @@ class MasterState:
         """Published objects whose key starts with ``prefix`` (a tenant's, by its prefix)."""
         return self._published_keys.count_prefix(prefix)
 
+    # ------------------------------------------------------------------ tenants and quotas
+
+    def set_quotas(self, quotas: Quotas | None) -> None:
+        """Puts ``quotas`` in force (None: none) for what comes next: objects held beyond a
+        lowered quota stay, and new ones are refused until the tenant is back under it. With
+        quotas, eviction is fair: a put evicts only its own tenant's objects and those of
+        tenants above their guaranteed share of the tier (see ``_evict_to_fit``)."""
+        self.quotas = quotas
+        self._put_quotas = quotas is not None and any(
+            quotas.limits_any(name)
+            for name in ("objects", "dram_bytes", "nvme_bytes", "reserved_bytes")
+        )
+        self._lease_quotas = quotas is not None and quotas.limits_any("leases")
+
+    def usage(self, tenant: str) -> TenantUsage:
+        """What ``tenant`` holds now (a copy)."""
+        usage = self._usage.get(tenant)
+        return TenantUsage() if usage is None else dataclasses.replace(usage)
+
+    def tenant_usage(self) -> dict[str, TenantUsage]:
+        """What each tenant holding something holds now (copies: for metrics)."""
+        return {tenant: dataclasses.replace(usage) for tenant, usage in self._usage.items()}
+
     def snapshot(self) -> ClusterSnapshot:
         usages = [
             SegmentUsage(
@@ -635,13 +686,65 @@ class MasterState:
             raise IllegalTransition(key, current.state, to, "another object holds the key")
         if to not in LEGAL_BY_ID[id(before)]:
             raise IllegalTransition(key, before, to)
+        usage = self._usage_of(key)
+        if before is GONE:
+            usage.objects += 1
+        elif before is RESERVED:
+            usage.reserved_bytes -= record.size
         if to is GONE:
             del self.objects[key]
+            usage.objects -= 1
+            if usage.empty():
+                del self._usage[tenant_of(key)]
         else:
             if before is GONE:
                 self.objects[key] = record
+            if to is RESERVED:
+                usage.reserved_bytes += record.size
             record.state = to
         self._note(key, entry)
+
+    def _usage_of(self, key: str) -> TenantUsage:
+        """The usage of the tenant of ``key``, made when it held nothing."""
+        tenant = tenant_of(key)
+        usage = self._usage.get(tenant)
+        if usage is None:
+            usage = self._usage[tenant] = TenantUsage()
+        return usage
+
+    def _own(self, segment: SegmentRecord, offset: int, key: str) -> None:
+        """A buffer (allocated) at ``offset`` becomes ``key``'s: a replica, or a copy's
+        target. Its tenant's bytes in the segment's tier count it from now."""
+        segment.owners[offset] = key
+        usage = self._usage_of(key)
+        if segment.info.tier is Tier.NVME:
+            usage.nvme_bytes += segment.allocator.size_of(offset)
+        else:
+            usage.dram_bytes += segment.allocator.size_of(offset)
+
+    def _disown(self, segment: SegmentRecord, offset: int) -> None:
+        """The buffer at ``offset`` (still allocated) belongs to no object any more, if it
+        did: its tenant's bytes no longer count it."""
+        key = segment.owners.pop(offset, None)
+        if key is None:
+            return
+        tenant = tenant_of(key)
+        usage = self._usage[tenant]
+        if segment.info.tier is Tier.NVME:
+            usage.nvme_bytes -= segment.allocator.size_of(offset)
+        else:
+            usage.dram_bytes -= segment.allocator.size_of(offset)
+        if usage.empty():
+            del self._usage[tenant]
+
+    def _lease_ended(self, record: ObjectRecord) -> None:
+        """A live object's lease no longer counts (``lease_open`` went False, or the object
+        ends with it open)."""
+        tenant = tenant_of(record.key)
+        usage = self._usage[tenant]
+        usage.leases -= 1
+        if usage.empty():
+            del self._usage[tenant]
 
     # ------------------------------------------------------------------ internals: puts
 
@@ -659,7 +762,7 @@ class MasterState:
         """``pools``: the segments each tier offers, found once per call (see ``_pool``);
         ``checked``: the key is known to be valid."""
         if not checked:
-            problem = key_problem(key)
+            problem = key_problem(key, STORED_KEY_BYTES)
             if problem is not None:
                 return PutSlot(KeyStatus.INVALID_KEY, message=problem)
         if size < 0:
@@ -670,6 +773,10 @@ class MasterState:
         if existing is not None:
             what = "exists" if existing.state is ObjectState.PUBLISHED else "is being written"
             return PutSlot(KeyStatus.ALREADY_EXISTS, message=f"object {key!r} {what}")
+        if self._put_quotas:
+            refused = self._put_refusal(key, size, wanted, options.tier)
+            if refused is not None:
+                return PutSlot(KeyStatus.QUOTA_EXCEEDED, message=refused)
         replicas = self._place(key, size, wanted, options, now, pools)
         if not replicas:
             fenced = [s.fenced_until for s in self.segments.values() if s.fenced_until > now]
@@ -711,6 +818,52 @@ class MasterState:
                     )
                 )
         return PutSlot(KeyStatus.OK, record.put_id, self._placed(record))
+
+    def _put_refusal(self, key: str, size: int, wanted: int, tier: Tier) -> str | None:
+        """Why a put of ``key`` would take its tenant over a quota (objects, reserved bytes,
+        bytes of the tier it asks for: DRAM when it asks for none), or None."""
+        assert self.quotas is not None
+        tenant = tenant_of(key)
+        quota = self.quotas.of(tenant)
+        usage = self._usage.get(tenant) or TenantUsage()
+        if quota.objects is not None and usage.objects >= quota.objects:
+            return self._refused(tenant, "objects", quota.objects, usage.objects)
+        reserved = quota.reserved_bytes
+        if reserved is not None and usage.reserved_bytes + size > reserved:
+            return self._refused(tenant, "reserved_bytes", reserved, usage.reserved_bytes, size)
+        if tier is Tier.UNSPECIFIED:
+            tier = Tier.DRAM
+        limit = quota.bytes_limit(tier)
+        if limit is not None:
+            alignment = self.config.alignment  # (as the allocator rounds each buffer)
+            need = ((max(size, 1) + alignment - 1) & ~(alignment - 1)) * wanted
+            held = usage.bytes_in(tier)
+            if held + need > limit:
+                name = "nvme_bytes" if tier is Tier.NVME else "dram_bytes"
+                return self._refused(tenant, name, limit, held, need)
+        return None
+
+    def _refused(self, tenant: str, quota: str, limit: int, held: int, asked: int = 1) -> str:
+        self.quota_refusals[tenant, quota] += 1
+        return refusal(tenant, quota, limit, held, asked)
+
+    def _lease_refused(self, record: ObjectRecord, now: float) -> bool:
+        """Whether a new lease on ``record`` (it holds none) would take its tenant over its
+        quota of leases. Leases that ended but are not counted out yet are first."""
+        assert self.quotas is not None
+        tenant = tenant_of(record.key)
+        limit = self.quotas.of(tenant).leases
+        if limit is None:
+            return False
+        usage = self._usage.get(tenant)
+        if usage is None or usage.leases < limit:
+            return False
+        self._count_ended_leases(now, [LEASE_SWEEP])
+        usage = self._usage.get(tenant)
+        if usage is None or usage.leases < limit:
+            return False
+        self.quota_refusals[tenant, "leases"] += 1
+        return True
 
     def _put_end_one(self, commit: Commit, now: float) -> KeyStatus | None:
         record = self.objects.get(commit.key)
@@ -795,7 +948,7 @@ class MasterState:
             if replicas:
                 return replicas
         for tier in tiers:
-            self._evict_to_fit(size, tier, now)
+            self._evict_to_fit(size, tier, now, tenant_of(key))
             if pools is not None:
                 pools.pop(tier, None)  # space came free: a pool's ranking would be stale
             replicas = self._allocate(key, size, wanted, hosts, tier, pools, options.avoid_nodes)
@@ -843,7 +996,7 @@ class MasterState:
         for segment in pool.choose(size, wanted, preferred_hosts, self.rng, most_free, avoid):
             offset = segment.allocator.allocate(size)
             assert offset is not None, "placement said it fits"
-            segment.owners[offset] = key
+            self._own(segment, offset, key)
             replicas.append(Replica(segment.segment_id, offset))
         return replicas
 
@@ -883,11 +1036,12 @@ class MasterState:
             if record.lease_until > record.others_until:
                 record.others_until = record.lease_until
             record.lease_client = client_id
-        if record.lease_open and record.lease_until <= now:
-            self.counters.lease_expiries += 1  # the last lease ran out before this one
-            record.lease_open = False
         if not record.lease_open:
             record.lease_open = True
+            heapq.heappush(self._lease_ends, (until, next(self._seq), record))
+            self._usage_of(record.key).leases += 1
+        elif record.lease_until <= now:
+            self.counters.lease_expiries += 1  # the last lease ran out before this one
             heapq.heappush(self._lease_ends, (until, next(self._seq), record))
         if until > record.lease_until:
             record.lease_until = until
@@ -922,7 +1076,7 @@ class MasterState:
         if (
             not 0 < item.generation < GENERATIONS_END
             or item.size < 0
-            or key_problem(item.key) is not None
+            or key_problem(item.key, STORED_KEY_BYTES) is not None
         ):
             return False
         existing = self.objects.get(item.key)
@@ -938,7 +1092,7 @@ class MasterState:
                 existing = None
         if not segment.allocator.allocate_at(item.offset, item.size):
             return False  # overlaps a newer object
-        segment.owners[item.offset] = item.key
+        self._own(segment, item.offset, item.key)
         replica = Replica(segment.segment_id, item.offset)
         self.counters.objects_adopted += 1
         if existing is not None:
@@ -1014,7 +1168,7 @@ class MasterState:
     ) -> None:
         offset = target.allocator.allocate(record.size)
         assert offset is not None
-        target.owners[offset] = record.key
+        self._own(target, offset, record.key)
         destination = Replica(target.segment_id, offset)
         command_id = next(self._command_ids)
         record.moving[command_id] = Move(source, destination, demotion)
@@ -1053,7 +1207,7 @@ class MasterState:
                 why = "target segment gone" if target is None else "object or source gone"
             self._note(record.key, (now, "move_failed", record.put_id, move.target, why))
             if target is not None:
-                del target.owners[move.target.offset]
+                self._disown(target, move.target.offset)
                 if how == "cancelled":  # its node may still be writing there
                     self._parked[command_id] = (target, move.target.offset, record, 0.0)
                     return
@@ -1118,7 +1272,7 @@ class MasterState:
             if target is not None:  # its node may record the copy before it hears of this
                 self._send_forget(target, record, move.target.offset)
                 # The target waits for the node's answer (it may still be writing there).
-                del target.owners[move.target.offset]
+                self._disown(target, move.target.offset)
                 self._parked[command_id] = (target, move.target.offset, record, release_at)
             source = self.segments.get(move.source.segment_id)
             if move.demotion and source is not None:
@@ -1167,9 +1321,11 @@ class MasterState:
     def _forget(self, record: ObjectRecord, entry: tuple[Any, ...]) -> None:
         """Removes an object from every index (its buffers are the caller's business);
         ``entry``: why, for the key's story."""
-        if record.lease_open and record.lease_until <= self.clock():
-            self.counters.lease_expiries += 1
-            record.lease_open = False
+        if record.lease_open:
+            self._lease_ended(record)  # (a lease still running is counted when it ends)
+            if record.lease_until <= self.clock():
+                self.counters.lease_expiries += 1
+                record.lease_open = False
         self._transition(record, GONE, entry)
         if record.state is ObjectState.PUBLISHED:
             self._published_keys.remove(record.key)
@@ -1195,7 +1351,7 @@ class MasterState:
                 continue
             segment = self.segments.get(replica.segment_id)
             if segment is not None:
-                del segment.owners[replica.offset]
+                self._disown(segment, replica.offset)
                 self._free(segment, replica.offset)
 
     def _free(self, segment: SegmentRecord, offset: int) -> None:
@@ -1222,7 +1378,7 @@ class MasterState:
             current = self.segments.get(buffer.segment_id)
             if current is None or (segment is not None and current is not segment):
                 continue
-            current.owners.pop(buffer.offset, None)
+            self._disown(current, buffer.offset)
             if not_before <= now:
                 self._free(current, buffer.offset)
             else:
@@ -1232,6 +1388,9 @@ class MasterState:
     def _drop_segment(self, segment_id: str) -> int:
         """Forgets a segment and every replica in it; returns objects left with none."""
         segment = self.segments.pop(segment_id)
+        keys = set(segment.owners.values())
+        for offset in list(segment.owners):
+            self._disown(segment, offset)
         if self._quarantine:
             self._quarantine.drop_segment(segment)
         node = self.nodes.get(segment.node_id)
@@ -1239,7 +1398,7 @@ class MasterState:
             node.segment_ids.discard(segment_id)
         lost = 0
         now = self.clock()
-        for key in set(segment.owners.values()):
+        for key in keys:
             record = self.objects[key]
             for command_id, move in list(record.moving.items()):
                 if segment_id in (move.source.segment_id, move.target.segment_id):
@@ -1348,6 +1507,8 @@ class MasterState:
             else:
                 record.lease_open = False
                 self.counters.lease_expiries += 1
+                if self.objects.get(record.key) is record:  # (else counted out as it ended)
+                    self._lease_ended(record)
 
     # ------------------------------------------------------------------ internals: eviction
 
@@ -1375,7 +1536,7 @@ class MasterState:
                     return s.allocator.used - s.leaving <= (s.evict_to or 0.0)
 
                 if not done():  # (removals may have done a pass's work since its last step)
-                    evicted += self._evict_from(segment.lru, now, done, segment, budget=budget)
+                    evicted += self._evict_down(segment.lru, now, done, segment, tier, budget)
                     if budget is not None and budget[0] <= 0:
                         return evicted  # cut short: the pass goes on at the next call
                 segment.evict_to = None  # down to its mark, or nothing more may go
@@ -1390,16 +1551,38 @@ class MasterState:
                 return self._tier_used(t) <= limit
 
             if not pool_done():
-                evicted += self._evict_from(self._lru, now, pool_done, None, tier, budget=budget)
+                evicted += self._evict_down(self._lru, now, pool_done, None, tier, budget)
                 if budget is not None and budget[0] <= 0:
                     return evicted
             del self._pool_evict_to[tier]
         return evicted
 
-    def _evict_to_fit(self, size: int, tier: Tier, now: float) -> None:
+    def _evict_down(
+        self,
+        index: LruIndex,
+        now: float,
+        done: Callable[[], bool],
+        segment: SegmentRecord | None,
+        tier: Tier,
+        budget: list[int] | None,
+    ) -> int:
+        """A watermark pass (``_evict_from``). With quotas, objects of tenants above their
+        share of the tier go first; only when none is left and the mark is not reached do
+        the others go, in LRU order: the watermark is kept whatever the shares (a full tier
+        refuses every put), and no tenant's put ever evicts them (``_evict_to_fit``)."""
+        spare = self._spare(tier, None)
+        if spare is None:
+            return self._evict_from(index, now, done, segment, tier, budget=budget)
+        evicted = self._evict_from(index, now, done, segment, tier, budget=budget, spare=spare)
+        if done() or (budget is not None and budget[0] <= 0):
+            return evicted
+        return evicted + self._evict_from(index, now, done, segment, tier, budget=budget)
+
+    def _evict_to_fit(self, size: int, tier: Tier, now: float, tenant: str = "") -> None:
         """Evicts least recently used objects until some segment of ``tier`` has a free
         extent for ``size`` bytes (or nothing more may be evicted). No demotion here: the
-        put needs the room now."""
+        put needs the room now. With quotas, fairly: only objects of ``tenant`` (whose put
+        it is) and of tenants above their guaranteed share of the tier may go."""
         segments = [s for s in self.segments.values() if s.info.tier is tier]
         if not segments or max(s.allocator.capacity for s in segments) < size:
             return
@@ -1412,7 +1595,42 @@ class MasterState:
             )
 
         if not fits():
-            self._evict_from(self._lru, now, fits, None, tier, demote=False)
+            spare = self._spare(tier, tenant)
+            self._evict_from(self._lru, now, fits, None, tier, demote=False, spare=spare)
+
+    def _spare(self, tier: Tier, tenant: str | None) -> Callable[[str], bool] | None:
+        """With quotas, which objects an eviction from ``tier`` must leave alone: those of
+        every tenant (but ``tenant``, for whose put it is; None: the watermark's) holding no
+        more of the tier than its guaranteed share. A tenant that guarantees none gets an
+        equal split of the tier's capacity among the tenants holding something there
+        (``tenant`` included). None without quotas: plain LRU."""
+        quotas = self.quotas
+        if quotas is None:
+            return None
+        capacity = sum(
+            s.allocator.capacity
+            for s in self.segments.values()
+            if (s.info.tier is Tier.NVME) is (tier is Tier.NVME)
+        )
+        usages = self._usage
+        holders = {t for t, u in usages.items() if u.bytes_in(tier) > 0}
+        if tenant is not None:
+            holders.add(tenant)
+        fallback = default_share(capacity, len(holders))
+        shares: dict[str, int] = {}
+
+        def spare(key: str) -> bool:
+            owner = tenant_of(key)
+            if owner == tenant:
+                return False
+            share = shares.get(owner)
+            if share is None:
+                guaranteed = quotas.of(owner).guaranteed(tier)
+                share = shares[owner] = fallback if guaranteed is None else guaranteed
+            usage = usages.get(owner)
+            return usage is None or usage.bytes_in(tier) <= share
+
+        return spare
 
     def _evict_from(
         self,
@@ -1424,12 +1642,15 @@ class MasterState:
         *,
         demote: bool = True,
         budget: list[int] | None = None,
+        spare: Callable[[str], bool] | None = None,
     ) -> int:
         """Takes replicas away in ``index`` order, skipping leased and moving objects, until
         ``done()``: from ``segment``, or (pool) from any segment of ``tier``. A replica with
         a twin elsewhere is just dropped; a sole DRAM replica is demoted when it can be;
         otherwise the object is evicted. Stops early once ``budget[0]`` (counted down per
-        object taken) reaches 0. Returns the objects evicted."""
+        object taken) reaches 0. ``spare(key)``: True for an object to leave alone (its
+        tenant is within its share), asked as it is found and again as its turn comes (each
+        eviction may bring another tenant down to its share). Returns the objects evicted."""
         evicted = 0
         skipped: set[str] = set()
         while True:
@@ -1441,7 +1662,7 @@ class MasterState:
                 if record.lease_until > now or record.moving:
                     continue
                 replica = self._replica_in(record, segment, tier)
-                if replica is None:
+                if replica is None or (spare is not None and spare(key)):
                     skipped.add(key)
                     continue
                 victims.append((record, replica))
@@ -1450,6 +1671,9 @@ class MasterState:
             if not victims:
                 return evicted
             for record, replica in victims:
+                if spare is not None and spare(record.key):
+                    skipped.add(record.key)  # its tenant came down to its share meanwhile
+                    continue
                 if len(record.replicas) > 1:
                     self._release_replica(record, replica, now)
                     self._note(record.key, (now, "replica_evicted", record.put_id, replica))

@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import google_crc32c
 
-from kvpool.common.keys import MAX_KEY_BYTES, key_problem
+from kvpool.common.keys import STORED_KEY_BYTES, key_problem
 
 MAGIC = 0x4B56504C  # "KVPL"
 MAGIC_BYTES = struct.pack("<I", MAGIC)
@@ -45,7 +45,7 @@ FORMAT = 2
 SALT_BYTES = 8
 HEADER_SLOT = 4096
 HEADER_BODY = HEADER_SLOT - FRAME.size  # a format-2 header's body: always exactly this long
-MAX_ENTRY_BODY = ENTRY.size + MAX_KEY_BYTES
+MAX_ENTRY_BODY = ENTRY.size + STORED_KEY_BYTES
 MAX_FORMAT1_HEADER = 1 << 16
 
 
@@ -218,7 +218,7 @@ def _decode(body: bytes) -> tuple[int, Entry] | None:
         key = body[ENTRY.size :].decode()
     except UnicodeDecodeError:
         return None
-    if key_problem(key) is not None:
+    if key_problem(key, STORED_KEY_BYTES) is not None:
         return None
     return op, Entry(key, offset, size, generation, crc if has_crc else None)
 

@@ -112,8 +112,14 @@ def test_a_taken_http_port_is_named_as_such_not_as_storage_that_failed():
     assert "cannot open storage" not in done.stderr + done.stdout
 
 
+#: What a process of an insecure cluster has: no token, no CA.
+SECURE_ENV = ("KVPOOL_TOKEN", "KVPOOL_TOKEN_FILE", "KVPOOL_TLS_CA")
+
+
 class Nodes:
-    """`kvpool node` processes started as a user would, with no --node-id."""
+    """`kvpool node` processes started as a user would, with no --node-id. (On an --insecure
+    cluster, said explicitly: a node's token names the one node id it may act as, and these
+    tests are about the ids nodes take when given none.)"""
 
     def __init__(self, master: str, run_dir: Path) -> None:
         self.master = master
@@ -124,7 +130,9 @@ class Nodes:
         name = f"plain-node-{len(self.started)}"
         argv = [*KVPOOL, "node", "--master", self.master, "--listen", "127.0.0.1"]
         argv += ["--http-port", "0", "--drain-timeout", "1", "--log-format", "json", *args]
-        node = ManagedProcess(name, argv, self.run_dir, dict(os.environ))
+        argv += ["--insecure"]
+        env = {k: v for k, v in os.environ.items() if k not in SECURE_ENV}
+        node = ManagedProcess(name, argv, self.run_dir, env)
         self.started.append(node)
         return node
 
@@ -135,8 +143,10 @@ class Nodes:
 
 
 @pytest.fixture
-def nodes(cluster_factory, tmp_path) -> Iterator[Nodes]:
-    cluster = cluster_factory(0, "64MiB")
+def nodes(cluster_factory, tmp_path, monkeypatch) -> Iterator[Nodes]:
+    cluster = cluster_factory(0, "64MiB", secure=False)
+    for name in SECURE_ENV:  # (this process is a client of it too)
+        monkeypatch.delenv(name, raising=False)
     started = Nodes(cluster.master_address, cluster.run_dir)
     yield started
     for node in started.started:

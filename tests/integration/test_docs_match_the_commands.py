@@ -71,7 +71,12 @@ def test_kvpool_up_with_nvme_size_gives_every_node_an_nvme_segment(tmp_path):
             if line.startswith("kvpool master at "):
                 master = line.split()[-1]
         assert master, "kvpool up did not start"
-        with Client(master) as client:
+        exported = dict(
+            line.removeprefix("export ").split("=", 1)
+            for line in (tmp_path / "client.env").read_text().splitlines()
+        )
+        credentials = {"token": exported["KVPOOL_TOKEN"], "tls_ca": exported["KVPOOL_TLS_CA"]}
+        with Client(master, **credentials) as client:
             assert client.put("cold", b"on nvme", tier="nvme", replicas=2) == 2
             assert [r.tier for r in client.stat("cold").replicas] == [NVME, NVME]
             assert client.get("cold") == b"on nvme"
