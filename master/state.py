@@ -182,9 +182,10 @@ class MasterState:
         self._put_ids = itertools.count((epoch << 32) + 1)
 
         self._command_ids = itertools.count(1)
-        #: What happened to each key lately (``story``), noted through ``_note(key, entry)``.
+        #: What happened to each key lately (``story``), noted through ``_note((key, entry))``
+        #: (one C call: the log folds its notes in when read, and at each put batch and tick).
         self._story = StoryLog(self.config.story_events_per_key, self.config.story_keys)
-        self._note = self._story.add if self._story.max_keys else _ignore
+        self._note = self._story.note if self._story.max_keys else _ignore
         if self.config.validate_each_event:
             for method in EVENTS:
                 setattr(self, method, _validated(getattr(self, method), self.validate))
@@ -335,7 +336,7 @@ class MasterState:
                     )
                 if not ok:
                     entry = (self.clock(), "persist_failed", record.put_id, segment_id, expired)
-                    self._note(record.key, entry)
+                    self._note((record.key, entry))
                 self._persist_done(record, segment_id, ok)
 
     # ------------------------------------------------------------------ client side
@@ -360,6 +361,7 @@ class MasterState:
         if not 1 <= wanted <= self.config.max_replicas:
             message = f"replicas must be between 1 and {self.config.max_replicas}, got {wanted}"
             return [PutSlot(KeyStatus.INVALID_ARGUMENT, message=message) for _ in keys]
+        self._story.fold()  # (the last batch's notes: keeps the pending ones few)
         now = self.clock()
         # (keys as the master holds them: behind their tenant's prefix)
         checked = plainly_valid(keys, STORED_KEY_BYTES)  # the common case, seen in one pass
@@ -653,6 +655,7 @@ class MasterState:
         once below the high watermark."""
         if step is not None and step < 1:
             raise ValueError(f"step must be at least 1, got {step}")
+        self._story.fold()
         now = self.clock()
         report = TickReport()
         budget = None if step is None else [step]
@@ -702,7 +705,7 @@ class MasterState:
             if to is RESERVED:
                 usage.reserved_bytes += record.size
             record.state = to
-        self._note(key, entry)
+        self._note((key, entry))
 
     def _usage_of(self, key: str) -> TenantUsage:
         """The usage of the tenant of ``key``, made when it held nothing."""
@@ -1099,7 +1102,7 @@ class MasterState:
             existing.replicas.append(replica)
             segment.lru.add(item.key, existing.pin)
             existing.lease_until = max(existing.lease_until, now + self.config.lease_ttl)
-            self._note(item.key, (now, "replica_adopted", existing.put_id, replica))
+            self._note((item.key, (now, "replica_adopted", existing.put_id, replica)))
             return True
         record = ObjectRecord(
             item.key,
@@ -1175,7 +1178,7 @@ class MasterState:
         if demotion:
             self.segments[source.segment_id].leaving += target.allocator.rounded(record.size)
         event = "demoting" if demotion else "promoting"
-        self._note(record.key, (self.clock(), event, record.put_id, source, destination))
+        self._note((record.key, (self.clock(), event, record.put_id, source, destination)))
         self._awaiting[command_id] = (target.segment_id, (record,))
         self.outbox.append(
             CopyCommand(
@@ -1205,7 +1208,7 @@ class MasterState:
                 why = "failed" if how == "answered" else how
             else:
                 why = "target segment gone" if target is None else "object or source gone"
-            self._note(record.key, (now, "move_failed", record.put_id, move.target, why))
+            self._note((record.key, (now, "move_failed", record.put_id, move.target, why)))
             if target is not None:
                 self._disown(target, move.target.offset)
                 if how == "cancelled":  # its node may still be writing there
@@ -1218,7 +1221,7 @@ class MasterState:
         record.replicas.append(move.target)
         target.lru.add(record.key, record.pin)
         event = "demoted" if move.demotion else "promoted"
-        self._note(record.key, (now, event, record.put_id, move.target))
+        self._note((record.key, (now, event, record.put_id, move.target)))
         if move.demotion:
             self._release_replica(record, move.source, now)
             self.counters.demotions += 1
@@ -1411,7 +1414,7 @@ class MasterState:
             if record.state is ObjectState.COMMITTED and segment_id in record.unacked:
                 record.unacked.discard(segment_id)
                 if not record.unacked:
-                    self._note(key, replica_lost)
+                    self._note((key, replica_lost))
                     self._finish_commit(record)
                     if self.objects.get(key) is not record:
                         lost += 1
@@ -1424,7 +1427,7 @@ class MasterState:
                 self._forget(record, (now, "lost", record.put_id, record.state, segment_id))
                 lost += 1
             elif record.replicas != replicas:  # (not when only a copy's target was here)
-                self._note(key, replica_lost)
+                self._note((key, replica_lost))
         self.counters.objects_lost += lost
         return lost
 
@@ -1489,7 +1492,7 @@ class MasterState:
             ):
                 continue
             record.pin = Pin.NONE
-            self._note(record.key, (now, "pin_ended", record.put_id))
+            self._note((record.key, (now, "pin_ended", record.put_id)))
             self._lru.unpin(record.key)
             for replica in record.replicas:
                 if replica is not None:
@@ -1676,7 +1679,7 @@ class MasterState:
                     continue
                 if len(record.replicas) > 1:
                     self._release_replica(record, replica, now)
-                    self._note(record.key, (now, "replica_evicted", record.put_id, replica))
+                    self._note((record.key, (now, "replica_evicted", record.put_id, replica)))
                     if self._replica_in(record, segment, tier) is None:
                         skipped.add(record.key)  # nothing more of it here to take
                 elif not (
@@ -1753,7 +1756,7 @@ def _validated(method: Callable[..., Any], validate: Callable[[], None]) -> Call
     return checked
 
 
-def _ignore(key: str, entry: tuple[Any, ...]) -> None:
+def _ignore(note: tuple[str, tuple[Any, ...]]) -> None:
     """Notes nothing (the story is off)."""
 
 

@@ -64,7 +64,12 @@ class StoryEvent(NamedTuple):
 
 
 class StoryLog:
-    __slots__ = ("_keys", "max_keys", "per_key")
+    """Noting is one C call (``note``, a list's append): an event goes to ``pending`` first,
+    and the pending events are folded into the per-key log in one loop (``fold``), by the
+    master once per put batch and tick and by every read here. A Python call per event cost
+    about as much as the rest of a key's transition; what a reader sees is the same."""
+
+    __slots__ = ("_keys", "max_keys", "note", "pending", "per_key")
 
     def __init__(self, per_key: int = EVENTS_PER_KEY, max_keys: int = KEYS) -> None:
         if per_key < 1:
@@ -74,31 +79,51 @@ class StoryLog:
         self.per_key = per_key
         self.max_keys = max_keys  # 0: nothing is kept
         self._keys: OrderedDict[str, list[tuple[Any, ...]]] = OrderedDict()
+        #: ``(key, entry)`` pairs noted and not yet folded into ``_keys``, oldest first.
+        self.pending: list[tuple[str, tuple[Any, ...]]] = []
+        #: Notes ``(key, entry)``: entry is ``(time, event, value...)`` as for ``add``.
+        self.note = self.pending.append
 
     def add(self, key: str, entry: tuple[Any, ...]) -> None:
         """Notes ``entry``, ``(time, event, value...)`` with the values FIELDS[event] names."""
-        events = self._keys.get(key)
-        if events is None:
-            self._keys[key] = [entry]
-            if len(self._keys) > self.max_keys:
-                self._keys.popitem(last=False)
+        self.note((key, entry))
+        self.fold()
+
+    def fold(self) -> None:
+        """Moves the pending events into the per-key log, in the order they were noted."""
+        pending = self.pending
+        if not pending:
             return
-        self._keys.move_to_end(key)
-        events.append(entry)
-        if len(events) > self.per_key:
-            del events[0]
+        keys = self._keys
+        find, to_end = keys.get, keys.move_to_end
+        per_key, max_keys = self.per_key, self.max_keys
+        for key, entry in pending:
+            events = find(key)
+            if events is None:
+                keys[key] = [entry]
+                if len(keys) > max_keys:
+                    keys.popitem(last=False)
+                continue
+            to_end(key)
+            events.append(entry)
+            if len(events) > per_key:
+                del events[0]
+        pending.clear()
 
     def story(self, key: str) -> list[StoryEvent]:
         """The events noted for ``key``, oldest first (empty when none is left)."""
+        self.fold()
         return [
             StoryEvent(entry[0], entry[1], dict(zip(FIELDS[entry[1]], entry[2:], strict=True)))
             for entry in self._keys.get(key, ())
         ]
 
     def __len__(self) -> int:
+        self.fold()
         return len(self._keys)
 
     def __contains__(self, key: str) -> bool:
+        self.fold()
         return key in self._keys
 
 
