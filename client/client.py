@@ -310,7 +310,7 @@ class Client:
             results[i] = data
             targets[i] = (address, location.size)
         get_path.read(self._session, keys, located, targets, results, deadline, lease_deadline)
-        self._remember_leases(keys[i] for i in located)
+        self._remember_leases(_located_keys(keys, located))
         if verify:
             get_path.verify(keys, located, targets, results)
         return [bytes(r) if isinstance(r, bytearray) else r for r in results]
@@ -342,7 +342,7 @@ class Client:
             results[i] = location.size
             targets[i] = (address, location.size)
         get_path.read(self._session, keys, located, targets, results, deadline, lease_deadline)
-        self._remember_leases(keys[i] for i in located)
+        self._remember_leases(_located_keys(keys, located))
         if verify:
             get_path.verify(keys, located, targets, results)
         return results
@@ -504,6 +504,11 @@ def _found(statuses: list[Any], keys: Sequence[str]) -> list[bool | KVPoolError]
         s if isinstance(s, KVPoolError) else error_for(s, k) if s == refused else s == ok
         for s, k in zip(statuses, keys, strict=True)
     ]
+
+
+def _located_keys(keys: Sequence[str], located: Mapping[int, Any]) -> Sequence[str]:
+    """The keys of ``located`` (positions in ``keys``): as a rule all of them, as they are."""
+    return keys if len(located) == len(keys) else [keys[i] for i in located]
 
 
 def _raise_if_error(result: Any) -> Any:

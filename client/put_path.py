@@ -140,6 +140,8 @@ def write_and_commit(
     write(session, puts, options.checksum)
     statuses = commit(session, puts, deadline)
     for _ in range(PLACEMENTS - 1):
+        if KeyStatus.NO_REPLICA not in statuses:  # (one pass in C: as a rule, none failed)
+            break
         again = [
             i
             for i, (put, status) in enumerate(zip(puts, statuses, strict=True))
@@ -211,6 +213,8 @@ def write(session: Session, puts: Sequence[PendingPut], checksum: bool) -> None:
         return
     deadline = min(put.write_deadline for put in puts)
     errors = session.data.run(transfers, is_get=False, deadline=deadline)
+    if not any(errors):  # the common case: every replica written, as recorded above
+        return
     for (put, replica_index), error in zip(owners, errors, strict=True):
         put.errors[replica_index] = str(error) if error else ""
         put.failures[replica_index] = error
