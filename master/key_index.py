@@ -47,7 +47,8 @@ class KeyIndex:
             self._sorted.update(self._pending)
             self._pending.clear()
         after = prefix[:-1] + chr(ord(prefix[-1]) + 1)  # the first string past the prefix
-        return self._sorted.bisect_left(after) - self._sorted.bisect_left(prefix)
+        count: int = self._sorted.bisect_left(after) - self._sorted.bisect_left(prefix)
+        return count
 
     def __len__(self) -> int:
         return len(self._sorted) + len(self._pending)

@@ -39,6 +39,11 @@ The rules that keep bytes safe:
 * Eviction is least-recently-used; soft-pinned objects go only after all unpinned ones,
   hard-pinned objects never. A DRAM replica is demoted to NVMe on the same node, rather than
   dropped, when that node has NVMe room.
+* With quotas in force (``set_quotas``, quotas.py), a put or lease that would take its tenant
+  over a quota is refused (QUOTA_EXCEEDED), and eviction is fair: a put evicts only its own
+  tenant's objects and those of tenants above their guaranteed share of the tier; the
+  watermark takes those first, then falls back to plain LRU. Each tenant's usage is kept up
+  to date at every change (``_transition``, ``_own``/``_disown``, leases), never scanned.
 """
 
 from __future__ import annotations

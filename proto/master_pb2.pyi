@@ -20,6 +20,7 @@ class KeyStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     STALE_PUT: _ClassVar[KeyStatus]
     NO_REPLICA: _ClassVar[KeyStatus]
     FENCED: _ClassVar[KeyStatus]
+    QUOTA_EXCEEDED: _ClassVar[KeyStatus]
 
 class Tier(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -43,6 +44,7 @@ INVALID_ARGUMENT: KeyStatus
 STALE_PUT: KeyStatus
 NO_REPLICA: KeyStatus
 FENCED: KeyStatus
+QUOTA_EXCEEDED: KeyStatus
 TIER_UNSPECIFIED: Tier
 DRAM: Tier
 NVME: Tier

@@ -18,7 +18,11 @@ from kvpool.common import grpc_tuning
 
 grpc_tuning.apply()  # a kvpool process: its own gRPC settings, before anything imports grpc
 
-from kvpool.cli import client_commands, token_command  # noqa: E402  (after the settings above)
+from kvpool.cli import (  # noqa: E402  (after the settings above)
+    client_commands,
+    quota_command,
+    token_command,
+)
 
 #: The services: name -> (one-line help, module with ``add_arguments(parser)`` and ``run``).
 SERVICES = {
@@ -44,6 +48,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             service.set_defaults(run=module.run)
     client_commands.add_commands(commands)
     token_command.add_commands(commands)
+    quota_command.add_commands(commands)
     return parser
 
 

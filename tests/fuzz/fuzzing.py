@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import grpc
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
 from hypothesis import HealthCheck, settings
@@ -31,8 +30,21 @@ from hypothesis import strategies as st
 from kvpool import Client
 from kvpool.common import lane_protocol as lp
 from kvpool.local_cluster import LocalCluster
+from kvpool.master.access import ALLOWED
 from kvpool.proto import master_pb2 as pb
 from kvpool.proto import master_pb2_grpc
+from kvpool.security.caller import CallerCredentials
+from kvpool.security.identity import Role
+from kvpool.security.tokens import new_token
+
+#: The node the fuzzers speak as (a real node token: what a broken or taken-over node holds).
+FUZZ_NODE = "fuzz-node"
+FUZZ_NODE_TOKEN, FUZZ_NODE_RECORD = new_token(FUZZ_NODE, Role.NODE, node_id=FUZZ_NODE)
+
+
+def bearer(token: str) -> tuple[tuple[str, str], ...]:
+    return (("authorization", f"Bearer {token}"),)
+
 
 #: Cases per surface: a short slice by default (CI), ``KVPOOL_FUZZ_CASES`` for the full run.
 CASES = int(os.environ.get("KVPOOL_FUZZ_CASES", "300"))
@@ -261,9 +273,22 @@ def frame(call_id: int, method: int, body: bytes, status: int = 0) -> bytes:
     return lp.HEADER.pack(len(body), call_id, method, status) + body
 
 
-def lane_connect(port: int) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+def lane_connect(port: int, token: str | None = None) -> socket.socket:
+    """A lane connection as an authenticated peer makes it: TLS with the session's CA, then
+    the AUTH frame with ``token`` (default: the session's client token), answered OK."""
+    context = CallerCredentials.resolve().lane_context()
+    assert context is not None
+    raw = socket.create_connection(("127.0.0.1", port), timeout=10)
+    raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock = context.wrap_socket(raw, server_hostname="127.0.0.1")
+    sock.sendall(frame(0, lp.AUTH, (token or os.environ["KVPOOL_TOKEN"]).encode()))
+    decoder = lp.FrameDecoder(lp.MESSAGE_LIMIT)
+    answers: list[lp.Frame] = []
+    while not answers:
+        data = sock.recv(1 << 16)
+        assert data, "the master closed the connection at its credentials"
+        answers = decoder.feed(data)
+    assert answers[0].method == lp.AUTH and answers[0].status == lp.OK, answers[0].error()
     return sock
 
 
@@ -338,13 +363,16 @@ class Watch:
     def __init__(self, cluster: LocalCluster, surface: str) -> None:
         self.cluster = cluster
         self.figures = Figures(surface)
-        self.channel = grpc.insecure_channel(
+        self.channel = CallerCredentials.resolve().channel(
             cluster.master_address,
-            options=[
-                ("grpc.max_send_message_length", -1),
-                ("grpc.max_receive_message_length", -1),
-            ],
+            [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)],
         )
+        #: gRPC metadata of each role's token: the fuzzers call as the role a method is for.
+        self.metadata = {
+            Role.CLIENT: bearer(os.environ["KVPOOL_TOKEN"]),
+            Role.ADMIN: bearer(os.environ["KVPOOL_TEST_ADMIN_TOKEN"]),
+            Role.NODE: bearer(FUZZ_NODE_TOKEN),
+        }
         self.stub = master_pb2_grpc.MasterStub(self.channel)
         self.client = Client(cluster.master_address, timeout=30)
         rng = random.Random(18)
@@ -354,12 +382,31 @@ class Watch:
         }
         for key, data in self.canaries.items():
             self.client.put(key, data, pin="hard", replicas=2)
-        status = self.stub.ClusterStatus(pb.ClusterStatusRequest(), timeout=10)
+        status = self.stub.ClusterStatus(
+            pb.ClusterStatusRequest(), timeout=10, metadata=self.metadata[Role.ADMIN]
+        )
         self.node_ids = sorted({segment.node_id for segment in status.segments})
         assert self.cluster.master is not None
         self.master_pid = self.cluster.master.pid
         self.figures.memory_start = self.figures.memory_peak = resident_bytes(self.master_pid)
         self.check_canaries()
+
+    def as_caller_of(self, method: str) -> tuple[tuple[str, str], ...]:
+        """The metadata of a token of a role that may call ``method`` (a client's when it
+        may, else a node's, else an admin's): the fuzzed input then reaches the handler."""
+        allowed = ALLOWED.get(method, frozenset())
+        for role in (Role.CLIENT, Role.NODE, Role.ADMIN):
+            if role in allowed:
+                return self.metadata[role]
+        return self.metadata[Role.CLIENT]
+
+    @property
+    def admin(self) -> tuple[tuple[str, str], ...]:
+        return self.metadata[Role.ADMIN]
+
+    @property
+    def master(self) -> str:
+        return self.cluster.master_address
 
     @property
     def lane_port(self) -> int:
@@ -380,6 +427,7 @@ class Watch:
         answer = self.stub.Exists(
             pb.ExistsRequest(client_id="fuzz-probe", keys=list(self.canaries), no_lease=True),
             timeout=10,
+            metadata=self.metadata[Role.CLIENT],
         )
         assert list(answer.statuses) == [pb.OK] * len(self.canaries), answer
         self.figures.probes += 1
@@ -423,6 +471,7 @@ def watched_cluster(run_dir: Path, surface: str, nodes: int = 2) -> tuple[LocalC
         run_dir=run_dir,
         # Reservations the fuzzers make and never commit give their space back soon.
         master_args=["--reservation-timeout", "2", "--reclaim-delay", "1"],
+        tokens=[FUZZ_NODE_RECORD],
     )
     cluster.start()
     try:

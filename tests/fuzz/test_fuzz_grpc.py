@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from kvpool.proto import master_pb2 as pb
 from kvpool.proto import master_pb2_grpc
+from kvpool.security.caller import CallerCredentials
 
 SURFACE = "grpc"
 pytestmark = pytest.mark.fuzz
@@ -50,20 +51,23 @@ def settle(name: str, outcome: grpc.Future) -> None:
 def test_generated_requests_of_every_unary_method(watch: Watch, call):
     name, request = call
     steer_clear(request, watch.node_ids)
-    settle(name, getattr(watch.stub, name).future(request, timeout=30))
+    caller = watch.as_caller_of(name)
+    settle(name, getattr(watch.stub, name).future(request, timeout=30, metadata=caller))
     watch.after_case()
 
 
 @SETTINGS
 @given(sequence=st.lists(st.tuples(st.integers(0, 2), calls), min_size=2, max_size=8))
 def test_random_call_sequences_across_several_connections(watch: Watch, sequence):
-    channels = [grpc.insecure_channel(watch.cluster.master_address) for _ in range(3)]
+    channels = [CallerCredentials.resolve().channel(watch.master, []) for _ in range(3)]
     try:
         stubs = [master_pb2_grpc.MasterStub(channel) for channel in channels]
         pending = []
         for connection, (name, request) in sequence:  # all in flight at once
             steer_clear(request, watch.node_ids)
-            pending.append((name, getattr(stubs[connection], name).future(request, timeout=30)))
+            call = getattr(stubs[connection], name)
+            caller = watch.as_caller_of(name)
+            pending.append((name, call.future(request, timeout=30, metadata=caller)))
         for name, outcome in pending:
             settle(name, outcome)
     finally:

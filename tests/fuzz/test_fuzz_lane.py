@@ -14,6 +14,8 @@ import socket
 import pytest
 from fuzzing import (
     BINARY,
+    FUZZ_NODE,
+    FUZZ_NODE_TOKEN,
     Watch,
     frame,
     fuzz_settings,
@@ -52,7 +54,9 @@ junk_frames = st.one_of(
     st.tuples(st.sampled_from(METHODS), BINARY),  # a body that may not parse
     st.tuples(st.sampled_from(METHODS), st.binary(max_size=16).map(not_utf8)),
     st.tuples(  # no such method
-        st.integers(0, 255).filter(lambda m: m not in lp.LANE_METHODS and m != lp.NODE_SESSION),
+        st.integers(0, 255).filter(
+            lambda m: m not in lp.LANE_METHODS and m not in (lp.NODE_SESSION, lp.AUTH)
+        ),
         st.binary(max_size=64),
     ),
 )
@@ -180,9 +184,9 @@ def test_calls_interleaved_across_connections_are_each_answered(
 )
 def test_node_sessions_with_generated_hellos_and_reports(watch, hello, reports):
     hello = steer_clear(hello, watch.node_ids)
-    if hello.WhichOneof("kind") == "hello" and hello.hello.node_id in watch.node_ids:
-        hello.hello.node_id = f"fuzz-{hello.hello.node_id}"
-    with lane_connect(watch.lane_port) as sock:
+    if hello.WhichOneof("kind") == "hello":  # (the one node id the fuzzers' token names)
+        hello.hello.node_id = FUZZ_NODE
+    with lane_connect(watch.lane_port, FUZZ_NODE_TOKEN) as sock:
         sock.sendall(frame(1, lp.NODE_SESSION, hello.SerializeToString()))
         for report in reports:
             if len(report) <= lp.REPORT_LIMIT:

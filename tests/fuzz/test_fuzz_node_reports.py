@@ -4,8 +4,8 @@ past the segment's end, repeated, with keys of every kind).
 
 The master adopts only what fits: every object it keeps on the reported segment lies inside
 it and overlaps no other it kept there, and ``dropped_keys`` names only reported keys. The
-node is a fake one, and its mount a remount, so that the master fences the segment's space
-(a fake node's segment attracting puts is a known gap: issue 16, not checked here).
+node is a fake one with a real node token (what a broken or taken-over node holds), and its
+mount a remount, so that the master fences the segment's space.
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ import itertools
 
 import grpc
 import pytest
-from fuzzing import Watch, fuzz_settings, integers, messages, share, steer_clear
+from fuzzing import FUZZ_NODE, Watch, fuzz_settings, integers, messages, share, steer_clear
 from hypothesis import event, given
 from hypothesis import strategies as st
 
 from kvpool.proto import master_pb2 as pb
+from kvpool.security.identity import Role
 
 SURFACE = "node_reports"
 pytestmark = pytest.mark.fuzz
@@ -67,14 +68,14 @@ def test_generated_mounts_adopt_only_objects_that_fit(
     watch: Watch, segment, size, stored, silent_ms, then
 ):
     number = next(numbers)
-    segment.node_id = f"fuzz-node-{number}"
+    segment.node_id = FUZZ_NODE
     segment.segment_id = f"fuzz-segment-{number}"
     segment.size = size
     request = pb.MountSegmentRequest(segment=segment, objects=stored, remount=True)
     request.silent_ms = silent_ms
     steer_clear(request, watch.node_ids)
     try:
-        answer = watch.stub.MountSegment(request, timeout=30)
+        answer = watch.stub.MountSegment(request, timeout=30, metadata=watch.metadata[Role.NODE])
     except grpc.RpcError as error:
         event(f"mount refused: {error.code().name} {error.details()[:30]}")
         assert error.code() not in UNEXPECTED, f"{error.code()} {error.details()}"
@@ -86,11 +87,13 @@ def test_generated_mounts_adopt_only_objects_that_fit(
             watch.stub.Heartbeat(
                 pb.HeartbeatRequest(node_id=segment.node_id, segment_ids=[segment.segment_id]),
                 timeout=30,
+                metadata=watch.metadata[Role.NODE],
             )
         elif then == "unmount":
             watch.stub.UnmountSegment(
                 pb.UnmountSegmentRequest(node_id=segment.node_id, segment_id=segment.segment_id),
                 timeout=30,
+                metadata=watch.metadata[Role.NODE],
             )
     watch.after_case()
 
@@ -99,7 +102,7 @@ def kept_here(watch: Watch, segment: pb.Segment, keys: set[str]) -> None:
     """The objects kept on ``segment`` lie inside it and do not overlap."""
     spans = []
     for key in keys:
-        stat = watch.stub.Stat(pb.StatRequest(key=key), timeout=30)
+        stat = watch.stub.Stat(pb.StatRequest(key=key), timeout=30, metadata=watch.admin)
         for replica in stat.replicas:
             if replica.segment_id == segment.segment_id:
                 start = replica.address - segment.base_address
