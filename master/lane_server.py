@@ -10,7 +10,8 @@ first frame turns its connection into its command stream.
 What a peer can make the master hold is bounded. A request's body is refused at its header
 beyond ``lp.REQUEST_LIMIT`` (a node's reports beyond ``lp.REPORT_LIMIT``), before any of it
 is kept. A connection that sent part of a frame and then nothing for ``read_timeout``, or
-whose answers have waited unread that long, is closed; so is a client's connection with no
+whose answers have waited unread that long, is closed; so is one that has not sent its
+credentials within ``read_timeout``, and a client's connection with no
 call in flight and nothing heard for ``idle_timeout`` (clients connect again; a node's
 command stream may rightly stay quiet, and is not). Beyond ``max_connections`` a new
 connection is closed at once. A connection whose answers are not being read (its write
@@ -160,6 +161,7 @@ class LaneServer:
 _OVERDUE = {
     "read_timeout": "it sent part of a frame and then nothing for {}s",
     "unread_answers": "its answers waited unread for {}s",
+    "unauthenticated": "it sent no credentials for {}s",
 }
 
 
@@ -284,6 +286,8 @@ class _Connection(asyncio.Protocol):
         silent = now - self._last_heard
         if self._decoder.pending:
             return "read_timeout" if silent > lane.read_timeout else None
+        if self.identity is None:  # (it has not proven who it is: no reason to keep it long)
+            return "unauthenticated" if silent > lane.read_timeout else None
         if self._stream is None and not self._inflight and not self._held:
             return "idle" if silent > lane.idle_timeout else None
         return None

@@ -64,7 +64,8 @@ LANE_SESSIONS = Counter(
 LANE_CLOSED = Counter(
     "kvpool_master_lane_connections_closed_total",
     "Metadata lane connections the master closed: bad_frame (oversized or unparseable), "
-    "read_timeout (part of a frame, then silence), unread_answers, idle, over_cap.",
+    "read_timeout (part of a frame, then silence), unread_answers, idle, unauthenticated "
+    "(no credentials within the read timeout), over_cap.",
     ["reason"],
 )
 AUTH_REFUSED = Counter(

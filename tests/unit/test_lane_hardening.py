@@ -396,6 +396,14 @@ def test_a_client_connection_with_no_call_in_flight_is_closed_after_the_idle_tim
     assert closed_for("idle") == before + 1
 
 
+def test_a_connection_that_sends_no_credentials_is_closed_after_the_read_timeout(lanes):
+    running = lanes(read_timeout=0.5, idle_timeout=60)
+    before = closed_for("unauthenticated")
+    sock = connect(running.port)  # connected, and silent: it holds a slot of the cap
+    assert closed_within(sock, 3.0), "not kept for the idle timeout"
+    assert closed_for("unauthenticated") == before + 1
+
+
 def test_a_node_stream_and_a_call_waiting_for_it_outlive_the_idle_timeout(lanes):
     running = lanes(read_timeout=0.5, idle_timeout=0.5)
     node = running.node()

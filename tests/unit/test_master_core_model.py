@@ -6,8 +6,10 @@ A hypothesis state machine drives ``MasterCore`` (fake clock) with a small clust
 storage nodes, each with one DRAM segment and an index of what it recorded, as a node keeps it:
 a command the core writes travels on the node's stream; the node runs its commands in order
 (Persist records objects, Forget drops exactly the generation it names) and answers; a stream
-breaks, losing what was on the wire, and the node opens a new one; answers get lost; a node
-answers a command it was never sent; clients put, commit and remove; time passes and the core's
+breaks, losing what was on the wire, and the node opens a new one; answers get lost (only with
+their stream, as TCP loses nothing on a live connection and a node that cannot answer a command
+ends its stream: the stream is broken, and noticed later); a node answers a command it was
+never sent; clients put, commit and remove; time passes and the core's
 timers fire; the leader dies and a new term rebuilds its index from the nodes' remounts.
 
 Invariants, after every step:
@@ -25,10 +27,11 @@ Invariants, after every step:
 7. failover loses nothing and brings nothing back: every object published and not removed is
    published again once the nodes remounted; an object whose removal was answered by its nodes
    stays gone;
-8. delivery: once every node is connected and has run what it was sent (``settle``, also at the
-   end of every example), nothing is left unanswered or unsent, no call waits, the forget
-   barrier is empty and no space is quarantined (a Forget unanswered past ``forget_wait`` takes
-   its space out of use instead of holding writers back: invariant 1 covers that space too);
+8. delivery: once every node is connected (a stream that lost an answer broken and opened
+   again) and has run what it was sent (``settle``, also at the end of every example), nothing
+   is left unanswered or unsent, no call waits, the forget barrier is empty and no space is
+   quarantined (a Forget unanswered past ``forget_wait`` takes its space out of use instead of
+   holding writers back: invariant 1 covers that space too);
 9. the state's own invariants (``MasterState.validate``) hold after every step.
 """
 
@@ -78,6 +81,9 @@ class SimNode:
     stream: object | None = None
     wire: list[NodeCommand] = field(default_factory=list)
     streams_opened: int = 0
+    #: An answer of this node's open stream was lost: that stream is broken (it is closed at
+    #: the latest when everything settles).
+    lost_answer: bool = False
     ran: list[NodeCommand] = field(default_factory=list)
 
     def run(self, command: NodeCommand) -> None:
@@ -177,6 +183,7 @@ class CoreModel(RuleBasedStateMachine):
         node.streams_opened += 1
         node.stream = f"{node.name}/stream{node.streams_opened}/term{self.epoch}"
         node.wire = []
+        node.lost_answer = False
         self.apply(self.core.node_connected(node.name, node.stream, "process 1"))
 
     def answered(self, call: Call, answer) -> None:
@@ -275,14 +282,16 @@ class CoreModel(RuleBasedStateMachine):
     )
     def node_runs_commands(self, name, count, lose_answer) -> None:
         """The node runs its next commands in order and answers them (or the last answer is
-        lost)."""
+        lost, and with it the stream: no later answer of that stream arrives)."""
         node = self.nodes[name]
         for i in range(count):
             if not node.wire:
                 return
             command = node.wire.pop(0)
             node.run(command)
-            if not (lose_answer and i == count - 1):
+            if lose_answer and i == count - 1:
+                node.lost_answer = True  # (its stream is broken: it is noticed later)
+            if not node.lost_answer:
                 self.apply(self.core.node_answered(name, command.command_id, True))
 
     @rule(name=st.sampled_from(NODES))
@@ -412,6 +421,9 @@ class CoreModel(RuleBasedStateMachine):
         beyond every wait: nothing may be left undelivered, unanswered or waiting."""
         for name in sorted(set(NODES) - self.remounted):
             self.node_remounts_now(name)
+        for node in self.nodes.values():
+            if node.lost_answer and node.stream is not None:
+                self.stream_breaks(node.name)  # the broken stream is noticed at last
         for node in self.nodes.values():
             if node.stream is None:
                 self.connect(node)
