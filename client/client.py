@@ -500,6 +500,8 @@ def _check_replicas(replicas: object) -> None:
 def _found(statuses: list[Any], keys: Sequence[str]) -> list[bool | KVPoolError]:
     """True where published; an error where the lease asked for was refused (quota)."""
     ok, refused = KeyStatus.OK.value, KeyStatus.QUOTA_EXCEEDED.value
+    if refused not in statuses and set(map(type, statuses)) <= {int}:  # (the common case)
+        return [s == ok for s in statuses]
     return [
         s if isinstance(s, KVPoolError) else error_for(s, k) if s == refused else s == ok
         for s, k in zip(statuses, keys, strict=True)
