@@ -37,6 +37,7 @@ from google.protobuf.message import Message
 
 from kvpool.common import lane_protocol as lp
 from kvpool.common.logging import get_logger
+from kvpool.common.tls_transport import TlsTransport
 from kvpool.master import metrics
 from kvpool.master.access import authorize, own_node
 from kvpool.master.authenticator import Authenticator
@@ -92,6 +93,10 @@ class LaneServer:
         self.idle_timeout = idle_timeout
         self.port = 0
         self._server: asyncio.base_events.Server | None = None
+        #: The TLS listener (with TLS, connections are accepted here, not by asyncio).
+        self._listener: socket.socket | None = None
+        #: TLS connections still in their handshake (not yet in ``_connections``).
+        self._handshaking: set[TlsTransport] = set()
         self._connections: set[_Connection] = set()
         self._sweeper: asyncio.TimerHandle | None = None
         #: Per reason: when a close for it was last logged, and how many since were not.
@@ -99,21 +104,68 @@ class LaneServer:
 
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: _Connection(self),
-            host,
-            port,
-            ssl=self.tls,
-            ssl_handshake_timeout=self.read_timeout if self.tls else None,
-        )
-        self.port = self._server.sockets[0].getsockname()[1]
+        if self.tls is None:
+            self._server = await loop.create_server(lambda: _Connection(self), host, port)
+            self.port = self._server.sockets[0].getsockname()[1]
+        else:  # TLS by OpenSSL on the socket itself (common/tls_transport.py says why)
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            listener = socket.create_server((host, port), family=family, backlog=1024)
+            listener.setblocking(False)
+            self._listener = listener
+            self.port = listener.getsockname()[1]
+            loop.add_reader(listener.fileno(), self._accept, listener)
         self._sweeper = loop.call_later(self._sweep_every, self._sweep)
         return self.port
+
+    def _accept(self, listener: socket.socket) -> None:
+        """Takes the connections waiting at a TLS listener; each handshakes within the read
+        timeout, and counts against the connection cap meanwhile."""
+        assert self.tls is not None
+        loop = asyncio.get_running_loop()
+        for _ in range(64):
+            try:
+                conn, _ = listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as error:  # (out of descriptors: the next event tries again)
+                self._complain("accept_failed", str(error), "?")
+                return
+            if len(self._connections) + len(self._handshaking) >= self.max_connections:
+                metrics.labelled(metrics.LANE_CLOSED, "over_cap").inc()
+                self._complain("over_cap", f"{self.max_connections} connections are open", "?")
+                conn.close()
+                continue
+            conn.setblocking(False)
+            try:
+                sock = self.tls.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+            except (ssl.SSLError, OSError):
+                conn.close()
+                continue
+            transport = TlsTransport(
+                loop,
+                sock,
+                _Connection(self),
+                handshake_timeout=self.read_timeout,
+                on_done=self._handshaking.discard,
+            )
+            if not transport.is_closing():
+                self._handshaking.add(transport)
 
     async def stop(self) -> None:
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
+        if self._listener is not None:
+            asyncio.get_running_loop().remove_reader(self._listener.fileno())
+            self._listener.close()
+            self._listener = None
+            for transport in list(self._handshaking):
+                transport.abort()
+            for connection in list(self._connections):
+                if connection.stalled:
+                    connection.abort()
+                else:
+                    connection.close()
         if self._server is not None:
             self._server.close()
             for connection in list(self._connections):
@@ -195,6 +247,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
+        self.lane._handshaking.discard(transport)  # (a TLS one: its handshake is done)
         self.transport = transport
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "?"

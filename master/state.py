@@ -126,6 +126,11 @@ FENCE_MARGIN = 1.5
 LEASE_SWEEP = 1024
 
 
+#: Segments one node may have mounted at once (a node's tiers and paths: a handful; the
+#: bound keeps a broken or hostile node from growing the master's tables without end).
+MAX_NODE_SEGMENTS = 64
+
+
 class MasterState:
     def __init__(
         self,
@@ -248,6 +253,12 @@ class MasterState:
             return (
                 f"segment id {info.segment_id!r} is mounted by node {existing.node_id!r}: "
                 "segment ids are unique in a cluster; give this segment another one"
+            )
+        node = self.nodes.get(info.node_id)
+        if existing is None and node is not None and len(node.segment_ids) >= MAX_NODE_SEGMENTS:
+            return (
+                f"node {info.node_id!r} has {len(node.segment_ids)} segments mounted, the most "
+                "a node may: unmount some, or give fewer, larger ones"
             )
         end = info.base_address + info.size
         for other in self.segments.values():

@@ -15,6 +15,7 @@ import ssl
 from collections.abc import Awaitable, Callable
 
 from kvpool.common import lane_protocol as lp
+from kvpool.common.tls_transport import open_tls_connection
 from kvpool.proto import master_pb2 as pb
 from kvpool.security.caller import ANONYMOUS, CallerCredentials
 
@@ -49,13 +50,14 @@ async def serve_commands(
     loop = asyncio.get_running_loop()
     stream = _CommandStream(hello, run_command, run_now, credentials.lane_auth)
     tls = credentials.lane_context()
+    transport: asyncio.BaseTransport
     try:
-        transport, _ = await asyncio.wait_for(
-            loop.create_connection(
-                lambda: stream, host, port, ssl=tls, server_hostname=host if tls else None
-            ),
-            timeout=CONNECT_TIMEOUT,
-        )
+        if tls is None:
+            transport, _ = await asyncio.wait_for(
+                loop.create_connection(lambda: stream, host, port), timeout=CONNECT_TIMEOUT
+            )
+        else:  # (OpenSSL on the socket itself: common/tls_transport.py)
+            transport = await open_tls_connection(stream, host, port, tls, CONNECT_TIMEOUT)
     except ssl.SSLError as error:
         raise SessionRefused(
             lp.UNAVAILABLE,

@@ -339,12 +339,6 @@ def test_a_second_node_process_with_the_same_node_id_is_told_it_is_already_attac
     assert cluster.nodes[0].alive()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product bug: the second process mounts its own segment under node0 (MountSegment "
-    "carries no incarnation); the Persist of a put placed there goes to the first process's "
-    "stream, which has no such segment, and the put fails",
-)
 def test_puts_keep_working_beside_a_second_node_process_with_the_same_node_id(twinned):
     cluster, _ = twinned
     with Client(cluster.master_address, **cluster.client_credentials()) as client:

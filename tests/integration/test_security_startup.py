@@ -249,11 +249,6 @@ def test_a_revoked_token_stops_working_within_two_seconds_without_a_restart(clus
     assert cluster.master.pid == pid and cluster.master.alive()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="product bug: a lane connection authenticates once (its AUTH frame) and keeps that "
-    "identity; a token revoked later still calls on connections it opened before",
-)
 def test_a_revoked_token_stops_working_on_a_lane_connection_opened_before(cluster):
     credentials = str(cluster.run_dir / "credentials.json")
     created = run(create_client_token(credentials, "revoked-while-connected"))
