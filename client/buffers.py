@@ -4,29 +4,38 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvpool.client import tensors
 from kvpool.errors import InvalidArgument
 from kvpool.transport import ucp
 
 
 def readable_address(data: Any) -> tuple[int, int, Any]:
-    """(address, length, keepalive) of any contiguous buffer: bytes, bytearray, numpy, mmap."""
+    """(address, length, keepalive) of any contiguous buffer: bytes, bytearray, numpy, mmap,
+    a contiguous CPU torch tensor."""
     try:
         return ucp.address_of(data, writable=False)
     except (TypeError, ValueError, BufferError) as error:
-        raise InvalidArgument(
-            f"data must be bytes or a contiguous buffer, not {type(data).__name__} ({error})"
-        ) from None
+        problem = error
+    if tensors.is_tensor(data):  # (no buffer protocol: taken by its data pointer)
+        return tensors.tensor_address(data, writable=False)
+    raise InvalidArgument(
+        f"data must be bytes or a contiguous buffer, not {type(data).__name__} ({problem})"
+    )
 
 
 def writable_address(buffer: Any) -> tuple[int, int, Any]:
-    """(address, length, keepalive) of a writable contiguous buffer (bytearray, numpy, mmap)."""
+    """(address, length, keepalive) of a writable contiguous buffer (bytearray, numpy, mmap, a
+    contiguous CPU torch tensor)."""
     try:
         return ucp.address_of(buffer, writable=True)
     except (TypeError, ValueError, BufferError) as error:
-        raise InvalidArgument(
-            f"buffer must be writable and contiguous (bytearray, memoryview, numpy array, "
-            f"mmap), not {type(buffer).__name__} ({error})"
-        ) from None
+        problem = error
+    if tensors.is_tensor(buffer):
+        return tensors.tensor_address(buffer, writable=True)
+    raise InvalidArgument(
+        f"buffer must be writable and contiguous (bytearray, memoryview, numpy array, "
+        f"mmap, CPU torch tensor), not {type(buffer).__name__} ({problem})"
+    )
 
 
 def new_bytes(size: int) -> tuple[bytes | bytearray, int]:

@@ -4,6 +4,13 @@ Every operation is a batch underneath (a single op is a batch of one): one maste
 to reserve or locate all keys, all transfers in flight together, one round trip to commit.
 Batch methods return one entry per key, in order: the value, or the exception instance for
 that key (they raise only for whole-call failures such as MasterUnavailable).
+
+Beyond whole objects in one buffer: ranged reads (``get_range``, ``get_range_into``) copy
+only the bytes asked for; an object can be written from several buffers gathered in order
+(``put_parts``) and read scattered into several (``get_into_parts``), each part its own
+transfer into or out of the replica at increasing offsets (or its own memory copy, on a
+mapped segment). Calls that return more than bytes return kvpool's own frozen dataclasses
+(client/types.py), never protobuf or UCX objects.
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from kvpool.client import get_path, put_path
@@ -22,6 +29,19 @@ from kvpool.client.outcomes import error_for
 from kvpool.client.put_path import PendingPut, WriteOptions
 from kvpool.client.reservation import Reservation
 from kvpool.client.session import Session
+from kvpool.client.types import (
+    ClusterStatus,
+    KeyPage,
+    ObjectInfo,
+    PrefixRemoval,
+    RegisteredRegion,
+    StoryEvent,
+    cluster_status,
+    key_page,
+    object_info,
+    prefix_removal,
+    story_event,
+)
 from kvpool.common.keys import key_problem, plainly_valid, shown_key
 from kvpool.common.logging import get_logger
 from kvpool.common.master_address import parse_master
@@ -29,7 +49,6 @@ from kvpool.common.status import KeyStatus
 from kvpool.errors import BufferTooSmall, InvalidArgument, InvalidKey, KVPoolError
 from kvpool.proto import master_pb2 as pb
 from kvpool.security.caller import CallerCredentials
-from kvpool.transport import ucp
 
 DEFAULT_TIMEOUT = 10.0
 #: Leased keys a client remembers to give back when it closes.
@@ -194,6 +213,72 @@ class Client:
         """Reads the object straight into ``buffer`` (writable, contiguous); returns its size."""
         return _raise_if_error(self.get_into_many([key], [buffer], verify=verify)[0])
 
+    def get_range(self, key: str, offset: int, length: int, *, verify: bool = False) -> bytes:
+        """``length`` bytes of the object from byte ``offset``; only those move.
+
+        The range must lie inside the object (``offset + length <= size``), else
+        InvalidArgument, whose message says the object's size. A checksum covers a whole
+        object, so ``verify=True`` is refused (InvalidArgument): verify with ``get``.
+        """
+        _check_range(offset, length, verify)
+
+        def plan(i: int, location: Any) -> Any:
+            problem = _outside(key, location.size, offset, length)
+            if problem is not None:
+                return problem
+            data, address = new_bytes(length)
+            return data, (address, length), ((offset, address, length),)
+
+        [result] = self._read_planned([key], [None], plan)
+        result = _raise_if_error(result)
+        return bytes(result) if isinstance(result, bytearray) else result
+
+    def get_range_into(
+        self,
+        key: str,
+        buffer: Any,
+        offset: int = 0,
+        length: int | None = None,
+        *,
+        verify: bool = False,
+    ) -> int:
+        """Reads ``length`` bytes of the object from byte ``offset`` into the start of
+        ``buffer`` (writable, contiguous); returns ``length``. ``length`` None: as many bytes
+        as ``buffer`` holds. Range and ``verify`` as for ``get_range``; a buffer smaller than
+        ``length`` is BufferTooSmall."""
+        address, capacity, keepalive = writable_address(buffer)
+        wanted = capacity if length is None else length
+        _check_range(offset, wanted, verify)
+        if capacity < wanted:
+            raise BufferTooSmall(
+                f"asked for {wanted} bytes of {shown_key(key)} but the buffer holds only "
+                f"{capacity}: pass a larger buffer, or a smaller length",
+                key=key,
+            )
+
+        def plan(i: int, location: Any) -> Any:
+            problem = _outside(key, location.size, offset, wanted)
+            if problem is not None:
+                return problem
+            return wanted, (address, wanted), ((offset, address, wanted),)
+
+        [result] = self._read_planned([key], [None], plan)
+        del keepalive  # (held until the bytes have landed)
+        return _raise_if_error(result)
+
+    def put_parts(self, key: str, parts: Sequence[Any], **options: Any) -> int:
+        """Stores one object made of ``parts`` (a list of bytes or contiguous buffers) one
+        after another, zero-copy: each part goes to the replica at its own offset. Returns
+        the replicas stored, as ``put``; options as for ``put_many``."""
+        return _raise_if_error(self.put_parts_many([(key, parts)], **options)[0])
+
+    def get_into_parts(self, key: str, buffers: Sequence[Any], *, verify: bool = False) -> int:
+        """Reads the object scattered into ``buffers`` (a list of writable contiguous
+        buffers), filling each in order; their sizes must add up to the object's exactly,
+        else InvalidArgument. Returns the object's size. ``verify`` checks the whole object,
+        as for ``get``."""
+        return _raise_if_error(self.get_into_parts_many([(key, buffers)], verify=verify)[0])
+
     def exists(self, key: str, *, lease: bool = True) -> bool:
         return _raise_if_error(self.exists_many([key], lease=lease)[0])
 
@@ -239,6 +324,56 @@ class Client:
                 results[i] = InvalidArgument(f"{shown_key(key)}: {error}", key=key)
         if not sources:
             return results
+        return self._store(pairs, sources, results, options, deadline)
+
+    def put_parts_many(
+        self,
+        items: Mapping[str, Sequence[Any]] | Iterable[tuple[str, Sequence[Any]]],
+        *,
+        replicas: int | None = None,
+        preferred_hosts: Sequence[str] | None = None,
+        pin: str | None = None,
+        pin_ttl: float = 0.0,
+        checksum: bool | None = None,
+        tier: str | None = None,
+    ) -> list[int | KVPoolError]:
+        """``put_parts`` for every (key, parts) pair in one batch (one master round trip to
+        reserve, one to commit, all transfers in flight together); entry i is the number of
+        replicas stored for key i, or its error. Options as for ``put_many``."""
+        options = self._write_options(replicas, preferred_hosts, pin, pin_ttl, checksum, tier)
+        pairs = list(items.items()) if isinstance(items, Mapping) else list(items)
+        deadline = time.monotonic() + self.timeout
+        results: list[Any] = [None] * len(pairs)
+        sources: dict[int, tuple[int, int, Any]] = {}
+        pieces: dict[int, list[tuple[int, int]]] = {}
+        for i, (key, parts) in enumerate(pairs):
+            problem = key_problem(key)
+            if problem is not None:
+                results[i] = InvalidKey(f"invalid key {shown_key(key)}: {problem}", key=key)
+                continue
+            try:
+                addresses = [readable_address(part) for part in _parts_of(parts, "parts")]
+            except InvalidArgument as error:
+                results[i] = InvalidArgument(f"{shown_key(key)}: {error}", key=key)
+                continue
+            pieces[i] = [(address, length) for address, length, _ in addresses]
+            first = addresses[0][0] if addresses else 0
+            sources[i] = (first, sum(length for _, length in pieces[i]), addresses)
+        if not sources:
+            return results
+        return self._store(pairs, sources, results, options, deadline, pieces)
+
+    def _store(
+        self,
+        pairs: Sequence[tuple[str, Any]],
+        sources: Mapping[int, tuple[int, int, Any]],
+        results: list[Any],
+        options: WriteOptions,
+        deadline: float,
+        pieces: Mapping[int, Sequence[tuple[int, int]]] | None = None,
+    ) -> list[Any]:
+        """Reserves, writes and commits ``pairs[i]`` for each i of ``sources`` (its bytes,
+        or with ``pieces`` the buffers they gather); fills ``results`` and returns it."""
         order = list(sources)
         keys = [pairs[i][0] for i in order]
         sizes = [sources[i][1] for i in order]
@@ -247,7 +382,10 @@ class Client:
             order, self._reserve(keys, sizes, options, deadline), strict=True
         ):
             if slot.status == KeyStatus.OK:
-                puts.append(PendingPut(i, pairs[i][0], slot, sources[i], write_deadline))
+                put = PendingPut(i, pairs[i][0], slot, sources[i], write_deadline)
+                if pieces is not None:
+                    put.pieces = pieces[i]
+                puts.append(put)
             else:
                 results[i] = error_for(slot.status, pairs[i][0], slot.message)
         statuses = put_path.write_and_commit(self._session, puts, options, deadline)
@@ -347,6 +485,43 @@ class Client:
             get_path.verify(keys, located, targets, results)
         return results
 
+    def get_into_parts_many(
+        self,
+        items: Mapping[str, Sequence[Any]] | Iterable[tuple[str, Sequence[Any]]],
+        *,
+        verify: bool = False,
+    ) -> list[int | KVPoolError]:
+        """``get_into_parts`` for every (key, buffers) pair in one batch (one master round
+        trip, all transfers in flight together); entry i is the size of object i, or its
+        error (InvalidArgument where its buffers' sizes do not add up to it)."""
+        pairs = list(items.items()) if isinstance(items, Mapping) else list(items)
+        keys = [key for key, _ in pairs]
+        results: list[Any] = [None] * len(pairs)
+        layouts: dict[int, list[tuple[int, int, Any]]] = {}
+        for i, (key, buffers) in enumerate(pairs):
+            try:
+                layouts[i] = [writable_address(b) for b in _parts_of(buffers, "buffers")]
+            except InvalidArgument as error:
+                results[i] = InvalidArgument(f"{shown_key(key)}: {error}", key=key)
+
+        def plan(i: int, location: Any) -> Any:
+            layout = layouts[i]
+            total = sum(length for _, length, _ in layout)
+            if total != location.size:
+                return InvalidArgument(
+                    f"object {shown_key(keys[i])} is {location.size} bytes but its "
+                    f"{len(layout)} buffer(s) hold {total} in all: pass buffers whose sizes "
+                    f"add up to exactly {location.size}",
+                    key=keys[i],
+                )
+            split, offset = [], 0
+            for address, length, _ in layout:
+                split.append((offset, address, length))
+                offset += length
+            return location.size, (split[0][1] if split else 0, total), split
+
+        return self._read_planned(keys, results, plan, verify=verify)
+
     def exists_many(self, keys: Sequence[str], *, lease: bool = True) -> list[bool | KVPoolError]:
         """Whether each key is published. Each one that is gets a read lease, as a get would
         (so that a lookup followed by a load finds the object still there); ``lease=False``
@@ -367,27 +542,26 @@ class Client:
             for k, s in zip(keys, statuses, strict=True)
         ]
 
-    def remove_prefix(self, prefix: str, *, force: bool = False) -> pb.RemovePrefixResponse:
+    def remove_prefix(self, prefix: str, *, force: bool = False) -> PrefixRemoval:
         """Removes every object whose key starts with ``prefix``; says what was kept and why."""
         if not prefix:
             raise InvalidArgument("an empty prefix would remove everything: use remove_all()")
-        return self._call("RemovePrefix", pb.RemovePrefixRequest(prefix=prefix, force=force))
+        request = pb.RemovePrefixRequest(prefix=prefix, force=force)
+        return prefix_removal(self._call("RemovePrefix", request))
 
-    def remove_all(self, *, force: bool = False) -> pb.RemovePrefixResponse:
+    def remove_all(self, *, force: bool = False) -> PrefixRemoval:
         """Removes every object (leased ones and those being written only with ``force``)."""
-        return self._call("RemovePrefix", pb.RemovePrefixRequest(prefix="", force=force))
+        request = pb.RemovePrefixRequest(prefix="", force=force)
+        return prefix_removal(self._call("RemovePrefix", request))
 
     # ------------------------------------------------------------------ listing and status
 
-    def list_keys(
-        self, prefix: str = "", *, limit: int = 0, start_after: str = ""
-    ) -> pb.ListKeysResponse:
+    def list_keys(self, prefix: str = "", *, limit: int = 0, start_after: str = "") -> KeyPage:
         """One page of published keys with their sizes; page on with ``next_start_after``."""
-        return self._call(
-            "ListKeys", pb.ListKeysRequest(prefix=prefix, limit=limit, start_after=start_after)
-        )
+        request = pb.ListKeysRequest(prefix=prefix, limit=limit, start_after=start_after)
+        return key_page(self._call("ListKeys", request))
 
-    def stat(self, key: str) -> pb.StatResponse:
+    def stat(self, key: str) -> ObjectInfo:
         """Size, state, replicas and where they are, lease and pin of one object."""
         problem = key_problem(key)
         if problem is not None:
@@ -395,35 +569,48 @@ class Client:
         info = self._call("Stat", pb.StatRequest(key=key))
         if info.status != KeyStatus.OK:
             raise error_for(info.status, key)
-        return info
+        return object_info(info)
 
-    def cluster_status(self) -> pb.ClusterStatusResponse:
-        return self._call("ClusterStatus", pb.ClusterStatusRequest())
+    def cluster_status(self) -> ClusterStatus:
+        """The master's segments (capacity, use, objects of each) and counts."""
+        return cluster_status(self._call("ClusterStatus", pb.ClusterStatusRequest()))
 
-    def story(self, key: str) -> list[pb.StoryEvent]:
+    def story(self, key: str) -> list[StoryEvent]:
         """What happened to ``key`` lately, as the master noted it, oldest first: each put
         reserved, committed and published it, each move, removal, eviction or loss (reads
         are not noted). Empty when the master knows nothing of it, or no longer."""
         problem = key_problem(key)
         if problem is not None:
             raise InvalidKey(f"invalid key {shown_key(key)}: {problem}", key=key)
-        return list(self._call("Story", pb.StoryRequest(key=key)).events)
+        return [story_event(e) for e in self._call("Story", pb.StoryRequest(key=key)).events]
 
     # ------------------------------------------------------------------ zero copy
 
-    def register_buffer(self, buffer: Any) -> ucp.MemoryRegion:
+    def register_buffer(self, buffer: Any) -> RegisteredRegion:
         """Registers a long-lived buffer (e.g. a pool of KV pages) once with UCX.
 
         Puts from and gets into any part of it then skip per-transfer registration. Keep the
         buffer alive until ``unregister_buffer``.
         """
         try:
-            return self._session.data.register(buffer)
+            region = self._session.data.register(buffer)
         except (TypeError, ValueError, BufferError) as error:
             raise InvalidArgument(f"cannot register this buffer: {error}") from None
+        return RegisteredRegion(region.address, region.length, region)
 
-    def unregister_buffer(self, region: ucp.MemoryRegion) -> None:
-        self._session.data.unregister(region)
+    def unregister_buffer(self, region: RegisteredRegion) -> None:
+        """Ends a registration ``register_buffer`` made; the buffer may go afterwards."""
+        if not isinstance(region, RegisteredRegion):
+            raise InvalidArgument(
+                f"pass what register_buffer returned, not {type(region).__name__}"
+            )
+        try:
+            self._session.data.unregister(region._region)
+        except ValueError:
+            raise InvalidArgument(
+                "this region is not registered with this client: it was unregistered "
+                "already, or another client registered it"
+            ) from None
 
     # ------------------------------------------------------------------ internals
 
@@ -449,6 +636,37 @@ class Client:
             self.checksum if checksum is None else checksum,
             tier,
         )
+
+    def _read_planned(
+        self,
+        keys: Sequence[str],
+        results: list[Any],
+        plan: Callable[[int, Any], Any],
+        *,
+        verify: bool = False,
+    ) -> list[Any]:
+        """Locates ``keys`` (those whose ``results`` entry is still None) and reads what
+        ``plan(i, location)`` asks of each located one: (result, target, pieces), see
+        get_path.read, or the error for it. Fills ``results`` and returns it."""
+        deadline = time.monotonic() + self.timeout
+        asked = {i for i, result in enumerate(results) if result is None}
+        valid = [i for i in self._valid_keys(keys, results) if i in asked]
+        located, lease_deadline = get_path.locate(self._session, keys, valid, results, deadline)
+        targets: dict[int, tuple[int, int]] = {}
+        pieces: dict[int, Sequence[tuple[int, int, int]]] = {}
+        for i, location in located.items():
+            planned = plan(i, location)
+            if isinstance(planned, KVPoolError):
+                results[i] = planned
+                continue
+            results[i], targets[i], pieces[i] = planned
+        get_path.read(
+            self._session, keys, located, targets, results, deadline, lease_deadline, pieces
+        )
+        self._remember_leases(_located_keys(keys, located))
+        if verify:
+            get_path.verify(keys, located, targets, results, pieces)
+        return results
 
     def _call(self, method: str, request: Any) -> Any:
         return self._session.link.call(method, request, time.monotonic() + self.timeout)
@@ -484,6 +702,40 @@ class Client:
                 results[i] = InvalidKey(f"invalid key {shown_key(key)}: {problem}", key=key)
         return valid
 
+    # ------------------------------------------------------------------ torch tensors
+    # (client/tensors.py; torch is imported there, on first use, never by ``import kvpool``)
+
+    def put_tensor(self, key: str, tensor: Any, **options: Any) -> int:
+        """Stores a CPU ``torch.Tensor`` with its dtype and shape (a small header, then its
+        bytes, in one object) for ``get_tensor``; returns the replicas stored, as ``put``.
+        Options as for ``put_many``. (Its bytes are staged once: a copy.)"""
+        return _raise_if_error(self.put_tensors([(key, tensor)], **options)[0])
+
+    def put_tensors(
+        self, items: Mapping[str, Any] | Iterable[tuple[str, Any]], **options: Any
+    ) -> list[int | KVPoolError]:
+        """``put_tensor`` for every (key, tensor) pair, in one batch, as ``put_many``."""
+        from kvpool.client import tensors
+
+        return tensors.put_tensors(self, items, **options)
+
+    def get_tensor(self, key: str, *, verify: bool = False) -> Any:
+        """A new CPU ``torch.Tensor`` of the dtype and shape ``put_tensor`` stored (no copy)."""
+        return _raise_if_error(self.get_tensors([key], verify=verify)[0])
+
+    def get_tensors(self, keys: Sequence[str], *, verify: bool = False) -> list[Any]:
+        """``get_tensor`` of every key in one batch; entry i is a tensor or key i's error."""
+        from kvpool.client import tensors
+
+        return tensors.get_tensors(self, keys, verify)
+
+    def get_tensor_into(self, key: str, tensor: Any, *, verify: bool = False) -> Any:
+        """Reads what ``put_tensor`` stored into ``tensor`` (contiguous, CPU, same dtype and
+        shape, else InvalidArgument) and returns it. (Staged once: a copy.)"""
+        from kvpool.client import tensors
+
+        return tensors.get_tensor_into(self, key, tensor, verify)
+
 
 def _check_replicas(replicas: object) -> None:
     """A replica count is a whole number of copies, at least 1 (None: the default). The
@@ -495,6 +747,41 @@ def _check_replicas(replicas: object) -> None:
             f"replicas must be a whole number of copies, at least 1, got {replicas!r}: pass "
             "1 or more, or None for the master's default (kvpool master --default-replicas)"
         )
+
+
+def _check_range(offset: object, length: object, verify: bool) -> None:
+    """A range is a whole number of bytes from a whole offset, neither negative; a ranged
+    read cannot be verified (the writer's checksum is of the whole object)."""
+    for name, value in (("offset", offset), ("length", length)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidArgument(f"{name} must be a whole number of bytes >= 0, got {value!r}")
+    if verify:
+        raise InvalidArgument(
+            "verify=True cannot check a ranged read: the writer's checksum covers the whole "
+            "object. Read it whole (get, get_into, get_into_parts) to verify it"
+        )
+
+
+def _outside(key: str, size: int, offset: int, length: int) -> InvalidArgument | None:
+    """The error for a range that does not lie inside an object of ``size`` bytes."""
+    if offset + length <= size:
+        return None
+    return InvalidArgument(
+        f"the range of {length} byte(s) from offset {offset} (bytes {offset} to "
+        f"{offset + length}) falls outside object {shown_key(key)}, which is {size} bytes: "
+        f"ask for a range within 0 to {size}",
+        key=key,
+    )
+
+
+def _parts_of(parts: object, name: str) -> Sequence[Any]:
+    """``parts`` when it is a list (or other sequence) of buffers, not one buffer."""
+    if isinstance(parts, Sequence) and not isinstance(parts, bytes | bytearray | memoryview | str):
+        return parts
+    raise InvalidArgument(
+        f"{name} must be a list of buffers, not {type(parts).__name__}: for one buffer, "
+        f"pass [{name[:-1]}]"
+    )
 
 
 def _found(statuses: list[Any], keys: Sequence[str]) -> list[bool | KVPoolError]:

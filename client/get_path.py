@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kvpool.client.checksum import crc32c_at
+from kvpool.client.checksum import crc32c_at, crc32c_of_pieces
 from kvpool.client.data_path import Failure, Transfer
 from kvpool.client.outcomes import error_for
 from kvpool.client.session import Session
@@ -25,6 +25,11 @@ from kvpool.proto import master_pb2 as pb
 
 #: (address, size) to copy each located object into, by batch position.
 Targets = Mapping[int, tuple[int, int]]
+#: Where a read copies less than a whole object, or not into one buffer (ranged and
+#: scattered reads), by batch position: (offset in the object, address, length) of each
+#: piece, in order. Its target then says only how many bytes the pieces hold in all (and,
+#: for a verified read, nothing else is asked of it).
+Pieces = Mapping[int, Sequence[tuple[int, int, int]]]
 
 
 def locate(
@@ -65,8 +70,10 @@ def read(
     results: list[Any],
     deadline: float,
     lease_deadline: float,
+    pieces: Pieces | None = None,
 ) -> None:
-    """Copies each located object into its target; errors replace results[i]."""
+    """Copies each located object into its target (or, for those in ``pieces``, the pieces
+    of it named there); errors replace results[i]."""
     candidates = {i: by_nearness(session, located[i].replicas) for i in targets}
     failures: dict[int, list[Failure]] = {i: [] for i in targets}
     pending = [i for i in targets if targets[i][1] > 0]
@@ -76,9 +83,18 @@ def read(
         transfers = []
         for i in pending:
             replica = candidates[i][attempt]
+            if pieces and i in pieces:
+                for offset, local, length in pieces[i]:
+                    if length:
+                        transfers.append(
+                            Transfer(replica.segment_id, replica.address + offset, local, length)
+                        )
+                continue
             address, size = targets[i]
             transfers.append(Transfer(replica.segment_id, replica.address, address, size))
         errors = session.data.run(transfers, is_get=True, deadline=min(deadline, lease_deadline))
+        if pieces:
+            errors = _by_object(pending, pieces, errors)
         attempt += 1
         retry = []
         for i, error in zip(pending, errors, strict=True):
@@ -96,6 +112,20 @@ def read(
         for i in targets:
             if not isinstance(results[i], KVPoolError):
                 results[i] = _lease_expired(keys[i])
+
+
+def _by_object(
+    pending: Sequence[int], pieces: Pieces, errors: Sequence[Failure | None]
+) -> list[Failure | None]:
+    """Per object of ``pending``, the first failure of its transfers (those of ``read``'s
+    loop: one per object, or one per non-empty piece of those read in pieces)."""
+    outcomes: list[Failure | None] = []
+    at = 0
+    for i in pending:
+        count = sum(1 for piece in pieces[i] if piece[2]) if i in pieces else 1
+        outcomes.append(next((e for e in errors[at : at + count] if e is not None), None))
+        at += count
+    return outcomes
 
 
 def _unreadable(key: str, replicas: int, failures: Sequence[Failure]) -> TransferError:
@@ -126,12 +156,17 @@ def verify(
     located: Mapping[int, pb.ObjectLocation],
     targets: Targets,
     results: list[Any],
+    pieces: Pieces | None = None,
 ) -> None:
-    """Checks each successfully read object against its writer's checksum, when it has one."""
+    """Checks each successfully read object against its writer's checksum, when it has one.
+    Reads in ``pieces`` must each cover their whole object (a checksum is of the whole)."""
     for i, (address, size) in targets.items():
         if isinstance(results[i], KVPoolError) or not located[i].HasField("crc32c"):
             continue
-        actual = crc32c_at(address, size)
+        if pieces and i in pieces:
+            actual = crc32c_of_pieces((local, length) for _, local, length in pieces[i])
+        else:
+            actual = crc32c_at(address, size)
         if actual != located[i].crc32c:
             results[i] = ChecksumMismatch(
                 f"the bytes read for {keys[i]!r} do not match its writer's checksum "

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvpool.client.checksum import crc32c_at
+from kvpool.client.checksum import crc32c_at, crc32c_of_pieces
 from kvpool.client.data_path import Failure, Transfer
 from kvpool.client.session import Session
 from kvpool.common.status import KeyStatus, Pin, Tier
@@ -76,6 +76,9 @@ class PendingPut:
     crc32c: int | None = None
     errors: list[str] = field(default_factory=list)  # per replica: '' when written
     failures: list[Failure | None] = field(default_factory=list)  # per replica: None when written
+    #: (address, length) of each buffer an object gathered from several is made of, in order
+    #: (``Client.put_parts``); None: the bytes are ``source``'s alone.
+    pieces: Sequence[tuple[int, int]] | None = None
 
     @property
     def replicas_written(self) -> int:
@@ -200,13 +203,23 @@ def write(session: Session, puts: Sequence[PendingPut], checksum: bool) -> None:
     for put in puts:
         assert put.source is not None
         address, length, _ = put.source
+        pieces = put.pieces
         if checksum:
-            put.crc32c = crc32c_at(address, length)
+            put.crc32c = crc32c_at(address, length) if pieces is None else crc32c_of_pieces(pieces)
         replicas = put.slot.replicas
         put.errors = [""] * len(replicas)
         put.failures = [None] * len(replicas)
         for replica_index, replica in enumerate(replicas):
-            if length:
+            if pieces is not None:  # each piece to the next bytes of the replica, in order
+                offset = 0
+                for local, part in pieces:
+                    if part:
+                        transfers.append(
+                            Transfer(replica.segment_id, replica.address + offset, local, part)
+                        )
+                        owners.append((put, replica_index))
+                    offset += part
+            elif length:
                 transfers.append(Transfer(replica.segment_id, replica.address, address, length))
                 owners.append((put, replica_index))
     if not transfers:
@@ -216,8 +229,9 @@ def write(session: Session, puts: Sequence[PendingPut], checksum: bool) -> None:
     if not any(errors):  # the common case: every replica written, as recorded above
         return
     for (put, replica_index), error in zip(owners, errors, strict=True):
-        put.errors[replica_index] = str(error) if error else ""
-        put.failures[replica_index] = error
+        if error is not None:  # (a replica written in pieces fails with any of them)
+            put.errors[replica_index] = str(error)
+            put.failures[replica_index] = error
 
 
 def commit(session: Session, puts: Sequence[PendingPut], deadline: float) -> list[int]:

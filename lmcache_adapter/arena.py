@@ -21,7 +21,7 @@ from kvpool import Client
 from kvpool.errors import KVPoolError
 
 if TYPE_CHECKING:
-    from kvpool.transport.ucp import MemoryRegion
+    from kvpool.client.types import RegisteredRegion
 
 logger = init_logger(__name__)
 
@@ -36,7 +36,7 @@ class L1Arena:
     arena_buffers: int = 0
     other_buffers: int = 0
     _view: memoryview | None = field(default=None, repr=False)
-    _regions: list[tuple[Client, MemoryRegion]] = field(default_factory=list, repr=False)
+    _regions: list[tuple[Client, RegisteredRegion]] = field(default_factory=list, repr=False)
 
     @classmethod
     def of(cls, desc: L1MemoryDesc | None) -> L1Arena:

@@ -332,7 +332,7 @@ def _stat(client: Any, args: argparse.Namespace) -> int:
     if info.pin == 1:
         pin += f" ({info.pin_remaining_ms / 1000:.0f}s left)"
     console.print(f"pin      {pin}")
-    console.print(f"crc32c    {f'{info.crc32c:#010x}' if info.HasField('crc32c') else '-'}")
+    console.print(f"crc32c    {'-' if info.crc32c is None else f'{info.crc32c:#010x}'}")
     console.print(f"age      {info.age_ms / 1000:.1f}s, idle {info.idle_ms / 1000:.1f}s")
     table = Table("replica", "segment", "node", "host", "tier", "address")
     for i, replica in enumerate(info.replicas):
