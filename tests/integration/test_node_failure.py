@@ -11,7 +11,7 @@ import pytest
 from helpers import cluster_status, wait_until
 
 from kvpool import Client
-from kvpool.errors import ObjectNotFound, TransferError
+from kvpool.errors import LeaseExpired, ObjectNotFound, TransferError
 from kvpool.local_cluster import LocalCluster, ManagedProcess
 
 
@@ -140,7 +140,7 @@ def test_a_put_to_a_stalled_node_ends_within_the_write_timeout_with_no_late_byte
         assert "deadline" in str(caught.value), "the write was stopped at its deadline"
         assert elapsed < write_timeout + 5.0, f"the put took {elapsed:.1f}s"
 
-        assert client.get("warm") == warm  # the node serves again
+        assert read_again(client, "warm") == warm  # the node serves again
         with pytest.raises(ObjectNotFound):
             client.get("stalled-put")  # nothing was published
         # 7 objects of the failed put's size, one under its key: 56 of the 63 MiB left, so
@@ -151,3 +151,15 @@ def test_a_put_to_a_stalled_node_ends_within_the_write_timeout_with_no_late_byte
         assert client.get("warm") == warm
         for key, value in later.items():
             assert client.get(key) == value, f"{key} holds other bytes than were put"
+
+
+def read_again(client: Client, key: str, attempts: int = 3) -> bytes:
+    """``key``'s bytes, read again where a read's lease may have run out first (a node that
+    just resumed works through the abandoned transfer's backlog before it answers: on a
+    loaded machine that can outlast a lease, and the client then discards what it read)."""
+    for _ in range(attempts - 1):
+        try:
+            return client.get(key)
+        except LeaseExpired:
+            continue
+    return client.get(key)
