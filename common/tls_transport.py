@@ -24,9 +24,9 @@ import ssl
 from collections.abc import Callable
 from typing import Any
 
-#: Bytes read per ``recv`` (a TLS record holds at most 16 KiB of plaintext; OpenSSL returns
-#: what it has decrypted, up to this).
-READ_SIZE = 256 * 1024
+#: Bytes read per ``recv``: a TLS record holds at most 16 KiB of plaintext, and OpenSSL returns
+#: one record per read (a larger size would only allocate, and free, more each time).
+READ_SIZE = 16 * 1024
 #: Bytes handed to OpenSSL per ``send`` from the write buffer.
 WRITE_CHUNK = 256 * 1024
 WRITE_HIGH = 64 * 1024
