@@ -14,7 +14,6 @@ run folder (readable by this user only): ``source`` one to talk to the cluster.
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import shutil
 import signal
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from kvpool.common.sizes import parse_size
 from kvpool.local_cluster import ClusterError, LocalCluster
+from kvpool.security.tls import write_atomically
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -127,10 +127,7 @@ def _write_env_files(cluster: LocalCluster, run_dir: Path) -> None:
     for name, env in (("client.env", cluster.client_env()), ("admin.env", cluster.admin_env())):
         lines = [f"export KVPOOL_MASTER={cluster.master_address}"]
         lines += [f"export {key}={shlex.quote(value)}" for key, value in env.items()]
-        path = run_dir / name
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as file:
-            file.write("\n".join(lines) + "\n")
+        write_atomically(run_dir / name, ("\n".join(lines) + "\n").encode())
 
 
 def _stop(cluster: LocalCluster, run_dir: Path) -> None:
