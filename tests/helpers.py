@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -67,8 +68,11 @@ def master_channel(master: str) -> Any:
 
 
 def bearer(token: str | None = None) -> tuple[tuple[str, str], ...]:
-    """gRPC metadata with ``token`` (default: the session's client token of tenant default)."""
-    return (("authorization", f"Bearer {token or os.environ['KVPOOL_TOKEN']}"),)
+    """gRPC metadata with ``token`` (default: the session's client token of tenant default;
+    any string given, even an empty or malformed one, is sent as it is)."""
+    if token is None:
+        token = os.environ["KVPOOL_TOKEN"]
+    return (("authorization", f"Bearer {token}"),)
 
 
 def lane_socket(port: int, timeout: float = 5.0) -> Any:
@@ -81,3 +85,37 @@ def lane_socket(port: int, timeout: float = 5.0) -> Any:
     assert context is not None
     sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
     return context.wrap_socket(sock, server_hostname="127.0.0.1")
+
+
+def sourced(path: Any) -> dict[str, str]:
+    """The variables a shell's ``source PATH`` of an env file of `kvpool up` exports."""
+    import shlex
+
+    exported = {}
+    for line in path.read_text().splitlines():
+        name, _, value = line.removeprefix("export ").partition("=")
+        exported[name] = shlex.split(value)[0]
+    return exported
+
+
+class FrameRecorder(asyncio.Transport):
+    """A transport that keeps, frame by frame, what the master's lane writes to it."""
+
+    def __init__(self) -> None:
+        from kvpool.common import lane_protocol as lp
+
+        super().__init__()
+        self.decoder = lp.FrameDecoder()
+        self.frames: list[lp.Frame] = []
+
+    def write(self, data: Any) -> None:
+        self.frames.extend(self.decoder.feed(data))
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return default
+
+    def close(self) -> None:
+        pass

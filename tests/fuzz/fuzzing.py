@@ -24,6 +24,7 @@ from typing import Any
 
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import Message
+from helpers import bearer
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
@@ -40,10 +41,6 @@ from kvpool.security.tokens import new_token
 #: The node the fuzzers speak as (a real node token: what a broken or taken-over node holds).
 FUZZ_NODE = "fuzz-node"
 FUZZ_NODE_TOKEN, FUZZ_NODE_RECORD = new_token(FUZZ_NODE, Role.NODE, node_id=FUZZ_NODE)
-
-
-def bearer(token: str) -> tuple[tuple[str, str], ...]:
-    return (("authorization", f"Bearer {token}"),)
 
 
 #: Cases per surface: a short slice by default (CI), ``KVPOOL_FUZZ_CASES`` for the full run.

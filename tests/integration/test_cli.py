@@ -4,15 +4,14 @@ credentials `kvpool up` wrote (`source RUN/client.env`, `source RUN/admin.env`).
 from __future__ import annotations
 
 import os
-import shlex
 import signal
 import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+from helpers import sourced
 
 #: What `source client.env` / `source admin.env` of the running `kvpool up` would export.
 UP_ENV: dict[str, dict[str, str]] = {"client": {}, "admin": {}}
@@ -28,15 +27,6 @@ def kvpool(
         env={**os.environ, **UP_ENV[role], "KVPOOL_MASTER": master},
         timeout=60,
     )
-
-
-def sourced(path: Path) -> dict[str, str]:
-    """The variables a shell's ``source PATH`` of an env file of `kvpool up` exports."""
-    exported = {}
-    for line in path.read_text().splitlines():
-        name, _, value = line.removeprefix("export ").partition("=")
-        exported[name] = shlex.split(value)[0]
-    return exported
 
 
 @pytest.fixture(scope="module")

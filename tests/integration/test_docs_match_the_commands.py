@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import sourced
 
 from kvpool import Client
 from kvpool.errors import NoSpace
@@ -71,10 +72,7 @@ def test_kvpool_up_with_nvme_size_gives_every_node_an_nvme_segment(tmp_path):
             if line.startswith("kvpool master at "):
                 master = line.split()[-1]
         assert master, "kvpool up did not start"
-        exported = dict(
-            line.removeprefix("export ").split("=", 1)
-            for line in (tmp_path / "client.env").read_text().splitlines()
-        )
+        exported = sourced(tmp_path / "client.env")
         credentials = {"token": exported["KVPOOL_TOKEN"], "tls_ca": exported["KVPOOL_TLS_CA"]}
         with Client(master, **credentials) as client:
             assert client.put("cold", b"on nvme", tier="nvme", replicas=2) == 2

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from helpers import sourced
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 #: The master address the README's examples use.
@@ -102,15 +103,6 @@ def readme_cluster(tmp_path_factory):
     except subprocess.TimeoutExpired:
         process.kill()
         process.communicate()
-
-
-def sourced(path: Path) -> dict[str, str]:
-    """The variables ``source PATH`` of an env file of `kvpool up` exports."""
-    exported = {}
-    for line in path.read_text().splitlines():
-        name, _, value = line.removeprefix("export ").partition("=")
-        exported[name] = shlex.split(value)[0]
-    return exported
 
 
 def test_only_a_few_readme_blocks_are_marked_not_run():

@@ -27,6 +27,7 @@ from typing import Any
 
 import grpc
 import pytest
+from helpers import bearer
 
 from kvpool import Client
 from kvpool.common import lane_protocol as lp
@@ -97,10 +98,6 @@ def stub(channel) -> master_pb2_grpc.MasterStub:
 def segment_id(stub, cluster) -> str:
     status = stub.ClusterStatus(pb.ClusterStatusRequest(), metadata=bearer(cluster.admin_token))
     return status.segments[0].segment_id
-
-
-def bearer(token: str) -> tuple[tuple[str, str], ...]:
-    return (("authorization", f"Bearer {token}"),)
 
 
 def snapshot(stub, cluster) -> tuple[Any, ...]:

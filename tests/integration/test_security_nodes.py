@@ -34,7 +34,7 @@ from typing import Any
 
 import grpc
 import pytest
-from helpers import wait_until
+from helpers import bearer, wait_until
 
 from kvpool import Client
 from kvpool.common import lane_protocol as lp
@@ -87,10 +87,6 @@ def real_segment(cluster, client, stub) -> pb.Segment:
     [segment] = answer.segments
     assert segment.node_id == "node0" and segment.worker_address
     return segment
-
-
-def bearer(token: str) -> tuple[tuple[str, str], ...]:
-    return (("authorization", f"Bearer {token}"),)
 
 
 def cluster_view(stub, cluster) -> tuple[Any, ...]:

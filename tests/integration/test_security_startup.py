@@ -30,7 +30,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from helpers import wait_until
+from helpers import bearer, wait_until
 
 from kvpool.common import lane_protocol as lp
 from kvpool.common.status import KeyStatus
@@ -140,10 +140,6 @@ def served_certificate(port: int, ca: Path, alpn: str | None = None) -> bytes:
         certificate = sock.getpeercert(binary_form=True)
     assert certificate
     return certificate
-
-
-def bearer(token: str) -> tuple[tuple[str, str], ...]:
-    return (("authorization", f"Bearer {token}"),)
 
 
 @contextlib.contextmanager

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
+from helpers import bearer
 
 from kvpool import Client
 from kvpool.common.status import KeyStatus
@@ -68,10 +69,6 @@ def stub(cluster) -> Iterator[master_pb2_grpc.MasterStub]:
     credentials = grpc.ssl_channel_credentials(root_certificates=cluster.pki.ca.read_bytes())
     with grpc.secure_channel(cluster.master_address, credentials) as channel:
         yield master_pb2_grpc.MasterStub(channel)
-
-
-def bearer(token: str) -> tuple[tuple[str, str], ...]:
-    return (("authorization", f"Bearer {token}"),)
 
 
 def as_b(cluster) -> tuple[tuple[str, str], ...]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from helpers import FrameRecorder
 from state_helpers import segment_info
 
 from kvpool.common import lane_protocol as lp
@@ -30,30 +31,9 @@ from kvpool.proto import master_pb2 as pb
 from kvpool.security.identity import INSECURE, internal_key
 
 
-class Recorder(asyncio.Transport):
-    """A transport that hands what the master writes to ``received``, frame by frame."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.decoder = lp.FrameDecoder()
-        self.frames: list[lp.Frame] = []
-
-    def write(self, data: bytes) -> None:
-        self.frames.extend(self.decoder.feed(data))
-
-    def is_closing(self) -> bool:
-        return False
-
-    def get_extra_info(self, name, default=None):
-        return default
-
-    def close(self) -> None:
-        pass
-
-
 def lane_with_one_node(
     forget_wait: float = FORGET_WAIT,
-) -> tuple[LaneServer, _Connection, Recorder]:
+) -> tuple[LaneServer, _Connection, FrameRecorder]:
     state = MasterState(MasterConfig(), clock=time.monotonic, epoch=1)
     state.mount_segment(segment_info("n1", 64 << 20), [])
     driver = CoreDriver(MasterCore(state, forget_wait=forget_wait))
@@ -65,7 +45,7 @@ def lane_with_one_node(
         LoadShedder(100),
         Authenticator(None, insecure=True),
     )
-    node, node_wire = _Connection(lane), Recorder()
+    node, node_wire = _Connection(lane), FrameRecorder()
     node.connection_made(node_wire)
     hello = pb.NodeReport(hello=pb.NodeHello(node_id="n1"))
     node.data_received(lp.encode(0, lp.NODE_SESSION, hello.SerializeToString()))
@@ -79,7 +59,7 @@ def request(call_id: int, method: str, message) -> bytes:
 def test_a_waiting_put_end_does_not_hold_up_the_calls_behind_it_and_answers_once_recorded():
     async def scenario() -> None:
         lane, node, node_wire = lane_with_one_node()
-        client, wire = _Connection(lane), Recorder()
+        client, wire = _Connection(lane), FrameRecorder()
         client.connection_made(wire)
 
         start = pb.PutStartRequest(client_id="c", keys=["k"], sizes=[4096], replicas=1)
@@ -110,7 +90,7 @@ def test_a_waiting_put_end_does_not_hold_up_the_calls_behind_it_and_answers_once
 def test_a_put_end_s_persist_leaves_at_once_and_the_node_s_answer_applies_as_it_arrives():
     async def scenario() -> None:
         lane, node, node_wire = lane_with_one_node()
-        client, wire = _Connection(lane), Recorder()
+        client, wire = _Connection(lane), FrameRecorder()
         client.connection_made(wire)
         start = pb.PutStartRequest(client_id="c", keys=["k"], sizes=[4096], replicas=1)
         client.data_received(request(1, "PutStart", start))
@@ -137,7 +117,7 @@ def test_a_put_end_s_persist_leaves_at_once_and_the_node_s_answer_applies_as_it_
 def lane_with_one_object(key: str, forget_wait: float = FORGET_WAIT):
     """A lane, its node's connection and wire, and a client's, once ``key`` is published."""
     lane, node, node_wire = lane_with_one_node(forget_wait)
-    client, wire = _Connection(lane), Recorder()
+    client, wire = _Connection(lane), FrameRecorder()
     client.connection_made(wire)
     start = pb.PutStartRequest(client_id="c", keys=[key], sizes=[4096], replicas=1)
     client.data_received(request(1, "PutStart", start))
@@ -196,7 +176,7 @@ def test_a_removal_whose_node_is_silent_answers_after_the_forget_wait():
 def test_a_call_that_fails_is_answered_with_its_status_and_leaves_no_call_in_flight():
     async def scenario() -> None:
         lane, _, _ = lane_with_one_node()
-        client, wire = _Connection(lane), Recorder()
+        client, wire = _Connection(lane), FrameRecorder()
         client.connection_made(wire)
 
         too_many = pb.PutStartRequest(client_id="c", keys=["a", "b"], sizes=[1])  # 2 keys, 1 size
@@ -248,7 +228,7 @@ def test_a_command_stream_from_a_node_that_mounted_nothing_is_refused():
 
     async def scenario() -> None:
         lane, _, _ = lane_with_one_node()
-        stranger, wire = _Connection(lane), Recorder()
+        stranger, wire = _Connection(lane), FrameRecorder()
         stranger.connection_made(wire)
         hello = pb.NodeReport(hello=pb.NodeHello(node_id="nobody"))
         stranger.data_received(lp.encode(0, lp.NODE_SESSION, hello.SerializeToString()))

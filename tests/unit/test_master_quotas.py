@@ -17,6 +17,7 @@ import json
 import time
 
 import pytest
+from helpers import FrameRecorder
 from state_helpers import (
     CONFIG,
     FakeClock,
@@ -338,11 +339,11 @@ def test_a_call_waiting_for_its_node_counts_in_flight_until_it_is_answered():
             LoadShedder(100),
             Authenticator(None, insecure=True),  # every caller in tenant "default"
         )
-        node, node_wire = _Connection(lane), Wire()
+        node, node_wire = _Connection(lane), FrameRecorder()
         node.connection_made(node_wire)
         hello = pb.NodeReport(hello=pb.NodeHello(node_id="n1"))
         node.data_received(lp.encode(0, lp.NODE_SESSION, hello.SerializeToString()))
-        client, wire = _Connection(lane), Wire()
+        client, wire = _Connection(lane), FrameRecorder()
         client.connection_made(wire)
 
         def send(call_id: int, method: str, message) -> None:
@@ -370,27 +371,6 @@ def test_a_call_waiting_for_its_node_counts_in_flight_until_it_is_answered():
         assert wire.frames[-1].call_id == 4 and wire.frames[-1].status == lp.OK
 
     asyncio.run(scenario())
-
-
-class Wire(asyncio.Transport):
-    """A transport that keeps the frames the master writes."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.decoder = lp.FrameDecoder()
-        self.frames: list[lp.Frame] = []
-
-    def write(self, data: bytes) -> None:
-        self.frames.extend(self.decoder.feed(data))
-
-    def is_closing(self) -> bool:
-        return False
-
-    def get_extra_info(self, name, default=None):
-        return default
-
-    def close(self) -> None:
-        pass
 
 
 # ---------------------------------------------------------------------------- the file
