@@ -38,6 +38,7 @@ ALLOWED: dict[str, frozenset[Role]] = {
     "ClusterStatus": CLIENT | ADMIN,  # (a client's answer: totals, no topology)
     "Lane": CLIENT | NODE | ADMIN,
     "Story": CLIENT | ADMIN,
+    "Drain": ADMIN,
 }
 
 _WHO = {

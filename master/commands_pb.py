@@ -11,6 +11,7 @@ from kvpool.master.records import (
     NodeCommand,
     PersistCommand,
     PrepareCommand,
+    SegmentInfo,
     StoredObject,
 )
 from kvpool.proto import master_pb2 as pb
@@ -43,10 +44,30 @@ def command_to_pb(command: NodeCommand) -> pb.NodeCommand:
         message.copy.source.CopyFrom(stored_to_pb(command.source))
         message.copy.target_segment_id = command.target_segment_id
         message.copy.target.CopyFrom(stored_to_pb(command.target))
+        if command.source_segment is not None:
+            segment_to_pb(command.source_segment, message.copy.source_segment)
     elif isinstance(command, PrepareCommand):
         message.prepare.segment_id = command.segment_id
         message.prepare.offset = command.offset
         message.prepare.size = command.size
+    return message
+
+
+def segment_to_pb(info: SegmentInfo, message: pb.Segment | None = None) -> pb.Segment:
+    """A segment as clients (and copying nodes) reach it, written into ``message`` if given."""
+    if message is None:
+        message = pb.Segment()
+    message.segment_id = info.segment_id
+    message.node_id = info.node_id
+    message.host = info.host
+    message.worker_address = info.worker_address
+    message.base_address = info.base_address
+    message.size = info.size
+    message.rkey = info.rkey
+    message.tier = info.tier  # type: ignore[assignment]
+    message.persistent = info.persistent
+    if info.shared_memory:
+        message.shared_memory.ParseFromString(info.shared_memory)
     return message
 
 

@@ -59,6 +59,12 @@ class MasterConfig:
     #: ...and for at most this many keys (those whose last event is oldest go first; 0 keeps
     #: no story at all).
     story_keys: int = KEYS
+    #: Re-replication: bytes per second copied between nodes, at most, to give objects that
+    #: lost a replica (their node died, or withdrew a segment) a new one, and to copy a
+    #: draining node's objects away (0: off; objects keep what is left, drains refused).
+    rereplication_rate: float = 0.0
+    #: ...and copies in flight at most.
+    rereplication_copies: int = 4
 
     def __post_init__(self) -> None:
         if not 0.0 < self.high_watermark <= 1.0:
@@ -96,6 +102,15 @@ class MasterConfig:
             )
         if self.story_keys < 0:
             raise ValueError(f"story_keys must not be negative, got {self.story_keys}")
+        if not (self.rereplication_rate >= 0 and math.isfinite(self.rereplication_rate)):
+            raise ValueError(
+                "rereplication_rate must be a finite number, not negative, got "
+                f"{self.rereplication_rate}"
+            )
+        if self.rereplication_copies < 1:
+            raise ValueError(
+                f"rereplication_copies must be at least 1, got {self.rereplication_copies}"
+            )
         if not 1 <= self.default_replicas <= self.max_replicas:
             raise ValueError(
                 f"default_replicas must be between 1 and max_replicas ({self.max_replicas}),"

@@ -272,6 +272,11 @@ class MasterCore:
         dropped = self.state.mount_segment(info, stored, remount=remount, silent=silent)
         return self._answer(call_id, dropped)
 
+    def drain(self, call_id: int, node_id: str) -> Effects:
+        """Drains a node (``MasterState.drain``); answers its progress, None for a node not
+        known. Its copies start at the next ticks."""
+        return self._answer(call_id, self.state.drain(node_id))
+
     def unmount_segment(self, call_id: int, node_id: str, segment_id: str) -> Effects:
         return self._answer(call_id, self.state.unmount_segment(node_id, segment_id))
 

@@ -31,6 +31,7 @@ from kvpool.master.quotas import InflightLimiter
 from kvpool.master.records import (
     ClusterSnapshot,
     Commit,
+    DrainProgress,
     Location,
     PlacedReplica,
     PrefixRemoval,
@@ -69,6 +70,7 @@ UNARY_METHODS = (
     "ClusterStatus",
     "Lane",
     "Story",
+    "Drain",
 )
 
 _STARTED = time.monotonic()
@@ -195,10 +197,48 @@ class MasterHandlers:
         own_node(identity, request.node_id, "heartbeat")
         core = self.core
         self.driver.processes.heard(request.node_id, request.incarnation, core.clock())
+        node_id = request.node_id
+        if request.draining and core.state.config.rereplication_rate:
+            self.driver.call(lambda call_id: core.drain(call_id, node_id), lambda _: None)
+
+        def answer(remount: list[str]) -> pb.HeartbeatResponse:
+            response = pb.HeartbeatResponse(remount_segment_ids=remount)
+            progress = core.state.drain_progress(node_id) if core.state.draining_nodes else None
+            if progress is not None and progress.draining:
+                response.draining = True
+                response.drain_objects_left = progress.objects_left
+                response.drain_bytes_left = progress.bytes_left
+            return response
+
         return self.driver.call(
-            lambda call_id: core.heartbeat(call_id, request.node_id, request.segment_ids),
-            lambda remount: pb.HeartbeatResponse(remount_segment_ids=remount),
+            lambda call_id: core.heartbeat(call_id, node_id, request.segment_ids), answer
         )
+
+    def Drain(self, request: pb.DrainRequest, identity: Identity) -> Any:
+        core = self.core
+        node_id = request.node_id
+        if not core.state.config.rereplication_rate:
+            raise CallRefused(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "this master copies no objects between nodes (--rereplication-rate 0): a "
+                "drain could copy nothing away. Restart it with a rate, or stop the node "
+                "(its objects go with it)",
+            )
+
+        def answer(progress: DrainProgress | None) -> pb.DrainResponse:
+            if progress is None:
+                raise CallRefused(
+                    grpc.StatusCode.NOT_FOUND,
+                    f"no storage node {node_id!r} has a segment mounted here: `kvpool status` "
+                    "lists the nodes",
+                )
+            return pb.DrainResponse(
+                objects_left=progress.objects_left,
+                bytes_left=progress.bytes_left,
+                live_nodes=progress.live_nodes,
+            )
+
+        return self.driver.call(lambda call_id: core.drain(call_id, node_id), answer)
 
     # ---- client side
 

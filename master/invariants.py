@@ -45,6 +45,7 @@ def check_invariants(state: MasterState) -> None:
     _check_reservations(state)
     _check_commands(state)
     _check_tenant_usage(state)
+    _check_replication(state)
 
 
 def _check_nodes(state: MasterState) -> None:
@@ -348,4 +349,36 @@ def _check_tenant_usage(state: MasterState) -> None:
             "; ".join(
                 f"tenant {t!r}: kept {actual.get(t)}, held {expected.get(t)}" for t in wrong[:5]
             ),
+        )
+
+
+def _check_replication(state: MasterState) -> None:
+    """Re-replication's tables agree with the objects: its copies in flight are the copies
+    between nodes the objects have in flight, the keys it counts as under-replicated are
+    published objects, and the count of draining nodes is theirs."""
+    replication = state._replication
+    copies = {
+        command_id
+        for record in state.objects.values()
+        for command_id, move in record.moving.items()
+        if move.replication
+    }
+    if set(replication.in_flight) != copies:
+        raise InvariantViolation(
+            "copies in flight between nodes are counted once each",
+            f"counted {sorted(replication.in_flight)[:10]}, in flight {sorted(copies)[:10]}",
+        )
+    stray = [
+        key
+        for key in replication.under
+        if key not in state.objects or state.objects[key].state is not PUBLISHED
+    ]
+    if stray:
+        raise InvariantViolation(
+            "under-replicated keys are published objects", f"not published: {stray[:10]}"
+        )
+    draining = sum(1 for node in state.nodes.values() if node.draining)
+    if state._draining != draining:
+        raise InvariantViolation(
+            "draining nodes are counted", f"counted {state._draining}, draining {draining}"
         )

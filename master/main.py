@@ -11,12 +11,13 @@ from pathlib import Path
 import grpc
 
 from kvpool.common.aio import pause
-from kvpool.common.cli_numbers import integer, port, real, seconds
+from kvpool.common.cli_numbers import integer, port, real, seconds, size
 from kvpool.common.gc_tuning import tune_for_server
 from kvpool.common.http_server import HealthServer
 from kvpool.common.limits import GRPC_MESSAGE_OPTIONS
 from kvpool.common.logging import LOG_FORMATS, configure_logging, get_logger
 from kvpool.common.process import stop_event_on_signals, write_ready_file
+from kvpool.common.sizes import format_size, parse_size
 from kvpool.master import metrics
 from kvpool.master.config import PLACEMENTS, MasterConfig
 from kvpool.master.core import MasterCore
@@ -45,6 +46,9 @@ log = get_logger("kvpool.master")
 #: calls waiting meanwhile are answered between steps. Chosen by bench/full_store.py's put
 #: latency percentiles (docs/benchmarks.md, "Bulk work in steps").
 TICK_STEP = 64
+#: What the nodes copy between them at most, by default, to make good lost replicas: a
+#: fraction of what one node's network carries, so that clients keep the rest.
+DEFAULT_REREPLICATION_RATE = "256MiB"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -143,6 +147,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds a soft pin lasts unless the put says otherwise",
     )
     parser.add_argument(
+        "--rereplication-rate",
+        type=size(),
+        default=parse_size(DEFAULT_REREPLICATION_RATE),
+        metavar="BYTES_PER_S",
+        help="bytes per second at most that the nodes copy between them to give objects "
+        "that lost a replica with their node a new one, and to copy a draining node's "
+        f"objects away (default {DEFAULT_REREPLICATION_RATE}; 0: off, and drains refused)",
+    )
+    parser.add_argument(
+        "--rereplication-copies",
+        type=integer(1, 1024),
+        default=defaults.rereplication_copies,
+        help="copies between nodes in flight at most (default %(default)s)",
+    )
+    parser.add_argument(
         "--tick",
         type=seconds(0, max_tick),
         default=0.1,
@@ -223,6 +242,8 @@ def config_from_args(args: argparse.Namespace) -> MasterConfig:
         soft_pin_ttl=args.soft_pin_ttl,
         validate_each_event=args.debug_validate,
         story_keys=args.story_keys,
+        rereplication_rate=float(args.rereplication_rate),
+        rereplication_copies=args.rereplication_copies,
     )
 
 
@@ -416,13 +437,17 @@ def _tick(
         log.info("reservations reclaimed", keys=len(report.reservations_reclaimed))
     if report.dead_clients:
         log.warning("clients declared dead", clients=len(report.dead_clients))
+    state = core.state
     if report.dead_nodes:
         log.warning(
             "storage nodes declared dead",
             nodes=report.dead_nodes,
             objects_lost=report.objects_lost,
+            under_replicated=state.snapshot().under_replicated,
+            rereplication=format_size(int(state.config.rereplication_rate)) + "/s"
+            if state.config.rereplication_rate
+            else "off",
         )
-    state = core.state
     metrics.STATE.publish(state.snapshot(), state.counters)
     refusals = dict(state.quota_refusals)
     for tenant, count in handlers.inflight.refusals.items():

@@ -133,6 +133,20 @@ class StateCollector(Collector):
         yield GaugeMetricFamily(
             "kvpool_segments", "Mounted segments.", value=len(snapshot.segments)
         )
+        yield GaugeMetricFamily(
+            "kvpool_under_replicated_objects",
+            "Published objects on fewer live nodes (not draining) than they should be: "
+            "re-replication's work left (those no node has room for stay counted).",
+            value=snapshot.under_replicated,
+        )
+        yield GaugeMetricFamily(
+            "kvpool_replica_copies_in_flight",
+            "Copies between nodes under way (re-replication and drains).",
+            value=snapshot.copies_in_flight,
+        )
+        yield GaugeMetricFamily(
+            "kvpool_draining_nodes", "Storage nodes draining.", value=snapshot.draining_nodes
+        )
         labels = ["segment", "node", "tier"]
         capacity = GaugeMetricFamily(
             "kvpool_segment_capacity_bytes", "Capacity of each mounted segment.", labels=labels
@@ -166,6 +180,9 @@ class StateCollector(Collector):
             ("promotions", "Objects copied from NVMe to DRAM on their node after a hit."),
             ("objects_adopted", "Replicas re-adopted from what storage nodes reported."),
             ("lease_expiries", "Read leases that ran out."),
+            ("replicas_copied", "Replicas copied between nodes (re-replication, drains)."),
+            ("bytes_copied", "Bytes copied between nodes (re-replication, drains)."),
+            ("replicas_trimmed", "Surplus replicas dropped (their node came back)."),
         ):
             yield CounterMetricFamily(f"kvpool_{name}", help_text, value=getattr(counters, name))
         yield from _tenant_families(self.tenants, self.refusals)

@@ -67,6 +67,9 @@ class NodeRecord:
     host: str
     last_seen: float
     segment_ids: set[str] = field(default_factory=set)
+    #: Leaving: nothing new is placed here, and its objects are copied to other nodes
+    #: (``MasterState.drain``).
+    draining: bool = False
 
 
 class ObjectState(Enum):
@@ -107,6 +110,12 @@ class ObjectRecord:
     unacked: set[str] = field(default_factory=set)
     #: Copies in flight (command id -> move), during which it is not evicted again.
     moving: dict[int, Move] = field(default_factory=dict)
+    #: Nodes that should hold a replica (re-replication keeps it so): the replicas its put
+    #: got, less those eviction took; for an object adopted from the nodes' reports, as many
+    #: as reported it.
+    wanted: int = 1
+    #: Made from a node's report (a remount), not by a put of this master's.
+    adopted: bool = False
 
     @property
     def generation(self) -> int:
@@ -117,11 +126,14 @@ class ObjectRecord:
 
 @dataclass(slots=True)
 class Move:
-    """A node-local copy of a replica to another segment of the same node."""
+    """A copy of a replica to another segment: of the same node (a demotion or promotion),
+    or of another node (``replication``: a lost replica made good, or a draining node's
+    object copied away)."""
 
     source: Replica
     target: Replica
     demotion: bool  # the source replica goes away once the copy is recorded
+    replication: bool = False
 
 
 class PlacedReplica(NamedTuple):
@@ -198,7 +210,8 @@ class ForgetCommand:
 
 @dataclass(frozen=True, slots=True)
 class CopyCommand:
-    """Tell a node: copy an object between two of your segments, then record the copy."""
+    """Tell a node: copy an object into one of your segments, then record the copy. From
+    another of its segments, or (``source_segment`` set) from another node's, over UCX."""
 
     command_id: int
     node_id: str
@@ -206,6 +219,7 @@ class CopyCommand:
     source: StoredObject
     target_segment_id: str
     target: StoredObject
+    source_segment: SegmentInfo | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,6 +261,17 @@ class ObjectInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class DrainProgress:
+    """Where the drain of a node stands: what still needs a copy on another node."""
+
+    draining: bool
+    objects_left: int
+    bytes_left: int
+    #: Other nodes, not draining, that may take copies.
+    live_nodes: int
+
+
+@dataclass(frozen=True, slots=True)
 class PrefixRemoval:
     removed: int
     leased: int
@@ -275,6 +300,11 @@ class ClusterSnapshot:
     objects: int
     reservations: int
     nodes: int
+    #: Published objects on fewer live nodes than they should be (re-replication's work).
+    under_replicated: int = 0
+    #: Copies between nodes in flight, and nodes draining.
+    copies_in_flight: int = 0
+    draining_nodes: int = 0
 
 
 @dataclass(slots=True)
@@ -311,3 +341,8 @@ class Counters:
     promotions: int = 0
     lease_expiries: int = 0
     objects_adopted: int = 0
+    #: Copies between nodes recorded (re-replication and drain), and their bytes.
+    replicas_copied: int = 0
+    bytes_copied: int = 0
+    #: Surplus replicas dropped (a node came back with replicas copied meanwhile).
+    replicas_trimmed: int = 0

@@ -74,6 +74,7 @@ from kvpool.master.records import (
     CommitResult,
     CopyCommand,
     Counters,
+    DrainProgress,
     ForgetCommand,
     KeyPage,
     Location,
@@ -96,6 +97,7 @@ from kvpool.master.records import (
     StoredObject,
     TickReport,
 )
+from kvpool.master.replication import ReplicationQueue
 from kvpool.master.story import StoryEvent, StoryLog
 from kvpool.master.transitions import (
     COMMITTED,
@@ -188,6 +190,13 @@ class MasterState:
         self._put_quotas = self._lease_quotas = False
         #: (tenant, quota) -> keys refused for it (puts and leases).
         self.quota_refusals: Counter[tuple[str, str]] = Counter()
+        #: Re-replication (``config.rereplication_rate``; replication.py): objects that lie
+        #: on fewer nodes than they should, surplus replicas, copies in flight.
+        self._replication = ReplicationQueue(
+            self.config.rereplication_rate, self.config.rereplication_copies, clock()
+        )
+        #: Nodes draining now (placement skips them; their objects are copied away).
+        self._draining = 0
         self._seq = itertools.count()
         self._put_ids = itertools.count((epoch << 32) + 1)
 
@@ -226,6 +235,8 @@ class MasterState:
         node = self.nodes.get(info.node_id)
         if node is None:
             node = self.nodes[info.node_id] = NodeRecord(info.node_id, info.host, now)
+            for key in self._replication.under:  # a node to copy them to, maybe
+                self._replication.look_at(key)
         node.last_seen = now
         existing = self.segments.get(info.segment_id)
         if existing is not None:
@@ -306,7 +317,7 @@ class MasterState:
         lost = self._drop_segment(segment_id)
         node = self.nodes.get(node_id)
         if node is not None and not node.segment_ids:
-            del self.nodes[node_id]
+            self._node_gone(node)
         return lost, drain_until - now
 
     def heartbeat(self, node_id: str, segment_ids: Iterable[str]) -> list[str]:
@@ -354,6 +365,62 @@ class MasterState:
                     entry = (self.clock(), "persist_failed", record.put_id, segment_id, expired)
                     self._note((record.key, entry))
                 self._persist_done(record, segment_id, ok)
+
+    def drain(self, node_id: str) -> DrainProgress | None:
+        """Drains a node: nothing new is placed there from now on (puts, copies), and each
+        of its objects gets a replica on another node (at the re-replication rate) if it
+        has fewer elsewhere than it should (``ObjectRecord.wanted``, at most the other
+        nodes). Draining again only reports progress. None for a node not known."""
+        node = self.nodes.get(node_id)
+        if node is None:
+            return None
+        if not node.draining:
+            node.draining = True
+            self._draining += 1
+            self._note_drained(node)
+        return self.drain_progress(node_id)
+
+    @property
+    def draining_nodes(self) -> int:
+        return self._draining
+
+    def drain_progress(self, node_id: str) -> DrainProgress | None:
+        """What a draining node still holds that has too few replicas elsewhere (objects
+        being written count too: they are copied once published). Reads every object of the
+        node: asked once per heartbeat of a draining node, and by ``kvpool drain``."""
+        node = self.nodes.get(node_id)
+        if node is None:
+            return None
+        others = sum(1 for n in self.nodes.values() if not n.draining and n is not node)
+        if not node.draining:
+            return DrainProgress(False, 0, 0, others)
+        left = left_bytes = 0
+        for key in self._keys_on(node):
+            record = self.objects[key]
+            if record.state is ObjectState.PUBLISHED:
+                need = min(record.wanted, others)
+                if len(self._healthy_nodes(record)) >= need:
+                    continue
+            left += 1
+            left_bytes += record.size
+        return DrainProgress(True, left, left_bytes, others)
+
+    def _keys_on(self, node: NodeRecord) -> set[str]:
+        keys: set[str] = set()
+        for segment_id in node.segment_ids:
+            keys.update(self.segments[segment_id].owners.values())
+        return keys
+
+    def _note_drained(self, node: NodeRecord) -> None:
+        for key in self._keys_on(node):
+            record = self.objects[key]
+            self._replication_changed(record)
+
+    def _node_gone(self, node: NodeRecord) -> None:
+        """Forgets a node that has no segment left (it died, or withdrew them all)."""
+        if node.draining:
+            self._draining -= 1
+        del self.nodes[node.node_id]
 
     # ------------------------------------------------------------------ client side
 
@@ -637,11 +704,15 @@ class MasterState:
             )
             for s in self.segments.values()
         ]
+        replication = self._replication
         return ClusterSnapshot(
             usages,
             len(self._published_keys),
             len(self.objects) - len(self._published_keys),
             len(self.nodes),
+            len(replication.under),
+            len(replication.in_flight),
+            self._draining,
         )
 
     # ------------------------------------------------------------------ debugging
@@ -683,6 +754,8 @@ class MasterState:
         self._count_ended_leases(now, budget)
         if budget is None or budget[0] > 0:
             report.objects_evicted = self._evict_above_watermark(now, budget)
+        if self._replication.enabled:
+            self._rereplicate(now, budget)
         report.unfinished = budget is not None and budget[0] <= 0
         return report
 
@@ -816,6 +889,7 @@ class MasterState:
             list(replicas),
             last_access=now,
             pin=options.pin,
+            wanted=len(replicas),
         )
         if options.pin is Pin.SOFT:
             record.pin_until = now + (options.pin_ttl or self.config.soft_pin_ttl)
@@ -938,6 +1012,8 @@ class MasterState:
             heapq.heappush(self._pin_ends, (record.pin_until, next(self._seq), record))
         self.counters.puts_published += 1
         self.resolved.append(CommitResult(record.key, record.put_id, KeyStatus.OK))
+        if self._draining or len(replicas) != record.wanted:  # (a replica not written, ...)
+            self._replication_changed(record)
 
     def _stored(self, record: ObjectRecord, segment_id: str) -> StoredObject:
         for replica in record.replicas:
@@ -982,6 +1058,8 @@ class MasterState:
         now = self.clock()
         entries = []
         for node in self.nodes.values():
+            if node.draining:
+                continue  # (it takes nothing new)
             ids = node.segment_ids
             segments = [
                 segment
@@ -1119,6 +1197,9 @@ class MasterState:
             segment.lru.add(item.key, existing.pin)
             existing.lease_until = max(existing.lease_until, now + self.config.lease_ttl)
             self._note((item.key, (now, "replica_adopted", existing.put_id, replica)))
+            if existing.adopted:  # known from reports only: as many as report it
+                existing.wanted = max(existing.wanted, len(self._nodes_of(existing)))
+            self._replication_changed(existing)  # a surplus if it was copied meanwhile
             return True
         record = ObjectRecord(
             item.key,
@@ -1131,6 +1212,7 @@ class MasterState:
             lease_until=now + self.config.lease_ttl,  # reads begun before a restart finish
             last_access=now,
             crc32c=item.crc32c,
+            adopted=True,
         )
         self._transition(record, PUBLISHED, (now, "adopted", item.generation, replica))
         self._index_published(record)
@@ -1151,7 +1233,7 @@ class MasterState:
         source = record.replicas[0]
         assert source is not None
         node = self.nodes.get(self.segments[source.segment_id].node_id)
-        if node is None:
+        if node is None or node.draining:
             return
         for segment_id in sorted(node.segment_ids):  # deterministic order
             target = self.segments[segment_id]
@@ -1169,7 +1251,7 @@ class MasterState:
     def _try_demote(self, record: ObjectRecord, source: Replica) -> bool:
         """Starts moving a DRAM replica to NVMe on the same node, if that has room."""
         node = self.nodes.get(self.segments[source.segment_id].node_id)
-        if node is None or record.moving:
+        if node is None or record.moving or node.draining:
             return False
         for segment_id in sorted(node.segment_ids):  # deterministic order
             target = self.segments[segment_id]
@@ -1213,6 +1295,7 @@ class MasterState:
         """A copy ended: ``how`` is "answered" (by its node), "expired" (the I/O layer gave up
         on the answer) or "cancelled" (a segment of its went away while it ran)."""
         move = record.moving.pop(command_id)
+        self._replication.ended(command_id)
         source_segment = self.segments.get(move.source.segment_id)
         if move.demotion and source_segment is not None:
             source_segment.leaving -= source_segment.allocator.rounded(record.size)
@@ -1225,6 +1308,8 @@ class MasterState:
             else:
                 why = "target segment gone" if target is None else "object or source gone"
             self._note((record.key, (now, "move_failed", record.put_id, move.target, why)))
+            if move.replication and self.objects.get(record.key) is record:
+                self._replication.look_again(record.key, now)
             if target is not None:
                 self._disown(target, move.target.offset)
                 if how == "cancelled":  # its node may still be writing there
@@ -1236,6 +1321,12 @@ class MasterState:
             record.crc32c = crc32c
         record.replicas.append(move.target)
         target.lru.add(record.key, record.pin)
+        if move.replication:
+            self._note((record.key, (now, "replicated", record.put_id, move.target)))
+            self.counters.replicas_copied += 1
+            self.counters.bytes_copied += record.size
+            self._replication_changed(record)
+            return
         event = "demoted" if move.demotion else "promoted"
         self._note((record.key, (now, event, record.put_id, move.target)))
         if move.demotion:
@@ -1264,6 +1355,168 @@ class MasterState:
             not_before = max(not_before, self.clock() + self.config.reclaim_delay)
         self._release([Replica(segment.segment_id, offset)], not_before, segment)
 
+    # ------------------------------------------------------------------ internals: re-replication
+
+    def _nodes_of(self, record: ObjectRecord) -> set[str]:
+        segments = self.segments
+        return {segments[r.segment_id].node_id for r in record.replicas if r is not None}
+
+    def _healthy_nodes(self, record: ObjectRecord) -> set[str]:
+        """The nodes holding a replica of ``record`` that are not draining."""
+        nodes = self._nodes_of(record)
+        if self._draining:
+            nodes = {n for n in nodes if not self.nodes[n].draining}
+        return nodes
+
+    def _replication_changed(self, record: ObjectRecord) -> None:
+        """A published object's replicas changed (one lost, adopted, copied, its node
+        draining): re-replication looks at it at the next tick if it lies on fewer nodes
+        than it should, or on more."""
+        replication = self._replication
+        if not replication.enabled or record.state is not ObjectState.PUBLISHED:
+            return
+        healthy = len(self._healthy_nodes(record))
+        if healthy < record.wanted:
+            replication.under.add(record.key)
+            replication.look_at(record.key)
+        else:
+            replication.under.discard(record.key)
+            if healthy > record.wanted:
+                replication.look_at(record.key)
+
+    def _rereplicate(self, now: float, budget: list[int] | None) -> None:
+        """Starts copies for the objects on too few nodes (as many as the rate and the
+        copies in flight allow), and trims surplus replicas (one node's at a time, none
+        while a copy of the object is in flight). Each key looked at takes one of
+        ``budget``; keys left over wait for the next tick."""
+        replication = self._replication
+        replication.due(now)
+        live = len(self.nodes) - self._draining
+        while True:
+            key = replication.next_key()
+            if key is None:
+                return
+            if _spent(budget):
+                replication.put_back(key)
+                return
+            record = self.objects.get(key)
+            if record is None or record.state is not ObjectState.PUBLISHED:
+                continue  # (looked at again once published)
+            healthy = self._healthy_nodes(record)
+            copying = sum(1 for move in record.moving.values() if move.replication)
+            if len(healthy) + copying < record.wanted:
+                replication.under.add(key)
+                holders = self._nodes_of(record) | {
+                    self.segments[m.target.segment_id].node_id for m in record.moving.values()
+                }
+                if live <= len(holders - self._draining_ids()):
+                    continue  # no other node: looked at again when one mounts
+                if not replication.may_start(now):
+                    replication.put_back(key)
+                    return
+                if not self._start_replica_copy(record, healthy, holders, now):
+                    replication.look_again(key, now)  # no room now
+                elif len(healthy) + copying + 1 < record.wanted:
+                    replication.look_at(key)  # more to come
+                continue
+            if len(healthy) >= record.wanted:
+                replication.under.discard(key)
+            if len(healthy) > record.wanted and not record.moving:
+                self._trim(record, healthy, now)
+
+    def _draining_ids(self) -> set[str]:
+        if not self._draining:
+            return set()
+        return {node_id for node_id, node in self.nodes.items() if node.draining}
+
+    def _start_replica_copy(
+        self, record: ObjectRecord, healthy: set[str], holders: set[str], now: float
+    ) -> bool:
+        """Copies ``record`` to a node that holds none of it and takes new objects, into a
+        segment with room below the high watermark (of its source's tier, else the other);
+        False when there is none. The copy reads a replica on a node that is not draining,
+        if there is one."""
+        replicas = [r for r in record.replicas if r is not None]
+        source = next(
+            (r for r in replicas if self.segments[r.segment_id].node_id in healthy), replicas[0]
+        )
+        source_segment = self.segments[source.segment_id]
+        first = source_segment.info.tier
+        target = None
+        for tier in (first, Tier.NVME if first is Tier.DRAM else Tier.DRAM):
+            target = self._replica_target(record.size, tier, holders, now)
+            if target is not None:
+                break
+        if target is None:
+            return False
+        offset = target.allocator.allocate(record.size)
+        assert offset is not None, "the target has room"
+        self._own(target, offset, record.key)
+        destination = Replica(target.segment_id, offset)
+        command_id = next(self._command_ids)
+        record.moving[command_id] = Move(source, destination, False, replication=True)
+        self._note((record.key, (now, "replicating", record.put_id, source, destination)))
+        self._awaiting[command_id] = (target.segment_id, (record,))
+        self.outbox.append(
+            CopyCommand(
+                command_id,
+                target.node_id,
+                source.segment_id,
+                self._stored(record, source.segment_id),
+                target.segment_id,
+                StoredObject(record.key, offset, record.size, record.generation, record.crc32c),
+                source_segment.info,
+            )
+        )
+        self._replication.started(command_id, record.size, now)
+        return True
+
+    def _replica_target(
+        self, size: int, tier: Tier, holders: set[str], now: float
+    ) -> SegmentRecord | None:
+        """The segment of ``tier`` with the most room on a node outside ``holders`` that
+        takes new objects, whose use stays below the high watermark with ``size`` more
+        (a copy never makes eviction take other objects)."""
+        high = self.config.high_watermark
+        best: SegmentRecord | None = None
+        best_free = -1.0
+        for node in self.nodes.values():
+            if node.draining or node.node_id in holders:
+                continue
+            for segment_id in sorted(node.segment_ids):
+                segment = self.segments[segment_id]
+                allocator = segment.allocator
+                if segment.info.tier is not tier or segment.fenced_until > now:
+                    continue
+                need = allocator.rounded(size)
+                if (
+                    allocator.largest_free < need
+                    or allocator.used + need > high * allocator.capacity
+                ):
+                    continue
+                free = 1.0 - allocator.used / allocator.capacity
+                if free > best_free:
+                    best, best_free = segment, free
+        return best
+
+    def _trim(self, record: ObjectRecord, healthy: set[str], now: float) -> None:
+        """Drops the replicas of one node of an object on more nodes than it should be: the
+        node of its latest replica (one that came back after its objects were copied
+        elsewhere). Readers holding leases keep the bytes until their leases end."""
+        segments = self.segments
+        victim = next(
+            segments[r.segment_id].node_id
+            for r in reversed(record.replicas)
+            if r is not None and segments[r.segment_id].node_id in healthy
+        )
+        for replica in [
+            r for r in record.replicas if r is not None and segments[r.segment_id].node_id == victim
+        ]:
+            self._release_replica(record, replica, now)
+            self._note((record.key, (now, "replica_trimmed", record.put_id, replica)))
+            self.counters.replicas_trimmed += 1
+        self._replication_changed(record)
+
     # ------------------------------------------------------------------ internals: removal
 
     def _removal_status(self, record: ObjectRecord | None, now: float, force: bool) -> KeyStatus:
@@ -1287,6 +1540,7 @@ class MasterState:
             self._send_forgets(record)  # nodes may have recorded it (or be about to)
         self._release(record.replicas, release_at)
         for command_id, move in record.moving.items():  # copies in flight: cancelled
+            self._replication.ended(command_id)
             target = self.segments.get(move.target.segment_id)
             if target is not None:  # its node may record the copy before it hears of this
                 self._send_forget(target, record, move.target.offset)
@@ -1340,6 +1594,7 @@ class MasterState:
     def _forget(self, record: ObjectRecord, entry: tuple[Any, ...]) -> None:
         """Removes an object from every index (its buffers are the caller's business);
         ``entry``: why, for the key's story."""
+        self._replication.forget(record.key)
         if record.lease_open:
             self._lease_ended(record)  # (a lease still running is counted when it ends)
             if record.lease_until <= self.clock():
@@ -1444,6 +1699,7 @@ class MasterState:
                 lost += 1
             elif record.replicas != replicas:  # (not when only a copy's target was here)
                 self._note((key, replica_lost))
+                self._replication_changed(record)
         self.counters.objects_lost += lost
         return lost
 
@@ -1486,7 +1742,7 @@ class MasterState:
             report.dead_nodes.append(node.node_id)
             for segment_id in list(node.segment_ids):
                 report.objects_lost += self._drop_segment(segment_id)
-            del self.nodes[node.node_id]
+            self._node_gone(node)
             self.counters.nodes_died += 1
 
     def _release_deferred(self, now: float, report: TickReport, budget: list[int] | None) -> None:
@@ -1696,6 +1952,8 @@ class MasterState:
                 if len(record.replicas) > 1:
                     self._release_replica(record, replica, now)
                     self._note((record.key, (now, "replica_evicted", record.put_id, replica)))
+                    # (space wins over redundancy: re-replication does not put it back)
+                    record.wanted = max(1, min(record.wanted, len(self._nodes_of(record))))
                     if self._replica_in(record, segment, tier) is None:
                         skipped.add(record.key)  # nothing more of it here to take
                 elif not (
@@ -1741,6 +1999,7 @@ class MasterState:
 EVENTS = (
     "mount_segment",
     "unmount_segment",
+    "drain",
     "heartbeat",
     "command_done",
     "command_expired",

@@ -48,6 +48,9 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "promoting": ("put_id", "source", "target"),
     "demoted": ("put_id", "replica"),
     "promoted": ("put_id", "replica"),
+    "replicating": ("put_id", "source", "target"),  # a copy to another node began
+    "replicated": ("put_id", "replica"),
+    "replica_trimmed": ("put_id", "replica"),  # a surplus (its node came back)
     "move_failed": ("put_id", "target", "reason"),
     "pin_ended": ("put_id",),
 }

@@ -149,20 +149,28 @@ class UnmountSegmentResponse(_message.Message):
     def __init__(self, objects_removed: _Optional[int] = ..., drain_ms: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "segment_ids", "incarnation")
+    __slots__ = ("node_id", "segment_ids", "incarnation", "draining")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_IDS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     segment_ids: _containers.RepeatedScalarFieldContainer[str]
     incarnation: str
-    def __init__(self, node_id: _Optional[str] = ..., segment_ids: _Optional[_Iterable[str]] = ..., incarnation: _Optional[str] = ...) -> None: ...
+    draining: bool
+    def __init__(self, node_id: _Optional[str] = ..., segment_ids: _Optional[_Iterable[str]] = ..., incarnation: _Optional[str] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("remount_segment_ids",)
+    __slots__ = ("remount_segment_ids", "draining", "drain_objects_left", "drain_bytes_left")
     REMOUNT_SEGMENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_OBJECTS_LEFT_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_BYTES_LEFT_FIELD_NUMBER: _ClassVar[int]
     remount_segment_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, remount_segment_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    draining: bool
+    drain_objects_left: int
+    drain_bytes_left: int
+    def __init__(self, remount_segment_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., drain_objects_left: _Optional[int] = ..., drain_bytes_left: _Optional[int] = ...) -> None: ...
 
 class PutStartRequest(_message.Message):
     __slots__ = ("client_id", "keys", "sizes", "replicas", "preferred_hosts", "pin", "pin_ttl_ms", "tier", "avoid_nodes")
@@ -466,16 +474,18 @@ class Forget(_message.Message):
     def __init__(self, segment_id: _Optional[str] = ..., objects: _Optional[_Iterable[_Union[StoredObject, _Mapping]]] = ...) -> None: ...
 
 class Copy(_message.Message):
-    __slots__ = ("source", "source_segment_id", "target", "target_segment_id")
+    __slots__ = ("source", "source_segment_id", "target", "target_segment_id", "source_segment")
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     SOURCE_SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     TARGET_SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_SEGMENT_FIELD_NUMBER: _ClassVar[int]
     source: StoredObject
     source_segment_id: str
     target: StoredObject
     target_segment_id: str
-    def __init__(self, source: _Optional[_Union[StoredObject, _Mapping]] = ..., source_segment_id: _Optional[str] = ..., target: _Optional[_Union[StoredObject, _Mapping]] = ..., target_segment_id: _Optional[str] = ...) -> None: ...
+    source_segment: Segment
+    def __init__(self, source: _Optional[_Union[StoredObject, _Mapping]] = ..., source_segment_id: _Optional[str] = ..., target: _Optional[_Union[StoredObject, _Mapping]] = ..., target_segment_id: _Optional[str] = ..., source_segment: _Optional[_Union[Segment, _Mapping]] = ...) -> None: ...
 
 class NodeReport(_message.Message):
     __slots__ = ("hello", "result")
@@ -544,6 +554,22 @@ class ListKeysResponse(_message.Message):
     sizes: _containers.RepeatedScalarFieldContainer[int]
     next_start_after: str
     def __init__(self, keys: _Optional[_Iterable[str]] = ..., sizes: _Optional[_Iterable[int]] = ..., next_start_after: _Optional[str] = ...) -> None: ...
+
+class DrainRequest(_message.Message):
+    __slots__ = ("node_id",)
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    def __init__(self, node_id: _Optional[str] = ...) -> None: ...
+
+class DrainResponse(_message.Message):
+    __slots__ = ("objects_left", "bytes_left", "live_nodes")
+    OBJECTS_LEFT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_LEFT_FIELD_NUMBER: _ClassVar[int]
+    LIVE_NODES_FIELD_NUMBER: _ClassVar[int]
+    objects_left: int
+    bytes_left: int
+    live_nodes: int
+    def __init__(self, objects_left: _Optional[int] = ..., bytes_left: _Optional[int] = ..., live_nodes: _Optional[int] = ...) -> None: ...
 
 class ClusterStatusRequest(_message.Message):
     __slots__ = ()

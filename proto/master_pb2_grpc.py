@@ -124,6 +124,11 @@ class MasterStub:
                 request_serializer=kvpool_dot_proto_dot_master__pb2.LaneRequest.SerializeToString,
                 response_deserializer=kvpool_dot_proto_dot_master__pb2.LaneResponse.FromString,
                 _registered_method=True)
+        self.Drain = channel.unary_unary(
+                '/kvpool.v1.Master/Drain',
+                request_serializer=kvpool_dot_proto_dot_master__pb2.DrainRequest.SerializeToString,
+                response_deserializer=kvpool_dot_proto_dot_master__pb2.DrainResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -243,6 +248,13 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Drain(self, request, context):
+        """Admins: drain a storage node (copy its objects elsewhere, then it leaves).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -335,6 +347,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.Lane,
                     request_deserializer=kvpool_dot_proto_dot_master__pb2.LaneRequest.FromString,
                     response_serializer=kvpool_dot_proto_dot_master__pb2.LaneResponse.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=kvpool_dot_proto_dot_master__pb2.DrainRequest.FromString,
+                    response_serializer=kvpool_dot_proto_dot_master__pb2.DrainResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -823,6 +840,33 @@ class Master:
             '/kvpool.v1.Master/Lane',
             kvpool_dot_proto_dot_master__pb2.LaneRequest.SerializeToString,
             kvpool_dot_proto_dot_master__pb2.LaneResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvpool.v1.Master/Drain',
+            kvpool_dot_proto_dot_master__pb2.DrainRequest.SerializeToString,
+            kvpool_dot_proto_dot_master__pb2.DrainResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,18 +1,27 @@
-"""A storage node carrying out the master's commands on its segments."""
+"""A storage node carrying out the master's commands on its segments.
+
+A Copy comes from another segment of this node (a demotion or promotion), or from another
+node's segment (``source_segment`` set: re-replication, a drain), read over UCX by
+``peer_copy.PeerCopier`` and checked against the object's checksum before it is recorded.
+"""
 
 from __future__ import annotations
 
 import time
 
+from kvpool.common.status import Tier
 from kvpool.proto import master_pb2 as pb
 from kvpool.storage_node import metrics
 from kvpool.storage_node.object_index import Entry
+from kvpool.storage_node.peer_copy import PeerCopier, PeerCopyFailed
 from kvpool.storage_node.segment import Segment
 
 
 class CommandExecutor:
-    def __init__(self, segments: list[Segment]) -> None:
+    def __init__(self, segments: list[Segment], peers: PeerCopier | None = None) -> None:
+        """``peers`` reads other nodes' objects (None: copies from other nodes fail)."""
         self._segments = {s.segment_id: s for s in segments}
+        self._peers = peers
 
     def quick(self, command: pb.NodeCommand) -> bool:
         """Whether a command only touches memory (no disk sync, no bulk copy): such commands
@@ -40,6 +49,10 @@ class CommandExecutor:
             elif kind == "prepare":
                 prepare = command.prepare
                 self._segment(prepare.segment_id).prepare(prepare.offset, prepare.size)
+            elif kind == "copy" and command.copy.HasField("source_segment"):
+                copy = command.copy
+                target = self._segment(copy.target_segment_id)
+                result.crc32c.extend(self._copy_from_peer(copy, target))
             elif kind == "copy":
                 copy = command.copy
                 target = self._segment(copy.target_segment_id)
@@ -55,6 +68,38 @@ class CommandExecutor:
             result.error = f"{type(error).__name__}: {error}"
         metrics.command_done(metrics.command_kind(kind), result.ok, time.perf_counter() - began)
         return result
+
+    def _copy_from_peer(self, copy: pb.Copy, target: Segment) -> list[int]:
+        """Reads an object of another node into ``target`` and records it there; returns
+        the checksum of what it holds. Bytes that do not match the object's checksum (when
+        the master knows it) are not recorded."""
+        if self._peers is None:
+            raise PeerCopyFailed("this node copies nothing from other nodes")
+        source = copy.source_segment
+        if source.segment_id != copy.source_segment_id or source.segment_id in self._segments:
+            raise ValueError(f"segment {source.segment_id!r} is not another node's")
+        entry = _entry(copy.target)
+        if entry.offset < 0 or entry.offset + entry.size > target.size:
+            raise ValueError(
+                f"{entry.key!r} at {entry.offset}+{entry.size} lies outside segment "
+                f"{target.segment_id} of {target.size} bytes"
+            )
+        if copy.source.size != entry.size:
+            raise ValueError(f"source and target of {entry.key!r} differ in size")
+        target.prepare(entry.offset, entry.size)  # a full disk fails here, not as a SIGBUS
+        region = target.region
+        self._peers.read(
+            source, copy.source.offset, entry.size, region.address + entry.offset, region.memh
+        )
+        crc = target.checksum(entry.offset, entry.size)
+        if copy.source.HasField("crc32c") and crc != copy.source.crc32c:
+            raise PeerCopyFailed(
+                f"the bytes of {entry.key!r} read from node {source.node_id} do not match its "
+                f"checksum ({crc:#010x}, expected {copy.source.crc32c:#010x}): not recorded"
+            )
+        crcs = target.record([entry])
+        metrics.copied(Tier(source.tier), target.tier, entry.size)
+        return crcs or [crc]
 
     def _segment(self, segment_id: str) -> Segment:
         try:

@@ -113,7 +113,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--drain-timeout",
         type=seconds(0, MAX_SECONDS, zero=True),
         default=30.0,
-        help="on shutdown, keep memory at most this long for readers holding leases (s)",
+        help="on shutdown, keep memory at most this long for readers holding leases (s); "
+        "draining (--drain-on-term, kvpool drain), wait at most this long for the objects "
+        "to be copied to other nodes first",
+    )
+    parser.add_argument(
+        "--drain-on-term",
+        action="store_true",
+        help="on SIGTERM, drain before leaving: take no new objects and wait (at most "
+        "--drain-timeout) until the master has copied every object that would lose a "
+        "replica to other nodes. Give the process that long to stop (Kubernetes: "
+        "terminationGracePeriodSeconds)",
     )
     parser.add_argument(
         "--ready-file", default=None, help="write the node's id and ports here as JSON once ready"
@@ -254,6 +264,7 @@ async def _serve(
         heartbeat_interval=args.heartbeat_interval,
         drain_timeout=args.drain_timeout,
         credentials=credentials,
+        drain_on_term=args.drain_on_term,
     )
     log.info(
         "node starting",

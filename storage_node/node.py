@@ -5,8 +5,14 @@ one-sided UCX operations. Its own work is to keep its UCX worker progressing (ne
 TCP's software RMA) on a thread that sleeps on the worker's event fd; to mount its segments at
 the master, with the objects they already hold; to heartbeat; to remount when the master asks
 (after a master restart); to carry out the master's commands (record published objects,
-forget removed ones, copy between tiers) over its session stream; and to unmount cleanly
-when told to stop.
+forget removed ones, copy between tiers, copy another node's objects in) over its session
+stream; and to unmount cleanly when told to stop.
+
+Draining: a node told to stop with ``drain_on_term`` (or one the master drains, at an admin's
+``kvpool drain``) first says so in its heartbeats: the master places nothing new here and
+copies every object that would otherwise lose a replica to other nodes. The node keeps
+serving (reads, its command stream) until the master reports nothing left to copy, or
+``drain_timeout`` has passed; then it unmounts and stops.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from kvpool.proto import master_pb2_grpc
 from kvpool.security.caller import ANONYMOUS, CallerCredentials
 from kvpool.storage_node import lane_session, metrics
 from kvpool.storage_node.commands import CommandExecutor
+from kvpool.storage_node.peer_copy import PeerCopier
 from kvpool.storage_node.segment import Segment
 from kvpool.transport import ucp
 
@@ -39,6 +46,8 @@ RPC_TIMEOUT = 2.0
 MOUNT_POLL = 0.05
 #: How long a stopping node waits for a command running on a worker thread (a copy, a sync).
 COMMAND_GRACE = 60.0
+#: Longest pause between heartbeats while draining: the node leaves soon after the last copy.
+DRAIN_POLL = 0.25
 
 
 class StorageNode:
@@ -54,7 +63,11 @@ class StorageNode:
         heartbeat_interval: float = 1.0,
         drain_timeout: float = 30.0,
         credentials: CallerCredentials = ANONYMOUS,
+        drain_on_term: bool = False,
     ) -> None:
+        """``drain_timeout``: how long a node that stops keeps its memory for readers that
+        hold leases; and, draining, how long it waits for its objects to be copied away.
+        ``drain_on_term``: a stop (SIGTERM) drains first."""
         self.node_id = node_id
         self.credentials = credentials
         #: gRPC metadata of every call to the master: the node's token.
@@ -77,7 +90,17 @@ class StorageNode:
         self._last_contact = time.monotonic()
         self._progress = ucp.ProgressThread(worker)
         self._failures = 0
-        self._executor = CommandExecutor(segments)
+        self._peers = PeerCopier(context)
+        self._executor = CommandExecutor(segments, self._peers)
+        self.drain_on_term = drain_on_term
+        #: Draining: until when at most, whether the master said nothing is left, and what
+        #: it last said was left (objects, bytes).
+        self._draining = False
+        self._drain_deadline = 0.0
+        self._drained = False
+        self._drain_left = (-1, -1)
+        #: Set once the node decided to leave (stopped, or drained): ends its command stream.
+        self._leave: asyncio.Event | None = None
         #: The command running on a worker thread, if any (commands run one at a time).
         self._command_running: asyncio.Future[pb.CommandResult] | None = None
 
@@ -98,10 +121,11 @@ class StorageNode:
         metrics.HOLDINGS.watch(self.segments, asyncio.get_running_loop())
         announced = False
         drain = 0.0
+        self._leave = leave = asyncio.Event()
         while True:
             leader = await asyncio.to_thread(lambda: self._resolver.current)
             if not leader:
-                if stop.is_set():
+                if self._leaving(stop):
                     break
                 await pause(stop, self.heartbeat_interval)
                 await asyncio.to_thread(self._resolver.failed)
@@ -110,9 +134,9 @@ class StorageNode:
                 stub = master_pb2_grpc.MasterStub(channel)
                 self.mounted.clear()  # a new leader (or the first): mount everything there
                 session_over = asyncio.Event()
-                session = asyncio.create_task(self._keep_session(stub, leader, stop, session_over))
+                session = asyncio.create_task(self._keep_session(stub, leader, leave, session_over))
                 hint = None
-                while not stop.is_set() and hint is None:
+                while not self._leaving(stop) and hint is None:
                     hint = await self._sync_with_master(stub)
                     if not announced and self.ready[0]:
                         announced = True
@@ -120,13 +144,13 @@ class StorageNode:
                         if on_ready is not None:
                             on_ready()
                     if hint is None:
-                        await pause(stop, self.heartbeat_interval)
-                if stop.is_set():
+                        await self._pause(stop)
+                if leave.is_set():
                     drain = await self._unmount_all(stub)
                 session_over.set()
                 session.cancel()
                 await asyncio.wait({session}, timeout=2 * RPC_TIMEOUT)
-            if stop.is_set():
+            if leave.is_set():
                 break
             log.warning("looking for the leading master", was=leader, hint=hint or "(ask again)")
             await asyncio.to_thread(self._resolver.failed, hint or "")
@@ -142,6 +166,61 @@ class StorageNode:
             log.warning("a command still runs; leaving its memory to the process exit")
             return
         self.close()
+
+    def _leaving(self, stop: asyncio.Event) -> bool:
+        """Whether the node leaves now (and sets ``_leave`` if so): told to stop and not
+        draining, or drained, or past its drain deadline. A stop with ``drain_on_term``
+        starts the drain instead."""
+        assert self._leave is not None
+        if self._leave.is_set():
+            return True
+        if self._draining:
+            if self._drained:
+                log.info("drained: leaving", node_id=self.node_id)
+            elif time.monotonic() >= self._drain_deadline:
+                objects, size = self._drain_left
+                log.warning(
+                    "drain deadline passed: leaving with objects not copied away",
+                    objects_left=objects if objects >= 0 else "(unknown: no answer)",
+                    bytes_left=size if size >= 0 else "(unknown)",
+                    drain_timeout=self.drain_timeout,
+                )
+            else:
+                return False
+        elif stop.is_set() and self.drain_on_term and self.mounted:
+            self._start_drain("stopping (--drain-on-term)")
+            return False
+        elif not stop.is_set():
+            return False
+        self._leave.set()
+        return True
+
+    def _start_drain(self, why: str) -> None:
+        self._draining = True
+        self._drain_deadline = time.monotonic() + self.drain_timeout
+        log.info("draining", node_id=self.node_id, why=why, timeout=self.drain_timeout)
+
+    async def _pause(self, stop: asyncio.Event) -> None:
+        if self._draining:
+            await asyncio.sleep(min(self.heartbeat_interval, DRAIN_POLL))
+        else:
+            await pause(stop, self.heartbeat_interval)
+
+    def _heard_drain(self, response: pb.HeartbeatResponse) -> None:
+        """What a heartbeat's answer says of draining: the master drains this node (an
+        admin asked: start), and how much is left (none: leave)."""
+        if response.draining:
+            if not self._draining:
+                self._start_drain("the master drains this node (kvpool drain)")
+            left = (response.drain_objects_left, response.drain_bytes_left)
+            if left != self._drain_left:
+                log.info("drain progress", objects_left=left[0], bytes_left=left[1])
+            self._drain_left = left
+            self._drained = left[0] == 0
+        elif self._draining:  # asked, and refused: this master copies nothing between nodes
+            if not self._drained:
+                log.warning("the master copies no objects between nodes: leaving undrained")
+            self._drained = True
 
     async def _sync_with_master(self, stub: master_pb2_grpc.MasterStub) -> str | None:
         """Mounts what is not mounted and heartbeats. Returns None while this master serves
@@ -180,10 +259,12 @@ class StorageNode:
                     node_id=self.node_id,
                     segment_ids=[s.segment_id for s in self.segments],
                     incarnation=self.incarnation,
+                    draining=self._draining,
                 ),
                 timeout=RPC_TIMEOUT,
                 metadata=self._metadata,
             )
+            self._heard_drain(response)
             if response.remount_segment_ids:
                 log.warning("master asks to remount", segments=list(response.remount_segment_ids))
                 self.mounted.difference_update(response.remount_segment_ids)
@@ -226,8 +307,9 @@ class StorageNode:
         over: asyncio.Event,
     ) -> None:
         """Keeps the command stream to this master open (reopening it after a master
-        restart) and answers each command in order, until ``stop`` or ``over``. The stream
-        takes the master's metadata lane where it has one, else gRPC."""
+        restart) and answers each command in order, until ``stop`` (the node leaves: a
+        draining node keeps it, to copy) or ``over``. The stream takes the master's
+        metadata lane where it has one, else gRPC."""
         lane_unreachable = False  # then this master's streams use gRPC
         while not stop.is_set() and not over.is_set():
             if not self.mounted:  # a master takes command streams only from nodes it knows
@@ -334,6 +416,7 @@ class StorageNode:
 
     def close(self) -> None:
         metrics.HOLDINGS.stop_watching()
+        self._peers.close()
         self._progress.stop()
         for segment in self.segments:
             segment.close()

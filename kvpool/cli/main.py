@@ -20,6 +20,7 @@ grpc_tuning.apply()  # a kvpool process: its own gRPC settings, before anything 
 
 from kvpool.cli import (  # noqa: E402  (after the settings above)
     client_commands,
+    drain_command,
     quota_command,
     token_command,
 )
@@ -47,6 +48,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             module.add_arguments(service)
             service.set_defaults(run=module.run)
     client_commands.add_commands(commands)
+    drain_command.add_commands(commands)
     token_command.add_commands(commands)
     quota_command.add_commands(commands)
     return parser

@@ -290,6 +290,59 @@ def test_nvme_flags_only_when_nvme_is_enabled(renders: dict[str, Render], value_
     assert has_flags == has_mount == render.values["storage"]["nvme"]["enabled"]
 
 
+def test_drain_on_termination_gets_a_grace_period_sized_from_the_data(
+    renders: dict[str, Render],
+) -> None:
+    """SIGTERM drains (--drain-on-term) under a deadline sized from what the node holds (its
+    DRAM and NVMe segments) at the master's re-replication rate, and Kubernetes waits that
+    long, plus the readers' leases, before it kills the pod."""
+    render = renders["drain-warm-restart"]
+    values = render.values
+    args = parse_cli(container_argv(render.container("node")))
+    rate = parse_size(values["master"]["rereplicationRate"])
+    held = parse_size(values["storage"]["dram"]) + parse_size(values["storage"]["nvme"]["size"])
+    assert args.drain_on_term is True
+    assert args.drain_timeout == -(-held // rate) + 60
+    pod = _pod(render.get("StatefulSet", f"{render.fullname}-node"))
+    assert pod["terminationGracePeriodSeconds"] >= args.drain_timeout + values["master"]["leaseTtl"]
+    master = parse_cli(container_argv(render.container("master")))
+    assert master.rereplication_rate == rate
+    assert config_from_args(master).rereplication_rate == rate
+
+
+def test_warm_restart_keeps_the_dram_segment_in_a_host_shared_memory_directory(
+    renders: dict[str, Render],
+) -> None:
+    render = renders["drain-warm-restart"]
+    warm = render.values["storage"]["warmRestart"]
+    container = render.container("node")
+    args = parse_cli(container_argv(container))
+    assert args.dram_shm is True and args.shm_dir == warm["mountPath"]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts["shm"] == warm["mountPath"]
+    volumes = {
+        v["name"]: v for v in _pod(render.get("StatefulSet", f"{render.fullname}-node"))["volumes"]
+    }
+    assert volumes["shm"]["hostPath"] == {"path": "/dev/shm/kvpool", "type": "DirectoryOrCreate"}
+    assert args.node_id == "<POD_NAME>", "a stable id: the restarted pod reports under it"
+
+
+def test_no_drain_or_warm_restart_unless_asked(renders: dict[str, Render], value_set: str) -> None:
+    render = renders[value_set]
+    storage = render.values["storage"]
+    args = parse_cli(container_argv(render.container("node")))
+    assert args.drain_on_term is storage["drain"]["onTermination"]
+    assert args.dram_shm is storage["warmRestart"]["enabled"]
+    if not storage["drain"]["onTermination"]:
+        pod = _pod(_workload(render, "node"))
+        assert pod["terminationGracePeriodSeconds"] == storage["terminationGracePeriodSeconds"]
+
+
+def test_rejects_drain_without_a_rereplication_rate(render: Renderer) -> None:
+    values = {"master": {"rereplicationRate": "0"}, "storage": {"drain": {"onTermination": True}}}
+    assert "rereplicationRate" in rejected(render, values)
+
+
 def test_host_network_daemonset(renders: dict[str, Render]) -> None:
     render = renders["hostnetwork-daemonset"]
     pod = render.get("DaemonSet", f"{render.fullname}-node")["spec"]["template"]["spec"]

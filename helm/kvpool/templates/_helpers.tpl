@@ -169,6 +169,45 @@ size; the check here guards the template against being called with anything else
 {{- end -}}
 
 {{/*
+Re-replication and drains. "kvpool.rereplicationRate": master.rereplicationRate in bytes per
+second (0: off). "kvpool.node.drainTimeout": storage.drain.timeout, or when 0 the time to copy
+a whole node (its DRAM and NVMe segments) at that rate, plus a minute. "kvpool.node.grace":
+the pod's terminationGracePeriodSeconds: with drain.onTermination, enough for the drain, the
+readers' leases and the exit.
+*/}}
+{{- define "kvpool.rereplicationRate" -}}
+{{- $rate := toString .Values.master.rereplicationRate -}}
+{{- if eq $rate "0" -}}0{{- else -}}
+{{- include "kvpool.bytes" (dict "key" "master.rereplicationRate" "value" $rate) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kvpool.node.drainTimeout" -}}
+{{- $s := .Values.storage -}}
+{{- if $s.drain.timeout -}}{{ int $s.drain.timeout }}{{- else -}}
+{{- $rate := include "kvpool.rereplicationRate" . | int64 -}}
+{{- if not $rate -}}
+{{- fail "storage.drain.onTermination needs master.rereplicationRate above 0: a drain copies objects at that rate" -}}
+{{- end -}}
+{{- $bytes := include "kvpool.bytes" (dict "key" "storage.dram" "value" $s.dram) | int64 -}}
+{{- if $s.nvme.enabled -}}
+{{- $bytes = add $bytes (include "kvpool.bytes" (dict "key" "storage.nvme.size" "value" $s.nvme.size) | int64) -}}
+{{- end -}}
+{{- add (div (add $bytes (sub $rate 1)) $rate) 60 -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "kvpool.node.grace" -}}
+{{- $s := .Values.storage -}}
+{{- $grace := int $s.terminationGracePeriodSeconds -}}
+{{- if $s.drain.onTermination -}}
+{{- $needed := add (include "kvpool.node.drainTimeout" . | int) (ceil .Values.master.leaseTtl | int) 30 -}}
+{{- $grace = max $grace $needed -}}
+{{- end -}}
+{{- $grace -}}
+{{- end -}}
+
+{{/*
 Storage node memory: the segment plus the overhead, unless the user set a request or limit, in
 which case it must cover that much. Returns a dict as JSON: {"request": "...", "limit": "..."}.
 */}}
