@@ -66,6 +66,74 @@ unsigned kv_worker_progress(ucp_worker_h worker);
 void kv_log_install(int notify_fd, int also_ucx);
 size_t kv_log_take(kv_log_entry_t *out, size_t max, uint64_t *dropped);
 void kv_log_emit(int level, unsigned line, const char *text);
+
+/* checked data path: capabilities and active messages (ucp_helpers.c, second half) */
+typedef struct kv_am_server kv_am_server_t;
+typedef struct kv_am_client kv_am_client_t;
+
+typedef struct {
+    ucp_ep_h ep;
+    void *local;
+    size_t length;
+    uint64_t offset;
+    const uint8_t *cap;
+    size_t cap_len;
+    ucp_mem_h memh;
+} kv_am_op_t;
+
+#define KV_FEATURE_RMA ...
+#define KV_FEATURE_AM ...
+#define KV_CAP_LEN ...
+#define KV_REQ_LEN ...
+#define KV_REPLY_LEN ...
+#define KV_REQ_MAGIC ...
+#define KV_REPLY_MAGIC ...
+#define KV_AM_ID_PUT ...
+#define KV_AM_ID_GET ...
+#define KV_AM_ID_PUT_REPLY ...
+#define KV_AM_ID_GET_DATA ...
+#define KV_AM_REFUSED ...
+#define KV_AM_NCODES ...
+#define KV_AM_NCOUNTERS ...
+#define KV_CNT_PUTS ...
+#define KV_CNT_GETS ...
+#define KV_CNT_PUT_BYTES ...
+#define KV_CNT_GET_BYTES ...
+#define KV_CNT_NO_REPLY_EP ...
+#define KV_CNT_COMPLETION_ERRORS ...
+#define KV_CNT_REPLIES_DROPPED ...
+#define UCS_ERR_REJECTED ...
+
+int kv_context_create_features(ucp_context_h *out, const char **keys, const char **values,
+                               size_t n, int features);
+void kv_hmac_sha256(const uint8_t *key, size_t key_len, const uint8_t *msg, size_t n,
+                    uint8_t *out);
+int kv_cap_check(const uint8_t *cap, size_t cap_len, const uint16_t *key_ids,
+                 const uint8_t *keys, size_t n_keys, uint64_t min_term, uint64_t now_ms,
+                 uint64_t skew_ms, const uint8_t *digest, uint64_t offset, uint64_t length,
+                 int rights);
+int kv_am_server_create(ucp_worker_h worker, uint32_t max_inflight, uint64_t rndv_thresh,
+                        kv_am_server_t **out);
+uint32_t kv_am_server_destroy(kv_am_server_t *s);
+int kv_am_server_set_key(kv_am_server_t *s, uint16_t key_id, const uint8_t *key,
+                         size_t key_len);
+int kv_am_server_remove_key(kv_am_server_t *s, uint16_t key_id);
+void kv_am_server_set_policy(kv_am_server_t *s, int64_t offset_ms, uint64_t skew_ms,
+                             uint64_t min_term);
+int kv_am_server_add_segment(kv_am_server_t *s, const uint8_t *digest, void *base,
+                             uint64_t length, ucp_mem_h memh);
+int kv_am_server_remove_segment(kv_am_server_t *s, const uint8_t *digest);
+void kv_am_server_counters(kv_am_server_t *s, uint64_t *out, size_t n, uint32_t *inflight);
+int kv_am_client_create(ucp_worker_h worker, kv_am_client_t **out);
+void kv_am_client_destroy(kv_am_client_t *c);
+void kv_am_client_strays(kv_am_client_t *c, uint64_t *count, int *last_code);
+int kv_am_transfer(kv_am_client_t *c, int efd, int is_get, kv_am_op_t *ops, size_t n,
+                   uint64_t rndv_thresh, double timeout, double grace, int *status,
+                   int *tainted);
+int kv_am_send_raw(ucp_worker_h worker, int efd, ucp_ep_h ep, unsigned id, const void *header,
+                   size_t header_length, const void *data, size_t length, uint32_t flags,
+                   double timeout);
+int kv_worker_max_am_header(ucp_worker_h worker, size_t *out);
 """
 
 

@@ -65,16 +65,30 @@ def _effective_config(overrides: Mapping[str, str] | None) -> dict[str, str]:
 
 
 class Context:
-    """A UCP context with RMA and wakeup features; owns memory registrations."""
+    """A UCP context with RMA and wakeup features; owns memory registrations.
 
-    def __init__(self, config: Mapping[str, str] | None = None) -> None:
+    ``rma=False, active_messages=True`` makes a context for a storage node that serves only
+    checked requests (``ucp_am.AmServer``): UCP then runs no peer's software RMA on it."""
+
+    def __init__(
+        self,
+        config: Mapping[str, str] | None = None,
+        *,
+        rma: bool = True,
+        active_messages: bool = False,
+    ) -> None:
         settings = _effective_config(config)
         keys = [ffi.new("char[]", k.encode()) for k in settings]
         values = [ffi.new("char[]", v.encode()) for v in settings.values()]
         out = ffi.new("ucp_context_h *")
-        status = lib.kv_context_create(
-            out, ffi.new("const char *[]", keys), ffi.new("const char *[]", values), len(keys)
-        )
+        c_keys, c_values = ffi.new("const char *[]", keys), ffi.new("const char *[]", values)
+        if rma and not active_messages:
+            status = lib.kv_context_create(out, c_keys, c_values, len(keys))
+        else:
+            features = (lib.KV_FEATURE_RMA if rma else 0) | (
+                lib.KV_FEATURE_AM if active_messages else 0
+            )
+            status = lib.kv_context_create_features(out, c_keys, c_values, len(keys), features)
         _check("ucp_init", status)
         self._handle = out[0]
         self._closed = False
