@@ -83,12 +83,45 @@ def _ip(*args: str) -> None:
 
 def _remove_stale() -> None:
     """Removes namespaces that an earlier, killed benchmark left behind."""
-    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
-    for line in listing.stdout.splitlines():
-        name = line.split()[0] if line.strip() else ""
+    for name in namespaces():
         owner = name.rsplit("-", 1)[-1]
         if name.startswith(NAMESPACE_PREFIX) and owner.isdigit() and not _alive(int(owner)):
-            subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
+            delete_namespace(name)
+
+
+def namespaces() -> list[str]:
+    """The names of this machine's named network namespaces."""
+    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False)
+    return [line.split()[0] for line in listing.stdout.splitlines() if line.strip()]
+
+
+def delete_namespace(name: str) -> None:
+    subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
+
+
+def remove_stale_owned(prefix: str) -> list[str]:
+    """Deletes namespaces named ``PREFIX<pid>-...`` whose owner ``pid`` has exited (a run
+    that was killed before it cleaned up); returns their names."""
+    removed = []
+    for name in namespaces():
+        owner = name[len(prefix) :].split("-", 1)[0]
+        if name.startswith(prefix) and owner.isdigit() and not _alive(int(owner)):
+            delete_namespace(name)
+            removed.append(name)
+    return removed
+
+
+def enter_prefix(namespace: str) -> tuple[str, ...]:
+    """The argv prefix that runs a command in ``namespace``. ``ip netns exec`` gives it a
+    mount namespace of its own with that network's ``/sys`` (UCX lists its devices in
+    ``/sys/class/net``), a slave of ours, so file systems mounted or unmounted here later
+    are seen there; it execs, so the pid is the command's."""
+    return ("ip", "netns", "exec", namespace)
+
+
+def ip(*args: str) -> None:
+    """Runs ``ip ARGS``; raises with its message when it fails."""
+    _ip(*args)
 
 
 def _alive(pid: int) -> bool:

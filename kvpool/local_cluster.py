@@ -21,7 +21,8 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -50,8 +51,23 @@ def _die_with_parent() -> None:
 PR_SET_PDEATHSIG = 1
 
 
+@dataclass(frozen=True)
+class Site:
+    """Where one process of a cluster runs: ``prefix`` starts it there (``nsenter
+    --net=/run/netns/NAME``: a network namespace of its own), ``host`` is the address it
+    listens on and is reached at. A site with a prefix has its network to itself, so a
+    master there takes kvpool's default ports and advertises ``host`` (its peers' hints must
+    name an address they can reach, not the machine's host name)."""
+
+    host: str = "127.0.0.1"
+    prefix: tuple[str, ...] = ()
+
+
 class ManagedProcess:
     """A child process with its log file and ready file."""
+
+    #: The address it listens on (its ``Site``'s host).
+    host: str = "127.0.0.1"
 
     def __init__(self, name: str, argv: list[str], run_dir: Path, env: dict[str, str]) -> None:
         self.name = name
@@ -161,6 +177,7 @@ class LocalCluster:
         tenants: Sequence[str] = (DEFAULT_TENANT,),
         tokens: Sequence[TokenRecord] = (),
         etcd_tls: bool = False,
+        sites: Callable[[str], Site] | None = None,
     ) -> None:
         if masters > 1 and not etcd:
             raise ValueError("several masters need etcd to elect a leader")
@@ -195,6 +212,8 @@ class LocalCluster:
         #: Tokens made for this cluster: "admin", and one per tenant asked for.
         self.admin_token = ""
         self.tenant_tokens: dict[str, str] = {}
+        #: Where each process runs, by name (``master0``, ``node1``...): loopback by default.
+        self.sites = sites or (lambda name: Site())
 
     # ---- credentials
 
@@ -296,7 +315,7 @@ class LocalCluster:
             if self.etcd_tls:  # (clients read etcd's gateway without certificates: see
                 # docs/security.md; they follow the masters' leader hints instead)
                 self.master_address = ",".join(
-                    f"127.0.0.1:{m.ready['grpc_port']}" for m in self.masters
+                    f"{m.host}:{m.ready['grpc_port']}" for m in self.masters
                 )
             else:
                 self.master_address = f"etcd://{self.etcd}/{self.name}"
@@ -333,16 +352,20 @@ class LocalCluster:
 
     def add_master(self, deadline: float | None = None) -> ManagedProcess:
         """Starts one more master that campaigns for leadership through etcd."""
+        name = f"master{len(self.masters)}"
+        site = self.sites(name)
+        ports = ("50051", "50052", "9090") if site.prefix else ("0", "0", "0")
         argv = self._kvpool(
             "master",
             "--host",
-            "127.0.0.1",
+            site.host,
             "--port",
-            "0",
+            ports[0],
             "--lane-port",
-            "0",
+            ports[1],
             "--http-port",
-            "0",
+            ports[2],
+            *(("--advertise", f"{site.host}:{ports[0]}") if site.prefix else ()),
             *self._etcd_args(),
             "--cluster",
             self.name,
@@ -351,7 +374,8 @@ class LocalCluster:
             *self._master_security_args(),
             *self.master_args,
         )
-        master = ManagedProcess(f"master{len(self.masters)}", argv, self.run_dir, self.env)
+        master = ManagedProcess(name, [*site.prefix, *argv], self.run_dir, self.env)
+        master.host = site.host
         master.ready = master.wait_ready(deadline or time.monotonic() + 60)
         self.masters.append(master)
         return master
@@ -361,7 +385,7 @@ class LocalCluster:
         for master in self.masters:
             if not master.alive():
                 continue
-            url = f"http://127.0.0.1:{master.ready['http_port']}/readyz"
+            url = f"http://{master.host}:{master.ready['http_port']}/readyz"
             try:
                 with urllib.request.urlopen(url, timeout=1) as response:
                     if response.status == 200:
@@ -386,6 +410,7 @@ class LocalCluster:
     ) -> ManagedProcess:
         deadline = deadline or time.monotonic() + 60
         name = f"node{len(self.nodes)}"
+        site = self.sites(name)
         argv = self._kvpool(
             "node",
             "--master",
@@ -393,7 +418,7 @@ class LocalCluster:
             "--dram",
             dram or self.dram,
             "--listen",
-            "127.0.0.1",
+            site.host,
             "--http-port",
             "0",
             "--node-id",
@@ -414,7 +439,8 @@ class LocalCluster:
             env.pop("KVPOOL_TOKEN_FILE", None)
         else:
             argv.append("--insecure")
-        node = ManagedProcess(name, argv, self.run_dir, env)
+        node = ManagedProcess(name, [*site.prefix, *argv], self.run_dir, env)
+        node.host = site.host
         node.ready = node.wait_ready(deadline)
         self.nodes.append(node)
         return node

@@ -1,0 +1,373 @@
+"""A chaos run: the network, the system, the load, rounds of faults, and the verdict.
+
+``ChaosRun`` starts everything (``start``), plays rounds of faults while the clients keep
+putting, getting and removing (``play``), measures after each round how long the cluster
+takes to converge once the last fault healed, checks the history so far (``check``) and at
+the end reads back every acknowledged object and compares the processes' memory and threads
+with what they held after the warm-up (``finish``). ``close`` always cleans up: processes,
+namespaces, the switch, the loop device and the disk throttle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from bench.chaos import checker, history
+from bench.chaos.checker import Findings, Stall
+from bench.chaos.cluster import ChaosCluster, Layout
+from bench.chaos.faults import STALLS, THROTTLE, Fault, Injected, Stage, inject
+from bench.chaos.monitor import LeaderWatch, Usage, usage_of
+from bench.chaos.topology import Network
+
+#: Seconds the cluster has, after the last fault of a round healed, to converge.
+CONVERGE_WITHIN = 45.0
+#: Seconds a call may run past its client's timeout before it counts as late.
+SLACK = 3.0
+#: Resident memory a process may gain over the run (after the warm-up): the larger of these.
+RSS_GROWTH_KIB = 96 * 1024
+RSS_GROWTH_RATIO = 0.5
+THREAD_GROWTH = 8
+#: Set (to anything but "0") once re-replication exists: convergence then also waits for
+#: every acknowledged object to have its replicas back (issue 24, part A).
+REREPLICATION_ENV = "KVPOOL_CHAOS_REREPLICATION"
+
+
+@dataclass
+class RoundReport:
+    name: str
+    faults: list[str]
+    targets: list[str]
+    converged_s: float | None  # after the last heal; None: not within CONVERGE_WITHIN
+    waiting_for: str = ""  # what was still missing when it did not converge
+    started: float = 0.0
+    healed: float = 0.0
+
+
+@dataclass
+class Verdict:
+    findings: dict
+    rounds: list[RoundReport]
+    split_brain: list[tuple[float, list[str]]]
+    lost: list[str] = field(default_factory=list)
+    unreadable: dict[str, str] = field(default_factory=dict)
+    read_back: int = 0
+    usage_start: dict[str, Usage] = field(default_factory=dict)
+    usage_end: dict[str, Usage] = field(default_factory=dict)
+    leaks: list[str] = field(default_factory=list)
+    faults_injected: int = 0
+    switch: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def problems(self) -> list[str]:
+        found = []
+        f = self.findings
+        if f["wrong_bytes"]:
+            found.append(f"{f['wrong_bytes']} gets returned wrong bytes")
+        if f["untyped_errors"]:
+            found.append(f"{f['untyped_errors']} calls failed with an untyped exception")
+        if f["past_deadline"]:
+            found.append(f"{f['past_deadline']} calls ran past their deadline + {SLACK}s")
+        if self.split_brain:
+            found.append(f"two masters said they lead at once ({len(self.split_brain)} samples)")
+        if self.lost:
+            found.append(f"{len(self.lost)} acknowledged objects lost: {self.lost[:5]}")
+        if self.unreadable:
+            found.append(f"{len(self.unreadable)} acknowledged objects unreadable after healing")
+        for r in self.rounds:
+            if r.converged_s is None:
+                found.append(f"round {r.name} did not converge: {r.waiting_for}")
+        found.extend(self.leaks)
+        return found
+
+    def to_json(self) -> dict:
+        raw = asdict(self)
+        raw["problems"] = self.problems()
+        return raw
+
+
+class ChaosRun:
+    def __init__(self, seed: int, layout: Layout | None = None, run_dir: Path | None = None):
+        self.seed = seed
+        self.layout = layout or Layout()
+        self.run_dir = run_dir or Path(tempfile.mkdtemp(prefix="kvc-run-"))
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.network: Network | None = None
+        self.system: ChaosCluster | None = None
+        self.watch: LeaderWatch | None = None
+        self.stage: Stage | None = None
+        self.rounds: list[RoundReport] = []
+        self.stalls: list[Stall] = []
+        self.faults_injected = 0
+        self.usage_start: dict[str, Usage] = {}
+        self.started_at = time.monotonic()
+        self.rereplication = os.environ.get(REREPLICATION_ENV, "0") not in ("", "0")
+        self._observers: dict[bool, object] = {}
+        self._fault_log = (self.run_dir / "faults.jsonl").open("a", buffering=1)
+
+    # ---- life cycle
+
+    def start(self, warm_up: float = 5.0) -> ChaosRun:
+        try:
+            self.network = Network.create(self.layout.site_names(), self.seed)
+            self.system = ChaosCluster(self.network, self.run_dir, self.layout, self.seed).start()
+            self.stage = Stage(self.network, self.system)
+            assert self.system.cluster is not None
+            self.watch = LeaderWatch(list(self.system.cluster.masters))
+            self.watch.start()
+            time.sleep(warm_up)
+            self.usage_start = usage_of(self.system.processes())
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def observer(self, admin: bool = False):
+        """A client on the observer's link (an admin's: cluster status)."""
+        if admin not in self._observers:
+            assert self.system is not None
+            self._observers[admin] = self.system.observer_client(admin=admin, timeout=5.0)
+        return self._observers[admin]
+
+    def close(self) -> None:
+        """Undoes everything, each step whatever the others did (a second Ctrl-C included:
+        signals are held off until the namespaces and the disk are gone)."""
+        try:
+            previous = {
+                s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)
+            }
+        except ValueError:  # not the main thread: signals are not ours to hold
+            previous = {}
+        try:
+            for step in self._cleanup_steps():
+                with contextlib.suppress(Exception):  # the next step runs regardless
+                    step()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _cleanup_steps(self) -> list:
+        steps: list = []
+        if self.network is not None:
+            steps.append(self.network.heal_all)
+        if self.watch is not None:
+            steps.append(self.watch.stop)
+        for client in self._observers.values():
+            steps.append(client.close)  # type: ignore[attr-defined]
+        self._observers = {}
+        if self.system is not None:
+            disk = self.system.disk
+            if disk is not None and disk.device:
+                steps.append(lambda: THROTTLE.write_text(f"{disk.major_minor} 0\n"))
+            steps.append(self.system.stop)
+        if self.network is not None:
+            steps.append(self.network.close)
+        steps.append(self._fault_log.close)
+        return steps
+
+    def __enter__(self) -> ChaosRun:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- faults
+
+    def play(self, faults: list[Fault], name: str = "") -> RoundReport:
+        """Injects the round's faults on their schedule, heals each after its duration
+        (always, even when something fails), then waits for the cluster to converge."""
+        assert self.stage is not None
+        name = name or f"round{len(self.rounds) + 1}"
+        began = time.monotonic()
+        pending = sorted(faults, key=lambda f: f.start)
+        active: list[tuple[float, Injected]] = []
+        targets: list[str] = []
+        try:
+            while pending or active:
+                now = time.monotonic()
+                while pending and began + pending[0].start <= now:
+                    fault = pending.pop(0)
+                    injected = inject(self.stage, fault, f"{name}-{len(targets)}", now)
+                    self.faults_injected += 1
+                    targets.append(injected.resolved)
+                    self._log("inject", name, fault, injected.resolved)
+                    active.append((now + fault.duration, injected))
+                for due, injected in list(active):
+                    if due <= now:
+                        self._heal(name, injected)
+                        active.remove((due, injected))
+                time.sleep(0.05)
+        finally:
+            for _, injected in active:
+                self._heal(name, injected)
+        healed = time.monotonic()
+        converged, waiting = self.converge(CONVERGE_WITHIN)
+        report = RoundReport(
+            name,
+            [f.describe() for f in faults],
+            targets,
+            None if converged is None else round(converged - healed, 2),
+            waiting,
+            began,
+            healed,
+        )
+        self.rounds.append(report)
+        self._fault_log.write(json.dumps({"event": "round", **asdict(report)}) + "\n")
+        return report
+
+    def _heal(self, name: str, injected: Injected) -> None:
+        injected.heal()
+        now = time.monotonic()
+        if injected.fault.kind in STALLS:
+            self.stalls.append(Stall(injected.resolved, injected.at, now))
+        self._log("heal", name, injected.fault, injected.resolved)
+
+    def _log(self, event: str, name: str, fault: Fault, target: str) -> None:
+        record = {"event": event, "round": name, "t": time.monotonic(), "target": target}
+        self._fault_log.write(json.dumps({**record, "fault": asdict(fault)}) + "\n")
+
+    # ---- convergence
+
+    def converge(self, within: float) -> tuple[float | None, str]:
+        """When the cluster was whole again: one leader, every node mounted, a put of two
+        replicas read back (and, with re-replication, replicas restored); (None, what was
+        missing) if not within ``within`` seconds."""
+        deadline = time.monotonic() + within
+        missing = ""
+        while time.monotonic() < deadline:
+            missing = self._missing()
+            if not missing:
+                return time.monotonic(), ""
+            time.sleep(0.25)
+        return None, missing
+
+    def _missing(self) -> str:
+        assert self.watch is not None and self.system is not None
+        leaders = self.watch.leaders_now()
+        if len(leaders) != 1:
+            return f"leaders: {leaders}"
+        from kvpool.errors import KVPoolError
+
+        client = self.observer()
+        try:
+            status = self.observer(admin=True).cluster_status()
+            if status.nodes != self.layout.nodes:
+                return f"{status.nodes} of {self.layout.nodes} nodes mounted"
+            key = f"probe-{time.monotonic_ns()}"
+            value = history.value_of(key, 4096)
+            stored = client.put(key, value, replicas=2)
+            if stored != 2:
+                return f"a probe put stored {stored} of 2 replicas"
+            if client.get(key) != value:
+                return "a probe read back wrong bytes"
+            client.remove(key, force=True)
+            if self.rereplication:
+                short = self._under_replicated()
+                if short:
+                    return f"{short} objects below their replicas"
+        except KVPoolError as error:
+            return f"{type(error).__name__}: {str(error)[:200]}"
+        return ""
+
+    def _under_replicated(self, sample: int = 50) -> int:
+        keys = list(checker.must_exist(self.ops()))[-sample:]
+        client = self.observer()
+        return sum(1 for key in keys if len(client.stat(key).replicas) < 2)
+
+    # ---- checking
+
+    def ops(self) -> list[history.Op]:
+        assert self.system is not None
+        return list(history.read(self.system.histories()))
+
+    def findings(self) -> Findings:
+        return checker.check(self.ops(), self.layout.timeout, SLACK, self.stalls)
+
+    def read_back(self, before: float) -> tuple[list[str], dict[str, str], int]:
+        """Reads every key acknowledged and not removed by ``before``; returns (lost keys,
+        unreadable keys with their errors, how many were read). A key a client removed
+        meanwhile is not counted (checked again after a client's deadline has passed)."""
+        from kvpool.errors import KVPoolError, ObjectNotFound
+
+        expected = checker.must_exist(self.ops(), before)
+        client = self.observer()
+        missing: dict[str, str] = {}
+        keys = sorted(expected)
+        for attempt in range(3):
+            missing = {}
+            for i in range(0, len(keys), 64):
+                batch = keys[i : i + 64]
+                try:
+                    results = client.get_many(batch)
+                except KVPoolError as error:
+                    results = [error] * len(batch)
+                for key, result in zip(batch, results, strict=True):
+                    if isinstance(result, Exception):
+                        missing[key] = type(result).__name__
+                    elif result != history.value_of(key, expected[key]):
+                        missing[key] = "wrong bytes"
+            if not missing:
+                break
+            keys = sorted(missing)
+            time.sleep(2.0 * (attempt + 1))
+        if missing:
+            time.sleep(self.layout.timeout + SLACK)  # removes in flight have ended by now
+            gone = checker.removed_since(self.ops(), set(missing))
+            missing = {k: v for k, v in missing.items() if k not in gone}
+        lost = sorted(k for k, v in missing.items() if v == ObjectNotFound.__name__)
+        unreadable = {k: v for k, v in missing.items() if k not in lost}
+        return lost, unreadable, len(expected)
+
+    def verdict(self, final: bool) -> Verdict:
+        assert self.system is not None and self.watch is not None
+        lost, unreadable, read = self.read_back(time.monotonic())
+        usage_end = usage_of(self.system.processes()) if final else {}
+        verdict = Verdict(
+            self.findings().summary(),
+            list(self.rounds),
+            self.watch.overlaps(),
+            lost,
+            unreadable,
+            read,
+            self.usage_start,
+            usage_end,
+            leaks(self.usage_start, usage_end) if final else [],
+            self.faults_injected,
+            self.network.stats() if self.network is not None else {},
+            round(time.monotonic() - self.started_at, 1),
+        )
+        return verdict
+
+    def finish(self) -> Verdict:
+        """Stops the load, then judges the whole run."""
+        assert self.system is not None
+        usage_before_stop = usage_of(self.system.processes())
+        self.system.stop_workers()
+        verdict = self.verdict(final=False)
+        verdict.usage_end = usage_before_stop
+        verdict.leaks = leaks(self.usage_start, usage_before_stop)
+        (self.run_dir / "verdict.json").write_text(json.dumps(verdict.to_json(), indent=1))
+        return verdict
+
+
+def leaks(start: dict[str, Usage], end: dict[str, Usage]) -> list[str]:
+    found = []
+    for name, before in start.items():
+        after = end.get(name)
+        if after is None:
+            continue
+        allowed = max(RSS_GROWTH_KIB, int(before.rss_kib * RSS_GROWTH_RATIO))
+        if after.rss_kib - before.rss_kib > allowed:
+            found.append(
+                f"{name}: resident memory {before.rss_kib // 1024} -> "
+                f"{after.rss_kib // 1024} MiB (more than {allowed // 1024} MiB)"
+            )
+        if after.threads - before.threads > THREAD_GROWTH:
+            found.append(f"{name}: threads {before.threads} -> {after.threads}")
+    return found

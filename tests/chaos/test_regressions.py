@@ -1,0 +1,97 @@
+"""What the chaos suite found, each pinned down so that it stays fixed.
+
+1. ``Client.exists`` raised grpc's own ``ValueError: Cannot invoke RPC on closed channel!``
+   (not a ``KVPoolError``) during ``scripts/chaos.sh --minutes 2 --seed 3``, round 2 (all
+   links delayed 5 ms, etcd stopped for 6.7 s, node0's links duplicating and reordering): the
+   client's threads share one ``MasterLink``, and when one of them opens a fresh channel (a
+   new leader, or ``_new_channel`` after repeated failures) it closes the old one while
+   another thread is about to call on it. The race is timing: here it is provoked directly,
+   threads calling while another keeps asking for a fresh channel.
+
+2. A get returned another object's bytes during ``scripts/chaos.sh --minutes 15 --seed 7``,
+   round 42: a put cut off from its node (partition client0-node2) while the leader was cut
+   off from etcd ended ``PutAborted``, yet its bytes, queued in the client's TCP connection,
+   landed after the partition healed, over an object the new leader had placed in the same
+   space. Replayed here with that round's faults on a cluster of seed 7 (timing decides
+   whether the queued bytes hit a reused range: it may take several runs). Opt-in
+   (``KVPOOL_CHAOS_REGRESSIONS=1``): it starts a cluster of its own, past the slice's budget.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.chaos.faults import Fault
+from bench.chaos.run import ChaosRun
+from bench.chaos.topology import missing_prerequisite
+from kvpool import Client
+from kvpool.errors import KVPoolError
+
+
+@pytest.mark.xfail(
+    reason="client/master_link.py closes a channel other threads may still call on: "
+    "their call raises grpc's ValueError instead of being retried (chaos seed 3)",
+    strict=False,
+)
+def test_a_call_racing_a_fresh_channel_is_retried_not_raised_untyped(cluster_factory):
+    cluster = cluster_factory(1, "64MiB")
+    untyped: list[BaseException] = []
+    stop = threading.Event()
+    with Client(cluster.master_address, timeout=10, metadata_lane=False) as client:
+        client.put("racing", b"r")
+        link = client._session.link
+
+        def renew_channels() -> None:
+            while not stop.is_set():
+                link._new_channel()
+                time.sleep(0.001)
+
+        def call_exists() -> None:
+            while not stop.is_set() and not untyped:
+                try:
+                    client.exists("racing")
+                except KVPoolError:
+                    pass  # a typed failure is allowed; an untyped one is the bug
+                except Exception as error:
+                    untyped.append(error)
+
+        threads = [threading.Thread(target=renew_channels)]
+        threads += [threading.Thread(target=call_exists) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not untyped:
+            time.sleep(0.05)
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert untyped == []
+
+
+@pytest.mark.skipif(
+    os.environ.get("KVPOOL_CHAOS_REGRESSIONS", "0") in ("", "0"),
+    reason="starts a chaos cluster of its own: set KVPOOL_CHAOS_REGRESSIONS=1",
+)
+@pytest.mark.xfail(
+    reason="a put's bytes queued in TCP land after its reservation ended (chaos seed 7)",
+    strict=False,
+)
+def test_bytes_of_an_aborted_put_never_reach_an_object_placed_later(tmp_path: Path):
+    if missing_prerequisite():
+        pytest.skip(missing_prerequisite())
+    round_42 = [
+        Fault("loss", 0.0, 4.2, "etcd", {"loss": 0.1}),
+        Fault("partition-leader-etcd", 2.6, 6.4, "leader"),
+        Fault("partition-client-node", 3.2, 6.5, "client0:node2"),
+    ]
+    with ChaosRun(7, run_dir=tmp_path) as run:
+        for _ in range(6):
+            run.play(round_42)
+            time.sleep(5)  # the space of aborted puts is reused by later ones
+        findings = run.findings()
+    assert findings.wrong_bytes == [], findings.wrong_bytes[:3]
