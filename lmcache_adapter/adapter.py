@@ -11,6 +11,11 @@ What each LMCache call becomes:
   deadline counted from submission: whatever has not arrived by then is a miss. When the call
   returns, kvpool guarantees no transfer still writes into the buffers.
 - ``delete``, ``list_l2_keys``, ``report_status``: metadata calls with their own deadlines.
+  Listeners hear of the keys a delete removed (and of stored ones found gone), no others.
+- ``get_usage``: the bytes this adapter stored; the capacity configured, else the cluster's.
+
+Both data clients open their connections (master, every storage node) when the adapter is
+built, so that the first load is as fast as later ones (``connections.py``).
 
 Stores, lookups and loads each run on their own worker thread, and stores and loads on their
 own kvpool client (so their own UCX worker): a long store never delays a prefetch. The three
@@ -21,6 +26,7 @@ their deadlines), and only then releases UCX: after it returns nothing writes in
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Mapping
@@ -36,7 +42,11 @@ from lmcache.v1.distributed.api import (
     ObjectKey,
 )
 from lmcache.v1.distributed.internal_api import L1MemoryDesc, L2StoreResult
-from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface, L2TaskId
+from lmcache.v1.distributed.l2_adapters.base import (
+    AdapterUsage,
+    L2AdapterInterface,
+    L2TaskId,
+)
 from lmcache.v1.memory_management import MemoryObj
 
 from kvpool import Client
@@ -44,6 +54,7 @@ from kvpool.common.status import KeyStatus
 from kvpool.errors import KVPoolError, ObjectExists, ObjectNotFound, ObjectNotReady
 from kvpool.lmcache.arena import L1Arena
 from kvpool.lmcache.config import KVPoolL2AdapterConfig
+from kvpool.lmcache.connections import open_connections
 from kvpool.lmcache.control import ControlPlane
 from kvpool.lmcache.health import Health, HealthProbe
 from kvpool.lmcache.keys import KeyCodec
@@ -127,12 +138,16 @@ class KVPoolL2Adapter(L2AdapterInterface):
             self._load_worker = Worker("kvpool-l2-load")
             undo.callback(self._load_worker.stop)
             undo.pop_all()
-        if not self._health.check().healthy:
+        health = self._health.check()
+        if health.healthy:
+            # The first load after the start is as fast as later ones: no connecting then.
+            open_connections([self._store_client, self._load_client], health.nodes)
+        else:
             logger.warning(
                 "kvpool L2 adapter: master %s not usable yet (%s); loads will miss and "
                 "stores fail until it is",
                 config.master,
-                self._health.check().reason,
+                health.reason,
             )
 
     # ------------------------------------------------------------------ event fds
@@ -321,13 +336,25 @@ class KVPoolL2Adapter(L2AdapterInterface):
         except (KVPoolError, ValueError) as error:  # ValueError: closed meanwhile
             logger.warning("kvpool L2 adapter: delete of %d key(s): %s", len(chosen), error)
             return
-        gone = [
-            pair
-            for pair, status in zip(chosen, statuses, strict=True)
-            if status in (KeyStatus.OK, KeyStatus.NOT_FOUND)
+        removed = [p for p, status in zip(chosen, statuses, strict=True) if status == KeyStatus.OK]
+        vanished = [
+            p for p, status in zip(chosen, statuses, strict=True) if status == KeyStatus.NOT_FOUND
         ]
-        self.stats.count_delete(len(gone))
-        self._report_deleted(gone)
+        self.stats.count_delete(len(removed))
+        self._report_deleted(removed)
+        # Not there to remove: listeners hear of those this adapter stored (gone meanwhile,
+        # evicted or lost), never of keys it did not store.
+        self._forget_ghosts(vanished)
+
+    def get_usage(self) -> AdapterUsage:
+        """Bytes this adapter stored (per ``cache_salt`` too), and the capacity: the
+        configured ``max_capacity_gb``, else the cluster's as the master reports it (0 while
+        the master cannot be asked). Only the configured one turns LMCache's own L2
+        eviction on (``supports_global_eviction``)."""
+        usage = super().get_usage()
+        if usage.total_capacity_bytes > 0 or self._closed:
+            return usage
+        return dataclasses.replace(usage, total_capacity_bytes=self._health.check().capacity)
 
     def list_l2_keys(
         self,

@@ -31,7 +31,8 @@ kvpool L2 adapter (plugin) adapter_params:
 - control_timeout_s (float): deadline of delete, list_l2_keys and lease renewals (default 5)
 - health_timeout_s (float): deadline of the master probe behind report_status (default 1)
 - key_prefix (str): namespace of LMCache's keys in kvpool (default "lmcache/")
-- max_capacity_gb (float): capacity LMCache's L2 eviction may assume (default 0: unknown)
+- max_capacity_gb (float): capacity LMCache's L2 eviction may assume (default 0: none;
+  get_usage then reports the cluster's capacity, and LMCache's own L2 eviction stays off)
 - register_l1 (bool): register the L1 arena with UCX once, for zero-copy (default true)
 - ucx_config (dict[str, str]): UCX settings without the UCX_ prefix, e.g. {"TLS": "tcp"}
 - same_host_mapping (bool): map the memory of storage nodes on this host and copy directly

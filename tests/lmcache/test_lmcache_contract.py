@@ -6,6 +6,7 @@ import os
 import socket
 import threading
 import time
+import urllib.request
 
 import pytest
 import torch
@@ -243,14 +244,80 @@ def test_delete_removes_objects_but_spares_locked_ones(make_adapter, arena):
     assert bits(lookup(adapter, keys[:1]), 1) == [False]
 
 
-def test_get_usage_declares_capacity_only_when_configured(make_adapter):
+def test_delete_tells_listeners_only_of_keys_it_removed(make_adapter, arena, lm_cluster):
+    adapter = make_adapter()
+    recorder = Recorder()
+    adapter.register_listener(recorder)
+    stored, never = object_keys(2), object_keys(2)
+    assert store(adapter, stored, arena.objs(2, 4 * KIB)).is_successful()
+
+    adapter.delete(stored[:1] + never)
+    assert recorder.deleted == [stored[:1]]  # not the keys that were never stored
+    adapter.delete(never)
+    adapter.delete(stored[:1])  # removed already: heard of once
+    assert recorder.deleted == [stored[:1]]
+    assert adapter.get_usage().total_bytes_used == 4 * KIB
+
+    # a key it stored that went behind its back (evicted, removed by another client): the
+    # listeners heard of it as stored, so they hear of it as deleted, once
+    with Client(lm_cluster.master_address, timeout=5) as other:
+        other.remove(KeyCodec().encode(stored[1]), force=True)
+    adapter.delete(stored[1:])
+    adapter.delete(stored[1:])
+    assert recorder.deleted == [stored[:1], stored[1:]]
+    assert adapter.get_usage().total_bytes_used == 0
+
+
+def test_get_usage_reports_the_configured_capacity_else_the_clusters(make_adapter, lm_cluster):
     unbounded = make_adapter()
+    with Client(lm_cluster.master_address, timeout=5) as client:
+        cluster_capacity = sum(s.capacity for s in client.cluster_status().segments)
+    assert cluster_capacity > 0
+    usage = unbounded.get_usage()
+    assert usage.total_capacity_bytes == cluster_capacity
+    assert 0.0 <= usage.usage_fraction < 1.0
+    # LMCache's own L2 eviction stays off unless a capacity is declared
     assert not unbounded.supports_global_eviction
-    assert unbounded.get_usage().usage_fraction == -1.0
     bounded = make_adapter(max_capacity_gb=1)
     assert bounded.supports_global_eviction
     assert bounded.get_usage().total_capacity_bytes == 1024**3
     assert bounded.get_usage().usage_fraction == 0.0
+
+
+def _master_counter(port: int, name: str, method: str) -> float:
+    """A per-method counter of the master's /metrics (0 before its first call)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(f'{name}{{method="{method}"}} '):
+                return float(line.split()[1])
+    return 0.0
+
+
+def test_connections_are_open_before_the_first_load(make_adapter, arena, lm_cluster):
+    port = lm_cluster.master_http_port
+    lanes = "kvpool_master_requests_total", "Lane"  # a client link asks once, on connecting
+    adapter = make_adapter()
+    # every node (on this host: its memory mapped, as the first transfer would map it)
+    segments = set(adapter._load_client.mapped_segments)
+    assert len(segments) == len(lm_cluster.nodes)
+    assert set(adapter._store_client.mapped_segments) == segments
+    asked_for_lanes = _master_counter(port, *lanes)
+    over_lane = _master_counter(port, "kvpool_master_lane_requests_total", "GetReplicas")
+
+    keys = object_keys(4)
+    sources = arena.objs(4, 64 * KIB)
+    assert store(adapter, keys, sources).is_successful()
+    targets = arena.objs(4, 64 * KIB, random=False)
+    assert bits(load(adapter, keys, targets), 4) == [True] * 4  # the first load
+    assert all(torch.equal(s.tensor, t.tensor) for s, t in zip(sources, targets, strict=True))
+
+    # no client of the adapter connected to the master or to a node for it
+    assert _master_counter(port, *lanes) == asked_for_lanes
+    assert _master_counter(port, "kvpool_master_lane_requests_total", "GetReplicas") > over_lane
+    assert set(adapter._load_client.mapped_segments) == segments
+    # and nothing of the connecting is left behind in the pool
+    with Client(lm_cluster.master_address, timeout=5) as client:
+        assert client.list_keys("kvpool-warmup/").keys == []
 
 
 def test_report_status_says_healthy_only_while_kvpool_is_usable(make_adapter, arena):

@@ -1,0 +1,279 @@
+"""``KVPoolHiCacheStorage``: kvpool as SGLang's HiCache storage tier (a ``HiCacheStorage``).
+
+SGLang loads it as a "dynamic" backend (``backend_class(storage_config, kwargs)``), then
+calls ``register_mem_pool_host`` with its host KV pool; with ``interface_v1`` its cache
+controller moves pages through:
+
+- ``batch_exists(keys)``: one ``Exists`` round trip for the batch (each hit leased, so that
+  the prefetch which follows finds it); the count of consecutive hits from the first key.
+- ``batch_get_v1(keys, host_indices)``: one ``get_into_parts_many`` straight into the host
+  pool, with the load deadline; entry i is whether page i arrived whole. A page whose node
+  died, that was evicted, or whose size differs from the pool's page is a miss (False);
+  kvpool force-closes transfers at the deadline, so nothing lands in the pool after the
+  call returned.
+- ``batch_set_v1(keys, host_indices)``: one ``put_parts_many`` straight out of the host
+  pool; a page that already exists counts as stored (pages are immutable, the key names
+  the content).
+
+Stores and loads each have their own kvpool client (their own UCX worker): SGLang's backup
+thread never holds up a prefetch. The host pool is registered with both once. ``get``,
+``set`` and their batch forms (SGLang's older interface) move one caller buffer per key.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from contextlib import ExitStack
+from typing import Any
+
+from sglang.srt.mem_cache.hicache_storage import (
+    HiCacheStorage,
+    HiCacheStorageConfig,
+    HiCacheStorageExtraInfo,
+)
+
+from kvpool import Client
+from kvpool.errors import KVPoolError, ObjectExists
+from kvpool.sglang.config import KVPoolHiCacheConfig
+from kvpool.sglang.keys import PageKeys
+from kvpool.sglang.pages import HostPages, byte_view
+
+logger = logging.getLogger(__name__)
+
+
+class KVPoolHiCacheStorage(HiCacheStorage):
+    def __init__(
+        self, storage_config: HiCacheStorageConfig, kwargs: dict[str, Any] | None = None
+    ) -> None:
+        settings = KVPoolHiCacheConfig.from_extra_config(storage_config.extra_config)
+        self.settings = settings
+        self.storage_config = storage_config
+        self._keys = PageKeys(settings.key_prefix, storage_config)
+        self._pages: HostPages | None = None
+        self._closed = False
+        self._close_lock = threading.Lock()
+        common: dict[str, Any] = {
+            "ucx_config": settings.ucx_config or None,
+            "same_host_mapping": settings.same_host_mapping,
+            "metadata_lane": settings.metadata_lane,
+            **settings.credentials.client_arguments(),
+        }
+        with ExitStack() as undo:
+            self._store_client = Client(
+                settings.master,
+                replicas=settings.replicas or None,  # 0: the master's default
+                timeout=settings.store_timeout_s,
+                **common,
+            )
+            undo.callback(self._store_client.close)
+            self._load_client = Client(
+                settings.master,
+                timeout=settings.load_timeout_s,
+                # A lease counted from before the request covers the whole load deadline.
+                lease_ttl=settings.load_timeout_s,
+                **common,
+            )
+            undo.pop_all()
+
+    # ------------------------------------------------------------------ host pool
+
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        super().register_mem_pool_host(mem_pool_host)
+        if self._pages is not None:
+            self._pages.unregister()
+        self._keys.bind(mem_pool_host)
+        self._pages = HostPages(mem_pool_host)
+        if self.settings.register_host_pool:
+            self._pages.register_with([self._store_client, self._load_client])
+
+    # ------------------------------------------------------------------ v1: pages
+
+    def batch_exists(
+        self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None
+    ) -> int:
+        if not keys or self._closed:
+            return 0
+        try:
+            found = self._load_client.exists_many(self._keys.names(keys))
+        except (KVPoolError, RuntimeError) as error:  # RuntimeError: closed meanwhile
+            logger.warning("kvpool: lookup of %d page(s): %s", len(keys), error)
+            return 0
+        for i, hit in enumerate(found):
+            if hit is not True:
+                return i
+        return len(keys)
+
+    def batch_get_v1(
+        self,
+        keys: list[str],
+        host_indices: Any,
+        extra_info: HiCacheStorageExtraInfo | None = None,
+    ) -> list[bool]:
+        pieces = self._host_pages().pieces(len(keys), host_indices)
+        if self._closed or not keys:
+            return [False] * len(keys)
+        try:
+            results = self._load_client.get_into_parts_many(
+                list(zip(self._keys.names(keys), pieces, strict=True))
+            )
+        except (KVPoolError, RuntimeError) as error:
+            logger.warning("kvpool: load of %d page(s): %s", len(keys), error)
+            return [False] * len(keys)
+        hits = [_is_count(r) for r in results]  # entry i: page i's size, or its error
+        if not all(hits):
+            first = next(r for r, hit in zip(results, hits, strict=True) if not hit)
+            logger.info(
+                "kvpool: %d of %d page(s) missed, first: %s", hits.count(False), len(keys), first
+            )
+        return hits
+
+    def batch_set_v1(
+        self,
+        keys: list[str],
+        host_indices: Any,
+        extra_info: HiCacheStorageExtraInfo | None = None,
+    ) -> list[bool]:
+        pieces = self._host_pages().pieces(len(keys), host_indices)
+        if self._closed or not keys:
+            return [False] * len(keys)
+        return self._put(list(zip(self._keys.names(keys), pieces, strict=True)))
+
+    # ------------------------------------------------------------------ one buffer per key
+
+    def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> Any:
+        """Reads ``key`` into ``target_location``: a tensor (returned, or None on a miss) or
+        a pointer with ``target_sizes`` bytes (True or False)."""
+        return self.batch_get([key], [target_location], [target_sizes])[0]
+
+    def batch_get(
+        self, keys: list[str], target_locations: Any = None, target_sizes: Any = None
+    ) -> list[Any]:
+        targets = _targets(keys, target_locations, target_sizes)
+        if self._closed or not keys:
+            return [None] * len(keys)
+        results: list[Any]
+        try:
+            results = self._load_client.get_into_parts_many(
+                [
+                    (name, [view])
+                    for name, (view, _) in zip(self._keys.names(keys), targets, strict=True)
+                ]
+            )
+        except (KVPoolError, RuntimeError) as error:
+            logger.warning("kvpool: get of %d object(s): %s", len(keys), error)
+            results = [error] * len(keys)
+        hit = (_is_count(r) for r in results)
+        return [(given if ok else None) for ok, (_, given) in zip(hit, targets, strict=True)]
+
+    def set(
+        self, key: str, value: Any = None, target_location: Any = None, target_sizes: Any = None
+    ) -> bool:
+        """Stores ``value`` (a tensor), or ``target_sizes`` bytes at pointer
+        ``target_location``, under ``key``."""
+        locations = None if target_location is None else [target_location]
+        sizes = None if target_sizes is None else [target_sizes]
+        return self.batch_set([key], None if value is None else [value], locations, sizes)
+
+    def batch_set(
+        self,
+        keys: list[str],
+        values: Any = None,
+        target_locations: Any = None,
+        target_sizes: Any = None,
+    ) -> bool:
+        sources = _targets(keys, values if values is not None else target_locations, target_sizes)
+        if self._closed or not keys:
+            return False
+        names = self._keys.names(keys)
+        return all(self._put([(n, [view]) for n, (view, _) in zip(names, sources, strict=True)]))
+
+    def exists(self, key: str) -> bool:
+        return self.batch_exists([key]) == 1
+
+    # ------------------------------------------------------------------ admin and close
+
+    def clear(self) -> bool:
+        """Removes this engine's pages (its rank and host pool layout) from kvpool."""
+        if self._closed:
+            return False
+        try:
+            self._store_client.remove_prefix(self._keys.namespace)
+        except KVPoolError as error:
+            logger.warning("kvpool: clear: %s", error)
+            return False
+        return True
+
+    def close(self) -> None:
+        """Idempotent. Calls still running end by their deadlines; later ones miss."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        if self._pages is not None:
+            self._pages.unregister()
+        self._load_client.close()
+        self._store_client.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def kvpool_keys(self, keys: list[str]) -> list[str]:
+        """The kvpool keys of SGLang's page keys (``kvpool story KEY`` tells their story)."""
+        return self._keys.names(keys)
+
+    # ------------------------------------------------------------------ internals
+
+    def _host_pages(self) -> HostPages:
+        if self._pages is None:
+            raise RuntimeError(
+                "no host pool registered: SGLang calls register_mem_pool_host before any "
+                "batch_get_v1 or batch_set_v1"
+            )
+        return self._pages
+
+    def _put(self, items: list[tuple[str, list[memoryview]]]) -> list[bool]:
+        try:
+            results: list[Any] = self._store_client.put_parts_many(items)
+        except (KVPoolError, RuntimeError) as error:
+            results = [error] * len(items)
+        # entry i: the replicas written, or key i's error (ObjectExists: stored before)
+        stored = [_is_count(r) or isinstance(r, ObjectExists) for r in results]
+        if not all(stored):
+            first = next(r for r, ok in zip(results, stored, strict=True) if not ok)
+            logger.warning(
+                "kvpool: %d of %d page(s) not stored, first: %s",
+                stored.count(False),
+                len(items),
+                first,
+            )
+        return stored
+
+
+def _is_count(result: object) -> bool:
+    """Whether a client's per-key result is a success (a size or a replica count)."""
+    return isinstance(result, int) and not isinstance(result, bool)
+
+
+def _targets(keys: Sequence[str], locations: Any, sizes: Any) -> list[tuple[memoryview, Any]]:
+    """(bytes view, what to hand back on a hit) of each key's buffer: a contiguous CPU tensor
+    (handed back itself), or a pointer with its size in bytes (True)."""
+    if locations is None or len(locations) != len(keys):
+        raise ValueError(f"{len(keys)} key(s): pass one tensor or pointer per key")
+    out: list[tuple[memoryview, Any]] = []
+    for i, location in enumerate(locations):
+        if hasattr(location, "data_ptr"):
+            if not location.is_contiguous() or location.device.type != "cpu":
+                raise ValueError("pass contiguous CPU tensors")
+            nbytes = location.numel() * location.element_size()
+            out.append((byte_view(location.data_ptr(), nbytes), location))
+        else:
+            size = None if sizes is None else sizes[i]
+            if not isinstance(location, int) or not isinstance(size, int) or size <= 0:
+                raise ValueError(
+                    f"key {keys[i]!r}: a pointer target needs its size in bytes (target_sizes)"
+                )
+            out.append((byte_view(location, size), True))
+    return out

@@ -1,0 +1,182 @@
+"""kvpool as SGLang's HiCache storage tier, loaded by SGLang's own backend factory from the
+"dynamic" configuration and driven the way SGLang's cache controller drives it (v1 page
+interface), against a real cluster: pages move between the host pool and kvpool byte for
+byte, lookups count the hits SGLang may prefetch, misses never touch the pool."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
+from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+from sglang_support import attach, hashes, storage_config
+
+from bench.sglang_host_pool import PAGE_LAYOUTS, MHAHostPool, MLAHostPool, page_indices
+from kvpool import Client
+
+SENTINEL = -7.0
+
+
+def mha_pool(layout: str = "page_first", dtype: torch.dtype = torch.bfloat16) -> MHAHostPool:
+    pool = MHAHostPool(16, 4, 3, 2, 64, layout=layout, dtype=dtype)
+    pool.kv_buffer.copy_(torch.randn(pool.kv_buffer.shape).to(dtype))
+    return pool
+
+
+def same_pages(pool, sources: list[int], targets: list[int]) -> bool:
+    return all(
+        torch.equal(pool.page(s * pool.page_size), pool.page(t * pool.page_size))
+        for s, t in zip(sources, targets, strict=True)
+    )
+
+
+def test_sglang_factory_loads_kvpool_from_the_dynamic_configuration(make_backend):
+    backend = make_backend()
+    assert isinstance(backend, HiCacheStorage)
+    assert type(backend).__module__ == "kvpool.sglang.storage"
+    assert type(backend).__name__ == "KVPoolHiCacheStorage"
+
+
+def test_without_interface_v1_the_factory_refuses_and_says_what_to_add(sg_cluster):
+    config = storage_config(sg_cluster.master_address)
+    del config.extra_config["interface_v1"]
+    with pytest.raises(ValueError, match='"interface_v1": 1'):
+        StorageBackendFactory.create_backend("dynamic", config, mha_pool())
+
+
+def test_an_unknown_setting_is_refused_with_the_known_ones(sg_cluster):
+    config = storage_config(sg_cluster.master_address, params={"load_timeout": 3})
+    with pytest.raises(ValueError, match=r"unknown kvpool HiCache setting.*load_timeout_s"):
+        StorageBackendFactory.create_backend("dynamic", config, mha_pool())
+
+
+@pytest.mark.parametrize("layout", PAGE_LAYOUTS)
+def test_mha_pages_stored_from_the_host_pool_load_back_byte_for_byte(make_backend, layout):
+    pool = mha_pool(layout)
+    backend = make_backend(pool)
+    keys = hashes(4)
+    assert backend.batch_set_v1(keys, page_indices([0, 1, 2, 3], pool.page_size)) == [True] * 4
+    assert backend.batch_exists(keys) == 4
+    assert backend.batch_get_v1(keys, page_indices([9, 8, 11, 10], pool.page_size)) == [True] * 4
+    assert same_pages(pool, [0, 1, 2, 3], [9, 8, 11, 10])
+
+
+def test_mla_pages_stored_from_the_host_pool_load_back_byte_for_byte(make_backend):
+    pool = MLAHostPool(16, 4, 3, 576)
+    pool.kv_buffer.copy_(torch.randn(pool.kv_buffer.shape).to(pool.dtype))
+    backend = make_backend(pool, is_mla_model=True)
+    keys = hashes(3)
+    assert backend.batch_set_v1(keys, page_indices([4, 5, 6], pool.page_size)) == [True] * 3
+    assert backend.batch_get_v1(keys, page_indices([12, 13, 14], pool.page_size)) == [True] * 3
+    assert same_pages(pool, [4, 5, 6], [12, 13, 14])
+
+
+def test_batch_exists_counts_the_consecutive_hits_from_the_first_key(make_backend):
+    pool = mha_pool()
+    backend = make_backend(pool)
+    keys = hashes(6)
+    stored = [0, 1, 2, 4]
+    assert all(backend.batch_set_v1([keys[i] for i in stored], page_indices(stored, 4)))
+    assert backend.batch_exists(keys) == 3  # key 3 is missing: 4 does not count
+    assert backend.batch_exists(keys[3:]) == 0
+    assert backend.batch_exists(keys[4:5]) == 1
+    assert backend.batch_exists([]) == 0
+    assert backend.exists(keys[0]) and not backend.exists(keys[5])
+
+
+def test_missing_pages_are_misses_that_leave_their_host_pages_untouched(make_backend):
+    pool = mha_pool()
+    backend = make_backend(pool)
+    keys = hashes(3)
+    assert backend.batch_set_v1(keys[:1], page_indices([0], 4)) == [True]
+    assert backend.batch_set_v1(keys[2:], page_indices([2], 4)) == [True]
+    for page in (8, 9, 10):
+        pool.page(page * 4).fill_(SENTINEL)
+    # SGLang stops at the first False itself; the backend reports every page as it is
+    assert backend.batch_get_v1(keys, page_indices([8, 9, 10], 4)) == [True, False, True]
+    assert bool((pool.page(9 * 4) == SENTINEL).all())
+    assert same_pages(pool, [0, 2], [8, 10])
+
+
+def test_storing_a_stored_page_again_succeeds_and_keeps_the_first_bytes(make_backend):
+    pool = mha_pool()
+    backend = make_backend(pool)
+    [key] = hashes(1)
+    first = pool.page(0).clone()
+    assert backend.batch_set_v1([key], page_indices([0], 4)) == [True]
+    pool.page(0).fill_(1.0)
+    assert backend.batch_set_v1([key], page_indices([0], 4)) == [True]  # pages are immutable
+    assert backend.batch_get_v1([key], page_indices([5], 4)) == [True]
+    assert torch.equal(pool.page(5 * 4), first)
+
+
+def test_another_engine_of_the_same_model_and_layout_loads_the_pages(make_backend):
+    writer_pool, reader_pool = mha_pool(), mha_pool()
+    keys = hashes(2)
+    assert all(make_backend(writer_pool).batch_set_v1(keys, page_indices([0, 1], 4)))
+    reader = make_backend(reader_pool)
+    assert reader.batch_exists(keys) == 2
+    assert reader.batch_get_v1(keys, page_indices([3, 4], 4)) == [True, True]
+    assert torch.equal(reader_pool.page(3 * 4), writer_pool.page(0))
+    assert torch.equal(reader_pool.page(4 * 4), writer_pool.page(4))
+
+
+@pytest.mark.parametrize(
+    ("reader", "fields"),
+    [
+        ("another TP rank", {"tp_rank": 1, "tp_size": 2}),
+        ("another model", {"model_name": "test/other-model"}),
+        ("another pipeline stage", {"pp_rank": 1, "pp_size": 2}),
+        ("another host layout", {"layout": "page_first_direct"}),
+        ("another KV dtype", {"dtype": torch.float16}),
+    ],
+)
+def test_pages_laid_out_for_another_engine_are_misses(make_backend, reader, fields):
+    keys = hashes(2)
+    writer_fields = {"tp_rank": 0, "tp_size": 2} if "tp_rank" in fields else {}
+    writer = make_backend(mha_pool(), **writer_fields)
+    assert all(writer.batch_set_v1(keys, page_indices([0, 1], 4)))
+    pool_fields = {k: fields.pop(k) for k in ("layout", "dtype") if k in fields}
+    other = make_backend(mha_pool(**pool_fields), **fields)
+    assert other.batch_exists(keys) == 0, reader
+    assert other.batch_get_v1(keys, page_indices([2, 3], 4)) == [False, False], reader
+
+
+def test_a_page_of_another_size_is_a_miss_not_a_partial_copy(make_backend):
+    pool = mha_pool()
+    backend = make_backend(pool)
+    [key] = hashes(1)
+    # a writer whose page differs in size but not in name (say, another head count)
+    with Client(backend.settings.master) as client:
+        client.put(backend.kvpool_keys([key])[0], b"x" * (pool.page_bytes() // 2))
+    pool.page(6 * 4).fill_(SENTINEL)
+    assert backend.batch_get_v1([key], page_indices([6], 4)) == [False]
+    assert bool((pool.page(6 * 4) == SENTINEL).all())
+
+
+def test_host_indices_that_do_not_cover_whole_pages_are_refused(make_backend):
+    backend = make_backend(mha_pool())
+    with pytest.raises(ValueError, match="page_size"):
+        backend.batch_set_v1(hashes(2), page_indices([0], 4))
+
+
+def test_clear_removes_this_engines_pages(make_backend):
+    pool = mha_pool()
+    backend = make_backend(pool)
+    keys = hashes(2)
+    assert all(backend.batch_set_v1(keys, page_indices([0, 1], 4)))
+    assert backend.clear() is True
+    assert backend.batch_exists(keys) == 0
+
+
+def test_close_is_idempotent_and_calls_after_it_miss_without_raising(sg_cluster):
+    pool = mha_pool()
+    backend = attach(storage_config(sg_cluster.master_address), pool)
+    keys = hashes(2)
+    assert all(backend.batch_set_v1(keys, page_indices([0, 1], 4)))
+    backend.close()
+    backend.close()
+    assert backend.closed
+    assert backend.batch_exists(keys) == 0
+    assert backend.batch_get_v1(keys, page_indices([2, 3], 4)) == [False, False]
+    assert backend.batch_set_v1(keys, page_indices([0, 1], 4)) == [False, False]

@@ -1,0 +1,91 @@
+"""A storage node that dies while SGLang loads pages from kvpool: its pages are misses, the
+others still hit, every hit holds the bytes stored, and no call blocks its caller."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+from helpers import wait_until
+from sglang_support import attach, hashes, storage_config
+
+from bench.sglang_host_pool import MHAHostPool, page_indices
+from kvpool import Client
+
+SENTINEL = -7.0
+#: How much later than its deadline a load may end on a loaded machine: the test tells "at
+#: the deadline" from "never" (a hang), not fast from slow.
+SLACK = 5.0
+
+
+def test_a_node_dying_during_loads_gives_misses_not_hangs_or_wrong_bytes(cluster_factory):
+    cluster = cluster_factory(2, "64MiB")
+    timeout = 2.0
+    count = 16
+    # pages of 512 KiB: 16 tokens x 8 layers x 8 heads x 128 dims, K and V, bf16
+    pool = MHAHostPool(2 * count, 16, 8, 8, 128)
+    pool.kv_buffer.copy_(torch.randn(pool.kv_buffer.shape).to(pool.dtype))
+    params = {"load_timeout_s": timeout, "replicas": 1}
+    backend = attach(storage_config(cluster.master_address, params=params), pool)
+    try:
+        keys = hashes(count)
+        sources = list(range(count))
+        targets = list(range(count, 2 * count))
+        assert backend.batch_set_v1(keys, page_indices(sources, 16)) == [True] * count
+        with Client(cluster.master_address) as client:
+            nodes = [client.stat(k).replicas[0].node_id for k in backend.kvpool_keys(keys)]
+        on_victim = [node == "node1" for node in nodes]
+        assert any(on_victim) and not all(on_victim), "placement put every page on one node"
+
+        rounds: list[tuple[float, float, list[bool], bool]] = []  # start, took, hits, bytes ok
+        stop = threading.Event()
+        failures: list[BaseException] = []
+
+        def loads() -> None:
+            try:
+                while not stop.is_set():
+                    for page in targets:
+                        pool.page(page * 16).fill_(SENTINEL)
+                    started = time.monotonic()
+                    hits = backend.batch_get_v1(keys, page_indices(targets, 16))
+                    took = time.monotonic() - started
+                    # (a page whose transfer broke off may hold part of its bytes: it is a
+                    # miss, and SGLang frees a missed page without reading it)
+                    good = all(
+                        torch.equal(pool.page(t * 16), pool.page(s * 16))
+                        for s, t, hit in zip(sources, targets, hits, strict=True)
+                        if hit
+                    )
+                    rounds.append((started, took, hits, good))
+            except BaseException as error:
+                failures.append(error)
+
+        thread = threading.Thread(target=loads)
+        thread.start()
+        assert wait_until(lambda: len(rounds) >= 2 or bool(failures), timeout=60.0), "no loads"
+        killed_at = time.monotonic()
+        cluster.nodes[1].kill()
+        assert wait_until(
+            lambda: sum(r[0] > killed_at + 0.5 for r in rounds) >= 3 or bool(failures),
+            timeout=60.0,
+        ), "no loads after the kill"
+        stop.set()
+        thread.join(timeout + 10)
+        assert not thread.is_alive(), "a load blocked its caller"
+        assert not failures, failures
+
+        before = [r for r in rounds if r[0] + r[1] < killed_at]
+        after = [r for r in rounds if r[0] > killed_at + 0.5]
+        assert before and after, f"{len(rounds)} rounds"
+        assert all(hits == [True] * count for _, _, hits, _ in before)
+        assert all(good for *_, good in rounds), "a hit held other bytes than were stored"
+        assert all(took < timeout + SLACK for _, took, _, _ in rounds), "a load hung"
+        for _, _, hits, _ in after:
+            assert hits == [not victim for victim in on_victim]
+        # once the master declares the node dead (its node TTL), the lookup SGLang makes
+        # before a prefetch stops at the first page that was on it
+        first_lost = on_victim.index(True)
+        assert wait_until(lambda: backend.batch_exists(keys) == first_lost, timeout=20.0)
+    finally:
+        backend.close()
