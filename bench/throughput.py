@@ -79,9 +79,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="measure master lookups (Exists, GetReplicas) in keys/s instead of throughput",
     )
-    from bench import compare
+    from bench import compare, cpu_per_op
 
     compare.add_arguments(parser)
+    cpu_per_op.add_arguments(parser)
+    from bench import nvme_disk
+
+    nvme_disk.add_arguments(parser)
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m bench.throughput") -> int:
@@ -91,10 +95,18 @@ def main(argv: list[str] | None = None, prog: str = "python -m bench.throughput"
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.cpu_per_op:
+        from bench import cpu_per_op
+
+        return cpu_per_op.run(args)
     if args.compare:
         from bench import compare
 
         return compare.run(args)
+    if args.nvme_disk:
+        from bench import nvme_disk
+
+        return nvme_disk.run(args)
     try:
         sizes = [parse_size(s) for s in args.sizes.split(",")]
         per_size = parse_size(args.bytes)

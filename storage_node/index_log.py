@@ -19,6 +19,10 @@ operation, a key that is not a valid key) is skipped and counted too (undecodabl
 whose header cannot be read in either copy is refused as a whole (``LogDamaged``): without
 it nothing says what the segment is.
 
+A log may end in zero bytes: room its writer allocated ahead of its appends (see
+object_index), which ends the log where it begins and is not a record; a record torn inside
+it (its end still zero) is damaged as any other.
+
 Format 1, written by kvpool before format 2, has one header with no ``format`` field and no
 salt; it is read as such (a damaged header is then not recoverable) and rewritten in format 2
 when its index is opened. A log of a later format is refused.
@@ -140,7 +144,8 @@ def _read_header(data: bytes, path: Path) -> tuple[Scan, int]:
 
 
 def _read_entries(data: bytes, position: int, scan: Scan) -> None:
-    while position < len(data):
+    end_of_log = len(data.rstrip(b"\0"))  # zeros after the last record: room, not records
+    while position < end_of_log:
         if len(data) - position < FRAME.size:
             scan.damaged += 1  # a torn end
             return

@@ -3,8 +3,14 @@
 ``MemoryIndex`` serves DRAM segments (lost with the process, like their bytes).
 ``DurableIndex`` serves persistent segments (NVMe files, /dev/shm): an append-only log next
 to the data (its format, and how a damaged one is read back: ``index_log``), compacted to the
-live entries on open. Its directory must be the node's own, its files are never opened through
-a symbolic link, and one process at a time holds it (``private_files``).
+live entries on open. Its directory must be the node's own, its files are never opened
+through a symbolic link, and one process at a time holds it (``private_files``).
+
+Every record is on the disk before ``put`` or ``delete`` returns, so an append waits for the
+disk. The log is written ahead with zeros (``ROOM`` bytes at a time) and records overwrite
+them in place: an append then changes neither the file's size nor its blocks, and its sync
+writes the record alone, with no file-system journal commit. A clean close cuts the zeros
+off again; after a crash they stay, and the reader takes them for the end of the log.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ __all__ = ["DurableIndex", "Entry", "MemoryIndex", "live_entries"]
 
 LOCK_SUFFIX = ".lock"
 TMP_SUFFIX = ".tmp"
+#: Zeros written ahead of the appends at a time (a record takes some 40 bytes and its key).
+ROOM = 1 << 20
 
 
 class MemoryIndex:
@@ -79,8 +87,11 @@ class DurableIndex(MemoryIndex):
         self._holder = private_files.hold_exclusively(path.with_name(path.name + LOCK_SUFFIX), path)
         try:
             self.header, self._salt = self._replay(header)
-            self._rewrite()
-            self._file = os.fdopen(private_files.open_for_append(path), "ab")
+            #: Where the next record goes, and where the zeros written ahead end.
+            self._end = self._rewrite()
+            self._allocated = self._end + ROOM
+            self._fd = private_files.open_for_update(path)
+            self._appending = threading.Lock()  # one record run at a time
         except BaseException:
             os.close(self._holder)
             raise
@@ -96,15 +107,27 @@ class DurableIndex(MemoryIndex):
         super().delete(entries)
 
     def close(self) -> None:
-        self._file.close()
-        os.close(self._holder)
+        try:
+            os.ftruncate(self._fd, self._end)  # the zeros written ahead go
+            os.fsync(self._fd)
+        finally:
+            os.close(self._fd)
+            os.close(self._holder)
 
     def _append(self, bodies: list[bytes]) -> None:
         if not bodies:
             return
-        self._file.write(b"".join(frame(body, self._salt) for body in bodies))
-        self._file.flush()
-        os.fdatasync(self._file.fileno())
+        with self._appending:
+            self._write(bodies)
+
+    def _write(self, bodies: list[bytes]) -> None:
+        records = b"".join(frame(body, self._salt) for body in bodies)
+        if self._end + len(records) > self._allocated:
+            self._allocated = self._end + len(records) + ROOM
+            os.pwrite(self._fd, bytes(self._allocated - self._end), self._end)
+        os.pwrite(self._fd, records, self._end)
+        self._end += len(records)
+        os.fdatasync(self._fd)
 
     def _replay(self, header: dict) -> tuple[dict, bytes]:
         self.damaged_records = self.undecodable_records = 0
@@ -117,16 +140,20 @@ class DurableIndex(MemoryIndex):
         self.damaged_records, self.undecodable_records = scan.damaged, scan.undecodable
         return scan.header, scan.salt or os.urandom(SALT_BYTES)  # format 1 had no salt
 
-    def _rewrite(self) -> None:
-        """Compacts the log to its header and live entries, atomically."""
+    def _rewrite(self) -> int:
+        """Compacts the log to its header and live entries, atomically, followed by ``ROOM``
+        zeros; returns where the zeros begin."""
         tmp = self.path.with_name(self.path.name + TMP_SUFFIX)
         with os.fdopen(private_files.create_new(tmp), "wb") as out:
             out.write(header_slots(self.header, self._salt))
             out.write(b"".join(frame(encode(OP_PUT, e), self._salt) for e in self.entries()))
+            end = out.tell()
+            out.write(bytes(ROOM))
             out.flush()
             os.fsync(out.fileno())
         tmp.replace(self.path)
         private_files.sync_directory(self.path.parent)
+        return end
 
 
 def live_entries(path: Path) -> dict[str, Entry]:

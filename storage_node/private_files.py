@@ -81,10 +81,10 @@ def read_nofollow(path: Path) -> bytes | None:
         return file.read()
 
 
-def open_for_append(path: Path) -> int:
-    """A descriptor appending to the existing regular file ``path`` (not a link to one)."""
+def open_for_update(path: Path) -> int:
+    """A descriptor writing the existing regular file ``path`` (not a link to one) in place."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | _NOFOLLOW)
+        fd = os.open(path, os.O_WRONLY | _NOFOLLOW)
     except OSError as error:
         raise _refused(path, error) from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):

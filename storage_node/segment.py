@@ -19,10 +19,20 @@ Persistent segments (the last two) keep a durable index beside the data. An obje
 recorded there only after its bytes are durable (msync of its range, for NVMe), with a
 CRC-32C the node computes itself; on reopening, an entry whose bytes no longer match is
 dropped, never served.
+
+Recording an NVMe object is a wait for the disk, which the node makes as short and as rare
+as it can: the writeback of the object's pages starts before the node reads them for the
+checksum, so the disk writes while the CPU checksums; records that arrive while another is
+being made durable share its successor's syncs (group commit, ``group_commit``); and once
+recorded, the object's pages are unmapped from the node (they stay in the file and the page
+cache): the kernel then treats them as any cached file page, which it drops under memory
+pressure (or on ``posix_fadvise(DONTNEED)``) without first unmapping them from the node, and
+the next reader maps them again.
 """
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import time
@@ -36,6 +46,7 @@ import google_crc32c
 from kvpool.common.status import Tier
 from kvpool.proto import master_pb2 as pb
 from kvpool.storage_node import metrics
+from kvpool.storage_node.group_commit import GroupCommit
 from kvpool.storage_node.object_index import DurableIndex, Entry, MemoryIndex
 from kvpool.transport import ucp
 from kvpool.transport.shared_memory import MADV_POPULATE_WRITE, boot_id
@@ -62,6 +73,14 @@ class Segment:
     #: Bumped after every change of the index, so that the metrics count again only the
     #: segments that changed (counting walks the whole index).
     changes: int = 0
+
+    def __post_init__(self) -> None:
+        #: Records that arrive while one is being made durable share the next commit.
+        self._group_commit: GroupCommit[Entry] = GroupCommit(self._commit)
+
+    @property
+    def _nvme(self) -> bool:
+        return self.tier is Tier.NVME
 
     @property
     def size(self) -> int:
@@ -109,23 +128,35 @@ class Segment:
             return []
         for entry in entries:
             self._check_bounds(entry)
-        if self.tier is Tier.NVME:
-            # One sync per run of objects that lie back to back (a batch is usually placed
-            # so): each sync is a wait for the disk, and the file system's journal commit.
+        # One sync per run of objects that lie back to back (a batch is usually placed so):
+        # each sync is a wait for the disk, and the file system's journal commit.
+        if self._nvme and self.fd is not None:
             for start, end in _runs((e.offset, e.offset + e.size) for e in entries):
-                began = time.perf_counter()
-                self._sync(start, end - start)
-                metrics.synced(self, "data", time.perf_counter() - began)
+                _start_writeback(self.fd, start, end - start)  # the disk writes meanwhile
         durable = [
             Entry(e.key, e.offset, e.size, e.generation, self.checksum(e.offset, e.size))
             for e in entries
         ]
+        self._group_commit(durable)
+        return [e.crc32c for e in durable if e.crc32c is not None]
+
+    def _commit(self, durable: list[Entry]) -> None:
+        """Makes objects durable and records them: their bytes, then their index records
+        (one commit at a time: ``_group_commit``)."""
+        runs = _runs((e.offset, e.offset + e.size) for e in durable)
+        if self._nvme:
+            for start, end in runs:
+                began = time.perf_counter()
+                self._sync(start, end - start)
+                metrics.synced(self, "data", time.perf_counter() - began)
         began = time.perf_counter()
         self.index.put(durable)
         if durable:  # an empty append writes nothing
             metrics.synced(self, "index", time.perf_counter() - began)
+        if self._nvme:
+            for start, end in runs:
+                self._unmap_pages(start, end)
         self.changes += 1
-        return [e.crc32c for e in durable if e.crc32c is not None]
 
     def prepare(self, offset: int, size: int) -> None:
         """Allocates the file blocks of a reserved range before the client writes it: a
@@ -140,6 +171,10 @@ class Segment:
         self.index.delete(entries)
         if self.persistent and entries:  # a durable index syncs its log
             metrics.synced(self, "index", time.perf_counter() - began)
+        if self._nvme:  # readers mapped them again; they are garbage now
+            for entry in entries:
+                if entry.offset >= 0 and entry.offset + entry.size <= self.size:
+                    self._unmap_pages(entry.offset, entry.offset + entry.size)
         self.changes += 1
 
     def copy_from(self, source: Segment, source_offset: int, target: Entry) -> list[int]:
@@ -186,6 +221,15 @@ class Segment:
     def _sync(self, offset: int, size: int) -> None:
         start = offset - offset % mmap.ALLOCATIONGRANULARITY
         self.memory.flush(start, max(offset + size - start, 1))
+
+    def _unmap_pages(self, start: int, end: int) -> None:
+        """Drops this process's mappings of the whole pages in [start, end), recorded and
+        clean: their bytes stay in the file and the page cache, which may now let them go like
+        any cached file page (mapped pages it keeps), and the next reader maps them again."""
+        first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE
+        last = end - end % mmap.PAGESIZE
+        if last > first:
+            self.memory.madvise(mmap.MADV_DONTNEED, first, last - first)
 
     def _check_bounds(self, entry: Entry) -> None:
         if entry.offset < 0 or entry.offset + entry.size > self.size:
@@ -298,6 +342,18 @@ def _prefault(memory: mmap.mmap) -> None:
     except OSError:  # kernel older than 5.14: touch one byte per page instead
         for offset in range(0, len(memory), mmap.PAGESIZE):
             memory[offset] = 0
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_sync_file_range = _libc.sync_file_range
+_sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+SYNC_FILE_RANGE_WRITE = 2
+
+
+def _start_writeback(fd: int, offset: int, size: int) -> None:
+    """Starts writing the dirty pages of a range to the disk, without waiting (the sync that
+    follows waits, and makes them and their metadata durable: this only starts early)."""
+    _sync_file_range(fd, offset, size, SYNC_FILE_RANGE_WRITE)
 
 
 def _runs(ranges: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:

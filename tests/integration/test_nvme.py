@@ -4,6 +4,8 @@ objects survive a restart of their node or of the master."""
 from __future__ import annotations
 
 import os
+import random
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +13,7 @@ import pytest
 from helpers import cluster_status, metric, wait_until
 
 from kvpool import Client
-from kvpool.errors import ObjectNotFound
+from kvpool.errors import KVPoolError, ObjectNotFound
 from kvpool.local_cluster import DEFAULT_TENANT
 from kvpool.storage_node.object_index import live_entries
 
@@ -158,3 +160,52 @@ def test_eviction_demotes_to_nvme_and_a_hit_promotes_back(cluster_factory, tmp_p
         assert wait_until(lambda: DRAM in tiers_of(client, victim), timeout=5), "promoted"
         assert wait_until(lambda: metric(port, "kvpool_promotions_total") >= 1, timeout=2)
         assert client.get(victim) == objects[victim]
+
+
+def test_every_put_that_returned_is_intact_after_a_kill_9_among_many_concurrent_puts(
+    cluster_factory, tmp_path
+):
+    """Six writers put into the NVMe tier at once, alone and in batches, so that the node
+    records many objects together (their disk waits shared); the node is killed (SIGKILL)
+    while they are still putting. Every put that had returned is there, byte for byte, after
+    the node restarts; the puts it cut short fail, none hangs."""
+    cluster = cluster_factory(0, "64MiB")
+    node = cluster.add_node(extra=nvme_args(tmp_path / "nvme"))
+    returned: dict[str, bytes] = {}
+    lock = threading.Lock()
+    sizes = [4096, 100_000, MiB, 3 * MiB + 7]
+
+    def writer(number: int, client: Client) -> None:
+        rng = random.Random(number)
+        for round_ in range(10_000):
+            batch = 4 if number % 2 else 1
+            items = [
+                (f"w{number}/{round_}/{i}", rng.randbytes(rng.choice(sizes))) for i in range(batch)
+            ]
+            try:
+                results = client.put_many(items, tier="nvme")
+            except KVPoolError:
+                return  # the node is gone: this put did not return
+            stored = [(k, v) for (k, v), r in zip(items, results, strict=True) if r == 1]
+            with lock:
+                returned.update(stored)
+            if len(stored) < len(items):
+                return
+
+    with Client(cluster.master_address, timeout=5) as client:
+        writers = [threading.Thread(target=writer, args=(n, client)) for n in range(6)]
+        for thread in writers:
+            thread.start()
+        assert wait_until(lambda: len(returned) >= 80, timeout=60), "puts go through"
+        node.kill()  # while the writers are still putting
+        with lock:
+            survivors = dict(returned)  # every put that returned before the kill
+        for thread in writers:
+            thread.join(timeout=30)
+        assert not any(thread.is_alive() for thread in writers), "no put hangs"
+        node.restart()
+        assert wait_until(
+            lambda: cluster_status(client.master).objects >= len(survivors), timeout=10
+        )
+        for key, value in survivors.items():
+            assert client.get(key, verify=True) == value, key
