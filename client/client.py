@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from kvpool.client import get_path, put_path
 from kvpool.client.buffers import new_bytes, readable_address, writable_address
+from kvpool.client.cancellation import cancelled
 from kvpool.client.data_path import DataPath
 from kvpool.client.master_link import MasterLink
 from kvpool.client.outcomes import error_for
@@ -62,7 +64,11 @@ FENCE_RETRY = 0.1
 
 
 class Client:
-    """A kvpool client. Thread-safe; use one per process and close it (or use ``with``).
+    """A kvpool client. Use one per process and close it (or use ``with``).
+
+    Thread-safe: threads share one client, and their calls overlap rather than queue (each
+    master call on a connection of its own, each transfer on a UCX worker of its own, copies
+    with mapped segments side by side). ``kvpool.aio.AsyncClient`` is the asyncio face of it.
 
     ``master`` is ``HOST:PORT``, a list ``HOST:PORT,HOST:PORT`` of masters, or
     ``etcd://HOST:2379/CLUSTER`` (default: ``$KVPOOL_MASTER``); the client follows failovers.
@@ -135,6 +141,7 @@ class Client:
         #: Keys this client leased lately (at most LEASES_REMEMBERED, oldest dropped first):
         #: given back when it closes, so that an exited reader does not hold up a removal.
         self._leased: dict[str, None] = {}
+        self._leases_lock = threading.Lock()
 
     @property
     def client_id(self) -> str:
@@ -168,16 +175,18 @@ class Client:
                 self._session.close()
 
     def _remember_leases(self, keys: Iterable[str]) -> None:
-        leased = self._leased
-        leased.update(dict.fromkeys(keys))  # (in C: on every read)
-        if len(leased) > 2 * LEASES_REMEMBERED:  # trimmed now and then, not on every call
-            kept = list(itertools.islice(reversed(leased), LEASES_REMEMBERED))
-            self._leased = dict.fromkeys(reversed(kept))
+        with self._leases_lock:
+            leased = self._leased
+            leased.update(dict.fromkeys(keys))  # (in C: on every read)
+            if len(leased) > 2 * LEASES_REMEMBERED:  # trimmed now and then, not on every call
+                kept = list(itertools.islice(reversed(leased), LEASES_REMEMBERED))
+                self._leased = dict.fromkeys(reversed(kept))
 
     def _release_leases(self) -> None:
-        if not self._leased:
+        with self._leases_lock:
+            leased, self._leased = list(self._leased), {}
+        if not leased:
             return
-        leased, self._leased = list(self._leased), {}
         keys = leased if plainly_valid(leased) else [k for k in leased if key_problem(k) is None]
         if not keys:  # (an Exists may have asked about keys no put could have made)
             return
@@ -430,7 +439,7 @@ class Client:
                 outcomes[i] = (slot, write_deadline)
                 if slot.status == KeyStatus.FENCED and time.monotonic() + pause < deadline:
                     fenced.append(i)
-            order = fenced
+            order = fenced if not cancelled() else []  # (a cancelled put asks no more)
             if order:
                 time.sleep(pause)
                 pause = min(pause * 2, 1.0)

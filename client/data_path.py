@@ -1,10 +1,17 @@
-"""The client's side of the data path: mapped segments on this host, UCX to the others (one
-worker, one endpoint per storage node, one rkey per segment).
+"""The client's side of the data path: mapped segments on this host, UCX to the others (a
+few workers, one endpoint per storage node and worker, one rkey per segment and worker).
 
 Routes are learned from the segment descriptors the master sends and cached; an endpoint
-whose transfer failed or timed out is dropped (with its rkeys) and rebuilt on next use. The
-worker is single-threaded, so every use of it holds ``_lock``; the loops themselves run in C
-without the GIL.
+whose transfer failed or timed out is dropped (with its rkeys) and rebuilt on next use.
+
+Threads sharing a client transfer at the same time, not one after another. A UCX worker is
+single-threaded, so each transfer takes a worker of its own from a small pool (``_Lane``:
+the worker, its endpoints and routes), made on first need up to ``MAX_WORKERS`` and shared by
+one context (created for workers on several threads); a thread finding them all busy waits
+for one within its deadline. The loops themselves run in C without the GIL. ``_lock`` guards
+only the tables (descriptors' effects, mappings, registrations, the pool): it is never held
+while bytes move. A mapping in use by a copy is pinned, and unmapped only when the last copy
+through it is done, whoever let go of it meanwhile (a new descriptor, its node's exit).
 
 A segment the node shares with this host (``Segment.shared_memory``) is mapped into this
 process on first use (one mapping per process, shared by its clients), and transfers with it
@@ -36,7 +43,7 @@ from typing import Any
 from kvpool.client.coalescing import coalesce
 from kvpool.client.unreachable_nodes import UnreachableNodes
 from kvpool.proto import master_pb2 as pb
-from kvpool.transport import ucp
+from kvpool.transport import connection_reset, ucp
 from kvpool.transport.memory_copy import Copier, Copy
 from kvpool.transport.shared_memory import (
     MAPPINGS,
@@ -78,6 +85,29 @@ class _Route:
     rkey: ucp.RemoteKey
 
 
+#: UCX workers a client keeps at most: as many threads transfer over UCX at once, the others
+#: wait for one (a worker serves one thread at a time; each has its own endpoints).
+MAX_WORKERS = 8
+#: How long closing waits for the transfers other threads still run before it lets go.
+CLOSE_WAIT = 30.0
+
+
+class _Lane:
+    """One UCX worker with its endpoints and routes, used by one thread at a time."""
+
+    def __init__(self, worker: ucp.Worker) -> None:
+        self.worker = worker
+        self.endpoints: dict[bytes, ucp.Endpoint] = {}
+        self.routes: dict[str, _Route] = {}
+        #: Segments whose routes go before the lane's next use (their descriptor changed).
+        self.stale: set[str] = set()
+
+    def drop_route(self, segment_id: str) -> None:
+        route = self.routes.pop(segment_id, None)
+        if route is not None:
+            route.rkey.destroy()
+
+
 class DataPath:
     def __init__(
         self,
@@ -87,19 +117,26 @@ class DataPath:
         copy_threads: int = 2,
     ) -> None:
         self.context = ucp.Context(ucx_config)
-        self.worker = self.context.create_worker()
+        self._lock = threading.Lock()
+        #: Notified when a lane is given back and when a transfer ends.
+        self._changed = threading.Condition(self._lock)
+        self._lanes = [_Lane(self.context.create_worker())]
+        self._idle = list(self._lanes)
         #: Workers given up after a transfer they could not stop: kept (never destroyed, never
         #: progressed) so that UCX can touch nothing through them.
         self._abandoned: list[ucp.Worker] = []
-        self._lock = threading.Lock()
         self._descriptors: dict[str, pb.Segment] = {}
-        self._endpoints: dict[bytes, ucp.Endpoint] = {}
-        self._routes: dict[str, _Route] = {}
         self._regions: list[ucp.MemoryRegion] = []
         self._closed = False
+        #: Transfers running now (``run`` calls between planning and their end).
+        self._in_flight = 0
         self.same_host_mapping = same_host_mapping
         #: segment id -> its mapping, or None where it cannot be mapped (use UCX).
         self._mapped: dict[str, MappedSegment | None] = {}
+        #: Mappings copies run through now, with how many; and those let go of meanwhile,
+        #: released when their last copy ends.
+        self._pins: dict[MappedSegment, int] = {}
+        self._release_later: set[MappedSegment] = set()
         self._reaper = Reaper(self._node_exited)
         self._copier = Copier(copy_threads)
         #: Nodes a transfer failed to reach lately (not by a deadline).
@@ -114,7 +151,8 @@ class DataPath:
                 if known is not None:
                     self.unreachable.forget(segment.node_id)  # it mounted again: try it
                 with self._lock:
-                    self._drop_route(segment.segment_id)
+                    for lane in self._lanes:  # (dropped by the thread that next takes it)
+                        lane.stale.add(segment.segment_id)
                     self._unmap(segment.segment_id)
 
     def register(self, buffer: Any) -> ucp.MemoryRegion:
@@ -146,9 +184,10 @@ class DataPath:
         self, transfers: Sequence[Transfer], *, is_get: bool, deadline: float
     ) -> list[Failure | None]:
         """Runs ``transfers`` together until ``deadline`` (time.monotonic); entry i is None on
-        success, else why it failed. Time spent waiting for another thread's transfers
-        counts against the deadline. Transfers that continue one another run as one
-        (client/coalescing.py); each then shares the outcome of the one it is part of."""
+        success, else why it failed. Time spent waiting for a UCX worker that other threads
+        use counts against the deadline. Transfers that continue one another run as one
+        (client/coalescing.py); each then shares the outcome of the one it is part of. When
+        this returns, none of them touches memory any more."""
         merged, members = coalesce(transfers)
         if len(merged) == len(transfers):
             return self._run(transfers, is_get=is_get, deadline=deadline)
@@ -166,29 +205,78 @@ class DataPath:
         if not transfers:
             return []
         errors: list[Failure | None] = [None] * len(transfers)
+        copies: list[Copy] = []
+        copied: list[int] = []
+        pinned: list[MappedSegment] = []
+        remote: list[tuple[int, Any]] = []  # (index, memh) of those UCX carries
         with self._lock:
             if self._closed:
                 raise RuntimeError("the client is closed")
-            ops: list[ucp.Op] = []
-            indexes: list[int] = []
-            copies: list[Copy] = []
-            copied: list[int] = []
             mapped_here, exited = self._live_mappings({t.segment_id for t in transfers})
-            unroutable: dict[str, Failure] = {}  # node (or segment) -> why: tried once per run
             for i, transfer in enumerate(transfers):
                 if transfer.segment_id in exited:
                     errors[i] = self._unreachable(transfer.segment_id, "its process has exited")
                     continue
                 mapped = mapped_here.get(transfer.segment_id)
-                if mapped is not None:
-                    copy = self._plan_copy(mapped, transfer, is_get)
-                    if isinstance(copy, Failure):
-                        errors[i] = copy
-                    else:
-                        copies.append(copy)
-                        copied.append(i)
+                if mapped is None:
+                    remote.append((i, self._memh_for(transfer.local_address, transfer.length)))
                     continue
-                route = self._route_or_failure(transfer.segment_id, unroutable)
+                copy = self._plan_copy(mapped, transfer, is_get)
+                if isinstance(copy, Failure):
+                    errors[i] = copy
+                else:
+                    copies.append(copy)
+                    copied.append(i)
+            for mapped in mapped_here.values():
+                self._pins[mapped] = self._pins.get(mapped, 0) + 1
+                pinned.append(mapped)
+            self._in_flight += 1
+        try:
+            if copies:
+                for i, completed in zip(copied, self._copier.run(copies, deadline), strict=True):
+                    if not completed:
+                        errors[i] = Failure(
+                            f"transfer with segment {transfers[i].segment_id} missed its deadline",
+                            timed_out=True,
+                        )
+            if remote:
+                self._run_ucx(transfers, remote, errors, is_get, deadline)
+        finally:
+            with self._lock:
+                for mapped in pinned:
+                    self._unpin(mapped)
+                self._in_flight -= 1
+                self._changed.notify_all()
+        return errors
+
+    def _run_ucx(
+        self,
+        transfers: Sequence[Transfer],
+        remote: Sequence[tuple[int, Any]],
+        errors: list[Failure | None],
+        is_get: bool,
+        deadline: float,
+    ) -> None:
+        """Runs ``transfers[i]`` for each (i, memh) of ``remote`` over UCX, on a worker of its
+        own; fills ``errors``."""
+        lane = self._take_lane(deadline)
+        if lane is None:
+            for i, _ in remote:
+                segment_id = transfers[i].segment_id
+                errors[i] = Failure(
+                    f"transfer with segment {segment_id} missed its deadline (every UCX worker "
+                    "of this client was busy with other threads' transfers)",
+                    timed_out=True,
+                    node_id=self.node_of(segment_id),
+                )
+            return
+        try:
+            ops: list[ucp.Op] = []
+            indexes: list[int] = []
+            unroutable: dict[str, Failure] = {}  # node (or segment) -> why: tried once per run
+            for i, memh in remote:
+                transfer = transfers[i]
+                route = self._route_or_failure(lane, transfer.segment_id, unroutable)
                 if isinstance(route, Failure):
                     errors[i] = route
                     continue
@@ -199,24 +287,22 @@ class DataPath:
                         transfer.local_address,
                         transfer.remote_address,
                         transfer.length,
-                        self._memh_for(transfer.local_address, transfer.length),
+                        memh,
                     )
                 )
                 indexes.append(i)
-            if copies:
-                for i, completed in zip(copied, self._copier.run(copies, deadline), strict=True):
-                    if not completed:
-                        errors[i] = Failure(
-                            f"transfer with segment {transfers[i].segment_id} missed its deadline",
-                            timed_out=True,
-                        )
             if not ops:
-                return errors
+                return
             timeout = deadline - time.monotonic()
+            given_up = False
             if timeout <= 0:
                 statuses = [ucp.UCS_ERR_TIMED_OUT] * len(ops)  # no time left: do not start
             else:
-                statuses = self.worker.transfer(ops, is_get=is_get, timeout=timeout)
+                statuses = lane.worker.transfer(ops, is_get=is_get, timeout=timeout)
+                # A transfer that missed its deadline may have left bytes queued in the
+                # worker's connections (a partitioned or stalled node): those must never
+                # land later, over space the master has given to another object.
+                given_up = ucp.UCS_ERR_TIMED_OUT in statuses
             failed_segments = set()
             remembered = set(self.unreachable.current())  # (as a rule none, and no work below)
             for i, status in zip(indexes, statuses, strict=True):
@@ -237,37 +323,75 @@ class DataPath:
                     errors[i] = self._unreachable(
                         segment_id, f"a transfer failed: {ucp.status_string(status)}"
                     )
-            if self.worker.tainted:
-                self._replace_worker()
+            if lane.worker.tainted or given_up:
+                self._replace_worker(lane)
             else:
                 for segment_id in failed_segments:
-                    self._drop_node_of(segment_id)
-        return errors
+                    self._drop_node_of(lane, segment_id)
+        finally:
+            with self._lock:
+                self._idle.append(lane)
+                self._changed.notify_all()
 
     def close(self) -> None:
+        """Lets go of every worker, endpoint, registration and mapping, once the transfers
+        other threads still run have ended (within ``CLOSE_WAIT``; past it, what they use is
+        left to the process rather than destroyed under them)."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+            self._changed.notify_all()  # (threads waiting for a worker give up)
+            until = time.monotonic() + CLOSE_WAIT
+            while self._in_flight and (left := until - time.monotonic()) > 0:
+                self._changed.wait(left)
+            drained = not self._in_flight
             for segment_id in list(self._mapped):
                 self._unmap(segment_id)
-            for route in self._routes.values():
-                route.rkey.destroy()
-            self._routes.clear()
-            clean = all([endpoint.close() for endpoint in self._endpoints.values()])
-            self._endpoints.clear()
-            for region in self._regions:
-                region.close()
-            self._regions.clear()
+            clean = drained
+            if drained:
+                for lane in self._lanes:
+                    for route in lane.routes.values():
+                        route.rkey.destroy()
+                    lane.routes.clear()
+                    clean = (
+                        all([endpoint.close() for endpoint in lane.endpoints.values()]) and clean
+                    )
+                    lane.endpoints.clear()
+                for region in self._regions:
+                    region.close()
+                self._regions.clear()
             if clean and not self._abandoned:
-                self.worker.close()
+                for lane in self._lanes:
+                    lane.worker.close()
                 self.context.close()
-            # else: a peer left an endpoint half-closed, or a worker was given up; destroying
-            # the context under them could abort inside UCX. The process reclaims them.
+            # else: a peer left an endpoint half-closed, a worker was given up, or a transfer
+            # still runs; destroying the context under them could abort inside UCX. The
+            # process reclaims them.
         self._reaper.stop()
         self._copier.close()
 
-    # ---- internals (callers hold _lock)
+    # ---- internals
+
+    def _take_lane(self, deadline: float) -> _Lane | None:
+        """An idle worker (made now if fewer than MAX_WORKERS exist); None at ``deadline``."""
+        with self._lock:
+            while not self._idle:
+                if self._closed:
+                    raise RuntimeError("the client is closed")
+                if len(self._lanes) < MAX_WORKERS:
+                    lane = _Lane(self.context.create_worker())
+                    self._lanes.append(lane)
+                    return lane
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                self._changed.wait(left)
+            lane = self._idle.pop()
+            stale, lane.stale = lane.stale, set()
+        for segment_id in stale:
+            lane.drop_route(segment_id)
+        return lane
 
     def _unreachable(self, segment_id: str, why: str) -> Failure:
         """The failure of a transfer whose node could not be reached; remembers the node."""
@@ -281,21 +405,24 @@ class DataPath:
         )
 
     def _route_or_failure(
-        self, segment_id: str, unroutable: dict[str, Failure]
+        self, lane: _Lane, segment_id: str, unroutable: dict[str, Failure]
     ) -> _Route | Failure:
-        """The segment's route, or why there is none (each node is tried once per run)."""
+        """The segment's route on ``lane``, or why there is none (each node is tried once
+        per run)."""
         node_id = self.node_of(segment_id) or segment_id
         failure = unroutable.get(node_id)
         if failure is not None:
             return failure
         try:
-            return self._route(segment_id)
+            return self._route(lane, segment_id)
         except KeyError:
             failure = Failure(f"segment {segment_id} is not known to this client")
         except ucp.UcxError as error:
             failure = self._unreachable(segment_id, str(error))
         unroutable[node_id] = failure
         return failure
+
+    # (callers of the following hold _lock)
 
     def _mapping(self, segment_id: str) -> MappedSegment | None:
         """The segment's mapping, made on first use; None where UCX must carry the transfer."""
@@ -358,7 +485,20 @@ class DataPath:
         mapped = self._mapped.pop(segment_id, None)
         if mapped is not None:
             self._reaper.unwatch(mapped.pidfd)
-            MAPPINGS.release(mapped)  # unmapped once no other client of this process uses it
+            if mapped in self._pins:
+                self._release_later.add(mapped)  # copies still run through it
+            else:
+                MAPPINGS.release(mapped)  # unmapped once no other client of this process uses it
+
+    def _unpin(self, mapped: MappedSegment) -> None:
+        count = self._pins[mapped] - 1
+        if count:
+            self._pins[mapped] = count
+            return
+        del self._pins[mapped]
+        if mapped in self._release_later:
+            self._release_later.discard(mapped)
+            MAPPINGS.release(mapped)
 
     def _forget_mapping(self, segment_id: str) -> None:
         """Unmaps a segment whose node exited; until a new descriptor comes, it goes over UCX."""
@@ -372,54 +512,58 @@ class DataPath:
             if mapped is not None and not mapped.alive():
                 self._forget_mapping(segment_id)
 
-    def _route(self, segment_id: str) -> _Route:
-        route = self._routes.get(segment_id)
-        if route is not None and not route.endpoint.closed:
-            return route
-        descriptor = self._descriptors[segment_id]
-        endpoint = self._endpoints.get(descriptor.worker_address)
-        if endpoint is None or endpoint.closed:
-            endpoint = self._connect(descriptor.worker_address)
-            self._endpoints[descriptor.worker_address] = endpoint
-        route = _Route(descriptor, endpoint, endpoint.unpack_rkey(descriptor.rkey))
-        self._routes[segment_id] = route
-        return route
-
-    def _connect(self, worker_address: bytes) -> ucp.Endpoint:
-        """CMA when the node shares this host, else a force-closable endpoint."""
-        endpoint = self.worker.connect(worker_address)
-        if endpoint.uses_transport("cma"):
-            return endpoint
-        endpoint.close(timeout=0.5)  # unused so far: nothing in flight on it
-        return self.worker.connect(worker_address, peer_errors=True)
-
-    def _replace_worker(self) -> None:
-        """Gives the worker up after a transfer it could not stop, and starts afresh."""
-        for route in self._routes.values():
-            route.rkey.destroy()
-        self._routes.clear()
-        self._endpoints.clear()
-        self._abandoned.append(self.worker)
-        self.worker = self.context.create_worker()
-
     def _memh_for(self, address: int, length: int) -> Any:
         for region in self._regions:
             if region.contains(address, length):
                 return region.memh
         return None
 
-    def _drop_route(self, segment_id: str) -> None:
-        route = self._routes.pop(segment_id, None)
-        if route is not None:
-            route.rkey.destroy()
+    # (callers of the following own ``lane``: they took it with _take_lane)
 
-    def _drop_node_of(self, segment_id: str) -> None:
-        """Forgets the endpoint to a failed node and every route through it."""
-        route = self._routes.get(segment_id)
+    def _route(self, lane: _Lane, segment_id: str) -> _Route:
+        route = lane.routes.get(segment_id)
+        if route is not None and not route.endpoint.closed:
+            return route
+        descriptor = self._descriptors[segment_id]
+        endpoint = lane.endpoints.get(descriptor.worker_address)
+        if endpoint is None or endpoint.closed:
+            endpoint = self._connect(lane.worker, descriptor.worker_address)
+            lane.endpoints[descriptor.worker_address] = endpoint
+        route = _Route(descriptor, endpoint, endpoint.unpack_rkey(descriptor.rkey))
+        lane.routes[segment_id] = route
+        return route
+
+    @staticmethod
+    def _connect(worker: ucp.Worker, worker_address: bytes) -> ucp.Endpoint:
+        """CMA when the node shares this host, else a force-closable endpoint."""
+        endpoint = worker.connect(worker_address)
+        if endpoint.uses_transport("cma"):
+            return endpoint
+        endpoint.close(timeout=0.5)  # unused so far: nothing in flight on it
+        return worker.connect(worker_address, peer_errors=True)
+
+    def _replace_worker(self, lane: _Lane) -> None:
+        """Gives the lane's worker up after a transfer that missed its deadline or could not
+        be stopped; a fresh one takes its place. Its TCP connections are reset first: bytes
+        still queued in them must never reach a node, where the space may by then hold
+        another object."""
+        connection_reset.reset_connections(lane.worker.efd)
+        for route in lane.routes.values():
+            route.rkey.destroy()
+        lane.routes.clear()
+        lane.endpoints.clear()
+        with self._lock:
+            self._abandoned.append(lane.worker)
+        lane.worker = self.context.create_worker()
+
+    @staticmethod
+    def _drop_node_of(lane: _Lane, segment_id: str) -> None:
+        """Forgets the lane's endpoint to a failed node and every route through it."""
+        route = lane.routes.get(segment_id)
         if route is None:
             return
         endpoint = route.endpoint
-        for other_id in [s for s, r in self._routes.items() if r.endpoint is endpoint]:
-            self._drop_route(other_id)
-        self._endpoints.pop(route.descriptor.worker_address, None)
+        for other_id in [s for s, r in lane.routes.items() if r.endpoint is endpoint]:
+            lane.drop_route(other_id)
+        lane.endpoints.pop(route.descriptor.worker_address, None)
         endpoint.close()

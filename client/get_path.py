@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kvpool.client.cancellation import checkpoint
 from kvpool.client.checksum import crc32c_at, crc32c_of_pieces
 from kvpool.client.data_path import Failure, Transfer
 from kvpool.client.outcomes import error_for
@@ -80,6 +81,7 @@ def read(
     lease_first = lease_deadline <= deadline  # a timeout then means the lease ran out
     attempt = 0
     while pending:
+        checkpoint()  # (a cancelled call writes nothing more into the caller's buffers)
         transfers = []
         for i in pending:
             replica = candidates[i][attempt]

@@ -29,8 +29,10 @@ if TYPE_CHECKING:
 #: How long connecting may take at most (a lane behind a firewall drops the SYN: the client
 #: gives up on it after this and uses gRPC).
 CONNECT_TIMEOUT = 1.0
-#: Idle connections kept per master.
-POOL_SIZE = 8
+#: Idle connections kept per master: as many as the threads that usually share a client (an
+#: asyncio client's threads among them), so that calls in flight together do not each connect
+#: anew (a TLS handshake) and close again.
+POOL_SIZE = 32
 #: Seconds an idle connection is kept for reuse: well within the master's idle timeout
 #: (master/lane_server.py IDLE_TIMEOUT), so that it is never closed under a call.
 MAX_IDLE = 60.0

@@ -98,9 +98,12 @@ class MasterLink:
         self._answered = False
         #: Directly given masters that refused a connection while none had answered yet.
         self._refused: set[str] = set()
+        self._closed = False
 
     def call(self, method: str, request: Any, deadline: float) -> Any:
         """Calls ``method`` on the leader until it answers or ``deadline`` (monotonic) passes."""
+        if self._closed:
+            raise RuntimeError("the client is closed: make a new one")
         backoff = FIRST_BACKOFF
         last_error = "no attempt made"
         failures = 0
@@ -185,7 +188,8 @@ class MasterLink:
                     raise PermissionDenied(f"master {leader} refused {method}: {details}")
                 else:
                     raise KVPoolError(f"master {method} failed: {name}: {details}")
-            self.retries += 1
+            with self._lock:  # (threads share the link: no increment is lost)
+                self.retries += 1
             time.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
             backoff = min(backoff * 2, MAX_BACKOFF)
 
@@ -255,6 +259,7 @@ class MasterLink:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             if self._channel is not None:
                 self._channel.close()
                 self._channel = None

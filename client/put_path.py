@@ -10,6 +10,10 @@ node that died and that the master has not declared dead yet; not a missed deadl
 placed again within the caller's deadline: its failed reservation is committed as failed
 (PutEnd frees it), and PutStart asks the master to avoid the nodes this client cannot reach
 (client/unreachable_nodes.py), which every PutStart does for a few seconds after.
+
+A call told to stop (client/cancellation.py, the asyncio client's cancellation) stops before
+writing and before committing, and revokes its reservations (PutRevoke) there: its keys are
+then free, never half-visible. Once PutEnd is sent, its keys are published whole or not.
 """
 
 from __future__ import annotations
@@ -19,12 +23,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvpool.client.cancellation import CallCancelled, cancelled
 from kvpool.client.checksum import crc32c_at, crc32c_of_pieces
 from kvpool.client.data_path import Failure, Transfer
 from kvpool.client.session import Session
+from kvpool.common.logging import get_logger
 from kvpool.common.status import KeyStatus, Pin, Tier
-from kvpool.errors import InvalidArgument
+from kvpool.errors import InvalidArgument, KVPoolError
 from kvpool.proto import master_pb2 as pb
+
+log = get_logger("kvpool.client")
 
 PINS = {None: Pin.NONE, "none": Pin.NONE, "soft": Pin.SOFT, "hard": Pin.HARD}
 TIERS = {None: Tier.UNSPECIFIED, "any": Tier.UNSPECIFIED, "dram": Tier.DRAM, "nvme": Tier.NVME}
@@ -140,11 +148,15 @@ def write_and_commit(
     the module's docstring) while ``deadline`` allows. Entry i is put i's final status; its
     ``slot``, ``errors`` and ``failures`` are then those of its last placement (or, when a
     placement was refused, ``errors`` says why)."""
+    revoke_if_cancelled(session, puts)
     write(session, puts, options.checksum)
+    revoke_if_cancelled(session, puts)
     statuses = commit(session, puts, deadline)
     for _ in range(PLACEMENTS - 1):
         if KeyStatus.NO_REPLICA not in statuses:  # (one pass in C: as a rule, none failed)
             break
+        if cancelled():  # (those not placed stay failed: their reservations are gone)
+            raise CallCancelled
         again = [
             i
             for i, (put, status) in enumerate(zip(puts, statuses, strict=True))
@@ -160,7 +172,9 @@ def write_and_commit(
             else:
                 statuses[i] = refused
         written = [puts[i] for i in placed]
+        revoke_if_cancelled(session, written)
         write(session, written, options.checksum)
+        revoke_if_cancelled(session, written)
         for i, status in zip(placed, commit(session, written, deadline), strict=True):
             statuses[i] = status
     return statuses
@@ -247,6 +261,21 @@ def commit(session: Session, puts: Sequence[PendingPut], deadline: float) -> lis
         else:
             add(key=put.key, put_id=put.slot.put_id, replica_ok=ok, crc32c=put.crc32c)
     return list(session.link.call("PutEnd", request, deadline).statuses)
+
+
+def revoke_if_cancelled(session: Session, puts: Sequence[PendingPut]) -> None:
+    """When the call was told to stop (client/cancellation.py): gives the reservations of
+    ``puts`` back, so that nothing of them is left half-visible, and raises CallCancelled.
+    Should the master not take them back in time, they run out by themselves at the write
+    timeout, as any writer's that stops."""
+    if not cancelled():
+        return
+    if puts:
+        try:
+            revoke(session, puts, time.monotonic() + session.timeout)
+        except KVPoolError as error:
+            log.debug("could not give reservations back", keys=len(puts), error=str(error))
+    raise CallCancelled
 
 
 def revoke(session: Session, puts: Sequence[PendingPut], deadline: float) -> list[int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 import uuid
 from dataclasses import dataclass, field
 
@@ -20,16 +21,23 @@ class Session:
     client_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     host: str = field(default_factory=socket.gethostname)
     heartbeat: Heartbeat | None = None
+    #: Starts the heartbeat once, however many threads write first at the same time.
+    _heartbeat_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def writing(self) -> None:
         """Called before reserving: a client with reservations must heartbeat, or the master
         revokes them when it stops hearing from it."""
-        if self.heartbeat is None:
-            self.heartbeat = Heartbeat(self.link, self.client_id)
-            self.heartbeat.start()
+        if self.heartbeat is None:  # (as a rule it runs: no lock taken)
+            with self._heartbeat_lock:
+                if self.heartbeat is None:
+                    heartbeat = Heartbeat(self.link, self.client_id)
+                    heartbeat.start()
+                    self.heartbeat = heartbeat
 
     def close(self) -> None:
-        if self.heartbeat is not None:
-            self.heartbeat.stop()
+        with self._heartbeat_lock:
+            heartbeat = self.heartbeat
+        if heartbeat is not None:
+            heartbeat.stop()
         self.data.close()
         self.link.close()

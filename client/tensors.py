@@ -36,6 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kvpool.client import get_path
+from kvpool.client.cancellation import checkpoint
 from kvpool.common.keys import shown_key
 from kvpool.errors import InvalidArgument, KVPoolError
 from kvpool.transport import ucp
@@ -289,5 +290,6 @@ def get_tensor_into(client: Client, key: str, tensor: Any, verify: bool = False)
             f"{tuple(tensor.shape)}: pass a matching tensor, or use get_tensor()",
             key=key,
         )
+    checkpoint()  # (a cancelled call leaves the caller's tensor alone)
     raw_bytes(tensor).copy_(data[length:])
     return tensor
