@@ -143,9 +143,18 @@ class MasterLink:
                     continue  # the same call over gRPC, at once
                 except LaneError as error:
                     code, details, hint = error.code, error.details, error.leader
+                except ValueError:
+                    # grpc's "Cannot invoke RPC on closed channel!": another thread replaced
+                    # the channel this call took (a new leader, or a fresh channel after
+                    # failures) and closed it. The call goes again, on the new one.
+                    if self._closed:
+                        raise RuntimeError("the client is closed: make a new one") from None
+                    continue  # (bounded by the deadline, as every attempt)
                 except grpc.RpcError as error:
                     code, details = error.code().value[0], error.details() or ""
                     hint = _leader_hint(error)
+                    if code == lp.CANCELLED and stub is not self._stub and not self._closed:
+                        continue  # (cancelled by that same replacement, mid-call)
                 if lane_failure is not None and code not in RETRYABLE:
                     self._lane_unreachable(leader, lane_failure)  # gRPC reached the master
                 lane_failure = None  # (else the master itself is away: try its lane again)
@@ -280,8 +289,7 @@ class MasterLink:
             if not leader:
                 return None, ""
             if leader != self._connected_to or self._stub is None:
-                if self._channel is not None:
-                    self._channel.close()
+                replaced = self._channel
                 self._channel = self.credentials.channel(
                     leader,
                     options=[
@@ -293,6 +301,8 @@ class MasterLink:
                 )
                 self._stub = master_pb2_grpc.MasterStub(self._channel)
                 self._connected_to = leader
+                if replaced is not None:
+                    replaced.close()  # (after the new one is in place: see ``call``)
             return self._stub, leader
 
 

@@ -6,7 +6,8 @@
    client's threads share one ``MasterLink``, and when one of them opens a fresh channel (a
    new leader, or ``_new_channel`` after repeated failures) it closes the old one while
    another thread is about to call on it. The race is timing: here it is provoked directly,
-   threads calling while another keeps asking for a fresh channel.
+   threads calling while another keeps asking for a fresh channel. Fixed: a call whose
+   channel was replaced and closed under it goes again on the new one.
 
 2. A get returned another object's bytes during ``scripts/chaos.sh --minutes 15 --seed 7``,
    round 42: a put cut off from its node (partition client0-node2) while the leader was cut
@@ -36,11 +37,6 @@ from kvpool import Client
 from kvpool.errors import KVPoolError
 
 
-@pytest.mark.xfail(
-    reason="client/master_link.py closes a channel other threads may still call on: "
-    "their call raises grpc's ValueError instead of being retried (chaos seed 3)",
-    strict=False,
-)
 def test_a_call_racing_a_fresh_channel_is_retried_not_raised_untyped(cluster_factory):
     cluster = cluster_factory(1, "64MiB")
     untyped: list[BaseException] = []
