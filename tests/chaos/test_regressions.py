@@ -16,9 +16,9 @@
    space. Replayed here with that round's faults on a cluster of seed 7 (timing decides
    whether the queued bytes hit a reused range: it may take several runs). Opt-in
    (``KVPOOL_CHAOS_REGRESSIONS=1``): it starts a cluster of its own, past the slice's budget.
-   Fixed: a client gives up the UCX worker of a transfer past its deadline and resets its
-   TCP connections (``transport/connection_reset.py``); CI runs the quick, deterministic
-   ``tests/integration/test_given_up_transfers.py``.
+   Open: resetting the client's connections (SO_LINGER 0) stopped it, but a storage node's
+   UCX aborts ("Endpoint timeout", no peer error handling) on a reset under a reply it is
+   sending; only nodes that check each write (issue 17) close it.
 """
 
 from __future__ import annotations
@@ -75,6 +75,11 @@ def test_a_call_racing_a_fresh_channel_is_retried_not_raised_untyped(cluster_fac
 @pytest.mark.skipif(
     os.environ.get("KVPOOL_CHAOS_REGRESSIONS", "0") in ("", "0"),
     reason="starts a chaos cluster of its own: set KVPOOL_CHAOS_REGRESSIONS=1",
+)
+@pytest.mark.xfail(
+    reason="a put's bytes queued in TCP land after its reservation ended (chaos seed 7): "
+    "open until nodes check each write (issue 17)",
+    strict=False,
 )
 def test_bytes_of_an_aborted_put_never_reach_an_object_placed_later(tmp_path: Path):
     if missing_prerequisite():
