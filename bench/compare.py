@@ -60,6 +60,10 @@ class Workload:
     clients: int = 1
     unit: str = "GB/s"  # GB/s, ops/s (objects) or keys/s
     exists_batch: int = 0  # > 0: an exists workload over ``count`` stored keys
+    #: Calls in flight to try (from one client process): each system is measured with each
+    #: of these many threads (and kvpool with as many coroutines, asyncio, too) and the best
+    #: way by median is the system's figure. Empty: one call at a time.
+    inflight: tuple[int, ...] = ()
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -79,7 +83,25 @@ WORKLOADS = (
         unit="keys/s", exists_batch=256,
     ),
     Workload("4x4MiB", "4 clients x 4 MiB objects", 4 * MiB, count=16, clients=4),
+    Workload(
+        "32x4KiB-inflight", "batches of 32 x 4 KiB, calls in flight", 4 * KiB, count=65536,
+        batch=32, seconds=1.0, unit="ops/s", inflight=(1, 4, 8, 16),
+    ),
 )  # fmt: skip
+
+#: How each system can have calls in flight from one process: threads sharing one client,
+#: and for kvpool also coroutines of one ``kvpool.aio.AsyncClient``. memcpy has no calls.
+INFLIGHT_MODES = {"kvpool": ("threads", "asyncio"), "mooncake": ("threads",)}
+
+
+def inflight_variants(workload: Workload, system: str) -> list[tuple[str, int]]:
+    """(mode, calls in flight) for each way ``system`` is measured on ``workload``."""
+    modes = INFLIGHT_MODES.get("kvpool" if system.startswith("kvpool") else system, ())
+    return [(mode, n) for mode in modes for n in workload.inflight]
+
+
+def variant_name(mode: str, in_flight: int) -> str:
+    return f"{mode} x{in_flight}"
 
 
 @dataclass(frozen=True)
@@ -100,6 +122,11 @@ TARGETS = (
     *(Target("netns", "32MiB", m, "mooncake", 2.0) for m in ("put", "get")),
     *(Target(p, "32x4KiB", m, "mooncake", 1.0) for p in PLACEMENTS for m in ("put", "get")),
     *(Target(p, "exists", "exists", "mooncake", 1.0) for p in PLACEMENTS),
+    *(
+        Target(p, "32x4KiB-inflight", m, "mooncake", 1.5)
+        for p in PLACEMENTS
+        for m in ("put", "get")
+    ),
 )
 
 
@@ -356,6 +383,8 @@ class PlacementBench:
         #: system -> seconds waited, before each measurement, for the others to go quiet
         self.settle_waits: dict[str, list[float]] = {s: [] for s in systems}
         self.settle_timeouts: dict[str, int] = {s: 0 for s in systems}
+        #: workload -> metric -> system -> way of issuing calls -> [one value per run]
+        self.variant_values: dict = {}
         #: Read leases kvpool's clients ask for (0: the master's default). Removing a leased
         #: object by force frees its space only when the lease ends: a profile, which runs a
         #: workload back to back, asks for short leases so that the store does not fill up.
@@ -386,6 +415,7 @@ class PlacementBench:
         return {
             "description": self.placement.description,
             "seconds": round(time.monotonic() - started, 1),
+            "inflight": _best_variants(self.variant_values, values),  # (before the medians)
             "values": values,
             "medians": _medians(values),
             "settle": {
@@ -420,7 +450,10 @@ class PlacementBench:
                 end = time.monotonic() + seconds
                 rounds = 0
                 while time.monotonic() < end:
-                    self._measure(workload, "kvpool", f"profile{rounds}")
+                    if workload.inflight:  # every way of having calls in flight, in turn
+                        self._measure_inflight(workload, "kvpool", f"profile{rounds}", None)
+                    else:
+                        self._measure(workload, "kvpool", f"profile{rounds}")
                     rounds += 1
         return files
 
@@ -513,13 +546,37 @@ class PlacementBench:
             )
             for workload in workloads:
                 for system in order:
-                    if workload.exists_batch and system == "memcpy":
+                    if (workload.exists_batch or workload.inflight) and system == "memcpy":
                         continue
                     self._settle(system)
+                    if workload.inflight:
+                        self._measure_inflight(workload, system, f"{label or run}", values)
+                        continue
                     measured = self._measure(workload, system, f"{label or run}")
                     if values is not None:
                         for metric, value in measured.items():
                             values[workload.name][metric][system].append(value)
+
+    def _measure_inflight(
+        self, workload: Workload, system: str, run: str, values: dict | None
+    ) -> None:
+        """Each way of having calls in flight in turn; ``values`` gets the best of this run
+        (replaced by the runs of the best way by median once all runs are done)."""
+        best: dict[str, float] = {}
+        for mode, n in inflight_variants(workload, system):
+            name = variant_name(mode, n)
+            measured = self._measure(
+                workload, system, f"{run}/{mode}{n}", {"threads": n, "mode": mode}
+            )
+            for metric, value in measured.items():
+                best[metric] = max(best.get(metric, 0.0), value)
+                if values is not None:
+                    by_variant = self.variant_values.setdefault(workload.name, {})
+                    by_variant = by_variant.setdefault(metric, {}).setdefault(system, {})
+                    by_variant.setdefault(name, []).append(value)
+        if values is not None:
+            for metric, value in best.items():
+                values[workload.name][metric][system].append(value)
 
     def _settle(self, system: str) -> None:
         """Waits until the other systems' processes are idle, so that background work one
@@ -535,10 +592,13 @@ class PlacementBench:
         if not quiet:
             self.settle_timeouts[system] += 1
 
-    def _measure(self, workload: Workload, system: str, run: str) -> dict[str, float]:
+    def _measure(
+        self, workload: Workload, system: str, run: str, extra: dict | None = None
+    ) -> dict[str, float]:
         runners = self.runners[system][: workload.clients]
         prefix = f"{self.tag}/{run}/{workload.name}/{system}"
         base = {"size": workload.size, "batch": workload.batch, "seconds": workload.seconds}
+        base.update(extra or {})
         cmds = [
             {**base, "prefix": f"{prefix}/c{i}", "count": workload.count}
             for i in range(len(runners))
@@ -565,6 +625,24 @@ def _medians(values: dict) -> dict:
         }
         for workload, by_metric in values.items()
     }
+
+
+def _best_variants(variant_values: dict, values: dict) -> dict:
+    """Per workload, metric and system with calls in flight: the median of each way of
+    issuing them and the best; ``values`` then holds the best way's runs, so that the
+    system's median is that way's."""
+    out: dict = {}
+    for workload, by_metric in variant_values.items():
+        for metric, by_system in by_metric.items():
+            for system, by_variant in by_system.items():
+                medians = {v: statistics.median(runs) for v, runs in by_variant.items()}
+                best = max(medians, key=medians.__getitem__)
+                values[workload][metric][system] = list(by_variant[best])
+                out.setdefault(workload, {}).setdefault(metric, {})[system] = {
+                    "best": best,
+                    "medians": medians,
+                }
+    return out
 
 
 def _phase(runners: list, op: str, cmds: list[dict]) -> dict:

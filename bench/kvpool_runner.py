@@ -4,7 +4,9 @@
 ``client_argv`` is the command of a client runner on the client side. Run as a script, this
 file is that runner: ``kvpool.Client`` with one registered arena, put/get/exists as an
 inference engine would call them (single keys through ``put``/``get_into``, batches through
-``put_many``/``get_into_many``/``exists_many``).
+``put_many``/``get_into_many``/``exists_many``). Calls in flight (bench/workloads.py) share
+that one ``Client`` from several threads, or go through one ``kvpool.aio.AsyncClient`` (made
+on first use, with the same settings and the arena registered with it too).
 
 Placements that must not share memory (``tcp_only``) force UCX onto TCP in both the node
 (``UCX_TLS`` in its environment) and the client (``ucx_config``), and keep the client from
@@ -18,6 +20,7 @@ for the node and one for the clients (``KvpoolServers(secure=False)``: everythin
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
@@ -187,8 +190,12 @@ def _deadline(seconds: float) -> float:
     return time.monotonic() + seconds
 
 
+#: Calls an AsyncClient of the runner runs at once at most (a phase may ask for fewer).
+ASYNC_THREADS = 16
+
+
 class KvpoolStore:
-    """The runner's store: one ``kvpool.Client``."""
+    """The runner's store: one ``kvpool.Client`` (and one ``AsyncClient`` once asked for)."""
 
     def __init__(self, config: dict) -> None:
         from kvpool import Client
@@ -196,20 +203,38 @@ class KvpoolStore:
         ucx = {"TLS": "tcp"} if config.get("tcp_only") else None
         # A secure cluster's runner has its token in KVPOOL_TOKEN and the CA in its config;
         # an insecure one has neither.
-        self.client = Client(
-            config["master"],
-            token=os.environ.get("KVPOOL_TOKEN") or None,
-            tls_ca=config.get("tls_ca"),
-            replicas=1,
-            timeout=60,
-            lease_ttl=config.get("lease_ttl", 0.0),
-            ucx_config=ucx,
-            same_host_mapping=not config.get("tcp_only"),
-        )
+        self.options: dict[str, Any] = {
+            "token": os.environ.get("KVPOOL_TOKEN") or None,
+            "tls_ca": config.get("tls_ca"),
+            "replicas": 1,
+            "timeout": 60,
+            "lease_ttl": config.get("lease_ttl", 0.0),
+            "ucx_config": ucx,
+            "same_host_mapping": not config.get("tcp_only"),
+        }
+        self.master = config["master"]
+        self.client = Client(self.master, **self.options)
         self.region: Any = None
+        self.arena: Any = None
+        self.aclient: Any = None
+        self.aregion: Any = None
 
     def register(self, arena: Any) -> None:
+        self.arena = arena
         self.region = self.client.register_buffer(arena)
+
+    async def aopen(self) -> None:
+        if self.aclient is None:
+            from kvpool.aio import AsyncClient
+
+            self.aclient = AsyncClient(self.master, threads=ASYNC_THREADS, **self.options)
+            self.aregion = await self.aclient.register_buffer(self.arena)
+
+    async def aput(self, keys: list[str], views: list[Any], addresses: list[int]) -> None:
+        _raise_first(await self.aclient.put_many(list(zip(keys, views, strict=True))))
+
+    async def aget(self, keys: list[str], views: list[Any], addresses: list[int]) -> None:
+        _raise_first(await self.aclient.get_into_many(keys, views))
 
     def put(self, keys: list[str], views: list[Any], addresses: list[int]) -> None:
         if len(keys) == 1:
@@ -231,9 +256,16 @@ class KvpoolStore:
         self.client.remove_many(keys, force=True)
 
     def close(self) -> None:
+        if self.aclient is not None:
+            asyncio.run(self._close_async())
         if self.region is not None:
             self.client.unregister_buffer(self.region)
         self.client.close()
+
+    async def _close_async(self) -> None:
+        if self.aregion is not None:
+            await self.aclient.unregister_buffer(self.aregion)
+        await self.aclient.close()
 
 
 def _raise_first(results: list[Any]) -> None:

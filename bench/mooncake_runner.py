@@ -10,6 +10,10 @@ nothing here imports it outside that interpreter. The layout mirrors kvpool's:
   own memory), one registered arena, and the zero-copy API: ``put_from``/``get_into`` for
   single keys, ``batch_put_from``/``batch_get_into``/``batch_is_exist`` for batches.
 
+Calls in flight (the ``32x4KiB-inflight`` workload): several threads of the runner share its
+one store and call ``batch_put_from``/``batch_get_into`` at once (bench/workloads.py);
+Mooncake's Python API has no coroutines.
+
 Metadata through ``P2PHANDSHAKE`` (no etcd or HTTP metadata server), protocol ``tcp``, and
 ``MC_TCP_BIND_ADDRESS`` set to each process's own address.
 """

@@ -8,6 +8,11 @@ The results dict (what compare.compare returns and compare.json holds)::
                         values:  {workload: {metric: {system: [one value per run]}}},
                         medians: {workload: {metric: {system: median}}}}}
 
+A workload with calls in flight (``inflight``) also has, per placement,
+``inflight: {workload: {metric: {system: {best, medians: {way: median}}}}}``: each way of
+issuing the calls ("threads x8", "asyncio x16") and the best, whose runs are the system's
+values; ``inflight_rows()`` sets them beside the one-batch-at-a-time figures of ``32x4KiB``.
+
 Metrics are put, get (GB/s, or objects/s for small objects) and exists (keys/s).
 ``security`` is what ``--security`` asked (secure, insecure, both) and ``security_of`` says
 of each kvpool system whether it ran secure (TLS and tokens) or ``--insecure``: with
@@ -107,6 +112,83 @@ def security_rows(results: dict) -> list[dict]:
     return out
 
 
+#: The one-call-at-a-time workload that the calls-in-flight rows are set beside.
+SINGLE_BATCH = "32x4KiB"
+
+
+def inflight_rows(results: dict) -> list[dict]:
+    """Per placement, workload with calls in flight and metric: each system's best way and
+    its median, kvpool's ratio to Mooncake, and the single-batch figures of ``SINGLE_BATCH``
+    (objects/s and microseconds per 32-key call) when that workload ran too."""
+    workloads = {w["name"]: w for w in results["workloads"]}
+    out = []
+    for placement, measured in results["placements"].items():
+        for name, by_metric in measured.get("inflight", {}).items():
+            for metric, by_system in by_metric.items():
+                medians = measured["medians"][name][metric]
+                single = measured["medians"].get(SINGLE_BATCH, {}).get(metric, {})
+                batch = workloads.get(SINGLE_BATCH, {}).get("batch", 32)
+                out.append(
+                    {
+                        "placement": placement,
+                        "workload": name,
+                        "metric": metric,
+                        "best": {s: v["best"] for s, v in by_system.items()},
+                        "ways": {s: v["medians"] for s, v in by_system.items()},
+                        "medians": medians,
+                        "vs_mooncake": _ratio(medians.get("kvpool"), medians.get("mooncake")),
+                        "single": single,
+                        "single_us": {s: batch / v * 1e6 for s, v in single.items() if v},
+                    }
+                )
+    return out
+
+
+INFLIGHT_HEADERS = [
+    "placement", "op", "kvpool objects/s (best way)", "Mooncake objects/s (best way)",
+    "kvpool/Mooncake", "one batch at a time: kvpool, Mooncake (objects/s; us per call)",
+]  # fmt: skip
+
+
+def _inflight_cells(row: dict) -> list[str]:
+    def best(system: str) -> str:
+        value = row["medians"].get(system)
+        return "-" if value is None else f"{value:,.0f} ({row['best'][system]})"
+
+    def single(system: str) -> str:
+        value = row["single"].get(system)
+        return "-" if value is None else f"{value:,.0f}; {row['single_us'][system]:,.0f} us"
+
+    return [
+        row["placement"],
+        row["metric"],
+        best("kvpool"),
+        best("mooncake"),
+        _times(row["vs_mooncake"]),
+        f"{single('kvpool')} / {single('mooncake')}",
+    ]
+
+
+def inflight_markdown(results: dict) -> str:
+    """The calls-in-flight table in Markdown, every way's median below it; empty without."""
+    found = inflight_rows(results)
+    if not found:
+        return ""
+    lines = [
+        "| " + " | ".join(INFLIGHT_HEADERS) + " |",
+        "|" + "|".join("---" for _ in INFLIGHT_HEADERS) + "|",
+        *("| " + " | ".join(_inflight_cells(row)) + " |" for row in found),
+        "",
+    ]
+    for row in found:
+        for system, ways in row["ways"].items():
+            text = ", ".join(f"{way} {value:,.0f}" for way, value in ways.items())
+            lines.append(
+                f"- {row['placement']} {row['metric']} {NAMES.get(system, system)}: {text}"
+            )
+    return "\n".join(lines)
+
+
 def _percent(change: float | None) -> str:
     return "-" if change is None else f"{change:+.1%}"
 
@@ -188,6 +270,14 @@ def print_table(results: dict) -> None:
         for row in compared:
             table.add_row(*_security_cells(row, short=True))
         console.print(table)
+    if found := inflight_rows(results):
+        table = Table(title="Calls in flight from one client process: best way of each system")
+        for header in INFLIGHT_HEADERS:
+            table.add_column(header, justify="right")
+        for row in found:
+            table.add_row(*_inflight_cells(row))
+        console.print(table)
+        console.print(inflight_markdown(results).split("\n\n", 1)[-1], markup=False)
     for name, why in results["skipped"].items():
         console.print(f"skipped {name}: {why}", markup=False)
     for placement, values in results.get("ceilings", {}).items():
@@ -273,6 +363,8 @@ def write_all(results: dict, json_path: Path, png_path: Path, *, docs: bool = Fa
 
     json_path.parent.mkdir(parents=True, exist_ok=True)
     results = {**results, "rows": rows(results)}
+    if found := inflight_rows(results):
+        results["inflight_rows"] = found
     if compared := security_rows(results):
         results["security_rows"] = compared
     json_path.write_text(json.dumps(results, indent=1) + "\n")

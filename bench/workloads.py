@@ -12,14 +12,23 @@ at the first call that ends past that time. Times are ``time.monotonic()``: one 
 process on the machine, so that concurrent clients can start together (``start_at``) and their
 aggregate can be taken from the earliest start to the latest end.
 
+Calls in flight (``threads`` > 1 in a put or get command): the batches are handed out in key
+order, one at a time, to ``threads`` threads sharing the store (``mode`` "threads"), or to as
+many coroutines awaiting the store's ``aput``/``aget`` (``mode`` "asyncio", for a store that
+has them). A worker takes no new batch once the time is up, so the batches done are always the
+first ones, and a get phase can read exactly what its put phase stored.
+
 Standard library and numpy only: this module also runs in Mooncake's virtualenv.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -41,6 +50,20 @@ class Store(Protocol):
     def exists(self, keys: list[str]) -> int: ...  # how many exist
     def remove(self, keys: list[str]) -> None: ...
     def close(self) -> None: ...
+
+
+class AsyncStore(Store, Protocol):
+    """A store with coroutines too, for phases with ``mode`` "asyncio": ``aopen`` readies
+    them (called before each such phase, outside its clock)."""
+
+    async def aopen(self) -> None: ...
+
+    async def aput(
+        self, keys: list[str], views: list[np.ndarray], addresses: list[int]
+    ) -> None: ...
+    async def aget(
+        self, keys: list[str], views: list[np.ndarray], addresses: list[int]
+    ) -> None: ...
 
 
 class Slots:
@@ -75,12 +98,12 @@ class Runner:
     # ---- phases
 
     def put(self, cmd: dict) -> dict:
-        return self._move(cmd, self.slots("source", cmd["size"]), self.store.put)
+        return self._move(cmd, self.slots("source", cmd["size"]), "put")
 
     def get(self, cmd: dict) -> dict:
         slots = self.slots("target", cmd["size"])
         self.target[:] = 0  # a get that moves nothing must fail the check below
-        result = self._move(cmd, slots, self.store.get)
+        result = self._move(cmd, slots, "get")
         source = self.slots("source", cmd["size"])
         for j in range(min(result["ops"], slots.count)):
             if not np.array_equal(slots.views[j], source.views[j]):
@@ -112,7 +135,7 @@ class Runner:
             self.store.remove(keys[i : i + 1024])
         return {"removed": len(keys)}
 
-    def _move(self, cmd: dict, slots: Slots, call: Callable) -> dict:
+    def _move(self, cmd: dict, slots: Slots, op: str) -> dict:
         size, batch = cmd["size"], cmd["batch"]
         if batch > slots.count:
             raise ValueError(f"a batch of {batch} x {size} bytes does not fit the arena")
@@ -128,18 +151,79 @@ class Runner:
                 )
             )
         seconds = cmd.get("seconds")
-        ops = done = 0
+        threads, mode = cmd.get("threads", 1), cmd.get("mode", "threads")
+        if mode == "asyncio" and hasattr(self.store, "aopen"):
+            asyncio.run(self.store.aopen())
         _wait_until(cmd.get("start_at"))
-        t0 = t1 = time.monotonic()
+        t0 = time.monotonic()
         end = t0 + seconds if seconds else float("inf")
-        for batch_keys, views, addresses in calls:
-            call(batch_keys, views, addresses)
-            ops += len(batch_keys)
-            done += 1
-            t1 = time.monotonic()
-            if t1 >= end:
-                break
+        if mode == "asyncio":
+            call = getattr(self.store, "a" + op, None)
+            if call is None:
+                raise ValueError(f"this store has no coroutines: no mode {mode!r}")
+            done, t1 = asyncio.run(_in_flight_async(call, calls, threads, end))
+        elif mode != "threads":
+            raise ValueError(f"unknown mode {mode!r}: threads or asyncio")
+        elif threads > 1:
+            done, t1 = _in_flight_threads(getattr(self.store, op), calls, threads, end)
+        else:
+            done, t1 = _one_at_a_time(getattr(self.store, op), calls, end)
+        ops = sum(len(keys) for keys, _, _ in calls[:done])
         return {"ops": ops, "bytes": ops * size, "calls": done, "t0": t0, "t1": t1}
+
+
+def _one_at_a_time(call: Callable, calls: list, end: float) -> tuple[int, float]:
+    done, t1 = 0, time.monotonic()
+    for batch_keys, views, addresses in calls:
+        call(batch_keys, views, addresses)
+        done += 1
+        t1 = time.monotonic()
+        if t1 >= end:
+            break
+    return done, t1
+
+
+def _in_flight_threads(call: Callable, calls: list, threads: int, end: float) -> tuple[int, float]:
+    """``calls`` from ``threads`` threads, each taking the next batch until the time is up."""
+    order = itertools.count()  # next() on it is atomic under the GIL
+    errors: list[BaseException] = []
+    done = [0] * threads
+
+    def work(me: int) -> None:
+        try:
+            while not errors and time.monotonic() < end and (i := next(order)) < len(calls):
+                call(*calls[i])
+                done[me] += 1
+        except BaseException as error:
+            errors.append(error)
+
+    workers = [threading.Thread(target=work, args=(me,), daemon=True) for me in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    if errors:
+        raise errors[0]
+    return sum(done), time.monotonic()
+
+
+async def _in_flight_async(
+    call: Callable, calls: list, in_flight: int, end: float
+) -> tuple[int, float]:
+    """``calls`` as ``in_flight`` coroutines, each awaiting the next batch until time is up."""
+    order = iter(range(len(calls)))
+    done = 0
+
+    async def work() -> None:
+        nonlocal done
+        for i in order:
+            await call(*calls[i])
+            done += 1
+            if time.monotonic() >= end:
+                break
+
+    await asyncio.gather(*(work() for _ in range(in_flight)))
+    return done, time.monotonic()
 
 
 def _keys(prefix: str, count: int) -> list[str]:

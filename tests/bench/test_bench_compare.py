@@ -149,3 +149,52 @@ def test_mooncake_side(tmp_path: Path) -> None:
     medians = results["placements"]["same-host"]["medians"]
     assert medians["64KiB"]["get"]["mooncake"] > 0
     assert medians["exists"]["exists"]["mooncake"] > 0
+
+
+INFLIGHT = [
+    Workload(
+        "32x4KiB", "batches of 32 x 4 KiB", 4 * KiB, count=1024, batch=32, seconds=0.1,
+        unit="ops/s",
+    ),
+    Workload(
+        "32x4KiB-inflight", "batches of 32 x 4 KiB, calls in flight", 4 * KiB, count=4096,
+        batch=32, seconds=0.2, unit="ops/s", inflight=(1, 4),
+    ),
+]  # fmt: skip
+
+
+def test_calls_in_flight_are_measured_each_way_and_the_best_way_is_kvpools_figure(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    results = _compare(["kvpool", "memcpy"], tmp_path, workloads=INFLIGHT)
+
+    measured = results["placements"]["same-host"]
+    ways = {"threads x1", "threads x4", "asyncio x1", "asyncio x4"}
+    for metric in ("put", "get"):  # every get was compared byte for byte with what was put
+        found = measured["inflight"]["32x4KiB-inflight"][metric]
+        assert set(found) == {"kvpool"}  # memcpy makes no calls to have in flight
+        assert set(found["kvpool"]["medians"]) == ways
+        assert all(value > 0 for value in found["kvpool"]["medians"].values())
+        best = found["kvpool"]["best"]
+        assert found["kvpool"]["medians"][best] == max(found["kvpool"]["medians"].values())
+        assert measured["medians"]["32x4KiB-inflight"][metric] == {
+            "kvpool": found["kvpool"]["medians"][best]
+        }
+    [put, get] = report.inflight_rows(results)
+    assert (put["metric"], get["metric"]) == ("put", "get")
+    assert put["single"]["kvpool"] > 0 and put["single_us"]["kvpool"] > 0  # beside: one batch
+    assert put["vs_mooncake"] is None  # Mooncake did not run here
+    assert "| same-host | put |" in report.inflight_markdown(results)
+    report.print_table(results)
+    assert "Calls in flight from one client process" in capsys.readouterr().out
+    report.write_all(results, tmp_path / "compare.json", tmp_path / "compare.png")
+    assert len(json.loads((tmp_path / "compare.json").read_text())["inflight_rows"]) == 2
+
+
+@pytest.mark.skipif(mooncake_available() is not None, reason="bench/setup_mooncake.sh not run")
+def test_mooncake_calls_in_flight(tmp_path: Path) -> None:
+    results = _compare(["mooncake"], tmp_path, workloads=INFLIGHT[1:])
+
+    found = results["placements"]["same-host"]["inflight"]["32x4KiB-inflight"]
+    assert set(found["get"]["mooncake"]["medians"]) == {"threads x1", "threads x4"}
+    assert results["placements"]["same-host"]["medians"]["32x4KiB-inflight"]["get"]["mooncake"] > 0
