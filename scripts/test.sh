@@ -8,6 +8,8 @@ python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --upgrade pip
 .venv/bin/python -m pip install --quiet -e ".[test]"
 bash scripts/install_lmcache.sh  # lmcache 0.5.6 needs --no-deps, which an extra cannot say
+bash scripts/install_vllm.sh  # vLLM in its own .venv-vllm (its pins clash with LMCache's)
+bash scripts/install_sglang.sh  # sglang 0.5.23 likewise (its requirements are CUDA builds)
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/python scripts/typecheck.py  # mypy, configured by [tool.mypy] in pyproject.toml

@@ -1,0 +1,151 @@
+"""The settings of a kvpool tier: the keys of its ``secondary_tiers`` entry, checked.
+
+vLLM's tier factory passes every key of the entry except ``type``, ``module_path`` and
+``backpressure`` to the tier's constructor; the tier hands them here. Unknown keys and
+malformed values are a ``ValueError`` naming the key and what it takes, raised while vLLM
+starts (not at the first request).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvpool.common.master_address import resolve_master
+from kvpool.security.caller import CallerCredentials
+
+DEFAULT_PREFIX = "vllm"
+
+HELP = """\
+kvpool tier settings (keys of the secondary_tiers entry, beside "type" and "module_path"):
+- master (str): kvpool master HOST:PORT, HOST:PORT,HOST:PORT or etcd://HOST:2379/CLUSTER
+  (default: $KVPOOL_MASTER)
+- replicas (int): copies per stored chunk, on distinct storage nodes (default 0: the
+  master's default)
+- key_prefix (str): namespace of this tier's keys in kvpool (default "vllm"); the rest of a
+  key names the model, its KV layout and parallelism (vLLM's own FileMapper), so engines of
+  the same model share chunks and others never read them
+- store_timeout_s (float): deadline of one store job (default 10)
+- load_timeout_s (float): deadline of one load job, counted from its submission: a chunk not
+  loaded by then fails its job and is recomputed (default 5)
+- lookup_timeout_s (float): deadline of one batch of lookups (default 2)
+- register_primary (bool): register the primary tier's memory with kvpool once, for zero
+  copy (default true)
+- ucx_config (dict[str, str]): UCX settings without the UCX_ prefix, e.g. {"TLS": "tcp"}
+- same_host_mapping (bool): map the memory of storage nodes on this host and copy directly
+  instead of using UCX (default true)
+- metadata_lane (bool): metadata calls over the master's metadata lane when it has one
+  (default true)
+- token (str): a client token of the tenant whose chunks this engine shares, or
+  "@/path/to/file" holding it (default: $KVPOOL_TOKEN, or the file $KVPOOL_TOKEN_FILE)
+- tls_ca (str): CA of the master's certificate (default: $KVPOOL_TLS_CA)
+- tls_cert, tls_key (str): a client certificate and key, where the master asks for one
+- locality (str): "LOCAL" or "REMOTE", how vLLM's per-request tier filters see this tier
+  (default: unset)
+- enable_kv_events (bool): emit BlockStored events for chunks stored here, when vLLM's KV
+  events are on (default false)
+Example: {"type": "KVPoolTierManager", "module_path": "kvpool.vllm",
+          "master": "10.0.0.5:50051", "replicas": 2}"""
+
+_FLOATS = {"store_timeout_s": 10.0, "load_timeout_s": 5.0, "lookup_timeout_s": 2.0}
+_BOOLS = {
+    "register_primary": True,
+    "same_host_mapping": True,
+    "metadata_lane": True,
+    "enable_kv_events": False,
+}
+_STRINGS = ("token", "tls_ca", "tls_cert", "tls_key")
+KNOWN = frozenset(
+    {"master", "replicas", "key_prefix", "ucx_config", "locality", *_FLOATS, *_BOOLS, *_STRINGS}
+)
+LOCALITIES = ("LOCAL", "REMOTE")
+
+
+@dataclass(frozen=True)
+class KVPoolTierConfig:
+    master: str
+    credentials: CallerCredentials = field(repr=False)
+    replicas: int = 0
+    key_prefix: str = DEFAULT_PREFIX
+    store_timeout_s: float = _FLOATS["store_timeout_s"]
+    load_timeout_s: float = _FLOATS["load_timeout_s"]
+    lookup_timeout_s: float = _FLOATS["lookup_timeout_s"]
+    register_primary: bool = True
+    ucx_config: Mapping[str, str] = field(default_factory=dict)
+    same_host_mapping: bool = True
+    metadata_lane: bool = True
+    locality: str | None = None
+    enable_kv_events: bool = False
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> KVPoolTierConfig:
+        unknown = set(settings) - KNOWN
+        if unknown:
+            raise ValueError(
+                f"unknown kvpool tier setting(s) {sorted(unknown)}; known: {sorted(KNOWN)}\n" + HELP
+            )
+        for name in _STRINGS:
+            value = settings.get(name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+        credentials = CallerCredentials.resolve(*(settings.get(name) for name in _STRINGS))
+        replicas = settings.get("replicas", 0)
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+            raise ValueError(f"replicas must be an integer >= 0, got {replicas!r}")
+        prefix = settings.get("key_prefix", DEFAULT_PREFIX)
+        if not isinstance(prefix, str) or not prefix:
+            raise ValueError(f"key_prefix must be a non-empty string, got {prefix!r}")
+        ucx = settings.get("ucx_config") or {}
+        if not (
+            isinstance(ucx, Mapping)
+            and all(isinstance(k, str) and isinstance(v, str) for k, v in ucx.items())
+        ):
+            raise ValueError(f"ucx_config must map strings to strings, got {ucx!r}")
+        locality = settings.get("locality")
+        if locality is not None and locality not in LOCALITIES:
+            raise ValueError(f"locality must be one of {LOCALITIES} or unset, got {locality!r}")
+        return cls(
+            master=resolve_master(settings.get("master")),
+            credentials=credentials,
+            replicas=replicas,
+            key_prefix=prefix,
+            ucx_config=dict(ucx),
+            locality=locality,
+            store_timeout_s=_seconds(settings, "store_timeout_s"),
+            load_timeout_s=_seconds(settings, "load_timeout_s"),
+            lookup_timeout_s=_seconds(settings, "lookup_timeout_s"),
+            register_primary=_flag(settings, "register_primary"),
+            same_host_mapping=_flag(settings, "same_host_mapping"),
+            metadata_lane=_flag(settings, "metadata_lane"),
+            enable_kv_events=_flag(settings, "enable_kv_events"),
+        )
+
+    def client_options(self) -> dict[str, Any]:
+        """``kvpool.Client`` keyword arguments every client of the tier shares."""
+        return {
+            "ucx_config": dict(self.ucx_config) or None,
+            "same_host_mapping": self.same_host_mapping,
+            "metadata_lane": self.metadata_lane,
+            **self.credentials.client_arguments(),
+        }
+
+
+def _seconds(settings: Mapping[str, Any], name: str) -> float:
+    value = settings.get(name, _FLOATS[name])
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def _flag(settings: Mapping[str, Any], name: str) -> bool:
+    value = settings.get(name, _BOOLS[name])
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+    return value

@@ -1,0 +1,350 @@
+"""``KVPoolTierManager``: kvpool as a secondary tier of vLLM's native KV offloading.
+
+vLLM's ``TieringOffloadingSpec`` keeps a primary tier in CPU memory and cascades chunks to
+secondary tiers, promoting them back on a hit. This tier is loaded the way vLLM loads any
+out-of-tree tier, from its ``secondary_tiers`` entry::
+
+    {"type": "KVPoolTierManager", "module_path": "kvpool.vllm", "master": "HOST:PORT"}
+
+(``config.py`` lists every setting.) What each call becomes:
+
+- ``lookup``: vLLM's own ``AsyncLookupManager``: keys gathered during a scheduler step go to
+  kvpool as one ``exists_many`` batch on the lookup thread after the step (RETRY until then).
+  A hit takes a read lease, so the chunk is not evicted between the lookup and its load.
+- ``submit_store``: one ``put_many`` of the job's slots on the store thread. A key that is
+  already stored counts as stored: objects are immutable and the key names the content.
+- ``submit_load``: one ``get_into_many`` into the job's slots on the load thread, with a
+  deadline counted from the submission. Chunks that arrived are the job's
+  ``successful_keys``; the others are misses for the request (recomputed, never looked up
+  again by it, so a dead node cannot make the scheduler retry forever).
+- ``get_finished_jobs``: the results finished since the last poll; never blocks.
+- ``drain_jobs``: waits until every submitted job is answered (bounded by their deadlines).
+- ``shutdown``: cancels queued jobs (answered as failures, their slots untouched), waits for
+  the running ones, and only then lets go of kvpool: after it returns nothing touches the
+  primary tier's memory.
+
+Keys are vLLM's own file names for chunks (``FileMapper``: model, KV layout, parallelism,
+block hash, group) under ``key_prefix``: two engines of the same model and layout share
+chunks through kvpool, engines of anything else never read them.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Iterable
+from contextlib import ExitStack
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from vllm.logger import init_logger
+from vllm.v1.kv_offload.base import (
+    Locality,
+    LookupResult,
+    Medium,
+    OffloadingEvent,
+    OffloadKey,
+    ReqContext,
+    RequestOffloadingContext,
+    ScheduleEndContext,
+)
+from vllm.v1.kv_offload.file_mapper import FileMapper
+from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager
+from vllm.v1.kv_offload.tiering.base import (
+    JobId,
+    JobResult,
+    SecondaryTierManager,
+    TransferJob,
+)
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from kvpool import Client
+from kvpool.errors import KVPoolError
+from kvpool.vllm import transfers
+from kvpool.vllm.config import KVPoolTierConfig
+from kvpool.vllm.jobs import Finished, Job, Worker
+from kvpool.vllm.stats import TierStats
+from kvpool.vllm.transfers import PrimarySlots
+
+if TYPE_CHECKING:
+    from vllm.v1.kv_offload.base import OffloadingSpec
+    from vllm.v1.kv_offload.tiering.backpressure import BackpressureDetector
+
+logger = init_logger(__name__)
+
+#: A load with less time than this left is answered as failed without starting.
+MIN_LOAD_BUDGET = 0.001
+
+
+class KVPoolLookups(AsyncLookupManager):
+    """vLLM's asynchronous lookups, answered by one kvpool ``exists_many`` per batch."""
+
+    def __init__(self, tier: KVPoolTierManager, client: Client, tier_type: str) -> None:
+        self._tier = tier
+        self._client = client
+        super().__init__(tier_type=tier_type)  # starts the lookup thread: set fields first
+
+    def batch_lookup(self, keys: list[OffloadKey], req_context: ReqContext) -> Iterable[bool]:
+        names = [self._tier.name(key) for key in keys]
+        try:
+            found = self._client.exists_many(names)
+        except KVPoolError as error:
+            logger.warning("kvpool tier: lookup of %d chunk(s): %s", len(names), error)
+            self._tier.stats.count_lookup(len(names), 0, failed=True)
+            return [False] * len(names)
+        hits = [result is True for result in found]
+        self._tier.stats.count_lookup(len(names), sum(hits))
+        return hits
+
+
+class KVPoolTierManager(SecondaryTierManager):
+    """A secondary tier whose chunks live in a kvpool cluster (remote DRAM or NVMe)."""
+
+    #: CPU memory of storage nodes (most often other hosts'; NVMe behind it where nodes have
+    #: it). Hits are reported as a remote store's, not as the engine's own host memory.
+    medium: ClassVar[Medium] = Medium.CPU
+    cache_hit_source: ClassVar[CacheHitSource] = CacheHitSource.EXTERNAL_UNSPECIFIED
+
+    def __init__(
+        self,
+        offloading_spec: OffloadingSpec,
+        primary_kv_view: memoryview,
+        tier_type: str,
+        backpressure_detector: BackpressureDetector | None = None,
+        **settings: Any,
+    ) -> None:
+        super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+        self.config = config = KVPoolTierConfig.from_settings(settings)
+        self.locality = Locality(config.locality) if config.locality else None
+        self.stats = TierStats()
+        self._events: list[OffloadingEvent] | None = None
+        if config.enable_kv_events:
+            if offloading_spec.kv_events_config.enable_kv_cache_events:
+                self._events = []
+            else:
+                logger.warning(
+                    "kvpool tier %s: enable_kv_events is set but vLLM's KV cache events are "
+                    "off: no events",
+                    tier_type,
+                )
+        # (KVPoolCPUTieringSpec's chunks follow a CPU engine's block layout: kept apart.)
+        namespace = config.key_prefix + getattr(offloading_spec, "kvpool_key_namespace", "")
+        self._names = FileMapper.from_offloading_spec(
+            namespace, offloading_spec, parallel_agnostic=True
+        )
+        self._slots = PrimarySlots(primary_kv_view)
+        #: Keys of in-flight store jobs (events only) and load jobs (scheduler thread only).
+        self._store_keys: dict[JobId, list[OffloadKey]] = {}
+        self._load_keys: dict[JobId, list[OffloadKey]] = {}
+        self._closed = False
+        options = config.client_options()
+        with ExitStack() as undo:
+            self._store_client = Client(
+                config.master,
+                replicas=config.replicas or None,  # 0: the master's default
+                timeout=config.store_timeout_s,
+                **options,
+            )
+            undo.callback(self._store_client.close)
+            self._load_client = Client(
+                config.master,
+                timeout=config.load_timeout_s,
+                # The lease, timed from before the request like the deadline, outlasts it.
+                lease_ttl=config.load_timeout_s,
+                **options,
+            )
+            undo.callback(self._load_client.close)
+            self._lookup_client = Client(config.master, timeout=config.lookup_timeout_s, **options)
+            undo.callback(self._lookup_client.close)
+            undo.callback(self._slots.unregister)  # (also what a failed registration did)
+            if config.register_primary:
+                self._slots.register_with([self._store_client, self._load_client])
+            self._finished: Finished[JobResult] = Finished()
+            self._stores: Worker[JobResult] = Worker("kvpool-tier-store", self._finished)
+            undo.callback(self._stores.stop)
+            self._loads: Worker[JobResult] = Worker("kvpool-tier-load", self._finished)
+            undo.callback(self._loads.stop)
+            self._lookups = KVPoolLookups(self, self._lookup_client, tier_type)
+            undo.pop_all()
+        logger.info(
+            "kvpool tier %s: master %s, %d slots of %d bytes%s, keys under %r",
+            tier_type,
+            config.master,
+            self._slots.count,
+            self._slots.stride,
+            " (registered for zero copy)" if self._slots.registered else "",
+            self._names.base_path,
+        )
+
+    def name(self, key: OffloadKey) -> str:
+        """The kvpool key of a chunk."""
+        return self._names.get_file_name(key)
+
+    # ------------------------------------------------------------------ requests and lookups
+
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        return RequestOffloadingContext()
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        found = self._lookups.lookup(key, req_context)
+        if found is None:
+            return LookupResult.RETRY
+        return LookupResult.HIT if found else LookupResult.MISS
+
+    def on_schedule_end(self, context: ScheduleEndContext) -> None:
+        self._lookups.flush()
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        self._lookups.cleanup(req_context.req_id)
+
+    def has_pending_work(self) -> bool:
+        return self._finished.unanswered() > 0
+
+    # ------------------------------------------------------------------ stores and loads
+
+    def submit_store(self, job_metadata: TransferJob) -> None:
+        job_id = job_metadata.job_id
+        keys = list(job_metadata.keys)
+        slots = [int(c) for c in job_metadata.chunk_ids]
+        if self._refused(job_id, slots, keys, "store"):
+            return
+        if self._events is not None:
+            self._store_keys[job_id] = keys
+        self._stores.submit(
+            Job(
+                run=lambda: self._run_store(job_id, keys, slots),
+                cancel=lambda: JobResult(job_id=job_id, success=False),
+            )
+        )
+
+    def submit_load(self, job_metadata: TransferJob) -> None:
+        job_id = job_metadata.job_id
+        keys = list(job_metadata.keys)
+        slots = [int(c) for c in job_metadata.chunk_ids]
+        self._load_keys[job_id] = keys
+        if self._refused(job_id, slots, keys, "load"):
+            return
+        deadline = time.monotonic() + self.config.load_timeout_s
+        self._loads.submit(
+            Job(
+                run=lambda: self._run_load(job_id, keys, slots, deadline),
+                cancel=lambda: JobResult(job_id=job_id, success=False),
+            )
+        )
+
+    def _refused(self, job_id: JobId, slots: list[int], keys: list[OffloadKey], kind: str) -> bool:
+        """Answers a job that cannot run (closed tier, bad slots) as failed, at once."""
+        problem = "the tier is shut down" if self._closed else self._slots.problem(slots, len(keys))
+        if problem is None:
+            return False
+        logger.warning("kvpool tier: %s job %d refused: %s", kind, job_id, problem)
+        self._finished.opened()
+        self._finished.finish(JobResult(job_id=job_id, success=False))
+        return True
+
+    def _run_store(self, job_id: JobId, keys: list[OffloadKey], slots: list[int]) -> JobResult:
+        names = [self.name(key) for key in keys]
+        outcome = transfers.store(self._store_client, names, [self._slots.slot(s) for s in slots])
+        failed = len(outcome.errors)
+        self.stats.count_store(len(outcome.new), len(outcome.existing), failed, outcome.bytes)
+        if failed:
+            logger.warning(
+                "kvpool tier: %d of %d chunk(s) not stored, first: %s",
+                failed,
+                len(keys),
+                next(iter(outcome.errors.values())),
+            )
+        return JobResult(
+            job_id=job_id,
+            success=not failed,
+            transfer_time=outcome.seconds,
+            transfer_bytes=outcome.bytes,
+        )
+
+    def _run_load(
+        self, job_id: JobId, keys: list[OffloadKey], slots: list[int], deadline: float
+    ) -> JobResult:
+        budget = deadline - time.monotonic()
+        if budget < MIN_LOAD_BUDGET:
+            self.stats.count_load(0, len(keys), 0, late=True)
+            return JobResult(job_id=job_id, success=False)
+        # Only this thread uses the load client: its timeout can be this job's budget.
+        self._load_client.timeout = budget
+        names = [self.name(key) for key in keys]
+        outcome = transfers.load(self._load_client, names, [self._slots.slot(s) for s in slots])
+        late = time.monotonic() >= deadline
+        self.stats.count_load(len(outcome.hits), len(outcome.errors), outcome.bytes, late)
+        if outcome.errors:
+            logger.warning(
+                "kvpool tier: %d of %d chunk(s) not loaded%s, first: %s",
+                len(outcome.errors),
+                len(keys),
+                " (deadline passed)" if late else "",
+                next(iter(outcome.errors.values())),
+            )
+            return JobResult(
+                job_id=job_id,
+                success=False,
+                successful_keys=tuple(keys[i] for i in outcome.hits) or None,
+                transfer_time=outcome.seconds,
+                transfer_bytes=outcome.bytes,
+            )
+        return JobResult(
+            job_id=job_id,
+            success=True,
+            transfer_time=outcome.seconds,
+            transfer_bytes=outcome.bytes,
+        )
+
+    def get_finished_jobs(self) -> Iterable[JobResult]:
+        results = self._finished.take()
+        for result in results:
+            stored = self._store_keys.pop(result.job_id, None)
+            if stored and result.success and self._events is not None:
+                self._events.append(
+                    OffloadingEvent(
+                        keys=stored, medium=self.medium, removed=False, locality=self.locality
+                    )
+                )
+            loaded = self._load_keys.pop(result.job_id, None)
+            if loaded is not None and not result.success:
+                # The chunks that did not arrive are misses for their requests from now on
+                # (recomputed), so the scheduler does not promote them again and again.
+                arrived = set(result.successful_keys or ())
+                self._lookups.mark_miss([key for key in loaded if key not in arrived])
+        return results
+
+    def take_events(self) -> Iterable[OffloadingEvent]:
+        if self._events:
+            events, self._events = self._events, []
+            yield from events
+
+    def drain_jobs(self) -> None:
+        self._finished.wait_answered()
+
+    # ------------------------------------------------------------------ shutdown
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        # Workers first: queued jobs are answered as failed without touching their slots,
+        # the running ones end by their deadlines. Only then may kvpool let go of the memory.
+        self._loads.stop()
+        self._stores.stop()
+        self._lookups.shutdown()
+        self._slots.unregister()
+        for client in (self._lookup_client, self._load_client, self._store_client):
+            client.close()
+        # Views of the primary's memory may still sit in reference cycles (a failed
+        # transfer's frames): freed now, while vLLM still has the memory mapped, not by a
+        # later collection after it unmapped it.
+        gc.collect()
+        try:
+            self._slots.release()
+        except BufferError as error:  # something still holds a slot: vLLM will say so too
+            logger.warning("kvpool tier: the primary memory is still in use: %s", error)
+        logger.info("kvpool tier %s closed: %s", self.tier_type, self.stats.snapshot())
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
