@@ -458,8 +458,9 @@ class MasterCore:
         """Slot index -> the unanswered Forgets overlapping its buffers."""
         waiting: dict[int, set[int]] = {}
         pending = self.barrier.pending
+        ok = KeyStatus.OK
         for i, slot in enumerate(slots):
-            if slot.status is not KeyStatus.OK:
+            if slot.status is not ok:
                 continue
             ids: set[int] = set()
             for r in slot.replicas:

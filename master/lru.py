@@ -12,6 +12,10 @@ from collections.abc import Iterator
 
 from kvpool.common.status import Pin
 
+#: (By plain names: reading a member off its Enum class is slow on Python 3.11, and every
+#: published object is added here twice.)
+_NONE, _SOFT = Pin.NONE, Pin.SOFT
+
 
 class LruIndex:
     __slots__ = ("_normal", "_soft")
@@ -22,9 +26,9 @@ class LruIndex:
 
     def add(self, key: str, pin: Pin) -> None:
         """Indexes ``key`` as the most recently used object of its pin class."""
-        if pin is Pin.NONE:
+        if pin is _NONE:
             self._normal[key] = None
-        elif pin is Pin.SOFT:
+        elif pin is _SOFT:
             self._soft[key] = None
 
     def touch(self, key: str) -> None:

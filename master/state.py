@@ -113,6 +113,9 @@ Clock = Callable[[], float]
 
 #: The tiers an object that asks for none may go to, in order.
 _ANY_TIER = (Tier.DRAM, Tier.NVME)
+#: Enum members the per-key paths name, by plain names (as transitions.py's states): reading
+#: a member off its Enum class is slow on Python 3.11, and a put named about ten of them.
+_OK, _SOFT, _DRAM, _NVME, _ANY = KeyStatus.OK, Pin.SOFT, Tier.DRAM, Tier.NVME, Tier.UNSPECIFIED
 #: Generations a node may report lie below this: put ids go on from the largest adopted, and
 #: must stay within the wire's 64 bits for as many puts as any cluster makes. (A generation of
 #: a later term than this master's is taken: a master whose clock went back starts a smaller
@@ -349,7 +352,7 @@ class MasterState:
         if parked is not None:
             segment, offset, record, not_before = parked
             self._abandon_copy(segment, record, offset, ok, expired, not_before)
-        committed = ObjectState.COMMITTED
+        committed = COMMITTED
         for i, record in enumerate(records):
             if record.moving and command_id in record.moving:
                 crc = crc32c[0] if crc32c else None
@@ -470,7 +473,10 @@ class MasterState:
             if status is None:
                 record = self.objects[commit.key]
                 for segment_id in record.unacked:
-                    persists.setdefault(segment_id, []).append(record)
+                    batch = persists.get(segment_id)
+                    if batch is None:
+                        batch = persists[segment_id] = []
+                    batch.append(record)
         for segment_id, records in persists.items():
             segment = self.segments[segment_id]
             command_id = next(self._command_ids)
@@ -511,7 +517,7 @@ class MasterState:
         hits = 0
         for key in keys:
             record = find(key)
-            if record is None or record.state is not ObjectState.PUBLISHED:
+            if record is None or record.state is not PUBLISHED:
                 self.counters.misses += 1
                 status = KeyStatus.NOT_FOUND if record is None else KeyStatus.NOT_READY
                 append(Location(status))
@@ -521,7 +527,7 @@ class MasterState:
                 continue
             hits += 1
             lease(record, now, ttl, client_id)
-            append(Location(KeyStatus.OK, record.size, placed(record), record.crc32c))
+            append(Location(_OK, record.size, placed(record), record.crc32c))
             if promote is not None:
                 promote(record)
         self.counters.hits += hits
@@ -540,7 +546,7 @@ class MasterState:
         now = self.clock()
         statuses: list[KeyStatus] = []
         append, find, lease = statuses.append, self.objects.get, self._lease
-        published, ok, not_found = ObjectState.PUBLISHED, KeyStatus.OK, KeyStatus.NOT_FOUND
+        published, ok, not_found = PUBLISHED, _OK, KeyStatus.NOT_FOUND
         for key in keys:
             record = find(key)
             if record is None:
@@ -600,7 +606,7 @@ class MasterState:
         for key in keys:
             record = self.objects.get(key)
             status = self._removal_status(record, now, force)
-            if status is KeyStatus.OK:
+            if status is _OK:
                 assert record is not None
                 self._remove(record, now, (now, "removed", record.put_id, record.state, force))
             statuses.append(status)
@@ -778,21 +784,24 @@ class MasterState:
             raise IllegalTransition(key, current.state, to, "another object holds the key")
         if to not in LEGAL_BY_ID[id(before)]:
             raise IllegalTransition(key, before, to)
-        usage = self._usage_of(key)
-        if before is GONE:
-            usage.objects += 1
-        elif before is RESERVED:
-            usage.reserved_bytes -= record.size
-        if to is GONE:
-            del self.objects[key]
-            usage.objects -= 1
-            if usage.empty():
-                del self._usage[tenant_of(key)]
-        else:
+        # (COMMITTED -> PUBLISHED, every put's last, changes no usage: no tenant looked up)
+        if before is not COMMITTED or to is not PUBLISHED:
+            usage = self._usage_of(key)
             if before is GONE:
-                self.objects[key] = record
-            if to is RESERVED:
-                usage.reserved_bytes += record.size
+                usage.objects += 1
+            elif before is RESERVED:
+                usage.reserved_bytes -= record.size
+            if to is GONE:
+                del self.objects[key]
+                usage.objects -= 1
+                if usage.empty():
+                    del self._usage[tenant_of(key)]
+            else:
+                if before is GONE:
+                    self.objects[key] = record
+                if to is RESERVED:
+                    usage.reserved_bytes += record.size
+        if to is not GONE:
             record.state = to
         self._note((key, entry))
 
@@ -809,7 +818,7 @@ class MasterState:
         target. Its tenant's bytes in the segment's tier count it from now."""
         segment.owners[offset] = key
         usage = self._usage_of(key)
-        if segment.info.tier is Tier.NVME:
+        if segment.info.tier is _NVME:
             usage.nvme_bytes += segment.allocator.size_of(offset)
         else:
             usage.dram_bytes += segment.allocator.size_of(offset)
@@ -822,7 +831,7 @@ class MasterState:
             return
         tenant = tenant_of(key)
         usage = self._usage[tenant]
-        if segment.info.tier is Tier.NVME:
+        if segment.info.tier is _NVME:
             usage.nvme_bytes -= segment.allocator.size_of(offset)
         else:
             usage.dram_bytes -= segment.allocator.size_of(offset)
@@ -882,7 +891,7 @@ class MasterState:
         record = ObjectRecord(
             key,
             size,
-            ObjectState.RESERVED,
+            RESERVED,
             next(self._put_ids),
             client_id,
             now,
@@ -891,16 +900,19 @@ class MasterState:
             pin=options.pin,
             wanted=len(replicas),
         )
-        if options.pin is Pin.SOFT:
+        if options.pin is _SOFT:
             record.pin_until = now + (options.pin_ttl or self.config.soft_pin_ttl)
         entry = (now, "reserved", record.put_id, client_id, replicas)
         self._transition(record, RESERVED, entry)
         self._reservations[key] = record
-        self._reservations_of.setdefault(client_id, set()).add(key)
+        held = self._reservations_of.get(client_id)
+        if held is None:  # (no set made per key only to be dropped)
+            held = self._reservations_of[client_id] = set()
+        held.add(key)
         self.counters.puts_started += 1
         for replica in replicas:
             segment = self.segments[replica.segment_id]
-            if segment.info.tier is Tier.NVME and size:
+            if segment.info.tier is _NVME and size:
                 self.outbox.append(
                     PrepareCommand(
                         next(self._command_ids),
@@ -910,7 +922,7 @@ class MasterState:
                         size,
                     )
                 )
-        return PutSlot(KeyStatus.OK, record.put_id, self._placed(record))
+        return PutSlot(_OK, record.put_id, self._placed(record))
 
     def _put_refusal(self, key: str, size: int, wanted: int, tier: Tier) -> str | None:
         """Why a put of ``key`` would take its tenant over a quota (objects, reserved bytes,
@@ -962,24 +974,29 @@ class MasterState:
         record = self.objects.get(commit.key)
         if record is None or record.put_id != commit.put_id:
             return KeyStatus.STALE_PUT
-        if record.state is ObjectState.PUBLISHED:
+        state = record.state
+        if state is PUBLISHED:
             return KeyStatus.OK  # a retried commit
-        if record.state is ObjectState.COMMITTED:
+        if state is COMMITTED:
             return None  # a retried commit: it still waits for its nodes
-        if len(commit.replica_ok) != len(record.replicas):
+        replicas = record.replicas
+        if len(commit.replica_ok) != len(replicas):
             return KeyStatus.INVALID_ARGUMENT
-        kept: list[Replica | None] = []
-        failed: list[Replica | None] = []
-        for replica, ok in zip(record.replicas, commit.replica_ok, strict=True):
-            (kept if ok and replica is not None else failed).append(replica)
-        self._free_now(failed)
+        if all(commit.replica_ok) and None not in replicas:  # (the usual case: all written)
+            kept, unwritten = replicas, 0
+        else:
+            kept = []
+            failed: list[Replica | None] = []
+            for replica, ok in zip(replicas, commit.replica_ok, strict=True):
+                (kept if ok and replica is not None else failed).append(replica)
+            self._free_now(failed)
+            unwritten = len(failed)
         self._end_reservation(record)
         if not kept:
             self._transition(record, GONE, (now, "write_failed", record.put_id))
             return KeyStatus.NO_REPLICA
         record.replicas = kept
-        entry = (now, "committed", record.put_id, len(failed))
-        self._transition(record, COMMITTED, entry)
+        self._transition(record, COMMITTED, (now, "committed", record.put_id, unwritten))
         record.crc32c = commit.crc32c
         record.unacked = {r.segment_id for r in kept if r is not None}
         return None
@@ -1008,10 +1025,10 @@ class MasterState:
         self._transition(record, PUBLISHED, entry)
         record.last_access = now
         self._index_published(record)
-        if record.pin is Pin.SOFT:
+        if record.pin is _SOFT:
             heapq.heappush(self._pin_ends, (record.pin_until, next(self._seq), record))
         self.counters.puts_published += 1
-        self.resolved.append(CommitResult(record.key, record.put_id, KeyStatus.OK))
+        self.resolved.append(CommitResult(record.key, record.put_id, _OK))
         if self._draining or len(replicas) != record.wanted:  # (a replica not written, ...)
             self._replication_changed(record)
 
@@ -1036,7 +1053,7 @@ class MasterState:
     ) -> list[Replica]:
         """Buffers for a new object in the tier asked for. ``UNSPECIFIED`` (any) tries DRAM,
         then NVMe, and evicts from DRAM only when neither has room."""
-        tiers = _ANY_TIER if options.tier is Tier.UNSPECIFIED else (options.tier,)
+        tiers = _ANY_TIER if options.tier is _ANY else (options.tier,)
         hosts = options.preferred_hosts
         for tier in tiers:
             replicas = self._allocate(key, size, wanted, hosts, tier, pools, options.avoid_nodes)
@@ -1228,7 +1245,7 @@ class MasterState:
             return
         segments = self.segments
         for replica in record.replicas:
-            if replica is not None and segments[replica.segment_id].info.tier is Tier.DRAM:
+            if replica is not None and segments[replica.segment_id].info.tier is _DRAM:
                 return  # the common case, on every hit: written without a generator
         source = record.replicas[0]
         assert source is not None
@@ -1522,18 +1539,18 @@ class MasterState:
     def _removal_status(self, record: ObjectRecord | None, now: float, force: bool) -> KeyStatus:
         if record is None:
             return KeyStatus.NOT_FOUND
-        if record.state is not ObjectState.PUBLISHED and not force:
+        if record.state is not PUBLISHED and not force:
             return KeyStatus.NOT_READY
         if record.lease_until > now and not force:
             return KeyStatus.HAS_LEASE
-        return KeyStatus.OK
+        return _OK
 
     def _remove(self, record: ObjectRecord, now: float, entry: tuple[Any, ...]) -> None:
         """``entry``: why, for the key's story."""
-        if record.state is ObjectState.COMMITTED:
+        if record.state is COMMITTED:
             self.resolved.append(CommitResult(record.key, record.put_id, KeyStatus.STALE_PUT))
         self._forget(record, entry)
-        if record.state is ObjectState.RESERVED:
+        if record.state is RESERVED:
             release_at = now + self.config.reclaim_delay  # its writer may still be copying
         else:
             release_at = max(now, record.lease_until)  # its readers may still be copying
@@ -1601,14 +1618,14 @@ class MasterState:
                 self.counters.lease_expiries += 1
                 record.lease_open = False
         self._transition(record, GONE, entry)
-        if record.state is ObjectState.PUBLISHED:
+        if record.state is PUBLISHED:
             self._published_keys.remove(record.key)
             self._lru.discard(record.key)
             for replica in record.replicas:
                 segment = self.segments.get(replica.segment_id) if replica else None
                 if segment is not None:
                     segment.lru.discard(record.key)
-        elif record.state is ObjectState.RESERVED:
+        elif record.state is RESERVED:
             self._end_reservation(record)
 
     def _end_reservation(self, record: ObjectRecord) -> None:
