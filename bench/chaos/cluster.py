@@ -288,7 +288,9 @@ class ChaosCluster:
             token=token,
             tls_ca=str(self.cluster.pki.ca),
             timeout=timeout,
-            ucx_config={"TLS": "tcp"},
+            # only the switch's device: UCX would otherwise also send from this namespace's
+            # other interfaces, whose addresses no site can answer (a connect then hangs)
+            ucx_config={"TLS": "tcp", "NET_DEVICES": self.network.devices[OBSERVER]},
             same_host_mapping=False,
         )
 

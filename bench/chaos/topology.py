@@ -48,6 +48,7 @@ class Network:
     namespaces: dict[str, str]  # name -> namespace (not the observer)
     switch: subprocess.Popen
     _lock: threading.Lock
+    devices: dict[str, str]  # name -> its TUN device (the observer's is in this namespace)
 
     @staticmethod
     def create(names: Sequence[str], seed: int) -> Network:
@@ -70,7 +71,7 @@ class Network:
             preexec_fn=_die_with_parent,
             cwd=str(Path(__file__).resolve().parents[2]),
         )
-        network = Network(sites, namespaces, switch, threading.Lock())
+        network = Network(sites, namespaces, switch, threading.Lock(), devices)
         try:
             assert switch.stdout is not None
             if '"ready"' not in switch.stdout.readline():
