@@ -41,6 +41,20 @@ def secure_by_default(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None
 SECURE_ENV = ("KVPOOL_TOKEN", "KVPOOL_TLS_CA", "KVPOOL_TEST_ADMIN_TOKEN", "KVPOOL_TOKEN_FILE")
 
 
+@pytest.fixture(autouse=True)
+def session_credentials_kept() -> Iterator[None]:
+    """A test that makes its process a client of a cluster of its own (a benchmark run in
+    process calls ``export_client_env``) leaves the session's credentials as it found them:
+    else every later test's client presents a token its cluster never issued."""
+    saved = {name: os.environ.get(name) for name in SECURE_ENV}
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @pytest.hookimpl(tryfirst=True, hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
     outcome = yield
