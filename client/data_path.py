@@ -26,6 +26,13 @@ so that a transfer past its deadline is cancelled. Should a timed-out transfer b
 cancellable nor finished after a grace period, the worker is given up (never progressed again)
 and a fresh one takes over: no late byte ever lands in memory a caller moved on from.
 
+**The checked stream.** A segment that is not mapped here and whose node serves the checked
+stream (``Segment.checked_address``) is reached over it rather than UCX whenever the master
+granted the transfer a capability (``Transfer.capability``; secure masters do): the node
+checks every transfer before a byte moves (transport/checked_stream.py). Such transfers are
+not merged with one another (each is one grant); requests to one node are pipelined instead.
+``checked_stream=False`` (or ``KVPOOL_CHECKED_STREAM=0`` in the environment) keeps UCX for them.
+
 A transfer that fails for another reason than its deadline (the node's process exited, an
 endpoint cannot be created, the connection broke) marks its node unreachable for a few
 seconds (``unreachable``, client/unreachable_nodes.py): puts are placed elsewhere, reads try
@@ -34,6 +41,7 @@ that node last.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -44,6 +52,7 @@ from kvpool.client.coalescing import coalesce
 from kvpool.client.unreachable_nodes import UnreachableNodes
 from kvpool.proto import master_pb2 as pb
 from kvpool.transport import ucp
+from kvpool.transport.checked_stream import CheckedStreams, Job, Outcome
 from kvpool.transport.memory_copy import Copier, Copy
 from kvpool.transport.shared_memory import (
     MAPPINGS,
@@ -62,6 +71,8 @@ class Transfer:
     remote_address: int
     local_address: int
     length: int
+    #: The master's grant of the replica's range (empty: none); the checked stream sends it.
+    capability: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,8 +130,13 @@ class DataPath:
         *,
         same_host_mapping: bool = True,
         copy_threads: int = 2,
+        checked_stream: bool | None = None,
     ) -> None:
         self.context = ucp.Context(ucx_config)
+        if checked_stream is None:  # (KVPOOL_CHECKED_STREAM=0 opts a client out: UCX)
+            checked_stream = os.environ.get("KVPOOL_CHECKED_STREAM", "1") != "0"
+        #: Connections of the checked stream (None: UCX carries every remote transfer).
+        self._streams = CheckedStreams() if checked_stream else None
         self._lock = threading.Lock()
         #: Notified when a lane is given back and when a transfer ends.
         self._changed = threading.Condition(self._lock)
@@ -192,6 +208,10 @@ class DataPath:
         use counts against the deadline. Transfers that continue one another run as one
         (client/coalescing.py); each then shares the outcome of the one it is part of. When
         this returns, none of them touches memory any more."""
+        if self._streams is not None:
+            checked = self._checked_segments(transfers)
+            if checked:
+                return self._run_split(transfers, checked, is_get=is_get, deadline=deadline)
         merged, members = coalesce(transfers)
         if len(merged) == len(transfers):
             return self._run(transfers, is_get=is_get, deadline=deadline)
@@ -201,6 +221,92 @@ class DataPath:
         ):
             for i in indexes:
                 errors[i] = error
+        return errors
+
+    def _checked_segments(self, transfers: Sequence[Transfer]) -> set[str]:
+        """The segments among ``transfers`` that the checked stream carries: those not
+        mapped here, whose node serves it, for transfers the master granted."""
+        wanted = {t.segment_id for t in transfers if t.capability}
+        if not wanted:
+            return wanted
+        with self._lock:
+            return {
+                segment_id
+                for segment_id in wanted
+                if (descriptor := self._descriptors.get(segment_id)) is not None
+                and descriptor.checked_address
+                and self._mapping(segment_id) is None
+            }
+
+    def _run_split(
+        self, transfers: Sequence[Transfer], checked: set[str], *, is_get: bool, deadline: float
+    ) -> list[Failure | None]:
+        """Runs the transfers with ``checked`` segments over the checked stream, the others
+        as ``run`` does."""
+        errors: list[Failure | None] = [None] * len(transfers)
+        mine = [i for i, t in enumerate(transfers) if t.segment_id in checked]
+        others = [i for i, t in enumerate(transfers) if t.segment_id not in checked]
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the client is closed")
+            self._in_flight += 1
+        try:
+            for i, error in zip(
+                mine, self._run_checked([transfers[i] for i in mine], is_get, deadline), strict=True
+            ):
+                errors[i] = error
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+                self._changed.notify_all()
+        if others:
+            rest = self.run([transfers[i] for i in others], is_get=is_get, deadline=deadline)
+            for i, error in zip(others, rest, strict=True):
+                errors[i] = error
+        return errors
+
+    def _run_checked(
+        self, transfers: Sequence[Transfer], is_get: bool, deadline: float
+    ) -> list[Failure | None]:
+        assert self._streams is not None
+        jobs = []
+        for transfer in transfers:
+            descriptor = self._descriptors[transfer.segment_id]
+            jobs.append(
+                Job(
+                    descriptor.checked_address,
+                    transfer.capability,
+                    transfer.remote_address - descriptor.base_address,
+                    transfer.length,
+                    transfer.local_address,
+                )
+            )
+        results = self._streams.run(jobs, is_get=is_get, deadline=deadline)
+        errors: list[Failure | None] = []
+        remembered = set(self.unreachable.current())
+        for transfer, job, result in zip(transfers, jobs, results, strict=True):
+            segment_id = transfer.segment_id
+            node_id = self.node_of(segment_id)
+            if result.outcome is Outcome.OK:
+                if remembered and node_id in remembered:
+                    self.unreachable.forget(node_id)  # it answers again
+                    remembered.discard(node_id)
+                errors.append(None)
+            elif result.outcome is Outcome.TIMED_OUT:
+                errors.append(
+                    Failure(
+                        f"transfer with segment {segment_id} missed its deadline",
+                        timed_out=True,
+                        node_id=node_id,
+                    )
+                )
+            elif result.outcome is Outcome.UNREACHABLE:
+                self._streams.forget(job.address)
+                errors.append(self._unreachable(segment_id, result.message))
+            else:
+                errors.append(
+                    Failure(f"transfer with segment {segment_id} failed: {result.message}")
+                )
         return errors
 
     def _run(
@@ -371,6 +477,8 @@ class DataPath:
             # process reclaims them.
         self._reaper.stop()
         self._copier.close()
+        if self._streams is not None:
+            self._streams.close()
 
     # ---- internals
 

@@ -89,11 +89,19 @@ def read(
                 for offset, local, length in pieces[i]:
                     if length:
                         transfers.append(
-                            Transfer(replica.segment_id, replica.address + offset, local, length)
+                            Transfer(
+                                replica.segment_id,
+                                replica.address + offset,
+                                local,
+                                length,
+                                replica.capability,
+                            )
                         )
                 continue
             address, size = targets[i]
-            transfers.append(Transfer(replica.segment_id, replica.address, address, size))
+            transfers.append(
+                Transfer(replica.segment_id, replica.address, address, size, replica.capability)
+            )
         errors = session.data.run(transfers, is_get=True, deadline=min(deadline, lease_deadline))
         if pieces:
             errors = _by_object(pending, pieces, errors)

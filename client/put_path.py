@@ -229,12 +229,22 @@ def write(session: Session, puts: Sequence[PendingPut], checksum: bool) -> None:
                 for local, part in pieces:
                     if part:
                         transfers.append(
-                            Transfer(replica.segment_id, replica.address + offset, local, part)
+                            Transfer(
+                                replica.segment_id,
+                                replica.address + offset,
+                                local,
+                                part,
+                                replica.capability,
+                            )
                         )
                         owners.append((put, replica_index))
                     offset += part
             elif length:
-                transfers.append(Transfer(replica.segment_id, replica.address, address, length))
+                transfers.append(
+                    Transfer(
+                        replica.segment_id, replica.address, address, length, replica.capability
+                    )
+                )
                 owners.append((put, replica_index))
     if not transfers:
         return

@@ -283,6 +283,10 @@ class LocalCluster:
             str(self.pki.ca),
             "--credentials",
             str(self.run_dir / "credentials.json"),
+            # (HA masters share it, as they share the credentials: capabilities one signs,
+            # nodes check with the keys another delivered)
+            "--capability-key-file",
+            str(self.run_dir / "capability-keys.json"),
         ]
 
     def _etcd_args(self) -> list[str]:

@@ -19,7 +19,11 @@ from kvpool.proto import master_pb2 as pb
 
 def stored_to_pb(item: StoredObject) -> pb.StoredObject:
     message = pb.StoredObject(
-        key=item.key, offset=item.offset, size=item.size, generation=item.generation
+        key=item.key,
+        offset=item.offset,
+        size=item.size,
+        generation=item.generation,
+        replicas=item.replicas,
     )
     if item.crc32c is not None:
         message.crc32c = item.crc32c
@@ -28,7 +32,9 @@ def stored_to_pb(item: StoredObject) -> pb.StoredObject:
 
 def stored_from_pb(message: pb.StoredObject) -> StoredObject:
     crc = message.crc32c if message.HasField("crc32c") else None
-    return StoredObject(message.key, message.offset, message.size, message.generation, crc)
+    return StoredObject(
+        message.key, message.offset, message.size, message.generation, crc, message.replicas
+    )
 
 
 def command_to_pb(command: NodeCommand) -> pb.NodeCommand:
@@ -77,6 +83,19 @@ def _add_stored(container: Any, objects: Iterable[StoredObject]) -> None:
     add = container.add
     for o in objects:
         if o.crc32c is None:
-            add(key=o.key, offset=o.offset, size=o.size, generation=o.generation)
+            add(
+                key=o.key,
+                offset=o.offset,
+                size=o.size,
+                generation=o.generation,
+                replicas=o.replicas,
+            )
         else:
-            add(key=o.key, offset=o.offset, size=o.size, generation=o.generation, crc32c=o.crc32c)
+            add(
+                key=o.key,
+                offset=o.offset,
+                size=o.size,
+                generation=o.generation,
+                crc32c=o.crc32c,
+                replicas=o.replicas,
+            )

@@ -65,6 +65,10 @@ class MasterConfig:
     rereplication_rate: float = 0.0
     #: ...and copies in flight at most.
     rereplication_copies: int = 4
+    #: Seconds a node may honour a capability past its expiry (its clock's allowance,
+    #: security/capabilities.py); None: this master grants no capabilities. With them, space
+    #: goes to another object only once every grant of its old one has ended at the nodes.
+    capability_skew: float | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 < self.high_watermark <= 1.0:

@@ -24,6 +24,7 @@ from kvpool.common.keys import key_problem, plainly_valid
 from kvpool.common.status import KeyStatus, Pin, Tier
 from kvpool.master import metrics
 from kvpool.master.access import authorize, client_scope, key_prefix, own_node
+from kvpool.master.capability_keys import MasterKeys
 from kvpool.master.commands_pb import stored_from_pb
 from kvpool.master.core import TERM_ENDED, MasterCore
 from kvpool.master.driver import CallRefused, CoreDriver, Pending
@@ -41,6 +42,7 @@ from kvpool.master.records import (
 )
 from kvpool.master.story_rpc import story_response
 from kvpool.proto import master_pb2 as pb
+from kvpool.security import capabilities as caps
 from kvpool.security.identity import Identity, Role
 
 MAX_BATCH = 65536
@@ -48,6 +50,8 @@ MAX_BATCH = 65536
 #: that no offset arithmetic on them overflows what the wire carries.
 MAX_OBJECT_SIZE = 1 << 48
 MAX_SEGMENT_SIZE = 1 << 52
+#: Longest checked-stream address a node may announce (HOST:PORT).
+MAX_ADDRESS = 300
 
 E = TypeVar("E", bound=IntEnum)
 
@@ -86,6 +90,10 @@ class MasterHandlers:
         self._segment_pbs: dict[str, tuple[SegmentInfo, pb.Segment]] = {}
         #: Each tenant's calls not yet answered, held to its ``inflight`` quota.
         self.inflight = InflightLimiter()
+        #: The keys this master signs capabilities with (None: it grants none).
+        self.capability_keys: MasterKeys | None = None
+        #: The master's wall clock (ms since the epoch): capabilities expire on it.
+        self.wall_ms: Callable[[], int] = lambda: int(time.time() * 1000)
 
     def call(self, method: str, request: Any, identity: Identity) -> Any:
         """Runs handler ``method`` for ``identity`` once its role may make the call,
@@ -161,6 +169,7 @@ class MasterHandlers:
             shared_memory=(
                 s.shared_memory.SerializeToString() if s.HasField("shared_memory") else b""
             ),
+            checked_address=s.checked_address[:MAX_ADDRESS],
         )
         stored = [stored_from_pb(o) for o in request.objects]
         core = self.core
@@ -171,7 +180,9 @@ class MasterHandlers:
             self.registry.node_seen(info.node_id)
 
         def answer(dropped: list[str]) -> pb.MountSegmentResponse:
-            return pb.MountSegmentResponse(dropped_keys=dropped)
+            response = pb.MountSegmentResponse(dropped_keys=dropped)
+            self._deliver_keys(response)
+            return response
 
         return self.driver.call(
             lambda call_id: core.mount_segment(
@@ -208,6 +219,7 @@ class MasterHandlers:
                 response.draining = True
                 response.drain_objects_left = progress.objects_left
                 response.drain_bytes_left = progress.bytes_left
+            self._deliver_keys(response)
             return response
 
         return self.driver.call(
@@ -269,11 +281,12 @@ class MasterHandlers:
             assert isinstance(slots, list)
             response = pb.PutStartResponse(write_timeout_ms=write_timeout_ms)
             segments: dict[str, pb.Segment] = {}
-            for slot in slots:
+            grant = self._granter(caps.Rights.WRITE, write_timeout_ms, identity)
+            for slot, size in zip(slots, request.sizes, strict=True):
                 out = response.slots.add(status=slot.status, put_id=slot.put_id)
                 if slot.message:
                     out.message = slot.message
-                self._add_replicas(out.replicas, slot.replicas, segments)
+                self._add_replicas(out.replicas, slot.replicas, segments, grant, size, slot.put_id)
             response.segments.extend(segments.values())
             _count("PutStart", [slot.status for slot in slots])
             return response
@@ -319,11 +332,12 @@ class MasterHandlers:
             locations, ttl = result
             response = pb.GetReplicasResponse(lease_ms=int(ttl * 1000))
             segments: dict[str, pb.Segment] = {}
+            grant = self._granter(caps.Rights.READ, int(ttl * 1000), identity)
             for location in locations:
                 out = response.objects.add(status=location.status, size=location.size)
                 if location.crc32c is not None:
                     out.crc32c = location.crc32c
-                self._add_replicas(out.replicas, location.replicas, segments)
+                self._add_replicas(out.replicas, location.replicas, segments, grant, location.size)
             response.segments.extend(segments.values())
             _count("GetReplicas", [loc.status for loc in locations])
             return response
@@ -459,13 +473,56 @@ class MasterHandlers:
     # ---- helpers
 
     def _add_replicas(
-        self, out: Any, replicas: Iterable[PlacedReplica], segments: dict[str, pb.Segment]
+        self,
+        out: Any,
+        replicas: Iterable[PlacedReplica],
+        segments: dict[str, pb.Segment],
+        grant: Callable[[PlacedReplica, int, int], bytes] | None = None,
+        size: int = 0,
+        grant_id: int = 0,
     ) -> None:
         for replica in replicas:
             segment_id = replica.segment.segment_id
-            out.add(segment_id=segment_id, address=replica.address)
+            if grant is not None and size and replica.segment.checked_address:
+                capability = grant(replica, size, grant_id)
+                out.add(segment_id=segment_id, address=replica.address, capability=capability)
+            else:
+                out.add(segment_id=segment_id, address=replica.address)
             if segment_id not in segments:
                 segments[segment_id] = self._segment_pb(replica.segment)
+
+    def _granter(
+        self, rights: caps.Rights, ttl_ms: int, identity: Identity
+    ) -> Callable[[PlacedReplica, int, int], bytes] | None:
+        """What grants a capability for one replica's exact range, for ``identity``'s
+        tenant, ending ``ttl_ms`` from now on this master's wall clock (the write timeout
+        for writes, the lease for reads); None when this master grants none. A write grant's
+        id is the put id: the node refuses it once it recorded that put's object."""
+        keys = self.capability_keys
+        if keys is None:
+            return None
+        ring, term = keys.ring, self.core.state.epoch
+        expiry_ms, tenant = self.wall_ms() + ttl_ms, identity.tenant
+
+        def grant(replica: PlacedReplica, size: int, grant_id: int) -> bytes:
+            return ring.grant(
+                segment_id=replica.segment.segment_id,
+                offset=replica.address - replica.segment.base_address,
+                length=size,
+                rights=rights,
+                expiry_ms=expiry_ms,
+                term=term,
+                tenant=tenant,
+                grant_id=grant_id,
+            )
+
+        return grant
+
+    def _deliver_keys(self, response: pb.MountSegmentResponse | pb.HeartbeatResponse) -> None:
+        """Puts the capability keys in a node's answer (the node's authenticated session)."""
+        keys = self.capability_keys
+        if keys is not None:
+            response.capability_keys.CopyFrom(keys.delivery(self.core.state.epoch))
 
     def _segment_pb(self, info: SegmentInfo) -> pb.Segment:
         cached = self._segment_pbs.get(info.segment_id)
@@ -480,6 +537,7 @@ class MasterHandlers:
                 rkey=info.rkey,
                 tier=_wire(info.tier),
                 persistent=info.persistent,
+                checked_address=info.checked_address,
             )
             if info.shared_memory:
                 message.shared_memory.ParseFromString(info.shared_memory)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import os
 import socket
 import time
 from pathlib import Path
@@ -19,6 +21,13 @@ from kvpool.common.logging import LOG_FORMATS, configure_logging, get_logger
 from kvpool.common.process import stop_event_on_signals, write_ready_file
 from kvpool.common.sizes import format_size, parse_size
 from kvpool.master import metrics
+from kvpool.master.capability_keys import (
+    KeyFile,
+    KeyFileError,
+    MasterKeys,
+    load_or_create,
+    read_key_file,
+)
 from kvpool.master.config import PLACEMENTS, MasterConfig
 from kvpool.master.core import MasterCore
 from kvpool.master.driver import CoreDriver
@@ -37,6 +46,7 @@ from kvpool.master.security_config import (
 from kvpool.master.service import MasterService
 from kvpool.master.state import MasterState
 from kvpool.proto import master_pb2_grpc
+from kvpool.security import capabilities as caps
 from kvpool.security.etcd_tls import parse_etcd_endpoint
 from kvpool.security.tls import TlsFiles
 
@@ -215,6 +225,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "...`), read again when it changes. With it, eviction is fair between tenants "
         '(docs/security.md, "Tenants and quotas"); without, no quota and plain LRU',
     )
+    parser.add_argument(
+        "--capability-key-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="the keys this master signs data-path capabilities with (created, mode 0600, "
+        "with a fresh key when absent; read again when it changes, so that a rotation "
+        "reaches running masters). HA masters must share one. Default: a fresh key in memory "
+        "(a lone master only). Secure masters only: an --insecure one grants none",
+    )
+    parser.add_argument(
+        "--capability-skew-ms",
+        type=integer(0, 60_000),
+        default=caps.DEFAULT_MAX_SKEW_MS,
+        help="how far a node's clock may lag this master's: nodes honour a capability this "
+        "long past its expiry, and space waits as much longer before reuse (default "
+        "%(default)s)",
+    )
     add_security_arguments(parser)
     parser.add_argument("--log-format", choices=LOG_FORMATS, default="auto")
     parser.add_argument("--log-level", default="info")
@@ -256,6 +284,9 @@ def run(args: argparse.Namespace) -> int:
         if args.etcd:
             etcd_endpoints(args.etcd, security.etcd_tls)  # (refuses a scheme that does not fit)
         quotas = QuotaFile(args.quotas) if args.quotas is not None else None
+        keys = _capability_keys(args, config) if security.secure else None
+        if keys is not None:
+            config = dataclasses.replace(config, capability_skew=keys.max_skew_ms / 1000.0)
     except ValueError as error:
         log.error("bad configuration", error=str(error))
         return 2
@@ -266,7 +297,7 @@ def run(args: argparse.Namespace) -> int:
             host=args.host,
         )
     try:
-        asyncio.run(serve(args, config, security, quotas))
+        asyncio.run(serve(args, config, security, quotas, keys))
     except CannotListen as error:
         log.error("cannot start", error=str(error))
         return 2
@@ -289,6 +320,7 @@ async def serve(
     config: MasterConfig,
     security: MasterSecurity,
     quotas: QuotaFile | None = None,
+    keys: MasterKeys | None = None,
 ) -> None:
     stop = stop_event_on_signals(asyncio.get_running_loop())
     leadership: Election | AlwaysLeader
@@ -310,6 +342,8 @@ async def serve(
         state = _new_state(config, int(time.time()), quotas)
         driver = CoreDriver(MasterCore(state, awaited_nodes=None, rebuild_window=config.node_ttl))
     handlers = MasterHandlers(driver)
+    handlers.capability_keys = keys
+    key_watch = _KeyFileWatch(args.capability_key_file) if keys is not None else None
     service = MasterService(handlers, security.auth)
     shedder = LoadShedder(args.max_inflight)
     gate = LeaderGate(leadership, driver.accepting_clients)
@@ -388,6 +422,8 @@ async def serve(
         evicted = 0  # by the eviction pass under way, logged once it ends
         while not stop.is_set():
             started = time.monotonic()
+            if keys is not None and key_watch is not None:
+                key_watch.apply(keys, started)
             report = _tick(driver, handlers, quotas)
             if report is not None:
                 evicted += report.objects_evicted
@@ -407,6 +443,44 @@ async def serve(
         await lane.stop()
         await server.stop(grace=1.0)
         http.stop()
+
+
+def _capability_keys(args: argparse.Namespace, config: MasterConfig) -> MasterKeys:
+    """The keys this master grants with: from ``--capability-key-file`` (made when
+    absent), else a fresh one. A new key of the file signs once every live node has
+    heartbeated since it appeared (one node TTL)."""
+    path = args.capability_key_file
+    keys = KeyFile(((1, caps.KeyRing.new_secret()),), 1) if path is None else load_or_create(path)
+    return MasterKeys(keys, activate_after=config.node_ttl, max_skew_ms=args.capability_skew_ms)
+
+
+class _KeyFileWatch:
+    """Reads the capability key file again when it changes (a rotation)."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._stamp = self._stat()
+
+    def _stat(self) -> tuple[int, int] | None:
+        if self.path is None:
+            return None
+        try:
+            stat = os.stat(self.path)
+        except OSError:
+            return None
+        return stat.st_mtime_ns, stat.st_ino
+
+    def apply(self, keys: MasterKeys, now: float) -> None:
+        stamp = self._stat()
+        if stamp is not None and stamp != self._stamp and self.path is not None:
+            try:
+                keys.reload(read_key_file(self.path), now)
+            except (KeyFileError, ValueError) as error:
+                log.error("capability key file not taken", error=str(error))
+            else:
+                log.info("capability keys read again", key_ids=keys.ring.key_ids())
+            self._stamp = stamp
+        keys.tick(now)
 
 
 def _new_state(config: MasterConfig, epoch: int, quotas: QuotaFile | None) -> MasterState:

@@ -33,6 +33,8 @@ class SegmentInfo:
     #: How a client on the node's host maps the segment (a serialized SharedMemory message,
     #: passed through to clients untouched; empty when the node does not share it).
     shared_memory: bytes = b""
+    #: HOST:PORT of the node's checked stream ("": none): clients elsewhere move bytes there.
+    checked_address: str = ""
 
 
 @dataclass(slots=True)
@@ -186,6 +188,9 @@ class StoredObject(NamedTuple):
     size: int
     generation: int
     crc32c: int | None = None
+    #: Replicas the object should have, recorded with it so that a master that adopts it
+    #: after a failover restores that many; 0: unknown (taken as 1).
+    replicas: int = 0
 
 
 @dataclass(frozen=True, slots=True)

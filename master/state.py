@@ -202,6 +202,8 @@ class MasterState:
         self._draining = 0
         self._seq = itertools.count()
         self._put_ids = itertools.count((epoch << 32) + 1)
+        #: The master's term (capabilities carry it; nodes refuse older ones).
+        self.epoch = epoch
 
         self._command_ids = itertools.count(1)
         #: What happened to each key lately (``story``), noted through ``_note((key, entry))``
@@ -499,7 +501,7 @@ class MasterState:
                 statuses.append(KeyStatus.STALE_PUT)
                 continue
             self._forget(record, (now, "revoked", put_id))
-            self._free_now(record.replicas)
+            self._release(record.replicas, self._reuse_after(record, now))
             self.counters.puts_revoked += 1
             statuses.append(KeyStatus.OK)
         return statuses
@@ -989,7 +991,7 @@ class MasterState:
             failed: list[Replica | None] = []
             for replica, ok in zip(replicas, commit.replica_ok, strict=True):
                 (kept if ok and replica is not None else failed).append(replica)
-            self._free_now(failed)
+            self._release(failed, self._reuse_after(record, now))
             unwritten = len(failed)
         self._end_reservation(record)
         if not kept:
@@ -1036,7 +1038,12 @@ class MasterState:
         for replica in record.replicas:
             if replica is not None and replica.segment_id == segment_id:
                 return StoredObject(
-                    record.key, replica.offset, record.size, record.generation, record.crc32c
+                    record.key,
+                    replica.offset,
+                    record.size,
+                    record.generation,
+                    record.crc32c,
+                    record.wanted,
                 )
         raise KeyError(f"{record.key!r} has no replica in segment {segment_id!r}")
 
@@ -1214,8 +1221,10 @@ class MasterState:
             segment.lru.add(item.key, existing.pin)
             existing.lease_until = max(existing.lease_until, now + self.config.lease_ttl)
             self._note((item.key, (now, "replica_adopted", existing.put_id, replica)))
-            if existing.adopted:  # known from reports only: as many as report it
-                existing.wanted = max(existing.wanted, len(self._nodes_of(existing)))
+            if existing.adopted:  # known from reports only: the most any asks, else as
+                # many as report it (a node of an older kvpool records no count)
+                reported = self._reported_replicas(item) or len(self._nodes_of(existing))
+                existing.wanted = max(existing.wanted, reported)
             self._replication_changed(existing)  # a surplus if it was copied meanwhile
             return True
         record = ObjectRecord(
@@ -1229,12 +1238,22 @@ class MasterState:
             lease_until=now + self.config.lease_ttl,  # reads begun before a restart finish
             last_access=now,
             crc32c=item.crc32c,
+            wanted=self._reported_replicas(item) or 1,
             adopted=True,
         )
         self._transition(record, PUBLISHED, (now, "adopted", item.generation, replica))
         self._index_published(record)
+        if record.wanted > 1 and self._replication.enabled:
+            # the nodes of its other replicas may not have mounted yet (a failover): it is
+            # looked at once they had the time to, and copied if they did not
+            self._replication.look_again(record.key, now, self.config.node_ttl)
         self._put_ids = itertools.count(max(next(self._put_ids), item.generation + 1))
         return True
+
+    def _reported_replicas(self, item: StoredObject) -> int:
+        """The replica count a node recorded with an object (its put's), at most the most a
+        put may ask of this master; 0: not recorded."""
+        return min(item.replicas, self.config.max_replicas) if item.replicas > 0 else 0
 
     # ------------------------------------------------------------------ internals: moves
 
@@ -1302,7 +1321,9 @@ class MasterState:
                 source.segment_id,
                 self._stored(record, source.segment_id),
                 target.segment_id,
-                StoredObject(record.key, offset, record.size, record.generation, record.crc32c),
+                StoredObject(
+                    record.key, offset, record.size, record.generation, record.crc32c, record.wanted
+                ),
             )
         )
 
@@ -1481,7 +1502,9 @@ class MasterState:
                 source.segment_id,
                 self._stored(record, source.segment_id),
                 target.segment_id,
-                StoredObject(record.key, offset, record.size, record.generation, record.crc32c),
+                StoredObject(
+                    record.key, offset, record.size, record.generation, record.crc32c, record.wanted
+                ),
                 source_segment.info,
             )
         )
@@ -1552,8 +1575,9 @@ class MasterState:
         self._forget(record, entry)
         if record.state is RESERVED:
             release_at = now + self.config.reclaim_delay  # its writer may still be copying
+            release_at = max(release_at, self._reuse_after(record, now))
         else:
-            release_at = max(now, record.lease_until)  # its readers may still be copying
+            release_at = self._reuse_after(record, now)  # its readers may still be copying
             self._send_forgets(record)  # nodes may have recorded it (or be about to)
         self._release(record.replicas, release_at)
         for command_id, move in record.moving.items():  # copies in flight: cancelled
@@ -1580,14 +1604,14 @@ class MasterState:
         if segment is not None:
             segment.lru.discard(record.key)
             self._send_forget(segment, record, replica.offset)
-        self._release([replica], max(now, record.lease_until))
+        self._release([replica], self._reuse_after(record, now))
 
     def _drop_replica(self, record: ObjectRecord, segment_id: str) -> None:
         """A committed object's replica in ``segment_id`` failed to be recorded."""
         for i, replica in enumerate(record.replicas):
             if replica is not None and replica.segment_id == segment_id:
                 record.replicas[i] = None
-                self._free_now([replica])
+                self._release([replica], self._reuse_after(record, self.clock()))
 
     def _send_forgets(self, record: ObjectRecord) -> None:
         for replica in record.replicas:
@@ -1596,7 +1620,10 @@ class MasterState:
                 self._send_forget(segment, record, replica.offset)
 
     def _send_forget(self, segment: SegmentRecord, record: ObjectRecord, offset: int) -> None:
-        stored = StoredObject(record.key, offset, record.size, record.generation)
+        # (named as its Persist named it; the node matches place and generation only)
+        stored = StoredObject(
+            record.key, offset, record.size, record.generation, replicas=record.wanted
+        )
         self.outbox.append(
             ForgetCommand(next(self._command_ids), segment.node_id, segment.segment_id, (stored,))
         )
@@ -1636,14 +1663,35 @@ class MasterState:
             del self._reservations_of[record.client_id]
             self.clients.pop(record.client_id, None)
 
-    def _free_now(self, replicas: Iterable[Replica | None]) -> None:
-        for replica in replicas:
+    def _reuse_after(self, record: ObjectRecord, now: float) -> float:
+        """When the space of ``record`` may go to another object: once its readers' leases
+        have ended and, when this master grants capabilities, once no node honours any grant
+        made for it any more: its readers' (the lease end plus the nodes' clock allowance)
+        and, unless it was published, its writer's (expiry ``write_timeout`` after PutStart,
+        plus the allowance). Nodes check the expiry before every chunk of a transfer, and
+        refuse a write grant for an object they recorded (Persist seals it:
+        storage_node/checked_server.py), so a published object's writer can write no more.
+        Without this a writer could revoke, or fail, its reservation and still write into the
+        next object's bytes."""
+        skew = self.config.capability_skew
+        if skew is None or not self._granted_on(record):
+            return max(now, record.lease_until)
+        read_until = record.lease_until + skew if record.lease_until else 0.0
+        if record.state is PUBLISHED:
+            return max(now, read_until)
+        written_until = record.created_at + self.config.write_timeout + skew
+        return max(now, written_until, read_until)
+
+    def _granted_on(self, record: ObjectRecord) -> bool:
+        """Whether any replica of ``record`` lies on a segment whose node serves a checked
+        stream (only those transfers carry capabilities: UCX's one-sided ones do not)."""
+        for replica in record.replicas:
             if replica is None:
                 continue
             segment = self.segments.get(replica.segment_id)
-            if segment is not None:
-                self._disown(segment, replica.offset)
-                self._free(segment, replica.offset)
+            if segment is not None and segment.info.checked_address:
+                return True
+        return False
 
     def _free(self, segment: SegmentRecord, offset: int) -> None:
         """Returns a buffer to its segment's allocator, unless it lies in quarantined space."""
@@ -1740,7 +1788,10 @@ class MasterState:
         """Ends a reservation whose writer may still be copying: the key is free at once, the
         space only after the reclaim delay."""
         self._forget(record, (now, "reclaimed", record.put_id, why))
-        self._release(record.replicas, now + self.config.reclaim_delay)
+        self._release(
+            record.replicas,
+            max(now + self.config.reclaim_delay, self._reuse_after(record, now)),
+        )
         self.counters.reservations_reclaimed += 1
 
     def _bury_dead_clients(self, now: float, report: TickReport) -> None:
@@ -1981,7 +2032,7 @@ class MasterState:
                     entry = (now, "evicted", record.put_id, tuple(record.replicas))
                     self._forget(record, entry)
                     self._send_forgets(record)
-                    self._free_now(record.replicas)
+                    self._release(record.replicas, self._reuse_after(record, now))
                     self.counters.evictions += 1
                     evicted += 1
                 else:

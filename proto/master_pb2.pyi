@@ -53,7 +53,7 @@ PIN_SOFT: Pin
 PIN_HARD: Pin
 
 class Segment(_message.Message):
-    __slots__ = ("segment_id", "node_id", "host", "worker_address", "base_address", "size", "rkey", "tier", "persistent", "shared_memory")
+    __slots__ = ("segment_id", "node_id", "host", "worker_address", "base_address", "size", "rkey", "tier", "persistent", "shared_memory", "checked_address")
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +64,7 @@ class Segment(_message.Message):
     TIER_FIELD_NUMBER: _ClassVar[int]
     PERSISTENT_FIELD_NUMBER: _ClassVar[int]
     SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    CHECKED_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     segment_id: str
     node_id: str
     host: str
@@ -74,7 +75,8 @@ class Segment(_message.Message):
     tier: Tier
     persistent: bool
     shared_memory: SharedMemory
-    def __init__(self, segment_id: _Optional[str] = ..., node_id: _Optional[str] = ..., host: _Optional[str] = ..., worker_address: _Optional[bytes] = ..., base_address: _Optional[int] = ..., size: _Optional[int] = ..., rkey: _Optional[bytes] = ..., tier: _Optional[_Union[Tier, str]] = ..., persistent: _Optional[bool] = ..., shared_memory: _Optional[_Union[SharedMemory, _Mapping]] = ...) -> None: ...
+    checked_address: str
+    def __init__(self, segment_id: _Optional[str] = ..., node_id: _Optional[str] = ..., host: _Optional[str] = ..., worker_address: _Optional[bytes] = ..., base_address: _Optional[int] = ..., size: _Optional[int] = ..., rkey: _Optional[bytes] = ..., tier: _Optional[_Union[Tier, str]] = ..., persistent: _Optional[bool] = ..., shared_memory: _Optional[_Union[SharedMemory, _Mapping]] = ..., checked_address: _Optional[str] = ...) -> None: ...
 
 class SharedMemory(_message.Message):
     __slots__ = ("pid", "fd", "inode", "device", "boot_id")
@@ -91,26 +93,48 @@ class SharedMemory(_message.Message):
     def __init__(self, pid: _Optional[int] = ..., fd: _Optional[int] = ..., inode: _Optional[int] = ..., device: _Optional[int] = ..., boot_id: _Optional[str] = ...) -> None: ...
 
 class StoredObject(_message.Message):
-    __slots__ = ("key", "offset", "size", "crc32c", "generation")
+    __slots__ = ("key", "offset", "size", "crc32c", "generation", "replicas")
     KEY_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     CRC32C_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
     key: str
     offset: int
     size: int
     crc32c: int
     generation: int
-    def __init__(self, key: _Optional[str] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., crc32c: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
+    replicas: int
+    def __init__(self, key: _Optional[str] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., crc32c: _Optional[int] = ..., generation: _Optional[int] = ..., replicas: _Optional[int] = ...) -> None: ...
 
 class Replica(_message.Message):
-    __slots__ = ("segment_id", "address")
+    __slots__ = ("segment_id", "address", "capability")
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     segment_id: str
     address: int
-    def __init__(self, segment_id: _Optional[str] = ..., address: _Optional[int] = ...) -> None: ...
+    capability: bytes
+    def __init__(self, segment_id: _Optional[str] = ..., address: _Optional[int] = ..., capability: _Optional[bytes] = ...) -> None: ...
+
+class CapabilityKey(_message.Message):
+    __slots__ = ("key_id", "secret")
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
+    key_id: int
+    secret: bytes
+    def __init__(self, key_id: _Optional[int] = ..., secret: _Optional[bytes] = ...) -> None: ...
+
+class CapabilityKeys(_message.Message):
+    __slots__ = ("keys", "term", "max_skew_ms")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    MAX_SKEW_MS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedCompositeFieldContainer[CapabilityKey]
+    term: int
+    max_skew_ms: int
+    def __init__(self, keys: _Optional[_Iterable[_Union[CapabilityKey, _Mapping]]] = ..., term: _Optional[int] = ..., max_skew_ms: _Optional[int] = ...) -> None: ...
 
 class MountSegmentRequest(_message.Message):
     __slots__ = ("segment", "objects", "remount", "silent_ms", "incarnation")
@@ -127,10 +151,12 @@ class MountSegmentRequest(_message.Message):
     def __init__(self, segment: _Optional[_Union[Segment, _Mapping]] = ..., objects: _Optional[_Iterable[_Union[StoredObject, _Mapping]]] = ..., remount: _Optional[bool] = ..., silent_ms: _Optional[int] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class MountSegmentResponse(_message.Message):
-    __slots__ = ("dropped_keys",)
+    __slots__ = ("dropped_keys", "capability_keys")
     DROPPED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_KEYS_FIELD_NUMBER: _ClassVar[int]
     dropped_keys: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, dropped_keys: _Optional[_Iterable[str]] = ...) -> None: ...
+    capability_keys: CapabilityKeys
+    def __init__(self, dropped_keys: _Optional[_Iterable[str]] = ..., capability_keys: _Optional[_Union[CapabilityKeys, _Mapping]] = ...) -> None: ...
 
 class UnmountSegmentRequest(_message.Message):
     __slots__ = ("node_id", "segment_id")
@@ -161,16 +187,18 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., segment_ids: _Optional[_Iterable[str]] = ..., incarnation: _Optional[str] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("remount_segment_ids", "draining", "drain_objects_left", "drain_bytes_left")
+    __slots__ = ("remount_segment_ids", "draining", "drain_objects_left", "drain_bytes_left", "capability_keys")
     REMOUNT_SEGMENT_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     DRAIN_OBJECTS_LEFT_FIELD_NUMBER: _ClassVar[int]
     DRAIN_BYTES_LEFT_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_KEYS_FIELD_NUMBER: _ClassVar[int]
     remount_segment_ids: _containers.RepeatedScalarFieldContainer[str]
     draining: bool
     drain_objects_left: int
     drain_bytes_left: int
-    def __init__(self, remount_segment_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., drain_objects_left: _Optional[int] = ..., drain_bytes_left: _Optional[int] = ...) -> None: ...
+    capability_keys: CapabilityKeys
+    def __init__(self, remount_segment_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., drain_objects_left: _Optional[int] = ..., drain_bytes_left: _Optional[int] = ..., capability_keys: _Optional[_Union[CapabilityKeys, _Mapping]] = ...) -> None: ...
 
 class PutStartRequest(_message.Message):
     __slots__ = ("client_id", "keys", "sizes", "replicas", "preferred_hosts", "pin", "pin_ttl_ms", "tier", "avoid_nodes")

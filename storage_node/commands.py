@@ -12,16 +12,22 @@ import time
 from kvpool.common.status import Tier
 from kvpool.proto import master_pb2 as pb
 from kvpool.storage_node import metrics
+from kvpool.storage_node.checked_server import Seals
 from kvpool.storage_node.object_index import Entry
 from kvpool.storage_node.peer_copy import PeerCopier, PeerCopyFailed
 from kvpool.storage_node.segment import Segment
 
 
 class CommandExecutor:
-    def __init__(self, segments: list[Segment], peers: PeerCopier | None = None) -> None:
-        """``peers`` reads other nodes' objects (None: copies from other nodes fail)."""
+    def __init__(
+        self, segments: list[Segment], peers: PeerCopier | None = None, seals: Seals | None = None
+    ) -> None:
+        """``peers`` reads other nodes' objects (None: copies from other nodes fail);
+        ``seals``: the checked stream's, told of every object recorded (its writer's grant
+        ends then) and forgotten."""
         self._segments = {s.segment_id: s for s in segments}
         self._peers = peers
+        self._seals = seals
 
     def quick(self, command: pb.NodeCommand) -> bool:
         """Whether a command only touches memory (no disk sync, no bulk copy): such commands
@@ -41,11 +47,20 @@ class CommandExecutor:
             if kind == "persist":
                 segment = self._segment(command.persist.segment_id)
                 entries = [_entry(o) for o in command.persist.objects]
+                if self._seals is not None:  # (first: no write lands once it is recorded)
+                    self._seals.seal(
+                        segment.segment_id, [(e.offset, e.generation) for e in entries]
+                    )
                 result.crc32c.extend(segment.record(entries))
                 metrics.persisted(segment, entries)
             elif kind == "forget":
                 segment = self._segment(command.forget.segment_id)
-                segment.forget([_entry(o) for o in command.forget.objects])
+                forgotten = [_entry(o) for o in command.forget.objects]
+                segment.forget(forgotten)
+                if self._seals is not None:
+                    self._seals.unseal(
+                        segment.segment_id, [(e.offset, e.generation) for e in forgotten]
+                    )
             elif kind == "prepare":
                 prepare = command.prepare
                 self._segment(prepare.segment_id).prepare(prepare.offset, prepare.size)
@@ -110,4 +125,6 @@ class CommandExecutor:
 
 def _entry(message: pb.StoredObject) -> Entry:
     crc = message.crc32c if message.HasField("crc32c") else None
-    return Entry(message.key, message.offset, message.size, message.generation, crc)
+    return Entry(
+        message.key, message.offset, message.size, message.generation, crc, message.replicas
+    )

@@ -23,9 +23,18 @@ A log may end in zero bytes: room its writer allocated ahead of its appends (see
 object_index), which ends the log where it begins and is not a record; a record torn inside
 it (its end still zero) is damaged as any other.
 
-Format 1, written by kvpool before format 2, has one header with no ``format`` field and no
-salt; it is read as such (a damaged header is then not recoverable) and rewritten in format 2
-when its index is opened. A log of a later format is refused.
+An entry is an operation, the object's offset, size, generation and checksum, and its key
+to the end of the body. A put that knows how many replicas its object should have (the count
+its put got, so that a master adopting it after a failover restores that many) is
+recorded as ``OP_PUT_COUNTED``: the count follows the fixed fields, ahead of the key (a put
+with no count, 0, is a plain ``OP_PUT``).
+
+Format 3 added ``OP_PUT_COUNTED``; nothing else changed, so formats 1 and 2 read as before
+(their puts record no count: 0, unknown) and a log of format 3 is refused by a kvpool that
+predates it (it would skip the counted puts, and so forget objects). Format 1, written by
+kvpool before format 2, has one header with no ``format`` field and no salt; it is read as
+such (a damaged header is then not recoverable). Older logs are rewritten in the current
+format when their index is opened. A log of a later format is refused.
 """
 
 from __future__ import annotations
@@ -44,12 +53,15 @@ MAGIC = 0x4B56504C  # "KVPL"
 MAGIC_BYTES = struct.pack("<I", MAGIC)
 FRAME = struct.Struct("<III")  # magic, body length, crc32c(salt + body)
 ENTRY = struct.Struct("<BQQQIB")  # op, offset, size, generation, crc32c, has_crc
-OP_HEADER, OP_PUT, OP_DELETE = 0, 1, 2
-FORMAT = 2
+COUNT = struct.Struct("<I")  # replicas wanted, after ENTRY in an OP_PUT_COUNTED record
+OP_HEADER, OP_PUT, OP_DELETE, OP_PUT_COUNTED = 0, 1, 2, 3
+FORMAT = 3
+#: Formats whose header carries a salt (format 1's does not).
+SALTED_FORMATS = (2, 3)
 SALT_BYTES = 8
 HEADER_SLOT = 4096
 HEADER_BODY = HEADER_SLOT - FRAME.size  # a format-2 header's body: always exactly this long
-MAX_ENTRY_BODY = ENTRY.size + STORED_KEY_BYTES
+MAX_ENTRY_BODY = ENTRY.size + COUNT.size + STORED_KEY_BYTES
 MAX_FORMAT1_HEADER = 1 << 16
 
 
@@ -61,6 +73,8 @@ class Entry(NamedTuple):
     size: int
     generation: int
     crc32c: int | None = None
+    #: Replicas the object should have (its put's count); 0: not recorded (taken as 1).
+    replicas: int = 0
 
 
 class LogDamaged(ValueError):
@@ -94,12 +108,16 @@ def frame(body: bytes, salt: bytes) -> bytes:
 
 
 def encode(op: int, entry: Entry) -> bytes:
+    """The body of a record: a put of an entry with a count is ``OP_PUT_COUNTED``."""
     has_crc = entry.crc32c is not None
     crc = entry.crc32c if has_crc else 0
-    return (
-        ENTRY.pack(op, entry.offset, entry.size, entry.generation, crc, has_crc)
-        + entry.key.encode()
+    counted = op == OP_PUT and entry.replicas > 0
+    fixed = ENTRY.pack(
+        OP_PUT_COUNTED if counted else op, entry.offset, entry.size, entry.generation, crc, has_crc
     )
+    if counted:
+        fixed += COUNT.pack(entry.replicas)
+    return fixed + entry.key.encode()
 
 
 def read_log(data: bytes, path: Path) -> Scan:
@@ -127,7 +145,8 @@ def _read_header(data: bytes, path: Path) -> tuple[Scan, int]:
                 f"one (format {FORMAT}): run that version, or delete the segment's directory to "
                 "start afresh"
             )
-        salt = _salt(header.get("salt")) if header is not None and version == FORMAT else None
+        salted = header is not None and version in SALTED_FORMATS
+        salt = _salt(header.get("salt")) if header is not None and salted else None
         if header is None or salt is None:
             damaged += 1  # this copy is lost (the other may hold); the open rewrites both
         elif found is None:
@@ -214,18 +233,28 @@ def _salt(text: object) -> bytes | None:
 
 
 def _decode(body: bytes) -> tuple[int, Entry] | None:
+    """A record's operation (OP_PUT for a counted put too) and entry, or None."""
     if len(body) <= ENTRY.size:
         return None
     op, offset, size, generation, crc, has_crc = ENTRY.unpack_from(body)
-    if op not in (OP_PUT, OP_DELETE) or has_crc not in (0, 1) or (crc and not has_crc):
+    if op not in (OP_PUT, OP_DELETE, OP_PUT_COUNTED) or has_crc not in (0, 1):
         return None
+    if crc and not has_crc:
+        return None
+    start, replicas = ENTRY.size, 0
+    if op == OP_PUT_COUNTED:
+        if len(body) <= start + COUNT.size:
+            return None
+        (replicas,) = COUNT.unpack_from(body, start)
+        start += COUNT.size
+        op = OP_PUT
     try:
-        key = body[ENTRY.size :].decode()
+        key = body[start:].decode()
     except UnicodeDecodeError:
         return None
     if key_problem(key, STORED_KEY_BYTES) is not None:
         return None
-    return op, Entry(key, offset, size, generation, crc if has_crc else None)
+    return op, Entry(key, offset, size, generation, crc if has_crc else None, replicas)
 
 
 def _crc(salt: bytes, body: bytes) -> int:

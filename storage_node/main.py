@@ -104,6 +104,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="port of /healthz, /readyz, /metrics (0: free)",
     )
     parser.add_argument(
+        "--data-port",
+        type=port(none=-1),
+        default=-1,
+        help="port of the checked stream, the data path of clients on other hosts: every "
+        "transfer there moves bytes only under the master's capability for its range "
+        "(0: a free one; default -1: none, such clients use UCX; opt-in while issue 17 "
+        "is under way). Listens on --listen; served only when the master grants "
+        "capabilities (a secure master)",
+    )
+    parser.add_argument(
+        "--data-advertise",
+        default=None,
+        help="host clients connect to for the checked stream (default: --listen, or --host "
+        "when --listen is a wildcard)",
+    )
+    parser.add_argument(
         "--heartbeat-interval",
         type=seconds(0, MAX_HEARTBEAT),
         default=1.0,
@@ -265,6 +281,7 @@ async def _serve(
         drain_timeout=args.drain_timeout,
         credentials=credentials,
         drain_on_term=args.drain_on_term,
+        checked=_checked_listener(args, host),
     )
     log.info(
         "node starting",
@@ -286,6 +303,15 @@ async def _serve(
     finally:
         http.stop()
         log.info("node stopped", node_id=node_id)
+
+
+def _checked_listener(args: argparse.Namespace, host: str) -> tuple[str, int, str] | None:
+    """(address, port, advertised host) of the checked stream; None when there is none
+    (``--data-port -1``, or an insecure node: its master grants no capabilities)."""
+    if args.data_port < 0 or args.insecure:
+        return None
+    wildcard = args.listen in ("0.0.0.0", "::", "")
+    return args.listen, args.data_port, args.data_advertise or (host if wildcard else args.listen)
 
 
 def _http_server(

@@ -32,8 +32,10 @@ from kvpool.common.logging import get_logger
 from kvpool.common.master_address import MasterTarget, host_of
 from kvpool.proto import master_pb2 as pb
 from kvpool.proto import master_pb2_grpc
+from kvpool.security import capabilities as caps
 from kvpool.security.caller import ANONYMOUS, CallerCredentials
 from kvpool.storage_node import lane_session, metrics
+from kvpool.storage_node.checked_server import CheckedServer, NodeKeys
 from kvpool.storage_node.commands import CommandExecutor
 from kvpool.storage_node.peer_copy import PeerCopier
 from kvpool.storage_node.segment import Segment
@@ -64,10 +66,12 @@ class StorageNode:
         drain_timeout: float = 30.0,
         credentials: CallerCredentials = ANONYMOUS,
         drain_on_term: bool = False,
+        checked: tuple[str, int, str] | None = None,
     ) -> None:
         """``drain_timeout``: how long a node that stops keeps its memory for readers that
         hold leases; and, draining, how long it waits for its objects to be copied away.
-        ``drain_on_term``: a stop (SIGTERM) drains first."""
+        ``drain_on_term``: a stop (SIGTERM) drains first. ``checked``: (address, port,
+        advertised host) of the checked stream (storage_node/checked_server.py); None: none."""
         self.node_id = node_id
         self.credentials = credentials
         #: gRPC metadata of every call to the master: the node's token.
@@ -91,7 +95,6 @@ class StorageNode:
         self._progress = ucp.ProgressThread(worker)
         self._failures = 0
         self._peers = PeerCopier(context)
-        self._executor = CommandExecutor(segments, self._peers)
         self.drain_on_term = drain_on_term
         #: Draining: until when at most, whether the master said nothing is left, and what
         #: it last said was left (objects, bytes).
@@ -103,6 +106,18 @@ class StorageNode:
         self._leave: asyncio.Event | None = None
         #: The command running on a worker thread, if any (commands run one at a time).
         self._command_running: asyncio.Future[pb.CommandResult] | None = None
+        #: The capability keys the master delivered last (None: none yet, or it grants none).
+        self.capability_keys: NodeKeys | None = None
+        self.checked: CheckedServer | None = None
+        self.checked_address = ""
+        if checked is not None:
+            listen, port, advertised = checked
+            self.checked = CheckedServer(
+                segments, lambda: self.capability_keys, host=listen, port=port
+            )
+            self.checked_address = f"{advertised}:{self.checked.port}"
+        seals = self.checked.seals if self.checked is not None else None
+        self._executor = CommandExecutor(segments, self._peers, seals)
 
     @property
     def ready(self) -> tuple[bool, str]:
@@ -114,6 +129,8 @@ class StorageNode:
     async def run(self, stop: asyncio.Event, on_ready: Callable[[], None] | None = None) -> None:
         """Serves until ``stop`` is set, then unmounts and releases everything."""
         self._progress.start()
+        if self.checked is not None:
+            self.checked.start()
         for segment in self.segments:
             metrics.SEGMENT_BYTES.labels(segment.segment_id, segment.tier.name.lower()).set(
                 segment.size
@@ -195,6 +212,33 @@ class StorageNode:
         self._leave.set()
         return True
 
+    def _learn_keys(self, response: pb.MountSegmentResponse | pb.HeartbeatResponse) -> None:
+        """Takes the capability keys a master's answer carries (over this node's
+        authenticated session): the checked stream verifies with them from now on."""
+        if not response.HasField("capability_keys"):
+            return
+        delivered = response.capability_keys
+        known = self.capability_keys
+        ids = sorted(key.key_id for key in delivered.keys)
+        if (
+            known is not None
+            and known.term == delivered.term
+            and known.max_skew_ms == delivered.max_skew_ms
+            and known.ring.key_ids() == ids
+        ):
+            return  # (the usual heartbeat: nothing new)
+        try:
+            ring = caps.KeyRing((key.key_id, key.secret) for key in delivered.keys[: caps.MAX_KEYS])
+        except ValueError as error:
+            log.error("capability keys from the master refused", error=str(error))
+            return
+        # (the term of the master this node follows now: older terms' grants are refused.
+        # Not the highest ever seen: a cluster moved to masters of another kind, whose terms
+        # count from elsewhere, must not be refused for good.)
+        term = delivered.term
+        self.capability_keys = NodeKeys(ring, term, delivered.max_skew_ms)
+        log.info("capability keys", key_ids=ids, term=term, max_skew_ms=delivered.max_skew_ms)
+
     def _start_drain(self, why: str) -> None:
         self._draining = True
         self._drain_deadline = time.monotonic() + self.drain_timeout
@@ -229,6 +273,7 @@ class StorageNode:
             for segment in self.segments:
                 if segment.segment_id not in self.mounted:
                     descriptor = segment.descriptor(self.node_id, self.host, self._worker_address)
+                    descriptor.checked_address = self.checked_address
                     objects = segment.stored_objects()
                     remount = segment.segment_id in self._ever_mounted
                     response = await stub.MountSegment(
@@ -243,6 +288,7 @@ class StorageNode:
                         metadata=self._metadata,
                     )
                     self._ever_mounted.add(segment.segment_id)
+                    self._learn_keys(response)
                     dropped = set(response.dropped_keys)
                     if dropped:
                         segment.forget([e for e in segment.index.entries() if e.key in dropped])
@@ -265,6 +311,7 @@ class StorageNode:
                 metadata=self._metadata,
             )
             self._heard_drain(response)
+            self._learn_keys(response)
             if response.remount_segment_ids:
                 log.warning("master asks to remount", segments=list(response.remount_segment_ids))
                 self.mounted.difference_update(response.remount_segment_ids)
@@ -418,6 +465,9 @@ class StorageNode:
         metrics.HOLDINGS.stop_watching()
         self._peers.close()
         self._progress.stop()
+        if self.checked is not None and not self.checked.stop():
+            log.warning("a checked transfer still runs; leaving its memory to the process exit")
+            return
         for segment in self.segments:
             segment.close()
         self.worker.close()

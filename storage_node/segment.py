@@ -134,7 +134,9 @@ class Segment:
             for start, end in _runs((e.offset, e.offset + e.size) for e in entries):
                 _start_writeback(self.fd, start, end - start)  # the disk writes meanwhile
         durable = [
-            Entry(e.key, e.offset, e.size, e.generation, self.checksum(e.offset, e.size))
+            Entry(
+                e.key, e.offset, e.size, e.generation, self.checksum(e.offset, e.size), e.replicas
+            )
             for e in entries
         ]
         self._group_commit(durable)
@@ -201,7 +203,11 @@ class Segment:
         objects = []
         for entry in self.index.entries():
             message = pb.StoredObject(
-                key=entry.key, offset=entry.offset, size=entry.size, generation=entry.generation
+                key=entry.key,
+                offset=entry.offset,
+                size=entry.size,
+                generation=entry.generation,
+                replicas=entry.replicas,  # so that a new master restores as many
             )
             if entry.crc32c is not None:
                 message.crc32c = entry.crc32c

@@ -131,7 +131,9 @@ def test_mooncake_beside_kvpool(tmp_path: Path) -> None:
     ops = ("put", "get", "exists", "remove")
     assert set(by) == {(op, s) for op in ops for s in ("kvpool", "mooncake")}
     for op in ops:  # (a phase this short may fall between clock ticks
-        # of a process that works little: only the client, busy throughout, must show)
-        assert by[op, "mooncake"]["ops_per_s"] > 0 and by[op, "mooncake"]["client_us"] > 0
+        # of a process that works little: only the client, busy throughout, must show;
+        # removes end when the keys put run out, often within one tick)
+        assert by[op, "mooncake"]["ops_per_s"] > 0
+        assert by[op, "mooncake"]["client_us"] > 0 or op == "remove"
     assert set(cpu_per_op.master_ratios(results)) <= set(ops)
     assert results["mooncake_version"]

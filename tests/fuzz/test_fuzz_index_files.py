@@ -47,6 +47,7 @@ entries = st.builds(
     size=integers(0, 2**64 - 1),
     generation=st.one_of(integers(0, 2**64 - 1), st.integers(0, 3)),
     crc32c=st.none() | integers(0, 2**32 - 1),
+    replicas=st.one_of(st.just(0), integers(0, 2**32 - 1)),  # (a uint32 on the wire)
 )
 records = st.lists(st.tuples(st.sampled_from([OP_PUT, OP_PUT, OP_DELETE]), entries), max_size=12)
 damage = st.lists(

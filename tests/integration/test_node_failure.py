@@ -106,7 +106,8 @@ def test_a_put_to_a_stalled_node_ends_within_the_write_timeout_with_no_late_byte
     """A writer stops copying at the master's write timeout (client/put_path.py): the put to a
     stopped node fails then, nothing is published, and once the node runs again no byte of
     the abandoned put lands in an object written afterwards (the failed put's space is free
-    again at once, so the objects written after it reuse it)."""
+    again once no node honours its write capability any more, so the objects written after
+    it reuse it)."""
     write_timeout = 1.5
     cluster = cluster_factory(
         1,
@@ -143,6 +144,13 @@ def test_a_put_to_a_stalled_node_ends_within_the_write_timeout_with_no_late_byte
         assert read_again(client, "warm") == warm  # the node serves again
         with pytest.raises(ObjectNotFound):
             client.get("stalled-put")  # nothing was published
+        # (its space returns when its write grant has ended: write timeout + clock allowance)
+        assert wait_until(
+            lambda: (
+                sum(s.used for s in cluster_status(cluster.master_address).segments) <= len(warm)
+            ),
+            timeout=30,
+        )
         # 7 objects of the failed put's size, one under its key: 56 of the 63 MiB left, so
         # one of them at least takes space the abandoned write aimed at
         later = {f"later-{i}": os.urandom(8 << 20) for i in range(6)}

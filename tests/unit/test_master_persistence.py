@@ -149,7 +149,7 @@ def test_put_end_sends_each_node_a_persist_and_publishes_only_once_every_node_an
         [stored] = command.objects
         [replica] = [r for r in slot.replicas if r.segment.segment_id == command.segment_id]
         offset = replica.address - replica.segment.base_address
-        assert stored == StoredObject("k", offset, 4 * KiB, slot.put_id, 7)
+        assert stored == StoredObject("k", offset, 4 * KiB, slot.put_id, 7, replicas=2)
         assert state.awaiting(command.command_id)
     assert state.stat("k").state == "committed"
     assert get(state, "k").status is KeyStatus.NOT_READY
@@ -457,7 +457,7 @@ def test_a_newer_generation_supersedes_the_adopted_object_whose_nodes_are_told_t
     assert nodes_of(get(state, "k")) == ["b"]
     [forget] = sent(state)
     assert isinstance(forget, ForgetCommand) and forget.node_id == "a"
-    assert forget.objects == (stored("k", 0, generation=3),)
+    assert forget.objects == (stored("k", 0, generation=3)._replace(replicas=1),)
     assert used(state, "a/nvme0") == 4 * KiB, "the superseded object's lease still guards it"
     pass_time(state, clock, CONFIG.lease_ttl)
     assert used(state, "a/nvme0") == 0
@@ -728,7 +728,9 @@ def test_above_the_dram_watermark_the_lru_objects_are_demoted_to_nvme_on_the_sam
         )
         [replica] = before[key]
         offset = replica.address - replica.segment.base_address
-        assert copy.source == StoredObject(key, offset, 10 * KiB, copy.source.generation)
+        assert copy.source == StoredObject(
+            key, offset, 10 * KiB, copy.source.generation, replicas=1
+        )
         assert copy.target.key == key and copy.target.size == 10 * KiB
         assert copy.target.generation == copy.source.generation
         assert state.awaiting(copy.command_id)

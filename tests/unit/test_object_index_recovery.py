@@ -104,17 +104,17 @@ def test_a_log_whose_header_copies_are_both_lost_is_refused_and_left_as_it_is(se
 def test_a_log_of_a_later_format_is_refused_with_what_to_do(segment_dir):
     path = written(segment_dir, [])
     slot = frame(
-        (bytes([OP_HEADER]) + json.dumps({**HEADER, "format": 3}).encode()).ljust(
+        (bytes([OP_HEADER]) + json.dumps({**HEADER, "format": 4}).encode()).ljust(
             HEADER_SLOT - FRAME.size, b" "
         ),
         b"",
     )
     path.write_bytes(slot * 2)
-    with pytest.raises(LogDamaged, match="format 3, written by a later kvpool"):
+    with pytest.raises(LogDamaged, match="format 4, written by a later kvpool"):
         DurableIndex(path, HEADER)
 
 
-def test_a_format_1_log_is_read_and_rewritten_in_format_2(segment_dir):
+def test_a_format_1_log_is_read_and_rewritten_in_the_current_format(segment_dir):
     path = format_1(segment_dir / "segment.index", [put_record("a"), put_record("b", 100)])
 
     index = reopened(path)
@@ -122,7 +122,7 @@ def test_a_format_1_log_is_read_and_rewritten_in_format_2(segment_dir):
     assert sorted(e.key for e in index.entries()) == ["a", "b"]
     data = path.read_bytes()
     assert data[:HEADER_SLOT] == data[HEADER_SLOT : 2 * HEADER_SLOT], "two header copies"
-    assert b'"format": 2' in data[:HEADER_SLOT]
+    assert b'"format": 3' in data[:HEADER_SLOT]
     assert sorted(live_entries(path)) == ["a", "b"]
 
 

@@ -1,0 +1,224 @@
+"""``python -m bench.callgrind_per_call``: instructions per client call of kvpool's master and
+client, counted by callgrind, secure or ``--insecure``.
+
+Wall-clock figures on a small shared machine move by 10-20 % between runs; instructions
+executed in user space do not depend on the load. This starts a master under ``valgrind
+--tool=callgrind`` and a storage node (bench/kvpool_runner.py's ``KvpoolServers`` set-up:
+a throwaway CA, tokens, TLS on the master's gRPC port and lane; or everything
+``--insecure``), stores the keys, then runs a client process (under callgrind too, unless
+``--no-client``) that makes ``--calls`` calls of ``--op``:
+
+- ``exists``: ``exists_many`` of 256 stored keys, no lease (the ``--compare`` workload);
+- ``exists1``: the same with one key (what a call costs beyond its keys);
+- ``get``: ``get_into_many`` of 32 x 4 KiB; ``put``: ``put_many`` of 32 new 4 KiB objects.
+
+Counters are zeroed (``callgrind_control -z``) when both processes are warm, dumped after the
+calls, and the master's idle cost over as long (heartbeats, sweeps: about 3.4M instructions
+a second) is dumped next and subtracted. Prints one JSON line: instructions per call of each
+process, and the dump files, for ``callgrind_annotate`` (whose self costs of Python code
+are those of the interpreter's functions: compare two dumps function by function).
+Under callgrind a call is ~50 times slower: 300 calls of ``exists`` take about 2 minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from bench.kvpool_runner import CALLER_ENV, NODE_ID, KvpoolServers
+
+VALGRIND = ["valgrind", "--tool=callgrind", "--vgdb=yes", "--vgdb-poll=1000"]
+KEYS = {"exists": 256, "exists1": 1, "get": 32, "put": 32}
+SIZE = 4096
+
+
+def _instructions(dump: Path) -> int:
+    for line in dump.read_text(errors="replace").splitlines():
+        if line.startswith(("summary:", "totals:")):
+            return int(line.split()[1])
+    raise RuntimeError(f"no totals in {dump}")
+
+
+def _control(flag: str, pid: int) -> None:
+    subprocess.run(
+        ["callgrind_control", flag, str(pid)], check=True, capture_output=True, timeout=300
+    )
+
+
+def _last_dump(out: Path, pid: int, back: int = 1) -> Path:
+    dumps = sorted(out.glob(f"cg.{pid}.*"), key=lambda p: int(p.name.rsplit(".", 1)[1]))
+    return dumps[-back]
+
+
+def _wait_for(path: Path, process: subprocess.Popen[bytes], log: Path) -> None:
+    while not path.exists():
+        if process.poll() is not None:
+            raise RuntimeError(f"the client exited:\n{log.read_text(errors='replace')[-3000:]}")
+        time.sleep(0.05)
+
+
+def measure(op: str, secure: bool, calls: int, out: Path, client_too: bool) -> dict[str, Any]:
+    from kvpool import Client
+    from kvpool.local_cluster import ManagedProcess
+
+    out.mkdir(parents=True, exist_ok=True)
+    sync = out / "sync"
+    shutil.rmtree(sync, ignore_errors=True)
+    sync.mkdir()
+    placement = SimpleNamespace(
+        server_ip="127.0.0.1", client_ip="127.0.0.1", server_prefix=[], client_prefix=[],
+        tcp_only=False,
+    )  # fmt: skip
+    servers = KvpoolServers(placement, out, "1GiB", dict(os.environ), secure=secure, name="cg")
+    if secure:
+        servers._prepare_credentials()
+    kvpool = [sys.executable, "-m", "kvpool.cli.main"]
+    master = ManagedProcess(
+        "cg-master",
+        [*VALGRIND, f"--callgrind-out-file={out}/cg.%p", *kvpool, "master", "--host",
+         "127.0.0.1", "--port", "0", "--lane-port", "0", "--http-port", "0",
+         "--log-format", "json", *servers._master_security_args()],
+        out, servers.env,
+    )  # fmt: skip
+    node = client = None
+    try:
+        address = f"127.0.0.1:{master.wait_ready(time.monotonic() + 600)['grpc_port']}"
+        node = ManagedProcess(
+            "cg-node",
+            [*kvpool, "node", "--master", address, "--dram", "1GiB", "--listen", "127.0.0.1",
+             "--http-port", "0", "--node-id", NODE_ID, "--drain-timeout", "1",
+             "--log-format", "json", *([] if secure else ["--insecure"])],
+            out, servers._node_env(),
+        )  # fmt: skip
+        node.wait_ready(time.monotonic() + 300)
+        config = {
+            "master": address, "ca": servers.ca if secure else None,
+            "token": servers.client_token if secure else None, "op": op, "calls": calls,
+            "prefix": f"cg-{op}", "sync": str(sync),
+        }  # fmt: skip
+        with Client(address, tls_ca=config["ca"], token=config["token"], timeout=60) as setup:
+            data = bytes(SIZE)
+            keys = [f"{config['prefix']}/{i}" for i in range(KEYS[op])]
+            for i in range(0, len(keys), 32):
+                stored = setup.put_many([(key, data) for key in keys[i : i + 32]])
+                if stored != [1] * len(stored):
+                    raise RuntimeError(f"could not store the keys: {stored[:3]}")
+        argv = [sys.executable, "-m", "bench.callgrind_per_call", "--client", json.dumps(config)]
+        if client_too:
+            argv = [*VALGRIND, f"--callgrind-out-file={out}/cg.%p", *argv]
+        env = {k: v for k, v in servers.env.items() if k not in CALLER_ENV}
+        log = out / "client.log"
+        with log.open("wb") as log_file:
+            client = subprocess.Popen(
+                argv, env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                cwd=Path(__file__).resolve().parent.parent,
+            )  # fmt: skip
+        _wait_for(sync / "ready", client, log)
+        time.sleep(1)
+        _control("-z", master.pid)
+        if client_too:
+            _control("-z", client.pid)
+        started = time.monotonic()
+        (sync / "go").write_text("")
+        _wait_for(sync / "done", client, log)
+        busy = time.monotonic() - started
+        _control("-d", master.pid)
+        if client_too:
+            _control("-d", client.pid)
+        _control("-z", master.pid)
+        time.sleep(busy)
+        _control("-d", master.pid)
+        master_busy = _instructions(_last_dump(out, master.pid, 2))
+        master_idle = _instructions(_last_dump(out, master.pid, 1))
+        result: dict[str, Any] = {
+            "op": op, "security": servers.security, "calls": calls,
+            "seconds": round(busy, 1),
+            "master_per_call": round((master_busy - master_idle) / calls),
+            "master_idle_per_second": round(master_idle / busy),
+            "master_dump": str(_last_dump(out, master.pid, 2)),
+        }  # fmt: skip
+        if client_too:
+            result["client_per_call"] = round(_instructions(_last_dump(out, client.pid)) / calls)
+            result["client_dump"] = str(_last_dump(out, client.pid))
+        (sync / "exit").write_text("")
+        client.wait(300)
+        return result
+    finally:
+        if client is not None and client.poll() is None:
+            client.kill()
+        for process in (node, master):
+            if process is not None:
+                process.stop(30)
+        if servers._secrets is not None:
+            servers._secrets.cleanup()
+
+
+def client_main(config: dict[str, Any]) -> None:
+    """The client process: warms up, waits for ``go``, makes the calls, says ``done``."""
+    from kvpool import Client
+
+    sync = Path(config["sync"])
+    client = Client(config["master"], tls_ca=config["ca"], token=config["token"], timeout=60)
+    op = config["op"]
+    keys = [f"{config['prefix']}/{i}" for i in range(KEYS[op])]
+    buffers = [bytearray(SIZE) for _ in keys]
+    batches = itertools.count()
+
+    def call() -> None:
+        if op in ("exists", "exists1"):
+            found = client.exists_many(keys, lease=False)
+            assert all(f is True for f in found), found[:3]
+        elif op == "get":
+            sizes = client.get_into_many(keys, buffers)
+            assert sizes == [SIZE] * len(keys), sizes[:3]
+        else:
+            batch = next(batches)
+            stored = client.put_many(
+                [(f"{key}-{batch}", b) for key, b in zip(keys, buffers, strict=True)]
+            )
+            assert stored == [1] * len(keys), stored[:3]
+
+    for _ in range(20):
+        call()
+    (sync / "ready").write_text("")
+    while not (sync / "go").exists():
+        time.sleep(0.05)
+    for _ in range(config["calls"]):
+        call()
+    (sync / "done").write_text("")
+    while not (sync / "exit").exists():
+        time.sleep(0.05)
+    client.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--op", choices=sorted(KEYS), default="exists")
+    parser.add_argument("--security", choices=("secure", "insecure"), default="secure")
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--no-client", action="store_true", help="the master alone")
+    parser.add_argument("--out-dir", type=Path, help="the dumps (default: a new temporary one)")
+    parser.add_argument("--client", help=argparse.SUPPRESS)  # (the client process)
+    args = parser.parse_args()
+    if args.client:
+        client_main(json.loads(args.client))
+        return
+    if shutil.which("callgrind_control") is None:
+        sys.exit("callgrind_per_call: needs valgrind (apt-get install valgrind)")
+    out = args.out_dir or Path(tempfile.mkdtemp(prefix="kvpool-callgrind-"))
+    secure = args.security == "secure"
+    print(json.dumps(measure(args.op, secure, args.calls, out, not args.no_client)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""The master's capability keys: where they are kept, when a new one signs, what nodes get.
+
+Every master of a cluster must sign with keys every storage node holds, so the keys live in
+a file the masters share (``--capability-key-file``; created, mode 0600, with one fresh key
+when absent; HA masters are given the same file, as they are the same credentials file).
+Nodes receive the keys over their authenticated session (MountSegment and Heartbeat
+answers: ``delivery``), never from the network otherwise.
+
+**Rotation** (``rotate``): a new key is added to the file and named current; the older keys
+stay (at most ``caps.MAX_KEYS`` in all, the oldest dropped), so capabilities they signed stay
+valid until they expire. A master re-reads the file when it changes (``MasterKeys.reload``)
+and delivers the new key at once, but signs with it only ``activate_after`` seconds after it
+first saw it: by then every live node has heartbeated and holds it, so no node refuses a
+capability for want of its key. ``MasterKeys`` is sans-IO (time passed in).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvpool.proto import master_pb2 as pb
+from kvpool.security import capabilities as caps
+
+
+class KeyFileError(ValueError):
+    """The capability key file cannot be read as one."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeyFile:
+    """The keys in the file, oldest first, and the one it names current."""
+
+    keys: tuple[tuple[int, bytes], ...]
+    current: int
+
+
+def _encode(keys: KeyFile) -> bytes:
+    body = {
+        "keys": [{"id": key_id, "secret": secret.hex()} for key_id, secret in keys.keys],
+        "current": keys.current,
+    }
+    return json.dumps(body, indent=1).encode() + b"\n"
+
+
+def read_key_file(path: Path) -> KeyFile:
+    try:
+        body = json.loads(path.read_bytes())
+        keys = tuple((int(k["id"]), bytes.fromhex(k["secret"])) for k in body["keys"])
+        current = int(body["current"])
+        caps.KeyRing(keys, current=current)  # (checks ids, sizes, count and current)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise KeyFileError(
+            f"capability key file {path}: {error}. Remove it to start with a fresh key (every "
+            "node and master must then get the new file), or restore it"
+        ) from None
+    return KeyFile(keys, current)
+
+
+def load_or_create(path: Path) -> KeyFile:
+    """The keys in ``path``; a fresh file with one new key (mode 0600) when it is absent.
+    Masters starting together agree: the file is created whole or not at all (link(2))."""
+    if not path.exists():
+        fresh = KeyFile(((1, caps.KeyRing.new_secret()),), 1)
+        _write_new(path, _encode(fresh))
+    return read_key_file(path)
+
+
+def rotate(path: Path) -> KeyFile:
+    """Adds a new key to ``path`` and names it current (the oldest goes when the file holds
+    ``caps.MAX_KEYS``); masters sign with it once every node has it."""
+    old = read_key_file(path)
+    key_id = (max(k for k, _ in old.keys) % caps.MAX_KEY_ID) + 1
+    kept = [k for k in old.keys if k[0] != key_id][-(caps.MAX_KEYS - 1) :]
+    new = KeyFile((*kept, (key_id, caps.KeyRing.new_secret())), key_id)
+    _write_new(path, _encode(new), replace=path)
+    return new
+
+
+def _write_new(path: Path, data: bytes, replace: Path | None = None) -> None:
+    temporary = path.with_name(f".{path.name}.new.{os.getpid()}")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        if replace is not None:
+            os.replace(temporary, replace)
+        else:
+            # (link fails when another master made the file meanwhile: theirs stands)
+            with contextlib.suppress(FileExistsError):
+                os.link(temporary, path)
+    finally:
+        if temporary.exists():
+            temporary.unlink()
+
+
+@dataclass(slots=True)
+class MasterKeys:
+    """The keys a master signs with and delivers (sans-IO: ``now`` in seconds)."""
+
+    keys: KeyFile
+    #: A new key signs only this long after the master first saw it.
+    activate_after: float
+    max_skew_ms: int = caps.DEFAULT_MAX_SKEW_MS
+    #: When each key was first seen (keys of the file at start: long ago).
+    _seen: dict[int, float] = field(default_factory=dict)
+    _ring: caps.KeyRing = field(default_factory=caps.KeyRing)
+
+    def __post_init__(self) -> None:
+        self._seen = {key_id: float("-inf") for key_id, _ in self.keys.keys}
+        self._ring = caps.KeyRing(self.keys.keys, current=self.keys.current)
+
+    def reload(self, keys: KeyFile, now: float) -> None:
+        """The file changed: deliver its keys from now on; sign with its current key once
+        ``activate_after`` has passed."""
+        if keys == self.keys:
+            return
+        for key_id, _ in keys.keys:
+            self._seen.setdefault(key_id, now)
+        signing = self._ring.current
+        held = dict(keys.keys)
+        if signing not in held:  # (the file dropped the key we sign with: use its current)
+            signing = keys.current
+            self._seen[signing] = float("-inf")
+        self.keys = keys
+        self._ring = caps.KeyRing(keys.keys, current=signing)
+        self.tick(now)
+
+    def tick(self, now: float) -> None:
+        """Makes the file's current key the signing key once nodes have had time to get it."""
+        wanted = self.keys.current
+        if self._ring.current != wanted and now - self._seen.get(wanted, now) >= (
+            self.activate_after
+        ):
+            self._ring.activate(wanted)
+
+    @property
+    def ring(self) -> caps.KeyRing:
+        return self._ring
+
+    def delivery(self, term: int) -> pb.CapabilityKeys:
+        """What nodes get over their session: every key, the term, the skew allowance."""
+        return pb.CapabilityKeys(
+            keys=[pb.CapabilityKey(key_id=k, secret=s) for k, s in self.keys.keys],
+            term=term,
+            max_skew_ms=self.max_skew_ms,
+        )
