@@ -20,4 +20,7 @@ done
 # and UCX in a process that lived through that (or through the benchmarks' namespaces) can
 # fail to start later. Both runs must pass.
 .venv/bin/python -m pytest tests/chaos "$@"
-exec .venv/bin/python -m pytest --ignore=tests/chaos "$@"
+# The rest on two workers (KVPOOL_TEST_WORKERS), a test file each at a time: most tests wait
+# on processes, timeouts and sockets more than they compute, so two share the 2 cores well.
+exec .venv/bin/python -m pytest -n "${KVPOOL_TEST_WORKERS:-2}" --dist loadfile \
+    --ignore=tests/chaos "$@"

@@ -55,6 +55,27 @@ def session_credentials_kept() -> Iterator[None]:
             os.environ[name] = value
 
 
+#: The longest test files (seconds of a serial run on 2 cores), run first: scripts/test.sh
+#: shares the files between two pytest-xdist workers (``--dist loadfile``), and starting the
+#: long ones first lets both workers finish together instead of one waiting on the last.
+LONGEST_FIRST = (
+    "tests/vllm/test_e2e_vllm.py",  # ~250 s: six engine and server starts
+    "tests/integration/test_drain.py",
+    "tests/helm/test_chart.py",
+    "tests/integration/test_nvme.py",
+    "tests/bench/test_bench_compare.py",
+    "tests/integration/test_semantics.py",
+    "tests/ha/test_failover.py",
+    "tests/integration/test_cli.py",
+    "tests/integration/test_cli_arguments.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {path: index for index, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
+
 @pytest.hookimpl(tryfirst=True, hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
     outcome = yield
