@@ -284,10 +284,14 @@ class DataPath:
         results = self._streams.run(jobs, is_get=is_get, deadline=deadline)
         errors: list[Failure | None] = []
         remembered = set(self.unreachable.current())
+        ok = Outcome.OK
         for transfer, job, result in zip(transfers, jobs, results, strict=True):
+            if result.outcome is ok and not remembered:
+                errors.append(None)  # (the rule: nothing more to look at)
+                continue
             segment_id = transfer.segment_id
             node_id = self.node_of(segment_id)
-            if result.outcome is Outcome.OK:
+            if result.outcome is ok:
                 if remembered and node_id in remembered:
                     self.unreachable.forget(node_id)  # it answers again
                     remembered.discard(node_id)

@@ -337,7 +337,14 @@ class MasterHandlers:
                 out = response.objects.add(status=location.status, size=location.size)
                 if location.crc32c is not None:
                     out.crc32c = location.crc32c
-                self._add_replicas(out.replicas, location.replicas, segments, grant, location.size)
+                self._add_replicas(
+                    out.replicas,
+                    location.replicas,
+                    segments,
+                    grant,
+                    location.size,
+                    location.generation,
+                )
             response.segments.extend(segments.values())
             _count("GetReplicas", [loc.status for loc in locations])
             return response
@@ -496,8 +503,9 @@ class MasterHandlers:
     ) -> Callable[[PlacedReplica, int, int], bytes] | None:
         """What grants a capability for one replica's exact range, for ``identity``'s
         tenant, ending ``ttl_ms`` from now on this master's wall clock (the write timeout
-        for writes, the lease for reads); None when this master grants none. A write grant's
-        id is the put id: the node refuses it once it recorded that put's object."""
+        for writes, the lease for reads); None when this master grants none. A grant's id
+        is the put id (the object's generation): the node refuses a write grant once it
+        recorded that put's object, and any grant once it forgot it."""
         keys = self.capability_keys
         if keys is None:
             return None

@@ -157,6 +157,9 @@ class Location(NamedTuple):
     size: int = 0
     replicas: tuple[PlacedReplica, ...] = ()
     crc32c: int | None = None
+    #: The object's generation: its read grants carry it, so that a node that forgot the
+    #: object refuses them and only them (storage_node/checked_server.py, Seals).
+    generation: int = 0
 
 
 class Commit(NamedTuple):

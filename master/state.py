@@ -501,6 +501,7 @@ class MasterState:
                 statuses.append(KeyStatus.STALE_PUT)
                 continue
             self._forget(record, (now, "revoked", put_id))
+            self._forget_grants(record, record.replicas)  # (its writer may not have stopped)
             self._release(record.replicas, self._reuse_after(record, now))
             self.counters.puts_revoked += 1
             statuses.append(KeyStatus.OK)
@@ -529,7 +530,7 @@ class MasterState:
                 continue
             hits += 1
             lease(record, now, ttl, client_id)
-            append(Location(_OK, record.size, placed(record), record.crc32c))
+            append(Location(_OK, record.size, placed(record), record.crc32c, record.generation))
             if promote is not None:
                 promote(record)
         self.counters.hits += hits
@@ -991,6 +992,7 @@ class MasterState:
             failed: list[Replica | None] = []
             for replica, ok in zip(replicas, commit.replica_ok, strict=True):
                 (kept if ok and replica is not None else failed).append(replica)
+            self._forget_grants(record, failed)
             self._release(failed, self._reuse_after(record, now))
             unwritten = len(failed)
         self._end_reservation(record)
@@ -1575,7 +1577,7 @@ class MasterState:
         self._forget(record, entry)
         if record.state is RESERVED:
             release_at = now + self.config.reclaim_delay  # its writer may still be copying
-            release_at = max(release_at, self._reuse_after(record, now))
+            self._forget_grants(record, record.replicas)
         else:
             release_at = self._reuse_after(record, now)  # its readers may still be copying
             self._send_forgets(record)  # nodes may have recorded it (or be about to)
@@ -1611,6 +1613,7 @@ class MasterState:
         for i, replica in enumerate(record.replicas):
             if replica is not None and replica.segment_id == segment_id:
                 record.replicas[i] = None
+                self._forget_grants(record, [replica])
                 self._release([replica], self._reuse_after(record, self.clock()))
 
     def _send_forgets(self, record: ObjectRecord) -> None:
@@ -1665,33 +1668,31 @@ class MasterState:
 
     def _reuse_after(self, record: ObjectRecord, now: float) -> float:
         """When the space of ``record`` may go to another object: once its readers' leases
-        have ended and, when this master grants capabilities, once no node honours any grant
-        made for it any more: its readers' (the lease end plus the nodes' clock allowance)
-        and, unless it was published, its writer's (expiry ``write_timeout`` after PutStart,
-        plus the allowance). Nodes check the expiry before every chunk of a transfer, and
-        refuse a write grant for an object they recorded (Persist seals it:
-        storage_node/checked_server.py), so a published object's writer can write no more.
-        Without this a writer could revoke, or fail, its reservation and still write into the
-        next object's bytes."""
-        skew = self.config.capability_skew
-        if skew is None or not self._granted_on(record):
-            return max(now, record.lease_until)
-        read_until = record.lease_until + skew if record.lease_until else 0.0
-        if record.state is PUBLISHED:
-            return max(now, read_until)
-        written_until = record.created_at + self.config.write_timeout + skew
-        return max(now, written_until, read_until)
+        have ended. Capabilities add nothing here: every grant made for it is ended by the
+        Forget its nodes get when it goes (``_send_forgets``, and ``_forget_grants`` for an
+        object never recorded): a node seals every grant for the range at a Forget and
+        interrupts the transfers in flight under them before it answers
+        (storage_node/checked_server.py, Seals), and no writer gets the space before that
+        answer (the forget barrier, forget_barrier.py). A node that does not answer keeps
+        the space out of use until it does (quarantine.py), which outlasts any grant's
+        expiry."""
+        return max(now, record.lease_until)
 
-    def _granted_on(self, record: ObjectRecord) -> bool:
-        """Whether any replica of ``record`` lies on a segment whose node serves a checked
-        stream (only those transfers carry capabilities: UCX's one-sided ones do not)."""
-        for replica in record.replicas:
+    def _forget_grants(self, record: ObjectRecord, replicas: Iterable[Replica | None]) -> None:
+        """Sends a Forget for each of ``replicas`` (of an object its nodes never recorded: a
+        reservation revoked, timed out or removed, a write that failed) lying on a segment
+        whose node serves a checked stream: the node then refuses its writer's grant (which
+        runs until ``write_timeout`` plus the clock allowance) and stops a transfer in
+        flight under it, so that the space may be reused at the node's answer. Other nodes
+        need none (nothing they hold names the object)."""
+        if self.config.capability_skew is None:
+            return  # (this master grants no capabilities)
+        for replica in replicas:
             if replica is None:
                 continue
             segment = self.segments.get(replica.segment_id)
             if segment is not None and segment.info.checked_address:
-                return True
-        return False
+                self._send_forget(segment, record, replica.offset)
 
     def _free(self, segment: SegmentRecord, offset: int) -> None:
         """Returns a buffer to its segment's allocator, unless it lies in quarantined space."""
@@ -1788,10 +1789,8 @@ class MasterState:
         """Ends a reservation whose writer may still be copying: the key is free at once, the
         space only after the reclaim delay."""
         self._forget(record, (now, "reclaimed", record.put_id, why))
-        self._release(
-            record.replicas,
-            max(now + self.config.reclaim_delay, self._reuse_after(record, now)),
-        )
+        self._forget_grants(record, record.replicas)
+        self._release(record.replicas, now + self.config.reclaim_delay)
         self.counters.reservations_reclaimed += 1
 
     def _bury_dead_clients(self, now: float, report: TickReport) -> None:
@@ -1910,14 +1909,21 @@ class MasterState:
         budget: list[int] | None,
     ) -> int:
         """A watermark pass (``_evict_from``). With quotas, objects of tenants above their
-        share of the tier go first; only when none is left and the mark is not reached do
-        the others go, in LRU order: the watermark is kept whatever the shares (a full tier
-        refuses every put), and no tenant's put ever evicts them (``_evict_to_fit``)."""
+        share of the tier go first; only when none is left, the mark is not reached and no
+        tenant is over its share any more do the others go, in LRU order: the watermark is
+        kept whatever the shares (a full tier refuses every put), no tenant's put ever evicts
+        them (``_evict_to_fit``), and no tenant's flood of reservations does either."""
         spare = self._spare(tier, None)
         if spare is None:
             return self._evict_from(index, now, done, segment, tier, budget=budget)
         evicted = self._evict_from(index, now, done, segment, tier, budget=budget, spare=spare)
         if done() or (budget is not None and budget[0] <= 0):
+            return evicted
+        rule = self._within_share(tier, None)
+        if rule is not None and not all(rule[0](t) for t in rule[1]):
+            # A tenant is still over its share, with nothing of it evictable now (its bytes
+            # are reservations, leased or moving): those come free or become evictable soon.
+            # Taking others' objects meanwhile would evict them for its flood: wait a tick.
             return evicted
         return evicted + self._evict_from(index, now, done, segment, tier, budget=budget)
 
@@ -1944,9 +1950,29 @@ class MasterState:
     def _spare(self, tier: Tier, tenant: str | None) -> Callable[[str], bool] | None:
         """With quotas, which objects an eviction from ``tier`` must leave alone: those of
         every tenant (but ``tenant``, for whose put it is; None: the watermark's) holding no
-        more of the tier than its guaranteed share. A tenant that guarantees none gets an
-        equal split of the tier's capacity among the tenants holding something there
-        (``tenant`` included). None without quotas: plain LRU."""
+        more of the tier than its guaranteed share. None without quotas: plain LRU."""
+        rule = self._within_share(tier, tenant)
+        if rule is None:
+            return None
+        within, _ = rule
+
+        def spare(key: str) -> bool:
+            owner = tenant_of(key)
+            return owner != tenant and within(owner)
+
+        return spare
+
+    def _within_share(
+        self, tier: Tier, tenant: str | None
+    ) -> tuple[Callable[[str], bool], set[str]] | None:
+        """With quotas: whether a tenant holds no more of ``tier`` than its guaranteed share,
+        and the tenants holding something there (``tenant`` included). A tenant that
+        guarantees none gets an equal split among them.
+
+        For the watermark's pass (``tenant`` None) the split is of what the pass brings the
+        tier down to (the low mark), not of its capacity: split of the capacity, tenants each
+        within their share could still hold more than the mark together, and the pass would
+        take the oldest objects, a tenant's within its share, for another's flood."""
         quotas = self.quotas
         if quotas is None:
             return None
@@ -1955,6 +1981,9 @@ class MasterState:
             for s in self.segments.values()
             if (s.info.tier is Tier.NVME) is (tier is Tier.NVME)
         )
+        if tenant is None:
+            low = self.config.high_watermark - self.config.eviction_ratio
+            capacity = int(capacity * low)
         usages = self._usage
         holders = {t for t, u in usages.items() if u.bytes_in(tier) > 0}
         if tenant is not None:
@@ -1962,10 +1991,7 @@ class MasterState:
         fallback = default_share(capacity, len(holders))
         shares: dict[str, int] = {}
 
-        def spare(key: str) -> bool:
-            owner = tenant_of(key)
-            if owner == tenant:
-                return False
+        def within(owner: str) -> bool:
             share = shares.get(owner)
             if share is None:
                 guaranteed = quotas.of(owner).guaranteed(tier)
@@ -1973,7 +1999,7 @@ class MasterState:
             usage = usages.get(owner)
             return usage is None or usage.bytes_in(tier) <= share
 
-        return spare
+        return within, holders
 
     def _evict_from(
         self,

@@ -12,7 +12,7 @@ import time
 from kvpool.common.status import Tier
 from kvpool.proto import master_pb2 as pb
 from kvpool.storage_node import metrics
-from kvpool.storage_node.checked_server import Seals
+from kvpool.storage_node.checked_seals import Seals
 from kvpool.storage_node.object_index import Entry
 from kvpool.storage_node.peer_copy import PeerCopier, PeerCopyFailed
 from kvpool.storage_node.segment import Segment
@@ -34,8 +34,15 @@ class CommandExecutor:
         run on the event loop, sparing a thread hand-off on every put's critical path."""
         kind = command.WhichOneof("kind")
         if kind in ("persist", "forget"):
-            segment = self._segments.get(getattr(command, kind).segment_id)
-            return segment is not None and not segment.persistent
+            named = getattr(command, kind)
+            segment = self._segments.get(named.segment_id)
+            if segment is None or segment.persistent:
+                return False
+            # (one that may wait for a checked transfer to stop runs on a thread)
+            seals = self._seals
+            return seals is None or not seals.busy(
+                named.segment_id, (o.offset for o in named.objects)
+            )
         return False
 
     def execute(self, command: pb.NodeCommand) -> pb.CommandResult:
@@ -47,20 +54,22 @@ class CommandExecutor:
             if kind == "persist":
                 segment = self._segment(command.persist.segment_id)
                 entries = [_entry(o) for o in command.persist.objects]
-                if self._seals is not None:  # (first: no write lands once it is recorded)
-                    self._seals.seal(
-                        segment.segment_id, [(e.offset, e.generation) for e in entries]
-                    )
+                if self._seals is not None and not self._seals.seal(  # (first: no write
+                    segment.segment_id, [(e.offset, e.generation) for e in entries]
+                ):  # lands once it is recorded)
+                    raise TimeoutError("a write under a recorded object's grant did not stop")
                 result.crc32c.extend(segment.record(entries))
                 metrics.persisted(segment, entries)
             elif kind == "forget":
                 segment = self._segment(command.forget.segment_id)
                 forgotten = [_entry(o) for o in command.forget.objects]
+                # (first: once the master has the answer, no byte of a grant for these moves,
+                # so it reuses their space at once)
+                if self._seals is not None and not self._seals.forget(
+                    segment.segment_id, [(e.offset, e.generation) for e in forgotten]
+                ):
+                    raise TimeoutError("a transfer under a forgotten object's grant did not stop")
                 segment.forget(forgotten)
-                if self._seals is not None:
-                    self._seals.unseal(
-                        segment.segment_id, [(e.offset, e.generation) for e in forgotten]
-                    )
             elif kind == "prepare":
                 prepare = command.prepare
                 self._segment(prepare.segment_id).prepare(prepare.offset, prepare.size)

@@ -33,6 +33,9 @@ log = get_logger("kvpool.node")
 MAX_HEARTBEAT = 60.0
 #: Longest --node-id (it names the node's segments, in their index headers too).
 MAX_NODE_ID = 255
+#: --data-port when none is given: 0 serves the checked stream on a free port (secure
+#: nodes), -1 serves none (clients on other hosts then use UCX). Issue 17: one line to flip.
+DEFAULT_DATA_PORT = -1
 
 NODE_ID_HELP = (
     "node id, one per node process (default: the host name and a suffix. A node with no "
@@ -106,12 +109,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data-port",
         type=port(none=-1),
-        default=-1,
+        default=DEFAULT_DATA_PORT,
         help="port of the checked stream, the data path of clients on other hosts: every "
         "transfer there moves bytes only under the master's capability for its range "
-        "(0: a free one; default -1: none, such clients use UCX; opt-in while issue 17 "
-        "is under way). Listens on --listen; served only when the master grants "
-        "capabilities (a secure master)",
+        f"(0: a free one; -1: none, such clients use UCX; default {DEFAULT_DATA_PORT}). "
+        "Listens on --listen; served only when the master grants capabilities (a secure "
+        "master)",
     )
     parser.add_argument(
         "--data-advertise",

@@ -133,6 +133,60 @@ def parse_request(header: bytes | bytearray | memoryview, max_length: int = MAX_
     return Request(Op(op), request_id, capability, offset, length)
 
 
+def unpack_request(buffer: bytearray | memoryview, at: int) -> tuple[int, int, bytes, int, int]:
+    """``parse_request``'s fast path for a node's every request: (op, request id,
+    capability, offset, length) of the header at ``at`` of ``buffer`` (at least
+    ``REQUEST_SIZE`` bytes from there), or ``FrameError``. No object made."""
+    magic, version, op, reserved, request_id, capability, offset, length = _REQUEST.unpack_from(
+        buffer, at
+    )
+    if (
+        magic != REQUEST_MAGIC
+        or version != VERSION
+        or op not in (1, 2)
+        or reserved
+        or not 0 < length <= MAX_LENGTH
+        or offset + length > caps.MAX_U64
+    ):
+        parse_request(bytes(buffer[at : at + REQUEST_SIZE]))  # (raises, saying why)
+    return op, request_id, capability, offset, length
+
+
+def unpack_reply(buffer: bytearray | memoryview, at: int) -> tuple[int, int, int]:
+    """``parse_reply``'s fast path for a client's every answer: (status, request id,
+    length) of the header at ``at`` of ``buffer``, or ``FrameError``."""
+    magic, version, reserved, status, request_id, length = _REPLY.unpack_from(buffer, at)
+    if magic != REPLY_MAGIC or version != VERSION or reserved or status not in _STATUSES:
+        parse_reply(bytes(buffer[at : at + REPLY_SIZE]))  # (raises, saying why)
+    if length > MAX_LENGTH:
+        raise FrameError(f"a reply announces {length} bytes, more than {MAX_LENGTH}")
+    return status, request_id, length
+
+
+def pack_request_into(
+    buffer: bytearray,
+    at: int,
+    op: int,
+    request_id: int,
+    capability: bytes,
+    offset: int,
+    length: int,
+) -> None:
+    """``encode_request`` into ``buffer`` at ``at`` (``REQUEST_SIZE`` bytes)."""
+    if len(capability) != caps.SIZE:
+        raise FrameError(f"a capability is exactly {caps.SIZE} bytes, got {len(capability)}")
+    _REQUEST.pack_into(
+        buffer, at, REQUEST_MAGIC, VERSION, op, 0, request_id, capability, offset, length
+    )
+
+
+_STATUSES = frozenset(int(status) for status in Status)
+
+#: ``encode_reply`` without its call: ``pack_reply(REPLY_MAGIC, VERSION, 0, status,
+#: request_id, length)`` (a node's hot path).
+pack_reply = _REPLY.pack
+
+
 def parse_reply(header: bytes | bytearray | memoryview, max_length: int = MAX_LENGTH) -> Reply:
     """The reply in ``header`` (exactly ``REPLY_SIZE`` bytes), or ``FrameError``."""
     if len(header) != REPLY_SIZE:

@@ -5,13 +5,18 @@ transport/checked_frames.py).
 A few connections per node are kept (``per_node``) and reused; the transfers of one call to
 each node go on one connection, pipelined: up to ``WINDOW`` requests are sent before the
 first answer is read, so a batch of small objects costs about one round trip, not one per
-object. Calls to different nodes run on threads of their own. Bytes move straight between
-the caller's memory and the socket (``send``/``recv_into`` on a view of it): no copy in
-between, and the GIL is released while the kernel copies.
+object. Calls to different nodes run on threads of their own.
 
-Every send and receive waits at most until the call's deadline (``settimeout`` with the time
-left). A connection that timed out, broke or fell out of step is closed, never reused: the
-node may still be mid-transfer on it. A refusal (the node's status) fails that transfer only.
+**Few system calls per call.** Small transfers (up to ``SMALL``) go through two buffers of
+the connection's: the requests of a batch, each write with its payload copied in, leave in
+one ``send``; the answers are received into the other as they come, as many at once as are
+there, each read's payload copied out (``memmove``: a few KiB cost less than a call). A
+large payload moves straight between the caller's memory and the socket, no copy, the GIL
+released while the kernel copies. Waits are the kernel's (transport/checked_socket.py).
+
+Every send and receive waits at most until the call's deadline. A connection that timed
+out, broke or fell out of step is closed, never reused: the node may still be mid-transfer
+on it. A refusal (the node's status) fails that transfer only.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from kvpool.transport import checked_frames as frames
+from kvpool.transport.checked_socket import Waits
 
 #: Requests sent ahead of the answer being read, per connection.
 WINDOW = 64
@@ -34,9 +40,11 @@ WINDOW = 64
 PER_NODE = 4
 #: Bytes per send or receive call.
 CHUNK = 8 << 20
-#: Writes up to this size go out with their header, and requests are gathered up to this
-#: size, in one send.
+#: Transfers up to this size go through the connection's buffers (copied), larger ones
+#: straight between the caller's memory and the socket.
 SMALL = 64 << 10
+#: Each connection's send and receive buffers.
+BUFFER = 1 << 20
 
 
 @dataclass(slots=True)
@@ -75,13 +83,42 @@ class _Broken(Exception):
         self.result = result
 
 
+class _Connection:
+    """A connection to a node, with its buffers and waits."""
+
+    __slots__ = (
+        "_pinned",
+        "out",
+        "out_address",
+        "received",
+        "received_address",
+        "socket",
+        "view",
+        "waits",
+    )
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.socket = sock
+        self.waits = Waits(sock)
+        self.out = bytearray(BUFFER)
+        self.received = bytearray(BUFFER)
+        # (the buffers' addresses, for memmove; they never move: never resized)
+        self._pinned = [(ctypes.c_char * BUFFER).from_buffer(b) for b in (self.out, self.received)]
+        self.out_address = ctypes.addressof(self._pinned[0])
+        self.received_address = ctypes.addressof(self._pinned[1])
+        self.view = memoryview(self.received)
+
+    def close(self) -> None:
+        self.socket.close()
+
+
 class CheckedStreams:
     """Thread-safe: threads sharing a client transfer at once, each on connections of its
     own (taken from the idle ones, or new)."""
 
     def __init__(self, per_node: int = PER_NODE, threads: int = 8) -> None:
         self.per_node = per_node
-        self._idle: dict[str, list[socket.socket]] = {}
+        self._idle: dict[str, list[_Connection]] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="kvpool-checked")
         self._request_ids = iter(range(1, 1 << 63))
@@ -134,7 +171,9 @@ class CheckedStreams:
             return
         refused = [False]  # (a write was refused: the node may end the connection after it)
         try:
-            clean = self._pipeline(connection, jobs, indexes, is_get, deadline, results, refused)
+            clean = _Pipeline(self, connection, jobs, indexes, is_get, deadline, results).run(
+                refused
+            )
         except _Broken as broken:
             connection.close()
             result = broken.result
@@ -154,84 +193,19 @@ class CheckedStreams:
         else:
             connection.close()
 
-    def _pipeline(
-        self,
-        connection: socket.socket,
-        jobs: Sequence[Job],
-        indexes: list[int],
-        is_get: bool,
-        deadline: float,
-        results: list[Result],
-        refused: list[bool],
-    ) -> bool:
-        """Sends the requests (each write with its payload) at most WINDOW ahead of the
-        answers read; True when the connection is still in step for another call."""
-        for i in indexes:
-            results[i] = _PENDING
-        op = frames.Op.READ if is_get else frames.Op.WRITE
-        sent: deque[tuple[int, int]] = deque()  # (index, request id), answers not yet read
-        clean = True
-        next_to_send = 0
-        out = bytearray()  # requests (and small payloads) not sent yet: one send for many
-        while next_to_send < len(indexes) or sent:
-            if next_to_send < len(indexes) and len(sent) < WINDOW and not refused[0]:
-                i = indexes[next_to_send]
-                next_to_send += 1
-                job = jobs[i]
-                request_id = next(self._request_ids)
-                out += frames.encode_request(op, request_id, job.capability, job.offset, job.length)
-                if not is_get and job.length <= SMALL:  # (a copy of a few KiB costs less)
-                    out += _view(job.local_address, job.length)
-                elif not is_get:
-                    _send(connection, out, deadline)
-                    out.clear()
-                    _send(connection, _view(job.local_address, job.length), deadline)
-                if len(out) >= SMALL:
-                    _send(connection, out, deadline)
-                    out.clear()
-                sent.append((i, request_id))
-                continue
-            if out:  # (before waiting for an answer, everything asked goes out)
-                _send(connection, out, deadline)
-                out.clear()
-            i, request_id = sent.popleft()
-            job = jobs[i]
-            answer = bytearray(frames.REPLY_SIZE)
-            _receive(connection, memoryview(answer), deadline)
-            try:
-                reply = frames.parse_reply(answer)
-            except frames.FrameError as error:
-                raise _Broken(Result(Outcome.UNREACHABLE, f"bad answer: {error}")) from None
-            if reply.request_id != request_id:
-                raise _Broken(Result(Outcome.UNREACHABLE, "answer out of step"))
-            if reply.status is not frames.Status.OK:
-                results[i] = Result(
-                    Outcome.REFUSED, f"the storage node refused the transfer: {reply.status.name}"
-                )
-                if not is_get:  # (the node may close after it: send no more on it)
-                    clean = False
-                    refused[0] = True
-                continue
-            if is_get:
-                if reply.length != job.length:
-                    raise _Broken(Result(Outcome.UNREACHABLE, "answer of the wrong length"))
-                _receive(connection, _view(job.local_address, job.length), deadline)
-            results[i] = _OK
-        for i in indexes:
-            if results[i] is _PENDING:  # (not sent: an earlier write was refused)
-                results[i] = Result(Outcome.REFUSED, "not sent: a write before it was refused")
-        return clean
+    def next_request_id(self) -> int:
+        return next(self._request_ids)
 
     # ---- connections
 
-    def _take(self, address: str, deadline: float) -> socket.socket:
+    def _take(self, address: str, deadline: float) -> _Connection:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the client is closed")
             idle = self._idle.get(address)
             while idle:
                 connection = idle.pop()
-                if _still_open(connection):
+                if _still_open(connection.socket):
                     return connection
                 connection.close()
         host, _, port = address.rpartition(":")
@@ -239,17 +213,17 @@ class CheckedStreams:
         if left <= 0:
             raise _Broken(Result(Outcome.TIMED_OUT, "no time left to connect"))
         try:
-            connection = socket.create_connection((host.strip("[]"), int(port)), timeout=left)
+            sock = socket.create_connection((host.strip("[]"), int(port)), timeout=left)
         except TimeoutError:
             raise _Broken(Result(Outcome.TIMED_OUT, f"connecting to {address} timed out")) from None
         except (OSError, ValueError) as error:
             raise _Broken(
                 Result(Outcome.UNREACHABLE, f"cannot connect to {address}: {error}")
             ) from None
-        connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return connection
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return _Connection(sock)
 
-    def _give_back(self, address: str, connection: socket.socket) -> None:
+    def _give_back(self, address: str, connection: _Connection) -> None:
         with self._lock:
             idle = self._idle.setdefault(address, [])
             if not self._closed and len(idle) < self.per_node:
@@ -265,19 +239,147 @@ class CheckedStreams:
             connection.close()
 
 
+class _Pipeline:
+    """One call's transfers with one node, on one connection."""
+
+    def __init__(
+        self,
+        streams: CheckedStreams,
+        connection: _Connection,
+        jobs: Sequence[Job],
+        indexes: list[int],
+        is_get: bool,
+        deadline: float,
+        results: list[Result],
+    ) -> None:
+        self.streams = streams
+        self.connection = connection
+        self.jobs = jobs
+        self.indexes = indexes
+        self.is_get = is_get
+        self.deadline = deadline
+        self.results = results
+        self.out_at = 0  # (bytes gathered in connection.out)
+        self.start = 0  # (the first byte of connection.received not read yet)
+        self.end = 0  # (after the last byte received)
+
+    def run(self, refused: list[bool]) -> bool:
+        """Sends the requests (each write with its payload) at most WINDOW ahead of the
+        answers read; True when the connection is still in step for another call."""
+        jobs, indexes, results, is_get = self.jobs, self.indexes, self.results, self.is_get
+        for i in indexes:
+            results[i] = _PENDING
+        op = _READ if is_get else _WRITE
+        connection = self.connection
+        out = connection.out
+        sent: deque[tuple[int, int]] = deque()  # (index, request id), answers not yet read
+        clean = True
+        next_to_send = 0
+        next_id = self.streams.next_request_id
+        while next_to_send < len(indexes) or sent:
+            if next_to_send < len(indexes) and len(sent) < WINDOW and not refused[0]:
+                i = indexes[next_to_send]
+                next_to_send += 1
+                job = jobs[i]
+                length = job.length
+                small = length <= SMALL
+                need = frames.REQUEST_SIZE + (length if small and not is_get else 0)
+                if self.out_at + need > BUFFER:
+                    self.send_gathered()
+                request_id = next_id()
+                frames.pack_request_into(
+                    out, self.out_at, op, request_id, job.capability, job.offset, length
+                )
+                self.out_at += frames.REQUEST_SIZE
+                if not is_get:
+                    if small:  # (a copy of a few KiB costs less than a call)
+                        ctypes.memmove(
+                            connection.out_address + self.out_at, job.local_address, length
+                        )
+                        self.out_at += length
+                    else:
+                        self.send_gathered()
+                        _send(connection, _view(job.local_address, length), self.deadline)
+                sent.append((i, request_id))
+                continue
+            self.send_gathered()  # (before waiting for an answer, everything asked goes out)
+            i, request_id = sent.popleft()
+            job = jobs[i]
+            self.receive(frames.REPLY_SIZE)
+            try:
+                status, answered_id, length = frames.unpack_reply(connection.view, self.start)
+            except frames.FrameError as error:
+                raise _Broken(Result(Outcome.UNREACHABLE, f"bad answer: {error}")) from None
+            self.start += frames.REPLY_SIZE
+            if answered_id != request_id:
+                raise _Broken(Result(Outcome.UNREACHABLE, "answer out of step"))
+            if status:
+                results[i] = Result(
+                    Outcome.REFUSED,
+                    f"the storage node refused the transfer: {frames.Status(status).name}",
+                )
+                if not is_get:  # (the node may close after it: send no more on it)
+                    clean = False
+                    refused[0] = True
+                continue
+            if is_get:
+                if length != job.length:
+                    raise _Broken(Result(Outcome.UNREACHABLE, "answer of the wrong length"))
+                self.receive_payload(job.local_address, length)
+            results[i] = _OK
+        for i in indexes:
+            if results[i] is _PENDING:  # (not sent: an earlier write was refused)
+                results[i] = Result(Outcome.REFUSED, "not sent: a write before it was refused")
+        if self.start != self.end:
+            clean = False  # (bytes nobody asked for: out of step)
+        return clean
+
+    def send_gathered(self) -> None:
+        if self.out_at:
+            _send(self.connection, memoryview(self.connection.out)[: self.out_at], self.deadline)
+            self.out_at = 0
+
+    def receive(self, wanted: int) -> None:
+        """Receives until ``wanted`` bytes are buffered past ``start`` (``wanted`` fits)."""
+        if self.end - self.start >= wanted:
+            return
+        connection = self.connection
+        if self.start == self.end:
+            self.start = self.end = 0
+        elif BUFFER - self.start < wanted:  # (what is left to the front)
+            kept = self.end - self.start
+            connection.received[:kept] = connection.view[self.start : self.end]
+            self.start, self.end = 0, kept
+        while self.end - self.start < wanted:
+            self.end += _receive_some(connection, connection.view[self.end :], self.deadline)
+
+    def receive_payload(self, address: int, length: int) -> None:
+        """A read's payload into the caller's memory at ``address``."""
+        connection = self.connection
+        if length <= SMALL:
+            self.receive(length)
+            ctypes.memmove(address, connection.received_address + self.start, length)
+            self.start += length
+            return
+        buffered = min(self.end - self.start, length)
+        if buffered:
+            ctypes.memmove(address, connection.received_address + self.start, buffered)
+            self.start += buffered
+        if buffered < length:
+            _receive(connection, _view(address + buffered, length - buffered), self.deadline)
+
+
+_READ, _WRITE = int(frames.Op.READ), int(frames.Op.WRITE)
+
 #: A transfer whose answer has not been read yet.
 _PENDING = Result(Outcome.UNREACHABLE, "the connection ended before the answer")
 
 
 def _still_open(connection: socket.socket) -> bool:
     """Whether an idle connection is still usable (the node did not close it meanwhile)."""
-    try:
-        connection.setblocking(False)
-        try:
-            connection.recv(1, socket.MSG_PEEK)  # (an end of stream, or bytes nobody asked for)
-            return False
-        finally:
-            connection.setblocking(True)
+    try:  # (an end of stream, or bytes nobody asked for)
+        connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        return False
     except BlockingIOError:
         return True  # (nothing to read: open and idle, as it should be)
     except OSError:
@@ -296,29 +398,40 @@ def _left(deadline: float) -> float:
     return left
 
 
-def _send(connection: socket.socket, data: bytes | bytearray | memoryview, deadline: float) -> None:
-    view = memoryview(data)
+def _send(connection: _Connection, data: bytes | bytearray | memoryview, deadline: float) -> None:
+    """Sends all of ``data`` by ``deadline``."""
+    view, sock, waits = memoryview(data), connection.socket, connection.waits
     at, end = 0, len(view)
     try:
         while at < end:
-            connection.settimeout(_left(deadline))
-            at += connection.send(view[at : min(end, at + CHUNK)])
-    except TimeoutError:
-        raise _Broken(Result(Outcome.TIMED_OUT, "the transfer missed its deadline")) from None
+            waits.send(_left(deadline))
+            try:
+                at += sock.send(view[at : min(end, at + CHUNK)])
+            except BlockingIOError:
+                continue  # (its wait ended: the deadline decides)
     except OSError as error:
         raise _Broken(Result(Outcome.UNREACHABLE, f"the connection broke: {error}")) from None
 
 
-def _receive(connection: socket.socket, into: memoryview, deadline: float) -> None:
-    at, end = 0, len(into)
+def _receive_some(connection: _Connection, into: memoryview, deadline: float) -> int:
+    """Receives what has come (at least one byte) into ``into``, by ``deadline``."""
+    sock = connection.socket
     try:
-        while at < end:
-            connection.settimeout(_left(deadline))
-            got = connection.recv_into(into[at : min(end, at + CHUNK)])
+        while True:
+            connection.waits.receive(_left(deadline))
+            try:
+                got = sock.recv_into(into)
+            except BlockingIOError:
+                continue  # (its wait ended: the deadline decides)
             if not got:
                 raise _Broken(Result(Outcome.UNREACHABLE, "the storage node closed the connection"))
-            at += got
-    except TimeoutError:
-        raise _Broken(Result(Outcome.TIMED_OUT, "the transfer missed its deadline")) from None
+            return got
     except OSError as error:
         raise _Broken(Result(Outcome.UNREACHABLE, f"the connection broke: {error}")) from None
+
+
+def _receive(connection: _Connection, into: memoryview, deadline: float) -> None:
+    """Fills ``into`` (a large payload, straight into the caller's memory) by ``deadline``."""
+    at, end = 0, len(into)
+    while at < end:
+        at += _receive_some(connection, into[at : min(end, at + CHUNK)], deadline)

@@ -14,8 +14,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+from helpers import wait_until
 
 from kvpool.security import capabilities as caps
+from kvpool.storage_node.checked_seals import SEAL_LIFE, Seals
 from kvpool.storage_node.checked_server import CheckedServer, NodeKeys
 from kvpool.transport import checked_frames as frames
 from kvpool.transport.checked_stream import CheckedStreams, Job, Outcome
@@ -51,7 +53,9 @@ def server(segment) -> Iterator[CheckedServer]:
     assert server.stop(), "no thread keeps the segment's memory"
 
 
-def grant(offset: int, length: int, rights: caps.Rights, seconds: float) -> bytes:
+def grant(
+    offset: int, length: int, rights: caps.Rights, seconds: float, generation: int = 0
+) -> bytes:
     return RING.grant(
         segment_id=SEGMENT,
         offset=offset,
@@ -60,6 +64,7 @@ def grant(offset: int, length: int, rights: caps.Rights, seconds: float) -> byte
         expiry_ms=int((time.time() + seconds) * 1000),
         term=0,
         tenant="t",
+        grant_id=generation,
     )
 
 
@@ -107,3 +112,141 @@ def test_the_client_tells_refusals_timeouts_and_unreachable_nodes_apart(server, 
         assert gone.outcome is Outcome.UNREACHABLE
     finally:
         streams.close()
+
+
+def statuses(server, requests: list[tuple[frames.Op, bytes, int, int]]) -> list[frames.Status]:
+    """Each request's answer, on a connection of its own (a write sends its payload)."""
+    answers = []
+    for op, capability, offset, length in requests:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as connection:
+            connection.sendall(frames.encode_request(op, 1, capability, offset, length))
+            if op is frames.Op.WRITE:
+                connection.sendall(b"w" * length)
+            header = b""
+            while len(header) < frames.REPLY_SIZE:
+                got = connection.recv(frames.REPLY_SIZE - len(header))
+                assert got, "the node closed the connection before answering"
+                header += got
+            answers.append(frames.parse_reply(header).status)
+    return answers
+
+
+def test_a_write_in_flight_when_its_object_is_forgotten_writes_nothing_after_the_answer(
+    server, segment
+):
+    """The Forget's answer is the master's cue to reuse the space: from then on not one byte
+    of the old grant may land, even from a writer that was mid-transfer."""
+    length = 1 << 20
+    capability = grant(0, length, caps.Rights.WRITE, seconds=30, generation=5)
+    digest = caps.segment_digest(SEGMENT)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as connection:
+        connection.sendall(frames.encode_request(frames.Op.WRITE, 1, capability, 0, length))
+        connection.sendall(b"A" * (length // 4))
+        assert wait_until(lambda: segment.memory[length // 4 - 1] == ord("A"), 5)
+        assert server.seals.busy(SEGMENT), "the write is in flight"
+
+        assert server.seals.forget(SEGMENT, [(0, 5)], wait=5.0), "it stopped within the wait"
+
+        assert not server.seals.busy(SEGMENT)
+        after_answer = bytes(segment.memory[:length])
+        with pytest.raises(OSError):
+            for _ in range(64):  # the node shut the connection down
+                connection.sendall(b"B" * (length // 4))
+                time.sleep(0.01)
+    time.sleep(0.05)  # (would any late byte land: give it the chance)
+    assert bytes(segment.memory[:length]) == after_answer
+    assert b"B" not in segment.memory[:length]
+    # the old grant is refused from now on, reads as well; a newer object's is not
+    read_old = grant(0, 4096, caps.Rights.READ, seconds=30, generation=5)
+    write_new = grant(0, 4096, caps.Rights.WRITE, seconds=30, generation=6)
+    assert statuses(
+        server,
+        [
+            (frames.Op.WRITE, grant(0, 4096, caps.Rights.WRITE, 30, 5), 0, 4096),
+            (frames.Op.READ, read_old, 0, 4096),
+            (frames.Op.WRITE, write_new, 0, 4096),
+            (frames.Op.READ, grant(0, 4096, caps.Rights.READ, 30, 6), 0, 4096),
+        ],
+    ) == [frames.Status.SEALED, frames.Status.SEALED, frames.Status.OK, frames.Status.OK]
+    assert not server.seals.sealed(digest, 0, 6)
+
+
+def test_a_recorded_object_s_write_grant_ends_but_its_readers_go_on(server, segment):
+    write = grant(8192, 4096, caps.Rights.WRITE, seconds=30, generation=9)
+    read = grant(8192, 4096, caps.Rights.READ, seconds=30, generation=9)
+    assert statuses(server, [(frames.Op.WRITE, write, 8192, 4096)]) == [frames.Status.OK]
+    assert server.seals.seal(SEGMENT, [(8192, 9)])  # the master's Persist
+    assert statuses(
+        server, [(frames.Op.WRITE, write, 8192, 4096), (frames.Op.READ, read, 8192, 4096)]
+    ) == [frames.Status.SEALED, frames.Status.OK]
+
+
+def test_a_capability_running_longer_than_a_seal_is_kept_is_refused(server):
+    too_long = grant(0, 4096, caps.Rights.READ, seconds=SEAL_LIFE + 60)
+    assert statuses(server, [(frames.Op.READ, too_long, 0, 4096)]) == [frames.Status.EXPIRED]
+
+
+def test_seals_are_dropped_once_every_grant_they_refuse_has_expired():
+    now = [1000.0]
+    seals = Seals(lambda: now[0])
+    digest = caps.segment_digest(SEGMENT)
+    seals.seal(SEGMENT, [(0, 3)])  # recorded: its writer's grant ends until it is forgotten
+    assert seals.forget(SEGMENT, [(0, 3), (4096, 4)])
+    assert seals.sealed(digest, 4096, 4, write=False)
+    now[0] += SEAL_LIFE / 2
+    seals.seal(SEGMENT, [(4096, 7)])  # a newer object recorded at the same place
+    now[0] += SEAL_LIFE / 2 + 1
+    seals.forget(SEGMENT, [])  # (seals are pruned as commands come)
+    assert len(seals) == 1, "only the newer object's write seal is left"
+    assert not seals.sealed(digest, 0, 3, write=True)
+    assert not seals.sealed(digest, 4096, 4, write=False)
+    assert seals.sealed(digest, 4096, 7, write=True)
+
+
+class ForgettingSegment(FakeSegment):
+    """A segment as the node's command executor sees it (its index: what it forgot)."""
+
+    persistent = False
+
+    def __init__(self, segment_id: str, memory: mmap.mmap) -> None:
+        super().__init__(segment_id, memory)
+        self.forgotten: list[tuple[int, int]] = []
+
+    def forget(self, entries) -> None:
+        self.forgotten.extend((e.offset, e.generation) for e in entries)
+
+
+def test_the_node_s_forget_command_answers_only_once_a_read_in_flight_has_stopped(segment):
+    """The command, as the master sends it: the read of a forgotten object, mid-transfer
+    (its reader stalled), is cut off before the node answers; the next read is refused."""
+    from kvpool.proto import master_pb2 as pb
+    from kvpool.storage_node.commands import CommandExecutor
+
+    forgetting = ForgettingSegment(SEGMENT, segment.memory)
+    server = CheckedServer([forgetting], lambda: NodeKeys(RING, 0, 0), host="127.0.0.1")  # type: ignore[list-item]
+    server.start()
+    executor = CommandExecutor([forgetting], None, server.seals)  # type: ignore[list-item]
+    length = 4 << 20  # (more than the socket buffers hold: the node blocks sending it)
+    read = grant(0, length, caps.Rights.READ, seconds=30, generation=11)
+    forget = pb.NodeCommand(
+        command_id=1,
+        forget=pb.Forget(
+            segment_id=SEGMENT,
+            objects=[pb.StoredObject(key="k", offset=0, size=length, generation=11)],
+        ),
+    )
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as connection:
+            connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            connection.sendall(frames.encode_request(frames.Op.READ, 1, read, 0, length))
+            assert wait_until(lambda: server.seals.busy(SEGMENT), 5), "the read is in flight"
+            assert not executor.quick(forget), "it may wait: not on the node's event loop"
+
+            result = executor.execute(forget)
+
+            assert result.ok, result.error
+            assert not server.seals.busy(SEGMENT)
+            assert forgetting.forgotten == [(0, 11)]
+        assert statuses(server, [(frames.Op.READ, read, 0, 4096)]) == [frames.Status.SEALED]
+    finally:
+        assert server.stop()

@@ -1,106 +1,153 @@
-"""With capabilities, space goes to another object only once no node honours a grant for it.
+"""With capabilities, space goes to another object at its node's answer to a Forget.
 
-A storage node accepts a writer's capability until its expiry (``write_timeout`` after
-PutStart) plus the clock allowance (``capability_skew``), unless it has recorded the object
-since (then it refuses it), and a reader's until its lease ends plus the allowance. A writer
-that revoked or failed its reservation still holds a valid capability until then: the master
-must not hand the bytes to another object before it has run out (security/capabilities.py).
+A storage node honours a writer's capability until its expiry (``write_timeout`` after
+PutStart) plus the clock allowance (``capability_skew``), a reader's until its lease ends
+plus the allowance. Waiting that long before reusing the space starved a store kept full
+(issue 17). Instead, whenever the master drops an object or a reservation on a node that
+serves the checked stream (revoked, failed write, timed out, removed, evicted) it sends that
+node a Forget for the range; the node seals every grant for it and interrupts transfers in
+flight under them before it answers (storage_node/checked_seals.py), and a writer gets the
+space only after that answer (the forget barrier). A node that does not answer keeps the
+space out of use until it does (quarantine), whatever the grants' expiry.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from state_helpers import (
-    CONFIG,
-    KiB,
-    commit,
-    get,
-    mount,
-    new_state,
-    publish,
-    put,
-    remove,
-    segment_info,
-)
+from state_helpers import FakeClock, KiB, segment_info
 
 from kvpool.common.status import KeyStatus
+from kvpool.master.config import MasterConfig
+from kvpool.master.core import MasterCore
+from kvpool.master.records import Commit, ForgetCommand, PersistCommand, PutOptions
+from kvpool.master.state import MasterState
 
 SKEW = 1.0
 # (no eviction: the one buffer stays full while time passes)
-WITH_CAPABILITIES = dataclasses.replace(CONFIG, capability_skew=SKEW, high_watermark=1.0)
-#: How long after PutStart a writer's grant may still be honoured.
-WRITE_GRANT = CONFIG.write_timeout + SKEW
+WITH_CAPABILITIES = MasterConfig(capability_skew=SKEW, high_watermark=1.0)
+SIZE = 4 * KiB
 
 
-def wait(state, clock, seconds: float) -> None:
-    """Lets ``seconds`` pass, the node heartbeating, the master ticking."""
-    while seconds > 0:
-        step = min(1.0, seconds)
-        clock.advance(step)
-        seconds -= step
-        state.heartbeat("n1", ["n1/dram0"])
-        state.tick()
+def one_buffer_core(
+    config: MasterConfig = WITH_CAPABILITIES, checked: bool = True
+) -> tuple[MasterCore, FakeClock]:
+    """Room for one 4 KiB object (reuse is visible at once) on a node that serves a checked
+    stream (only its transfers carry capabilities)."""
+    clock = FakeClock()
+    core = MasterCore(MasterState(config, clock=clock), forget_wait=1.0, command_timeout=5.0)
+    info = segment_info("n1", SIZE)
+    if checked:
+        info = dataclasses.replace(info, checked_address="127.0.0.1:7000")
+    core.mount_segment(0, info, [], False, 0.0)
+    core.node_connected("n1", "stream", "process")
+    return core, clock
 
 
-def one_buffer_state(config=WITH_CAPABILITIES):
-    state, clock = new_state(config)
-    # room for one 4 KiB object: reuse is visible at once; the node serves a checked stream
-    # (only its transfers carry capabilities)
-    info = segment_info("n1", 4 * KiB)
-    state.mount_segment(dataclasses.replace(info, checked_address="127.0.0.1:7000"))
-    return state, clock
+_calls = iter(range(100, 1 << 30))
 
 
-def test_a_revoked_reservation_s_space_waits_for_its_write_grant_to_end():
-    state, clock = one_buffer_state()
-    slot = put(state, "a")
-    assert state.put_revoke(["a"], [slot.put_id]) == [KeyStatus.OK]
-    assert put(state, "b").status is KeyStatus.NO_SPACE, "the revoker may still write there"
-    wait(state, clock, WRITE_GRANT)
-    assert put(state, "b").status is KeyStatus.OK
+def put(core: MasterCore, key: str):
+    """(the slot, or None while the put waits for a Forget's answer; its call id)"""
+    call_id = next(_calls)
+    effects = core.put_start(call_id, "c", [key], [SIZE], PutOptions(replicas=1))
+    answer = effects.answers.get(call_id)
+    return (answer[0] if answer is not None else None), call_id
 
 
-def test_a_failed_write_s_space_waits_for_its_write_grant_to_end():
-    state, clock = one_buffer_state()
-    slot = put(state, "a")
-    assert commit(state, "a", slot, False) is KeyStatus.NO_REPLICA
-    assert put(state, "b").status is KeyStatus.NO_SPACE
-    wait(state, clock, WRITE_GRANT)
-    assert put(state, "b").status is KeyStatus.OK
+def forgets(effects) -> list[ForgetCommand]:
+    return [c for c in effects.transmit if isinstance(c, ForgetCommand)]
 
 
-def test_a_published_object_s_space_is_reused_at_once_its_nodes_sealed_the_write_grant():
-    """Its nodes recorded it before it was published: from then on they refuse its writer's
-    grant (storage_node/checked_server.py, Seals), so nothing waits for that grant."""
-    state, _ = one_buffer_state()
-    publish(state, "a")
-    assert remove(state, "a") is KeyStatus.OK
-    assert put(state, "b").status is KeyStatus.OK
+def answer(core: MasterCore, forget: ForgetCommand, held_call: int):
+    """The node answers the Forget: the held put is answered now."""
+    [slot] = core.node_answered("n1", forget.command_id, True).answers[held_call]
+    return slot
 
 
-def test_a_read_grant_holds_the_space_for_the_clock_allowance_after_its_lease():
-    state, clock = one_buffer_state()
-    publish(state, "a")
-    wait(state, clock, WRITE_GRANT)
-    get(state, "a", lease_ttl=2.0)
-    wait(state, clock, 2.0)  # the lease ended
-    assert remove(state, "a") is KeyStatus.OK
-    assert put(state, "b").status is KeyStatus.NO_SPACE, "a reader may still read for SKEW"
-    wait(state, clock, SKEW)
-    assert put(state, "b").status is KeyStatus.OK
+def publish(core: MasterCore, key: str) -> None:
+    slot, _ = put(core, key)
+    effects = core.put_end(next(_calls), [Commit(key, slot.put_id, (True,))])
+    [persist] = [c for c in effects.transmit if isinstance(c, PersistCommand)]
+    core.node_answered("n1", persist.command_id, True)
+
+
+def test_a_revoked_reservation_s_space_is_reused_at_its_node_s_answer_not_its_grant_s_end():
+    core, _ = one_buffer_core()
+    slot, _ = put(core, "a")
+    effects = core.put_revoke(next(_calls), ["a"], [slot.put_id])
+    [forget] = forgets(effects)  # (the node never heard of the reservation: it seals anyway)
+    assert [(o.offset, o.generation) for o in forget.objects] == [(0, slot.put_id)]
+    held, call_id = put(core, "b")
+    assert held is None, "the revoker may still be writing: the node must stop it first"
+    assert answer(core, forget, call_id).status is KeyStatus.OK
+
+
+def test_a_failed_write_s_space_is_reused_at_its_node_s_answer():
+    core, _ = one_buffer_core()
+    slot, _ = put(core, "a")
+    effects = core.put_end(next(_calls), [Commit("a", slot.put_id, (False,))])
+    [forget] = forgets(effects)
+    held, call_id = put(core, "b")
+    assert held is None
+    assert answer(core, forget, call_id).status is KeyStatus.OK
+
+
+def test_a_removed_object_s_space_is_reused_at_its_node_s_answer():
+    core, _ = one_buffer_core()
+    publish(core, "a")
+    [forget] = forgets(core.remove(next(_calls), ["a"], False))
+    held, call_id = put(core, "b")
+    assert held is None
+    assert answer(core, forget, call_id).status is KeyStatus.OK
+
+
+def test_a_read_lease_holds_the_space_until_it_ends_and_no_clock_allowance_after():
+    core, clock = one_buffer_core()
+    publish(core, "a")
+    core.get_replicas(next(_calls), ["a"], 2.0)
+    [forget] = forgets(core.remove(next(_calls), ["a"], True))
+    core.node_answered("n1", forget.command_id, True)
+    assert put(core, "b")[0].status is KeyStatus.NO_SPACE, "its reader's lease still runs"
+    clock.advance(2.0)
+    core.heartbeat(next(_calls), "n1", ["n1/dram0"])
+    core.tick()
+    assert put(core, "b")[0].status is KeyStatus.OK, "the lease ended: no wait for SKEW"
+
+
+def test_a_timed_out_reservation_gets_a_forget_too():
+    core, clock = one_buffer_core()
+    put(core, "a")
+    clock.advance(core.state.config.reservation_timeout + 0.1)
+    core.heartbeat(next(_calls), "n1", ["n1/dram0"])
+    _, effects = core.tick()
+    assert len(forgets(effects)) == 1
+
+
+def test_a_silent_node_keeps_the_space_out_of_use_past_every_grant_s_end():
+    """The fallback: a node that never answers may still honour the grant (or list the
+    object): the space stays quarantined until it answers, however long."""
+    core, clock = one_buffer_core()
+    slot, _ = put(core, "a")
+    [forget] = forgets(core.put_revoke(next(_calls), ["a"], [slot.put_id]))
+    for _ in range(int(core.state.config.write_timeout + SKEW) + 2):
+        clock.advance(1.0)
+        core.heartbeat(next(_calls), "n1", ["n1/dram0"])
+        core.tick()
+    assert put(core, "b")[0].status is not KeyStatus.OK, "quarantined: no one writes there"
+    core.node_answered("n1", forget.command_id, True)
+    assert put(core, "c")[0].status is KeyStatus.OK
 
 
 def test_without_a_checked_stream_space_is_reused_as_before():
-    state, _ = new_state(WITH_CAPABILITIES)
-    mount(state, "n1", 4 * KiB)  # UCX only: no transfer there carries a grant
-    slot = put(state, "a")
-    assert state.put_revoke(["a"], [slot.put_id]) == [KeyStatus.OK]
-    assert put(state, "b").status is KeyStatus.OK
+    core, _ = one_buffer_core(checked=False)  # UCX only: no transfer there carries a grant
+    slot, _ = put(core, "a")
+    assert not forgets(core.put_revoke(next(_calls), ["a"], [slot.put_id]))
+    assert put(core, "b")[0].status is KeyStatus.OK
 
 
 def test_without_capabilities_space_is_reused_as_before():
-    state, _ = one_buffer_state(CONFIG)
-    slot = put(state, "a")
-    assert state.put_revoke(["a"], [slot.put_id]) == [KeyStatus.OK]
-    assert put(state, "b").status is KeyStatus.OK
+    core, _ = one_buffer_core(MasterConfig(high_watermark=1.0))
+    slot, _ = put(core, "a")
+    assert not forgets(core.put_revoke(next(_calls), ["a"], [slot.put_id]))
+    assert put(core, "b")[0].status is KeyStatus.OK

@@ -237,6 +237,23 @@ def test_a_reservation_flood_of_one_tenant_evicts_none_of_another_s_objects_with
     state.validate()
 
 
+def test_the_watermark_takes_none_of_a_tenant_within_its_share_while_another_floods():
+    """Found under load in CI: a tenant's flood, half of it still reservations when the
+    watermark's pass ran (nothing of it evictable yet), and the pass took the other tenant's
+    oldest objects to reach its mark."""
+    state, _ = quota_state(config=CONFIG)
+    mount(state, "n1", 64 * MiB)
+    for i in range(20):
+        publish(state, f"b/{i}", MiB)
+    for i in range(5):
+        publish(state, f"a/{i}", MiB)
+    assert flood(state, "a", 39).count(KeyStatus.OK) == 39  # reserved, being written
+    state.tick()
+    assert all(get(state, f"b/{i}").status is KeyStatus.OK for i in range(20))
+    assert not any(f"a/{i}" in state.objects for i in range(5)), "a's objects went instead"
+    state.validate()
+
+
 def test_without_quotas_the_same_flood_evicts_in_plain_lru_order():
     state, _ = quota_state(quotas=None, config=CONFIG)
     mount(state, "n1", 256 * MiB)

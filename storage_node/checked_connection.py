@@ -1,0 +1,427 @@
+"""One connection of the checked stream, on a thread of its own (storage_node/checked_server.py
+says what is checked, and why).
+
+**Few system calls per request.** A client sends its requests pipelined (a batch of small
+gets is a few KiB of headers in one send), so the connection reads what has come into a
+buffer of its own, as much as is there, and handles every request found in it. The answers
+wait in a list (header, and for a small read the segment's bytes: a view, no copy) and go
+out in one ``sendmsg`` once no complete request is left to handle. A small write's payload
+is copied from that buffer into the segment (a few KiB: less than a call); a large one is
+received straight into the segment. Waits are the kernel's (transport/checked_socket.py).
+
+**Nothing late lands.** A write's bytes are copied or received into the segment only while
+its capability runs (the node's estimate of the master's clock against its expiry plus the
+allowance); a receive straight into the segment never waits past that end. Past it the
+connection is closed. A read answered later than its capability's end is not sent either.
+
+**Seals.** A transfer runs only once ``Seals.admit`` let it, and counts as in flight until
+its bytes left or reached the segment (``leave``): a Forget shuts its connection down and
+waits for that (storage_node/checked_seals.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from kvpool.common.logging import get_logger
+from kvpool.security import capabilities as caps
+from kvpool.storage_node.checked_seals import Seals
+from kvpool.transport import checked_frames as frames
+from kvpool.transport.checked_socket import Waits
+
+if TYPE_CHECKING:
+    from kvpool.storage_node.checked_server import NodeKeys
+
+log = get_logger("kvpool.node.checked")
+
+#: Bytes moved per socket call into or out of a segment, and between two checks of the
+#: capability's expiry.
+CHUNK = 8 << 20
+#: Reads up to this size are answered from a view of the segment gathered with others;
+#: writes up to this size are received into the connection's buffer first.
+SMALL = 64 << 10
+#: The connection's receive buffer.
+BUFFER = 1 << 20
+#: Answers gathered at most before they are sent (below the kernel's IOV_MAX of 1024).
+MAX_PARTS = 512
+#: Bytes of answers gathered at most before they are sent.
+MAX_GATHERED = 4 << 20
+#: A refused write's payload up to this size is read and dropped, keeping the connection in
+#: step (its writer then learns why); a larger one ends the connection.
+DRAIN_LIMIT = 64 << 20
+
+_WRITE, _READ = int(frames.Op.WRITE), int(frames.Op.READ)
+_OK = frames.Status.OK
+_pack_reply = frames.pack_reply  # (an OK answer's header, as encode_reply makes it)
+_REPLY_MAGIC, _VERSION = frames.REPLY_MAGIC, frames.VERSION
+
+
+class Closed(Exception):
+    """The connection ends here (its peer left, stalled, or fell out of step)."""
+
+
+class Counters:
+    """The metrics a connection counts (checked_server.py makes them)."""
+
+    def __init__(self, requests: Any, moved: Any) -> None:
+        self.requests = requests
+        self.ok = {_WRITE: requests.labels("write", "ok"), _READ: requests.labels("read", "ok")}
+        self.bytes_in = moved.labels("in")
+        self.bytes_out = moved.labels("out")
+
+
+class CheckedConnection:
+    def __init__(
+        self,
+        connection: socket.socket,
+        *,
+        segments: dict[bytes, Any],
+        keys: Callable[[], NodeKeys | None],
+        clock: Callable[[], float],
+        seals: Seals,
+        counters: Counters,
+        io_timeout: float,
+        idle_timeout: float,
+        stopping: Callable[[], bool],
+    ) -> None:
+        self._connection = connection
+        self._segments = segments
+        self._keys = keys
+        self._clock = clock
+        self._seals = seals
+        self._counters = counters
+        self._io_timeout = io_timeout
+        self._idle_timeout = idle_timeout
+        self._stopping = stopping
+        self._waits = Waits(connection)
+        self._buffer = bytearray(BUFFER)
+        self._view = memoryview(self._buffer)
+        self._start = 0  # (the first byte not handled yet)
+        self._end = 0  # (after the last byte received)
+        #: Answers not sent yet, in order; the reads among them (segment digest, grant
+        #: offset), in flight until sent; the earliest end of their capabilities.
+        self._parts: list[bytes | memoryview] = []
+        self._gathered = 0
+        self._reads: list[tuple[bytes, int]] = []
+        self._reads_end = float("inf")
+        self._read_bytes = 0
+        self._memory: dict[bytes, memoryview] = {}
+        self._longest_ms = int(seals.longest_grant * 1000)
+        #: Writes done whose answers are not sent yet, and their bytes (counted then).
+        self._writes = 0
+        self._written = 0
+
+    def serve(self) -> None:
+        """Handles requests until the peer leaves (returns) or the stream must end
+        (``Closed``, ``OSError``)."""
+        try:
+            while not self._stopping():
+                if self._end - self._start < frames.REQUEST_SIZE:
+                    if not self._receive_more(frames.REQUEST_SIZE):
+                        return  # the peer left between requests
+                    continue
+                self._handle()
+        finally:
+            self._seals.leave_all(self._reads, self._connection)
+            self._parts.clear()
+            for memory in self._memory.values():
+                with contextlib.suppress(BufferError):
+                    memory.release()
+
+    # ---- requests
+
+    def _handle(self) -> None:
+        start = self._start
+        try:
+            op, request_id, capability, offset, length = frames.unpack_request(self._buffer, start)
+        except frames.FrameError as error:
+            self._refuse(0, "unknown", frames.Status.BAD_REQUEST, str(error))
+            self._flush()
+            raise Closed from None
+        self._start = start + frames.REQUEST_SIZE
+        write = op == _WRITE
+        keys = self._keys()
+        now_ms = int(self._clock() * 1000)
+        checked = None
+        if keys is not None:  # (positional: this runs for every transfer)
+            checked = keys.ring.check(
+                capability, now_ms, offset, length, 2 if write else 1, keys.term, keys.max_skew_ms
+            )
+        segment = self._segments.get(checked[0]) if checked is not None else None
+        if checked is None or segment is None or offset + length > segment.size:
+            status, why = self._why(keys, capability, offset, length, write, now_ms)
+            self._refused(request_id, write, length, status, why)
+            return
+        assert keys is not None
+        digest, grant_offset, expiry_ms, grant_id = checked
+        if expiry_ms > now_ms + self._longest_ms:
+            # (a grant must end within the time its seal is kept: checked_seals.py)
+            why = "the capability runs too far ahead"
+            self._refused(request_id, write, length, frames.Status.EXPIRED, why)
+            return
+        connection = self._connection
+        if not self._seals.admit(digest, grant_offset, grant_id, write, connection):
+            why = "its object was recorded: no more writes" if write else "its object is gone"
+            self._refused(request_id, write, length, frames.Status.SEALED, why)
+            return
+        ends_at = (expiry_ms + keys.max_skew_ms) / 1000.0
+        if not write:
+            if length <= SMALL:  # (the common case, inline: sent with the others gathered)
+                memory = self._memory.get(digest) or self._segment_memory(digest, segment)
+                self._reads.append((digest, grant_offset))  # (in flight until sent: _flush)
+                if ends_at < self._reads_end:
+                    self._reads_end = ends_at
+                self._read_bytes += length
+                parts = self._parts
+                parts.append(_pack_reply(_REPLY_MAGIC, _VERSION, 0, 0, request_id, length))
+                parts.append(memory[offset : offset + length])
+                self._gathered += length
+                if len(parts) >= MAX_PARTS or self._gathered >= MAX_GATHERED:
+                    self._flush()
+                return
+            self._read(request_id, digest, grant_offset, segment, offset, length, ends_at)
+            return
+        try:
+            self._write(segment, digest, offset, length, ends_at)
+        finally:
+            # (left before the answer: its writer's commit, then the Persist, follow it)
+            self._seals.leave(digest, grant_offset, connection)
+        self._writes += 1  # (counted as the answers go)
+        self._written += length
+        self._answer(frames.encode_reply(request_id, _OK, 0))
+
+    def _why(
+        self,
+        keys: NodeKeys | None,
+        capability: bytes,
+        offset: int,
+        length: int,
+        write: bool,
+        now_ms: int,
+    ) -> tuple[frames.Status, str]:
+        """Why a request is refused (the slow path: ``verify`` says which check failed)."""
+        if keys is None:
+            return frames.Status.UNKNOWN_KEY, "no capability keys from the master yet"
+        try:
+            digest = caps.parse(capability).segment
+        except caps.CapabilityError as error:
+            return frames.REFUSAL_STATUS[error.refusal], str(error)
+        segment = self._segments.get(digest)
+        if segment is None:
+            return frames.Status.NO_SEGMENT, "no segment of this node"
+        if offset + length > segment.size:
+            return frames.Status.OUT_OF_RANGE, "beyond the segment"
+        try:
+            keys.ring.verify(
+                capability,
+                now_ms=now_ms,
+                segment=digest,
+                offset=offset,
+                length=length,
+                rights=caps.Rights.WRITE if write else caps.Rights.READ,
+                min_term=keys.term,
+                max_skew_ms=keys.max_skew_ms,
+            )
+        except caps.CapabilityError as error:
+            return frames.REFUSAL_STATUS[error.refusal], str(error)
+        return frames.Status.FAILED, "refused"  # (not reached: check and verify agree)
+
+    def _refused(
+        self, request_id: int, write: bool, length: int, status: frames.Status, why: str
+    ) -> None:
+        self._refuse(request_id, "write" if write else "read", status, why)
+        if write:
+            self._drop_payload(length)
+
+    def _refuse(self, request_id: int, op: str, status: frames.Status, why: str) -> None:
+        self._counters.requests.labels(op, status.name.lower()).inc()
+        log.warning("checked transfer refused", op=op, status=status.name, why=why)
+        self._answer(frames.encode_reply(request_id, status))
+
+    def _drop_payload(self, length: int) -> None:
+        """Reads a refused write's payload and drops it (small ones), else ends the
+        connection: either way nothing of it reaches a segment."""
+        if length > DRAIN_LIMIT:
+            self._flush()  # (its writer learns why)
+            raise Closed
+        while length:
+            buffered = min(self._end - self._start, length)
+            self._start += buffered
+            length -= buffered
+            if length:
+                self._receive_more(1, self._io_timeout)
+
+    def _write(self, segment: Any, digest: bytes, offset: int, length: int, ends_at: float) -> None:
+        target = self._segment_memory(digest, segment)[offset : offset + length]
+        try:
+            if length <= SMALL and self._end - self._start < length:
+                self._receive_more(length, self._until(ends_at))
+            buffered = min(self._end - self._start, length)
+            if buffered:
+                if self._clock() > ends_at:
+                    raise self._expired()
+                start = self._start
+                target[:buffered] = self._view[start : start + buffered]
+                self._start = start + buffered
+            if buffered < length:
+                self._receive_into(target[buffered:], ends_at)
+        finally:
+            target.release()
+
+    def _read(
+        self,
+        request_id: int,
+        digest: bytes,
+        grant_offset: int,
+        segment: Any,
+        offset: int,
+        length: int,
+        ends_at: float,
+    ) -> None:
+        source = self._segment_memory(digest, segment)[offset : offset + length]
+        if length <= SMALL:  # (sent with the others gathered; in flight until then)
+            self._reads.append((digest, grant_offset))
+            self._reads_end = min(self._reads_end, ends_at)
+            self._read_bytes += length
+            self._answer(frames.encode_reply(request_id, _OK, length), source)
+            return
+        try:
+            self._flush()  # (the answers before it)
+            connection, waits = self._connection, self._waits
+            waits.send(self._until(ends_at))
+            connection.sendall(frames.encode_reply(request_id, _OK, length))
+            at = 0
+            while at < length:
+                waits.send(self._until(ends_at))
+                at += connection.send(source[at : min(length, at + CHUNK)])
+        finally:
+            source.release()
+            self._seals.leave(digest, grant_offset, self._connection)
+        self._counters.ok[_READ].inc()
+        self._counters.bytes_out.inc(length)
+
+    # ---- the connection
+
+    def _answer(self, header: bytes, payload: memoryview | None = None) -> None:
+        parts = self._parts
+        parts.append(header)
+        if payload is not None:
+            parts.append(payload)
+            self._gathered += len(payload)
+        if len(parts) >= MAX_PARTS or self._gathered >= MAX_GATHERED:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Sends the answers gathered, in one call as a rule; then their reads are done."""
+        parts = self._parts
+        if not parts:
+            return
+        reads, connection = self._reads, self._connection
+        if reads:
+            self._waits.send(self._until(self._reads_end))
+        else:
+            self._waits.send(self._io_timeout)
+        while True:
+            sent = connection.sendmsg(parts)
+            done = 0
+            while done < len(parts) and sent >= len(parts[done]):
+                sent -= len(parts[done])
+                done += 1
+            if done == len(parts):
+                break
+            del parts[:done]  # (rare: the kernel took part of it; the rest goes on)
+            if sent:
+                parts[0] = memoryview(parts[0])[sent:]
+            if reads:
+                self._waits.send(self._until(self._reads_end))
+        parts.clear()
+        self._gathered = 0
+        counters = self._counters
+        if self._writes:
+            counters.ok[_WRITE].inc(self._writes)
+            counters.bytes_in.inc(self._written)
+            self._writes = self._written = 0
+        if reads:
+            self._seals.leave_all(reads, connection)
+            counters.ok[_READ].inc(len(reads))
+            counters.bytes_out.inc(self._read_bytes)
+            reads.clear()
+            self._reads_end = float("inf")
+            self._read_bytes = 0
+
+    def _receive_more(self, wanted: int, timeout: float | None = None) -> bool:
+        """Receives until at least ``wanted`` bytes are buffered past the first not handled;
+        False on a clean end of stream before any of them (between requests). The answers
+        gathered go out before the connection waits."""
+        if self._start == self._end:
+            self._start = self._end = 0
+        elif len(self._buffer) - self._start < wanted:  # (room for it: to the front)
+            kept = self._end - self._start
+            self._buffer[:kept] = self._view[self._start : self._end]
+            self._start, self._end = 0, kept
+        connection, view = self._connection, self._view
+        between = self._start == self._end and timeout is None
+        while self._end - self._start < wanted:
+            got = -1
+            if self._parts:
+                try:  # (more requests may have come: answer them together)
+                    got = connection.recv_into(view[self._end :], 0, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    self._flush()
+            if got < 0:
+                self._waits.receive(
+                    timeout
+                    if timeout is not None
+                    else self._idle_timeout
+                    if between
+                    else (self._io_timeout)
+                )
+                try:
+                    got = connection.recv_into(view[self._end :])
+                except BlockingIOError:
+                    raise Closed from None  # (it waited its time: stalled, or idle too long)
+            if not got:
+                if between and self._start == self._end:
+                    return False
+                raise Closed
+            self._end += got
+        return True
+
+    def _receive_into(self, target: memoryview, ends_at: float) -> None:
+        """Fills ``target`` (a segment's bytes) from the connection, never waiting past
+        ``ends_at``: bytes arriving later never land."""
+        connection, at, end = self._connection, 0, len(target)
+        self._flush()
+        while at < end:
+            self._waits.receive(self._until(ends_at), late=0.0)
+            try:
+                got = connection.recv_into(target[at : min(end, at + CHUNK)])
+            except BlockingIOError:
+                if self._clock() < ends_at:
+                    continue  # (woke a little early: the capability still runs)
+                raise self._expired() from None
+            if not got:
+                raise Closed
+            at += got
+
+    def _until(self, ends_at: float) -> float:
+        """The longest a wait may last now: the io timeout, cut to the capability's end
+        (raises Closed once that has passed)."""
+        left = ends_at - self._clock()
+        if left <= 0:
+            raise self._expired()
+        return min(left, self._io_timeout)
+
+    def _expired(self) -> Closed:
+        self._counters.requests.labels("transfer", "expired_midway").inc()
+        log.warning("capability expired during a transfer: connection closed")
+        return Closed()
+
+    def _segment_memory(self, digest: bytes, segment: Any) -> memoryview:
+        memory = self._memory.get(digest)
+        if memory is None:
+            memory = self._memory[digest] = memoryview(segment.memory)
+        return memory

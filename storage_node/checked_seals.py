@@ -1,0 +1,198 @@
+"""Grants a storage node no longer honours, and the checked transfers running under grants.
+
+A capability names a grant by its id: the put id, which is the object's generation, for a
+write and for a read alike. Two commands of the master end grants here:
+
+* **Persist** (the object is recorded, about to be published) seals its *write* grant: the
+  writer can change nothing more;
+* **Forget** (the master dropped the object or the reservation: revoked, failed, timed out,
+  removed, evicted, moved away) seals *every* grant of that generation or older for that
+  range, reads included, and interrupts the transfers in flight under them (their
+  connections are shut down, and the Forget waits, ``wait`` at most, until their threads
+  have left the segment's memory). Only then does the node answer; from that answer on no
+  byte of the old grants moves, so the master reuses the space at the answer (its forget
+  barrier, master/forget_barrier.py) instead of waiting for the grants to expire.
+
+A grant is named by the offset its range starts at (the object's place): a grant for a new
+object in reused space has a newer generation, so it is not refused.
+
+**Bounded.** One entry per offset. A Forget's seal is dropped ``SEAL_LIFE`` after it: the
+node refuses any capability expiring further ahead than that (``longest_grant``), so by then
+every grant it sealed has expired anyway. A Persist's seal lasts until the object's Forget.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+
+from kvpool.security import capabilities as caps
+
+#: How long a Forget's seal is kept; no capability expiring later than this ahead is honoured.
+SEAL_LIFE = 1800.0
+#: How long a Forget waits at most for the transfers it interrupted to leave the segment.
+INTERRUPT_WAIT = 10.0
+
+_WRITES, _ALL, _DROP_AT = 0, 1, 2
+
+
+class Seals:
+    """Thread-safe: transfer threads ``admit`` and ``leave``, the command thread seals."""
+
+    #: The longest a capability may still run when a node first sees it, in seconds.
+    longest_grant = SEAL_LIFE
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._left = threading.Condition(self._lock)
+        #: segment digest -> offset -> [writes sealed up to generation, all sealed up to
+        #: generation, when the latter is dropped (ms)]
+        self._sealed: dict[bytes, dict[int, list[int]]] = {}
+        #: (drop at (ms), segment digest, offset) of Forgets' seals, oldest first.
+        self._expiries: deque[tuple[int, bytes, int]] = deque()
+        #: (segment digest, offset) -> connection -> (generation, write) of transfers running.
+        self._active: dict[tuple[bytes, int], dict[socket.socket, tuple[int, bool]]] = {}
+        #: Seals waiting for transfers to leave.
+        self._waiting = 0
+
+    # ---- transfer threads
+
+    def admit(
+        self, segment: bytes, offset: int, generation: int, write: bool, connection: socket.socket
+    ) -> bool:
+        """Whether a transfer under the grant (``generation`` at ``offset``) may run; if so
+        it counts as in flight on ``connection`` until ``leave``."""
+        with self._lock:
+            sealed = self._sealed.get(segment)
+            if sealed is not None:
+                entry = sealed.get(offset)
+                if entry is not None and (
+                    entry[_ALL] >= generation or (write and entry[_WRITES] >= generation)
+                ):
+                    return False
+            key = (segment, offset)
+            active = self._active.get(key)
+            if active is None:
+                self._active[key] = {connection: (generation, write)}
+            else:
+                active[connection] = (generation, write)
+            return True
+
+    def leave(self, segment: bytes, offset: int, connection: socket.socket) -> None:
+        """The transfer on ``connection`` touches the segment no more."""
+        with self._lock:
+            self._leave(segment, offset, connection)
+
+    def leave_all(self, transfers: list[tuple[bytes, int]], connection: socket.socket) -> None:
+        """``leave`` for each (segment digest, offset) of ``transfers``: a batch of reads."""
+        with self._lock:
+            for segment, offset in transfers:
+                self._leave(segment, offset, connection)
+
+    def _leave(self, segment: bytes, offset: int, connection: socket.socket) -> None:
+        key = (segment, offset)
+        active = self._active.get(key)
+        if active is None or active.pop(connection, None) is None:
+            return
+        if not active:
+            del self._active[key]
+        if self._waiting:
+            self._left.notify_all()
+
+    # ---- commands
+
+    def busy(self, segment_id: str, offsets: Iterable[int] | None = None) -> bool:
+        """Whether transfers run on the segment now, under grants at one of ``offsets``
+        (None: any): a seal of them would then wait for them to stop."""
+        digest = caps.segment_digest(segment_id)
+        active = self._active
+        if offsets is None:
+            return any(key[0] == digest for key in list(active))
+        return any((digest, offset) in active for offset in offsets)
+
+    def seal(self, segment_id: str, objects: Iterable[tuple[int, int]]) -> bool:
+        """Persist: ``objects`` ((offset, generation)) were recorded; their write grants end,
+        and writes in flight under them are interrupted. False: one did not stop in time."""
+        return self._seal(segment_id, objects, everything=False, wait=INTERRUPT_WAIT)
+
+    def forget(
+        self, segment_id: str, objects: Iterable[tuple[int, int]], wait: float = INTERRUPT_WAIT
+    ) -> bool:
+        """Forget: every grant of ``objects`` ((offset, generation)) ends, and the transfers
+        in flight under them are interrupted; True once none touches the segment any more
+        (False: one did not leave within ``wait``)."""
+        return self._seal(segment_id, objects, everything=True, wait=wait)
+
+    def sealed(self, segment: bytes, offset: int, generation: int, write: bool = True) -> bool:
+        """Whether a grant (``generation`` at ``offset`` of the segment with digest
+        ``segment``) is refused now."""
+        with self._lock:
+            entry = self._sealed.get(segment, {}).get(offset)
+            return entry is not None and (
+                entry[_ALL] >= generation or (write and entry[_WRITES] >= generation)
+            )
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(len(sealed) for sealed in self._sealed.values())
+
+    def _seal(
+        self, segment_id: str, objects: Iterable[tuple[int, int]], everything: bool, wait: float
+    ) -> bool:
+        digest = caps.segment_digest(segment_id)
+        now = int(self._clock() * 1000)
+        victims: list[tuple[tuple[bytes, int], socket.socket]] = []
+        with self._lock:
+            self._prune(now)
+            sealed = self._sealed.setdefault(digest, {})
+            for offset, generation in objects:
+                entry = sealed.get(offset)
+                if entry is None:
+                    entry = sealed[offset] = [-1, -1, 0]
+                if everything:
+                    entry[_ALL] = max(entry[_ALL], generation)
+                    entry[_DROP_AT] = now + int(SEAL_LIFE * 1000)
+                    self._expiries.append((entry[_DROP_AT], digest, offset))
+                else:
+                    entry[_WRITES] = max(entry[_WRITES], generation)
+                key = (digest, offset)
+                for connection, (running, write) in self._active.get(key, {}).items():
+                    if running <= generation and (everything or write):
+                        victims.append((key, connection))
+            if not victims:
+                return True
+            for _, connection in victims:  # (under the lock: its thread cannot close it now)
+                with contextlib.suppress(OSError):
+                    connection.shutdown(socket.SHUT_RDWR)
+            deadline = time.monotonic() + wait
+            self._waiting += 1
+            try:
+                while any(connection in self._active.get(key, ()) for key, connection in victims):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    self._left.wait(left)
+            finally:
+                self._waiting -= 1
+            return True
+
+    def _prune(self, now: int) -> None:
+        """Drops the Forgets' seals whose grants have all expired (callers hold the lock)."""
+        expiries = self._expiries
+        while expiries and expiries[0][0] <= now:
+            drop_at, digest, offset = expiries.popleft()
+            sealed = self._sealed.get(digest)
+            entry = sealed.get(offset) if sealed is not None else None
+            if sealed is None or entry is None or entry[_DROP_AT] != drop_at:
+                continue  # (sealed again since: a later expiry drops it)
+            if entry[_WRITES] > entry[_ALL]:
+                entry[_ALL], entry[_DROP_AT] = -1, 0  # (a newer object's write seal stays)
+            else:
+                del sealed[offset]
+                if not sealed:
+                    del self._sealed[digest]
