@@ -37,6 +37,7 @@ class Layout:
     timeout: float = 8.0  # each client call's deadline
     live_keys: int = 120
     master_args: tuple[str, ...] = ()
+    node_args: tuple[str, ...] = ()  # e.g. ("--data-port", "0"): the checked stream
 
     def site_names(self) -> list[str]:
         return [
@@ -205,9 +206,9 @@ class ChaosCluster:
                 sites=self._site,
             ).start(timeout=120)
             for i in range(self.layout.nodes):
-                extra: tuple[str, ...] = ()
+                extra: tuple[str, ...] = self.layout.node_args
                 if i == self.layout.nodes - 1:
-                    extra = ("--nvme", str(self.disk.mount), "--nvme-size", NVME_SEGMENT)
+                    extra += ("--nvme", str(self.disk.mount), "--nvme-size", NVME_SEGMENT)
                 self.cluster.add_node(extra=extra, deadline=time.monotonic() + 120)
             for i in range(self.layout.clients):
                 self.workers.append(self._start_worker(f"client{i}"))
