@@ -18,6 +18,15 @@ a second) is dumped next and subtracted. Prints one JSON line: instructions per 
 process, and the dump files, for ``callgrind_annotate`` (whose self costs of Python code
 are those of the interpreter's functions: compare two dumps function by function).
 Under callgrind a call is ~50 times slower: 300 calls of ``exists`` take about 2 minutes.
+
+``--tree DIR`` measures another checkout of kvpool (an older commit, with its own ``DIR/.venv``)
+the same way: its master, node and client run on that venv's python, this script's client
+code included (it only uses ``Client``'s long-standing calls). A tree older than kvpool's
+security (its master has no ``--insecure``) runs with no security flags at all, which is
+what ``--security insecure`` means for it. The keys are stored by a client process of the
+tree (not under callgrind, which would miss the master's write timeout), so the parent never
+speaks the other tree's protocol. As ``bench/kvpool_runner.py`` does, the gets read into one
+registered arena.
 """
 
 from __future__ import annotations
@@ -35,8 +44,14 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from bench.kvpool_runner import CALLER_ENV, NODE_ID, KvpoolServers
-
+#: Runs the client process's ``client_main`` from this file, whatever the tree's own ``bench``
+#: holds: started in the tree's root, its python imports that tree's ``kvpool``.
+CLIENT_LOADER = (
+    "import importlib.util, json, sys; "
+    "spec = importlib.util.spec_from_file_location('callgrind_per_call', sys.argv[1]); "
+    "module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module); "
+    "module.client_main(json.loads(sys.argv[2]))"
+)
 VALGRIND = ["valgrind", "--tool=callgrind", "--vgdb=yes", "--vgdb-poll=1000"]
 KEYS = {"exists": 256, "exists1": 1, "get": 32, "put": 32}
 SIZE = 4096
@@ -67,9 +82,30 @@ def _wait_for(path: Path, process: subprocess.Popen[bytes], log: Path) -> None:
         time.sleep(0.05)
 
 
-def measure(op: str, secure: bool, calls: int, out: Path, client_too: bool) -> dict[str, Any]:
-    from kvpool import Client
+def _has_security(kvpool: list[str]) -> bool:
+    """Whether that kvpool's master knows ``--insecure`` (trees before kvpool's security do
+    not, and run insecure with no flag)."""
+    help_text = subprocess.run(
+        [*kvpool, "master", "--help"],
+        check=True, capture_output=True, text=True, timeout=120,
+    ).stdout  # fmt: skip
+    return "--insecure" in help_text
+
+
+def measure(
+    op: str, secure: bool, calls: int, out: Path, client_too: bool, tree: Path | None = None
+) -> dict[str, Any]:
+    from bench.kvpool_runner import CALLER_ENV, NODE_ID, KvpoolServers
     from kvpool.local_cluster import ManagedProcess
+
+    root = tree.resolve() if tree is not None else Path(__file__).resolve().parent.parent
+    python = str(tree / ".venv" / "bin" / "python") if tree is not None else sys.executable
+    # the venv's console script: its sys.path starts in .venv/bin, not in this process's
+    # working folder (whose kvpool/ would shadow the tree's)
+    kvpool = [python, str(Path(python).parent / "kvpool")]
+    flags = _has_security(kvpool)
+    if secure and not flags:
+        raise SystemExit(f"{tree} predates kvpool's security: measure it --security insecure")
 
     out.mkdir(parents=True, exist_ok=True)
     sync = out / "sync"
@@ -82,12 +118,13 @@ def measure(op: str, secure: bool, calls: int, out: Path, client_too: bool) -> d
     servers = KvpoolServers(placement, out, "1GiB", dict(os.environ), secure=secure, name="cg")
     if secure:
         servers._prepare_credentials()
-    kvpool = [sys.executable, "-m", "kvpool.cli.main"]
+    master_flags = servers._master_security_args() if flags else []
+    node_flags = [] if secure or not flags else ["--insecure"]
     master = ManagedProcess(
         "cg-master",
         [*VALGRIND, f"--callgrind-out-file={out}/cg.%p", *kvpool, "master", "--host",
          "127.0.0.1", "--port", "0", "--lane-port", "0", "--http-port", "0",
-         "--log-format", "json", *servers._master_security_args()],
+         "--log-format", "json", *master_flags],
         out, servers.env,
     )  # fmt: skip
     node = client = None
@@ -97,31 +134,31 @@ def measure(op: str, secure: bool, calls: int, out: Path, client_too: bool) -> d
             "cg-node",
             [*kvpool, "node", "--master", address, "--dram", "1GiB", "--listen", "127.0.0.1",
              "--http-port", "0", "--node-id", NODE_ID, "--drain-timeout", "1",
-             "--log-format", "json", *([] if secure else ["--insecure"])],
+             "--log-format", "json", *node_flags],
             out, servers._node_env(),
         )  # fmt: skip
         node.wait_ready(time.monotonic() + 300)
         config = {
-            "master": address, "ca": servers.ca if secure else None,
+            "master": address, "tls_ca": servers.ca if secure else None,
             "token": servers.client_token if secure else None, "op": op, "calls": calls,
             "prefix": f"cg-{op}", "sync": str(sync),
         }  # fmt: skip
-        with Client(address, tls_ca=config["ca"], token=config["token"], timeout=60) as setup:
-            data = bytes(SIZE)
-            keys = [f"{config['prefix']}/{i}" for i in range(KEYS[op])]
-            for i in range(0, len(keys), 32):
-                stored = setup.put_many([(key, data) for key in keys[i : i + 32]])
-                if stored != [1] * len(stored):
-                    raise RuntimeError(f"could not store the keys: {stored[:3]}")
-        argv = [sys.executable, "-m", "bench.callgrind_per_call", "--client", json.dumps(config)]
+        argv = [python, "-c", CLIENT_LOADER, str(Path(__file__).resolve())]
+        env = {k: v for k, v in servers.env.items() if k not in CALLER_ENV}
+        # the keys, stored by the tree's client at full speed (one under callgrind may miss
+        # the master's write timeout)
+        subprocess.run(
+            [*argv, json.dumps({**config, "store": True})],
+            env=env, cwd=root, check=True, capture_output=True, timeout=300,
+        )  # fmt: skip
+        argv.append(json.dumps(config))
         if client_too:
             argv = [*VALGRIND, f"--callgrind-out-file={out}/cg.%p", *argv]
-        env = {k: v for k, v in servers.env.items() if k not in CALLER_ENV}
         log = out / "client.log"
         with log.open("wb") as log_file:
             client = subprocess.Popen(
                 argv, env=env, stdout=log_file, stderr=subprocess.STDOUT,
-                cwd=Path(__file__).resolve().parent.parent,
+                cwd=root,
             )  # fmt: skip
         _wait_for(sync / "ready", client, log)
         time.sleep(1)
@@ -142,6 +179,7 @@ def measure(op: str, secure: bool, calls: int, out: Path, client_too: bool) -> d
         master_idle = _instructions(_last_dump(out, master.pid, 1))
         result: dict[str, Any] = {
             "op": op, "security": servers.security, "calls": calls,
+            "tree": str(root),
             "seconds": round(busy, 1),
             "master_per_call": round((master_busy - master_idle) / calls),
             "master_idle_per_second": round(master_idle / busy),
@@ -164,14 +202,28 @@ def measure(op: str, secure: bool, calls: int, out: Path, client_too: bool) -> d
 
 
 def client_main(config: dict[str, Any]) -> None:
-    """The client process: warms up, waits for ``go``, makes the calls, says ``done``."""
+    """The client process: warms up, waits for ``go``, makes the calls, says ``done``; or,
+    with ``store`` in ``config``, stores the keys and exits. Security arguments only where
+    set: an older tree's ``Client`` has none."""
+    import numpy as np
+
     from kvpool import Client
 
     sync = Path(config["sync"])
-    client = Client(config["master"], tls_ca=config["ca"], token=config["token"], timeout=60)
+    security = {name: config[name] for name in ("tls_ca", "token") if config.get(name)}
+    client = Client(config["master"], timeout=60, **security)
     op = config["op"]
     keys = [f"{config['prefix']}/{i}" for i in range(KEYS[op])]
-    buffers = [bytearray(SIZE) for _ in keys]
+    if config.get("store"):
+        for i in range(0, len(keys), 32):
+            stored = client.put_many([(key, bytes(SIZE)) for key in keys[i : i + 32]])
+            if stored != [1] * len(stored):
+                raise RuntimeError(f"could not store the keys: {stored[:3]}")
+        client.close()
+        return
+    arena = np.zeros(len(keys) * SIZE, dtype=np.uint8)
+    region = client.register_buffer(arena)
+    buffers = [arena[i * SIZE : (i + 1) * SIZE] for i in range(len(keys))]
     batches = itertools.count()
 
     def call() -> None:
@@ -198,6 +250,7 @@ def client_main(config: dict[str, Any]) -> None:
     (sync / "done").write_text("")
     while not (sync / "exit").exists():
         time.sleep(0.05)
+    client.unregister_buffer(region)
     client.close()
 
 
@@ -208,16 +261,15 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--no-client", action="store_true", help="the master alone")
     parser.add_argument("--out-dir", type=Path, help="the dumps (default: a new temporary one)")
-    parser.add_argument("--client", help=argparse.SUPPRESS)  # (the client process)
+    parser.add_argument(
+        "--tree", type=Path, help="another kvpool checkout to measure, with its own .venv"
+    )
     args = parser.parse_args()
-    if args.client:
-        client_main(json.loads(args.client))
-        return
     if shutil.which("callgrind_control") is None:
         sys.exit("callgrind_per_call: needs valgrind (apt-get install valgrind)")
     out = args.out_dir or Path(tempfile.mkdtemp(prefix="kvpool-callgrind-"))
     secure = args.security == "secure"
-    print(json.dumps(measure(args.op, secure, args.calls, out, not args.no_client)))
+    print(json.dumps(measure(args.op, secure, args.calls, out, not args.no_client, args.tree)))
 
 
 if __name__ == "__main__":
