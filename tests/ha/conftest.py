@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -25,7 +25,9 @@ def ha_cluster(
 ) -> Iterator[Callable[..., LocalCluster]]:
     clusters: list[LocalCluster] = []
 
-    def make(masters: int = 3, nodes: int = 2, dram: str = "64MiB") -> LocalCluster:
+    def make(
+        masters: int = 3, nodes: int = 2, dram: str = "64MiB", master_args: Sequence[str] = ()
+    ) -> LocalCluster:
         cluster = LocalCluster(
             nodes,
             dram,
@@ -34,6 +36,7 @@ def ha_cluster(
             name=f"test{len(clusters)}",
             run_dir=tmp_path / f"cluster{len(clusters)}",
             etcd_tls=True,
+            master_args=master_args,
         )
         clusters.append(cluster)
         return cluster.start()

@@ -19,15 +19,12 @@ master once stopped answering after its last-but-one node died; not diagnosed ye
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
-import pytest
 from helpers import wait_until
 
 from kvpool import Client
 from kvpool.errors import KVPoolError
-from kvpool.etcd_process import EtcdProcess
 from kvpool.local_cluster import LocalCluster, ManagedProcess
 
 NODE_TTL = 1.5
@@ -37,33 +34,8 @@ RATE = 64 << 20  # --rereplication-rate, bytes per second
 RECOVERY = 60.0
 
 
-@pytest.fixture
-def replicating_cluster(
-    etcd: EtcdProcess, tmp_path: Path, request: pytest.FixtureRequest
-) -> Iterator[Callable[..., LocalCluster]]:
-    """As ``ha_cluster`` (tests/ha/conftest.py), with re-replication on and a short node TTL."""
-    clusters: list[LocalCluster] = []
-
-    def make(masters: int, nodes: int) -> LocalCluster:
-        cluster = LocalCluster(
-            nodes,
-            "64MiB",
-            masters=masters,
-            etcd=etcd.endpoint,
-            name=f"counts{len(clusters)}",
-            run_dir=tmp_path / f"cluster{len(clusters)}",
-            etcd_tls=True,
-            master_args=["--node-ttl", str(NODE_TTL), "--rereplication-rate", str(RATE)],
-        )
-        clusters.append(cluster)
-        return cluster.start()
-
-    yield make
-    report = getattr(request.node, "report_call", None)
-    for cluster in clusters:
-        if report is None or report.failed:
-            print(f"\n===== logs of {cluster.run_dir} =====\n{cluster.logs()}")
-        cluster.stop()
+#: The masters' arguments: re-replication on, and a short node TTL.
+MASTER_ARGS = ("--node-ttl", str(NODE_TTL), "--rereplication-rate", str(RATE))
 
 
 def node_ids(nodes: list[ManagedProcess]) -> set[str]:
@@ -94,8 +66,8 @@ def fail_over(cluster: LocalCluster, then: Callable[[], None] = lambda: None) ->
     assert new is not old
 
 
-def test_a_new_leader_restores_two_replicas_of_what_a_lost_node_held(replicating_cluster):
-    cluster = replicating_cluster(masters=3, nodes=4)
+def test_a_new_leader_restores_two_replicas_of_what_a_lost_node_held(ha_cluster):
+    cluster = ha_cluster(masters=3, nodes=4, master_args=MASTER_ARGS)
     objects = {f"twice/{i}": os.urandom(256 * 1024 + i) for i in range(24)}
     keys = list(objects)
     with Client(cluster.master_address, timeout=20) as client:

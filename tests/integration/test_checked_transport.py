@@ -61,25 +61,26 @@ def cluster(tmp_path_factory) -> Iterator[LocalCluster]:
         yield cluster
 
 
-@pytest.fixture(scope="module")
-def client(cluster) -> Iterator[Client]:
-    with Client(
+def unmapped_client(cluster: LocalCluster, tenant: str) -> Client:
+    """A client of ``tenant`` that does not map the node's memory: it moves bytes over the
+    checked stream, as one on another host would."""
+    return Client(
         cluster.master_address,
         timeout=30,
         same_host_mapping=False,
-        **cluster.client_credentials("default"),
-    ) as client:
+        **cluster.client_credentials(tenant),
+    )
+
+
+@pytest.fixture(scope="module")
+def client(cluster) -> Iterator[Client]:
+    with unmapped_client(cluster, "default") as client:
         yield client
 
 
 @pytest.fixture(scope="module")
 def other(cluster) -> Iterator[Client]:
-    with Client(
-        cluster.master_address,
-        timeout=30,
-        same_host_mapping=False,
-        **cluster.client_credentials("other"),
-    ) as client:
+    with unmapped_client(cluster, "other") as client:
         yield client
 
 
