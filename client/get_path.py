@@ -21,7 +21,13 @@ from kvpool.client.data_path import Failure, Transfer
 from kvpool.client.outcomes import error_for
 from kvpool.client.session import Session
 from kvpool.common.status import KeyStatus
-from kvpool.errors import ChecksumMismatch, KVPoolError, LeaseExpired, TransferError
+from kvpool.errors import (
+    ChecksumMismatch,
+    KVPoolError,
+    LeaseExpired,
+    NotVerifiable,
+    TransferError,
+)
 from kvpool.proto import master_pb2 as pb
 
 #: (address, size) to copy each located object into, by batch position.
@@ -168,10 +174,20 @@ def verify(
     results: list[Any],
     pieces: Pieces | None = None,
 ) -> None:
-    """Checks each successfully read object against its writer's checksum, when it has one.
-    Reads in ``pieces`` must each cover their whole object (a checksum is of the whole)."""
+    """Checks each successfully read object against its checksum (its writer's, or the one
+    its persistent segment computed); one that has none fails with NotVerifiable rather than
+    pass unchecked. Reads in ``pieces`` must each cover their whole object (a checksum is of
+    the whole)."""
     for i, (address, size) in targets.items():
-        if isinstance(results[i], KVPoolError) or not located[i].HasField("crc32c"):
+        if isinstance(results[i], KVPoolError):
+            continue
+        if not located[i].HasField("crc32c"):
+            results[i] = NotVerifiable(
+                f"{keys[i]!r} carries no checksum (it was put without checksum=True, on a "
+                "tier that keeps none), so verify=True cannot check it: read it with "
+                "verify=False, or put it again with checksum=True",
+                key=keys[i],
+            )
             continue
         if pieces and i in pieces:
             actual = crc32c_of_pieces((local, length) for _, local, length in pieces[i])

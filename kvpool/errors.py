@@ -89,6 +89,12 @@ class ChecksumMismatch(KVPoolError):
     retryable = True
 
 
+class NotVerifiable(KVPoolError):
+    """``verify=True`` on an object that carries no checksum: it was put without
+    ``checksum=True`` on a tier that keeps none (DRAM). Its bytes were read but not checked,
+    so they are not returned as if they had been."""
+
+
 class NotAuthenticated(KVPoolError):
     """The master did not accept the caller's credentials (none, unknown, revoked or
     malformed token; a certificate naming no kvpool identity)."""

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench.chaos.cluster import Layout
 from bench.chaos.run import ChaosRun, Verdict
 from bench.chaos.schedule import rounds
 
@@ -24,9 +25,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--run-dir", type=Path, default=None)
     parser.add_argument("--json", type=Path, default=None, help="write the verdict here too")
+    parser.add_argument(
+        "--checked-stream",
+        action="store_true",
+        help="nodes serve the checked stream (--data-port 0) and clients use it (issue 17)",
+    )
     args = parser.parse_args(argv)
 
-    run = ChaosRun(args.seed, run_dir=args.run_dir)
+    layout = Layout(node_args=("--data-port", "0")) if args.checked_stream else Layout()
+    run = ChaosRun(args.seed, layout=layout, run_dir=args.run_dir)
     print(f"chaos run, seed {args.seed}, {args.minutes} min; files in {run.run_dir}", flush=True)
     with run:
         end = time.monotonic() + args.minutes * 60

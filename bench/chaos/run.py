@@ -34,6 +34,8 @@ SLACK = 3.0
 RSS_GROWTH_KIB = 96 * 1024
 RSS_GROWTH_RATIO = 0.5
 THREAD_GROWTH = 8
+#: Lost or unreadable keys whose story the verdict fetches, at most.
+STORIES_KEPT = 40
 #: Set (to anything but "0") once re-replication exists: convergence then also waits for
 #: every acknowledged object to have its replicas back (issue 24, part A).
 REREPLICATION_ENV = "KVPOOL_CHAOS_REREPLICATION"
@@ -324,9 +326,33 @@ class ChaosRun:
         unreadable = {k: v for k, v in missing.items() if k not in lost}
         return lost, unreadable, len(expected)
 
+    def write_stories(self, keys: list[str]) -> None:
+        """The leader's story of each key in ``keys`` (the lost and unreadable ones), with
+        the client calls on it, into ``missing-stories.json``: what a finding is chased by."""
+        if not keys:
+            return
+        from kvpool.errors import KVPoolError
+
+        wanted = set(keys)
+        calls: dict[str, list[dict]] = {key: [] for key in keys}
+        for op in self.ops():
+            if op.key in wanted:
+                calls[op.key].append(asdict(op))
+        stories: dict[str, dict] = {}
+        client = self.observer()
+        for key in keys:
+            try:
+                events = [asdict(e) for e in client.story(key)]
+            except KVPoolError as error:
+                events = [{"error": f"{type(error).__name__}: {error}"}]
+            stories[key] = {"story": events, "calls": calls[key]}
+        path = self.run_dir / "missing-stories.json"
+        path.write_text(json.dumps(stories, indent=1, default=str))
+
     def verdict(self, final: bool) -> Verdict:
         assert self.system is not None and self.watch is not None
         lost, unreadable, read = self.read_back(time.monotonic())
+        self.write_stories([*lost, *unreadable][:STORIES_KEPT])
         usage_end = usage_of(self.system.processes()) if final else {}
         verdict = Verdict(
             self.findings().summary(),

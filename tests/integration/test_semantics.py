@@ -18,7 +18,13 @@ from helpers import cluster_status, metric, wait_until
 
 from kvpool import Client
 from kvpool.client.data_path import Transfer
-from kvpool.errors import ChecksumMismatch, LeaseExpired, NoSpace, ObjectNotFound
+from kvpool.errors import (
+    ChecksumMismatch,
+    LeaseExpired,
+    NoSpace,
+    NotVerifiable,
+    ObjectNotFound,
+)
 
 MiB = 1 << 20
 
@@ -175,6 +181,19 @@ def test_a_client_killed_mid_put_has_its_reservation_revoked_when_it_stops_heart
     finally:
         writer.kill()
         writer.wait()
+
+
+def test_verify_on_an_object_without_a_checksum_says_so(shared_cluster):
+    data = os.urandom(64 * 1024)
+    with Client(shared_cluster.master_address) as client:  # (checksum=False: the default)
+        client.put("unsummed", data)
+        assert client.stat("unsummed").crc32c is None
+        with pytest.raises(NotVerifiable, match="checksum=True"):
+            client.get("unsummed", verify=True)
+        with pytest.raises(NotVerifiable):
+            client.get_into("unsummed", bytearray(len(data)), verify=True)
+        assert client.get("unsummed") == data  # unverified reads go on as before
+        client.remove("unsummed", force=True)
 
 
 def test_a_reader_that_verifies_never_gets_corrupted_bytes(shared_cluster):

@@ -64,7 +64,7 @@ def test_a_tensor_comes_back_with_its_dtype_shape_and_values(client, dtype, shap
 def test_a_large_tensor_round_trips(client):
     key = unique("large")
     tensor = sample(torch.float32, (4, 1 << 20), seed=1)  # 16 MiB
-    client.put_tensor(key, tensor, replicas=2)
+    client.put_tensor(key, tensor, replicas=2, checksum=True)
     back = client.get_tensor(key, verify=True)
     assert back.shape == (4, 1 << 20) and torch.equal(back, tensor)
     target = torch.empty_like(tensor)
