@@ -427,6 +427,8 @@ async def serve(
             report = _tick(driver, handlers, quotas)
             if report is not None:
                 evicted += report.objects_evicted
+                for space in report.passes_started:
+                    log.info("eviction pass started: past the high watermark", **space)
                 if report.unfinished:
                     # Calls get at least as long as the step took before the next one: a put
                     # goes through the master three times (PutStart, PutEnd, its node's answer).

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from kvpool.common.status import KeyStatus, Pin, Tier
 from kvpool.master.allocator import Allocator
@@ -324,6 +324,9 @@ class TickReport:
     dead_clients: list[str] = field(default_factory=list)
     objects_lost: int = 0
     objects_evicted: int = 0
+    #: Each eviction pass started: the segment (or tier) past its high watermark and what
+    #: its bytes in use were (``MasterState.space_of``), for the log.
+    passes_started: list[dict[str, Any]] = field(default_factory=list)
     buffers_released: int = 0
     #: The call's step ran out with work left (frees, ended leases, an eviction pass): call
     #: ``tick`` again soon to go on.

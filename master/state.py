@@ -762,7 +762,7 @@ class MasterState:
         self._end_soft_pins(now)
         self._count_ended_leases(now, budget)
         if budget is None or budget[0] > 0:
-            report.objects_evicted = self._evict_above_watermark(now, budget)
+            report.objects_evicted = self._evict_above_watermark(now, budget, report)
         if self._replication.enabled:
             self._rereplicate(now, budget)
         report.unfinished = budget is not None and budget[0] <= 0
@@ -1725,6 +1725,29 @@ class MasterState:
                 entry = (not_before, next(self._seq), current, buffer.offset)
                 heapq.heappush(self._deferred, entry)
 
+    def space_of(self, segment: SegmentRecord) -> dict[str, Any]:
+        """What a segment's bytes in use are taken by (an eviction pass logs it: evicting
+        frees only the published part). Walks the segment's buffers: for logs, not calls."""
+        size_of = segment.allocator.size_of
+        by_state: dict[str, int] = {}
+        for offset, key in segment.owners.items():
+            record = self.objects.get(key)
+            state = record.state.name.lower() if record is not None else "unknown"
+            by_state[state] = by_state.get(state, 0) + size_of(offset)
+        deferred = sum(size_of(o) for _, _, s, o in self._deferred if s is segment)
+        parked = sum(size_of(o) for s, o, _, _ in self._parked.values() if s is segment)
+        quarantined = sum(size_of(o) for s, o in self._quarantine.buffers() if s is segment)
+        return {
+            "segment": segment.segment_id,
+            "capacity": segment.allocator.capacity,
+            "used": segment.allocator.used,
+            **by_state,
+            "awaiting_release": deferred,  # removed, waiting for leases or reclaim
+            "copy_targets": parked,
+            "quarantined": quarantined,  # Forgets its node has not answered
+            "leaving": segment.leaving,
+        }
+
     def _drop_segment(self, segment_id: str) -> int:
         """Forgets a segment and every replica in it; returns objects left with none."""
         segment = self.segments.pop(segment_id)
@@ -1854,7 +1877,9 @@ class MasterState:
 
     # ------------------------------------------------------------------ internals: eviction
 
-    def _evict_above_watermark(self, now: float, budget: list[int] | None = None) -> int:
+    def _evict_above_watermark(
+        self, now: float, budget: list[int] | None = None, report: TickReport | None = None
+    ) -> int:
         """Brings every segment, and each tier of the pool, back to ``eviction_ratio`` below
         the high watermark once it passed it. DRAM replicas are demoted to NVMe on their node
         where it has room; the rest are evicted. ``budget``: objects this call may still take
@@ -1873,6 +1898,8 @@ class MasterState:
                     ):
                         continue
                     segment.evict_to = low * allocator.capacity
+                    if report is not None:
+                        report.passes_started.append(self.space_of(segment))
 
                 def done(s: SegmentRecord = segment) -> bool:
                     return s.allocator.used - s.leaving <= (s.evict_to or 0.0)
@@ -1888,6 +1915,10 @@ class MasterState:
                 if not capacity or self._tier_used(tier) <= high * capacity:
                     continue
                 target = self._pool_evict_to[tier] = low * capacity
+                if report is not None:
+                    report.passes_started.append(
+                        {"tier": tier.name, "capacity": capacity, "used": self._tier_used(tier)}
+                    )
 
             def pool_done(t: Tier = tier, limit: float = target) -> bool:
                 return self._tier_used(t) <= limit

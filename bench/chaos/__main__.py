@@ -66,7 +66,7 @@ def print_verdict(verdict: Verdict) -> None:
     )
     print(
         f"acknowledged objects read back: {verdict.read_back}; lost: {len(verdict.lost)}; "
-        f"unreadable: {len(verdict.unreadable)}"
+        f"unreadable: {len(verdict.unreadable)}; evicted (cluster full): {len(verdict.evicted)}"
     )
     print(f"split-brain samples: {len(verdict.split_brain)}")
     if times:

@@ -32,7 +32,9 @@ class Layout:
     masters: int = 3
     nodes: int = 3  # the last one has the persistent segment
     clients: int = 2
-    dram: str = "192MiB"
+    #: Two nodes alone must hold every live object and the space of removed ones still
+    #: leased (docs/reliability.md, "What is checked"): nothing is ever evicted.
+    dram: str = "384MiB"
     client_threads: int = 3
     timeout: float = 8.0  # each client call's deadline
     live_keys: int = 120

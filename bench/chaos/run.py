@@ -35,7 +35,7 @@ RSS_GROWTH_KIB = 96 * 1024
 RSS_GROWTH_RATIO = 0.5
 THREAD_GROWTH = 8
 #: Lost or unreadable keys whose story the verdict fetches, at most.
-STORIES_KEPT = 40
+STORIES_KEPT = 2000
 #: Set (to anything but "0") once re-replication exists: convergence then also waits for
 #: every acknowledged object to have its replicas back (issue 24, part A).
 REREPLICATION_ENV = "KVPOOL_CHAOS_REREPLICATION"
@@ -60,6 +60,9 @@ class Verdict:
     lost: list[str] = field(default_factory=list)
     unreadable: dict[str, str] = field(default_factory=dict)
     read_back: int = 0
+    #: Acknowledged objects gone because the leader evicted them (their story says so): the
+    #: cluster filled up, which the suite's sizing must rule out; not counted as lost.
+    evicted: list[str] = field(default_factory=list)
     usage_start: dict[str, Usage] = field(default_factory=dict)
     usage_end: dict[str, Usage] = field(default_factory=dict)
     leaks: list[str] = field(default_factory=list)
@@ -80,6 +83,12 @@ class Verdict:
             found.append(f"two masters said they lead at once ({len(self.split_brain)} samples)")
         if self.lost:
             found.append(f"{len(self.lost)} acknowledged objects lost: {self.lost[:5]}")
+        if self.evicted:
+            found.append(
+                f"{len(self.evicted)} acknowledged objects evicted: the cluster filled up (its "
+                f"DRAM is too small for this load: see the masters' eviction passes) "
+                f"{self.evicted[:5]}"
+            )
         if self.unreadable:
             found.append(f"{len(self.unreadable)} acknowledged objects unreadable after healing")
         for r in self.rounds:
@@ -326,11 +335,12 @@ class ChaosRun:
         unreadable = {k: v for k, v in missing.items() if k not in lost}
         return lost, unreadable, len(expected)
 
-    def write_stories(self, keys: list[str]) -> None:
+    def write_stories(self, keys: list[str]) -> dict[str, list[str]]:
         """The leader's story of each key in ``keys`` (the lost and unreadable ones), with
-        the client calls on it, into ``missing-stories.json``: what a finding is chased by."""
+        the client calls on it, into ``missing-stories.json``: what a finding is chased by.
+        Returns each key's events, by name."""
         if not keys:
-            return
+            return {}
         from kvpool.errors import KVPoolError
 
         wanted = set(keys)
@@ -348,11 +358,14 @@ class ChaosRun:
             stories[key] = {"story": events, "calls": calls[key]}
         path = self.run_dir / "missing-stories.json"
         path.write_text(json.dumps(stories, indent=1, default=str))
+        return {key: [e.get("event", "") for e in v["story"]] for key, v in stories.items()}
 
     def verdict(self, final: bool) -> Verdict:
         assert self.system is not None and self.watch is not None
         lost, unreadable, read = self.read_back(time.monotonic())
-        self.write_stories([*lost, *unreadable][:STORIES_KEPT])
+        stories = self.write_stories([*lost, *unreadable][:STORIES_KEPT])
+        evicted = [key for key in lost if "evicted" in stories.get(key, ())]
+        lost = [key for key in lost if key not in set(evicted)]
         usage_end = usage_of(self.system.processes()) if final else {}
         verdict = Verdict(
             self.findings().summary(),
@@ -361,6 +374,7 @@ class ChaosRun:
             lost,
             unreadable,
             read,
+            evicted,
             self.usage_start,
             usage_end,
             leaks(self.usage_start, usage_end) if final else [],

@@ -275,6 +275,25 @@ def test_above_the_high_watermark_a_tick_evicts_lru_objects_down_to_the_eviction
     assert pass_time(state, clock, 1).objects_evicted == 0, "back below: nothing more"
 
 
+def test_an_eviction_pass_reports_what_took_the_segment_space():
+    """The log of a pass says how much of the segment was published objects, and how much
+    was space that no eviction frees (removed objects waiting out their readers' leases)."""
+    state, clock = new_state()
+    info = mount(state, "n1", SEGMENT)
+    fill(state, "k", 17, 5 * KiB)  # 85 %
+    get(state, "k16", lease_ttl=5)
+    assert remove(state, "k16", force=True) == OK  # its space waits for the lease
+    fill(state, "x", 2, 5 * KiB)  # 95 %
+
+    [space] = pass_time(state, clock, 1).passes_started
+
+    assert space["segment"] == info.segment_id
+    assert space["used"] == 95 * KiB
+    assert space["published"] == 90 * KiB
+    assert space["awaiting_release"] == 5 * KiB
+    assert pass_time(state, clock, 1).passes_started == [], "one report per pass"
+
+
 def test_reads_refresh_recency():
     state, clock = new_state()
     mount(state, "n1", SEGMENT)
