@@ -308,6 +308,11 @@ class MasterCore:
             effects.notes.append(("an answer to no command of this node", {"node_id": node_id}))
             return effects
         if isinstance(command, ForgetCommand):
+            if not ok:  # (a transfer in its range did not stop: the node still lists it)
+                effects = Effects()
+                note = "a node could not forget: its space stays quarantined"
+                effects.notes.append((note, {"node_id": node_id, "command": command_id}))
+                return effects  # (as if unanswered: forget_wait quarantines the space)
             answers: dict[int, Any] = {}
             self._forget_answered(command_id, answers)
             effects = self._flush()

@@ -99,6 +99,7 @@ from kvpool.master.records import (
 )
 from kvpool.master.replication import ReplicationQueue
 from kvpool.master.story import StoryEvent, StoryLog
+from kvpool.master.tombstones import Tombstones
 from kvpool.master.transitions import (
     COMMITTED,
     GONE,
@@ -182,6 +183,8 @@ class MasterState:
         #: Space a node may still list under objects whose Forgets it left unanswered too long
         #: (quarantine.py): no buffer freed there is reused until it answers.
         self._quarantine = Quarantine()
+        #: What remounting segments may report but must not bring back (tombstones.py).
+        self._tombstones = Tombstones()
         #: Per tenant (``tenant_of`` its keys): what its objects hold now, kept up to date at
         #: each change (``_transition``, ``_own``/``_disown``, leases): no scans. Tenants
         #: holding nothing are dropped.
@@ -253,11 +256,13 @@ class MasterState:
             segment.fenced_until = now - silent + self.config.write_timeout + FENCE_MARGIN
         self.segments[info.segment_id] = segment
         node.segment_ids.add(info.segment_id)
-        return [
+        dropped = [
             item.key
             for item in sorted(stored, key=lambda s: s.generation, reverse=True)
             if not self._adopt(segment, item, now)
         ]
+        self._tombstones.mounted(info.segment_id)
+        return dropped
 
     def mount_problem(self, info: SegmentInfo) -> str | None:
         """Why ``info`` may not be mounted, or None. A segment id belongs to the node that
@@ -597,7 +602,9 @@ class MasterState:
         self._quarantine.add(forget.command_id, segment, ranges)
 
     def forget_answered(self, command_id: int) -> None:
-        """A node answered a Forget: space quarantined for it returns to use."""
+        """A node answered a Forget: space quarantined for it returns to use, and a remount
+        may report the object no more."""
+        self._tombstones.answered(command_id)
         if self._quarantine:
             self._quarantine.release(command_id)
 
@@ -1203,6 +1210,9 @@ class MasterState:
         ):
             return False
         existing = self.objects.get(item.key)
+        known = existing is not None and existing.generation == item.generation
+        if self._tombstones.refuses(segment.segment_id, item.key, item.generation, known):
+            return False  # removed while its node was away, or its Forget unanswered
         if existing is not None:
             if existing.state is not ObjectState.PUBLISHED:
                 return False  # a new write of the key is under way
@@ -1627,9 +1637,11 @@ class MasterState:
         stored = StoredObject(
             record.key, offset, record.size, record.generation, replicas=record.wanted
         )
+        command_id = next(self._command_ids)
         self.outbox.append(
-            ForgetCommand(next(self._command_ids), segment.node_id, segment.segment_id, (stored,))
+            ForgetCommand(command_id, segment.node_id, segment.segment_id, (stored,))
         )
+        self._tombstones.sent(command_id, segment.segment_id, record.key, record.generation)
 
     def _index_published(self, record: ObjectRecord) -> None:
         self._published_keys.add(record.key)
@@ -1642,6 +1654,8 @@ class MasterState:
         """Removes an object from every index (its buffers are the caller's business);
         ``entry``: why, for the key's story."""
         self._replication.forget(record.key)
+        if entry[1] != "lost":  # (a lost object comes back with its node)
+            self._tombstones.ended(record.key, record.generation)
         if record.lease_open:
             self._lease_ended(record)  # (a lease still running is counted when it ends)
             if record.lease_until <= self.clock():
@@ -1763,6 +1777,8 @@ class MasterState:
         now = self.clock()
         for key in keys:
             record = self.objects[key]
+            if record.state is PUBLISHED or record.state is COMMITTED:  # (its node may list it)
+                self._tombstones.away(segment_id, key, record.generation)
             for command_id, move in list(record.moving.items()):
                 if segment_id in (move.source.segment_id, move.target.segment_id):
                     self._move_done(record, command_id, False, None, "cancelled")

@@ -35,7 +35,7 @@ MAX_HEARTBEAT = 60.0
 MAX_NODE_ID = 255
 #: --data-port when none is given: 0 serves the checked stream on a free port (secure
 #: nodes), -1 serves none (clients on other hosts then use UCX). Issue 17: one line to flip.
-DEFAULT_DATA_PORT = -1
+DEFAULT_DATA_PORT = 0
 
 NODE_ID_HELP = (
     "node id, one per node process (default: the host name and a suffix. A node with no "

@@ -66,7 +66,8 @@ def print_verdict(verdict: Verdict) -> None:
     )
     print(
         f"acknowledged objects read back: {verdict.read_back}; lost: {len(verdict.lost)}; "
-        f"unreadable: {len(verdict.unreadable)}; evicted (cluster full): {len(verdict.evicted)}"
+        f"unreadable: {len(verdict.unreadable)}; evicted (cluster full): {len(verdict.evicted)}; "
+        f"removed but listed again: {len(verdict.resurrected)}"
     )
     print(f"split-brain samples: {len(verdict.split_brain)}")
     if times:

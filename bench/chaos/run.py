@@ -60,6 +60,9 @@ class Verdict:
     lost: list[str] = field(default_factory=list)
     unreadable: dict[str, str] = field(default_factory=dict)
     read_back: int = 0
+    #: Keys whose remove succeeded (and was never refused) that the leader still lists at
+    #: the end: removed objects brought back (a node reported them after the removal).
+    resurrected: list[str] = field(default_factory=list)
     #: Acknowledged objects gone because the leader evicted them (their story says so): the
     #: cluster filled up, which the suite's sizing must rule out; not counted as lost.
     evicted: list[str] = field(default_factory=list)
@@ -83,6 +86,10 @@ class Verdict:
             found.append(f"two masters said they lead at once ({len(self.split_brain)} samples)")
         if self.lost:
             found.append(f"{len(self.lost)} acknowledged objects lost: {self.lost[:5]}")
+        if self.resurrected:
+            found.append(
+                f"{len(self.resurrected)} removed objects listed again: {self.resurrected[:5]}"
+            )
         if self.evicted:
             found.append(
                 f"{len(self.evicted)} acknowledged objects evicted: the cluster filled up (its "
@@ -335,6 +342,23 @@ class ChaosRun:
         unreadable = {k: v for k, v in missing.items() if k not in lost}
         return lost, unreadable, len(expected)
 
+    def resurrected(self) -> list[str]:
+        """Keys the leader lists whose every remove answered ok (a key is put once)."""
+        removed: dict[str, bool] = {}
+        for op in self.ops():
+            if op.op == "remove":
+                removed[op.key] = removed.get(op.key, True) and op.result == "ok"
+        listed: list[str] = []
+        client = self.observer()
+        start_after = ""
+        while True:
+            page = client.list_keys(limit=10_000, start_after=start_after)
+            listed.extend(page.keys)
+            if not page.next_start_after:
+                break
+            start_after = page.next_start_after
+        return sorted(key for key in listed if removed.get(key, False))
+
     def write_stories(self, keys: list[str]) -> dict[str, list[str]]:
         """The leader's story of each key in ``keys`` (the lost and unreadable ones), with
         the client calls on it, into ``missing-stories.json``: what a finding is chased by.
@@ -363,7 +387,8 @@ class ChaosRun:
     def verdict(self, final: bool) -> Verdict:
         assert self.system is not None and self.watch is not None
         lost, unreadable, read = self.read_back(time.monotonic())
-        stories = self.write_stories([*lost, *unreadable][:STORIES_KEPT])
+        resurrected = self.resurrected()
+        stories = self.write_stories([*lost, *unreadable, *resurrected][:STORIES_KEPT])
         evicted = [key for key in lost if "evicted" in stories.get(key, ())]
         lost = [key for key in lost if key not in set(evicted)]
         usage_end = usage_of(self.system.processes()) if final else {}
@@ -374,6 +399,7 @@ class ChaosRun:
             lost,
             unreadable,
             read,
+            resurrected,
             evicted,
             self.usage_start,
             usage_end,

@@ -109,6 +109,7 @@ def test_the_slice_lost_no_acknowledged_object_and_no_process_grew(chaos: ChaosR
     assert verdict.read_back > 100
     assert verdict.lost == [], verdict.lost[:10]
     assert verdict.evicted == [], verdict.evicted[:10]
+    assert verdict.resurrected == [], verdict.resurrected[:10]
     assert verdict.unreadable == {}, list(verdict.unreadable.items())[:10]
     assert verdict.leaks == []
     assert verdict.problems() == []

@@ -137,7 +137,7 @@ COPIES_RESPECT_FENCES = True
 FENCE_COVERS_LATE_GRANTS = False
 #: A node declared dead while it lived brings back no object removed meanwhile, when it remounts
 #: (test_a_removed_object_stays_removed_when_a_node_declared_dead_remounts).
-REMOVALS_SURVIVE_ORPHANS = False
+REMOVALS_SURVIVE_ORPHANS = True
 #: Nor does the target of a copy cancelled (its source withdrawn) before its object was removed,
 #: recorded by its node just before a failover (test_a_removed_object_stays_removed_though_...).
 REMOVALS_SURVIVE_CANCELLED_COPIES = False
@@ -1218,7 +1218,15 @@ class MasterModel(RuleBasedStateMachine):
             self.segment_gone(old)
         view = self.objects_without(old)
         known = {key: (kind.name, generation) for key, (kind, generation, _) in view.items()}
-        adopted, rejected, superseded = self.predict_adoption(spec, stored, view)
+        refused = self.refused_by_tombstones(spec, stored, view)
+        offered = [item for item in stored if id(item) not in refused]
+        adopted, rejected, superseded = self.predict_adoption(spec, offered, view)
+        rejected_ids = {id(item) for item in rejected} | refused
+        rejected = [
+            item
+            for item in sorted(stored, key=lambda s: s.generation, reverse=True)
+            if id(item) in rejected_ids
+        ]
         records = {key: state.objects.get(key) for key in superseded}
         adopted_before = state.counters.objects_adopted
 
@@ -1317,6 +1325,31 @@ class MasterModel(RuleBasedStateMachine):
             if left:
                 view[key] = (record.state, record.put_id, record.size)
         return view
+
+    def refused_by_tombstones(
+        self, spec: SegmentSpec, stored: list[StoredObject], view: dict[str, tuple]
+    ) -> set[int]:
+        """The reported entries (by id) the master's tombstones keep out (master/
+        tombstones.py): each must be one that may not come back (removed or evicted, recorded
+        for no replica the master holds, a cancelled copy's target) or a replica of an object
+        the master still holds elsewhere; never the last copy of an object that lives on (an
+        older generation of a key removed since is removed with it)."""
+        tombstones = self.state._tombstones
+        refused: set[int] = set()
+        for item in stored:
+            existing = view.get(item.key)
+            known = existing is not None and existing[1] == item.generation
+            if not tombstones.refuses(spec.segment_id, item.key, item.generation, known):
+                continue
+            place = (spec.segment_id, item.key, item.generation, item.offset)
+            assert (
+                any(k == item.key and g >= item.generation for k, g in self.erased)
+                or existing is not None
+                or place in self.stale
+                or place in self.cancelled_copies
+            ), f"{spec.segment_id}: a tombstone kept out {item}, an object that lives on"
+            refused.add(id(item))
+        return refused
 
     def predict_adoption(
         self, spec: SegmentSpec, stored: list[StoredObject], view: dict[str, tuple]

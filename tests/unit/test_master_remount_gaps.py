@@ -42,7 +42,6 @@ def nvme_info(node: str, size: int = 4096) -> SegmentInfo:
     return replace(info, tier=Tier.NVME, persistent=True)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="no tombstones for removals")
 def test_a_removed_object_stays_removed_when_a_node_declared_dead_remounts():
     """A node declared dead while it lived (a long pause) keeps what it recorded; an object
     removed meanwhile (its removal answered: Forgets went to the replicas the master knew)

@@ -1,0 +1,93 @@
+"""What a remounting node may report but must not bring back (master/tombstones.py).
+
+A node away (declared dead while it lived) keeps what it recorded. When it mounts its segment
+again the master adopts what it reports, except objects removed meanwhile, and objects whose
+Forget it never answered; an object that went away with it, never removed, comes back.
+"""
+
+from __future__ import annotations
+
+from state_helpers import CONFIG, MiB, new_state, publish, remove, segment_info
+
+from kvpool.common.status import KeyStatus
+from kvpool.master.records import ForgetCommand, PutOptions, SegmentInfo, StoredObject
+from kvpool.master.state import MasterState
+from kvpool.master.tombstones import Tombstones
+
+ON_N1 = PutOptions(replicas=1, preferred_hosts=("n1.cluster.local",))
+
+
+def stored(state: MasterState, key: str, segment_id: str) -> StoredObject:
+    record = state.objects[key]
+    [offset] = [r.offset for r in record.replicas if r is not None and r.segment_id == segment_id]
+    return StoredObject(key, offset, record.size, record.put_id, record.crc32c)
+
+
+def declare_dead(state: MasterState, clock, node: str, alive: list[SegmentInfo]) -> None:
+    clock.advance(CONFIG.node_ttl + 1)
+    for info in alive:
+        state.heartbeat(info.node_id, [info.segment_id])
+    assert state.tick().dead_nodes == [node]
+
+
+def test_an_object_lost_with_its_node_comes_back_with_it():
+    state, clock = new_state()
+    n1, n2 = segment_info("n1", MiB), segment_info("n2", MiB)
+    state.mount_segment(n1)
+    state.mount_segment(n2)
+    publish(state, "only-on-n1", 4096, options=ON_N1)
+    held = stored(state, "only-on-n1", n1.segment_id)
+    declare_dead(state, clock, "n1", [n2])
+    assert "only-on-n1" not in state.objects
+
+    assert state.mount_segment(n1, [held], remount=True, silent=1.0) == []
+    assert state.objects["only-on-n1"].generation == held.generation
+
+
+def test_an_object_whose_forget_went_unanswered_is_not_adopted_again():
+    state, clock = new_state()
+    n1, n2 = segment_info("n1", MiB), segment_info("n2", MiB)
+    state.mount_segment(n1)
+    state.mount_segment(n2)
+    publish(state, "k", 4096, options=ON_N1)
+    held = stored(state, "k", n1.segment_id)
+    state.outbox.clear()
+    assert remove(state, "k") is KeyStatus.OK
+    [forget] = [c for c in state.outbox if isinstance(c, ForgetCommand)]
+    assert forget.segment_id == n1.segment_id  # sent, never answered: n1 stalls
+    declare_dead(state, clock, "n1", [n2])
+
+    assert state.mount_segment(n1, [held], remount=True, silent=1.0) == ["k"]
+    assert "k" not in state.objects
+
+
+def test_an_answered_forget_leaves_no_tombstone():
+    state, _ = new_state()
+    n1 = segment_info("n1", MiB)
+    state.mount_segment(n1)
+    publish(state, "k", 4096)
+    state.outbox.clear()
+    remove(state, "k")
+    [forget] = [c for c in state.outbox if isinstance(c, ForgetCommand)]
+    state.forget_answered(forget.command_id)
+    assert len(state._tombstones) == 0
+
+
+def test_past_its_bound_a_segment_is_distrusted_rather_than_tombstones_grow():
+    tombstones = Tombstones(limit=2)
+    tombstones.away("s1", "a", 1)
+    tombstones.away("s1", "b", 2)
+    tombstones.away("s1", "c", 3)  # one too many: s1's entries go, s1 is distrusted
+    assert len(tombstones) == 0
+    assert tombstones.refuses("s1", "c", 3, known=False), "an object the master lost stays lost"
+    assert not tombstones.refuses("s1", "d", 4, known=True), "a replica of a live one is taken"
+    tombstones.mounted("s1")
+    assert not tombstones.refuses("s1", "c", 3, known=False), "trusted again after its mount"
+
+
+def test_a_removal_of_a_key_removes_older_generations_that_went_away():
+    tombstones = Tombstones()
+    tombstones.away("s1", "k", 5)
+    tombstones.ended("k", 9)  # a newer write of k, then removed
+    assert tombstones.refuses("s1", "k", 5, known=False)
+    assert not tombstones.refuses("s1", "other", 5, known=False)
