@@ -1368,6 +1368,7 @@ def test_network_policy_with_a_ucx_port_range_and_metrics_peers(
     assert _admits(node, client, 40000, "team-a", clients_ns)
     assert _admits(node, client, 40099, "team-a", clients_ns)
     assert _admits(node, client, 9091, "team-a", clients_ns)
+    assert _admits(node, client, 9092, "team-a", clients_ns)  # the checked stream
     assert not _admits(node, client, 40100, "team-a", clients_ns)
     assert not _admits(node, client, 40000, "team-b")  # namespace not labelled
     assert not _admits(node, client, 40000, ns)  # the selector names the client namespaces
@@ -1383,6 +1384,18 @@ def test_network_policy_with_a_ucx_port_range_and_metrics_peers(
     assert not _admits(etcd, client, 2379, "team-a", clients_ns)
     assert _admits(etcd, _chart_pod(render, "etcd"), 2380, ns)
     assert not _admits(etcd, _chart_pod(render, "master"), 2380, ns)
+
+
+def test_nodes_serve_the_checked_stream_on_a_pinned_port_at_the_pod_address(
+    renders: dict[str, Render],
+) -> None:
+    container = renders["default"].container("node")
+    assert "--data-port=9092" in container["args"]
+    assert "--data-advertise=$(POD_IP)" in container["args"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["data"] == 9092
 
 
 def test_network_policy_can_be_turned_off(render: Renderer) -> None:
