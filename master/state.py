@@ -1654,8 +1654,8 @@ class MasterState:
         """Removes an object from every index (its buffers are the caller's business);
         ``entry``: why, for the key's story."""
         self._replication.forget(record.key)
-        if entry[1] != "lost":  # (a lost object comes back with its node)
-            self._tombstones.ended(record.key, record.generation)
+        if entry[1] != "lost" and record.state is not RESERVED:  # (a lost object comes
+            self._tombstones.ended(record.key, record.generation)  # back with its node)
         if record.lease_open:
             self._lease_ended(record)  # (a lease still running is counted when it ends)
             if record.lease_until <= self.clock():

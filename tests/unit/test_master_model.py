@@ -138,6 +138,8 @@ FENCE_COVERS_LATE_GRANTS = False
 #: A node declared dead while it lived brings back no object removed meanwhile, when it remounts
 #: (test_a_removed_object_stays_removed_when_a_node_declared_dead_remounts).
 REMOVALS_SURVIVE_ORPHANS = True
+#: ... also when it remounts at a new leader (the tombstones live in the old leader's memory).
+REMOVALS_SURVIVE_ORPHANS_AT_A_NEW_LEADER = False
 #: Nor does the target of a copy cancelled (its source withdrawn) before its object was removed,
 #: recorded by its node just before a failover (test_a_removed_object_stays_removed_though_...).
 REMOVALS_SURVIVE_CANCELLED_COPIES = False
@@ -418,6 +420,11 @@ class MasterModel(RuleBasedStateMachine):
         #: segment record the master had dropped meanwhile (its node declared dead while alive):
         #: the master cannot tell it to forget those.
         self.unforgettable: set[tuple[str, str, int, int]] = set()
+        #: (segment id, key, generation) of every Forget the master sent: a remount may
+        #: refuse such a replica (the master meant it gone), answered or not.
+        self.told_to_forget: set[tuple[str, str, int]] = set()
+        #: While the nodes remount at a new leader (master_fails_over).
+        self.failing_over = False
         #: (segment id, key, generation, offset) a node recorded for no replica the master
         #: holds (a late answer, a second Persist of a retried commit...): unless forgotten, its
         #: bytes may go to another object, which a remount may then drop for it.
@@ -647,6 +654,7 @@ class MasterModel(RuleBasedStateMachine):
     def check_forget(self, command: ForgetCommand) -> None:
         segment = self.node_segment(command.node_id, command.segment_id)
         for item in command.objects:
+            self.told_to_forget.add((command.segment_id, item.key, item.generation))
             record = self.state.objects.get(item.key)
             if record is not None and record.put_id == item.generation:
                 held = {(r.segment_id, r.offset) for r in record.replicas if r is not None}
@@ -1259,6 +1267,7 @@ class MasterModel(RuleBasedStateMachine):
             exempt = (
                 silent is None  # a restart: the node may have missed Forgets (see ``missed``)
                 or (orphaned and not REMOVALS_SURVIVE_ORPHANS)
+                or (orphaned and self.failing_over and not REMOVALS_SURVIVE_ORPHANS_AT_A_NEW_LEADER)
                 or (place in self.cancelled_copies and not REMOVALS_SURVIVE_CANCELLED_COPIES)
             )
             if not exempt:
@@ -1347,6 +1356,7 @@ class MasterModel(RuleBasedStateMachine):
                 or existing is not None
                 or place in self.stale
                 or place in self.cancelled_copies
+                or (spec.segment_id, item.key, item.generation) in self.told_to_forget
             ), f"{spec.segment_id}: a tombstone kept out {item}, an object that lives on"
             refused.add(id(item))
         return refused
@@ -1624,11 +1634,13 @@ class MasterModel(RuleBasedStateMachine):
         self.issued = set()
         self.open_leases, self.lease_periods = {}, 0
 
+        self.failing_over = True
         for node in data.draw(st.permutations(sorted(contact)), label="nodes in order"):
             segment_ids = [spec.segment_id for spec in self.layout[node]]
             assert state.heartbeat(node, segment_ids) == segment_ids, "a new master knows it"
             for spec in data.draw(st.permutations(self.layout[node]), label="segments in order"):
                 self.remount(node, spec, data, silent=self.now - contact[node])
+        self.failing_over = False
         self.orphans = {}
 
         for key, (generation, size, places) in published.items():
