@@ -47,9 +47,10 @@ def holders(client: Client, key: str) -> list[str]:
 
 def on_live_nodes_only(client: Client, keys: list[str], live: set[str]) -> bool:
     try:
-        return all(set(holders(client, key)) <= live and holders(client, key) for key in keys)
+        held = [holders(client, key) for key in keys]
     except KVPoolError:
         return False
+    return all(nodes and set(nodes) <= live for nodes in held)
 
 
 def on_two_live_nodes(client: Client, keys: list[str], live: set[str]) -> bool:

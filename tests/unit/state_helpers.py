@@ -19,6 +19,7 @@ from kvpool.master.records import (
     PutSlot,
     SegmentInfo,
     SegmentUsage,
+    StoredObject,
 )
 from kvpool.master.state import MasterState
 
@@ -184,3 +185,10 @@ def rounded(size: int) -> int:
     """Bytes a buffer of ``size`` occupies in a segment."""
     unit = CONFIG.alignment
     return max(unit, -(-size // unit) * unit)
+
+
+def stored(state: MasterState, key: str, segment_id: str) -> StoredObject:
+    """What the node holding ``key``'s replica in ``segment_id`` reports when it remounts."""
+    record = state.objects[key]
+    [offset] = [r.offset for r in record.replicas if r is not None and r.segment_id == segment_id]
+    return StoredObject(key, offset, record.size, record.put_id, record.crc32c)

@@ -28,6 +28,7 @@ from state_helpers import (
     put,
     segment_info,
     segments_of,
+    stored,
 )
 
 from kvpool.common.status import KeyStatus, Tier
@@ -37,19 +38,11 @@ from kvpool.master.records import (
     PrepareCommand,
     PutOptions,
     SegmentInfo,
-    StoredObject,
 )
 from kvpool.master.state import FENCE_MARGIN, MasterState
 
 #: How long a segment remounted right after its node last heard from a master stays fenced.
 FENCE = CONFIG.write_timeout + FENCE_MARGIN
-
-
-def stored(state: MasterState, key: str, segment_id: str) -> StoredObject:
-    """What the node holding ``key``'s replica in ``segment_id`` reports when it remounts."""
-    record = state.objects[key]
-    [offset] = [r.offset for r in record.replicas if r is not None and r.segment_id == segment_id]
-    return StoredObject(key, offset, record.size, record.put_id, record.crc32c)
 
 
 def fenced_put(state: MasterState, key: str = "k", size: int = 4096) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from state_helpers import CONFIG, MiB, get, new_state, publish, remove, segment_info
+from state_helpers import CONFIG, MiB, get, new_state, publish, remove, segment_info, stored
 
 from kvpool.common.status import KeyStatus, Tier
 from kvpool.master.records import (
@@ -25,16 +25,8 @@ from kvpool.master.records import (
     PersistCommand,
     PutOptions,
     SegmentInfo,
-    StoredObject,
 )
 from kvpool.master.state import MasterState
-
-
-def stored(state: MasterState, key: str, segment_id: str) -> StoredObject:
-    """What the node holding ``key``'s replica in ``segment_id`` reports when it remounts."""
-    record = state.objects[key]
-    [offset] = [r.offset for r in record.replicas if r is not None and r.segment_id == segment_id]
-    return StoredObject(key, offset, record.size, record.put_id, record.crc32c)
 
 
 def nvme_info(node: str, size: int = 4096) -> SegmentInfo:

@@ -7,23 +7,34 @@ Forget it never answered; an object that went away with it, never removed, comes
 
 from __future__ import annotations
 
-from state_helpers import CONFIG, MiB, new_state, publish, remove, segment_info
+from state_helpers import (
+    CONFIG,
+    FakeClock,
+    MiB,
+    new_state,
+    publish,
+    remove,
+    segment_info,
+    stored,
+)
 
 from kvpool.common.status import KeyStatus
-from kvpool.master.records import ForgetCommand, PutOptions, SegmentInfo, StoredObject
+from kvpool.master.records import ForgetCommand, PutOptions, SegmentInfo
 from kvpool.master.state import MasterState
 from kvpool.master.tombstones import Tombstones
 
 ON_N1 = PutOptions(replicas=1, preferred_hosts=("n1.cluster.local",))
 
 
-def stored(state: MasterState, key: str, segment_id: str) -> StoredObject:
-    record = state.objects[key]
-    [offset] = [r.offset for r in record.replicas if r is not None and r.segment_id == segment_id]
-    return StoredObject(key, offset, record.size, record.put_id, record.crc32c)
+def two_nodes() -> tuple[MasterState, FakeClock, SegmentInfo, SegmentInfo]:
+    state, clock = new_state()
+    n1, n2 = segment_info("n1", MiB), segment_info("n2", MiB)
+    state.mount_segment(n1)
+    state.mount_segment(n2)
+    return state, clock, n1, n2
 
 
-def declare_dead(state: MasterState, clock, node: str, alive: list[SegmentInfo]) -> None:
+def declare_dead(state: MasterState, clock: FakeClock, node: str, alive: list[SegmentInfo]) -> None:
     clock.advance(CONFIG.node_ttl + 1)
     for info in alive:
         state.heartbeat(info.node_id, [info.segment_id])
@@ -31,10 +42,7 @@ def declare_dead(state: MasterState, clock, node: str, alive: list[SegmentInfo])
 
 
 def test_an_object_lost_with_its_node_comes_back_with_it():
-    state, clock = new_state()
-    n1, n2 = segment_info("n1", MiB), segment_info("n2", MiB)
-    state.mount_segment(n1)
-    state.mount_segment(n2)
+    state, clock, n1, n2 = two_nodes()
     publish(state, "only-on-n1", 4096, options=ON_N1)
     held = stored(state, "only-on-n1", n1.segment_id)
     declare_dead(state, clock, "n1", [n2])
@@ -45,10 +53,7 @@ def test_an_object_lost_with_its_node_comes_back_with_it():
 
 
 def test_an_object_whose_forget_went_unanswered_is_not_adopted_again():
-    state, clock = new_state()
-    n1, n2 = segment_info("n1", MiB), segment_info("n2", MiB)
-    state.mount_segment(n1)
-    state.mount_segment(n2)
+    state, clock, n1, n2 = two_nodes()
     publish(state, "k", 4096, options=ON_N1)
     held = stored(state, "k", n1.segment_id)
     state.outbox.clear()
