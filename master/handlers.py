@@ -44,6 +44,7 @@ from kvpool.master.story_rpc import story_response
 from kvpool.proto import master_pb2 as pb
 from kvpool.security import capabilities as caps
 from kvpool.security.identity import Identity, Role
+from kvpool.transport.worker_address import MalformedWorkerAddress, check_worker_address
 
 MAX_BATCH = 65536
 #: Largest object and segment a request may name: far beyond any machine, yet small enough
@@ -140,6 +141,14 @@ class MasterHandlers:
                 "MountSegment needs segment_id, node_id, worker_address and size",
             )
         own_node(identity, s.node_id, "mount segments")
+        try:
+            check_worker_address(s.worker_address)
+        except MalformedWorkerAddress as error:
+            raise CallRefused(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"segment.worker_address {error}: send the address ucp_worker_get_address "
+                "gave the node's worker, unchanged",
+            ) from None
         refusal = self.driver.process_refusal(s.node_id, request.incarnation)
         if refusal is not None:
             raise CallRefused(grpc.StatusCode.FAILED_PRECONDITION, refusal)

@@ -119,3 +119,18 @@ class FrameRecorder(asyncio.Transport):
 
     def close(self) -> None:
         pass
+
+
+_live_workers: list[Any] = []
+
+
+def ucx_worker_address() -> bytes:
+    """The address of a real UCX worker in this test process, never progressed: what a fake
+    node mounts with, since the master takes only addresses shaped like UCX's. A peer that
+    connects to it reaches this process and times out; it sends nothing anywhere else."""
+    if not _live_workers:
+        from kvpool.transport import ucp
+
+        context = ucp.Context({"TLS": "tcp,cma"})
+        _live_workers.extend([context, ucp.Worker(context)])
+    return _live_workers[1].address

@@ -20,6 +20,7 @@ libucx.load_library()
 
 from kvpool.transport import ucx_log  # noqa: E402  (UCX's log lines go to structlog from now on)
 from kvpool.transport._ucp_cffi import ffi, lib  # noqa: E402  (needs libucp loaded first)
+from kvpool.transport.worker_address import MalformedWorkerAddress, check_worker_address  # noqa: E402
 
 #: UCX settings kvpool applies unless the environment already sets them. 256 KiB TCP segments
 #: give UCX's TCP transport much more bandwidth than its default segment size.
@@ -34,6 +35,8 @@ DRAIN_GRACE = 5.0
 
 UCS_OK = lib.UCS_OK
 UCS_ERR_TIMED_OUT = lib.UCS_ERR_TIMED_OUT
+#: ``UCS_ERR_INVALID_ADDR`` (a literal: the binding's cdef does not declare it).
+UCS_ERR_INVALID_ADDR = -7
 
 
 class UcxError(RuntimeError):
@@ -193,6 +196,13 @@ class Worker:
     def connect(self, worker_address: bytes, *, peer_errors: bool = False) -> Endpoint:
         """An endpoint to a remote worker. ``peer_errors`` makes it force-closable (its
         operations can be cancelled) at the price of software RMA and no shared memory."""
+        try:
+            check_worker_address(worker_address)
+        except MalformedWorkerAddress as error:
+            # (UCX would read past the bytes or abort the process on them)
+            raise UcxError(
+                f"ucp_ep_create: the worker address {error}", UCS_ERR_INVALID_ADDR
+            ) from None
         out = ffi.new("ucp_ep_h *")
         status = lib.kv_ep_create(self._handle, worker_address, int(peer_errors), out)
         _check("ucp_ep_create", status)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from helpers import bearer, master_channel
+from helpers import bearer, master_channel, ucx_worker_address
 
 from kvpool import Client
 from kvpool.proto import master_pb2 as pb
@@ -22,12 +22,18 @@ from kvpool.security.tokens import new_token
 BASE = 0x7F00_0000_0000
 
 
-def mount(stub, segment_id: str, objects: list[pb.StoredObject], tier: int = 1):
+def mount(
+    stub,
+    segment_id: str,
+    objects: list[pb.StoredObject],
+    tier: int = 1,
+    worker_address: bytes | None = None,
+):
     segment = pb.Segment(
         segment_id=segment_id,
         node_id="intruder",
         host="intruder.local",
-        worker_address=b"not-a-worker",
+        worker_address=ucx_worker_address() if worker_address is None else worker_address,
         base_address=BASE,
         size=1 << 20,
         rkey=b"none",
@@ -93,3 +99,17 @@ def test_a_mount_of_an_unknown_tier_is_refused(master):
         mount(stub, "intruder/odd", [], tier=9)
     assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "segment.tier must be one of" in (error.value.details() or "")
+
+
+def test_a_mount_with_bytes_ucx_could_not_read_as_a_worker_address_is_refused(master):
+    """Nodes and clients hand a segment's worker address to ucp_ep_create, which reads past
+    short ones and aborts on unknown versions: the master passes on only UCX's shape."""
+    cluster, stub = master
+    real = ucx_worker_address()
+    for garbage in (b"not-a-worker", real[:-1], real + b"\0", bytes([0x27]) + real[1:]):
+        with pytest.raises(grpc.RpcError) as error:
+            mount(stub, "intruder/garbled", [], worker_address=garbage)
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "segment.worker_address" in (error.value.details() or "")
+    with Client(cluster.master_address) as client:
+        assert not [s for s in client.cluster_status().segments if s.node_id == "intruder"]

@@ -27,7 +27,7 @@ from typing import Any
 
 import grpc
 import pytest
-from helpers import bearer
+from helpers import bearer, ucx_worker_address
 
 from kvpool import Client
 from kvpool.common import lane_protocol as lp
@@ -124,7 +124,7 @@ def request_for(method: str, segment_id: str) -> Any:
         segment_id="intruder/seg",
         node_id=PROBE_NODE,
         host="intruder.local",
-        worker_address=b"intruder-worker",
+        worker_address=ucx_worker_address(),
         base_address=0x7F00_0000_0000,
         size=1 << 20,
         rkey=b"none",

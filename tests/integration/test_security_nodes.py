@@ -34,7 +34,7 @@ from typing import Any
 
 import grpc
 import pytest
-from helpers import bearer, wait_until
+from helpers import bearer, ucx_worker_address, wait_until
 
 from kvpool import Client
 from kvpool.common import lane_protocol as lp
@@ -117,7 +117,7 @@ def evil_segment(**fields: Any) -> pb.Segment:
         segment_id="evil/dram",
         node_id=EVIL,
         host="evil.local",
-        worker_address=b"evil-worker",
+        worker_address=ucx_worker_address(),
         base_address=0x7E00_0000_0000,
         size=4096,
         rkey=b"none",
@@ -212,7 +212,7 @@ def test_a_node_may_not_mount_memory_another_node_registered(cluster, stub, clie
     if real_segment.HasField("shared_memory"):  # the same mapping behind another worker
         mapped = pb.Segment()
         mapped.CopyFrom(copy)
-        mapped.segment_id, mapped.worker_address = "evil/mapped", b"evil-worker"
+        mapped.segment_id, mapped.worker_address = "evil/mapped", ucx_worker_address()
         copies.append(mapped)
     for segment in copies:
         mount = pb.MountSegmentRequest(segment=segment)
