@@ -21,8 +21,11 @@ from kvpool.master.records import ForgetCommand, NodeCommand, StoredObject
 MAX_OBJECTS = 4096
 
 
-def merge_forgets(commands: Iterable[NodeCommand]) -> list[NodeCommand]:
-    """``commands`` in the same order per node, runs of Forgets for one segment merged."""
+def merge_forgets(
+    commands: Iterable[NodeCommand], absorbed: dict[int, int] | None = None
+) -> list[NodeCommand]:
+    """``commands`` in the same order per node, runs of Forgets for one segment merged (a
+    merged Forget keeps the first one's id; ``absorbed`` gets the others': id -> that id)."""
     merged: list[NodeCommand] = []
     #: index in ``merged`` -> the objects of the Forget there, while more may join it
     objects: dict[int, list[StoredObject]] = {}
@@ -38,6 +41,8 @@ def merge_forgets(commands: Iterable[NodeCommand]) -> list[NodeCommand]:
                 and len(joined) + len(command.objects) <= MAX_OBJECTS
             ):
                 joined.extend(command.objects)
+                if absorbed is not None:
+                    absorbed[command.command_id] = previous.command_id
                 continue
         last_of_node[command.node_id] = len(merged)
         if isinstance(command, ForgetCommand):

@@ -77,6 +77,10 @@ class Effects:
     answers: dict[int, Any] = field(default_factory=dict)
     #: What an operator should hear of: (event, fields), for the log.
     notes: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    #: Segments whose durable tombstone record changed (``MasterState.durable_record``):
+    #: where a new leader can read them (etcd), they are written before ``answers`` go out,
+    #: since those may rely on them (a removal answered while a node is away).
+    durable: set[str] = field(default_factory=set)
 
 
 class _PutEndCall:
@@ -390,6 +394,7 @@ class MasterCore:
         for node_id in report.dead_nodes:
             self.delivery.discard(node_id)
             for command_id in self.barrier.node_gone(node_id):
+                self.state.forget_overdue(command_id)  # (answered now without it)
                 self._forget_answered(command_id, answers, released=True)
         effects = self.timers()
         effects.answers.update(answers)
@@ -429,7 +434,8 @@ class MasterCore:
         if state.outbox:
             now = self.clock()
             transmit = effects.transmit
-            for command in merge_forgets(state.outbox):
+            absorbed: dict[int, int] = {}
+            for command in merge_forgets(state.outbox, absorbed):
                 if isinstance(command, ForgetCommand):
                     self.barrier.sent(command)
                     self._forgets[command.command_id] = command
@@ -444,6 +450,8 @@ class MasterCore:
                         self._command_deadlines, (now + self.command_timeout, command.command_id)
                     )
             state.outbox.clear()
+            if absorbed:
+                state.forgets_merged(absorbed)
         if state.resolved:
             answers = effects.answers
             for result in state.resolved:
@@ -457,6 +465,7 @@ class MasterCore:
                         del self._put_ends[call_id]
                         answers[call_id] = call.statuses
             state.resolved.clear()
+        effects.durable = state.durable_changes()
         return effects
 
     def _forgets_under(self, slots: list[PutSlot], sizes: Sequence[int]) -> dict[int, set[int]]:

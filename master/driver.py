@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -24,7 +24,16 @@ from kvpool.master.node_processes import Attached, NodeProcesses
 from kvpool.master.records import TickReport
 from kvpool.proto import master_pb2 as pb
 
+if TYPE_CHECKING:
+    from kvpool.master.tombstone_store import TombstoneStore
+
 log = get_logger("kvpool.master")
+
+#: Why a call whose answer relies on a tombstone record is refused when etcd did not take it.
+NOT_DURABLE = (
+    "this master could not record in etcd what its answer relies on (it may be losing "
+    "leadership): retry"
+)
 
 
 class CallRefused(Exception):
@@ -129,6 +138,9 @@ class CoreDriver:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
         self.processes = NodeProcesses(core.state.config.node_ttl if core is not None else 0.0)
+        #: Where tombstone records a new leader needs are written (etcd), with several
+        #: masters; None for a master that runs alone.
+        self.durable: TombstoneStore | None = None
 
     def accepting_clients(self) -> bool:
         return self.core is None or self.core.accepting_clients()
@@ -138,6 +150,11 @@ class CoreDriver:
         answers at once, else a ``Pending`` that resolves when it does."""
         call_id = next(self._call_ids)
         effects = event(call_id)
+        if self.durable is not None and (effects.durable or self.durable.busy):
+            # answered once what they rely on is written
+            pending = self._waiting[call_id] = Pending(finish)
+            self.carry_out(effects)
+            return pending
         answer = effects.answers.pop(call_id, _NO_ANSWER)
         if answer is _NO_ANSWER:
             pending = self._waiting[call_id] = Pending(finish)
@@ -153,14 +170,26 @@ class CoreDriver:
                 stream = streams.get(command.node_id)
                 if stream is not None:  # (the core transmits only to open streams)
                     stream.write(command_to_pb(command))
-        if effects.answers:
-            for call_id, answer in effects.answers.items():
-                pending = self._waiting.pop(call_id, None)
-                if pending is not None:
-                    pending.resolve(answer)
+        if self.durable is not None and (effects.durable or self.durable.busy):
+            answers = effects.answers  # (after the records: they may rely on them)
+            self.durable.write(effects.durable, lambda ok: self._answer(answers, ok))
+        elif effects.answers:
+            self._answer(effects.answers, True)
         for event, fields in effects.notes:
             log.warning(event, **fields)
         self._arm_timer()
+
+    def _answer(self, answers: dict[int, Any], ok: bool) -> None:
+        """Sends ``answers``; refused instead when what they rely on could not be made
+        durable (the caller retries, at whichever master leads then)."""
+        for call_id, answer in answers.items():
+            pending = self._waiting.pop(call_id, None)
+            if pending is None:
+                continue
+            if ok:
+                pending.resolve(answer)
+            else:
+                pending.refuse(CallRefused(grpc.StatusCode.UNAVAILABLE, NOT_DURABLE))
 
     # ---- nodes' command streams
 
@@ -244,6 +273,10 @@ class CoreDriver:
         self.core = core
         if old is not None:
             self.carry_out(old.end_term())
+        if self.durable is not None:
+            self.durable.end()  # (answers still waiting for a write are refused)
+            if core is not None:
+                self.durable.begin(core.state.durable_record)
         for pending in self._waiting.values():  # (none should be left: end_term answers all)
             pending.refuse(CallRefused(grpc.StatusCode.UNAVAILABLE, "the term ended: retry"))
         self._waiting.clear()

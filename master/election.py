@@ -75,7 +75,14 @@ class Election:
         self._client: aetcd.Client | None = None
         self._registered: set[str] = set()
         self._tasks: set[asyncio.Future[None]] = set()
-        self._nodes_prefix = leader_key(cluster).rsplit(b"/", 1)[0] + b"/nodes/"
+        #: Where this cluster's keys live in etcd.
+        self.cluster_prefix = leader_key(cluster).rsplit(b"/", 1)[0]
+        self._nodes_prefix = self.cluster_prefix + b"/nodes/"
+
+    @property
+    def etcd_client(self) -> aetcd.Client | None:
+        """The etcd client of the current campaign (None before the first)."""
+        return self._client
 
     def serving(self) -> bool:
         """True while we lead and our lease is surely alive."""

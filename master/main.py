@@ -45,6 +45,7 @@ from kvpool.master.security_config import (
 )
 from kvpool.master.service import MasterService
 from kvpool.master.state import MasterState
+from kvpool.master.tombstone_store import TombstoneStore
 from kvpool.proto import master_pb2_grpc
 from kvpool.security import capabilities as caps
 from kvpool.security.etcd_tls import parse_etcd_endpoint
@@ -395,11 +396,25 @@ async def serve(
         leadership.address = advertise
 
         handlers.registry = leadership
+        election = leadership
+        driver.durable = TombstoneStore(
+            lambda: election.etcd_client,
+            election.cluster_prefix,
+            election.key,
+            lambda: election.address,
+        )
 
         async def elected(epoch: int) -> None:
-            nodes = await leadership.registered_nodes()
-            log.info("rebuilding the index from the nodes", expected_nodes=sorted(nodes))
+            nodes = await election.registered_nodes()
+            assert driver.durable is not None
+            tombstones = await driver.durable.load()  # (raises: the term is given up)
+            log.info(
+                "rebuilding the index from the nodes",
+                expected_nodes=sorted(nodes),
+                tombstone_records=len(tombstones),
+            )
             state = _new_state(config, epoch, quotas)
+            state.restore_tombstones(tombstones)
             driver.reset(MasterCore(state, awaited_nodes=nodes, rebuild_window=config.node_ttl))
 
         async def lost() -> None:

@@ -54,7 +54,7 @@ import heapq
 import itertools
 import random
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from kvpool.common.keys import STORED_KEY_BYTES, key_problem, plainly_valid
@@ -99,7 +99,7 @@ from kvpool.master.records import (
 )
 from kvpool.master.replication import ReplicationQueue
 from kvpool.master.story import StoryEvent, StoryLog
-from kvpool.master.tombstones import Tombstones
+from kvpool.master.tombstones import DurableRecord, Tombstones
 from kvpool.master.transitions import (
     COMMITTED,
     GONE,
@@ -594,12 +594,36 @@ class MasterState:
         """A node has not answered ``forget`` in time (the I/O layer gave up waiting, not on
         the command): the space it names stays out of use until ``forget_answered``, so that
         writers go elsewhere instead of waiting for the node."""
+        self._tombstones.overdue(forget.command_id)
         segment = self.segments.get(forget.segment_id)
         if segment is None or segment.node_id != forget.node_id:
             return
         rounded = segment.allocator.rounded
         ranges = [(o.offset, o.offset + rounded(max(o.size, 1))) for o in forget.objects]
         self._quarantine.add(forget.command_id, segment, ranges)
+
+    def forgets_merged(self, absorbed: dict[int, int]) -> None:
+        """Forgets went out merged (id -> the id of the Forget they joined)."""
+        for command_id, into in absorbed.items():
+            self._tombstones.merged(command_id, into)
+
+    def forget_overdue(self, command_id: int) -> None:
+        """A Forget whose removal is answered without the node's answer (the master waited
+        long enough, or the node was declared dead): a new leader must know of it too."""
+        self._tombstones.overdue(command_id)
+
+    def durable_changes(self) -> set[str]:
+        """Segments whose durable tombstone record changed since the last call."""
+        return self._tombstones.take_changed()
+
+    def durable_record(self, segment_id: str) -> DurableRecord | None:
+        """The segment's durable tombstone record now (None: nothing to keep)."""
+        return self._tombstones.record(segment_id)
+
+    def restore_tombstones(self, records: Mapping[str, DurableRecord]) -> None:
+        """Records an earlier leader kept (a new term, before any mount)."""
+        for segment_id, record in records.items():
+            self._tombstones.restore(segment_id, record)
 
     def forget_answered(self, command_id: int) -> None:
         """A node answered a Forget: space quarantined for it returns to use, and a remount

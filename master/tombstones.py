@@ -18,7 +18,13 @@ So the master remembers, per segment, what the node may still list though it mus
 At the segment's next mount, whatever of these it reports is not adopted (the node is told to
 forget it); then the segment's entries are dropped: its report has been reconciled.
 
-They live in this master's memory: a new leader does not have them (docs/reliability.md).
+**Across leaders.** A new leader starts with an empty index and adopts what nodes report, so
+the entries a removal's answer relied on must outlive this master: tombstones, and Forgets
+past the master's wait (the removal was answered unconfirmed) or left by a node declared
+dead. Those make a segment's *durable record* (``record``); the segments whose record changed
+are collected (``take_changed``) for the I/O layer to write to etcd before it answers, and a
+new leader ``restore``s the records before it takes mounts (master/tombstone_store.py).
+A record holds at most ``RECORD_LIMIT`` keys; past that it says "distrusted" instead.
 
 **Bounded.** ``limit`` entries in all. A segment that would pass it loses its entries and is
 *distrusted* instead: at its next mount it adopts only replicas of objects the master still
@@ -28,8 +34,22 @@ removed one is not.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 #: Entries kept at most (a few hundred bytes each), across every segment.
 LIMIT = 1_000_000
+#: Keys one segment's durable record lists at most (an etcd value stays well under its
+#: 1.5 MiB limit with keys of up to 256 bytes); past that the record says "distrusted".
+RECORD_LIMIT = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class DurableRecord:
+    """What a new leader must know of one segment: refuse every key listed (this
+    generation or older), or, ``distrusted``, adopt nothing it does not already hold."""
+
+    distrusted: bool
+    keys: dict[str, int]
 
 
 class Tombstones:
@@ -41,12 +61,17 @@ class Tombstones:
         self._away_in: dict[str, set[str]] = {}
         #: segment id -> key -> newest generation ended there.
         self._dead: dict[str, dict[str, int]] = {}
-        #: Forget command id -> (segment id, key, generation), until answered.
-        self._unanswered: dict[int, tuple[str, str, int]] = {}
+        #: Forget command id -> [(segment id, key, generation)], until answered (several
+        #: when Forgets were merged into one command).
+        self._unanswered: dict[int, list[tuple[str, str, int]]] = {}
         #: segment id -> key -> generation of unanswered Forgets (how many, for each).
         self._forgetting: dict[str, dict[tuple[str, int], int]] = {}
         self._distrusted: set[str] = set()
         self._size = 0
+        #: Unanswered Forgets that belong in the durable record, by segment.
+        self._overdue: dict[str, set[int]] = {}
+        #: Segments whose durable record changed since ``take_changed``.
+        self._changed: set[str] = set()
 
     def __len__(self) -> int:
         return self._size
@@ -83,33 +108,91 @@ class Tombstones:
             if key in dead:
                 self._size -= 1
             dead[key] = max(generation, dead.get(key, 0))
+            self._changed.add(segment_id)
 
     def sent(self, command_id: int, segment_id: str, key: str, generation: int) -> None:
         """A Forget went out for a recorded replica: refused at a remount until answered."""
         if segment_id in self._distrusted or not self._room(segment_id):
             return
-        self._unanswered[command_id] = (segment_id, key, generation)
+        self._unanswered[command_id] = [(segment_id, key, generation)]
         counts = self._forgetting.setdefault(segment_id, {})
         counts[(key, generation)] = counts.get((key, generation), 0) + 1
         self._size += 1
 
+    def merged(self, absorbed: int, into: int) -> None:
+        """Forget ``absorbed`` went out as part of Forget ``into`` (one segment's, in a row):
+        its answer is that one's."""
+        entries = self._unanswered.pop(absorbed, None)
+        if entries is not None:
+            self._unanswered.setdefault(into, []).extend(entries)
+
     def answered(self, command_id: int) -> None:
-        """The node answered that Forget: it holds the object no more."""
-        entry = self._unanswered.pop(command_id, None)
-        if entry is None:
+        """The node answered that Forget: it holds the objects no more."""
+        entries = self._unanswered.pop(command_id, None)
+        if entries is None:
             return
-        segment_id, key, generation = entry
-        self._size -= 1
-        counts = self._forgetting.get(segment_id)
-        if counts is None:
-            return
-        left = counts.get((key, generation), 0) - 1
-        if left > 0:
-            counts[(key, generation)] = left
-            return
-        counts.pop((key, generation), None)
-        if not counts:
-            del self._forgetting[segment_id]
+        for segment_id, key, generation in entries:
+            self._size -= 1
+            overdue = self._overdue.get(segment_id)
+            if overdue is not None and command_id in overdue:
+                overdue.discard(command_id)
+                if not overdue:
+                    del self._overdue[segment_id]
+                self._changed.add(segment_id)
+            counts = self._forgetting.get(segment_id)
+            if counts is None:
+                continue
+            left = counts.get((key, generation), 0) - 1
+            if left > 0:
+                counts[(key, generation)] = left
+                continue
+            counts.pop((key, generation), None)
+            if not counts:
+                del self._forgetting[segment_id]
+
+    def overdue(self, command_id: int) -> None:
+        """The master answers without that Forget's answer (it waited long enough, or the
+        node was declared dead): it goes into the segment's durable record."""
+        for segment_id, _, _ in self._unanswered.get(command_id, ()):
+            self._overdue.setdefault(segment_id, set()).add(command_id)
+            self._changed.add(segment_id)
+
+    # ---- across leaders
+
+    def take_changed(self) -> set[str]:
+        """The segments whose durable record changed since the last call."""
+        changed, self._changed = self._changed, set()
+        return changed
+
+    def record(self, segment_id: str) -> DurableRecord | None:
+        """The segment's durable record now (None: nothing to keep)."""
+        if segment_id in self._distrusted:
+            return DurableRecord(True, {})
+        keys = dict(self._dead.get(segment_id, {}))
+        for command_id in self._overdue.get(segment_id, ()):
+            for held_in, key, generation in self._unanswered.get(command_id, ()):
+                if held_in == segment_id:
+                    keys[key] = max(generation, keys.get(key, 0))
+        if not keys:
+            return None
+        if len(keys) > RECORD_LIMIT:
+            return DurableRecord(True, {})
+        return DurableRecord(False, keys)
+
+    def restore(self, segment_id: str, record: DurableRecord) -> None:
+        """A record an earlier leader kept: refused at the segment's next mount as if noted
+        here (and kept in the record until then)."""
+        if record.distrusted:
+            self._drop(segment_id)
+            self._distrusted.add(segment_id)
+        else:
+            for key, generation in record.keys.items():
+                if segment_id in self._distrusted or not self._room(segment_id):
+                    break
+                dead = self._dead.setdefault(segment_id, {})
+                if key not in dead:
+                    self._size += 1
+                dead[key] = max(generation, dead.get(key, 0))
 
     # ---- at a mount
 
@@ -126,6 +209,8 @@ class Tombstones:
 
     def mounted(self, segment_id: str) -> None:
         """The segment's report has been reconciled: nothing of it is kept any more."""
+        if segment_id in self._distrusted or self.record(segment_id) is not None:
+            self._changed.add(segment_id)
         self._distrusted.discard(segment_id)
         self._drop(segment_id)
 
@@ -136,6 +221,7 @@ class Tombstones:
             return True
         self._drop(segment_id)
         self._distrusted.add(segment_id)
+        self._changed.add(segment_id)
         return False
 
     def _drop(self, segment_id: str) -> None:
@@ -147,7 +233,12 @@ class Tombstones:
                 if not segments:
                     del self._away_in[key]
         self._size -= len(self._dead.pop(segment_id, {}))
+        self._overdue.pop(segment_id, None)
         if self._forgetting.pop(segment_id, None) is not None:
-            for command_id in [c for c, e in self._unanswered.items() if e[0] == segment_id]:
-                del self._unanswered[command_id]
-                self._size -= 1
+            for command_id, entries in list(self._unanswered.items()):
+                kept = [e for e in entries if e[0] != segment_id]
+                self._size -= len(entries) - len(kept)
+                if kept:
+                    self._unanswered[command_id] = kept
+                else:
+                    del self._unanswered[command_id]

@@ -138,8 +138,8 @@ FENCE_COVERS_LATE_GRANTS = False
 #: A node declared dead while it lived brings back no object removed meanwhile, when it remounts
 #: (test_a_removed_object_stays_removed_when_a_node_declared_dead_remounts).
 REMOVALS_SURVIVE_ORPHANS = True
-#: ... also when it remounts at a new leader (the tombstones live in the old leader's memory).
-REMOVALS_SURVIVE_ORPHANS_AT_A_NEW_LEADER = False
+#: ... also when it remounts at a new leader (the old leader's durable records, in etcd).
+REMOVALS_SURVIVE_ORPHANS_AT_A_NEW_LEADER = True
 #: Nor does the target of a copy cancelled (its source withdrawn) before its object was removed,
 #: recorded by its node just before a failover (test_a_removed_object_stays_removed_though_...).
 REMOVALS_SURVIVE_CANCELLED_COPIES = False
@@ -1622,11 +1622,19 @@ class MasterModel(RuleBasedStateMachine):
             self.add_hazards(node, contact[node])
         contact.update(self.orphans)
         held = {segment_id: dict(entries) for segment_id, entries in self.disk.items()}
+        # What the old leader kept in etcd for its successor (the driver writes each change
+        # before it answers the call that made it: all of it, between two calls).
+        records = {
+            segment_id: record
+            for segment_id in self.disk
+            if (record := old.durable_record(segment_id)) is not None
+        }
         self.clock.advance(gap)
         self.epoch += 1
         self.state = state = MasterState(
             self.config, clock=self.clock, rng=random.Random(self.epoch), epoch=self.epoch
         )
+        state.restore_tombstones(records)
         for reservation in self.reservations.values():
             reservation.ended = True
         self.nodes, self.node_seen, self.slow = {}, {}, set()

@@ -19,9 +19,10 @@ from state_helpers import (
 )
 
 from kvpool.common.status import KeyStatus
+from kvpool.master.core import MasterCore
 from kvpool.master.records import ForgetCommand, PutOptions, SegmentInfo
 from kvpool.master.state import MasterState
-from kvpool.master.tombstones import Tombstones
+from kvpool.master.tombstones import RECORD_LIMIT, DurableRecord, Tombstones
 
 ON_N1 = PutOptions(replicas=1, preferred_hosts=("n1.cluster.local",))
 
@@ -96,3 +97,99 @@ def test_a_removal_of_a_key_removes_older_generations_that_went_away():
     tombstones.ended("k", 9)  # a newer write of k, then removed
     assert tombstones.refuses("s1", "k", 5, known=False)
     assert not tombstones.refuses("s1", "other", 5, known=False)
+
+
+# ---- across leaders: what a new leader must be told (written to etcd by the I/O layer)
+
+
+def new_leader_with(records: dict[str, DurableRecord]) -> MasterState:
+    """A new leader's state: empty, with the durable records its predecessor kept."""
+    successor, _ = new_state()
+    successor.restore_tombstones(records)
+    return successor
+
+
+def test_a_removal_while_a_node_is_away_is_recorded_for_the_next_leader():
+    state, clock, n1, n2 = two_nodes()
+    publish(state, "gone", 4096, options=PutOptions(replicas=2))
+    publish(state, "kept", 4096, options=ON_N1)
+    held = [stored(state, key, n1.segment_id) for key in ("gone", "kept")]
+    declare_dead(state, clock, "n1", [n2])
+    state.durable_changes()
+    assert remove(state, "gone") is KeyStatus.OK
+    assert state.durable_changes() == {n1.segment_id}
+    record = state.durable_record(n1.segment_id)
+    assert record == DurableRecord(False, {"gone": held[0].generation})
+
+    successor = new_leader_with({n1.segment_id: record})
+    assert successor.mount_segment(n1, held, remount=True, silent=1.0) == ["gone"]
+    assert set(successor.objects) == {"kept"}
+    assert successor.durable_changes() == {n1.segment_id}, "reconciled: the record goes"
+    assert successor.durable_record(n1.segment_id) is None
+
+
+def test_a_forget_answered_in_time_is_never_recorded():
+    state, _ = new_state()
+    n1 = segment_info("n1", MiB)
+    state.mount_segment(n1)
+    publish(state, "k", 4096)
+    state.durable_changes()
+    state.outbox.clear()
+    remove(state, "k")
+    [forget] = [c for c in state.outbox if isinstance(c, ForgetCommand)]
+    state.forget_answered(forget.command_id)
+    assert state.durable_changes() == set()
+
+
+def test_a_forget_answered_late_is_recorded_until_its_answer():
+    state, _ = new_state()
+    n1 = segment_info("n1", MiB)
+    state.mount_segment(n1)
+    publish(state, "k", 4096)
+    state.outbox.clear()
+    remove(state, "k")
+    [forget] = [c for c in state.outbox if isinstance(c, ForgetCommand)]
+    state.durable_changes()
+    state.quarantine(forget)  # the master stopped waiting: the removal is answered
+    assert state.durable_changes() == {n1.segment_id}
+    assert state.durable_record(n1.segment_id) is not None
+    assert "k" in state.durable_record(n1.segment_id).keys
+
+    state.forget_answered(forget.command_id)
+    assert state.durable_changes() == {n1.segment_id}
+    assert state.durable_record(n1.segment_id) is None
+
+
+def test_forgets_sent_as_one_are_answered_as_one():
+    tombstones = Tombstones()
+    tombstones.sent(1, "s1", "a", 1)
+    tombstones.sent(2, "s1", "b", 2)
+    tombstones.merged(2, 1)
+    tombstones.overdue(1)
+    assert tombstones.record("s1") == DurableRecord(False, {"a": 1, "b": 2})
+    tombstones.answered(1)
+    assert len(tombstones) == 0
+    assert tombstones.record("s1") is None
+    assert not tombstones.refuses("s1", "b", 2, known=False)
+
+
+def test_a_record_past_its_bound_says_distrusted():
+    tombstones = Tombstones()
+    for i in range(RECORD_LIMIT + 1):
+        tombstones.away("s1", f"k{i}", 1)
+        tombstones.ended(f"k{i}", 1)
+    assert tombstones.record("s1") == DurableRecord(True, {})
+    successor = Tombstones()
+    successor.restore("s1", DurableRecord(True, {}))
+    assert successor.refuses("s1", "anything", 1, known=False)
+
+
+def test_the_core_asks_for_the_record_with_the_removals_answer():
+    state, clock, n1, n2 = two_nodes()
+    core = MasterCore(state)
+    publish(state, "gone", 4096, options=PutOptions(replicas=2))
+    declare_dead(state, clock, "n1", [n2])
+    core.tick()
+    effects = core.remove(7, ["gone"], force=False)
+    assert effects.durable == {n1.segment_id}, "written before any answer that relies on it"
+    assert effects.answers == {}, "the removal waits for n2's Forget"
