@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from kvpool.master.records import (
@@ -37,7 +37,12 @@ def stored_from_pb(message: pb.StoredObject) -> StoredObject:
     )
 
 
-def command_to_pb(command: NodeCommand) -> pb.NodeCommand:
+def command_to_pb(
+    command: NodeCommand, copy_grant: Callable[[CopyCommand], bytes] | None = None
+) -> pb.NodeCommand:
+    """``copy_grant``: the READ capability for a copy's source range on another node that
+    serves the checked stream (the copying node reads over it); None: this master grants
+    none (the copy goes over UCX)."""
     message = pb.NodeCommand(command_id=command.command_id)
     if isinstance(command, PersistCommand):
         message.persist.segment_id = command.segment_id
@@ -50,8 +55,11 @@ def command_to_pb(command: NodeCommand) -> pb.NodeCommand:
         message.copy.source.CopyFrom(stored_to_pb(command.source))
         message.copy.target_segment_id = command.target_segment_id
         message.copy.target.CopyFrom(stored_to_pb(command.target))
-        if command.source_segment is not None:
-            segment_to_pb(command.source_segment, message.copy.source_segment)
+        source = command.source_segment
+        if source is not None:
+            segment_to_pb(source, message.copy.source_segment)
+            if copy_grant is not None and source.checked_address:
+                message.copy.capability = copy_grant(command)
     elif isinstance(command, PrepareCommand):
         message.prepare.segment_id = command.segment_id
         message.prepare.offset = command.offset
@@ -72,6 +80,7 @@ def segment_to_pb(info: SegmentInfo, message: pb.Segment | None = None) -> pb.Se
     message.rkey = info.rkey
     message.tier = info.tier  # type: ignore[assignment]
     message.persistent = info.persistent
+    message.checked_address = info.checked_address
     if info.shared_memory:
         message.shared_memory.ParseFromString(info.shared_memory)
     return message

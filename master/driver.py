@@ -21,7 +21,7 @@ from kvpool.master import metrics
 from kvpool.master.commands_pb import command_to_pb
 from kvpool.master.core import Effects, MasterCore
 from kvpool.master.node_processes import Attached, NodeProcesses
-from kvpool.master.records import TickReport
+from kvpool.master.records import CopyCommand, TickReport
 from kvpool.proto import master_pb2 as pb
 
 if TYPE_CHECKING:
@@ -141,6 +141,9 @@ class CoreDriver:
         #: Where tombstone records a new leader needs are written (etcd), with several
         #: masters; None for a master that runs alone.
         self.durable: TombstoneStore | None = None
+        #: Grants the READ capability of a copy from another node's checked stream (set
+        #: where this master holds capability keys), minted as the command goes out.
+        self.copy_grant: Callable[[CopyCommand], bytes] | None = None
 
     def accepting_clients(self) -> bool:
         return self.core is None or self.core.accepting_clients()
@@ -169,7 +172,7 @@ class CoreDriver:
             for command in effects.transmit:
                 stream = streams.get(command.node_id)
                 if stream is not None:  # (the core transmits only to open streams)
-                    stream.write(command_to_pb(command))
+                    stream.write(command_to_pb(command, self.copy_grant))
         if self.durable is not None and (effects.durable or self.durable.busy):
             answers = effects.answers  # (after the records: they may rely on them)
             self.durable.write(effects.durable, lambda ok: self._answer(answers, ok))

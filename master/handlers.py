@@ -32,6 +32,7 @@ from kvpool.master.quotas import InflightLimiter
 from kvpool.master.records import (
     ClusterSnapshot,
     Commit,
+    CopyCommand,
     DrainProgress,
     Location,
     PlacedReplica,
@@ -535,6 +536,24 @@ class MasterHandlers:
 
         return grant
 
+    def grant_copy(self, command: CopyCommand) -> bytes:
+        """The READ capability a node copying an object from another node's checked stream
+        shows it: exactly the source's range, for the object's generation (a Forget of it
+        seals it), until the master stops waiting for the copy (plus the nodes' clock
+        allowance). Only nodes get these: in their command stream."""
+        keys = self.capability_keys
+        assert keys is not None  # (the driver asks only where there are keys)
+        return keys.ring.grant(
+            segment_id=command.source_segment_id,
+            offset=command.source.offset,
+            length=max(command.source.size, 1),
+            rights=caps.Rights.READ,
+            expiry_ms=self.wall_ms() + int(self.core.command_timeout * 1000),
+            term=self.core.state.epoch,
+            tenant=COPY_TENANT,
+            grant_id=command.source.generation,
+        )
+
     def _deliver_keys(self, response: pb.MountSegmentResponse | pb.HeartbeatResponse) -> None:
         """Puts the capability keys in a node's answer (the node's authenticated session)."""
         keys = self.capability_keys
@@ -561,6 +580,10 @@ class MasterHandlers:
             cached = self._segment_pbs[info.segment_id] = (info, message)
         return cached[1]
 
+
+#: The tenant a copy's capability names (no tenant's: a node reads for the master; the colon
+#: is in no tenant name).
+COPY_TENANT = "kvpool:node-copy"
 
 #: The ``status`` label of each KeyStatus value.
 _STATUS_LABELS = {status.value: status.name.lower() for status in KeyStatus}

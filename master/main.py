@@ -344,6 +344,8 @@ async def serve(
         driver = CoreDriver(MasterCore(state, awaited_nodes=None, rebuild_window=config.node_ttl))
     handlers = MasterHandlers(driver)
     handlers.capability_keys = keys
+    if keys is not None:  # (nodes copy from each other over the checked stream)
+        driver.copy_grant = handlers.grant_copy
     key_watch = _KeyFileWatch(args.capability_key_file) if keys is not None else None
     service = MasterService(handlers, security.auth)
     shedder = LoadShedder(args.max_inflight)

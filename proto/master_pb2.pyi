@@ -502,18 +502,20 @@ class Forget(_message.Message):
     def __init__(self, segment_id: _Optional[str] = ..., objects: _Optional[_Iterable[_Union[StoredObject, _Mapping]]] = ...) -> None: ...
 
 class Copy(_message.Message):
-    __slots__ = ("source", "source_segment_id", "target", "target_segment_id", "source_segment")
+    __slots__ = ("source", "source_segment_id", "target", "target_segment_id", "source_segment", "capability")
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     SOURCE_SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     TARGET_SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     SOURCE_SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     source: StoredObject
     source_segment_id: str
     target: StoredObject
     target_segment_id: str
     source_segment: Segment
-    def __init__(self, source: _Optional[_Union[StoredObject, _Mapping]] = ..., source_segment_id: _Optional[str] = ..., target: _Optional[_Union[StoredObject, _Mapping]] = ..., target_segment_id: _Optional[str] = ..., source_segment: _Optional[_Union[Segment, _Mapping]] = ...) -> None: ...
+    capability: bytes
+    def __init__(self, source: _Optional[_Union[StoredObject, _Mapping]] = ..., source_segment_id: _Optional[str] = ..., target: _Optional[_Union[StoredObject, _Mapping]] = ..., target_segment_id: _Optional[str] = ..., source_segment: _Optional[_Union[Segment, _Mapping]] = ..., capability: _Optional[bytes] = ...) -> None: ...
 
 class NodeReport(_message.Message):
     __slots__ = ("hello", "result")

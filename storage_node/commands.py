@@ -113,7 +113,12 @@ class CommandExecutor:
         target.prepare(entry.offset, entry.size)  # a full disk fails here, not as a SIGBUS
         region = target.region
         self._peers.read(
-            source, copy.source.offset, entry.size, region.address + entry.offset, region.memh
+            source,
+            copy.source.offset,
+            entry.size,
+            region.address + entry.offset,
+            region.memh,
+            capability=copy.capability,
         )
         crc = target.checksum(entry.offset, entry.size)
         if copy.source.HasField("crc32c") and crc != copy.source.crc32c:

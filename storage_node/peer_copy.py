@@ -2,9 +2,12 @@
 
 The master never carries payload bytes. To give an object a new replica on this node, it
 reserves space here and sends a Copy naming the source segment of another node with what a
-client would need to reach it (worker address, base address, remote key); this node then
-reads the bytes with a one-sided UCX get straight into the reserved range, as a client's get
-would, checks them against the object's checksum, and records the copy.
+client would need to reach it; this node then reads the bytes straight into the reserved
+range, as a client's get would, checks them against the object's checksum, and records the
+copy. When the source node serves the checked stream, the Copy carries the master's READ
+capability for exactly the source's range and the bytes come over that stream (the source
+node checks it; nothing reaches its UCX worker). Otherwise (a cluster without capability
+keys, or a source node with the stream off) a one-sided UCX get reads them:
 
 One UCX worker of its own (the node's main worker is progressed by another thread, and a
 worker is not thread-safe), used by one command at a time: the node runs its commands in
@@ -16,6 +19,7 @@ whose transfer could be neither cancelled nor drained is given up, never progres
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -23,6 +27,7 @@ from prometheus_client import Counter
 
 from kvpool.proto import master_pb2 as pb
 from kvpool.transport import ucp
+from kvpool.transport.checked_stream import CheckedStreams, Job, Outcome
 
 #: Seconds one copy may take: below the master's wait for a command's answer (5 s), so that
 #: the node answers before the master gives up on it.
@@ -34,7 +39,9 @@ MAX_RKEYS = 64
 
 PEER_COPIED_BYTES = Counter(
     "kvpool_node_peer_copied_bytes_total",
-    "Bytes this node read from other nodes into its own segments (re-replication, drains).",
+    "Bytes this node read from other nodes into its own segments (re-replication, drains), "
+    "by path: checked (the source node's checked stream) or ucx.",
+    ["path"],
 )
 PEER_COPY_FAILURES = Counter(
     "kvpool_node_peer_copy_failures_total",
@@ -64,6 +71,7 @@ class _Peer:
 class PeerCopier:
     def __init__(self, context: ucp.Context) -> None:
         self._context = context
+        self._streams: CheckedStreams | None = None
         self._worker: ucp.Worker | None = None
         #: Workers given up after a transfer they could not stop (never used again).
         self._abandoned: list[ucp.Worker] = []
@@ -77,15 +85,20 @@ class PeerCopier:
         local_address: int,
         memh: object,
         timeout: float = COPY_TIMEOUT,
+        capability: bytes = b"",
     ) -> None:
         """Reads ``length`` bytes at ``offset`` of segment ``source`` (another node's) into
-        local memory at ``local_address`` (registered with this node's context: ``memh``).
-        Raises PeerCopyFailed; when it returns or raises, UCX touches the memory no more."""
+        local memory at ``local_address`` (registered with this node's context: ``memh``),
+        over the source's checked stream when ``capability`` is given. Raises
+        PeerCopyFailed; when it returns or raises, nothing touches the memory any more."""
         if offset < 0 or length < 0 or offset + length > source.size:
             raise PeerCopyFailed(
                 f"{offset}+{length} lies outside segment {source.segment_id} of {source.size} bytes"
             )
         if length == 0:
+            return
+        if capability and source.checked_address:
+            self._read_checked(source, offset, length, local_address, timeout, capability)
             return
         if self._worker is None:
             self._worker = self._context.create_worker()
@@ -107,7 +120,7 @@ class PeerCopier:
         )
         [status] = worker.transfer([op], is_get=True, timeout=timeout)
         if status == ucp.UCS_OK:
-            PEER_COPIED_BYTES.inc(length)
+            PEER_COPIED_BYTES.labels("ucx").inc(length)
             return
         PEER_COPY_FAILURES.inc()
         if worker.tainted:
@@ -121,7 +134,33 @@ class PeerCopier:
             f"{source.segment_id}) failed: {ucp.status_string(status)}"
         )
 
+    def _read_checked(
+        self,
+        source: pb.Segment,
+        offset: int,
+        length: int,
+        local_address: int,
+        timeout: float,
+        capability: bytes,
+    ) -> None:
+        if self._streams is None:
+            self._streams = CheckedStreams(per_node=2, threads=1)
+        job = Job(source.checked_address, capability, offset, length, local_address)
+        [result] = self._streams.run([job], is_get=True, deadline=time.monotonic() + timeout)
+        if result.outcome is Outcome.OK:
+            PEER_COPIED_BYTES.labels("checked").inc(length)
+            return
+        PEER_COPY_FAILURES.inc()
+        raise PeerCopyFailed(
+            f"reading {length} bytes from node {source.node_id} (segment {source.segment_id}) "
+            f"over its checked stream failed: {result.outcome.value}"
+            + (f" ({result.message})" if result.message else "")
+        )
+
     def close(self) -> None:
+        if self._streams is not None:
+            self._streams.close()
+            self._streams = None
         for address in list(self._peers):
             self._drop(address)
         if self._worker is not None and not self._abandoned:

@@ -3,8 +3,9 @@
 With real processes (a master, storage nodes, clients moving bytes over UCX):
 
 - a node killed (SIGKILL) under a workload of two-replica puts and gets: once the master
-  declares it dead, each object it held is copied, node to node, from its surviving replica
-  to a node holding none of it, at the master's ``--rereplication-rate``; every object is
+  declares it dead, each object it held is copied, node to node (over the source node's
+  checked stream), from its surviving replica to a node holding none of it, at the master's
+  ``--rereplication-rate``; every object is
   back on two live nodes within the time the README states (the node TTL, plus the bytes to
   copy over the rate, plus a margin), and no sooner than the rate allows;
 - the copies hold the objects' bytes: with another original node killed too, every object
@@ -15,6 +16,7 @@ With real processes (a master, storage nodes, clients moving bytes over UCX):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -42,6 +44,17 @@ def nodes_holding(client: Client, key: str) -> list[str]:
 
 def live_nodes(cluster: LocalCluster) -> set[str]:
     return {node.ready["node_id"] for node in cluster.nodes if node.alive()}
+
+
+def copied_over(cluster: LocalCluster, path: str) -> float:
+    """Bytes the live nodes read from other nodes over ``path`` ("checked" or "ucx")."""
+    total = 0.0
+    for node in cluster.nodes:
+        if node.alive():
+            name = f'kvpool_node_peer_copied_bytes_total{{path="{path}"}}'
+            with contextlib.suppress(AssertionError):  # (none until a copy on that path)
+                total += metric(node.ready["http_port"], name)
+    return total
 
 
 def fully_replicated(client: Client, keys: list[str], live: set[str], count: int = 2) -> bool:
@@ -81,6 +94,10 @@ def test_a_killed_nodes_objects_are_on_two_live_nodes_again_within_the_stated_ti
         assert wait_until(
             lambda: metric(cluster.master_http_port, "kvpool_bytes_copied_total") >= to_copy, 10
         ), metric(cluster.master_http_port, "kvpool_bytes_copied_total")
+        # node to node over the source's checked stream (the master's READ capability for
+        # exactly that range), never its UCX worker
+        assert copied_over(cluster, "checked") >= to_copy
+        assert copied_over(cluster, "ucx") == 0
         assert load.gets > 0 and load.published, "the workload ran throughout"
         # every object the workload put with two replicas is on two live nodes as well
         doubled = [key for key, (_, stored) in load.published.items() if stored == 2]
