@@ -531,7 +531,15 @@ class DataPath:
         except KeyError:
             failure = Failure(f"segment {segment_id} is not known to this client")
         except ucp.UcxError as error:
-            failure = self._unreachable(segment_id, str(error))
+            why = str(error)
+            if error.status == ucp.UCS_ERR_UNREACHABLE:
+                why += (
+                    ": no UCX transport of this client reaches the node's worker. A node "
+                    "that serves the checked stream offers UCX over shared memory only, to "
+                    "clients on its host: use the checked stream (do not set "
+                    "KVPOOL_CHECKED_STREAM=0), or start the node with --ucx-tcp"
+                )
+            failure = self._unreachable(segment_id, why)
         unroutable[node_id] = failure
         return failure
 

@@ -36,6 +36,9 @@ MAX_NODE_ID = 255
 #: --data-port when none is given: 0 serves the checked stream on a free port (secure
 #: nodes), -1 serves none (clients on other hosts then use UCX). Issue 17: one line to flip.
 DEFAULT_DATA_PORT = 0
+#: The UCX transports of a node without UCX over TCP (``--ucx-tcp``): shared memory and CMA
+#: for clients on its host, and loopback.
+LOCAL_UCX_TRANSPORTS = "sm,self"
 
 NODE_ID_HELP = (
     "node id, one per node process (default: the host name and a suffix. A node with no "
@@ -115,6 +118,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"(0: a free one; -1: none, such clients use UCX; default {DEFAULT_DATA_PORT}). "
         "Listens on --listen; served only when the master grants capabilities (a secure "
         "master)",
+    )
+    parser.add_argument(
+        "--ucx-tcp",
+        action="store_true",
+        help="let peers on other hosts reach this node's UCX worker over TCP (one-sided "
+        "reads and writes the node does not check: trusted networks only). Off by default "
+        "while the node serves the checked stream: its worker then offers shared memory "
+        "only, to clients on its host; on when --data-port is -1, the node --insecure, or "
+        "UCX_TLS is set",
     )
     parser.add_argument(
         "--data-advertise",
@@ -250,7 +262,7 @@ async def _serve(
     http = _http_server(args, lambda: node.ready if node else (False, "opening segments"))
     http.start()
     try:
-        context = ucp.Context()
+        context = ucp.Context(_ucx_config(args))
         worker = context.create_worker()
         segments = _open_segments(args, context, node_id)
     except BaseException:
@@ -315,6 +327,16 @@ def _checked_listener(args: argparse.Namespace, host: str) -> tuple[str, int, st
         return None
     wildcard = args.listen in ("0.0.0.0", "::", "")
     return args.listen, args.data_port, args.data_advertise or (host if wildcard else args.listen)
+
+
+def _ucx_config(args: argparse.Namespace) -> dict[str, str] | None:
+    """The node's UCX transports: shared memory only (no peer elsewhere reaches its worker)
+    while the checked stream carries every transfer from other hosts, other nodes' copies
+    included; UCX's defaults with ``--ucx-tcp``, without the stream, or where the
+    environment names the transports (UCX_TLS)."""
+    if args.ucx_tcp or _checked_listener(args, "") is None or "UCX_TLS" in os.environ:
+        return None
+    return {"TLS": LOCAL_UCX_TRANSPORTS}
 
 
 def _http_server(

@@ -35,6 +35,7 @@ DRAIN_GRACE = 5.0
 
 UCS_OK = lib.UCS_OK
 UCS_ERR_TIMED_OUT = lib.UCS_ERR_TIMED_OUT
+UCS_ERR_UNREACHABLE = lib.UCS_ERR_UNREACHABLE
 #: ``UCS_ERR_INVALID_ADDR`` (a literal: the binding's cdef does not declare it).
 UCS_ERR_INVALID_ADDR = -7
 

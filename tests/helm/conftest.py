@@ -142,6 +142,14 @@ def render(chart: Any) -> Callable[[dict[str, Any]], dict[str, str]]:
     return run
 
 
+@pytest.fixture(scope="session")
+def render_release(
+    chart: Any, render: Callable[[dict[str, Any]], dict[str, str]]
+) -> Callable[[dict[str, Any]], Render]:
+    """Renders the chart with some values, as ``renders`` does a value set."""
+    return lambda values: Render("custom", full_values(chart, values), render(values))
+
+
 @pytest.fixture(scope="module")
 def renders(
     chart: Any,

@@ -1343,14 +1343,29 @@ def test_network_policy_admits_chart_pods_and_clients_only(renders: dict[str, Re
         assert not _admits(master, stranger, port, ns)
         assert not _admits(master, client, port, "elsewhere")  # clients of this namespace only
     assert not _admits(master, client, 22, ns)
-    # UCX takes ephemeral ports: clients reach every TCP port of the storage nodes.
-    for port in (9091, 34567, 60999):
+    # The checked stream and the HTTP port only: the nodes offer no UCX over TCP.
+    for port in (9091, 9092):
         assert _admits(node, client, port, ns)
         assert _admits(node, _chart_pod(render, "node"), port, ns)
         assert not _admits(node, stranger, port, ns)
+    for port in (34567, 60999):
+        assert not _admits(node, client, port, ns)
+    assert "--ucx-tcp" not in render.container("node")["args"]
     # Another release's pods are not this release's.
     other = {**_chart_pod(render, "node"), "app.kubernetes.io/instance": "other"}
     assert not _admits(master, other, 50051, ns)
+
+
+def test_ucx_over_tcp_is_opted_into_and_then_admitted_on_every_port(
+    render_release: Callable[[dict[str, Any]], Render],
+) -> None:
+    """UCX takes ephemeral ports: with it on TCP, clients reach every TCP port of the nodes."""
+    on_tcp = render_release({"storage": {"ucxTcp": True}})
+    node = on_tcp.get("NetworkPolicy", f"{on_tcp.fullname}-node")
+    assert "--ucx-tcp" in on_tcp.container("node")["args"]
+    client = {"app": "vllm", "kvpool.io/client": "true"}
+    for port in (9091, 9092, 34567, 60999):
+        assert _admits(node, client, port, on_tcp.namespace)
 
 
 def test_network_policy_with_a_ucx_port_range_and_metrics_peers(
