@@ -42,6 +42,19 @@ def declare_dead(state: MasterState, clock: FakeClock, node: str, alive: list[Se
     assert state.tick().dead_nodes == [node]
 
 
+def one_removal() -> tuple[MasterState, SegmentInfo, ForgetCommand]:
+    """One node; an object put and removed: the state, the node's segment, and the Forget
+    its node was sent (unanswered yet)."""
+    state, _ = new_state()
+    n1 = segment_info("n1", MiB)
+    state.mount_segment(n1)
+    publish(state, "k", 4096)
+    state.outbox.clear()
+    remove(state, "k")
+    [forget] = [c for c in state.outbox if isinstance(c, ForgetCommand)]
+    return state, n1, forget
+
+
 def test_an_object_lost_with_its_node_comes_back_with_it():
     state, clock, n1, n2 = two_nodes()
     publish(state, "only-on-n1", 4096, options=ON_N1)
@@ -68,13 +81,7 @@ def test_an_object_whose_forget_went_unanswered_is_not_adopted_again():
 
 
 def test_an_answered_forget_leaves_no_tombstone():
-    state, _ = new_state()
-    n1 = segment_info("n1", MiB)
-    state.mount_segment(n1)
-    publish(state, "k", 4096)
-    state.outbox.clear()
-    remove(state, "k")
-    [forget] = [c for c in state.outbox if isinstance(c, ForgetCommand)]
+    state, _, forget = one_removal()
     state.forget_answered(forget.command_id)
     assert len(state._tombstones) == 0
 
@@ -129,26 +136,14 @@ def test_a_removal_while_a_node_is_away_is_recorded_for_the_next_leader():
 
 
 def test_a_forget_answered_in_time_is_never_recorded():
-    state, _ = new_state()
-    n1 = segment_info("n1", MiB)
-    state.mount_segment(n1)
-    publish(state, "k", 4096)
-    state.durable_changes()
-    state.outbox.clear()
-    remove(state, "k")
-    [forget] = [c for c in state.outbox if isinstance(c, ForgetCommand)]
+    state, _, forget = one_removal()
+    assert state.durable_changes() == set(), "sent, and waited for: nothing to write yet"
     state.forget_answered(forget.command_id)
     assert state.durable_changes() == set()
 
 
 def test_a_forget_answered_late_is_recorded_until_its_answer():
-    state, _ = new_state()
-    n1 = segment_info("n1", MiB)
-    state.mount_segment(n1)
-    publish(state, "k", 4096)
-    state.outbox.clear()
-    remove(state, "k")
-    [forget] = [c for c in state.outbox if isinstance(c, ForgetCommand)]
+    state, n1, forget = one_removal()
     state.durable_changes()
     state.quarantine(forget)  # the master stopped waiting: the removal is answered
     assert state.durable_changes() == {n1.segment_id}
