@@ -97,6 +97,12 @@ class EtcdProcess:
                 peer,
                 "--initial-cluster",
                 f"kvpool-test={peer}",
+                # (the masters rewrite tombstone records whole: old revisions are compacted
+                # away, as the chart's etcd does with --auto-compaction-retention)
+                "--auto-compaction-mode",
+                "periodic",
+                "--auto-compaction-retention",
+                "5m",
                 *self._tls_arguments(),
             ],
             stdout=log,

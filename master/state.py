@@ -168,6 +168,8 @@ class MasterState:
         self._reservations_of: dict[str, set[str]] = {}
         #: command id -> (segment, objects) of a Persist or Copy command not yet answered.
         self._awaiting: dict[int, tuple[str, tuple[ObjectRecord, ...]]] = {}
+        #: Persist command id -> what it told the node to record (for a late answer).
+        self._persisting: dict[int, tuple[StoredObject, ...]] = {}
         #: (release_at, seq, segment, offset): buffers waiting to be freed. The record itself,
         #: not its id, so that a buffer of a dropped and remounted segment is never freed twice.
         self._deferred: list[tuple[float, int, SegmentRecord, int]] = []
@@ -355,6 +357,7 @@ class MasterState:
 
     def _answered(self, command_id: int, ok: bool, crc32c: Sequence[int], expired: bool) -> None:
         segment_id, records = self._awaiting.pop(command_id, ("", ()))
+        persisted = self._persisting.pop(command_id, ())
         parked = self._parked.pop(command_id, None)
         if parked is not None:
             segment, offset, record, not_before = parked
@@ -365,6 +368,8 @@ class MasterState:
                 crc = crc32c[0] if crc32c else None
                 self._move_done(record, command_id, ok, crc, "expired" if expired else "answered")
             elif record.state is committed and segment_id in record.unacked:
+                if not ok and not expired and self._persist_pending(record, segment_id):
+                    continue  # a retried commit's Persist failed; the other one decides
                 if record.crc32c is None and i < len(crc32c):
                     record.crc32c = crc32c[i]  # the node's own checksum of what it holds
                 if expired:  # the node may record it late: it must not keep that entry
@@ -375,6 +380,39 @@ class MasterState:
                     entry = (self.clock(), "persist_failed", record.put_id, segment_id, expired)
                     self._note((record.key, entry))
                 self._persist_done(record, segment_id, ok)
+            elif (ok or expired) and i < len(persisted):
+                self._forget_unheld(segment_id, record, persisted[i])
+
+    def _persist_pending(self, record: ObjectRecord, segment_id: str) -> bool:
+        """Whether another Persist of ``record`` to ``segment_id`` still waits for its answer
+        (a writer retried its PutEnd): if one fails, the node may have recorded the object
+        through the other, so the replica's space must not go back before that one answers.
+        (A scan, on failures only.)"""
+        return any(
+            segment == segment_id and any(r is record for r in records)
+            for segment, records in self._awaiting.values()
+        )
+
+    def _forget_unheld(self, segment_id: str, record: ObjectRecord, item: StoredObject) -> None:
+        """A Persist answered (or given up on) for a replica the master does not hold: the
+        object ended meanwhile, or another Persist of the same commit failed first and its
+        space went back. The node recorded it (or may yet): it must forget it, else a remount
+        reports it (over whatever lies there by then). A Forget names place and generation,
+        so it spares a newer object the node recorded there since."""
+        segment = self.segments.get(segment_id)
+        if segment is None:
+            return
+        current = self.objects.get(record.key)  # (maybe adopted anew since, same generation)
+        held = (
+            current is not None
+            and current.generation == item.generation
+            and any(
+                r is not None and r.segment_id == segment_id and r.offset == item.offset
+                for r in current.replicas
+            )
+        )
+        if not held:
+            self._send_forget(segment, record, item.offset)
 
     def drain(self, node_id: str) -> DrainProgress | None:
         """Drains a node: nothing new is placed there from now on (puts, copies), and each
@@ -490,6 +528,7 @@ class MasterState:
             objects = tuple(self._stored(r, segment_id) for r in records)
             self.outbox.append(PersistCommand(command_id, segment.node_id, segment_id, objects))
             self._awaiting[command_id] = (segment_id, tuple(records))
+            self._persisting[command_id] = objects
         return statuses
 
     def put_revoke(self, keys: Sequence[str], put_ids: Sequence[int]) -> list[KeyStatus]:
@@ -1616,6 +1655,12 @@ class MasterState:
             release_at = self._reuse_after(record, now)  # its readers may still be copying
             self._send_forgets(record)  # nodes may have recorded it (or be about to)
         self._release(record.replicas, release_at)
+        if self._parked and record.state is not RESERVED:
+            for parked_in, offset, parked, _ in list(self._parked.values()):
+                if parked is record and self.segments.get(parked_in.segment_id) is parked_in:
+                    # a copy cancelled earlier (its source went) that its node may record
+                    # yet: forgotten now, so that the removal waits for it too
+                    self._send_forget(parked_in, record, offset)
         for command_id, move in record.moving.items():  # copies in flight: cancelled
             self._replication.ended(command_id)
             target = self.segments.get(move.target.segment_id)

@@ -142,11 +142,14 @@ REMOVALS_SURVIVE_ORPHANS = True
 REMOVALS_SURVIVE_ORPHANS_AT_A_NEW_LEADER = True
 #: Nor does the target of a copy cancelled (its source withdrawn) before its object was removed,
 #: recorded by its node just before a failover (test_a_removed_object_stays_removed_though_...).
+#: Closed in master/state.py (the removal forgets the parked target, and waits for it), but
+#: left off here: this model applies a Forget to a node's index when it is sent, not after the
+#: commands sent before it, so it would see the copy recorded after its Forget.
 REMOVALS_SURVIVE_CANCELLED_COPIES = False
-#: An entry a node recorded for no replica the master holds (the second Persist of a retried
-#: commit, whose first failed) is forgotten, so that no remount drops a published object for it
-#: (test_a_failed_persist_of_a_retried_commit_leaves_no_entry_behind).
-STALE_ENTRIES_FORGOTTEN = False
+#: An entry a node recorded for no replica the master holds (a Persist of a retried commit
+#: answered after the other failed, or after its object ended) is forgotten, or not left behind,
+#: so that no remount drops a published object for it (test_master_remount_gaps.py).
+STALE_ENTRIES_FORGOTTEN = True
 
 # Production timings (lease 10 s, node TTL 5 s, ...) but for reservations, which time out and
 # leave quarantine sooner, so that space turns over within one example, and for writers, declared
@@ -882,6 +885,8 @@ class MasterModel(RuleBasedStateMachine):
             waiting = self.committing.get(ident)
             if waiting is None or id(segment) not in waiting.unacked:
                 continue  # answered already, or the object is gone
+            if how == "failed" and self.persist_pending(ident, segment):
+                continue  # a retried commit's other Persist may have recorded it: it decides
             if waiting.crc32c is None and i < len(crcs):
                 waiting.crc32c = crcs[i]
             buffer = waiting.unacked.pop(id(segment))
@@ -905,6 +910,16 @@ class MasterModel(RuleBasedStateMachine):
         self.collect()
         for ident, status in outcomes:
             self.check_published(ident, status, self.crc_of[ident])
+
+    def persist_pending(self, ident: tuple[str, int], segment: SegmentRecord) -> bool:
+        """Whether another Persist of ``ident`` to ``segment`` is still out (a retried
+        PutEnd sends a second one)."""
+        return any(
+            isinstance(sent.command, PersistCommand)
+            and sent.segment is segment
+            and any((o.key, o.generation) == ident for o in sent.command.objects)
+            for sent in self.sent.values()
+        )
 
     def answer_copy(
         self, command: CopyCommand, segment: SegmentRecord, how: str, crcs: list[int]
@@ -1931,22 +1946,26 @@ class MasterModel(RuleBasedStateMachine):
                 persists[command.segment_id] = command.command_id
                 state.command_done(command.command_id, nodes_ok)
             state.outbox.clear()
-            if status is None:
-                [result] = state.resolved
-                state.resolved.clear()
-                assert (result.key, result.put_id) == ident
-                status = result.status
             if waiting is not None:  # every node answered
-                for buffer in waiting.unacked.values():
+                undecided = {}  # failed, while a Persist of an earlier try is still out
+                for unit, buffer in waiting.unacked.items():
                     if nodes_ok:
                         waiting.persisted.append(buffer)
                         item = StoredObject(
                             key, buffer.offset, waiting.size, put_id, waiting.crc32c
                         )
                         self.record_on_disk(buffer.segment, item, persists[buffer.segment_id])
-                waiting.unacked.clear()
-                expected = self.finish_commit(ident)
-                self.owed[key, put_id, expected] -= 1
+                    elif self.persist_pending(ident, buffer.segment):
+                        undecided[unit] = buffer
+                waiting.unacked = undecided
+                if not undecided:
+                    expected = self.finish_commit(ident)
+                    self.owed[key, put_id, expected] -= 1
+            if status is None and expected is not None:
+                [result] = state.resolved
+                state.resolved.clear()
+                assert (result.key, result.put_id) == ident
+                status = result.status
 
         assert status is expected, (key, ok, status, expected)
         commands = self.collect()
@@ -1957,7 +1976,7 @@ class MasterModel(RuleBasedStateMachine):
             for o in c.objects
         }
         assert persists == (awaited if wait else set()), (persists, awaited)
-        if waiting is not None and not wait:
+        if waiting is not None and not wait and expected is not None:
             self.check_published(ident, expected, waiting.crc32c)
         if was_open and not kept:
             assert key not in state.objects, f"{key}: NO_REPLICA, but it is still there"

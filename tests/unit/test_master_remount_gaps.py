@@ -1,7 +1,8 @@
 """Gaps the model check (test_master_model.py) found in what a remount brings back
-(master/state.py): each test is the smallest example, expected to fail (xfail, strict) until
-the gap is closed; then the model's flag for it (``REMOVALS_SURVIVE_ORPHANS`` and those beside
-it) goes True so that the model checks it too.
+(master/state.py): each test is the smallest example, kept as an xfail (strict) while the gap
+is open; once it is closed the test passes and the model's flag for it
+(``REMOVALS_SURVIVE_ORPHANS`` and those beside it) goes True so that the model checks it too.
+All are closed now.
 
 A storage node reports what its index holds when it mounts a segment again: after a restart,
 at a new master, or when the master that had declared it dead hears from it again. The master
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import pytest
 from state_helpers import CONFIG, MiB, get, new_state, publish, remove, segment_info, stored
 
 from kvpool.common.status import KeyStatus, Tier
@@ -54,11 +54,11 @@ def test_a_removed_object_stays_removed_when_a_node_declared_dead_remounts():
     assert "k" not in state.objects, f"removed, yet adopted again (dropped: {dropped})"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="a parked copy is not forgotten")
 def test_a_removed_object_stays_removed_though_a_cancelled_copy_of_it_landed():
     """A promotion cancelled because its source segment went away leaves its target to the
-    node's answer; if the object is removed meanwhile, nothing tells the node to forget the
-    copy it may have recorded, and the next master adopts it."""
+    node's answer. If the object is removed meanwhile, its node is told to forget the copy it
+    may have recorded (after the copy, in order), and the removal waits for that answer: the
+    next master, which adopts what nodes report, must not bring it back."""
     state, clock = new_state()
     dram, nvme, other = segment_info("n1", 4096), nvme_info("n1"), nvme_info("n2")
     for info in (dram, nvme, other):
@@ -78,27 +78,28 @@ def test_a_removed_object_stays_removed_though_a_cancelled_copy_of_it_landed():
         if isinstance(c, ForgetCommand)
         for o in c.objects
     }
-    # The node carried out the copy (it recorded k in n1/dram0); the master fails over.
+    assert (dram.segment_id, "k") in told, "the copy its node may have recorded is forgotten"
+    # The node carried out the copy (it recorded k in n1/dram0), then stalled: the master
+    # stops waiting for the Forget and answers the removal; then it fails over, the next
+    # master reading what this one kept for it (etcd).
+    for forget in state.outbox:
+        if isinstance(forget, ForgetCommand) and forget.segment_id == dram.segment_id:
+            state.quarantine(forget)
+    record = state.durable_record(dram.segment_id)
+    assert record is not None and "k" in record.keys
     new = MasterState(CONFIG, clock=clock, epoch=1)
+    new.restore_tombstones({dram.segment_id: record})
     new.mount_segment(dram, [copy.target], remount=True, silent=0.0)
     assert "k" not in new.objects, f"removed, yet adopted again (Forgets sent: {told})"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="a failed Persist is not forgotten")
-def test_a_failed_persist_of_a_retried_commit_leaves_no_entry_behind():
-    """A writer retries its PutEnd while the first waits for the node: a second Persist goes out
-    for the same replica. The node runs both in order; the second fails and its answer comes
-    first: the master frees the buffer (the node recorded nothing, it thinks) and answers
-    NO_REPLICA. But the first recorded the object, and nothing tells the node to forget it.
-    Once the master gives those bytes to an older object (a demotion keeps its generation),
-    the next master adopts the stale, newer entry there and drops the published object."""
-    state, clock = new_state()
-    dram = segment_info("n1", 1024, "n1/d0")
+def retried_commit() -> tuple[MasterState, SegmentInfo, PersistCommand, PersistCommand]:
+    """A writer retried its PutEnd while the first waited for the node: two Persists of the
+    same replica (n1/nvme+0) are out, the first and the second."""
+    state, _ = new_state()
     nvme = nvme_info("n1", 2048)
-    state.mount_segment(dram)
     state.mount_segment(nvme)
-    publish(state, "old", 1000, options=PutOptions(tier=Tier.DRAM))  # generation 1, in DRAM
-    [slot] = state.put_start("c1", ["k"], [0], PutOptions(tier=Tier.NVME))  # n1/nvme+0
+    [slot] = state.put_start("c1", ["k"], [0], PutOptions(tier=Tier.NVME))
     state.outbox.clear()
     commit = Commit("k", slot.put_id, (True,), None)
     assert state.put_end([commit]) == [None]
@@ -107,20 +108,31 @@ def test_a_failed_persist_of_a_retried_commit_leaves_no_entry_behind():
     assert state.put_end([commit]) == [None]  # retried: a second Persist
     [second] = [c for c in state.outbox if isinstance(c, PersistCommand)]
     state.outbox.clear()
+    return state, nvme, first, second
+
+
+def test_a_failed_persist_of_a_retried_commit_does_not_outvote_the_one_that_recorded_it():
+    """The node runs both Persists in order; the second fails and its answer comes first. The
+    first may have recorded the object, so its space must not go back (another object placed
+    there would have the node's stale, newer entry adopted over it at the next master): the
+    master waits for the first, which decides."""
+    state, nvme, first, second = retried_commit()
     state.command_done(second.command_id, False)
-    assert [r.status for r in state.resolved] == [KeyStatus.NO_REPLICA]
-    state.resolved.clear()
+    assert state.resolved == [] and not state.outbox, "undecided while the first is out"
     state.command_done(first.command_id, True)  # it recorded k at n1/nvme+0
-    assert "k" not in state.objects
-    leftover = first.objects[0]
-    state.tick()  # DRAM is above its watermark: "old" is demoted to n1/nvme, at offset 0
-    [copy] = [c for c in state.outbox if isinstance(c, CopyCommand)]
+    assert [r.status for r in state.resolved] == [KeyStatus.OK]
+    assert stored(state, "k", nvme.segment_id).offset == first.objects[0].offset
+
+
+def test_a_persist_answered_after_its_object_ended_is_forgotten():
+    """The object is removed (by force) while both Persists are out; the first is answered
+    ok afterwards: the node recorded an entry the master holds no replica for, so it is told
+    to forget it (whatever the removal's own Forget found)."""
+    state, nvme, first, second = retried_commit()
+    assert remove(state, "k", force=True) is KeyStatus.OK
     state.outbox.clear()
-    state.command_done(copy.command_id, True)
-    state.outbox.clear()
-    assert stored(state, "old", nvme.segment_id).offset == leftover.offset
-    clock.advance(1.0)  # the master fails over: the node reports its index
-    new = MasterState(CONFIG, clock=clock, epoch=1)
-    new.mount_segment(dram, [], remount=True, silent=1.0)
-    dropped = new.mount_segment(nvme, [leftover, copy.target], remount=True, silent=1.0)
-    assert "old" in new.objects, f"the published object lost (dropped: {dropped}) for {leftover}"
+    state.command_done(second.command_id, False)
+    state.command_done(first.command_id, True)
+    [forget] = [c for c in state.outbox if isinstance(c, ForgetCommand)]
+    assert (forget.segment_id, forget.objects[0].key) == (nvme.segment_id, "k")
+    assert forget.objects[0].offset == first.objects[0].offset
