@@ -36,6 +36,9 @@ log = get_logger("kvpool.tombstones")
 MAX_AGE = 7 * 24 * 3600.0
 #: Operations per etcd transaction (etcd's default limit is 128).
 OPS_PER_TRANSACTION = 64
+#: Bytes of values per etcd transaction (etcd's default request limit is 1.5 MiB; one record
+#: holds at most tombstones.RECORD_BYTES).
+BYTES_PER_TRANSACTION = 1 << 20
 #: Seconds one transaction may take.
 WRITE_TIMEOUT = 3.0
 #: Seconds between tries of a write that failed.
@@ -165,18 +168,27 @@ class TombstoneStore:
         if client is None:
             return False
         now = time.time()
-        ops = []
+        chunks: list[list[Any]] = [[]]
+        size = 0
         for segment_id in sorted(segment_ids):
             key = self._prefix + segment_id.encode()
             record = record_of(segment_id)
+            value = b"" if record is None else encode(record, now)
+            if len(chunks[-1]) >= OPS_PER_TRANSACTION or (
+                chunks[-1] and size + len(key) + len(value) > BYTES_PER_TRANSACTION
+            ):
+                chunks.append([])
+                size = 0
+            size += len(key) + len(value)
             if record is None:
-                ops.append(client.transactions.delete(key))
+                chunks[-1].append(client.transactions.delete(key))
             else:
-                ops.append(client.transactions.put(key, encode(record, now)))
+                chunks[-1].append(client.transactions.put(key, value))
         leading = client.transactions.value(self._leader_key) == self._address().encode()
         try:
-            for start in range(0, len(ops), OPS_PER_TRANSACTION):
-                chunk = ops[start : start + OPS_PER_TRANSACTION]
+            for chunk in chunks:
+                if not chunk:
+                    continue
                 succeeded, _ = await asyncio.wait_for(
                     client.transaction(compare=[leading], success=chunk, failure=[]),
                     WRITE_TIMEOUT,

@@ -38,9 +38,13 @@ from dataclasses import dataclass
 
 #: Entries kept at most (a few hundred bytes each), across every segment.
 LIMIT = 1_000_000
-#: Keys one segment's durable record lists at most (an etcd value stays well under its
-#: 1.5 MiB limit with keys of up to 256 bytes); past that the record says "distrusted".
+#: Keys one segment's durable record lists at most; past that, or past ``RECORD_BYTES``, the
+#: record says "distrusted" instead.
 RECORD_LIMIT = 4096
+#: Bytes the keys of one record may take, encoded: well under etcd's 1.5 MiB request limit.
+RECORD_BYTES = 768 << 10
+#: What each key adds to a record beyond its own bytes (quotes, colon, generation, comma).
+_PER_KEY_BYTES = 26
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +179,7 @@ class Tombstones:
                     keys[key] = max(generation, keys.get(key, 0))
         if not keys:
             return None
-        if len(keys) > RECORD_LIMIT:
+        if len(keys) > RECORD_LIMIT or _encoded_bytes(keys) > RECORD_BYTES:
             return DurableRecord(True, {})
         return DurableRecord(False, keys)
 
@@ -242,3 +246,8 @@ class Tombstones:
                     self._unanswered[command_id] = kept
                 else:
                     del self._unanswered[command_id]
+
+
+def _encoded_bytes(keys: dict[str, int]) -> int:
+    """About what ``keys`` take in a record (JSON, keys escaped at most twice their size)."""
+    return sum(2 * len(key.encode()) + _PER_KEY_BYTES for key in keys)

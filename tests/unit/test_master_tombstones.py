@@ -174,6 +174,11 @@ def test_a_record_past_its_bound_says_distrusted():
         tombstones.away("s1", f"k{i}", 1)
         tombstones.ended(f"k{i}", 1)
     assert tombstones.record("s1") == DurableRecord(True, {})
+    long_keys = Tombstones()  # few keys, but long ones: bounded in bytes too (etcd's limit)
+    for i in range(400):
+        long_keys.away("s2", f"{i:04d}" + "k" * 1020, 1)
+        long_keys.ended(f"{i:04d}" + "k" * 1020, 1)
+    assert long_keys.record("s2") == DurableRecord(True, {})
     successor = Tombstones()
     successor.restore("s1", DurableRecord(True, {}))
     assert successor.refuses("s1", "anything", 1, known=False)
