@@ -11,7 +11,9 @@ Writes are coalesced: while one transaction is in flight, later changes wait and
 the next one, each record built at that time. A write is a transaction guarded by the
 leader key naming this master, so a deposed leader changes nothing. A write that fails (etcd
 unreachable, leadership lost) fails the answers waiting on it: their calls are refused with
-UNAVAILABLE and retried by the caller, at whichever master leads then.
+UNAVAILABLE and retried by the caller, at whichever master leads then. While writes keep
+failing though the master still leads (etcd refusing puts, its space alarm raised), only the
+answers that carry a change wait (and are refused): other calls are served meanwhile.
 
 A record nobody has touched for ``MAX_AGE`` seconds (a segment that never came back: its node
 was replaced) is deleted by the next leader that reads it.
@@ -43,6 +45,8 @@ BYTES_PER_TRANSACTION = 1 << 20
 WRITE_TIMEOUT = 3.0
 #: Seconds between tries of a write that failed.
 RETRY_AFTER = 0.5
+#: Failed writes in a row after which answers that carry no change stop waiting for writes.
+FAILURES_BEFORE_DEGRADED = 3
 
 #: What a write calls back with: True once the records are in etcd, False if they are not.
 Done = Callable[[bool], None]
@@ -84,6 +88,8 @@ class TombstoneStore:
         self._waiting: list[Done] = []
         self._record_of: Callable[[str], DurableRecord | None] | None = None
         self._task: asyncio.Task[None] | None = None
+        #: Writes that failed in a row.
+        self._failures = 0
 
     # ---- a term
 
@@ -122,6 +128,7 @@ class TombstoneStore:
     def end(self) -> None:
         """The term ended: nothing more is written, and what waited fails."""
         self._record_of = None
+        self._failures = 0
         self._dirty.clear()
         waiting, self._waiting = self._waiting, []
         for done in waiting:
@@ -147,8 +154,15 @@ class TombstoneStore:
     @property
     def busy(self) -> bool:
         """A write is under way: answers given meanwhile wait for it (``write`` with no
-        segment), so that none overtakes a record written for an earlier one."""
-        return self._task is not None and not self._task.done()
+        segment), so that none overtakes a record written for an earlier one. Not while
+        writes keep failing (etcd refusing puts while the lease still renews: its space
+        alarm): then only the answers that carry changes wait, and are refused, so that
+        reads and writes go on meanwhile."""
+        return self._task is not None and not self._task.done() and not self.failing
+
+    @property
+    def failing(self) -> bool:
+        return self._failures >= FAILURES_BEFORE_DEGRADED
 
     async def _writer(self) -> None:
         while (self._dirty or self._waiting) and self._record_of is not None:
@@ -157,7 +171,17 @@ class TombstoneStore:
             ok = await self._write_now(segment_ids, self._record_of) if segment_ids else True
             for done in waiting:
                 done(ok)
-            if not ok:  # tried again (until the term ends: a leader cut off from etcd ends it)
+            if ok:
+                if self.failing:
+                    log.warning("tombstone records written again")
+                self._failures = 0
+            else:  # tried again (until the term ends: a leader cut off from etcd ends it)
+                self._failures += 1
+                if self._failures == FAILURES_BEFORE_DEGRADED:
+                    log.error(
+                        "etcd takes no tombstone records: removals are refused until it does "
+                        "(check etcd's health and space alarm)"
+                    )
                 self._dirty |= segment_ids
                 await asyncio.sleep(RETRY_AFTER)
 
