@@ -465,7 +465,8 @@ class MasterCore:
                         del self._put_ends[call_id]
                         answers[call_id] = call.statuses
             state.resolved.clear()
-        effects.durable = state.durable_changes()
+        if state.durable_changed:
+            effects.durable = state.durable_changes()
         return effects
 
     def _forgets_under(self, slots: list[PutSlot], sizes: Sequence[int]) -> dict[int, set[int]]:

@@ -153,8 +153,7 @@ class CoreDriver:
         answers at once, else a ``Pending`` that resolves when it does."""
         call_id = next(self._call_ids)
         effects = event(call_id)
-        if self.durable is not None and (effects.durable or self.durable.busy):
-            # answered once what they rely on is written
+        if self._after_records(effects):
             pending = self._waiting[call_id] = Pending(finish)
             self.carry_out(effects)
             return pending
@@ -173,14 +172,20 @@ class CoreDriver:
                 stream = streams.get(command.node_id)
                 if stream is not None:  # (the core transmits only to open streams)
                     stream.write(command_to_pb(command, self.copy_grant))
-        if self.durable is not None and (effects.durable or self.durable.busy):
-            answers = effects.answers  # (after the records: they may rely on them)
+        if self._after_records(effects):
+            assert self.durable is not None
+            answers = effects.answers
             self.durable.write(effects.durable, lambda ok: self._answer(answers, ok))
         elif effects.answers:
             self._answer(effects.answers, True)
         for event, fields in effects.notes:
             log.warning(event, **fields)
         self._arm_timer()
+
+    def _after_records(self, effects: Effects) -> bool:
+        """Whether ``effects``' answers go out only once tombstone records are written:
+        those they carry, or one under way (an answer may rely on it)."""
+        return self.durable is not None and bool(effects.durable or self.durable.busy)
 
     def _answer(self, answers: dict[int, Any], ok: bool) -> None:
         """Sends ``answers``; refused instead when what they rely on could not be made

@@ -399,7 +399,7 @@ async def serve(
 
         handlers.registry = leadership
         election = leadership
-        driver.durable = TombstoneStore(
+        records = driver.durable = TombstoneStore(
             lambda: election.etcd_client,
             election.cluster_prefix,
             election.key,
@@ -408,8 +408,7 @@ async def serve(
 
         async def elected(epoch: int) -> None:
             nodes = await election.registered_nodes()
-            assert driver.durable is not None
-            tombstones = await driver.durable.load()  # (raises: the term is given up)
+            tombstones = await records.load()  # (raises: the term is given up)
             log.info(
                 "rebuilding the index from the nodes",
                 expected_nodes=sorted(nodes),

@@ -651,6 +651,11 @@ class MasterState:
         long enough, or the node was declared dead): a new leader must know of it too."""
         self._tombstones.overdue(command_id)
 
+    @property
+    def durable_changed(self) -> bool:
+        """Whether ``durable_changes`` has something (asked after every event)."""
+        return self._tombstones.changed
+
     def durable_changes(self) -> set[str]:
         """Segments whose durable tombstone record changed since the last call."""
         return self._tombstones.take_changed()

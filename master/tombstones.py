@@ -86,10 +86,7 @@ class Tombstones:
         """A replica of ``key`` was dropped with its segment (its node declared dead)."""
         if segment_id in self._distrusted or not self._room(segment_id):
             return
-        held = self._away.setdefault(segment_id, {})
-        if key not in held:
-            self._size += 1
-        held[key] = max(generation, held.get(key, 0))
+        self._put(self._away, segment_id, key, generation)
         self._away_in.setdefault(key, set()).add(segment_id)
 
     def ended(self, key: str, generation: int) -> None:
@@ -108,10 +105,8 @@ class Tombstones:
             del held[key]
             if not held:
                 del self._away[segment_id]
-            dead = self._dead.setdefault(segment_id, {})
-            if key in dead:
-                self._size -= 1
-            dead[key] = max(generation, dead.get(key, 0))
+            self._size -= 1  # (the away entry becomes a tombstone)
+            self._put(self._dead, segment_id, key, generation)
             self._changed.add(segment_id)
 
     def sent(self, command_id: int, segment_id: str, key: str, generation: int) -> None:
@@ -163,6 +158,11 @@ class Tombstones:
 
     # ---- across leaders
 
+    @property
+    def changed(self) -> bool:
+        """Whether a durable record changed since ``take_changed``."""
+        return bool(self._changed)
+
     def take_changed(self) -> set[str]:
         """The segments whose durable record changed since the last call."""
         changed, self._changed = self._changed, set()
@@ -193,10 +193,7 @@ class Tombstones:
             for key, generation in record.keys.items():
                 if segment_id in self._distrusted or not self._room(segment_id):
                     break
-                dead = self._dead.setdefault(segment_id, {})
-                if key not in dead:
-                    self._size += 1
-                dead[key] = max(generation, dead.get(key, 0))
+                self._put(self._dead, segment_id, key, generation)
 
     # ---- at a mount
 
@@ -219,6 +216,16 @@ class Tombstones:
         self._drop(segment_id)
 
     # ---- bounds
+
+    def _put(
+        self, table: dict[str, dict[str, int]], segment_id: str, key: str, generation: int
+    ) -> None:
+        """Notes ``key`` at ``generation`` (or newer, if noted so) for the segment in
+        ``table``, counting a new entry."""
+        entries = table.setdefault(segment_id, {})
+        if key not in entries:
+            self._size += 1
+        entries[key] = max(generation, entries.get(key, 0))
 
     def _room(self, segment_id: str) -> bool:
         if self._size < self.limit:

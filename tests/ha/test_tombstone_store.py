@@ -6,14 +6,11 @@ that carry no change stop waiting behind them."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-
-import pytest
 
 from kvpool.etcd_process import EtcdProcess
+from kvpool.local_cluster import LocalCluster
 from kvpool.master.tombstone_store import FAILURES_BEFORE_DEGRADED, TombstoneStore
 from kvpool.master.tombstones import DurableRecord
-from kvpool.security.dev_pki import DevPki, make_dev_pki
 from kvpool.security.etcd_tls import etcd_client
 
 LEADER_KEY = b"kvpool/test/leader"
@@ -21,22 +18,11 @@ PREFIX = b"kvpool/test"
 ME = "10.0.0.1:50051"
 
 
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> DevPki:
-    return make_dev_pki(tmp_path_factory.mktemp("pki"))
-
-
-@pytest.fixture(scope="module")
-def etcd(pki: DevPki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
-    process = EtcdProcess(tmp_path_factory.mktemp("etcd"), tls=pki).start()
-    try:
-        yield process
-    finally:
-        process.close()
-
-
-def in_etcd(etcd: EtcdProcess, pki: DevPki, scenario) -> object:
-    """Runs ``scenario(client)`` with an etcd client as a master holds one."""
+def in_etcd(etcd: EtcdProcess, scenario) -> object:
+    """Runs ``scenario(client)`` with an etcd client as a master holds one (the etcd of
+    conftest.py, with the session's CA)."""
+    pki = LocalCluster.shared_pki
+    assert pki is not None
     cert, key = pki.client_certificate("kvpool://admin/master-0", "master-0")
 
     async def run() -> object:
@@ -52,7 +38,7 @@ async def written(store: TombstoneStore, segment_ids: set[str]) -> bool:
     return await asyncio.wait_for(outcome, 10)
 
 
-def test_what_the_leader_writes_the_next_leader_loads(etcd, pki):
+def test_what_the_leader_writes_the_next_leader_loads(etcd):
     records = {
         "node0/dram-1": DurableRecord(False, {"team/k1": 7, "team/k2": 9}),
         "node1/dram-2": DurableRecord(True, {}),
@@ -71,12 +57,12 @@ def test_what_the_leader_writes_the_next_leader_loads(etcd, pki):
         store.end()
         return loaded, after
 
-    loaded, after = in_etcd(etcd, pki, scenario)
+    loaded, after = in_etcd(etcd, scenario)
     assert loaded == records
     assert after == {"node1/dram-2": records["node1/dram-2"]}
 
 
-def test_a_master_that_does_not_lead_writes_nothing_and_serves_on(etcd, pki):
+def test_a_master_that_does_not_lead_writes_nothing_and_serves_on(etcd):
     record = DurableRecord(False, {"team/k": 3})
 
     async def scenario(client) -> tuple[list[bool], bool, bool, dict]:
@@ -95,7 +81,7 @@ def test_a_master_that_does_not_lead_writes_nothing_and_serves_on(etcd, pki):
         store.end()
         return outcomes, busy, failing, loaded
 
-    outcomes, busy, failing, loaded = in_etcd(etcd, pki, scenario)
+    outcomes, busy, failing, loaded = in_etcd(etcd, scenario)
     assert outcomes == [False, False]
     assert failing and not busy
     assert loaded == {}
