@@ -9,8 +9,11 @@ primary slots (registered once by each) and the storage nodes: the raw side with
 ``Client.put_many`` / ``get_into_many`` on the calling thread, the tier with vLLM's calls
 (``submit_store`` / ``submit_load``, then ``get_finished_jobs``), timed from submission to the
 result in hand. "polled" collects the result the way a scheduler does, one poll per
-millisecond-long step; "drained" waits with ``drain_jobs`` (no poll granularity). Which side
-goes first alternates per round; medians in GB/s; every load checked byte for byte. Without
+millisecond-long step; "drained" waits with ``drain_jobs`` (no poll granularity). "in flight"
+submits ``--in-flight`` jobs at once and polls once a millisecond until all are answered, as a
+scheduler does with the jobs of several requests: the poll's granularity then overlaps the
+transfers, and the raw side moves the same batches one call after another. Which side goes
+first alternates per round; medians in GB/s; every load checked byte for byte. Without
 ``--master`` a local cluster is started, so bytes always cross a process boundary.
 """
 
@@ -54,16 +57,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="measured rounds (default 5)")
     parser.add_argument("--nodes", type=int, default=2, help="nodes of the local cluster")
     parser.add_argument("--dram", default="1GiB", help="DRAM per node of the local cluster")
+    parser.add_argument(
+        "--in-flight", type=int, default=4, help="jobs submitted at once, polled (default 4)"
+    )
     args = parser.parse_args(argv)
+    if args.in_flight < 1:
+        parser.error("--in-flight must be at least 1")
     chunk = (parse_size(args.chunk) + PAGE - 1) // PAGE * PAGE
     if args.master:
-        return _bench(args.master, chunk, args.batch, args.rounds)
+        return _bench(args.master, chunk, args.batch, args.rounds, args.in_flight)
     from kvpool.local_cluster import LocalCluster
 
     print(f"starting a local cluster: {args.nodes} node(s) x {args.dram} DRAM ...", flush=True)
     with LocalCluster(args.nodes, args.dram) as cluster:
         cluster.export_client_env()
-        return _bench(cluster.master_address, chunk, args.batch, args.rounds)
+        return _bench(cluster.master_address, chunk, args.batch, args.rounds, args.in_flight)
 
 
 def _manager(master: str, chunk: int, batch: int):
@@ -148,27 +156,33 @@ def _raw_round(client: Client, slots: Slots, names: list[str]) -> tuple[float, f
     return stored, loaded
 
 
-def _tier_job(tier, job_id: int, keys, chunk_ids, load: bool, polled: bool) -> float:
-    job = TransferJob(
-        job_id=job_id,
-        keys=keys,
-        chunk_ids=np.array(chunk_ids, dtype=np.int32),
-        is_promotion=load,
-        req_context=ReqContext(req_id="bench"),
-    )
+def _tier_jobs(tier, job_id: int, key_sets, chunk_ids, load: bool, polled: bool) -> float:
+    """Submits one job per key set (all at once) and waits until every one is answered."""
+    jobs = [
+        TransferJob(
+            job_id=job_id + i,
+            keys=keys,
+            chunk_ids=np.array(chunk_ids, dtype=np.int32),
+            is_promotion=load,
+            req_context=ReqContext(req_id="bench"),
+        )
+        for i, keys in enumerate(key_sets)
+    ]
     started = time.perf_counter()
-    (tier.submit_load if load else tier.submit_store)(job)
-    results = []
-    while not results:
+    for job in jobs:
+        (tier.submit_load if load else tier.submit_store)(job)
+    results: list = []
+    while len(results) < len(jobs):
         if polled:
             time.sleep(0.001)  # one scheduler step
         else:
             tier.drain_jobs()
-        results = list(tier.get_finished_jobs())
+        results += tier.get_finished_jobs()
     seconds = time.perf_counter() - started
-    if not results[0].success:
-        raise SystemExit(f"tier: {'load' if load else 'store'} job failed")
-    OWN_TIME.append(seconds - (results[0].transfer_time or 0.0))
+    if not all(result.success for result in results):
+        raise SystemExit(f"tier: a {'load' if load else 'store'} job failed")
+    if len(jobs) == 1:
+        OWN_TIME.append(seconds - (results[0].transfer_time or 0.0))
     return seconds
 
 
@@ -177,14 +191,20 @@ def _tier_job(tier, job_id: int, keys, chunk_ids, load: bool, polled: bool) -> f
 OWN_TIME: list[float] = []
 
 
-def _tier_round(tier, client: Client, slots: Slots, job: int, polled: bool) -> tuple[float, float]:
-    keys = [make_offload_key(uuid.uuid4().bytes, 0) for _ in range(slots.batch)]
+def _tier_round(
+    tier, client: Client, slots: Slots, job: int, polled: bool, jobs: int = 1
+) -> tuple[float, float]:
+    """``jobs`` store jobs of one batch each, then their loads (each into the target slots:
+    the jobs of a kind run one after another, so every load is checked by the last)."""
+    key_sets = [
+        [make_offload_key(uuid.uuid4().bytes, 0) for _ in range(slots.batch)] for _ in range(jobs)
+    ]
     sources = list(range(slots.batch))
     targets = list(range(slots.batch, 2 * slots.batch))
-    stored = _tier_job(tier, job, keys, sources, load=False, polled=polled)
-    loaded = _tier_job(tier, job + 1, keys, targets, load=True, polled=polled)
+    stored = _tier_jobs(tier, job, key_sets, sources, load=False, polled=polled)
+    loaded = _tier_jobs(tier, job + jobs, key_sets, targets, load=True, polled=polled)
     slots.check()
-    client.remove_many([tier.name(k) for k in keys], force=True)
+    client.remove_many([tier.name(k) for keys in key_sets for k in keys], force=True)
     return stored, loaded
 
 
@@ -204,7 +224,7 @@ def _bad(result) -> bool:
     return isinstance(result, Exception)
 
 
-def _bench(master: str, chunk: int, batch: int, rounds: int) -> int:
+def _bench(master: str, chunk: int, batch: int, rounds: int, in_flight: int) -> int:
     manager = _manager(master, chunk, batch)
     (tier,) = manager.secondary_tiers
     slots = Slots(manager.primary_tier.get_kv_memoryview(), batch)
@@ -214,39 +234,44 @@ def _bench(master: str, chunk: int, batch: int, rounds: int) -> int:
     raw.register_buffer(slots.flat)
     names = ["raw store", "raw load", "tier store (drained)", "tier load (drained)"]
     names += ["tier store (polled)", "tier load (polled)"]
+    names += [f"tier store ({in_flight} in flight)", f"tier load ({in_flight} in flight)"]
     samples: dict[str, list[float]] = {name: [] for name in names}
     job = 0
     try:
         for round_ in range(rounds + 1):  # round 0 warms up endpoints and page tables
-            _wait_for_room(raw, 3 * total, chunk)
+            _wait_for_room(raw, (2 + in_flight) * total, chunk)
             tag = uuid.uuid4().hex[:8]
             raw_names = [f"bench-raw/{tag}/{i}" for i in range(batch)]
-            order = [0, 1, 2] if round_ % 2 else [1, 2, 0]
+            order = [0, 1, 2, 3] if round_ % 2 else [1, 2, 3, 0]
             timings = {}
             for side in order:
                 if side == 0:
                     timings[side] = _raw_round(raw, slots, raw_names)
                 else:
-                    timings[side] = _tier_round(tier, raw, slots, job + 2 * side, side == 2)
-            job += 4
+                    jobs = in_flight if side == 3 else 1
+                    timings[side] = _tier_round(tier, raw, slots, job, side >= 2, jobs)
+                    job += 2 * jobs
             if round_ == 0:
                 continue
             flat = [*timings[0], *timings[1], *timings[2]]
-            for name, seconds in zip(samples, flat, strict=True):
+            for name, seconds in zip(samples, flat, strict=False):
                 samples[name].append(total / seconds / 1e9)
+            for name, seconds in zip(names[-2:], timings[3], strict=True):
+                samples[name].append(in_flight * total / seconds / 1e9)
     finally:
         raw.close()
         del slots  # (its views of the primary region go before vLLM unmaps it)
         manager.shutdown()
     gbps = {name: statistics.median(values) for name, values in samples.items()}
     print()
-    print(f"| {'path':<22} | {'GB/s':>6} | {'vs raw':>7} |")
-    print(f"|{'-' * 24}|{'-' * 8}|{'-' * 9}|")
+    print(f"| {'path':<26} | {'GB/s':>6} | {'vs raw':>7} |")
+    print(f"|{'-' * 28}|{'-' * 8}|{'-' * 9}|")
     for name, value in gbps.items():
         base = gbps["raw store"] if "store" in name else gbps["raw load"]
-        print(f"| {name:<22} | {value:6.2f} | {value / base:6.0%} |")
+        print(f"| {name:<26} | {value:6.2f} | {value / base:6.0%} |")
     own = statistics.median(OWN_TIME)
-    job = statistics.median(total / v for k, v in gbps.items() if k.startswith("tier")) / 1e9
+    single = [v for k, v in gbps.items() if k.startswith("tier") and "in flight" not in k]
+    job = statistics.median(total / v for v in single) / 1e9
     print(
         f"\nthe tier's own time per job (submission to result, less its kvpool call): "
         f"median {own * 1e3:.2f} ms of {job * 1e3:.1f} ms ({own / job:.1%})"
