@@ -50,6 +50,7 @@ from typing import Any
 
 from kvpool.client.coalescing import coalesce
 from kvpool.client.unreachable_nodes import UnreachableNodes
+from kvpool.common.logging import get_logger
 from kvpool.proto import master_pb2 as pb
 from kvpool.transport import ucp
 from kvpool.transport.checked_stream import CheckedStreams, Job, Outcome
@@ -61,6 +62,8 @@ from kvpool.transport.shared_memory import (
     Reaper,
     boot_id,
 )
+
+log = get_logger("kvpool.client")
 
 
 @dataclass(slots=True)
@@ -151,8 +154,9 @@ class DataPath:
         #: Transfers running now (``run`` calls between planning and their end).
         self._in_flight = 0
         self.same_host_mapping = same_host_mapping
-        #: segment id -> its mapping, or None where it cannot be mapped (use UCX).
-        self._mapped: dict[str, MappedSegment | None] = {}
+        #: (segment id, writable) -> its mapping, read-write for puts and read-only for
+        #: gets, or None where it cannot be mapped (the checked stream or UCX carry it).
+        self._mapped: dict[tuple[str, bool], MappedSegment | None] = {}
         #: Mappings copies run through now, with how many; and those let go of meanwhile,
         #: released when their last copy ends.
         self._pins: dict[MappedSegment, int] = {}
@@ -190,7 +194,7 @@ class DataPath:
     def mapped_segments(self) -> list[str]:
         """Segments this client reaches by mapping their memory (same host)."""
         with self._lock:
-            return [s for s, mapped in self._mapped.items() if mapped is not None]
+            return sorted({s for (s, _), mapped in self._mapped.items() if mapped is not None})
 
     def host_of(self, segment_id: str) -> str:
         descriptor = self._descriptors.get(segment_id)
@@ -209,7 +213,7 @@ class DataPath:
         (client/coalescing.py); each then shares the outcome of the one it is part of. When
         this returns, none of them touches memory any more."""
         if self._streams is not None:
-            checked = self._checked_segments(transfers)
+            checked = self._checked_segments(transfers, is_get)
             if checked:
                 return self._run_split(transfers, checked, is_get=is_get, deadline=deadline)
         merged, members = coalesce(transfers)
@@ -223,7 +227,7 @@ class DataPath:
                 errors[i] = error
         return errors
 
-    def _checked_segments(self, transfers: Sequence[Transfer]) -> set[str]:
+    def _checked_segments(self, transfers: Sequence[Transfer], is_get: bool) -> set[str]:
         """The segments among ``transfers`` that the checked stream carries: those not
         mapped here, whose node serves it, for transfers the master granted."""
         wanted = {t.segment_id for t in transfers if t.capability}
@@ -235,7 +239,7 @@ class DataPath:
                 for segment_id in wanted
                 if (descriptor := self._descriptors.get(segment_id)) is not None
                 and descriptor.checked_address
-                and self._mapping(segment_id) is None
+                and self._mapping(segment_id, writable=not is_get) is None
             }
 
     def _run_split(
@@ -326,7 +330,9 @@ class DataPath:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the client is closed")
-            mapped_here, exited = self._live_mappings({t.segment_id for t in transfers})
+            mapped_here, exited = self._live_mappings(
+                {t.segment_id for t in transfers}, writable=not is_get
+            )
             for i, transfer in enumerate(transfers):
                 if transfer.segment_id in exited:
                     errors[i] = self._unreachable(transfer.segment_id, "its process has exited")
@@ -457,7 +463,7 @@ class DataPath:
             while self._in_flight and (left := until - time.monotonic()) > 0:
                 self._changed.wait(left)
             drained = not self._in_flight
-            for segment_id in list(self._mapped):
+            for segment_id, _ in list(self._mapped):
                 self._unmap(segment_id)
             clean = drained
             if drained:
@@ -545,12 +551,13 @@ class DataPath:
 
     # (callers of the following hold _lock)
 
-    def _mapping(self, segment_id: str) -> MappedSegment | None:
-        """The segment's mapping, made on first use; None where UCX must carry the transfer."""
+    def _mapping(self, segment_id: str, *, writable: bool) -> MappedSegment | None:
+        """The segment's mapping for puts (``writable``) or gets (read-only), made on first
+        use; None where it is not mapped (not on this host, not allowed, refused)."""
         if not self.same_host_mapping:
             return None
         try:
-            return self._mapped[segment_id]
+            return self._mapped[segment_id, writable]
         except KeyError:
             pass
         mapped = None
@@ -559,6 +566,7 @@ class DataPath:
             descriptor is not None
             and descriptor.HasField("shared_memory")
             and (shared := descriptor.shared_memory).boot_id == boot_id()
+            and (descriptor.map_capability or not shared.socket)
         ):
             try:
                 mapped = MAPPINGS.acquire(
@@ -568,20 +576,28 @@ class DataPath:
                     device=shared.device,
                     size=descriptor.size,
                     remote_base=descriptor.base_address,
+                    writable=writable,
+                    socket_name=shared.socket,
+                    grant=descriptor.map_capability,
                 )
-            except MappingRefused:
-                mapped = None  # another pid namespace or user, or the node is gone: UCX
+            except MappingRefused as refusal:
+                mapped = None  # another pid namespace or user, the node is gone, or refused
+                if shared.socket:
+                    log.warning("segment not mapped", segment=segment_id, why=str(refusal))
             else:
                 self._reaper.watch(mapped.pidfd, segment_id)
-        self._mapped[segment_id] = mapped
+        self._mapped[segment_id, writable] = mapped
         return mapped
 
-    def _live_mappings(self, segment_ids: set[str]) -> tuple[dict[str, MappedSegment], set[str]]:
-        """The mapped ones among ``segment_ids``, each checked once for a live node; and those
-        whose node has exited (unmapped now: UCX will find that node gone too)."""
+    def _live_mappings(
+        self, segment_ids: set[str], *, writable: bool
+    ) -> tuple[dict[str, MappedSegment], set[str]]:
+        """The mapped ones among ``segment_ids`` (for puts or gets), each checked once for a
+        live node; and those whose node has exited (unmapped now: UCX will find that node
+        gone too)."""
         live, exited = {}, set()
         for segment_id in segment_ids:
-            mapped = self._mapping(segment_id)
+            mapped = self._mapping(segment_id, writable=writable)
             if mapped is None:
                 continue
             if mapped.alive():
@@ -603,13 +619,14 @@ class DataPath:
         return Copy(remote, transfer.local_address, transfer.length)
 
     def _unmap(self, segment_id: str) -> None:
-        mapped = self._mapped.pop(segment_id, None)
-        if mapped is not None:
-            self._reaper.unwatch(mapped.pidfd)
-            if mapped in self._pins:
-                self._release_later.add(mapped)  # copies still run through it
-            else:
-                MAPPINGS.release(mapped)  # unmapped once no other client of this process uses it
+        for writable in (False, True):
+            mapped = self._mapped.pop((segment_id, writable), None)
+            if mapped is not None:
+                self._reaper.unwatch(mapped.pidfd)
+                if mapped in self._pins:
+                    self._release_later.add(mapped)  # copies still run through it
+                else:
+                    MAPPINGS.release(mapped)  # unmapped once no other client here uses it
 
     def _unpin(self, mapped: MappedSegment) -> None:
         count = self._pins[mapped] - 1
@@ -624,13 +641,13 @@ class DataPath:
     def _forget_mapping(self, segment_id: str) -> None:
         """Unmaps a segment whose node exited; until a new descriptor comes, it goes over UCX."""
         self._unmap(segment_id)
-        self._mapped[segment_id] = None
+        self._mapped[segment_id, False] = self._mapped[segment_id, True] = None
 
     def _node_exited(self, segment_id: str) -> None:
         """Called by the reaper thread: the node process of a mapped segment has exited."""
         with self._lock:
-            mapped = self._mapped.get(segment_id)
-            if mapped is not None and not mapped.alive():
+            mappings = (self._mapped.get((segment_id, w)) for w in (False, True))
+            if any(mapped is not None and not mapped.alive() for mapped in mappings):
                 self._forget_mapping(segment_id)
 
     def _memh_for(self, address: int, length: int) -> Any:

@@ -25,3 +25,17 @@ def stop_event_on_signals(loop: asyncio.AbstractEventLoop) -> asyncio.Event:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     return stop
+
+
+def not_dumpable() -> None:
+    """Makes this process not dumpable (``PR_SET_DUMPABLE`` 0): other processes of its user
+    can then no longer open its memory or file descriptors through ``/proc``, attach to it,
+    or copy in and out of it (CMA); no core dump keeps its secrets. Processes with
+    ``CAP_SYS_PTRACE`` (root, usually) still can."""
+    import ctypes
+    import ctypes.util
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    pr_set_dumpable = 4
+    if libc.prctl(pr_set_dumpable, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")

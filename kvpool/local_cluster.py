@@ -178,6 +178,7 @@ class LocalCluster:
         tokens: Sequence[TokenRecord] = (),
         etcd_tls: bool = False,
         sites: Callable[[str], Site] | None = None,
+        same_host: bool = True,
     ) -> None:
         if masters > 1 and not etcd:
             raise ValueError("several masters need etcd to elect a leader")
@@ -214,6 +215,9 @@ class LocalCluster:
         self.tenant_tokens: dict[str, str] = {}
         #: Where each process runs, by name (``master0``, ``node1``...): loopback by default.
         self.sites = sites or (lambda name: Site())
+        #: Clients on this host map the nodes' memory where a secure cluster has one client
+        #: tenant (see ``mapping_tenant``); insecure clusters map for everyone.
+        self.same_host = same_host
 
     # ---- credentials
 
@@ -270,11 +274,26 @@ class LocalCluster:
         env = self.client_env(tenant)
         return {"token": env["KVPOOL_TOKEN"], "tls_ca": env["KVPOOL_TLS_CA"]} if env else {}
 
+    @property
+    def mapping_tenant(self) -> str:
+        """The tenant whose objects alone the nodes hold (``--tenant``), so that its clients
+        on this host map them (the master's ``--same-host-clients *``): the one client
+        tenant of a secure cluster that has one and ``same_host``; else "" (nobody maps)."""
+        if not self.secure or not self.same_host:
+            return ""
+        from kvpool.security.identity import Role
+
+        tenants = set(self._tenants)
+        tenants.update(r.tenant for r in self._extra_tokens if r.role is Role.CLIENT)
+        return tenants.pop() if len(tenants) == 1 else ""
+
     def _master_security_args(self) -> list[str]:
         if not self.secure:
             return ["--insecure"]
         assert self.pki is not None
+        mapping = ["--same-host-clients", "*"] if self.mapping_tenant else []
         return [
+            *mapping,
             "--tls-cert",
             str(self.pki.server_cert),
             "--tls-key",
@@ -431,6 +450,7 @@ class LocalCluster:
             "2",
             "--log-format",
             self.log_format,
+            *(["--tenant", self.mapping_tenant] if self.mapping_tenant else []),
             *self.node_args,
             *extra,
         )

@@ -44,7 +44,9 @@ from kvpool.master.records import (
 from kvpool.master.story_rpc import story_response
 from kvpool.proto import master_pb2 as pb
 from kvpool.security import capabilities as caps
-from kvpool.security.identity import Identity, Role
+from kvpool.security import mapping_grants
+from kvpool.security.identity import Identity, Role, tenant_problem
+from kvpool.security.mapping_grants import SameHostPolicy
 from kvpool.transport.worker_address import MalformedWorkerAddress, check_worker_address
 
 MAX_BATCH = 65536
@@ -90,6 +92,13 @@ class MasterHandlers:
         #: Where the metadata lane listens (0: no lane); clients ask through ``Lane``.
         self.lane_port = 0
         self._segment_pbs: dict[str, tuple[SegmentInfo, pb.Segment]] = {}
+        #: The same, without the means to map it (for clients that may not).
+        self._unmappable_pbs: dict[str, tuple[SegmentInfo, pb.Segment]] = {}
+        #: (segment id, tenant) -> (info, signing key id, grant expiry ms, segment with grant).
+        self._granted_pbs: dict[tuple[str, str], tuple[SegmentInfo, int | None, int, pb.Segment]]
+        self._granted_pbs = {}
+        #: Which clients may map nodes' memory on their host.
+        self.same_host = SameHostPolicy()
         #: Each tenant's calls not yet answered, held to its ``inflight`` quota.
         self.inflight = InflightLimiter()
         #: The keys this master signs capabilities with (None: it grants none).
@@ -165,6 +174,8 @@ class MasterHandlers:
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"a segment holds at most {MAX_SEGMENT_SIZE} bytes, got {s.size}",
             )
+        if s.tenant and (problem := tenant_problem(s.tenant)) is not None:
+            raise CallRefused(grpc.StatusCode.INVALID_ARGUMENT, f"segment.tenant: {problem}")
         _check_batch(request.objects)
         info = SegmentInfo(
             segment_id=s.segment_id,
@@ -180,6 +191,7 @@ class MasterHandlers:
                 s.shared_memory.SerializeToString() if s.HasField("shared_memory") else b""
             ),
             checked_address=s.checked_address[:MAX_ADDRESS],
+            tenant=s.tenant,
         )
         stored = [stored_from_pb(o) for o in request.objects]
         core = self.core
@@ -296,7 +308,9 @@ class MasterHandlers:
                 out = response.slots.add(status=slot.status, put_id=slot.put_id)
                 if slot.message:
                     out.message = slot.message
-                self._add_replicas(out.replicas, slot.replicas, segments, grant, size, slot.put_id)
+                self._add_replicas(
+                    out.replicas, slot.replicas, segments, identity, grant, size, slot.put_id
+                )
             response.segments.extend(segments.values())
             _count("PutStart", [slot.status for slot in slots])
             return response
@@ -351,6 +365,7 @@ class MasterHandlers:
                     out.replicas,
                     location.replicas,
                     segments,
+                    identity,
                     grant,
                     location.size,
                     location.generation,
@@ -494,6 +509,7 @@ class MasterHandlers:
         out: Any,
         replicas: Iterable[PlacedReplica],
         segments: dict[str, pb.Segment],
+        identity: Identity,
         grant: Callable[[PlacedReplica, int, int], bytes] | None = None,
         size: int = 0,
         grant_id: int = 0,
@@ -506,7 +522,7 @@ class MasterHandlers:
             else:
                 out.add(segment_id=segment_id, address=replica.address)
             if segment_id not in segments:
-                segments[segment_id] = self._segment_pb(replica.segment)
+                segments[segment_id] = self._segment_for(replica.segment, identity)
 
     def _granter(
         self, rights: caps.Rights, ttl_ms: int, identity: Identity
@@ -560,6 +576,59 @@ class MasterHandlers:
         if keys is not None:
             response.capability_keys.CopyFrom(keys.delivery(self.core.state.epoch))
 
+    def _segment_for(self, info: SegmentInfo, identity: Identity) -> pb.Segment:
+        """The segment as ``identity`` may see it: with the means to map it (and, on a
+        secure cluster, the grant the node's mapping socket asks for) only where
+        security/mapping_grants.py allows; else without them."""
+        if not info.shared_memory:
+            return self._segment_pb(info)
+        if not self.same_host.allows(identity, info.tenant):
+            return self._unmappable_pb(info)
+        keys = self.capability_keys
+        if identity.insecure:
+            return self._segment_pb(info)  # (no grants: the node's user opens /proc)
+        if keys is None:
+            return self._unmappable_pb(info)
+        return self._granted_pb(info, identity.tenant, keys)
+
+    def _granted_pb(self, info: SegmentInfo, tenant: str, keys: MasterKeys) -> pb.Segment:
+        """The segment with a map grant for ``tenant``, made again when less than half its
+        life is left or the signing key changed (one per segment and tenant, not per call)."""
+        cache_key = (info.segment_id, tenant)
+        now_ms, key_id = self.wall_ms(), keys.ring.current
+        cached = self._granted_pbs.get(cache_key)
+        if (
+            cached is not None
+            and cached[0] is info
+            and cached[1] == key_id
+            and cached[2] - now_ms > mapping_grants.GRANT_TTL_MS // 2
+        ):
+            return cached[3]
+        message = pb.Segment()
+        message.CopyFrom(self._segment_pb(info))
+        expiry_ms = now_ms + mapping_grants.GRANT_TTL_MS
+        message.map_capability = mapping_grants.grant(
+            keys.ring,
+            segment_id=info.segment_id,
+            size=info.size,
+            tenant=tenant,
+            term=self.core.state.epoch,
+            expiry_ms=expiry_ms,
+        )
+        if len(self._granted_pbs) >= MAX_CACHED_GRANTS:
+            self._granted_pbs.clear()  # (segments that went, tenants no longer mapping)
+        self._granted_pbs[cache_key] = (info, key_id, expiry_ms, message)
+        return message
+
+    def _unmappable_pb(self, info: SegmentInfo) -> pb.Segment:
+        cached = self._unmappable_pbs.get(info.segment_id)
+        if cached is None or cached[0] is not info:
+            message = pb.Segment()
+            message.CopyFrom(self._segment_pb(info))
+            message.ClearField("shared_memory")
+            cached = self._unmappable_pbs[info.segment_id] = (info, message)
+        return cached[1]
+
     def _segment_pb(self, info: SegmentInfo) -> pb.Segment:
         cached = self._segment_pbs.get(info.segment_id)
         if cached is None or cached[0] is not info:
@@ -574,12 +643,16 @@ class MasterHandlers:
                 tier=_wire(info.tier),
                 persistent=info.persistent,
                 checked_address=info.checked_address,
+                tenant=info.tenant,
             )
             if info.shared_memory:
                 message.shared_memory.ParseFromString(info.shared_memory)
             cached = self._segment_pbs[info.segment_id] = (info, message)
         return cached[1]
 
+
+#: Segment messages with map grants kept at most (one per mapped segment and tenant).
+MAX_CACHED_GRANTS = 4096
 
 #: The tenant a copy's capability names (no tenant's: a node reads for the master; the colon
 #: is in no tenant name).

@@ -344,6 +344,7 @@ async def serve(
         driver = CoreDriver(MasterCore(state, awaited_nodes=None, rebuild_window=config.node_ttl))
     handlers = MasterHandlers(driver)
     handlers.capability_keys = keys
+    handlers.same_host = args.same_host_clients
     if keys is not None:  # (nodes copy from each other over the checked stream)
         driver.copy_grant = handlers.grant_copy
     key_watch = _KeyFileWatch(args.capability_key_file) if keys is not None else None

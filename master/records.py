@@ -35,6 +35,8 @@ class SegmentInfo:
     shared_memory: bytes = b""
     #: HOST:PORT of the node's checked stream ("": none): clients elsewhere move bytes there.
     checked_address: str = ""
+    #: The tenant whose objects alone it holds (the node's ``--tenant``); "": any tenant's.
+    tenant: str = ""
 
 
 @dataclass(slots=True)

@@ -13,6 +13,8 @@ import grpc
 
 from kvpool.common.loopback import is_loopback
 from kvpool.master.authenticator import Authenticator
+from kvpool.security.identity import name_problem
+from kvpool.security.mapping_grants import EVERY_CLIENT, SameHostPolicy
 from kvpool.security.tls import ServerContexts, TlsFiles, grpc_server_credentials
 from kvpool.security.tokens import CredentialError, CredentialStore
 
@@ -63,9 +65,28 @@ def add_security_arguments(parser: argparse.ArgumentParser) -> None:
         help="no credentials, no TLS: anyone who reaches the ports may do anything. Only for "
         "a network you trust entirely",
     )
+    group.add_argument(
+        "--same-host-clients",
+        type=_same_host_policy,
+        default=SameHostPolicy(),
+        metavar="NAMES",
+        help="client identities (token or certificate names, comma-separated; '*': every "
+        "client) allowed to map storage nodes' memory on their host: only the DRAM of nodes "
+        "given --tenant, and only of their own tenant, handed over by the node under a grant "
+        "from this master. Default: none (those clients use the checked stream). An "
+        "--insecure master lets every client map",
+    )
     group.add_argument("--etcd-ca", type=Path, default=None, help="CA of etcd's certificate")
     group.add_argument("--etcd-cert", type=Path, default=None, help="client certificate for etcd")
     group.add_argument("--etcd-key", type=Path, default=None, help="its private key")
+
+
+def _same_host_policy(value: str) -> SameHostPolicy:
+    policy = SameHostPolicy.parse(value)
+    for name in policy.names:
+        if name != EVERY_CLIENT and (problem := name_problem(name)) is not None:
+            raise argparse.ArgumentTypeError(problem)
+    return policy
 
 
 def security_from_args(args: argparse.Namespace) -> MasterSecurity:

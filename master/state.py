@@ -1152,10 +1152,10 @@ class MasterState:
                 return replicas
         return []
 
-    def _pool(self, tier: Tier) -> TierPool:
-        """The nodes with segments of ``tier`` that take writes now, each with those segments
-        (in a deterministic order). Placing a batch's objects changes only free space, not
-        this, so a PutStart finds it once."""
+    def _pool(self, tier: Tier, tenant: str) -> TierPool:
+        """The nodes with segments of ``tier`` that take writes of ``tenant``'s objects now,
+        each with those segments (in a deterministic order). Placing a batch's objects
+        changes only free space, not this, so a PutStart (one tenant's) finds it once."""
         now = self.clock()
         entries = []
         for node in self.nodes.values():
@@ -1165,7 +1165,9 @@ class MasterState:
             segments = [
                 segment
                 for segment in map(self.segments.__getitem__, sorted(ids) if len(ids) > 1 else ids)
-                if segment.info.tier is tier and segment.fenced_until <= now
+                if segment.info.tier is tier
+                and segment.fenced_until <= now
+                and (not segment.info.tenant or segment.info.tenant == tenant)
             ]
             if segments:
                 entries.append((node, segments))
@@ -1186,7 +1188,7 @@ class MasterState:
         objects."""
         pool = pools.get(tier) if pools is not None else None
         if pool is None:
-            pool = self._pool(tier)
+            pool = self._pool(tier, tenant_of(key))
             if pools is not None:
                 pools[tier] = pool
         most_free = self.config.placement == "most-free"
@@ -1275,6 +1277,7 @@ class MasterState:
             not 0 < item.generation < GENERATIONS_END
             or item.size < 0
             or key_problem(item.key, STORED_KEY_BYTES) is not None
+            or not _admits(segment, item.key)
         ):
             return False
         existing = self.objects.get(item.key)
@@ -1562,7 +1565,7 @@ class MasterState:
         first = source_segment.info.tier
         target = None
         for tier in (first, Tier.NVME if first is Tier.DRAM else Tier.DRAM):
-            target = self._replica_target(record.size, tier, holders, now)
+            target = self._replica_target(record.key, record.size, tier, holders, now)
             if target is not None:
                 break
         if target is None:
@@ -1592,11 +1595,11 @@ class MasterState:
         return True
 
     def _replica_target(
-        self, size: int, tier: Tier, holders: set[str], now: float
+        self, key: str, size: int, tier: Tier, holders: set[str], now: float
     ) -> SegmentRecord | None:
-        """The segment of ``tier`` with the most room on a node outside ``holders`` that
-        takes new objects, whose use stays below the high watermark with ``size`` more
-        (a copy never makes eviction take other objects)."""
+        """The segment of ``tier`` that may hold ``key`` with the most room on a node outside
+        ``holders`` that takes new objects, whose use stays below the high watermark with
+        ``size`` more (a copy never makes eviction take other objects)."""
         high = self.config.high_watermark
         best: SegmentRecord | None = None
         best_free = -1.0
@@ -1606,7 +1609,11 @@ class MasterState:
             for segment_id in sorted(node.segment_ids):
                 segment = self.segments[segment_id]
                 allocator = segment.allocator
-                if segment.info.tier is not tier or segment.fenced_until > now:
+                if (
+                    segment.info.tier is not tier
+                    or segment.fenced_until > now
+                    or not _admits(segment, key)
+                ):
                     continue
                 need = allocator.rounded(size)
                 if (
@@ -2244,6 +2251,13 @@ def _validated(method: Callable[..., Any], validate: Callable[[], None]) -> Call
         return result
 
     return checked
+
+
+def _admits(segment: SegmentRecord, key: str) -> bool:
+    """Whether ``segment`` may hold ``key``'s object: a segment of one tenant (the node's
+    ``--tenant``) holds that tenant's objects only, so that mapping it shows no other's."""
+    tenant = segment.info.tenant
+    return not tenant or tenant_of(key) == tenant
 
 
 def _ignore(note: tuple[str, tuple[Any, ...]]) -> None:

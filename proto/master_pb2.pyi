@@ -53,7 +53,7 @@ PIN_SOFT: Pin
 PIN_HARD: Pin
 
 class Segment(_message.Message):
-    __slots__ = ("segment_id", "node_id", "host", "worker_address", "base_address", "size", "rkey", "tier", "persistent", "shared_memory", "checked_address")
+    __slots__ = ("segment_id", "node_id", "host", "worker_address", "base_address", "size", "rkey", "tier", "persistent", "shared_memory", "checked_address", "tenant", "map_capability")
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +65,8 @@ class Segment(_message.Message):
     PERSISTENT_FIELD_NUMBER: _ClassVar[int]
     SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
     CHECKED_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MAP_CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     segment_id: str
     node_id: str
     host: str
@@ -76,21 +78,25 @@ class Segment(_message.Message):
     persistent: bool
     shared_memory: SharedMemory
     checked_address: str
-    def __init__(self, segment_id: _Optional[str] = ..., node_id: _Optional[str] = ..., host: _Optional[str] = ..., worker_address: _Optional[bytes] = ..., base_address: _Optional[int] = ..., size: _Optional[int] = ..., rkey: _Optional[bytes] = ..., tier: _Optional[_Union[Tier, str]] = ..., persistent: _Optional[bool] = ..., shared_memory: _Optional[_Union[SharedMemory, _Mapping]] = ..., checked_address: _Optional[str] = ...) -> None: ...
+    tenant: str
+    map_capability: bytes
+    def __init__(self, segment_id: _Optional[str] = ..., node_id: _Optional[str] = ..., host: _Optional[str] = ..., worker_address: _Optional[bytes] = ..., base_address: _Optional[int] = ..., size: _Optional[int] = ..., rkey: _Optional[bytes] = ..., tier: _Optional[_Union[Tier, str]] = ..., persistent: _Optional[bool] = ..., shared_memory: _Optional[_Union[SharedMemory, _Mapping]] = ..., checked_address: _Optional[str] = ..., tenant: _Optional[str] = ..., map_capability: _Optional[bytes] = ...) -> None: ...
 
 class SharedMemory(_message.Message):
-    __slots__ = ("pid", "fd", "inode", "device", "boot_id")
+    __slots__ = ("pid", "fd", "inode", "device", "boot_id", "socket")
     PID_FIELD_NUMBER: _ClassVar[int]
     FD_FIELD_NUMBER: _ClassVar[int]
     INODE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    SOCKET_FIELD_NUMBER: _ClassVar[int]
     pid: int
     fd: int
     inode: int
     device: int
     boot_id: str
-    def __init__(self, pid: _Optional[int] = ..., fd: _Optional[int] = ..., inode: _Optional[int] = ..., device: _Optional[int] = ..., boot_id: _Optional[str] = ...) -> None: ...
+    socket: str
+    def __init__(self, pid: _Optional[int] = ..., fd: _Optional[int] = ..., inode: _Optional[int] = ..., device: _Optional[int] = ..., boot_id: _Optional[str] = ..., socket: _Optional[str] = ...) -> None: ...
 
 class StoredObject(_message.Message):
     __slots__ = ("key", "offset", "size", "crc32c", "generation", "replicas")

@@ -242,6 +242,18 @@ class KeyRing:
         if current is not None:
             self.activate(current)
 
+    def derived(self, purpose: bytes) -> KeyRing:
+        """The same key ids with secrets derived for ``purpose`` (HMAC-SHA256 of it under
+        each secret): what one purpose signs, another's check refuses as forged (a grant to
+        map a whole segment is never a transfer capability, nor the other way round)."""
+        return KeyRing(
+            (
+                (key_id, hmac.new(secret, purpose, hashlib.sha256).digest())
+                for key_id, secret in self._keys.items()
+            ),
+            current=self._current,
+        )
+
     @staticmethod
     def new_secret() -> bytes:
         return os.urandom(KEY_SIZE)

@@ -18,8 +18,9 @@ from kvpool.common.gc_tuning import tune_for_server
 from kvpool.common.http_server import HealthServer
 from kvpool.common.logging import LOG_FORMATS, configure_logging, get_logger
 from kvpool.common.master_address import MasterTarget, parse_master
-from kvpool.common.process import stop_event_on_signals, write_ready_file
+from kvpool.common.process import not_dumpable, stop_event_on_signals, write_ready_file
 from kvpool.common.sizes import format_size, parse_size
+from kvpool.security.identity import tenant_problem
 from kvpool.storage_node.security_config import add_security_arguments, credentials_from_args
 
 if TYPE_CHECKING:  # UCX is loaded when the node starts, not to build the CLI parser
@@ -129,6 +130,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "UCX_TLS is set",
     )
     parser.add_argument(
+        "--tenant",
+        type=_tenant,
+        default="",
+        help="hold only this tenant's objects (the master places no other tenant's here). "
+        "Only such a node's DRAM segments are ever mapped by clients on its host, and only "
+        "by its tenant's clients that the master's --same-host-clients names; the node hands "
+        "the segment's file to them over a local socket, read-only for reads. Default: any "
+        "tenant's objects, never mapped on a secure cluster",
+    )
+    parser.add_argument(
         "--data-advertise",
         default=None,
         help="host clients connect to for the checked stream (default: --listen, or --host "
@@ -188,6 +199,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.insecure:
         log.warning("INSECURE: this node presents no credentials to the master (--insecure)")
+    else:
+        not_dumpable()  # (its memory, keys and token: not through /proc, nor ptrace or CMA)
     try:
         asyncio.run(_serve(args, master, credentials))
     except CannotStart as error:
@@ -197,6 +210,13 @@ def run(args: argparse.Namespace) -> int:
         log.error("cannot open storage", error=str(error))
         return 1
     return 0
+
+
+def _tenant(value: str) -> str:
+    problem = tenant_problem(value) if value else None  # ("": any tenant's, the default)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return value
 
 
 def _storage_problem(args: argparse.Namespace) -> str | None:
@@ -297,6 +317,8 @@ async def _serve(
         credentials=credentials,
         drain_on_term=args.drain_on_term,
         checked=_checked_listener(args, host),
+        tenant=args.tenant,
+        mapping=not args.insecure,
     )
     log.info(
         "node starting",

@@ -37,6 +37,7 @@ from kvpool.security.caller import ANONYMOUS, CallerCredentials
 from kvpool.storage_node import lane_session, metrics
 from kvpool.storage_node.checked_server import CheckedServer, NodeKeys
 from kvpool.storage_node.commands import CommandExecutor
+from kvpool.storage_node.mapping_server import MappingServer
 from kvpool.storage_node.peer_copy import PeerCopier
 from kvpool.storage_node.segment import Segment
 from kvpool.transport import ucp
@@ -67,11 +68,16 @@ class StorageNode:
         credentials: CallerCredentials = ANONYMOUS,
         drain_on_term: bool = False,
         checked: tuple[str, int, str] | None = None,
+        tenant: str = "",
+        mapping: bool = False,
     ) -> None:
         """``drain_timeout``: how long a node that stops keeps its memory for readers that
         hold leases; and, draining, how long it waits for its objects to be copied away.
         ``drain_on_term``: a stop (SIGTERM) drains first. ``checked``: (address, port,
-        advertised host) of the checked stream (storage_node/checked_server.py); None: none."""
+        advertised host) of the checked stream (storage_node/checked_server.py); None: none.
+        ``tenant``: the one tenant whose objects the segments hold ("": any tenant's).
+        ``mapping``: hand the segments' files to clients of ``tenant`` holding the master's
+        map grant (storage_node/mapping_server.py)."""
         self.node_id = node_id
         self.credentials = credentials
         #: gRPC metadata of every call to the master: the node's token.
@@ -116,6 +122,10 @@ class StorageNode:
                 segments, lambda: self.capability_keys, host=listen, port=port
             )
             self.checked_address = f"{advertised}:{self.checked.port}"
+        self.tenant = tenant
+        self.mapping: MappingServer | None = None
+        if mapping and tenant:
+            self.mapping = MappingServer(segments, lambda: self.capability_keys, tenant)
         seals = self.checked.seals if self.checked is not None else None
         self._executor = CommandExecutor(segments, self._peers, seals)
 
@@ -131,6 +141,8 @@ class StorageNode:
         self._progress.start()
         if self.checked is not None:
             self.checked.start()
+        if self.mapping is not None:
+            self.mapping.start()
         for segment in self.segments:
             metrics.SEGMENT_BYTES.labels(segment.segment_id, segment.tier.name.lower()).set(
                 segment.size
@@ -274,6 +286,9 @@ class StorageNode:
                 if segment.segment_id not in self.mounted:
                     descriptor = segment.descriptor(self.node_id, self.host, self._worker_address)
                     descriptor.checked_address = self.checked_address
+                    descriptor.tenant = self.tenant
+                    if self.mapping is not None and descriptor.HasField("shared_memory"):
+                        descriptor.shared_memory.socket = self.mapping.name
                     objects = segment.stored_objects()
                     remount = segment.segment_id in self._ever_mounted
                     response = await stub.MountSegment(
@@ -465,6 +480,8 @@ class StorageNode:
         metrics.HOLDINGS.stop_watching()
         self._peers.close()
         self._progress.stop()
+        if self.mapping is not None:
+            self.mapping.stop()
         if self.checked is not None and not self.checked.stop():
             log.warning("a checked transfer still runs; leaving its memory to the process exit")
             return

@@ -29,12 +29,17 @@ import functools
 import mmap
 import os
 import select
+import socket
+import struct
 import threading
 from collections.abc import Callable
 
-#: madvise(MADV_POPULATE_WRITE), Linux 5.14+ (Python 3.11's mmap module lacks the name).
+#: madvise(MADV_POPULATE_READ/WRITE), Linux 5.14+ (Python 3.11's mmap module lacks the name).
+MADV_POPULATE_READ = 22
 MADV_POPULATE_WRITE = 23
 MADV_HUGEPAGE = 14
+#: Deadline of a node's answer at its mapping socket, seconds.
+HANDOVER_TIMEOUT = 2.0
 #: Page tables are populated this much at a time, on first use.
 POPULATE_CHUNK = 64 << 20
 
@@ -73,13 +78,22 @@ class MappedSegment:
     node has it, so a descriptor's remote address translates by offset."""
 
     def __init__(
-        self, address: int, size: int, remote_base: int, pidfd: int, origin: tuple[int, ...] = ()
+        self,
+        address: int,
+        size: int,
+        remote_base: int,
+        pidfd: int,
+        origin: tuple[int, ...] = (),
+        writable: bool = True,
     ) -> None:
         self.address = address
+        #: False: mapped read-only (gets only; a store into it would fault).
+        self.writable = writable
         self.size = size
         self.remote_base = remote_base
         self.pidfd = pidfd
-        #: What it maps: (pid, fd, inode, device, size, remote_base) of the node's segment.
+        #: What it maps: (pid, fd, inode, device, size, remote_base, writable) of the node's
+        #: segment.
         self.origin = origin
         #: Clients holding it (see Mappings).
         self.users = 0
@@ -93,25 +107,42 @@ class MappedSegment:
 
     @classmethod
     def open(
-        cls, *, pid: int, fd: int, inode: int, device: int, size: int, remote_base: int
+        cls,
+        *,
+        pid: int,
+        fd: int,
+        inode: int,
+        device: int,
+        size: int,
+        remote_base: int,
+        writable: bool = True,
+        socket_name: str = "",
+        grant: bytes = b"",
     ) -> MappedSegment:
-        """Maps the node's file; MappingRefused when this process cannot reach it."""
+        """Maps the node's file, read-write or read-only; MappingRefused when this process
+        cannot reach it. With ``socket_name`` the node hands the file over there under
+        ``grant`` (storage_node/mapping_server.py); else it is opened as
+        ``/proc/<pid>/fd/<fd>`` (a node of this process's user that lets it)."""
         try:
             pidfd = os.pidfd_open(pid)  # first: the pid cannot be reused while we hold this
         except OSError as error:
             raise MappingRefused(error.errno, f"node process {pid}: {error.strerror}") from None
         try:
-            file = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
-        except OSError as error:
+            if socket_name:
+                file = _handed_over(socket_name, pid, writable, grant)
+                where = f"the file node process {pid} handed over"
+            else:
+                file = _open_proc_fd(pid, fd, writable)
+                where = f"/proc/{pid}/fd/{fd}"
+        except BaseException:
             os.close(pidfd)
-            raise MappingRefused(error.errno, f"/proc/{pid}/fd/{fd}: {error.strerror}") from None
+            raise
         try:
             stat = os.fstat(file)
             if (stat.st_ino, stat.st_dev) != (inode, device) or stat.st_size < size:
-                raise MappingRefused(0, f"/proc/{pid}/fd/{fd} is not the advertised segment")
-            address = _libc.mmap(
-                None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, file, 0
-            )
+                raise MappingRefused(0, f"{where} is not the advertised segment")
+            protection = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
+            address = _libc.mmap(None, size, protection, mmap.MAP_SHARED, file, 0)
             if address in (None, MAP_FAILED):
                 errno = ctypes.get_errno()
                 raise MappingRefused(errno, f"mmap of {size} bytes: {os.strerror(errno)}")
@@ -121,7 +152,8 @@ class MappedSegment:
             raise
         finally:
             os.close(file)  # the mapping keeps the file
-        return cls(address, size, remote_base, pidfd, (pid, fd, inode, device, size, remote_base))
+        origin = (pid, fd, inode, device, size, remote_base, int(writable))
+        return cls(address, size, remote_base, pidfd, origin, writable)
 
     def alive(self) -> bool:
         """False once the node process has exited (its pidfd turns readable)."""
@@ -165,8 +197,49 @@ class MappedSegment:
         start = chunk * POPULATE_CHUNK
         length = min(POPULATE_CHUNK, self.size - start)
         # Best effort: where the kernel refuses (before 5.14), pages fault in on first touch.
-        _libc.madvise(self.address + start, length, MADV_POPULATE_WRITE)
+        advice = MADV_POPULATE_WRITE if self.writable else MADV_POPULATE_READ
+        _libc.madvise(self.address + start, length, advice)
         self._populated[chunk] = 1
+
+
+def _open_proc_fd(pid: int, fd: int, writable: bool) -> int:
+    try:
+        flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC
+        return os.open(f"/proc/{pid}/fd/{fd}", flags)
+    except OSError as error:
+        raise MappingRefused(error.errno, f"/proc/{pid}/fd/{fd}: {error.strerror}") from None
+
+
+def _handed_over(socket_name: str, pid: int, writable: bool, grant: bytes) -> int:
+    """The segment's file, as the node process ``pid`` hands it over at its mapping socket
+    (abstract ``socket_name``) for ``grant``: checked to come from that very process."""
+    from kvpool.security import mapping_grants
+
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    try:
+        connection.settimeout(HANDOVER_TIMEOUT)
+        connection.connect("\0" + socket_name)
+        peer_pid, _, _ = struct.unpack(
+            "3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+        )
+        if peer_pid != pid:
+            raise MappingRefused(
+                0,
+                f"mapping socket {socket_name} is served by process {peer_pid}, not the "
+                f"node process {pid} the master named",
+            )
+        connection.send(mapping_grants.request(writable, grant))
+        message, fds, _, _ = socket.recv_fds(connection, 1 + mapping_grants.MAX_REASON, 1)
+    except OSError as error:
+        raise MappingRefused(error.errno or 0, f"mapping socket {socket_name}: {error}") from None
+    finally:
+        connection.close()
+    if message[:1] != bytes([mapping_grants.HANDED_OVER]) or len(fds) != 1:
+        for fd in fds:
+            os.close(fd)
+        reason = message[1:].decode(errors="replace") or "no answer"
+        raise MappingRefused(0, f"node process {pid} refused to hand over its segment: {reason}")
+    return fds[0]
 
 
 class Mappings:
@@ -184,16 +257,34 @@ class Mappings:
         self._current: dict[tuple[int, ...], MappedSegment] = {}
 
     def acquire(
-        self, *, pid: int, fd: int, inode: int, device: int, size: int, remote_base: int
+        self,
+        *,
+        pid: int,
+        fd: int,
+        inode: int,
+        device: int,
+        size: int,
+        remote_base: int,
+        writable: bool = True,
+        socket_name: str = "",
+        grant: bytes = b"",
     ) -> MappedSegment:
-        """The segment's mapping, made now unless a live one exists; MappingRefused when this
-        process cannot map it."""
-        origin = (pid, fd, inode, device, size, remote_base)
+        """The segment's mapping (read-write or read-only), made now unless a live one
+        exists; MappingRefused when this process cannot map it (see ``MappedSegment.open``)."""
+        origin = (pid, fd, inode, device, size, remote_base, int(writable))
         with self._lock:
             mapped = self._current.get(origin)
             if mapped is None or not mapped.alive():  # a dead one stays with its users
                 mapped = MappedSegment.open(
-                    pid=pid, fd=fd, inode=inode, device=device, size=size, remote_base=remote_base
+                    pid=pid,
+                    fd=fd,
+                    inode=inode,
+                    device=device,
+                    size=size,
+                    remote_base=remote_base,
+                    writable=writable,
+                    socket_name=socket_name,
+                    grant=grant,
                 )
                 self._current[origin] = mapped
             mapped.users += 1

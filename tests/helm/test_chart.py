@@ -1252,6 +1252,9 @@ def test_refuses_bad_ucx_port_range(render: Renderer) -> None:
             "at '/networkPolicy/clientPodSelector/matchLabels/a'",
         ),
         ({"storage": {"ucxTcpPortRange": "40000"}}, "at '/storage/ucxTcpPortRange'"),
+        ({"storage": {"tenant": "Team A"}}, "at '/storage/tenant'"),
+        ({"master": {"sameHostClients": "alice"}}, "at '/master/sameHostClients'"),
+        ({"master": {"sameHostClients": ["a b"]}}, "at '/master/sameHostClients/0'"),
     ],
 )
 def test_schema_rejects_bad_security_values(
@@ -1366,6 +1369,19 @@ def test_ucx_over_tcp_is_opted_into_and_then_admitted_on_every_port(
     client = {"app": "vllm", "kvpool.io/client": "true"}
     for port in (9091, 9092, 34567, 60999):
         assert _admits(node, client, port, on_tcp.namespace)
+
+
+def test_same_host_mapping_is_opted_into_per_identity_and_for_one_tenant_s_nodes(
+    render_release: Callable[[dict[str, Any]], Render],
+) -> None:
+    default = render_release({})
+    assert not any(a.startswith("--same-host-clients") for a in default.container("master")["args"])
+    assert not any(a.startswith("--tenant") for a in default.container("node")["args"])
+    opted = render_release(
+        {"master": {"sameHostClients": ["vllm-a", "sglang-a"]}, "storage": {"tenant": "team-a"}}
+    )
+    assert "--same-host-clients=vllm-a,sglang-a" in opted.container("master")["args"]
+    assert "--tenant=team-a" in opted.container("node")["args"]
 
 
 def test_network_policy_with_a_ucx_port_range_and_metrics_peers(

@@ -1,0 +1,146 @@
+"""The node's mapping socket: hands a segment's file to a client holding a map grant.
+
+A client on this host that the master allows to map a segment (``security/mapping_grants.py``
+says who) connects to this abstract unix socket, sends one request (mode and grant), and
+receives the segment's file descriptor over ``SCM_RIGHTS``: opened read-only for ``r``, the
+node's own read-write descriptor for ``w``. Nothing else is ever sent, and the grant is
+checked first. The segment's file is mode 0600, so a client under another user cannot
+reopen a read-only descriptor read-write through ``/proc``.
+
+Bounded: one request per connection, a deadline on every receive and send, at most
+``MAX_CONNECTIONS`` served at once (others are closed unanswered), answers short.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import struct
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable
+
+from kvpool.common.logging import get_logger
+from kvpool.security import mapping_grants
+from kvpool.security.mapping_grants import MapRefused
+from kvpool.storage_node.checked_server import NodeKeys
+from kvpool.storage_node.segment import Segment
+
+log = get_logger(__name__)
+
+MAX_CONNECTIONS = 8
+#: Deadline of each receive and send on a connection, seconds.
+IO_TIMEOUT = 2.0
+
+
+class MappingServer:
+    """Serves ``segments`` (those that are shareable) to clients with map grants."""
+
+    def __init__(
+        self,
+        segments: Iterable[Segment],
+        keys: Callable[[], NodeKeys | None],
+        tenant: str,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._segments = {s.segment_id: s for s in segments if s.shareable and s.fd is not None}
+        self._by_digest = {
+            mapping_grants.segment_digest(segment_id): segment
+            for segment_id, segment in self._segments.items()
+        }
+        self._keys = keys
+        self.tenant = tenant
+        self._clock = clock
+        for segment in self._segments.values():
+            assert segment.fd is not None
+            os.fchmod(segment.fd, 0o600)
+        #: The abstract socket's name (without the leading NUL), advertised in descriptors.
+        self.name = f"kvpool-map-{uuid.uuid4().hex}"
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+        self._listener.bind("\0" + self.name)
+        self._listener.listen(32)
+        self._lock = threading.Lock()
+        self._serving = 0
+        self._stopping = False
+        self._acceptor = threading.Thread(target=self._accept_loop, name="kvpool-map", daemon=True)
+
+    def start(self) -> None:
+        self._acceptor.start()
+        log.info("mapping socket listening", socket=self.name, tenant=self.tenant)
+
+    def stop(self) -> None:
+        self._stopping = True
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)
+        self._listener.close()
+        self._acceptor.join(IO_TIMEOUT)
+
+    def _accept_loop(self) -> None:
+        while not self._stopping:
+            try:
+                connection, _ = self._listener.accept()
+            except OSError:
+                if self._stopping:
+                    return
+                time.sleep(0.01)
+                continue
+            with self._lock:
+                if self._serving >= MAX_CONNECTIONS:
+                    connection.close()
+                    continue
+                self._serving += 1
+            threading.Thread(
+                target=self._serve, args=(connection,), name="kvpool-map-serve", daemon=True
+            ).start()
+
+    def _serve(self, connection: socket.socket) -> None:
+        try:
+            connection.settimeout(IO_TIMEOUT)
+            pid, uid, _ = struct.unpack(
+                "3i",
+                connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")),
+            )
+            message = connection.recv(mapping_grants.REQUEST_SIZE + 1)
+            try:
+                writable, fd = self._decide(message)
+            except MapRefused as refusal:
+                reason = str(refusal).encode()[: mapping_grants.MAX_REASON]
+                connection.send(bytes([mapping_grants.REFUSED]) + reason)
+                log.warning("map request refused", peer_pid=pid, peer_uid=uid, why=str(refusal))
+                return
+            try:
+                socket.send_fds(connection, [bytes([mapping_grants.HANDED_OVER])], [fd])
+            finally:
+                if not writable:
+                    os.close(fd)
+            log.info("segment handed over", peer_pid=pid, peer_uid=uid, writable=writable)
+        except OSError:
+            pass  # (the peer went, or missed a deadline)
+        finally:
+            connection.close()
+            with self._lock:
+                self._serving -= 1
+
+    def _decide(self, message: bytes) -> tuple[bool, int]:
+        """(writable, the descriptor to hand over) for a request; MapRefused otherwise."""
+        writable, grant = mapping_grants.parse_request(message)
+        segment = self._by_digest.get(mapping_grants.grant_segment(grant))
+        if segment is None or segment.fd is None:
+            raise MapRefused("the map grant names no segment this node shares")
+        keys = self._keys()
+        mapping_grants.check(
+            keys.ring if keys is not None else None,
+            grant,
+            writable=writable,
+            segment_id=segment.segment_id,
+            size=segment.size,
+            tenant=self.tenant,
+            now_ms=int(self._clock() * 1000),
+            min_term=keys.term if keys is not None else 0,
+            max_skew_ms=keys.max_skew_ms if keys is not None else 0,
+        )
+        if writable:
+            return True, segment.fd
+        return False, os.open(f"/proc/self/fd/{segment.fd}", os.O_RDONLY | os.O_CLOEXEC)
