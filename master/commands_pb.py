@@ -81,6 +81,7 @@ def segment_to_pb(info: SegmentInfo, message: pb.Segment | None = None) -> pb.Se
     message.tier = info.tier  # type: ignore[assignment]
     message.persistent = info.persistent
     message.checked_address = info.checked_address
+    message.tenant = info.tenant
     if info.shared_memory:
         message.shared_memory.ParseFromString(info.shared_memory)
     return message

@@ -25,7 +25,7 @@ from kvpool.common.status import KeyStatus, Pin, Tier
 from kvpool.master import metrics
 from kvpool.master.access import authorize, client_scope, key_prefix, own_node
 from kvpool.master.capability_keys import MasterKeys
-from kvpool.master.commands_pb import stored_from_pb
+from kvpool.master.commands_pb import segment_to_pb, stored_from_pb
 from kvpool.master.core import TERM_ENDED, MasterCore
 from kvpool.master.driver import CallRefused, CoreDriver, Pending
 from kvpool.master.quotas import InflightLimiter
@@ -632,22 +632,7 @@ class MasterHandlers:
     def _segment_pb(self, info: SegmentInfo) -> pb.Segment:
         cached = self._segment_pbs.get(info.segment_id)
         if cached is None or cached[0] is not info:
-            message = pb.Segment(
-                segment_id=info.segment_id,
-                node_id=info.node_id,
-                host=info.host,
-                worker_address=info.worker_address,
-                base_address=info.base_address,
-                size=info.size,
-                rkey=info.rkey,
-                tier=_wire(info.tier),
-                persistent=info.persistent,
-                checked_address=info.checked_address,
-                tenant=info.tenant,
-            )
-            if info.shared_memory:
-                message.shared_memory.ParseFromString(info.shared_memory)
-            cached = self._segment_pbs[info.segment_id] = (info, message)
+            cached = self._segment_pbs[info.segment_id] = (info, segment_to_pb(info))
         return cached[1]
 
 
