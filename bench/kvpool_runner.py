@@ -43,6 +43,8 @@ CALLER_ENV = (
 )
 NODE_ID = "bench-node"
 SECURITY_MODES = ("secure", "insecure")
+#: The clients' identity and tenant on a secure cluster.
+CLIENT_NAME, TENANT = "bench-client", "bench"
 
 
 def _without_callers(env: dict[str, str]) -> dict[str, str]:
@@ -108,7 +110,7 @@ class KvpoolServers:
         store = CredentialStore.create(self.credentials)
         self.node_token, record = new_token(NODE_ID, Role.NODE, node_id=NODE_ID)
         store.add(record)
-        self.client_token, record = new_token("bench-client", Role.CLIENT, tenant="bench")
+        self.client_token, record = new_token(CLIENT_NAME, Role.CLIENT, tenant=TENANT)
         store.add(record)
 
     def _master_security_args(self) -> list[str]:
@@ -117,6 +119,9 @@ class KvpoolServers:
         return [
             "--tls-cert", str(self.pki.server_cert), "--tls-key", str(self.pki.server_key),
             "--tls-client-ca", self.ca, "--credentials", str(self.credentials),
+            # (the clients may map the node's memory where they share its host: it holds
+            # their tenant's objects alone, see the node's --tenant)
+            "--same-host-clients", CLIENT_NAME,
         ]  # fmt: skip
 
     def _node_env(self) -> dict[str, str]:
@@ -146,7 +151,7 @@ class KvpoolServers:
                 [*kvpool, "node", "--master", self.address, "--dram", self.dram,
                  "--listen", ip, "--http-port", "0", "--node-id", NODE_ID,
                  "--drain-timeout", "1", "--log-format", "json",
-                 *([] if self.secure else ["--insecure"])],
+                 *(["--tenant", TENANT] if self.secure else ["--insecure"])],
                 self.run_dir,
                 self._node_env(),
             )  # fmt: skip

@@ -535,19 +535,17 @@ class MasterHandlers:
         keys = self.capability_keys
         if keys is None:
             return None
-        ring, term = keys.ring, self.core.state.epoch
-        expiry_ms, tenant = self.wall_ms() + ttl_ms, identity.tenant
+        signed = keys.ring.granter(
+            rights=rights,
+            expiry_ms=self.wall_ms() + ttl_ms,
+            term=self.core.state.epoch,
+            tenant=identity.tenant,
+        )
 
         def grant(replica: PlacedReplica, size: int, grant_id: int) -> bytes:
-            return ring.grant(
-                segment_id=replica.segment.segment_id,
-                offset=replica.address - replica.segment.base_address,
-                length=size,
-                rights=rights,
-                expiry_ms=expiry_ms,
-                term=term,
-                tenant=tenant,
-                grant_id=grant_id,
+            segment = replica.segment
+            return signed(
+                segment.segment_id, replica.address - segment.base_address, size, grant_id
             )
 
         return grant

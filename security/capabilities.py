@@ -48,7 +48,7 @@ import hashlib
 import hmac
 import os
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import IntEnum, IntFlag
 from typing import Any, ClassVar
@@ -311,27 +311,49 @@ class KeyRing:
     ) -> bytes:
         """An encoded capability for ``length`` bytes at ``offset`` of ``segment_id``,
         valid until ``expiry_ms`` on the master's wall clock."""
+        signed = self.granter(rights=rights, expiry_ms=expiry_ms, term=term, tenant=tenant)
+        return signed(segment_id, offset, length, grant_id)
+
+    def granter(
+        self, *, rights: Rights, expiry_ms: int, term: int, tenant: str
+    ) -> Callable[[str, int, int, int], bytes]:
+        """``grant`` for many ranges of one call: what they share (key, rights, expiry,
+        term, tenant) checked and packed once; the result takes ``(segment_id, offset,
+        length, grant_id)`` and returns the same bytes ``grant`` would."""
         if self._current is None:
             raise UnknownKey("this key ring has no current key to grant with")
-        _check_range(offset, length, "grant")
         if not isinstance(rights, Rights) or not rights:
             raise ValueError(f"rights must be Rights.READ and/or Rights.WRITE, got {rights!r}")
-        for name, value in (("expiry_ms", expiry_ms), ("term", term), ("grant_id", grant_id)):
+        for name, value in (("expiry_ms", expiry_ms), ("term", term)):
             if not isinstance(value, int) or not 0 <= value <= MAX_U64:
                 raise ValueError(f"{name} must be an integer from 0 to 2**64-1, got {value!r}")
-        capability = Capability(
-            self._current,
-            rights,
-            tenant_digest(tenant),
-            segment_digest(segment_id),
-            offset,
-            length,
-            expiry_ms,
-            term,
-            grant_id,
-        )
-        signed = capability.signed_bytes()
-        return signed + _tag(self._keys[self._current], signed)
+        key_id, rights_value, tenant_bytes = self._current, int(rights), tenant_digest(tenant)
+        inner_state, outer_state = _keyed(self._keys[key_id])
+        pack = _LAYOUT.pack
+
+        def grant(segment_id: str, offset: int, length: int, grant_id: int) -> bytes:
+            _check_range(offset, length, "grant")
+            if not isinstance(grant_id, int) or not 0 <= grant_id <= MAX_U64:
+                raise ValueError(f"grant_id must be from 0 to 2**64-1, got {grant_id!r}")
+            signed = pack(
+                VERSION,
+                rights_value,
+                key_id,
+                tenant_bytes,
+                segment_digest(segment_id),
+                offset,
+                length,
+                expiry_ms,
+                term,
+                grant_id,
+            )
+            inner = inner_state.copy()
+            inner.update(signed)
+            outer = outer_state.copy()
+            outer.update(inner.digest())
+            return signed + outer.digest()[:TAG_SIZE]
+
+        return grant
 
     def check(
         self,

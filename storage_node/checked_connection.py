@@ -397,8 +397,8 @@ class CheckedConnection:
         self._flush()
         while at < end:
             self._waits.receive(self._until(ends_at), late=0.0)
-            try:
-                got = connection.recv_into(target[at : min(end, at + CHUNK)])
+            try:  # (all of a chunk in one call, unless the wait, cut to the end, ends first)
+                got = connection.recv_into(target[at : min(end, at + CHUNK)], 0, socket.MSG_WAITALL)
             except BlockingIOError:
                 if self._clock() < ends_at:
                     continue  # (woke a little early: the capability still runs)

@@ -413,14 +413,17 @@ def _send(connection: _Connection, data: bytes | bytearray | memoryview, deadlin
         raise _Broken(Result(Outcome.UNREACHABLE, f"the connection broke: {error}")) from None
 
 
-def _receive_some(connection: _Connection, into: memoryview, deadline: float) -> int:
-    """Receives what has come (at least one byte) into ``into``, by ``deadline``."""
+def _receive_some(
+    connection: _Connection, into: memoryview, deadline: float, flags: int = 0
+) -> int:
+    """Receives what has come (at least one byte) into ``into``, by ``deadline``; with
+    ``MSG_WAITALL`` in ``flags``, all of ``into`` unless the wait ends first."""
     sock = connection.socket
     try:
         while True:
             connection.waits.receive(_left(deadline))
             try:
-                got = sock.recv_into(into)
+                got = sock.recv_into(into, 0, flags)
             except BlockingIOError:
                 continue  # (its wait ended: the deadline decides)
             if not got:
@@ -433,5 +436,6 @@ def _receive_some(connection: _Connection, into: memoryview, deadline: float) ->
 def _receive(connection: _Connection, into: memoryview, deadline: float) -> None:
     """Fills ``into`` (a large payload, straight into the caller's memory) by ``deadline``."""
     at, end = 0, len(into)
-    while at < end:
-        at += _receive_some(connection, into[at : min(end, at + CHUNK)], deadline)
+    while at < end:  # (all of a chunk in one call: no wake-up per segment the kernel queued)
+        chunk = into[at : min(end, at + CHUNK)]
+        at += _receive_some(connection, chunk, deadline, socket.MSG_WAITALL)
