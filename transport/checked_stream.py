@@ -22,6 +22,7 @@ on it. A refusal (the node's status) fails that transfer only.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import socket
 import threading
 import time
@@ -40,9 +41,15 @@ WINDOW = 64
 PER_NODE = 4
 #: Bytes per send or receive call.
 CHUNK = 8 << 20
+#: A call moving at least this many bytes to or from one node runs on ``LANES`` connections
+#: at once; a transfer this large is cut in ``LANES`` parts.
+PARALLEL_AT = 4 << 20
+LANES = 2
 #: Transfers up to this size go through the connection's buffers (copied), larger ones
 #: straight between the caller's memory and the socket.
 SMALL = 64 << 10
+#: Parts of a cut transfer start at multiples of this.
+PAGE = 4096
 #: Each connection's send and receive buffers.
 BUFFER = 1 << 20
 
@@ -130,17 +137,65 @@ class CheckedStreams:
         by_node: dict[str, list[int]] = {}
         for i, job in enumerate(jobs):
             by_node.setdefault(job.address, []).append(i)
+        if any(sum(jobs[i].length for i in group) >= PARALLEL_AT for group in by_node.values()):
+            return self._run_in_lanes(jobs, by_node, is_get=is_get, deadline=deadline)
         results: list[Result] = [_OK] * len(jobs)
-        groups = list(by_node.values())
+        self._run_groups(jobs, list(by_node.values()), is_get, deadline, results)
+        return results
+
+    def _run_groups(
+        self,
+        jobs: Sequence[Job],
+        groups: list[list[int]],
+        is_get: bool,
+        deadline: float,
+        results: list[Result],
+    ) -> None:
+        """Each group of ``jobs`` on a connection of its own, at once (on the caller's thread
+        when there is one group)."""
         if len(groups) == 1:
             self._run_group(jobs, groups[0], is_get, deadline, results)
-            return results
+            return
         futures = [
             self._pool.submit(self._run_group, jobs, group, is_get, deadline, results)
             for group in groups
         ]
         for future in futures:
             future.result()
+
+    def _run_in_lanes(
+        self,
+        jobs: Sequence[Job],
+        by_node: dict[str, list[int]],
+        *,
+        is_get: bool,
+        deadline: float,
+    ) -> list[Result]:
+        """``run`` for calls that move many bytes: a node's share of at least
+        ``PARALLEL_AT`` bytes goes over ``LANES`` connections at once (a large transfer cut
+        in parts, each under the same capability), so that one TCP stream's copying does
+        not bound it. A job fails if any of its parts does."""
+        parts: list[Job] = []
+        owners: list[int] = []
+        groups: list[list[int]] = []
+        for indexes in by_node.values():
+            lanes: list[list[int]] = [[] for _ in range(LANES)]
+            loads = [0] * LANES
+            split = sum(jobs[i].length for i in indexes) >= PARALLEL_AT
+            for i in indexes:
+                for part in _parts(jobs[i]) if split else (jobs[i],):
+                    lane = loads.index(min(loads)) if split else 0
+                    lanes[lane].append(len(parts))
+                    loads[lane] += part.length
+                    parts.append(part)
+                    owners.append(i)
+            groups += [lane for lane in lanes if lane]
+        part_results: list[Result] = [_OK] * len(parts)
+        self._run_groups(parts, groups, is_get, deadline, part_results)
+        results: list[Result] = [_OK] * len(jobs)
+        for owner, result in zip(owners, part_results, strict=True):
+            if result.outcome is not Outcome.OK and results[owner].outcome is Outcome.OK:
+                results[owner] = result
         return results
 
     def close(self) -> None:
@@ -373,6 +428,18 @@ _READ, _WRITE = int(frames.Op.READ), int(frames.Op.WRITE)
 
 #: A transfer whose answer has not been read yet.
 _PENDING = Result(Outcome.UNREACHABLE, "the connection ended before the answer")
+
+
+def _parts(job: Job) -> list[Job]:
+    """``job`` cut in ``LANES`` page-aligned parts if it is ``PARALLEL_AT`` bytes or more."""
+    if job.length < PARALLEL_AT:
+        return [job]
+    step = job.length // LANES // PAGE * PAGE
+    cuts = [k * step for k in range(LANES)] + [job.length]
+    return [
+        Job(job.address, job.capability, job.offset + a, b - a, job.local_address + a)
+        for a, b in itertools.pairwise(cuts)
+    ]
 
 
 def _still_open(connection: socket.socket) -> bool:

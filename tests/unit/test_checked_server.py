@@ -250,3 +250,37 @@ def test_the_node_s_forget_command_answers_only_once_a_read_in_flight_has_stoppe
         assert statuses(server, [(frames.Op.READ, read, 0, 4096)]) == [frames.Status.SEALED]
     finally:
         assert server.stop()
+
+
+def test_a_large_call_moves_over_two_connections_at_once_byte_for_byte(server, segment):
+    """A node's share of 4 MiB or more runs on two connections (a large transfer cut in
+    two page-aligned parts under its one capability); a part refused fails its transfer."""
+    size = 4 << 20
+    address = f"127.0.0.1:{server.port}"
+    both = caps.Rights.READ | caps.Rights.WRITE
+    source = ctypes.create_string_buffer(bytes(range(256)) * (size // 256), size)
+    target = ctypes.create_string_buffer(size + 4096)  # (room for the refused read below)
+
+    def run(jobs: list[Job], is_get: bool) -> list[Outcome]:
+        results = streams.run(jobs, is_get=is_get, deadline=time.monotonic() + 10)
+        return [result.outcome for result in results]
+
+    streams = CheckedStreams()
+    try:
+        whole = grant(0, size, both, 60)
+        assert run([Job(address, whole, 0, size, ctypes.addressof(source))], False) == [Outcome.OK]
+        assert run([Job(address, whole, 0, size, ctypes.addressof(target))], True) == [Outcome.OK]
+        assert target.raw[:size] == source.raw
+        assert len(streams._idle[address]) == 2, "two connections ran it"
+        ctypes.memset(target, 0, size)
+        half = size // 2
+        batch = [  # (two transfers whose sum reaches the mark: dealt to the two connections)
+            Job(address, grant(at, half, both, 60), at, half, ctypes.addressof(target) + at)
+            for at in (0, half)
+        ]
+        assert run(batch, True) == [Outcome.OK, Outcome.OK]
+        assert target.raw[:size] == source.raw
+        beyond = Job(address, whole, 0, size + 4096, ctypes.addressof(target))
+        assert run([beyond], True) == [Outcome.REFUSED], "its part past the capability is"
+    finally:
+        streams.close()
