@@ -60,10 +60,26 @@ from kvpool.transport.shared_memory import (
     MappedSegment,
     MappingRefused,
     Reaper,
+    SegmentFile,
     boot_id,
 )
 
 log = get_logger("kvpool.client")
+
+
+def segment_file(descriptor: pb.Segment) -> SegmentFile:
+    """Where the node's file for the segment ``descriptor`` names is, and how to get it."""
+    shared = descriptor.shared_memory
+    return SegmentFile(
+        shared.pid,
+        shared.fd,
+        shared.inode,
+        shared.device,
+        descriptor.size,
+        descriptor.base_address,
+        shared.socket,
+        descriptor.map_capability,
+    )
 
 
 @dataclass(slots=True)
@@ -569,17 +585,7 @@ class DataPath:
             and (descriptor.map_capability or not shared.socket)
         ):
             try:
-                mapped = MAPPINGS.acquire(
-                    pid=shared.pid,
-                    fd=shared.fd,
-                    inode=shared.inode,
-                    device=shared.device,
-                    size=descriptor.size,
-                    remote_base=descriptor.base_address,
-                    writable=writable,
-                    socket_name=shared.socket,
-                    grant=descriptor.map_capability,
-                )
+                mapped = MAPPINGS.acquire(segment_file(descriptor), writable=writable)
             except MappingRefused as refusal:
                 mapped = None  # another pid namespace or user, the node is gone, or refused
                 if shared.socket:

@@ -33,6 +33,7 @@ import socket
 import struct
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 #: madvise(MADV_POPULATE_READ/WRITE), Linux 5.14+ (Python 3.11's mmap module lacks the name).
 MADV_POPULATE_READ = 22
@@ -73,6 +74,28 @@ def boot_id() -> str:
         return ""
 
 
+@dataclass(frozen=True, slots=True)
+class SegmentFile:
+    """A node's segment as a descriptor names it: the node process and its descriptor for
+    the file, the inode and device that say it is still that file, the segment's size and
+    where the node has it; and, on a secure cluster, the node's mapping socket and the
+    master's grant to show there."""
+
+    pid: int
+    fd: int
+    inode: int
+    device: int
+    size: int
+    remote_base: int
+    socket_name: str = ""
+    grant: bytes = b""
+
+    def origin(self, writable: bool) -> tuple[int, ...]:
+        """What a mapping of it is known by (the grant, renewed now and then, is not)."""
+        return (self.pid, self.fd, self.inode, self.device, self.size, self.remote_base,
+                int(writable))  # fmt: skip
+
+
 class MappedSegment:
     """A node's segment mapped into this process at ``address``; ``remote_base`` is where the
     node has it, so a descriptor's remote address translates by offset."""
@@ -106,43 +129,32 @@ class MappedSegment:
         self._populator.start()
 
     @classmethod
-    def open(
-        cls,
-        *,
-        pid: int,
-        fd: int,
-        inode: int,
-        device: int,
-        size: int,
-        remote_base: int,
-        writable: bool = True,
-        socket_name: str = "",
-        grant: bytes = b"",
-    ) -> MappedSegment:
+    def open(cls, file: SegmentFile, *, writable: bool = True) -> MappedSegment:
         """Maps the node's file, read-write or read-only; MappingRefused when this process
-        cannot reach it. With ``socket_name`` the node hands the file over there under
-        ``grant`` (storage_node/mapping_server.py); else it is opened as
+        cannot reach it. With ``file.socket_name`` the node hands the file over there under
+        ``file.grant`` (storage_node/mapping_server.py); else it is opened as
         ``/proc/<pid>/fd/<fd>`` (a node of this process's user that lets it)."""
+        pid, fd, inode, device, size = file.pid, file.fd, file.inode, file.device, file.size
         try:
             pidfd = os.pidfd_open(pid)  # first: the pid cannot be reused while we hold this
         except OSError as error:
             raise MappingRefused(error.errno, f"node process {pid}: {error.strerror}") from None
         try:
-            if socket_name:
-                file = _handed_over(socket_name, pid, writable, grant)
+            if file.socket_name:
+                opened = _handed_over(file.socket_name, pid, writable, file.grant)
                 where = f"the file node process {pid} handed over"
             else:
-                file = _open_proc_fd(pid, fd, writable)
+                opened = _open_proc_fd(pid, fd, writable)
                 where = f"/proc/{pid}/fd/{fd}"
         except BaseException:
             os.close(pidfd)
             raise
         try:
-            stat = os.fstat(file)
+            stat = os.fstat(opened)
             if (stat.st_ino, stat.st_dev) != (inode, device) or stat.st_size < size:
                 raise MappingRefused(0, f"{where} is not the advertised segment")
             protection = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-            address = _libc.mmap(None, size, protection, mmap.MAP_SHARED, file, 0)
+            address = _libc.mmap(None, size, protection, mmap.MAP_SHARED, opened, 0)
             if address in (None, MAP_FAILED):
                 errno = ctypes.get_errno()
                 raise MappingRefused(errno, f"mmap of {size} bytes: {os.strerror(errno)}")
@@ -151,9 +163,8 @@ class MappedSegment:
             os.close(pidfd)
             raise
         finally:
-            os.close(file)  # the mapping keeps the file
-        origin = (pid, fd, inode, device, size, remote_base, int(writable))
-        return cls(address, size, remote_base, pidfd, origin, writable)
+            os.close(opened)  # the mapping keeps the file
+        return cls(address, size, file.remote_base, pidfd, file.origin(writable), writable)
 
     def alive(self) -> bool:
         """False once the node process has exited (its pidfd turns readable)."""
@@ -256,36 +267,14 @@ class Mappings:
         self._lock = threading.Lock()
         self._current: dict[tuple[int, ...], MappedSegment] = {}
 
-    def acquire(
-        self,
-        *,
-        pid: int,
-        fd: int,
-        inode: int,
-        device: int,
-        size: int,
-        remote_base: int,
-        writable: bool = True,
-        socket_name: str = "",
-        grant: bytes = b"",
-    ) -> MappedSegment:
+    def acquire(self, file: SegmentFile, *, writable: bool = True) -> MappedSegment:
         """The segment's mapping (read-write or read-only), made now unless a live one
         exists; MappingRefused when this process cannot map it (see ``MappedSegment.open``)."""
-        origin = (pid, fd, inode, device, size, remote_base, int(writable))
+        origin = file.origin(writable)
         with self._lock:
             mapped = self._current.get(origin)
             if mapped is None or not mapped.alive():  # a dead one stays with its users
-                mapped = MappedSegment.open(
-                    pid=pid,
-                    fd=fd,
-                    inode=inode,
-                    device=device,
-                    size=size,
-                    remote_base=remote_base,
-                    writable=writable,
-                    socket_name=socket_name,
-                    grant=grant,
-                )
+                mapped = MappedSegment.open(file, writable=writable)
                 self._current[origin] = mapped
             mapped.users += 1
             return mapped

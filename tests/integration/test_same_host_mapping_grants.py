@@ -4,6 +4,7 @@ master's grant (security/mapping_grants.py, storage_node/mapping_server.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import mmap
 import os
 import socket
@@ -15,6 +16,7 @@ import time
 import pytest
 
 from kvpool import Client
+from kvpool.client.data_path import segment_file
 from kvpool.errors import NoSpace
 from kvpool.security import mapping_grants
 from kvpool.security.identity import Role
@@ -197,19 +199,10 @@ def test_a_client_maps_only_a_file_the_named_node_process_hands_over(cluster_fac
     with _client(cluster, ALLOWED[0]) as mapper:
         mapper.put("k", b"k" * 4096)
         descriptor = _descriptor(mapper)
-    shared = descriptor.shared_memory
+    # (a live process, not the node: as a false descriptor would say)
+    false = dataclasses.replace(segment_file(descriptor), pid=os.getppid())
     with pytest.raises(MappingRefused, match="not the node process"):
-        MAPPINGS.acquire(
-            pid=os.getppid(),  # (a live process, not the node: as a false descriptor says)
-            fd=shared.fd,
-            inode=shared.inode,
-            device=shared.device,
-            size=descriptor.size,
-            remote_base=descriptor.base_address,
-            writable=False,
-            socket_name=shared.socket,
-            grant=descriptor.map_capability,
-        )
+        MAPPINGS.acquire(false, writable=False)
 
 
 NOBODY = 65534

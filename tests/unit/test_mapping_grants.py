@@ -22,7 +22,7 @@ def _grant(tenant: str = "a", expiry_ms: int = NOW + mg.GRANT_TTL_MS, ring=RING)
     return mg.grant(ring, segment_id=SEGMENT, size=SIZE, tenant=tenant, term=7, expiry_ms=expiry_ms)
 
 
-def _check(grant: bytes, *, writable: bool = False, **changes) -> None:
+def _check(grant: bytes, *, writable: bool = False, ring=RING, **changes) -> None:
     arguments = dict(
         writable=writable,
         segment_id=SEGMENT,
@@ -33,7 +33,7 @@ def _check(grant: bytes, *, writable: bool = False, **changes) -> None:
         max_skew_ms=1000,
     )
     arguments.update(changes)
-    mg.check(RING, grant, **arguments)
+    mg.check(ring, grant, **arguments)
 
 
 @pytest.mark.parametrize(
@@ -110,17 +110,7 @@ def test_map_grants_and_transfer_capabilities_are_never_taken_for_each_other():
 
 def test_a_node_without_keys_yet_refuses_and_says_to_try_again():
     with pytest.raises(mg.MapRefused, match="try again"):
-        mg.check(
-            None,
-            _grant(),
-            writable=False,
-            segment_id=SEGMENT,
-            size=SIZE,
-            tenant="a",
-            now_ms=NOW,
-            min_term=0,
-            max_skew_ms=0,
-        )
+        _check(_grant(), ring=None)
 
 
 @pytest.mark.parametrize(

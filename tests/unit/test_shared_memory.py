@@ -21,6 +21,7 @@ from kvpool.transport.shared_memory import (
     MappingRefused,
     Mappings,
     Reaper,
+    SegmentFile,
     boot_id,
 )
 
@@ -54,7 +55,7 @@ def owner():
 
 def _open(info: dict, **changes: int) -> MappedSegment:
     args = {**info, "size": SIZE, "remote_base": 0x7F0000000000, **changes}
-    return MappedSegment.open(**args)
+    return MappedSegment.open(SegmentFile(**args))
 
 
 def test_a_mapping_reads_what_the_owner_wrote_and_the_owner_sees_what_it_writes(owner):
@@ -100,16 +101,16 @@ def test_the_page_tables_fill_in_the_background_before_any_copy(owner):
 def test_clients_of_one_process_share_a_mapping_until_the_last_lets_go(owner):
     _, info = owner
     mappings = Mappings()
-    where = {**info, "size": SIZE, "remote_base": 0x7F0000000000}
-    first = mappings.acquire(**where)
-    second = mappings.acquire(**where)
+    where = SegmentFile(**info, size=SIZE, remote_base=0x7F0000000000)
+    first = mappings.acquire(where)
+    second = mappings.acquire(where)
     assert first is second and first.users == 2
     mappings.release(first)
     assert not first.closed  # the other client still copies through it
     assert ctypes.string_at(first.local_address(0x7F0000000000, 16), 16) == bytes(range(16))
     mappings.release(second)
     assert first.closed
-    third = mappings.acquire(**where)  # a later client maps afresh
+    third = mappings.acquire(where)  # a later client maps afresh
     assert third is not first and not third.closed
     mappings.release(third)
 
@@ -117,12 +118,12 @@ def test_clients_of_one_process_share_a_mapping_until_the_last_lets_go(owner):
 def test_a_dead_nodes_mapping_stays_with_its_users_and_is_not_handed_out_again(owner):
     process, info = owner
     mappings = Mappings()
-    where = {**info, "size": SIZE, "remote_base": 0x7F0000000000}
-    held = mappings.acquire(**where)
+    where = SegmentFile(**info, size=SIZE, remote_base=0x7F0000000000)
+    held = mappings.acquire(where)
     process.kill()
     process.wait()
     with pytest.raises(MappingRefused):
-        mappings.acquire(**where)
+        mappings.acquire(where)
     assert not held.alive() and not held.closed  # its user lets go in its own time
     mappings.release(held)
     assert held.closed
@@ -153,9 +154,9 @@ def test_a_process_that_is_gone_or_unreachable_is_refused():
     process = subprocess.Popen([sys.executable, "-c", "pass"])
     process.wait()
     with pytest.raises(MappingRefused):
-        MappedSegment.open(pid=process.pid, fd=3, inode=1, device=1, size=SIZE, remote_base=0)
+        MappedSegment.open(SegmentFile(process.pid, 3, 1, 1, SIZE, 0))
     with pytest.raises(MappingRefused):
-        MappedSegment.open(pid=os.getpid(), fd=999_999, inode=1, device=1, size=SIZE, remote_base=0)
+        MappedSegment.open(SegmentFile(os.getpid(), 999_999, 1, 1, SIZE, 0))
 
 
 def test_the_reaper_reports_the_owners_exit_at_once_and_alive_turns_false(owner):
