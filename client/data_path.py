@@ -67,6 +67,17 @@ from kvpool.transport.shared_memory import (
 log = get_logger("kvpool.client")
 
 
+def _only_the_grant_changed(known: pb.Segment, new: pb.Segment) -> bool:
+    """Whether two descriptors of a segment differ in their map grants alone."""
+    if known.map_capability == new.map_capability:
+        return False
+    without = [pb.Segment(), pb.Segment()]
+    for copy, descriptor in zip(without, (known, new), strict=True):
+        copy.CopyFrom(descriptor)
+        copy.ClearField("map_capability")
+    return without[0] == without[1]
+
+
 def segment_file(descriptor: pb.Segment) -> SegmentFile:
     """Where the node's file for the segment ``descriptor`` names is, and how to get it."""
     shared = descriptor.shared_memory
@@ -186,6 +197,15 @@ class DataPath:
         """Records segment descriptors from a master response (cheap when unchanged)."""
         for segment in segments:
             known = self._descriptors.get(segment.segment_id)
+            if known is not None and known != segment and _only_the_grant_changed(known, segment):
+                # (the master renews map grants now and then: the mapping stands; one that
+                # failed is tried again with the new grant)
+                self._descriptors[segment.segment_id] = segment
+                with self._lock:
+                    for key in ((segment.segment_id, False), (segment.segment_id, True)):
+                        if key in self._mapped and self._mapped[key] is None:
+                            del self._mapped[key]
+                continue
             if known is None or known != segment:
                 self._descriptors[segment.segment_id] = segment
                 if known is not None:
@@ -588,7 +608,7 @@ class DataPath:
                 mapped = MAPPINGS.acquire(segment_file(descriptor), writable=writable)
             except MappingRefused as refusal:
                 mapped = None  # another pid namespace or user, the node is gone, or refused
-                if shared.socket:
+                if shared.socket and not refusal.errno:  # (refused, not just out of reach)
                     log.warning("segment not mapped", segment=segment_id, why=str(refusal))
             else:
                 self._reaper.watch(mapped.pidfd, segment_id)

@@ -18,6 +18,7 @@ import pytest
 from kvpool import Client
 from kvpool.client.data_path import segment_file
 from kvpool.errors import NoSpace
+from kvpool.proto import master_pb2 as pb
 from kvpool.security import mapping_grants
 from kvpool.security.identity import Role
 from kvpool.security.tokens import new_token
@@ -192,6 +193,23 @@ def _grant_for_tenant(cluster, descriptor, tenant: str) -> bytes:
         expiry_ms=2**50,
     )
     return capability
+
+
+def test_a_renewed_grant_keeps_the_mapping_in_place(cluster_factory):
+    """The master renews map grants every half minute: a client keeps its mappings."""
+    cluster = _one_tenant_cluster(cluster_factory)
+    with _client(cluster, ALLOWED[0]) as mapper:
+        mapper.put("k", b"k" * 4096)
+        assert mapper.get("k") == b"k" * 4096
+        data_path = mapper._session.data
+        mappings = dict(data_path._mapped)
+        assert all(mappings.values()) and len(mappings) == 2
+        renewed = pb.Segment()
+        renewed.CopyFrom(_descriptor(mapper))
+        renewed.map_capability = bytes(len(renewed.map_capability))
+        data_path.learn([renewed])
+        assert data_path._mapped == mappings, "not unmapped"
+        assert mapper.get("k") == b"k" * 4096
 
 
 def test_a_client_maps_only_a_file_the_named_node_process_hands_over(cluster_factory):
