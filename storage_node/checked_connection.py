@@ -26,6 +26,7 @@ import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from kvpool.common.log_throttle import LogThrottle
 from kvpool.common.logging import get_logger
 from kvpool.security import capabilities as caps
 from kvpool.storage_node.checked_seals import Seals
@@ -36,6 +37,9 @@ if TYPE_CHECKING:
     from kvpool.storage_node.checked_server import NodeKeys
 
 log = get_logger("kvpool.node.checked")
+#: Refusals are logged at a bounded rate (a peer chooses how many it causes); the
+#: ``kvpool_node_checked_requests_total`` counter counts every one.
+REFUSAL_LOGS = LogThrottle()
 
 #: Bytes moved per socket call into or out of a segment, and between two checks of the
 #: capability's expiry.
@@ -238,7 +242,15 @@ class CheckedConnection:
 
     def _refuse(self, request_id: int, op: str, status: frames.Status, why: str) -> None:
         self._counters.requests.labels(op, status.name.lower()).inc()
-        log.warning("checked transfer refused", op=op, status=status.name, why=why)
+        suppressed = REFUSAL_LOGS.allow((op, status))
+        if suppressed is not None:
+            log.warning(
+                "checked transfer refused",
+                op=op,
+                status=status.name,
+                why=why,
+                suppressed=suppressed,
+            )
         self._answer(frames.encode_reply(request_id, status))
 
     def _drop_payload(self, length: int) -> None:
@@ -417,7 +429,11 @@ class CheckedConnection:
 
     def _expired(self) -> Closed:
         self._counters.requests.labels("transfer", "expired_midway").inc()
-        log.warning("capability expired during a transfer: connection closed")
+        suppressed = REFUSAL_LOGS.allow("expired_midway")
+        if suppressed is not None:
+            log.warning(
+                "capability expired during a transfer: connection closed", suppressed=suppressed
+            )
         return Closed()
 
     def _segment_memory(self, digest: bytes, segment: Any) -> memoryview:

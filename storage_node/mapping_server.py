@@ -22,6 +22,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 
+from kvpool.common.log_throttle import LogThrottle
 from kvpool.common.logging import get_logger
 from kvpool.security import mapping_grants
 from kvpool.security.mapping_grants import MapRefused
@@ -29,6 +30,8 @@ from kvpool.storage_node.checked_server import NodeKeys
 from kvpool.storage_node.segment import Segment
 
 log = get_logger(__name__)
+#: Refusals are logged at a bounded rate: any local process may ask.
+REFUSAL_LOGS = LogThrottle()
 
 MAX_CONNECTIONS = 8
 #: Deadline of each receive and send on a connection, seconds.
@@ -108,7 +111,15 @@ class MappingServer:
             except MapRefused as refusal:
                 reason = str(refusal).encode()[: mapping_grants.MAX_REASON]
                 connection.send(bytes([mapping_grants.REFUSED]) + reason)
-                log.warning("map request refused", peer_pid=pid, peer_uid=uid, why=str(refusal))
+                suppressed = REFUSAL_LOGS.allow("map")
+                if suppressed is not None:
+                    log.warning(
+                        "map request refused",
+                        peer_pid=pid,
+                        peer_uid=uid,
+                        why=str(refusal),
+                        suppressed=suppressed,
+                    )
                 return
             try:
                 socket.send_fds(connection, [bytes([mapping_grants.HANDED_OVER])], [fd])

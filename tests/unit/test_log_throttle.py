@@ -1,0 +1,34 @@
+"""Log lines a peer can cause pass at a bounded rate, and say how many were dropped."""
+
+from __future__ import annotations
+
+from kvpool.common.log_throttle import MAX_KEYS, LogThrottle
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_burst_passes_then_lines_are_dropped_and_counted_until_the_window_ends():
+    clock = Clock()
+    throttle = LogThrottle(burst=3, interval=10.0, clock=clock)
+    assert [throttle.allow("refused") for _ in range(3)] == [0, 0, 0]
+    assert [throttle.allow("refused") for _ in range(5)] == [None] * 5
+    clock.now = 10.0
+    assert throttle.allow("refused") == 5, "the next line says how many were dropped"
+    assert throttle.allow("refused") == 0
+
+
+def test_keys_are_throttled_apart_and_the_table_stays_bounded():
+    clock = Clock()
+    throttle = LogThrottle(burst=1, interval=10.0, clock=clock)
+    assert throttle.allow(("read", "EXPIRED")) == 0
+    assert throttle.allow(("read", "EXPIRED")) is None
+    assert throttle.allow(("write", "FORGED")) == 0, "another key has its own budget"
+    for n in range(MAX_KEYS * 2):
+        throttle.allow(n)
+    assert len(throttle._windows) <= MAX_KEYS
