@@ -151,13 +151,15 @@ def test_mooncake_side(tmp_path: Path) -> None:
     assert medians["exists"]["exists"]["mooncake"] > 0
 
 
+#: (counts kept well inside the 64 MiB store: a timed phase that stored more than its ways'
+#: removals had freed yet made the master evict some, and their gets then missed)
 INFLIGHT = [
     Workload(
         "32x4KiB", "batches of 32 x 4 KiB", 4 * KiB, count=1024, batch=32, seconds=0.1,
         unit="ops/s",
     ),
     Workload(
-        "32x4KiB-inflight", "batches of 32 x 4 KiB, calls in flight", 4 * KiB, count=4096,
+        "32x4KiB-inflight", "batches of 32 x 4 KiB, calls in flight", 4 * KiB, count=1024,
         batch=32, seconds=0.2, unit="ops/s", inflight=(1, 4),
     ),
 ]  # fmt: skip
