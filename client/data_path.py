@@ -197,23 +197,23 @@ class DataPath:
         """Records segment descriptors from a master response (cheap when unchanged)."""
         for segment in segments:
             known = self._descriptors.get(segment.segment_id)
-            if known is not None and known != segment and _only_the_grant_changed(known, segment):
+            if known is not None and known == segment:
+                continue
+            self._descriptors[segment.segment_id] = segment
+            if known is not None and _only_the_grant_changed(known, segment):
                 # (the master renews map grants now and then: the mapping stands; one that
                 # failed is tried again with the new grant)
-                self._descriptors[segment.segment_id] = segment
                 with self._lock:
                     for key in ((segment.segment_id, False), (segment.segment_id, True)):
                         if key in self._mapped and self._mapped[key] is None:
                             del self._mapped[key]
                 continue
-            if known is None or known != segment:
-                self._descriptors[segment.segment_id] = segment
-                if known is not None:
-                    self.unreachable.forget(segment.node_id)  # it mounted again: try it
-                with self._lock:
-                    for lane in self._lanes:  # (dropped by the thread that next takes it)
-                        lane.stale.add(segment.segment_id)
-                    self._unmap(segment.segment_id)
+            if known is not None:
+                self.unreachable.forget(segment.node_id)  # it mounted again: try it
+            with self._lock:
+                for lane in self._lanes:  # (dropped by the thread that next takes it)
+                    lane.stale.add(segment.segment_id)
+                self._unmap(segment.segment_id)
 
     def register(self, buffer: Any) -> ucp.MemoryRegion:
         """Registers caller memory once so transfers from or into it skip registration."""

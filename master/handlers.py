@@ -582,9 +582,9 @@ class MasterHandlers:
             return self._segment_pb(info)
         if not self.same_host.allows(identity, info.tenant):
             return self._unmappable_pb(info)
-        keys = self.capability_keys
         if identity.insecure:
             return self._segment_pb(info)  # (no grants: the node's user opens /proc)
+        keys = self.capability_keys
         if keys is None:
             return self._unmappable_pb(info)
         return self._granted_pb(info, identity.tenant, keys)

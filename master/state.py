@@ -1167,7 +1167,7 @@ class MasterState:
                 for segment in map(self.segments.__getitem__, sorted(ids) if len(ids) > 1 else ids)
                 if segment.info.tier is tier
                 and segment.fenced_until <= now
-                and (not segment.info.tenant or segment.info.tenant == tenant)
+                and _admits(segment, tenant)
             ]
             if segments:
                 entries.append((node, segments))
@@ -1277,7 +1277,7 @@ class MasterState:
             not 0 < item.generation < GENERATIONS_END
             or item.size < 0
             or key_problem(item.key, STORED_KEY_BYTES) is not None
-            or not _admits(segment, item.key)
+            or not _admits(segment, tenant_of(item.key))
         ):
             return False
         existing = self.objects.get(item.key)
@@ -1600,7 +1600,7 @@ class MasterState:
         """The segment of ``tier`` that may hold ``key`` with the most room on a node outside
         ``holders`` that takes new objects, whose use stays below the high watermark with
         ``size`` more (a copy never makes eviction take other objects)."""
-        high = self.config.high_watermark
+        high, tenant = self.config.high_watermark, tenant_of(key)
         best: SegmentRecord | None = None
         best_free = -1.0
         for node in self.nodes.values():
@@ -1612,7 +1612,7 @@ class MasterState:
                 if (
                     segment.info.tier is not tier
                     or segment.fenced_until > now
-                    or not _admits(segment, key)
+                    or not _admits(segment, tenant)
                 ):
                     continue
                 need = allocator.rounded(size)
@@ -2253,11 +2253,10 @@ def _validated(method: Callable[..., Any], validate: Callable[[], None]) -> Call
     return checked
 
 
-def _admits(segment: SegmentRecord, key: str) -> bool:
-    """Whether ``segment`` may hold ``key``'s object: a segment of one tenant (the node's
+def _admits(segment: SegmentRecord, tenant: str) -> bool:
+    """Whether ``segment`` may hold ``tenant``'s objects: a segment of one tenant (the node's
     ``--tenant``) holds that tenant's objects only, so that mapping it shows no other's."""
-    tenant = segment.info.tenant
-    return not tenant or tenant_of(key) == tenant
+    return not segment.info.tenant or segment.info.tenant == tenant
 
 
 def _ignore(note: tuple[str, tuple[Any, ...]]) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import struct
 import threading
 import time
 import uuid
@@ -28,6 +27,7 @@ from kvpool.security import mapping_grants
 from kvpool.security.mapping_grants import MapRefused
 from kvpool.storage_node.checked_server import NodeKeys
 from kvpool.storage_node.segment import Segment
+from kvpool.transport.shared_memory import peer_credentials
 
 log = get_logger(__name__)
 #: Refusals are logged at a bounded rate: any local process may ask.
@@ -48,15 +48,12 @@ class MappingServer:
         tenant: str,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._segments = {s.segment_id: s for s in segments if s.shareable and s.fd is not None}
-        self._by_digest = {
-            mapping_grants.segment_digest(segment_id): segment
-            for segment_id, segment in self._segments.items()
-        }
+        shared = [s for s in segments if s.shareable and s.fd is not None]
+        self._by_digest = {mapping_grants.segment_digest(s.segment_id): s for s in shared}
         self._keys = keys
         self.tenant = tenant
         self._clock = clock
-        for segment in self._segments.values():
+        for segment in shared:
             assert segment.fd is not None
             os.fchmod(segment.fd, 0o600)
         #: The abstract socket's name (without the leading NUL), advertised in descriptors.
@@ -101,10 +98,7 @@ class MappingServer:
     def _serve(self, connection: socket.socket) -> None:
         try:
             connection.settimeout(IO_TIMEOUT)
-            pid, uid, _ = struct.unpack(
-                "3i",
-                connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")),
-            )
+            pid, uid = peer_credentials(connection)
             message = connection.recv(mapping_grants.REQUEST_SIZE + 1)
             try:
                 writable, fd = self._decide(message)

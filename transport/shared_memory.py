@@ -39,6 +39,8 @@ from dataclasses import dataclass
 MADV_POPULATE_READ = 22
 MADV_POPULATE_WRITE = 23
 MADV_HUGEPAGE = 14
+#: struct ucred: pid, uid, gid.
+_UCRED = struct.Struct("3i")
 #: Deadline of a node's answer at its mapping socket, seconds.
 HANDOVER_TIMEOUT = 2.0
 #: Page tables are populated this much at a time, on first use.
@@ -221,6 +223,15 @@ def _open_proc_fd(pid: int, fd: int, writable: bool) -> int:
         raise MappingRefused(error.errno, f"/proc/{pid}/fd/{fd}: {error.strerror}") from None
 
 
+def peer_credentials(connection: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the process at the other end of a unix socket, as the kernel saw it
+    connect (``SO_PEERCRED``)."""
+    pid, uid, _ = _UCRED.unpack(
+        connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    )
+    return pid, uid
+
+
 def _handed_over(socket_name: str, pid: int, writable: bool, grant: bytes) -> int:
     """The segment's file, as the node process ``pid`` hands it over at its mapping socket
     (abstract ``socket_name``) for ``grant``: checked to come from that very process."""
@@ -230,9 +241,7 @@ def _handed_over(socket_name: str, pid: int, writable: bool, grant: bytes) -> in
     try:
         connection.settimeout(HANDOVER_TIMEOUT)
         connection.connect("\0" + socket_name)
-        peer_pid, _, _ = struct.unpack(
-            "3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-        )
+        peer_pid, _ = peer_credentials(connection)
         if peer_pid != pid:
             raise MappingRefused(
                 0,
@@ -241,6 +250,8 @@ def _handed_over(socket_name: str, pid: int, writable: bool, grant: bytes) -> in
             )
         connection.send(mapping_grants.request(writable, grant))
         message, fds, _, _ = socket.recv_fds(connection, 1 + mapping_grants.MAX_REASON, 1)
+    except MappingRefused:
+        raise  # (an OSError too: not to be wrapped again below)
     except OSError as error:
         raise MappingRefused(error.errno or 0, f"mapping socket {socket_name}: {error}") from None
     finally:

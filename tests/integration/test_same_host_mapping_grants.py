@@ -54,6 +54,14 @@ def _descriptor(client: Client):
     return descriptor
 
 
+def _put_mapped(cluster, key: str, data: bytes):
+    """Puts ``key`` as the mapping client: the segment's descriptor, and where the object is."""
+    with _client(cluster, ALLOWED[0]) as mapper:
+        mapper.put(key, data)
+        (address,) = [r.address for r in mapper.stat(key).replicas]
+        return _descriptor(mapper), address
+
+
 def _ask(descriptor, request: bytes) -> tuple[bytes, list[int]]:
     """Sends ``request`` to the node's mapping socket; its answer and any descriptors."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as connection:
@@ -117,10 +125,7 @@ def test_tenant_b_gets_no_space_on_nodes_that_hold_tenant_a_s_objects_alone(clus
 
 def test_reads_map_read_only_and_the_node_hands_a_read_only_file_for_them(cluster_factory):
     cluster = _one_tenant_cluster(cluster_factory)
-    with _client(cluster, ALLOWED[0]) as mapper:
-        mapper.put("k", b"k" * 4096)
-        descriptor = _descriptor(mapper)
-        (address,) = [r.address for r in mapper.stat("k").replicas]
+    descriptor, address = _put_mapped(cluster, "k", b"k" * 4096)
     answer, fds = _ask(descriptor, mapping_grants.request(False, descriptor.map_capability))
     assert answer[:1] == bytes([mapping_grants.HANDED_OVER]) and len(fds) == 1
     try:
@@ -271,10 +276,7 @@ CHILD = textwrap.dedent(
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another user")
 def test_a_client_under_another_user_maps_read_only_through_the_handover_only(cluster_factory):
     cluster = _one_tenant_cluster(cluster_factory)
-    with _client(cluster, ALLOWED[0]) as mapper:
-        mapper.put("u", b"u" * 100_000)
-        descriptor = _descriptor(mapper)
-        (address,) = [r.address for r in mapper.stat("u").replicas]
+    descriptor, address = _put_mapped(cluster, "u", b"u" * 100_000)
     shared = descriptor.shared_memory
     argv = [
         shared.socket,

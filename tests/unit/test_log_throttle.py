@@ -2,29 +2,23 @@
 
 from __future__ import annotations
 
+from state_helpers import FakeClock
+
 from kvpool.common.log_throttle import MAX_KEYS, LogThrottle
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_a_burst_passes_then_lines_are_dropped_and_counted_until_the_window_ends():
-    clock = Clock()
+    clock = FakeClock()
     throttle = LogThrottle(burst=3, interval=10.0, clock=clock)
     assert [throttle.allow("refused") for _ in range(3)] == [0, 0, 0]
     assert [throttle.allow("refused") for _ in range(5)] == [None] * 5
-    clock.now = 10.0
+    clock.advance(10.0)
     assert throttle.allow("refused") == 5, "the next line says how many were dropped"
     assert throttle.allow("refused") == 0
 
 
 def test_keys_are_throttled_apart_and_the_table_stays_bounded():
-    clock = Clock()
+    clock = FakeClock()
     throttle = LogThrottle(burst=1, interval=10.0, clock=clock)
     assert throttle.allow(("read", "EXPIRED")) == 0
     assert throttle.allow(("read", "EXPIRED")) is None
