@@ -26,11 +26,16 @@ import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import google_crc32c
+
 from kvpool.common.log_throttle import LogThrottle
 from kvpool.common.logging import get_logger
 from kvpool.security import capabilities as caps
 from kvpool.storage_node.checked_seals import Seals
+from kvpool.storage_node.direct_writes import BLOCK, BOUNCES, Bounce
+from kvpool.storage_node.metrics import DIRECT_WRITE_BYTES
 from kvpool.transport import checked_frames as frames
+from kvpool.transport import ucp
 from kvpool.transport.checked_socket import Waits
 
 if TYPE_CHECKING:
@@ -189,7 +194,7 @@ class CheckedConnection:
             self._read(request_id, digest, grant_offset, segment, offset, length, ends_at)
             return
         try:
-            self._write(segment, digest, offset, length, ends_at)
+            self._write(segment, digest, offset, length, ends_at, (grant_offset, grant_id))
         finally:
             # (left before the answer: its writer's commit, then the Persist, follow it)
             self._seals.leave(digest, grant_offset, connection)
@@ -266,7 +271,24 @@ class CheckedConnection:
             if length:
                 self._receive_more(1, self._io_timeout)
 
-    def _write(self, segment: Any, digest: bytes, offset: int, length: int, ends_at: float) -> None:
+    def _write(
+        self,
+        segment: Any,
+        digest: bytes,
+        offset: int,
+        length: int,
+        ends_at: float,
+        grant: tuple[int, int],
+    ) -> None:
+        direct = segment.direct if length > SMALL else None
+        if direct is not None and (offset + length) // BLOCK > -(-offset // BLOCK):
+            bounce = BOUNCES.take()  # (none free: through the mapping, as below)
+            if bounce is not None:
+                try:
+                    self._write_direct(segment, digest, offset, length, ends_at, grant, bounce)
+                finally:
+                    BOUNCES.give(bounce)
+                return
         target = self._segment_memory(digest, segment)[offset : offset + length]
         try:
             if length <= SMALL and self._end - self._start < length:
@@ -282,6 +304,58 @@ class CheckedConnection:
                 self._receive_into(target[buffered:], ends_at)
         finally:
             target.release()
+
+    def _write_direct(
+        self,
+        segment: Any,
+        digest: bytes,
+        offset: int,
+        length: int,
+        ends_at: float,
+        grant: tuple[int, int],
+        bounce: Bounce,
+    ) -> None:
+        """A write into an NVMe segment past the page cache (storage_node/direct_writes.py):
+        received piece by piece into ``bounce``, checksummed there, then written: whole
+        pages directly, the partial pages at either end through the mapping."""
+        direct = segment.direct
+        part = direct.parts.begin(grant, offset, length)
+        memory = self._segment_memory(digest, segment)
+        staged = memoryview(bounce.memory)
+        end = offset + length
+        first = min(end, -(-offset // BLOCK) * BLOCK)
+        last = max(first, end // BLOCK * BLOCK)
+        crc = 0
+        try:
+            at = offset
+            while at < end:
+                through_disk = first <= at < last
+                upto = min(at + len(staged), last) if through_disk else first if at < first else end
+                piece = staged[: upto - at]
+                self._fill(piece, ends_at)
+                crc = google_crc32c.extend(crc, ucp.view_of(bounce.address, upto - at))
+                if self._clock() > ends_at:
+                    raise self._expired()
+                if through_disk:
+                    direct.write(piece, at)
+                else:
+                    memory[at:upto] = piece
+                piece.release()
+                at = upto
+        finally:
+            staged.release()
+        part.crc = crc
+        DIRECT_WRITE_BYTES.inc(last - first)
+
+    def _fill(self, target: memoryview, ends_at: float) -> None:
+        """Fills ``target`` with the next bytes of the stream: those buffered, then more."""
+        buffered = min(self._end - self._start, len(target))
+        if buffered:
+            start = self._start
+            target[:buffered] = self._view[start : start + buffered]
+            self._start = start + buffered
+        if buffered < len(target):
+            self._receive_into(target[buffered:], ends_at)
 
     def _read(
         self,

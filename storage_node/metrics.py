@@ -1,11 +1,12 @@
 """Prometheus metrics of a storage node process: what it holds and the work it does.
 
 A node sees the master's commands (record, forget, prepare, copy), its own disk syncs and its
-copies between tiers. It does not see clients' transfers: they read and write its segments
-with one-sided UCX operations (or plain loads and stores, on the same host) that complete
-without the node's CPU. So no metric here counts bytes a client moved; the record of a
-committed put (Persist) is the only trace a put leaves on its node, and a get leaves none.
-Payload bytes the node moves itself (a Copy between its tiers) are counted.
+copies between tiers. Clients' transfers it sees only where they pass through it: the
+checked stream counts its own (storage_node/checked_server.py), and the bytes of those it
+writes into NVMe past the page cache are counted here; transfers over one-sided UCX
+operations or a same-host mapping complete without the node's CPU and leave no trace but
+the record of their put (Persist). Payload bytes the node moves itself (a Copy between its
+tiers) are counted.
 
 Labels stay bounded: ``segment`` takes this node's own segment ids (a handful), ``kind``,
 ``outcome``, ``target`` and ``direction`` a few fixed words.
@@ -35,6 +36,16 @@ if TYPE_CHECKING:
     from kvpool.storage_node.object_index import Entry
     from kvpool.storage_node.segment import Segment
 
+DIRECT_WRITE_BYTES = Counter(
+    "kvpool_node_direct_write_bytes_total",
+    "Bytes of checked-stream writes into NVMe segments that went past the page cache.",
+)
+RECORD_CHECKSUMS = Counter(
+    "kvpool_node_record_checksums_total",
+    "Checksums of objects recorded on persistent segments, by source (parts: combined from "
+    "those of the parts written directly; bytes: read from the object's bytes).",
+    ["source"],
+)
 SEGMENT_BYTES = Gauge(
     "kvpool_node_segment_bytes", "Size of each segment this node exposes.", ["segment", "tier"]
 )

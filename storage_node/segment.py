@@ -20,6 +20,11 @@ recorded there only after its bytes are durable (msync of its range, for NVMe), 
 CRC-32C the node computes itself; on reopening, an entry whose bytes no longer match is
 dropped, never served.
 
+Large writes into an NVMe segment over the checked stream do not go through the mapping:
+their whole pages are written with direct I/O from a resident buffer, and their checksums
+come from the parts as they passed (storage_node/direct_writes.py); the mapping serves
+reads, small writes, the partial pages at an object's ends, and copies between tiers.
+
 Recording an NVMe object is a wait for the disk, which the node makes as short and as rare
 as it can: the writeback of the object's pages starts before the node reads them for the
 checksum, so the disk writes while the CPU checksums; records that arrive while another is
@@ -46,6 +51,7 @@ import google_crc32c
 from kvpool.common.status import Tier
 from kvpool.proto import master_pb2 as pb
 from kvpool.storage_node import metrics
+from kvpool.storage_node.direct_writes import DirectWriter
 from kvpool.storage_node.group_commit import GroupCommit
 from kvpool.storage_node.object_index import DurableIndex, Entry, MemoryIndex
 from kvpool.transport import ucp
@@ -70,6 +76,9 @@ class Segment:
     fd: int | None = None
     #: Clients on this host may map ``fd`` (DRAM that no store can fault on; see above).
     shareable: bool = False
+    #: NVMe: the data file opened for writes that bypass the page cache, and the checksums
+    #: of the parts written through it (storage_node/direct_writes.py); None: none.
+    direct: DirectWriter | None = None
     #: Bumped after every change of the index, so that the metrics count again only the
     #: segments that changed (counting walks the whole index).
     changes: int = 0
@@ -134,13 +143,22 @@ class Segment:
             for start, end in _runs((e.offset, e.offset + e.size) for e in entries):
                 _start_writeback(self.fd, start, end - start)  # the disk writes meanwhile
         durable = [
-            Entry(
-                e.key, e.offset, e.size, e.generation, self.checksum(e.offset, e.size), e.replicas
-            )
+            Entry(e.key, e.offset, e.size, e.generation, self._written_crc(e), e.replicas)
             for e in entries
         ]
         self._group_commit(durable)
         return [e.crc32c for e in durable if e.crc32c is not None]
+
+    def _written_crc(self, entry: Entry) -> int:
+        """The object's checksum: combined from those of the parts written directly when
+        they tile it (its bytes are on the disk, not in memory), else read from its bytes."""
+        if self.direct is not None:
+            crc = self.direct.parts.take((entry.offset, entry.generation), entry.size)
+            if crc is not None:
+                metrics.RECORD_CHECKSUMS.labels("parts").inc()
+                return crc
+        metrics.RECORD_CHECKSUMS.labels("bytes").inc()
+        return self.checksum(entry.offset, entry.size)
 
     def _commit(self, durable: list[Entry]) -> None:
         """Makes objects durable and records them: their bytes, then their index records
@@ -175,6 +193,8 @@ class Segment:
             metrics.synced(self, "index", time.perf_counter() - began)
         if self._nvme:  # readers mapped them again; they are garbage now
             for entry in entries:
+                if self.direct is not None:
+                    self.direct.parts.drop((entry.offset, entry.generation))
                 if entry.offset >= 0 and entry.offset + entry.size <= self.size:
                     self._unmap_pages(entry.offset, entry.offset + entry.size)
         self.changes += 1
@@ -220,6 +240,8 @@ class Segment:
             self.memory.flush()
         self.memory.close()
         self.index.close()
+        if self.direct is not None:
+            self.direct.close()
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
@@ -321,6 +343,7 @@ def open_persistent_segment(
         base,
         fd=fd,
         shareable=tier is Tier.DRAM and prefault,  # a hole in a full tmpfs would be a SIGBUS
+        direct=DirectWriter.open(data_path) if tier is Tier.NVME else None,
     )
     segment.dropped_on_open = _verify(segment)
     return segment

@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import random
 import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import google_crc32c
 import pytest
 from helpers import wait_until
 
 from kvpool.security import capabilities as caps
 from kvpool.storage_node.checked_seals import SEAL_LIFE, Seals
 from kvpool.storage_node.checked_server import CheckedServer, NodeKeys
+from kvpool.storage_node.direct_writes import DirectWriter
 from kvpool.transport import checked_frames as frames
 from kvpool.transport.checked_stream import CheckedStreams, Job, Outcome
 
@@ -32,6 +35,7 @@ class FakeSegment:
 
     segment_id: str
     memory: mmap.mmap
+    direct: DirectWriter | None = None  # (DRAM: written through ``memory``)
 
     @property
     def size(self) -> int:
@@ -284,3 +288,54 @@ def test_a_large_call_moves_over_two_connections_at_once_byte_for_byte(server, s
         assert run([beyond], True) == [Outcome.REFUSED], "its part past the capability is"
     finally:
         streams.close()
+
+
+@pytest.fixture
+def nvme_server(tmp_path) -> Iterator[tuple[CheckedServer, FakeSegment]]:
+    """A segment backed by a file, with its direct writer, as an NVMe segment has."""
+    path = tmp_path / "segment.data"
+    with open(path, "wb") as file:
+        file.truncate(8 << 20)
+    direct = DirectWriter.open(path)
+    assert direct is not None, f"{tmp_path} takes no direct I/O"
+    with open(path, "r+b") as file:
+        memory = mmap.mmap(file.fileno(), 8 << 20)
+    segment = FakeSegment(SEGMENT, memory, direct)
+    server = CheckedServer([segment], lambda: NodeKeys(RING, 0, 0), host="127.0.0.1")  # type: ignore[list-item]
+    server.start()
+    yield server, segment
+    assert server.stop()
+    direct.close()
+    memory.close()
+
+
+def test_a_large_write_into_nvme_lands_past_the_page_cache_byte_for_byte(nvme_server):
+    server, segment = nvme_server
+    assert segment.direct is not None
+    offset, length = 1000, (3 << 20) + 5  # (starts and ends inside a page)
+    data = random.Random(3).randbytes(length)
+    capability = grant(offset, length, caps.Rights.WRITE, seconds=30, generation=4)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as connection:
+        connection.sendall(frames.encode_request(frames.Op.WRITE, 1, capability, offset, length))
+        connection.sendall(data)
+        assert frames.parse_reply(connection.recv(frames.REPLY_SIZE)).status is frames.Status.OK
+    assert segment.memory[offset : offset + length] == data
+    assert segment.memory[:offset] == bytes(offset), "nothing around it"
+    assert segment.direct.parts.take((offset, 4), length) == google_crc32c.value(data)
+
+
+def test_bytes_arriving_after_expiry_never_reach_the_disk_either(nvme_server):
+    server, segment = nvme_server
+    assert segment.direct is not None
+    length = 2 << 20
+    capability = grant(0, length, caps.Rights.WRITE, seconds=0.3, generation=2)
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as connection:
+        connection.sendall(frames.encode_request(frames.Op.WRITE, 1, capability, 0, length))
+        connection.sendall(b"A" * (length // 2))
+        time.sleep(0.6)
+        with pytest.raises(OSError):
+            for _ in range(64):
+                connection.sendall(b"B" * (length // 2))
+                time.sleep(0.01)
+    assert b"B" not in segment.memory[:length]
+    assert segment.direct.parts.take((0, 2), length) is None, "cut short: its bytes are read"

@@ -1,0 +1,179 @@
+"""Writes into an NVMe segment that bypass the page cache, and the checksums they leave.
+
+**Why.** Bytes written into a memory-mapped file land in the page cache first: every page
+of a fresh range is allocated, faulted in and dirtied, later written back, then synced. On
+the virtual machines kvpool runs on, a first touch of a page is a fault into the host as
+well, and that path ran at a fraction of the disk's speed (docs/benchmarks.md, "NVMe").
+A write with ``O_DIRECT`` from a buffer already resident goes from that buffer to the
+disk, and the page cache keeps no copy of it (the kernel drops any stale one).
+
+**How.** A large write into an NVMe segment on the checked stream
+(storage_node/checked_connection.py) is received in pieces into a bounce buffer (page
+aligned, resident: ``BouncePool``), checksummed there as it passes, and written with
+``pwrite`` on the segment's ``O_DIRECT`` descriptor: the whole pages of its range;
+the partial pages at either end (shared with neighbours) are copied through the segment's
+mapping, as before. Durability is unchanged: the record of an object still syncs its
+range (which syncs the file's metadata too) before its index record is written.
+
+**Checksums without reading the disk.** Recording an object needs its CRC-32C; reading it
+back from the mapping would now read the disk. Each part a connection wrote is noted with
+its CRC (``WrittenParts``); when the parts of one grant tile the object exactly, its CRC is
+combined from theirs (common/crc32c_combine.py). Anything else (a part that failed midway,
+two writes of the same bytes, a part not written here) falls back to reading the bytes.
+The table is bounded (a peer chooses how many parts it sends): the oldest notes go first,
+and their objects fall back too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import mmap
+import os
+import threading
+from collections import OrderedDict
+from pathlib import Path
+
+from kvpool.common.crc32c_combine import crc32c_combine
+from kvpool.transport.shared_memory import MADV_POPULATE_WRITE
+
+#: Direct I/O moves whole blocks at block-aligned offsets from block-aligned memory; a page
+#: is a multiple of every block size in use.
+BLOCK = 4096
+#: Bytes a bounce buffer holds: one receive and one disk write each.
+BOUNCE_SIZE = 4 << 20
+#: Bounce buffers a node keeps at most (their memory stays resident); a write that finds
+#: none free goes through the mapping instead.
+BOUNCE_COUNT = 8
+#: Grants whose written parts are noted at most, per segment.
+MAX_GRANTS = 4096
+#: Parts noted per grant at most (a client cuts a transfer in a few).
+MAX_PARTS = 64
+
+
+class Bounce:
+    """A page-aligned buffer, faulted in once and reused; ``address`` for zero-copy
+    views of it (the checksum's)."""
+
+    __slots__ = ("address", "memory")
+
+    def __init__(self, size: int) -> None:
+        self.memory = mmap.mmap(-1, size)
+        with contextlib.suppress(OSError):  # (older kernels: faulted in by its first use)
+            self.memory.madvise(MADV_POPULATE_WRITE)
+        self.address = ctypes.addressof(ctypes.c_char.from_buffer(self.memory))
+
+
+class BouncePool:
+    """The node's bounce buffers: the source of direct writes, at most ``count``."""
+
+    def __init__(self, count: int = BOUNCE_COUNT, size: int = BOUNCE_SIZE) -> None:
+        self.size = size
+        self._left = count
+        self._free: list[Bounce] = []
+        self._lock = threading.Lock()
+
+    def take(self) -> Bounce | None:
+        """A buffer, or None when all are in use (the caller writes another way)."""
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+            if not self._left:
+                return None
+            self._left -= 1
+        return Bounce(self.size)
+
+    def give(self, bounce: Bounce) -> None:
+        with self._lock:
+            self._free.append(bounce)
+
+
+class Part:
+    """A part written under a grant: ``crc`` is None until all of its bytes are in."""
+
+    __slots__ = ("crc", "length", "start")
+
+    def __init__(self, start: int, length: int) -> None:
+        self.start = start
+        self.length = length
+        self.crc: int | None = None
+
+
+class WrittenParts:
+    """The parts written under each grant ((object offset, generation)), with their CRCs."""
+
+    def __init__(self, max_grants: int = MAX_GRANTS) -> None:
+        self._max_grants = max_grants
+        self._grants: OrderedDict[tuple[int, int], list[Part]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def begin(self, grant: tuple[int, int], start: int, length: int) -> Part:
+        """Notes a part about to be written; its ``crc`` is set once it is all in."""
+        part = Part(start, length)
+        with self._lock:
+            parts = self._grants.get(grant)
+            if parts is None:
+                if len(self._grants) >= self._max_grants:
+                    self._grants.popitem(last=False)
+                parts = self._grants[grant] = []
+            if len(parts) >= MAX_PARTS:  # (keeps one that never tiles: the object falls back)
+                del parts[1:]
+                parts[0] = Part(-1, 0)
+            else:
+                parts.append(part)
+        return part
+
+    def take(self, grant: tuple[int, int], size: int) -> int | None:
+        """The CRC of the ``size`` bytes of the grant's object (at the grant's offset) if its
+        parts tile them exactly, each finished; None otherwise. Forgets the grant."""
+        with self._lock:
+            parts = self._grants.pop(grant, None)
+        if not parts:
+            return None
+        offset = grant[0]
+        crc, at = 0, offset
+        for part in sorted(parts, key=lambda p: (p.start, p.length)):
+            if part.crc is None or part.start != at:
+                return None
+            crc = crc32c_combine(crc, part.crc, part.length) if at > offset else part.crc
+            at += part.length
+        return crc if at == offset + size else None
+
+    def drop(self, grant: tuple[int, int]) -> None:
+        with self._lock:
+            self._grants.pop(grant, None)
+
+
+class DirectWriter:
+    """An NVMe segment's file opened for direct writes, and the parts written through it."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.parts = WrittenParts()
+
+    @classmethod
+    def open(cls, path: Path) -> DirectWriter | None:
+        """None where the file system takes no direct I/O (tmpfs, for one)."""
+        flag = getattr(os, "O_DIRECT", 0)
+        if not flag:
+            return None
+        try:
+            fd = os.open(path, os.O_RDWR | flag | os.O_CLOEXEC)
+        except OSError:
+            return None
+        return cls(fd)
+
+    def write(self, data: memoryview, offset: int) -> None:
+        """Writes ``data`` (block-aligned memory and length) at ``offset`` (block aligned)."""
+        done = 0
+        while done < len(data):
+            done += os.pwrite(self.fd, data[done:], offset + done)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+#: The node's bounce buffers, shared by its connections.
+BOUNCES = BouncePool()
