@@ -336,16 +336,15 @@ class CheckedConnection:
                 crc = google_crc32c.extend(crc, ucp.view_of(bounce.address, upto - at))
                 if self._clock() > ends_at:
                     raise self._expired()
-                if through_disk:
-                    direct.write(piece, at)
-                else:
+                if not (through_disk and direct.write(piece, at)):
                     memory[at:upto] = piece
                 piece.release()
                 at = upto
         finally:
             staged.release()
         part.crc = crc
-        DIRECT_WRITE_BYTES.inc(last - first)
+        if direct.usable:
+            DIRECT_WRITE_BYTES.inc(last - first)
 
     def _fill(self, target: memoryview, ends_at: float) -> None:
         """Fills ``target`` with the next bytes of the stream: those buffered, then more."""

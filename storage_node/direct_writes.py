@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import mmap
 import os
 import threading
@@ -35,7 +36,10 @@ from collections import OrderedDict
 from pathlib import Path
 
 from kvpool.common.crc32c_combine import crc32c_combine
+from kvpool.common.logging import get_logger
 from kvpool.transport.shared_memory import MADV_POPULATE_WRITE
+
+log = get_logger("kvpool.node.direct")
 
 #: Direct I/O moves whole blocks at block-aligned offsets from block-aligned memory; a page
 #: is a multiple of every block size in use.
@@ -150,6 +154,8 @@ class DirectWriter:
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.parts = WrittenParts()
+        #: False once the file system turned a direct write down.
+        self.usable = True
 
     @classmethod
     def open(cls, path: Path) -> DirectWriter | None:
@@ -163,11 +169,24 @@ class DirectWriter:
             return None
         return cls(fd)
 
-    def write(self, data: memoryview, offset: int) -> None:
-        """Writes ``data`` (block-aligned memory and length) at ``offset`` (block aligned)."""
+    def write(self, data: memoryview, offset: int) -> bool:
+        """Writes ``data`` (block-aligned memory and length) at ``offset`` (block aligned);
+        False, writing nothing more, where the file system turns direct writes down after
+        all (``EINVAL``: an alignment it wants larger): the caller writes another way, and
+        so does every later write."""
+        if not self.usable:
+            return False
         done = 0
-        while done < len(data):
-            done += os.pwrite(self.fd, data[done:], offset + done)
+        try:
+            while done < len(data):
+                done += os.pwrite(self.fd, data[done:], offset + done)
+        except OSError as error:
+            if error.errno != errno.EINVAL:
+                raise
+            self.usable = False
+            log.warning("direct writes turned down: writing through the mapping", error=str(error))
+            return False
+        return True
 
     def close(self) -> None:
         if self.fd >= 0:

@@ -12,7 +12,7 @@ import google_crc32c
 import pytest
 
 from kvpool.common.crc32c_combine import crc32c_combine
-from kvpool.storage_node.direct_writes import MAX_PARTS, BouncePool, WrittenParts
+from kvpool.storage_node.direct_writes import MAX_PARTS, BouncePool, DirectWriter, WrittenParts
 
 
 def crc(data: bytes) -> int:
@@ -83,3 +83,20 @@ def test_bounce_buffers_are_page_aligned_reused_and_bounded():
     assert first.address % 4096 == 0 and len(first.memory) == 1 << 20
     pool.give(first)
     assert pool.take() is first
+
+
+def test_a_file_system_that_turns_a_direct_write_down_is_written_another_way(tmp_path):
+    """EINVAL from a direct write (here: memory off the block alignment) is no failure: the
+    writer says so, and every later write goes through the mapping instead."""
+    path = tmp_path / "segment.data"
+    path.write_bytes(bytes(1 << 20))
+    writer = DirectWriter.open(path)
+    assert writer is not None
+    try:
+        unaligned = memoryview(bytearray(8192 + 1))[1:]
+        assert writer.write(unaligned[:4096], 0) is False
+        assert writer.usable is False
+        assert writer.write(unaligned[:4096], 0) is False, "not tried again"
+        assert path.read_bytes() == bytes(1 << 20), "nothing written"
+    finally:
+        writer.close()
