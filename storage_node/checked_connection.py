@@ -32,8 +32,15 @@ from kvpool.common.log_throttle import LogThrottle
 from kvpool.common.logging import get_logger
 from kvpool.security import capabilities as caps
 from kvpool.storage_node.checked_seals import Seals
-from kvpool.storage_node.direct_writes import BLOCK, BOUNCES, Bounce
-from kvpool.storage_node.metrics import DIRECT_WRITE_BYTES
+from kvpool.storage_node.direct_writes import (
+    BLOCK,
+    BOUNCES,
+    Bounce,
+    DirectReadRefused,
+    read_pieces,
+    resident,
+)
+from kvpool.storage_node.metrics import DIRECT_READ_BYTES, DIRECT_WRITE_BYTES
 from kvpool.transport import checked_frames as frames
 from kvpool.transport import ucp
 from kvpool.transport.checked_socket import Waits
@@ -373,20 +380,73 @@ class CheckedConnection:
             self._read_bytes += length
             self._answer(frames.encode_reply(request_id, _OK, length), source)
             return
+        direct = segment.direct
+        bounce = None
+        if (
+            direct is not None
+            and direct.usable
+            and not resident(segment.region.address + offset, length)
+        ):
+            bounce = BOUNCES.take()  # (none free: through the mapping, as below)
         try:
             self._flush()  # (the answers before it)
-            connection, waits = self._connection, self._waits
-            waits.send(self._until(ends_at))
-            connection.sendall(frames.encode_reply(request_id, _OK, length))
-            at = 0
-            while at < length:
+            if bounce is None or not self._read_direct(
+                request_id, direct, bounce, offset, length, ends_at
+            ):
+                connection, waits = self._connection, self._waits
                 waits.send(self._until(ends_at))
-                at += connection.send(source[at : min(length, at + CHUNK)])
+                connection.sendall(frames.encode_reply(request_id, _OK, length))
+                at = 0
+                while at < length:
+                    waits.send(self._until(ends_at))
+                    at += connection.send(source[at : min(length, at + CHUNK)])
         finally:
+            if bounce is not None:
+                BOUNCES.give(bounce)
             source.release()
             self._seals.leave(digest, grant_offset, self._connection)
         self._counters.ok[_READ].inc()
         self._counters.bytes_out.inc(length)
+
+    def _read_direct(
+        self,
+        request_id: int,
+        direct: Any,
+        bounce: Bounce,
+        offset: int,
+        length: int,
+        ends_at: float,
+    ) -> bool:
+        """Answers a large read of an NVMe segment's bytes that are not in the page cache:
+        read with direct I/O, piece by piece, into ``bounce`` and sent from there (on this
+        VM a read through the page cache faults in a fresh page per 4 KiB, at a fraction of
+        the disk's speed). False, having sent nothing, where the file system turns direct
+        reads down. Direct reads see every write: the kernel writes dirty cached pages of
+        the range back first."""
+        connection, waits = self._connection, self._waits
+        pieces = read_pieces(direct, bounce, offset, length)
+        try:
+            first = next(pieces)
+        except DirectReadRefused:
+            return False
+        except OSError:
+            raise Closed from None
+        waits.send(self._until(ends_at))
+        connection.sendall(frames.encode_reply(request_id, _OK, length))
+        piece: memoryview | None = first
+        try:
+            while piece is not None:
+                sent = 0
+                while sent < len(piece):
+                    waits.send(self._until(ends_at))
+                    sent += connection.send(piece[sent:])
+                piece = next(pieces, None)
+        except OSError:
+            raise Closed from None  # (a read that failed midway: its reader tries again)
+        finally:
+            pieces.close()
+        DIRECT_READ_BYTES.inc(length)
+        return True
 
     # ---- the connection
 

@@ -1,4 +1,5 @@
-"""Writes into an NVMe segment that bypass the page cache, and the checksums they leave.
+"""Writes and reads of an NVMe segment that bypass the page cache, and the checksums writes
+leave.
 
 **Why.** Bytes written into a memory-mapped file land in the page cache first: every page
 of a fresh range is allocated, faulted in and dirtied, later written back, then synced. On
@@ -14,6 +15,12 @@ aligned, resident: ``BouncePool``), checksummed there as it passes, and written 
 the partial pages at either end (shared with neighbours) are copied through the segment's
 mapping, as before. Durability is unchanged: the record of an object still syncs its
 range (which syncs the file's metadata too) before its index record is written.
+
+**Reads** of bytes not in the page cache (``resident``: ``mincore``), on the checked stream
+and in a copy to another tier (a promotion), are read the same way into a bounce buffer a
+piece at a time (``read_pieces``): a read through the mapping would fault in a fresh page
+per 4 KiB. Cached bytes are read through the mapping, which is faster still. A direct read
+sees every write: the kernel writes dirty cached pages of its range back first.
 
 **Checksums without reading the disk.** Recording an object needs its CRC-32C; reading it
 back from the mapping would now read the disk. Each part a connection wrote is noted with
@@ -33,6 +40,7 @@ import mmap
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Generator
 from pathlib import Path
 
 from kvpool.common.crc32c_combine import crc32c_combine
@@ -188,6 +196,25 @@ class DirectWriter:
             return False
         return True
 
+    def read(self, into: memoryview, offset: int) -> int | None:
+        """Reads into ``into`` (block-aligned memory and length) from ``offset`` (block
+        aligned) up to its end or the file's; the bytes read, or None where the file system
+        turns direct reads down (``EINVAL``): the caller reads another way."""
+        if not self.usable:
+            return None
+        done = 0
+        try:
+            while done < len(into):
+                got = os.preadv(self.fd, [into[done:]], offset + done)
+                if not got:
+                    break
+                done += got
+        except OSError as error:
+            if error.errno != errno.EINVAL:
+                raise
+            return None
+        return done
+
     def close(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)
@@ -196,3 +223,55 @@ class DirectWriter:
 
 #: The node's bounce buffers, shared by its connections.
 BOUNCES = BouncePool()
+
+
+def read_pieces(
+    direct: DirectWriter, bounce: Bounce, offset: int, length: int
+) -> Generator[memoryview, None, None]:
+    """The bytes at ``offset`` .. ``offset + length`` of the file, read with direct I/O into
+    ``bounce`` a piece at a time (each piece valid until the next is asked for). Raises
+    ``DirectReadRefused`` before the first piece where the file system turns direct reads
+    down, ``OSError`` on a later refusal or a short file."""
+    view = memoryview(bounce.memory)
+    end = offset + length
+    at = offset
+    try:
+        while at < end:
+            start = at - at % BLOCK
+            stop = min(start + len(view), end + (-end) % BLOCK)
+            got = direct.read(view[: stop - start], start)
+            if got is None:
+                if at == offset:
+                    raise DirectReadRefused
+                raise OSError(errno.EIO, "a direct read was turned down midway")
+            upto = min(end, start + got)
+            if upto <= at:
+                raise OSError(errno.EIO, f"the segment's file ends before {end}")
+            piece = view[at - start : upto - start]
+            yield piece
+            piece.release()
+            at = upto
+    finally:
+        view.release()
+
+
+class DirectReadRefused(Exception):
+    """The file system takes no direct reads: read another way (nothing was read)."""
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_mincore = _libc.mincore
+_mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+
+
+def resident(address: int, length: int) -> bool:
+    """Whether every page of the mapped file range at ``address`` is in the page cache
+    (``mincore``: it asks the page cache, mapped into this process or not); False when the
+    kernel cannot say."""
+    start = address - address % mmap.PAGESIZE
+    size = address + length - start
+    pages = -(-size // mmap.PAGESIZE)
+    vector = ctypes.create_string_buffer(pages)
+    if _mincore(start, size, vector) != 0:
+        return False
+    return all(b & 1 for b in vector.raw)

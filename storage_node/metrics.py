@@ -40,6 +40,10 @@ DIRECT_WRITE_BYTES = Counter(
     "kvpool_node_direct_write_bytes_total",
     "Bytes of checked-stream writes into NVMe segments that went past the page cache.",
 )
+DIRECT_READ_BYTES = Counter(
+    "kvpool_node_direct_read_bytes_total",
+    "Bytes of checked-stream reads of NVMe segments read past the page cache (not cached).",
+)
 RECORD_CHECKSUMS = Counter(
     "kvpool_node_record_checksums_total",
     "Checksums of objects recorded on persistent segments, by source (parts: combined from "

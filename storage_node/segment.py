@@ -22,8 +22,10 @@ dropped, never served.
 
 Large writes into an NVMe segment over the checked stream do not go through the mapping:
 their whole pages are written with direct I/O from a resident buffer, and their checksums
-come from the parts as they passed (storage_node/direct_writes.py); the mapping serves
-reads, small writes, the partial pages at an object's ends, and copies between tiers.
+come from the parts as they passed (storage_node/direct_writes.py). Large reads of bytes
+not in the page cache (on the checked stream, and promotions to DRAM) are direct reads;
+the mapping serves cached reads, small writes, the partial pages at an object's ends, and
+copies into this tier.
 
 Recording an NVMe object is a wait for the disk, which the node makes as short and as rare
 as it can: the writeback of the object's pages starts before the node reads them for the
@@ -51,7 +53,13 @@ import google_crc32c
 from kvpool.common.status import Tier
 from kvpool.proto import master_pb2 as pb
 from kvpool.storage_node import metrics
-from kvpool.storage_node.direct_writes import DirectWriter
+from kvpool.storage_node.direct_writes import (
+    BOUNCES,
+    DirectReadRefused,
+    DirectWriter,
+    read_pieces,
+    resident,
+)
 from kvpool.storage_node.group_commit import GroupCommit
 from kvpool.storage_node.object_index import DurableIndex, Entry, MemoryIndex
 from kvpool.transport import ucp
@@ -206,14 +214,39 @@ class Segment:
         source._check_bounds(Entry(target.key, source_offset, target.size, target.generation))
         self.prepare(target.offset, target.size)  # a full disk fails here, not as a SIGBUS
         view = memoryview(self.memory)
-        view[target.offset : target.offset + target.size] = memoryview(source.memory)[
-            source_offset : source_offset + target.size
-        ]
-        view.release()
+        into = view[target.offset : target.offset + target.size]
+        try:
+            if not source.read_direct(source_offset, into):
+                into[:] = memoryview(source.memory)[source_offset : source_offset + target.size]
+        finally:
+            into.release()
+            view.release()
         crcs = self.record([target])
         if crcs:
             return crcs
         return [self.checksum(target.offset, target.size)]
+
+    def read_direct(self, offset: int, into: memoryview) -> bool:
+        """Copies ``len(into)`` bytes at ``offset`` into ``into`` with direct reads, when
+        this is an NVMe segment whose bytes there are not in the page cache (a read
+        through the mapping would fault them in a page at a time); False, having copied
+        nothing, otherwise."""
+        direct = self.direct
+        if direct is None or not direct.usable or resident(self.region.address + offset, len(into)):
+            return False
+        bounce = BOUNCES.take()
+        if bounce is None:
+            return False
+        try:
+            at = 0
+            for piece in read_pieces(direct, bounce, offset, len(into)):
+                into[at : at + len(piece)] = piece
+                at += len(piece)
+        except DirectReadRefused:
+            return False
+        finally:
+            BOUNCES.give(bounce)
+        return True
 
     def checksum(self, offset: int, size: int) -> int:
         return google_crc32c.value(ucp.view_of(self.region.address + offset, size))

@@ -218,7 +218,8 @@ def test_large_writes_go_past_the_page_cache_and_are_recorded_with_their_true_ch
     large enough to go over two connections at once: their whole pages are written with
     direct I/O, their partial pages through the mapping, and each is recorded with the
     checksum of its bytes, combined from its parts' (verified on every get, and again by the
-    node when it reopens the segment after a kill)."""
+    node when it reopens the segment after a kill). Gets of them, not in the page cache,
+    are read with direct I/O too, partial pages and all."""
     cluster = cluster_factory(0, "64MiB")
     node = cluster.add_node(extra=nvme_args(tmp_path / "nvme"))
     rng = random.Random(5)
@@ -232,6 +233,7 @@ def test_large_writes_go_past_the_page_cache_and_are_recorded_with_their_true_ch
             assert client.get(key, verify=True) == value, key
         assert metric(port, "kvpool_node_direct_write_bytes_total") >= sum(sizes) - 2 * 4096 * 8
         assert metric(port, combined) == len(objects), "no object's bytes were read back"
+        assert metric(port, "kvpool_node_direct_read_bytes_total") > 0, "gets read past the cache"
         node.kill()
         node.restart()
         assert wait_until(lambda: cluster_status(client.master).objects == len(objects), 10)

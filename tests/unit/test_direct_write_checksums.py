@@ -12,7 +12,14 @@ import google_crc32c
 import pytest
 
 from kvpool.common.crc32c_combine import crc32c_combine
-from kvpool.storage_node.direct_writes import MAX_PARTS, BouncePool, DirectWriter, WrittenParts
+from kvpool.storage_node.direct_writes import (
+    MAX_PARTS,
+    BouncePool,
+    DirectReadRefused,
+    DirectWriter,
+    WrittenParts,
+    read_pieces,
+)
 
 
 def crc(data: bytes) -> int:
@@ -100,3 +107,22 @@ def test_a_file_system_that_turns_a_direct_write_down_is_written_another_way(tmp
         assert path.read_bytes() == bytes(1 << 20), "nothing written"
     finally:
         writer.close()
+
+
+@pytest.mark.parametrize(("offset", "length"), [(0, 4096), (100, 70_000), (4095, 300_001)])
+def test_direct_reads_return_exactly_the_bytes_asked_for_piece_by_piece(tmp_path, offset, length):
+    data = os.urandom(1 << 20)
+    path = tmp_path / "segment.data"
+    path.write_bytes(data)
+    reader = DirectWriter.open(path)
+    assert reader is not None
+    bounce = BouncePool(count=1, size=64 << 10).take()  # (small: several pieces)
+    assert bounce is not None
+    try:
+        got = b"".join(bytes(piece) for piece in read_pieces(reader, bounce, offset, length))
+        assert got == data[offset : offset + length]
+        reader.usable = False  # (as after the file system turned a direct write down)
+        with pytest.raises(DirectReadRefused):
+            next(read_pieces(reader, bounce, offset, length))
+    finally:
+        reader.close()
