@@ -1,5 +1,4 @@
-"""Writes and reads of an NVMe segment that bypass the page cache, and the checksums writes
-leave.
+"""Reads and writes of an NVMe segment past the page cache, and the checksums of writes.
 
 **Why.** Bytes written into a memory-mapped file land in the page cache first: every page
 of a fresh range is allocated, faulted in and dirtied, later written back, then synced. On
