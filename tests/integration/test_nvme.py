@@ -234,6 +234,10 @@ def test_large_writes_go_past_the_page_cache_and_are_recorded_with_their_true_ch
         assert metric(port, "kvpool_node_direct_write_bytes_total") >= sum(sizes) - 2 * 4096 * 8
         assert metric(port, combined) == len(objects), "no object's bytes were read back"
         assert metric(port, "kvpool_node_direct_read_bytes_total") > 0, "gets read past the cache"
+        # a hit promotes the object to DRAM, read from the disk the same way: byte for byte
+        promoted = "odd-4"
+        assert wait_until(lambda: DRAM in tiers_of(client, promoted), timeout=10)
+        assert client.get(promoted, verify=True) == objects[promoted]
         node.kill()
         node.restart()
         assert wait_until(lambda: cluster_status(client.master).objects == len(objects), 10)
