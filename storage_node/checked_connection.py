@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 import google_crc32c
@@ -35,10 +35,9 @@ from kvpool.storage_node.checked_seals import Seals
 from kvpool.storage_node.direct_writes import (
     BLOCK,
     BOUNCES,
-    Bounce,
     DirectReadRefused,
-    read_pieces,
-    resident,
+    DirectWriter,
+    uncached_pieces,
 )
 from kvpool.storage_node.metrics import DIRECT_READ_BYTES, DIRECT_WRITE_BYTES
 from kvpool.transport import checked_frames as frames
@@ -288,14 +287,10 @@ class CheckedConnection:
         grant: tuple[int, int],
     ) -> None:
         direct = segment.direct if length > SMALL else None
-        if direct is not None and (offset + length) // BLOCK > -(-offset // BLOCK):
-            bounce = BOUNCES.take()  # (none free: through the mapping, as below)
-            if bounce is not None:
-                try:
-                    self._write_direct(segment, digest, offset, length, ends_at, grant, bounce)
-                finally:
-                    BOUNCES.give(bounce)
-                return
+        if direct is not None and self._write_direct(
+            direct, digest, segment, offset, length, ends_at, grant
+        ):
+            return
         target = self._segment_memory(digest, segment)[offset : offset + length]
         try:
             if length <= SMALL and self._end - self._start < length:
@@ -314,30 +309,41 @@ class CheckedConnection:
 
     def _write_direct(
         self,
-        segment: Any,
+        direct: DirectWriter,
         digest: bytes,
+        segment: Any,
         offset: int,
         length: int,
         ends_at: float,
         grant: tuple[int, int],
-        bounce: Bounce,
-    ) -> None:
+    ) -> bool:
         """A write into an NVMe segment past the page cache (storage_node/direct_writes.py):
-        received piece by piece into ``bounce``, checksummed there, then written: whole
-        pages directly, the partial pages at either end through the mapping."""
-        direct = segment.direct
-        part = direct.parts.begin(grant, offset, length)
-        memory = self._segment_memory(digest, segment)
-        staged = memoryview(bounce.memory)
+        received piece by piece into a bounce buffer, checksummed there, then written: whole
+        pages directly, the partial pages at either end through the mapping. False, having
+        received nothing, when it holds no whole page or no bounce buffer is free (the
+        caller writes through the mapping)."""
         end = offset + length
         first = min(end, -(-offset // BLOCK) * BLOCK)
         last = max(first, end // BLOCK * BLOCK)
+        if last == first:
+            return False
+        bounce = BOUNCES.take()
+        if bounce is None:
+            return False
+        part = direct.parts.begin(grant, offset, length)
+        memory = self._segment_memory(digest, segment)
+        staged = memoryview(bounce.memory)
         crc = 0
         try:
             at = offset
             while at < end:
                 through_disk = first <= at < last
-                upto = min(at + len(staged), last) if through_disk else first if at < first else end
+                if through_disk:
+                    upto = min(at + len(staged), last)
+                elif at < first:
+                    upto = first  # (the partial page it starts in)
+                else:
+                    upto = end  # (the partial page it ends in)
                 piece = staged[: upto - at]
                 self._fill(piece, ends_at)
                 crc = google_crc32c.extend(crc, ucp.view_of(bounce.address, upto - at))
@@ -349,9 +355,11 @@ class CheckedConnection:
                 at = upto
         finally:
             staged.release()
+            BOUNCES.give(bounce)
         part.crc = crc
         if direct.usable:
             DIRECT_WRITE_BYTES.inc(last - first)
+        return True
 
     def _fill(self, target: memoryview, ends_at: float) -> None:
         """Fills ``target`` with the next bytes of the stream: those buffered, then more."""
@@ -380,60 +388,46 @@ class CheckedConnection:
             self._read_bytes += length
             self._answer(frames.encode_reply(request_id, _OK, length), source)
             return
-        direct = segment.direct
-        bounce = None
-        if (
-            direct is not None
-            and direct.usable
-            and not resident(segment.region.address + offset, length)
-        ):
-            bounce = BOUNCES.take()  # (none free: through the mapping, as below)
+        direct = segment.direct  # (NVMe only)
+        mapped_at = segment.region.address if direct is not None else 0
         try:
             self._flush()  # (the answers before it)
-            if bounce is None or not self._read_direct(
-                request_id, direct, bounce, offset, length, ends_at
-            ):
-                connection, waits = self._connection, self._waits
-                waits.send(self._until(ends_at))
-                connection.sendall(frames.encode_reply(request_id, _OK, length))
-                at = 0
-                while at < length:
+            with uncached_pieces(direct, mapped_at, offset, length) as pieces:
+                if pieces is None or not self._send_pieces(request_id, pieces, length, ends_at):
+                    connection, waits = self._connection, self._waits
                     waits.send(self._until(ends_at))
-                    at += connection.send(source[at : min(length, at + CHUNK)])
+                    connection.sendall(frames.encode_reply(request_id, _OK, length))
+                    at = 0
+                    while at < length:
+                        waits.send(self._until(ends_at))
+                        at += connection.send(source[at : min(length, at + CHUNK)])
         finally:
-            if bounce is not None:
-                BOUNCES.give(bounce)
             source.release()
             self._seals.leave(digest, grant_offset, self._connection)
         self._counters.ok[_READ].inc()
         self._counters.bytes_out.inc(length)
 
-    def _read_direct(
+    def _send_pieces(
         self,
         request_id: int,
-        direct: Any,
-        bounce: Bounce,
-        offset: int,
+        pieces: Generator[memoryview, None, None],
         length: int,
         ends_at: float,
     ) -> bool:
-        """Answers a large read of an NVMe segment's bytes that are not in the page cache:
-        read with direct I/O, piece by piece, into ``bounce`` and sent from there (on this
-        VM a read through the page cache faults in a fresh page per 4 KiB, at a fraction of
-        the disk's speed). False, having sent nothing, where the file system turns direct
-        reads down. Direct reads see every write: the kernel writes dirty cached pages of
-        the range back first."""
+        """Answers a large read of an NVMe segment's bytes that are not in the page cache
+        from ``pieces``, read with direct I/O (on this VM a read through the page cache
+        faults in a fresh page per 4 KiB, at a fraction of the disk's speed). False, having
+        sent nothing, where the file system turns direct reads down. Direct reads see every
+        write: the kernel writes dirty cached pages of the range back first."""
         connection, waits = self._connection, self._waits
-        pieces = read_pieces(direct, bounce, offset, length)
         try:
-            first = next(pieces)
+            piece: memoryview | None = next(pieces)
         except DirectReadRefused:
             return False
         except OSError:
             raise Closed from None
         waits.send(self._until(ends_at))
         connection.sendall(frames.encode_reply(request_id, _OK, length))
-        piece: memoryview | None = first
         try:
             while piece is not None:
                 sent = 0
@@ -443,8 +437,6 @@ class CheckedConnection:
                 piece = next(pieces, None)
         except OSError:
             raise Closed from None  # (a read that failed midway: its reader tries again)
-        finally:
-            pieces.close()
         DIRECT_READ_BYTES.inc(length)
         return True
 

@@ -39,7 +39,7 @@ import mmap
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 from kvpool.common.crc32c_combine import crc32c_combine
@@ -156,7 +156,8 @@ class WrittenParts:
 
 
 class DirectWriter:
-    """An NVMe segment's file opened for direct writes, and the parts written through it."""
+    """An NVMe segment's file opened for direct I/O (writes, and reads of uncached bytes),
+    and the parts written through it."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -258,6 +259,29 @@ class DirectReadRefused(Exception):
     """The file system takes no direct reads: read another way (nothing was read)."""
 
 
+@contextlib.contextmanager
+def uncached_pieces(
+    direct: DirectWriter | None, mapped_at: int, offset: int, length: int
+) -> Iterator[Generator[memoryview, None, None] | None]:
+    """``read_pieces`` of the bytes at ``offset`` of a segment mapped at ``mapped_at`` when
+    they are worth reading past the page cache (a direct file, not turned down, the bytes
+    not all cached, a bounce buffer free); None otherwise: read them through the mapping.
+    The buffer goes back to the pool on leaving."""
+    if direct is None or not direct.usable or resident(mapped_at + offset, length):
+        yield None
+        return
+    bounce = BOUNCES.take()
+    if bounce is None:
+        yield None
+        return
+    pieces = read_pieces(direct, bounce, offset, length)
+    try:
+        yield pieces
+    finally:
+        pieces.close()  # (its view of the buffer released before another takes it)
+        BOUNCES.give(bounce)
+
+
 _libc = ctypes.CDLL(None, use_errno=True)
 _mincore = _libc.mincore
 _mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
@@ -273,4 +297,9 @@ def resident(address: int, length: int) -> bool:
     vector = ctypes.create_string_buffer(pages)
     if _mincore(start, size, vector) != 0:
         return False
-    return all(b & 1 for b in vector.raw)
+    return 0 not in vector.raw.translate(_RESIDENT_BIT)
+
+
+#: Each byte of ``mincore``'s vector to its lowest bit (the page is resident); the other
+#: bits are reserved.
+_RESIDENT_BIT = bytes(b & 1 for b in range(256))

@@ -54,11 +54,9 @@ from kvpool.common.status import Tier
 from kvpool.proto import master_pb2 as pb
 from kvpool.storage_node import metrics
 from kvpool.storage_node.direct_writes import (
-    BOUNCES,
     DirectReadRefused,
     DirectWriter,
-    read_pieces,
-    resident,
+    uncached_pieces,
 )
 from kvpool.storage_node.group_commit import GroupCommit
 from kvpool.storage_node.object_index import DurableIndex, Entry, MemoryIndex
@@ -231,21 +229,16 @@ class Segment:
         this is an NVMe segment whose bytes there are not in the page cache (a read
         through the mapping would fault them in a page at a time); False, having copied
         nothing, otherwise."""
-        direct = self.direct
-        if direct is None or not direct.usable or resident(self.region.address + offset, len(into)):
-            return False
-        bounce = BOUNCES.take()
-        if bounce is None:
-            return False
-        try:
+        with uncached_pieces(self.direct, self.region.address, offset, len(into)) as pieces:
+            if pieces is None:
+                return False
             at = 0
-            for piece in read_pieces(direct, bounce, offset, len(into)):
-                into[at : at + len(piece)] = piece
-                at += len(piece)
-        except DirectReadRefused:
-            return False
-        finally:
-            BOUNCES.give(bounce)
+            try:
+                for piece in pieces:
+                    into[at : at + len(piece)] = piece
+                    at += len(piece)
+            except DirectReadRefused:
+                return False
         return True
 
     def checksum(self, offset: int, size: int) -> int:
