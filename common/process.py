@@ -33,9 +33,9 @@ def not_dumpable() -> None:
     or copy in and out of it (CMA); no core dump keeps its secrets. Processes with
     ``CAP_SYS_PTRACE`` (root, usually) still can."""
     import ctypes
-    import ctypes.util
 
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    from kvpool.common.libc import LIBC
+
     pr_set_dumpable = 4
-    if libc.prctl(pr_set_dumpable, 0, 0, 0, 0) != 0:
+    if LIBC.prctl(pr_set_dumpable, 0, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")

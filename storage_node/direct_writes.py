@@ -43,6 +43,7 @@ from collections.abc import Generator, Iterator
 from pathlib import Path
 
 from kvpool.common.crc32c_combine import crc32c_combine
+from kvpool.common.libc import LIBC
 from kvpool.common.logging import get_logger
 from kvpool.transport.shared_memory import MADV_POPULATE_WRITE
 
@@ -282,8 +283,7 @@ def uncached_pieces(
         BOUNCES.give(bounce)
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_mincore = _libc.mincore
+_mincore = LIBC.mincore
 _mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
 
 

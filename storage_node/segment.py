@@ -50,6 +50,7 @@ from pathlib import Path
 
 import google_crc32c
 
+from kvpool.common.libc import LIBC
 from kvpool.common.status import Tier
 from kvpool.proto import master_pb2 as pb
 from kvpool.storage_node import metrics
@@ -399,8 +400,7 @@ def _prefault(memory: mmap.mmap) -> None:
             memory[offset] = 0
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_sync_file_range = _libc.sync_file_range
+_sync_file_range = LIBC.sync_file_range
 _sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
 SYNC_FILE_RANGE_WRITE = 2
 

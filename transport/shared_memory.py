@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import functools
 import mmap
 import os
@@ -34,6 +33,8 @@ import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from kvpool.common.libc import LIBC
 
 #: madvise(MADV_POPULATE_READ/WRITE), Linux 5.14+ (Python 3.11's mmap module lacks the name).
 MADV_POPULATE_READ = 22
@@ -46,9 +47,8 @@ HANDOVER_TIMEOUT = 2.0
 #: Page tables are populated this much at a time, on first use.
 POPULATE_CHUNK = 64 << 20
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [
+LIBC.mmap.restype = ctypes.c_void_p
+LIBC.mmap.argtypes = [
     ctypes.c_void_p,
     ctypes.c_size_t,
     ctypes.c_int,
@@ -56,8 +56,8 @@ _libc.mmap.argtypes = [
     ctypes.c_int,
     ctypes.c_long,
 ]
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+LIBC.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+LIBC.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 MAP_FAILED = ctypes.c_void_p(-1).value
 
 
@@ -156,11 +156,11 @@ class MappedSegment:
             if (stat.st_ino, stat.st_dev) != (inode, device) or stat.st_size < size:
                 raise MappingRefused(0, f"{where} is not the advertised segment")
             protection = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
-            address = _libc.mmap(None, size, protection, mmap.MAP_SHARED, opened, 0)
+            address = LIBC.mmap(None, size, protection, mmap.MAP_SHARED, opened, 0)
             if address in (None, MAP_FAILED):
                 errno = ctypes.get_errno()
                 raise MappingRefused(errno, f"mmap of {size} bytes: {os.strerror(errno)}")
-            _libc.madvise(address, size, MADV_HUGEPAGE)  # best effort, see above
+            LIBC.madvise(address, size, MADV_HUGEPAGE)  # best effort, see above
         except BaseException:
             os.close(pidfd)
             raise
@@ -196,7 +196,7 @@ class MappedSegment:
             self._stop_populating.set()
             if self._populator is not threading.current_thread():
                 self._populator.join()
-            _libc.munmap(self.address, self.size)
+            LIBC.munmap(self.address, self.size)
             os.close(self.pidfd)
 
     def _populate_all(self) -> None:
@@ -211,7 +211,7 @@ class MappedSegment:
         length = min(POPULATE_CHUNK, self.size - start)
         # Best effort: where the kernel refuses (before 5.14), pages fault in on first touch.
         advice = MADV_POPULATE_WRITE if self.writable else MADV_POPULATE_READ
-        _libc.madvise(self.address + start, length, advice)
+        LIBC.madvise(self.address + start, length, advice)
         self._populated[chunk] = 1
 
 
