@@ -76,6 +76,10 @@ class NodeRecord:
     draining: bool = False
 
 
+#: The ``unacked`` of every object that awaits no node.
+NO_SEGMENTS: frozenset[str] = frozenset()
+
+
 class ObjectState(Enum):
     RESERVED = "reserved"  # space allocated, writer copying; invisible to readers
     COMMITTED = "committed"  # written; waiting for its nodes to record it; still invisible
@@ -110,8 +114,10 @@ class ObjectRecord:
     #: ``others_until``, so that no other reader's lease is ever cut short.
     lease_client: str = ""
     others_until: float = 0.0
-    #: COMMITTED: segments whose nodes have not yet acknowledged recording it.
-    unacked: set[str] = field(default_factory=set)
+    #: COMMITTED: segments whose nodes have not yet acknowledged recording it. Replaced, not
+    #: changed in place, so that a published object shares the one empty set (a set per
+    #: object would be one more container for the garbage collector to walk, for life).
+    unacked: frozenset[str] = NO_SEGMENTS
     #: Copies in flight (command id -> move), during which it is not evicted again.
     moving: dict[int, Move] = field(default_factory=dict)
     #: Nodes that should hold a replica (re-replication keeps it so): the replicas its put

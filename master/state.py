@@ -69,6 +69,7 @@ from kvpool.master.placement import TierPool
 from kvpool.master.quarantine import Quarantine
 from kvpool.master.quotas import Quotas, TenantUsage, default_share, refusal
 from kvpool.master.records import (
+    NO_SEGMENTS,
     ClusterSnapshot,
     Commit,
     CommitResult,
@@ -1077,13 +1078,13 @@ class MasterState:
         record.replicas = kept
         self._transition(record, COMMITTED, (now, "committed", record.put_id, unwritten))
         record.crc32c = commit.crc32c
-        record.unacked = {r.segment_id for r in kept if r is not None}
+        record.unacked = frozenset([r.segment_id for r in kept if r is not None])
         return None
 
     def _persist_done(self, record: ObjectRecord, segment_id: str, ok: bool) -> None:
         """A node recorded (or failed to record) a committed object's replica; once every
         node has answered, the object is published with the replicas that were recorded."""
-        record.unacked.discard(segment_id)
+        _acknowledged(record, segment_id)
         if not ok:
             self._drop_replica(record, segment_id)
         if not record.unacked:
@@ -1687,7 +1688,7 @@ class MasterState:
         # Late answers to its Copy and Persist commands must change nothing (its space may
         # already belong to another object).
         record.moving.clear()
-        record.unacked.clear()
+        record.unacked = NO_SEGMENTS
         self.counters.objects_removed += 1
 
     def _release_replica(self, record: ObjectRecord, replica: Replica, now: float) -> None:
@@ -1869,7 +1870,7 @@ class MasterState:
             ]
             replica_lost = (now, "replica_lost", record.put_id, segment_id)
             if record.state is ObjectState.COMMITTED and segment_id in record.unacked:
-                record.unacked.discard(segment_id)
+                _acknowledged(record, segment_id)
                 if not record.unacked:
                     self._note((key, replica_lost))
                     self._finish_commit(record)
@@ -2257,6 +2258,13 @@ def _admits(segment: SegmentRecord, tenant: str) -> bool:
     """Whether ``segment`` may hold ``tenant``'s objects: a segment of one tenant (the node's
     ``--tenant``) holds that tenant's objects only, so that mapping it shows no other's."""
     return not segment.info.tenant or segment.info.tenant == tenant
+
+
+def _acknowledged(record: ObjectRecord, segment_id: str) -> None:
+    """``segment_id``'s node no longer holds up ``record``'s publication."""
+    unacked = record.unacked
+    if segment_id in unacked:
+        record.unacked = unacked - {segment_id} if len(unacked) > 1 else NO_SEGMENTS
 
 
 def _ignore(note: tuple[str, tuple[Any, ...]]) -> None:

@@ -217,10 +217,11 @@ def test_validate_names_a_reservation_missing_from_its_queue():
 
 
 def test_validate_names_a_committed_object_waiting_for_a_node_without_its_replica():
-    corrupt_and_check(
-        lambda state: state.objects["committed"].unacked.add("elsewhere/dram0"),
-        "a committed object awaits nodes that hold its replicas",
-    )
+    def await_elsewhere(state):
+        record = state.objects["committed"]
+        record.unacked = record.unacked | {"elsewhere/dram0"}
+
+    corrupt_and_check(await_elsewhere, "a committed object awaits nodes that hold its replicas")
 
 
 def test_validate_names_a_bare_state_change():
