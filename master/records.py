@@ -52,6 +52,9 @@ class SegmentRecord:
     #: No new buffers here before this time: writers of an earlier master term may still be
     #: copying into space this master does not know was reserved.
     fenced_until: float = 0.0
+    #: When this master last granted a writer space here (a put's reservation): writers copy
+    #: until a write timeout after their grant, whatever becomes of the segment meanwhile.
+    granted_at: float = float("-inf")
     #: While an eviction pass over this segment is under way (it passed the high watermark):
     #: the bytes in use it brings the segment back to. None between passes.
     evict_to: float | None = None

@@ -165,6 +165,10 @@ class MasterState:
         self._published_keys = KeyIndex()
         self._lru = LruIndex()
         #: Reservations by creation time (oldest first): timeouts pop from the front.
+        #: Segments let go of (their node declared dead, unmounted, replaced) while writers
+        #: this master granted space in them may still copy: segment id -> the last grant.
+        #: Kept a write timeout, so that a remount in that time fences their space.
+        self._dropped_grants: dict[str, float] = {}
         self._reservations: OrderedDict[str, ObjectRecord] = OrderedDict()
         self._reservations_of: dict[str, set[str]] = {}
         #: command id -> (segment, objects) of a Persist or Copy command not yet answered.
@@ -255,8 +259,12 @@ class MasterState:
                 return []
             self._drop_segment(existing.segment_id)
         segment = SegmentRecord(info, Allocator(info.size, self.config.alignment))
+        granted_at = self._dropped_grants.pop(info.segment_id, None)
         if remount:
-            segment.fenced_until = now - silent + self.config.write_timeout + FENCE_MARGIN
+            # Writers granted space before the node last heard from a master, and those this
+            # master granted itself until it let the segment go (declared its node dead).
+            latest = now - silent if granted_at is None else max(now - silent, granted_at)
+            segment.fenced_until = latest + self.config.write_timeout + FENCE_MARGIN
         self.segments[info.segment_id] = segment
         node.segment_ids.add(info.segment_id)
         dropped = [
@@ -834,6 +842,11 @@ class MasterState:
         self._reclaim_reservations(now, report)
         self._bury_dead_clients(now, report)
         self._bury_dead_nodes(now, report)
+        if self._dropped_grants:
+            write_timeout = self.config.write_timeout
+            for segment_id, granted_at in list(self._dropped_grants.items()):
+                if granted_at + write_timeout <= now:
+                    del self._dropped_grants[segment_id]
         self._release_deferred(now, report, budget)
         self._end_soft_pins(now)
         self._count_ended_leases(now, budget)
@@ -1141,14 +1154,18 @@ class MasterState:
         tiers = _ANY_TIER if options.tier is _ANY else (options.tier,)
         hosts = options.preferred_hosts
         for tier in tiers:
-            replicas = self._allocate(key, size, wanted, hosts, tier, pools, options.avoid_nodes)
+            replicas = self._allocate(
+                key, size, wanted, now, hosts, tier, pools, options.avoid_nodes
+            )
             if replicas:
                 return replicas
         for tier in tiers:
             self._evict_to_fit(size, tier, now, tenant_of(key))
             if pools is not None:
                 pools.pop(tier, None)  # space came free: a pool's ranking would be stale
-            replicas = self._allocate(key, size, wanted, hosts, tier, pools, options.avoid_nodes)
+            replicas = self._allocate(
+                key, size, wanted, now, hosts, tier, pools, options.avoid_nodes
+            )
             if replicas:
                 return replicas
         return []
@@ -1179,6 +1196,7 @@ class MasterState:
         key: str,
         size: int,
         wanted: int,
+        now: float,
         preferred_hosts: Sequence[str] = (),
         tier: Tier = Tier.DRAM,
         pools: dict[Tier, TierPool] | None = None,
@@ -1198,6 +1216,7 @@ class MasterState:
             offset = segment.allocator.allocate(size)
             assert offset is not None, "placement said it fits"
             self._own(segment, offset, key)
+            segment.granted_at = now
             replicas.append(Replica(segment.segment_id, offset))
         return replicas
 
@@ -1847,6 +1866,9 @@ class MasterState:
     def _drop_segment(self, segment_id: str) -> int:
         """Forgets a segment and every replica in it; returns objects left with none."""
         segment = self.segments.pop(segment_id)
+        if segment.granted_at + self.config.write_timeout > self.clock():
+            # (its writers may copy on: a remount of it is fenced until they are done)
+            self._dropped_grants[segment_id] = segment.granted_at
         keys = set(segment.owners.values())
         for offset in list(segment.owners):
             self._disown(segment, offset)

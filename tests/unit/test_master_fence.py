@@ -5,10 +5,11 @@ A storage node whose process lived on mounts its segments again: at a new master
 failover (it reconnects, or its heartbeat asks it to), or at the same master when that declared
 it dead meanwhile. Writers of reservations the master no longer knows may still be copying into
 that space: they got their reservations before the node last heard from a master, ``silent``
-seconds ago, and they stop copying a write timeout after they got them. So the master hands out
-no buffer in the segment until ``write_timeout + FENCE_MARGIN - silent`` seconds after the
-remount: a put that finds room nowhere else is answered FENCED (retry shortly), never NO_SPACE
-meanwhile. A fresh mount (a new process: nobody can write into it yet) is not fenced.
+seconds ago, or from this master until it let the segment go, and they stop copying a write
+timeout after they got them. So the master hands out no buffer in the segment until
+``write_timeout + FENCE_MARGIN`` seconds after the later of the two: a put that finds room
+nowhere else is answered FENCED (retry shortly), never NO_SPACE meanwhile. A fresh mount (a
+new process: nobody can write into it yet) is not fenced.
 
 The last tests (xfail, strict) are gaps the model check (test_master_model.py) found: bytes
 handed out during the fence, or too early after it (test_master_remount_gaps.py has the others).
@@ -190,7 +191,6 @@ def test_a_promotion_stays_out_of_fenced_space():
     assert not copies, f"a copy into fenced space: {copies}"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="the fence starts at last contact")
 def test_the_fence_covers_reservations_granted_while_the_node_was_silent():
     """The master grants writes in a node's segment up to the moment it declares it dead,
     after the node last heard from it: those writers copy on after the remount's fence."""
