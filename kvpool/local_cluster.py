@@ -63,6 +63,19 @@ class Site:
     prefix: tuple[str, ...] = ()
 
 
+def _all_stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is stopped (state T or t), or the process is gone."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        states = [
+            Path(f"/proc/{pid}/task/{task}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            for task in tasks
+        ]
+    except (OSError, IndexError):
+        return True
+    return all(state in ("T", "t") for state in states)
+
+
 class ManagedProcess:
     """A child process with its log file and ready file."""
 
@@ -113,9 +126,17 @@ class ManagedProcess:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])
 
-    def signal(self, sig: int) -> None:
-        if self.alive():
-            os.kill(self.popen.pid, sig)
+    def signal(self, sig: int, timeout: float = 5.0) -> None:
+        """Sends ``sig``. A SIGSTOP returns once every thread of the process has stopped
+        (each stops on its own next way back to user space): a test that stops a node and
+        then calls it must not race the stop."""
+        if not self.alive():
+            return
+        os.kill(self.popen.pid, sig)
+        if sig == signal.SIGSTOP:
+            deadline = time.monotonic() + timeout
+            while not _all_stopped(self.popen.pid) and time.monotonic() < deadline:
+                time.sleep(0.001)
 
     def stop(self, timeout: float = 5.0) -> int | None:
         """SIGTERM, then SIGKILL after ``timeout``; returns the exit code."""
