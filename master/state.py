@@ -164,11 +164,11 @@ class MasterState:
         self.resolved: list[CommitResult] = []
         self._published_keys = KeyIndex()
         self._lru = LruIndex()
-        #: Reservations by creation time (oldest first): timeouts pop from the front.
         #: Segments let go of (their node declared dead, unmounted, replaced) while writers
         #: this master granted space in them may still copy: segment id -> the last grant.
         #: Kept a write timeout, so that a remount in that time fences their space.
         self._dropped_grants: dict[str, float] = {}
+        #: Reservations by creation time (oldest first): timeouts pop from the front.
         self._reservations: OrderedDict[str, ObjectRecord] = OrderedDict()
         self._reservations_of: dict[str, set[str]] = {}
         #: command id -> (segment, objects) of a Persist or Copy command not yet answered.
@@ -1866,7 +1866,8 @@ class MasterState:
     def _drop_segment(self, segment_id: str) -> int:
         """Forgets a segment and every replica in it; returns objects left with none."""
         segment = self.segments.pop(segment_id)
-        if segment.granted_at + self.config.write_timeout > self.clock():
+        now = self.clock()
+        if segment.granted_at + self.config.write_timeout > now:
             # (its writers may copy on: a remount of it is fenced until they are done)
             self._dropped_grants[segment_id] = segment.granted_at
         keys = set(segment.owners.values())
@@ -1878,7 +1879,6 @@ class MasterState:
         if node is not None:
             node.segment_ids.discard(segment_id)
         lost = 0
-        now = self.clock()
         for key in keys:
             record = self.objects[key]
             if record.state is PUBLISHED or record.state is COMMITTED:  # (its node may list it)

@@ -11,8 +11,9 @@ timeout after they got them. So the master hands out no buffer in the segment un
 nowhere else is answered FENCED (retry shortly), never NO_SPACE meanwhile. A fresh mount (a
 new process: nobody can write into it yet) is not fenced.
 
-The last tests (xfail, strict) are gaps the model check (test_master_model.py) found: bytes
-handed out during the fence, or too early after it (test_master_remount_gaps.py has the others).
+The last tests are gaps the model check (test_master_model.py) found, each a strict xfail
+until it was closed: bytes handed out during the fence, or too early after it
+(test_master_remount_gaps.py has the others).
 """
 
 from __future__ import annotations
@@ -168,7 +169,7 @@ def test_no_space_once_the_fence_is_over():
     assert put(state, "big", 8192).status is KeyStatus.NO_SPACE
 
 
-# ------------------------------------------------------------------ gaps (xfail)
+# ------------------------------------------------------------------ gaps the model found
 
 
 def nvme_info(node: str, size: int = 4096) -> SegmentInfo:
