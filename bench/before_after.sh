@@ -5,6 +5,9 @@
 #   bench/before_after.sh BEFORE_TREE [ROUNDS=12] [OUT=bench/results/before_after]
 #       [-- extra arguments for this checkout's bench, e.g. --security insecure]
 #
+# WORKLOADS and PLACEMENTS in the environment narrow both sides alike (default: every
+# workload, both placements), e.g. WORKLOADS=32x4KiB,exists PLACEMENTS=same-host.
+#
 # BEFORE_TREE is a checkout with its own .venv (git worktree add DIR COMMIT; then
 # python3 -m venv DIR/.venv && DIR/.venv/bin/pip install -e DIR). Run on a quiet machine.
 set -euo pipefail
@@ -14,7 +17,8 @@ ROUNDS=${2:-12}
 OUT=${3:-bench/results/before_after}
 shift $(( $# < 3 ? $# : 3 ))
 [ "${1:-}" = "--" ] && shift
-WORKLOADS=32MiB,4MiB,32x1MiB,32x4KiB,exists,4x4MiB
+WORKLOADS=${WORKLOADS:-32MiB,4MiB,32x1MiB,32x4KiB,exists,4x4MiB}
+PLACEMENTS=${PLACEMENTS:-same-host,netns}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 bench() {  # side round
@@ -22,7 +26,7 @@ bench() {  # side round
     [ "$1" = before ] && tree=$BEFORE && extra=()
     [ "$1" = after ] && extra=("${@:3}")
     (cd "$tree" && .venv/bin/kvpool bench --compare --systems kvpool --runs 1 --no-ceilings \
-        --workloads "$WORKLOADS" --json "$OUT/$1-$2.json" --out-dir "$OUT/$1-$2" \
+        --workloads "$WORKLOADS" --placements "$PLACEMENTS" --json "$OUT/$1-$2.json" --out-dir "$OUT/$1-$2" \
         "${extra[@]}" >"$OUT/$1-$2.log" 2>&1)
     echo "$(date +%T) $1 round $2 done"
 }

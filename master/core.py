@@ -242,8 +242,12 @@ class MasterCore:
         lease_ttl: float,
         lease: bool,
         client_id: str = "",
+        tenant: str | None = None,
     ) -> Effects:
-        answer = self.state.exists(keys, lease_ttl, grant_lease=lease, client_id=client_id)
+        """``keys`` are the master's, or with ``tenant`` those of that tenant."""
+        answer = self.state.exists(
+            keys, lease_ttl, grant_lease=lease, client_id=client_id, tenant=tenant
+        )
         return self._answer(call_id, answer)
 
     def release_leases(self, call_id: int, client_id: str, keys: Sequence[str]) -> Effects:

@@ -380,7 +380,9 @@ class MasterHandlers:
         )
 
     def Exists(self, request: pb.ExistsRequest, identity: Identity) -> Any:
-        keys = _keys(request, identity)
+        # (a tenant's keys looked up as they came, in its own table: no key rebuilt)
+        tenant = identity.tenant or None
+        keys = _checked_keys(request) if tenant else _keys(request, identity)
         client_id = client_scope(identity, request.client_id)
         core = self.core
         answer = _statuses("Exists", pb.ExistsResponse)
@@ -391,6 +393,7 @@ class MasterHandlers:
                 request.lease_ms / 1000.0,
                 not request.no_lease,
                 client_id,
+                tenant,
             ),
             answer,
         )
@@ -709,12 +712,17 @@ def _enum(kind: type[E], value: int, field: str) -> E:
 
 
 def _keys(request: Any, identity: Identity) -> list[str]:
+    """The request's keys, checked, in the master's key space (the caller's tenant's)."""
+    return _scoped(_checked_keys(request), key_prefix(identity))
+
+
+def _checked_keys(request: Any) -> list[str]:
     """The request's keys as a list (protobuf builds a str per key on every pass over its own
-    container: one pass here, the rest over the list), checked, in the caller's tenant."""
+    container: one pass here, the rest over the list), checked."""
     keys = list(request.keys)
     _check_batch(keys)
     _check_keys(keys)
-    return _scoped(keys, key_prefix(identity))
+    return keys
 
 
 def _scoped(keys: list[str], prefix: str) -> list[str]:

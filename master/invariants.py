@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from kvpool.common.status import Pin, Tier
 from kvpool.master.quotas import TenantUsage
 from kvpool.master.records import ObjectRecord, ObjectState
-from kvpool.security.identity import tenant_of
+from kvpool.security.identity import split_key, tenant_of
 
 if TYPE_CHECKING:
     from kvpool.master.state import MasterState
@@ -45,6 +45,7 @@ def check_invariants(state: MasterState) -> None:
     _check_reservations(state)
     _check_commands(state)
     _check_tenant_usage(state)
+    _check_tenant_objects(state)
     _check_replication(state)
 
 
@@ -350,6 +351,22 @@ def _check_tenant_usage(state: MasterState) -> None:
                 f"tenant {t!r}: kept {actual.get(t)}, held {expected.get(t)}" for t in wrong[:5]
             ),
         )
+
+
+def _check_tenant_objects(state: MasterState) -> None:
+    """The objects by tenant are the objects: each under its tenant and key, no other."""
+    rule = "the objects by tenant are the objects"
+    filed = 0
+    for tenant, table in state._tenant_objects.items():
+        if not table:
+            raise InvariantViolation(rule, f"tenant {tenant!r} is kept with no objects")
+        filed += len(table)
+    if filed != len(state.objects):
+        raise InvariantViolation(rule, f"{filed} filed by tenant, {len(state.objects)} objects")
+    for key, record in state.objects.items():
+        tenant, bare = split_key(key)
+        if state._tenant_objects.get(tenant, {}).get(bare) is not record:
+            raise InvariantViolation(rule, f"{key!r} is not filed as {bare!r} of {tenant!r}")
 
 
 def _check_replication(state: MasterState) -> None:

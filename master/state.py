@@ -55,6 +55,7 @@ import itertools
 import random
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from kvpool.common.keys import STORED_KEY_BYTES, key_problem, plainly_valid
@@ -109,7 +110,7 @@ from kvpool.master.transitions import (
     RESERVED,
     IllegalTransition,
 )
-from kvpool.security.identity import tenant_of
+from kvpool.security.identity import split_key, tenant_of
 
 Clock = Callable[[], float]
 
@@ -118,6 +119,8 @@ _ANY_TIER = (Tier.DRAM, Tier.NVME)
 #: Enum members the per-key paths name, by plain names (as transitions.py's states): reading
 #: a member off its Enum class is slow on Python 3.11, and a put named about ten of them.
 _OK, _SOFT, _DRAM, _NVME, _ANY = KeyStatus.OK, Pin.SOFT, Tier.DRAM, Tier.NVME, Tier.UNSPECIFIED
+#: The objects of a tenant that holds none.
+_NO_OBJECTS: Mapping[str, ObjectRecord] = MappingProxyType({})
 #: Generations a node may report lie below this: put ids go on from the largest adopted, and
 #: must stay within the wire's 64 bits for as many puts as any cluster makes. (A generation of
 #: a later term than this master's is taken: a master whose clock went back starts a smaller
@@ -155,6 +158,10 @@ class MasterState:
         self.nodes: dict[str, NodeRecord] = {}
         self.segments: dict[str, SegmentRecord] = {}
         self.objects: dict[str, ObjectRecord] = {}
+        #: The same objects by tenant and key as the tenant's clients name it (``split_key``):
+        #: a client's lookup finds its keys without rebuilding each behind its tenant's prefix.
+        #: Kept with ``objects`` in ``_transition``; tenants holding nothing are dropped.
+        self._tenant_objects: dict[str, dict[str, ObjectRecord]] = {}
         self.counters = Counters()
         #: client id -> last time it was heard from (while it holds reservations).
         self.clients: dict[str, float] = {}
@@ -596,13 +603,23 @@ class MasterState:
         *,
         grant_lease: bool = True,
         client_id: str = "",
+        tenant: str | None = None,
     ) -> list[KeyStatus]:
-        """Whether each key is published; grants a lease on those that are, unless told not to."""
+        """Whether each key is published; grants a lease on those that are, unless told not to.
+        ``keys`` are the master's own (each behind its tenant's prefix), or with ``tenant``
+        those of that tenant as its clients name them."""
+        find = self._finder(tenant)
+        published, ok, not_found = PUBLISHED, _OK, KeyStatus.NOT_FOUND
+        if not grant_lease:  # (a pure check, in one comprehension)
+            not_ready = KeyStatus.NOT_READY
+            return [
+                not_found if r is None else ok if r.state is published else not_ready
+                for r in map(find, keys)
+            ]
         ttl = self._lease_ttl(lease_ttl)
         now = self.clock()
         statuses: list[KeyStatus] = []
-        append, find, lease = statuses.append, self.objects.get, self._lease
-        published, ok, not_found = PUBLISHED, _OK, KeyStatus.NOT_FOUND
+        append, lease = statuses.append, self._lease
         for key in keys:
             record = find(key)
             if record is None:
@@ -621,6 +638,12 @@ class MasterState:
             else:
                 append(KeyStatus.NOT_READY)
         return statuses
+
+    def _finder(self, tenant: str | None) -> Callable[[str], ObjectRecord | None]:
+        """Looks up an object by the master's key, or with ``tenant`` by that tenant's key."""
+        if tenant is None:
+            return self.objects.get
+        return self._tenant_objects.get(tenant, _NO_OBJECTS).get
 
     def release_leases(self, client_id: str, keys: Sequence[str]) -> int:
         """A reader is done with these objects (it closed, or its process is exiting): a lease
@@ -885,17 +908,30 @@ class MasterState:
                 usage.reserved_bytes -= record.size
             if to is GONE:
                 del self.objects[key]
+                self._unfile_by_tenant(key)
                 usage.objects -= 1
                 if usage.empty():
                     del self._usage[tenant_of(key)]
             else:
                 if before is GONE:
                     self.objects[key] = record
+                    tenant, bare = split_key(key)
+                    table = self._tenant_objects.get(tenant)
+                    if table is None:
+                        table = self._tenant_objects[tenant] = {}
+                    table[bare] = record
                 if to is RESERVED:
                     usage.reserved_bytes += record.size
         if to is not GONE:
             record.state = to
         self._note((key, entry))
+
+    def _unfile_by_tenant(self, key: str) -> None:
+        tenant, bare = split_key(key)
+        table = self._tenant_objects[tenant]
+        del table[bare]
+        if not table:
+            del self._tenant_objects[tenant]
 
     def _usage_of(self, key: str) -> TenantUsage:
         """The usage of the tenant of ``key``, made when it held nothing."""

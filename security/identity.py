@@ -87,6 +87,13 @@ def internal_key(tenant: str, key: str) -> str:
     return tenant + TENANT_SEPARATOR + key
 
 
+def split_key(internal: str) -> tuple[str, str]:
+    """``internal`` as (tenant, key as the tenant's clients name it); ('', ``internal``)
+    for a key without a tenant."""
+    tenant, separator, key = internal.partition(TENANT_SEPARATOR)
+    return (tenant, key) if separator else ("", internal)
+
+
 def tenant_of(internal: str) -> str:
     """The tenant an internal key belongs to ('' for a key without one)."""
     tenant, separator, _ = internal.partition(TENANT_SEPARATOR)

@@ -126,6 +126,7 @@ from kvpool.master.records import (
     TickReport,
 )
 from kvpool.master.state import FENCE_MARGIN, MasterState
+from kvpool.security.identity import split_key
 
 # Known gaps of master/state.py, each shown by an xfail test in test_master_fence.py or
 # test_master_remount_gaps.py: the model checks around them while they are open (set one True
@@ -2120,13 +2121,25 @@ class MasterModel(RuleBasedStateMachine):
                     and allocator.used + need <= self.config.high_watermark * allocator.capacity
                 ), f"{record.key}: not promoted although {segment_id} has room"
 
-    @rule(data=st.data(), ttl=st.sampled_from(LEASES), lease=st.booleans())
-    def exists(self, data, ttl, lease):
+    @rule(
+        data=st.data(),
+        ttl=st.sampled_from(LEASES),
+        lease=st.booleans(),
+        tenant=st.sampled_from([None, "", "a", "b"]),
+    )
+    def exists(self, data, ttl, lease, tenant):
+        """Keys as the master holds them, or (``tenant``) as that tenant's clients name them."""
         keys = self.draw_keys(data)
+        if tenant is not None:
+            keys = [k for k in keys if split_key(k)[0] == tenant]
         expected = [self.expected_read(key) for key in keys]
         remaining = {key: self.state.stat(key).lease_remaining for key in keys}
 
-        statuses = self.state.exists(keys, ttl, grant_lease=lease)
+        if tenant is None:
+            statuses = self.state.exists(keys, ttl, grant_lease=lease)
+        else:
+            named = [split_key(k)[1] for k in keys]
+            statuses = self.state.exists(named, ttl, grant_lease=lease, tenant=tenant)
 
         assert statuses == expected
         for key, status in zip(keys, statuses, strict=True):

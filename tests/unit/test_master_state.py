@@ -510,6 +510,25 @@ def test_put_revoke_of_someone_elses_or_a_published_put_is_stale():
     assert exists(state, "published") is KeyStatus.OK
 
 
+def test_a_tenant_looks_up_its_keys_as_its_clients_name_them_and_no_one_elses():
+    state, _ = new_state()
+    mount(state, "n1")
+    publish(state, "a/k")
+    put(state, "a/pending")
+    publish(state, "b/k")
+    publish(state, "k")  # (a key without a tenant)
+
+    found = state.exists(["k", "pending", "b/k", "missing"], grant_lease=False, tenant="a")
+
+    assert found == [KeyStatus.OK, KeyStatus.NOT_READY, KeyStatus.NOT_FOUND, KeyStatus.NOT_FOUND]
+    assert state.exists(["k"], grant_lease=False, tenant="c") == [KeyStatus.NOT_FOUND]
+    assert state.exists(["k"], 5.0, tenant="b") == [KeyStatus.OK]
+    assert state.stat("b/k").lease_remaining == pytest.approx(5.0)
+    assert remove(state, "a/k", force=True) is KeyStatus.OK
+    assert state.exists(["k"], grant_lease=False, tenant="a") == [KeyStatus.NOT_FOUND]
+    state.validate()
+
+
 # ------------------------------------------------------------------ reservation timeout
 
 
