@@ -279,8 +279,21 @@ class MasterState:
             for item in sorted(stored, key=lambda s: s.generation, reverse=True)
             if not self._adopt(segment, item, now)
         ]
-        self._tombstones.mounted(info.segment_id)
+        self._tombstones.mounted(info.segment_id, self._late_writes(info.segment_id))
         return dropped
+
+    def _late_writes(self, segment_id: str) -> list[tuple[str, int, bool]]:
+        """(key, generation, whether that object lives) of each entry a Persist or Copy sent
+        to ``segment_id`` before this mount, still unanswered, would record: a node paused
+        with them queued may carry them out after its report (tombstones.py keeps them out).
+        A scan of the commands in flight, at a mount only."""
+        objects = self.objects
+        return [
+            (record.key, record.generation, objects.get(record.key) is record)
+            for target, records in self._awaiting.values()
+            if target == segment_id
+            for record in records
+        ]
 
     def mount_problem(self, info: SegmentInfo) -> str | None:
         """Why ``info`` may not be mounted, or None. A segment id belongs to the node that

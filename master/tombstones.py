@@ -34,6 +34,7 @@ removed one is not.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 #: Entries kept at most (a few hundred bytes each), across every segment.
@@ -208,12 +209,29 @@ class Tombstones:
         counts = self._forgetting.get(segment_id)
         return counts is not None and (key, generation) in counts
 
-    def mounted(self, segment_id: str) -> None:
-        """The segment's report has been reconciled: nothing of it is kept any more."""
+    def mounted(self, segment_id: str, late: Sequence[tuple[str, int, bool]] = ()) -> None:
+        """The segment's report has been reconciled: nothing of it is kept any more, but for
+        ``late`` writes: (key, generation, whether the object lives) of Persists and Copies
+        sent to it before this mount and not answered. Its node may carry them out after
+        its report (they were queued while it was paused), and a new leader would adopt
+        what they record. One whose Forget is still unanswered (its object removed
+        meanwhile) stays refused, as a tombstone; one of a living object goes away again,
+        and becomes one if the object ends (``ended``)."""
+        forgetting = self._forgetting.get(segment_id, {})
+        removed = [
+            (key, generation) for key, generation, _ in late if (key, generation) in forgetting
+        ]
         if segment_id in self._distrusted or self.record(segment_id) is not None:
             self._changed.add(segment_id)
         self._distrusted.discard(segment_id)
         self._drop(segment_id)
+        for key, generation in removed:
+            if self._room(segment_id):
+                self._put(self._dead, segment_id, key, generation)
+                self._changed.add(segment_id)
+        for key, generation, lives in late:
+            if lives:
+                self.away(segment_id, key, generation)
 
     # ---- bounds
 

@@ -136,3 +136,36 @@ def test_a_persist_answered_after_its_object_ended_is_forgotten():
     [forget] = [c for c in state.outbox if isinstance(c, ForgetCommand)]
     assert (forget.segment_id, forget.objects[0].key) == (nvme.segment_id, "k")
     assert forget.objects[0].offset == first.objects[0].offset
+
+
+def test_a_removed_object_stays_removed_though_its_paused_node_records_it_after_a_remount():
+    """A node paused with a Persist queued is declared dead; the object is removed meanwhile
+    (its Forget queued behind the Persist). The node wakes, remounts with what its index
+    holds (not the object yet), then carries out the Persist, and the master fails over
+    before the Forget: the next master must not adopt the removed object from its report."""
+    state, clock = new_state()
+    n0, n1 = segment_info("n0", 1 * MiB), segment_info("n1", 1 * MiB)
+    state.mount_segment(n0)
+    state.mount_segment(n1)
+    contact = clock.now  # when n1 last heard from the master
+    [slot] = state.put_start("c1", ["k"], [4096], PutOptions(replicas=2))
+    assert state.put_end([Commit("k", slot.put_id, (True, True), None)]) == [None]
+    persists = {c.segment_id: c for c in state.outbox if isinstance(c, PersistCommand)}
+    state.outbox.clear()
+    late = persists.pop(n1.segment_id)  # n1 is paused with it queued
+    [answered] = persists.values()
+    state.command_done(answered.command_id, True)
+    assert remove(state, "k", force=True) is KeyStatus.OK
+    state.outbox.clear()  # (the Forget to n1 queues behind the Persist)
+    clock.advance(CONFIG.node_ttl + 1)
+    state.heartbeat("n0", [n0.segment_id])
+    assert state.tick().dead_nodes == ["n1"]
+    assert state.heartbeat("n1", [n1.segment_id]) == [n1.segment_id]
+    state.mount_segment(n1, [], remount=True, silent=clock.now - contact)  # k not recorded yet
+    record = state.durable_record(n1.segment_id)  # what the next master reads (etcd)
+    assert record is not None and record.keys.get("k", 0) >= slot.put_id, record
+
+    new = MasterState(CONFIG, clock=clock, epoch=1)
+    new.restore_tombstones({n1.segment_id: record})
+    new.mount_segment(n1, list(late.objects), remount=True, silent=0.0)
+    assert "k" not in new.objects, "removed, yet adopted again from a Persist run late"
