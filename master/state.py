@@ -914,21 +914,26 @@ class MasterState:
             raise IllegalTransition(key, before, to)
         # (COMMITTED -> PUBLISHED, every put's last, changes no usage: no tenant looked up)
         if before is not COMMITTED or to is not PUBLISHED:
-            usage = self._usage_of(key)
+            tenant, bare = split_key(key)  # (one partition: usage and objects by tenant)
+            usage = self._usage.get(tenant)
+            if usage is None:
+                usage = self._usage[tenant] = TenantUsage()
             if before is GONE:
                 usage.objects += 1
             elif before is RESERVED:
                 usage.reserved_bytes -= record.size
             if to is GONE:
                 del self.objects[key]
-                self._unfile_by_tenant(key)
+                table = self._tenant_objects[tenant]
+                del table[bare]
+                if not table:
+                    del self._tenant_objects[tenant]
                 usage.objects -= 1
                 if usage.empty():
-                    del self._usage[tenant_of(key)]
+                    del self._usage[tenant]
             else:
                 if before is GONE:
                     self.objects[key] = record
-                    tenant, bare = split_key(key)
                     table = self._tenant_objects.get(tenant)
                     if table is None:
                         table = self._tenant_objects[tenant] = {}
@@ -938,13 +943,6 @@ class MasterState:
         if to is not GONE:
             record.state = to
         self._note((key, entry))
-
-    def _unfile_by_tenant(self, key: str) -> None:
-        tenant, bare = split_key(key)
-        table = self._tenant_objects[tenant]
-        del table[bare]
-        if not table:
-            del self._tenant_objects[tenant]
 
     def _usage_of(self, key: str) -> TenantUsage:
         """The usage of the tenant of ``key``, made when it held nothing."""

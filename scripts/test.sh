@@ -13,6 +13,10 @@ bash scripts/install_sglang.sh  # sglang 0.5.23 likewise (its requirements are C
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/python scripts/typecheck.py  # mypy, configured by [tool.mypy] in pyproject.toml
+# One string-hash seed for the run, printed, so that a failure that depends on the order of
+# a set or dict of strings (the model test's, say) replays with it.
+export PYTHONHASHSEED=${PYTHONHASHSEED:-$((RANDOM % 4096 + 1))}
+echo "PYTHONHASHSEED=$PYTHONHASHSEED"
 for arg in "$@"; do
     case "$arg" in -*) ;; *) exec .venv/bin/python -m pytest "$@" ;; esac  # paths: just those
 done

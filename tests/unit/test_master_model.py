@@ -2435,5 +2435,13 @@ def test_master_model():
     try:
         run_state_machine_as_test(machine, settings=settings(SETTINGS, phases=phases))
     except BaseException as failure:
-        failure.add_note(f"replay with {SEED_VARIABLE}={value}")
+        # (string hashing orders some of the master's loops: the same hash seed is needed)
+        hashing = os.environ.get("PYTHONHASHSEED", "")
+        if hashing:
+            failure.add_note(f"replay with PYTHONHASHSEED={hashing} {SEED_VARIABLE}={value}")
+        else:
+            failure.add_note(
+                f"replay with {SEED_VARIABLE}={value} (PYTHONHASHSEED was unset: a replay may "
+                "need a few hash seeds; scripts/test.sh sets and prints one)"
+            )
         raise
