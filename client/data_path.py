@@ -182,7 +182,8 @@ class DataPath:
         self._in_flight = 0
         self.same_host_mapping = same_host_mapping
         #: (segment id, writable) -> its mapping, read-write for puts and read-only for
-        #: gets, or None where it cannot be mapped (the checked stream or UCX carry it).
+        #: gets (gets use the read-write one where there is one), or None where it cannot be
+        #: mapped (the checked stream or UCX carry it).
         self._mapped: dict[tuple[str, bool], MappedSegment | None] = {}
         #: Mappings copies run through now, with how many; and those let go of meanwhile,
         #: released when their last copy ends.
@@ -592,6 +593,11 @@ class DataPath:
         use; None where it is not mapped (not on this host, not allowed, refused)."""
         if not self.same_host_mapping:
             return None
+        if not writable and (through_puts := self._mapped.get((segment_id, True))) is not None:
+            # (gets read through the puts' mapping where there is one: a second mapping of
+            # the segment would fill a second set of page tables, its populator taking CPU
+            # from the copies for seconds)
+            return through_puts
         try:
             return self._mapped[segment_id, writable]
         except KeyError:
@@ -613,6 +619,8 @@ class DataPath:
             else:
                 self._reaper.watch(mapped.pidfd, segment_id)
         self._mapped[segment_id, writable] = mapped
+        if writable and mapped is not None:  # (gets read through it from now on)
+            self._let_go(self._mapped.pop((segment_id, False), None))
         return mapped
 
     def _live_mappings(
@@ -646,13 +654,15 @@ class DataPath:
 
     def _unmap(self, segment_id: str) -> None:
         for writable in (False, True):
-            mapped = self._mapped.pop((segment_id, writable), None)
-            if mapped is not None:
-                self._reaper.unwatch(mapped.pidfd)
-                if mapped in self._pins:
-                    self._release_later.add(mapped)  # copies still run through it
-                else:
-                    MAPPINGS.release(mapped)  # unmapped once no other client here uses it
+            self._let_go(self._mapped.pop((segment_id, writable), None))
+
+    def _let_go(self, mapped: MappedSegment | None) -> None:
+        if mapped is not None:
+            self._reaper.unwatch(mapped.pidfd)
+            if mapped in self._pins:
+                self._release_later.add(mapped)  # copies still run through it
+            else:
+                MAPPINGS.release(mapped)  # unmapped once no other client here uses it
 
     def _unpin(self, mapped: MappedSegment) -> None:
         count = self._pins[mapped] - 1

@@ -107,7 +107,9 @@ def _mapping_modes() -> list[str]:
 
 
 def test_clients_of_one_process_share_one_mapping_of_a_segment(cluster_factory):
-    """Gets copy through a read-only mapping, puts through a read-write one: one of each."""
+    """Gets copy through a read-only mapping, puts through a read-write one: one of each,
+    shared by the process's clients; a client that puts reads through its read-write one
+    (one set of page tables to fill, not two)."""
     cluster = cluster_factory(1, "64MiB")
     data = os.urandom(2 << 20)
     with Client(cluster.master_address) as first:
@@ -115,10 +117,27 @@ def test_clients_of_one_process_share_one_mapping_of_a_segment(cluster_factory):
         with Client(cluster.master_address) as second:
             assert second.get("shared") == data and first.get("shared") == data
             assert first.mapped_segments == second.mapped_segments != []
-            assert _mapping_modes() == ["r--s", "rw-s"]
-        assert first.get("shared") == data  # the other client closing unmapped nothing
-        assert _mapping_modes() == ["r--s", "rw-s"]
+            assert _mapping_modes() == ["r--s", "rw-s"]  # the reader's and the writer's
+        assert first.get("shared") == data  # the other client closing unmapped its own only
+        assert _mapping_modes() == ["rw-s"]
     assert _mapped_ranges() == ""  # the last client let go
+
+
+def test_a_client_that_read_first_reads_through_its_read_write_mapping_once_it_puts(
+    cluster_factory,
+):
+    cluster = cluster_factory(1, "64MiB")
+    data = os.urandom(1 << 20)
+    with Client(cluster.master_address) as writer:
+        writer.put("first", data)
+    with Client(cluster.master_address) as client:
+        assert client.get("first") == data
+        assert _mapping_modes() == ["r--s"]
+        client.put("second", data[::-1])
+        assert _mapping_modes() == ["rw-s"]  # the read-only one let go
+        assert client.get("first") == data and client.get("second") == data[::-1]
+        assert _mapping_modes() == ["rw-s"]
+    assert _mapped_ranges() == ""
 
 
 @pytest.mark.parametrize("prefault", [True, False])

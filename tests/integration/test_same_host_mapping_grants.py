@@ -208,7 +208,7 @@ def test_a_renewed_grant_keeps_the_mapping_in_place(cluster_factory):
         assert mapper.get("k") == b"k" * 4096
         data_path = mapper._session.data
         mappings = dict(data_path._mapped)
-        assert all(mappings.values()) and len(mappings) == 2
+        assert all(mappings.values()) and len(mappings) == 1  # (gets read through it)
         renewed = pb.Segment()
         renewed.CopyFrom(_descriptor(mapper))
         renewed.map_capability = bytes(len(renewed.map_capability))
