@@ -934,10 +934,10 @@ class MasterState:
             else:
                 if before is GONE:
                     self.objects[key] = record
-                    table = self._tenant_objects.get(tenant)
-                    if table is None:
-                        table = self._tenant_objects[tenant] = {}
-                    table[bare] = record
+                    filed = self._tenant_objects.get(tenant)
+                    if filed is None:
+                        filed = self._tenant_objects[tenant] = {}
+                    filed[bare] = record
                 if to is RESERVED:
                     usage.reserved_bytes += record.size
         if to is not GONE:
