@@ -380,9 +380,10 @@ class MasterHandlers:
         )
 
     def Exists(self, request: pb.ExistsRequest, identity: Identity) -> Any:
-        # (a tenant's keys looked up as they came, in its own table: no key rebuilt)
+        # (a tenant's keys looked up as they came, in its own table: no key rebuilt; a
+        # caller without a tenant names the master's keys themselves)
         tenant = identity.tenant or None
-        keys = _checked_keys(request) if tenant else _keys(request, identity)
+        keys = _checked_keys(request)
         client_id = client_scope(identity, request.client_id)
         core = self.core
         answer = _statuses("Exists", pb.ExistsResponse)

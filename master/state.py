@@ -915,9 +915,7 @@ class MasterState:
         # (COMMITTED -> PUBLISHED, every put's last, changes no usage: no tenant looked up)
         if before is not COMMITTED or to is not PUBLISHED:
             tenant, bare = split_key(key)  # (one partition: usage and objects by tenant)
-            usage = self._usage.get(tenant)
-            if usage is None:
-                usage = self._usage[tenant] = TenantUsage()
+            usage = self._usage_for(tenant)
             if before is GONE:
                 usage.objects += 1
             elif before is RESERVED:
@@ -946,7 +944,10 @@ class MasterState:
 
     def _usage_of(self, key: str) -> TenantUsage:
         """The usage of the tenant of ``key``, made when it held nothing."""
-        tenant = tenant_of(key)
+        return self._usage_for(tenant_of(key))
+
+    def _usage_for(self, tenant: str) -> TenantUsage:
+        """The usage of ``tenant``, made when it held nothing."""
         usage = self._usage.get(tenant)
         if usage is None:
             usage = self._usage[tenant] = TenantUsage()
