@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvpool.master.story import EVENTS_PER_KEY, KEYS
+from kvpool.master.story import EVENTS, EVENTS_PER_KEY
 
 PLACEMENTS = ("random", "most-free")
 
@@ -54,11 +54,11 @@ class MasterConfig:
     #: applies: a debugging aid that costs time proportional to everything the master holds,
     #: per call.
     validate_each_event: bool = False
-    #: ``MasterState.story``: at most this many events per key (the oldest go first)...
+    #: ``MasterState.story``: the last this many events of all keys are kept (0: no story at
+    #: all)...
+    story_events: int = EVENTS
+    #: ...and a key's story tells its last this many.
     story_events_per_key: int = EVENTS_PER_KEY
-    #: ...and for at most this many keys (those whose last event is oldest go first; 0 keeps
-    #: no story at all).
-    story_keys: int = KEYS
     #: Re-replication: bytes per second copied between nodes, at most, to give objects that
     #: lost a replica (their node died, or withdrew a segment) a new one, and to copy a
     #: draining node's objects away (0: off; objects keep what is left, drains refused).
@@ -104,8 +104,8 @@ class MasterConfig:
             raise ValueError(
                 f"story_events_per_key must be at least 1, got {self.story_events_per_key}"
             )
-        if self.story_keys < 0:
-            raise ValueError(f"story_keys must not be negative, got {self.story_keys}")
+        if self.story_events < 0:
+            raise ValueError(f"story_events must not be negative, got {self.story_events}")
         if not (self.rereplication_rate >= 0 and math.isfinite(self.rereplication_rate)):
             raise ValueError(
                 "rereplication_rate must be a finite number, not negative, got "

@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = MasterConfig()
     # Every number is checked as it is read (common/cli_numbers.py): finite, within these
     # ceilings (durations: at most cli_numbers.MAX_SECONDS) and MasterConfig's own ranges.
-    max_tick, max_inflight, max_election_ttl, max_story_keys = 60.0, 1_000_000, 3600, 10**8
+    max_tick, max_inflight, max_election_ttl, max_story_events = 60.0, 1_000_000, 3600, 10**8
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")
     parser.add_argument(
         "--port",
@@ -212,10 +212,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "broken one (for debugging: costs CPU in proportion to the objects held)",
     )
     parser.add_argument(
-        "--story-keys",
-        type=integer(0, max_story_keys),
-        default=defaults.story_keys,
-        help="keys whose recent events `kvpool story KEY` can tell (0: none; default %(default)s)",
+        "--story-events",
+        type=integer(0, max_story_events),
+        default=defaults.story_events,
+        help="events of all keys kept for `kvpool story KEY` to tell, the last ones (a put is "
+        "three; 0: none; default %(default)s)",
     )
     parser.add_argument(
         "--quotas",
@@ -270,7 +271,7 @@ def config_from_args(args: argparse.Namespace) -> MasterConfig:
         eviction_ratio=args.eviction_ratio,
         soft_pin_ttl=args.soft_pin_ttl,
         validate_each_event=args.debug_validate,
-        story_keys=args.story_keys,
+        story_events=args.story_events,
         rereplication_rate=float(args.rereplication_rate),
         rereplication_copies=args.rereplication_copies,
     )

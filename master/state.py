@@ -223,10 +223,11 @@ class MasterState:
         self.epoch = epoch
 
         self._command_ids = itertools.count(1)
-        #: What happened to each key lately (``story``), noted through ``_note((key, entry))``
-        #: (one C call: the log folds its notes in when read, and at each put batch and tick).
-        self._story = StoryLog(self.config.story_events_per_key, self.config.story_keys)
-        self._note = self._story.note if self._story.max_keys else _ignore
+        #: What happened to each key lately (``story``), noted through
+        #: ``_note((key, time, event, value...))`` (one C call: the log folds its notes in
+        #: when read, and at each put batch and tick).
+        self._story = StoryLog(self.config.story_events_per_key, self.config.story_events)
+        self._note = self._story.note if self._story.capacity else _ignore
         if self.config.validate_each_event:
             for method in EVENTS:
                 setattr(self, method, _validated(getattr(self, method), self.validate))
@@ -406,8 +407,8 @@ class MasterState:
                         self.segments[segment_id], record, self._stored(record, segment_id).offset
                     )
                 if not ok:
-                    entry = (self.clock(), "persist_failed", record.put_id, segment_id, expired)
-                    self._note((record.key, entry))
+                    entry = (record.key, self.clock(), "persist_failed", record.put_id, segment_id)
+                    self._note((*entry, expired))
                 self._persist_done(record, segment_id, ok)
             elif (ok or expired) and i < len(persisted):
                 self._forget_unheld(segment_id, record, persisted[i])
@@ -573,7 +574,7 @@ class MasterState:
             ):
                 statuses.append(KeyStatus.STALE_PUT)
                 continue
-            self._forget(record, (now, "revoked", put_id))
+            self._forget(record, (record.key, now, "revoked", put_id))
             self._forget_grants(record, record.replicas)  # (its writer may not have stopped)
             self._release(record.replicas, self._reuse_after(record, now))
             self.counters.puts_revoked += 1
@@ -731,7 +732,9 @@ class MasterState:
             status = self._removal_status(record, now, force)
             if status is _OK:
                 assert record is not None
-                self._remove(record, now, (now, "removed", record.put_id, record.state, force))
+                self._remove(
+                    record, now, (record.key, now, "removed", record.put_id, record.state, force)
+                )
             statuses.append(status)
         return statuses
 
@@ -754,7 +757,9 @@ class MasterState:
             record = self.objects[key]
             status = self._removal_status(record, now, force)
             if status is KeyStatus.OK:
-                self._remove(record, now, (now, "removed", record.put_id, record.state, force))
+                self._remove(
+                    record, now, (record.key, now, "removed", record.put_id, record.state, force)
+                )
                 removed += 1
             elif status is KeyStatus.HAS_LEASE:
                 leased += 1
@@ -900,7 +905,7 @@ class MasterState:
     ) -> None:
         """Every change of an object's state, its creation (from GONE) and end (to GONE)
         included: checked against the table of legal transitions (transitions.py), and noted
-        in the key's story as ``entry`` (time, event, details...)."""
+        in the key's story as ``entry`` (key, time, event, details...)."""
         key = record.key
         current = self.objects.get(key)
         before: ObjectState | None
@@ -940,7 +945,7 @@ class MasterState:
                     usage.reserved_bytes += record.size
         if to is not GONE:
             record.state = to
-        self._note((key, entry))
+        self._note(entry)
 
     def _usage_of(self, key: str) -> TenantUsage:
         """The usage of the tenant of ``key``, made when it held nothing."""
@@ -1042,7 +1047,7 @@ class MasterState:
         )
         if options.pin is _SOFT:
             record.pin_until = now + (options.pin_ttl or self.config.soft_pin_ttl)
-        entry = (now, "reserved", record.put_id, client_id, replicas)
+        entry = (key, now, "reserved", record.put_id, client_id, replicas)
         self._transition(record, RESERVED, entry)
         self._reservations[key] = record
         held = self._reservations_of.get(client_id)
@@ -1134,10 +1139,12 @@ class MasterState:
             unwritten = len(failed)
         self._end_reservation(record)
         if not kept:
-            self._transition(record, GONE, (now, "write_failed", record.put_id))
+            self._transition(record, GONE, (record.key, now, "write_failed", record.put_id))
             return KeyStatus.NO_REPLICA
         record.replicas = kept
-        self._transition(record, COMMITTED, (now, "committed", record.put_id, unwritten))
+        self._transition(
+            record, COMMITTED, (record.key, now, "committed", record.put_id, unwritten)
+        )
         record.crc32c = commit.crc32c
         record.unacked = frozenset([r.segment_id for r in kept if r is not None])
         return None
@@ -1158,11 +1165,11 @@ class MasterState:
         replicas: list[Replica | None] = [r for r in record.replicas if r is not None]
         now = self.clock()
         if not replicas:
-            self._transition(record, GONE, (now, "not_recorded", record.put_id))
+            self._transition(record, GONE, (record.key, now, "not_recorded", record.put_id))
             self.resolved.append(CommitResult(record.key, record.put_id, KeyStatus.NO_REPLICA))
             return
         record.replicas = replicas
-        entry = (now, "published", record.put_id, tuple(replicas))
+        entry = (record.key, now, "published", record.put_id, tuple(replicas))
         self._transition(record, PUBLISHED, entry)
         record.last_access = now
         self._index_published(record)
@@ -1360,7 +1367,11 @@ class MasterState:
             if existing.generation == item.generation and existing.size != item.size:
                 return False  # not a copy of this object
             if existing.generation < item.generation:  # superseded by a newer write
-                self._remove(existing, now, (now, "superseded", existing.put_id, item.generation))
+                self._remove(
+                    existing,
+                    now,
+                    (existing.key, now, "superseded", existing.put_id, item.generation),
+                )
                 existing = None
         if not segment.allocator.allocate_at(item.offset, item.size):
             return False  # overlaps a newer object
@@ -1371,7 +1382,7 @@ class MasterState:
             existing.replicas.append(replica)
             segment.lru.add(item.key, existing.pin)
             existing.lease_until = max(existing.lease_until, now + self.config.lease_ttl)
-            self._note((item.key, (now, "replica_adopted", existing.put_id, replica)))
+            self._note((item.key, now, "replica_adopted", existing.put_id, replica))
             if existing.adopted:  # known from reports only: the most any asks, else as
                 # many as report it (a node of an older kvpool records no count)
                 reported = self._reported_replicas(item) or len(self._nodes_of(existing))
@@ -1392,7 +1403,7 @@ class MasterState:
             wanted=self._reported_replicas(item) or 1,
             adopted=True,
         )
-        self._transition(record, PUBLISHED, (now, "adopted", item.generation, replica))
+        self._transition(record, PUBLISHED, (record.key, now, "adopted", item.generation, replica))
         self._index_published(record)
         if record.wanted > 1 and self._replication.enabled:
             # the nodes of its other replicas may not have mounted yet (a failover): it is
@@ -1463,7 +1474,7 @@ class MasterState:
         if demotion:
             self.segments[source.segment_id].leaving += target.allocator.rounded(record.size)
         event = "demoting" if demotion else "promoting"
-        self._note((record.key, (self.clock(), event, record.put_id, source, destination)))
+        self._note((record.key, self.clock(), event, record.put_id, source, destination))
         self._awaiting[command_id] = (target.segment_id, (record,))
         self.outbox.append(
             CopyCommand(
@@ -1496,7 +1507,7 @@ class MasterState:
                 why = "failed" if how == "answered" else how
             else:
                 why = "target segment gone" if target is None else "object or source gone"
-            self._note((record.key, (now, "move_failed", record.put_id, move.target, why)))
+            self._note((record.key, now, "move_failed", record.put_id, move.target, why))
             if move.replication and self.objects.get(record.key) is record:
                 self._replication.look_again(record.key, now)
             if target is not None:
@@ -1511,13 +1522,13 @@ class MasterState:
         record.replicas.append(move.target)
         target.lru.add(record.key, record.pin)
         if move.replication:
-            self._note((record.key, (now, "replicated", record.put_id, move.target)))
+            self._note((record.key, now, "replicated", record.put_id, move.target))
             self.counters.replicas_copied += 1
             self.counters.bytes_copied += record.size
             self._replication_changed(record)
             return
         event = "demoted" if move.demotion else "promoted"
-        self._note((record.key, (now, event, record.put_id, move.target)))
+        self._note((record.key, now, event, record.put_id, move.target))
         if move.demotion:
             self._release_replica(record, move.source, now)
             self.counters.demotions += 1
@@ -1644,7 +1655,7 @@ class MasterState:
         destination = Replica(target.segment_id, offset)
         command_id = next(self._command_ids)
         record.moving[command_id] = Move(source, destination, False, replication=True)
-        self._note((record.key, (now, "replicating", record.put_id, source, destination)))
+        self._note((record.key, now, "replicating", record.put_id, source, destination))
         self._awaiting[command_id] = (target.segment_id, (record,))
         self.outbox.append(
             CopyCommand(
@@ -1708,7 +1719,7 @@ class MasterState:
             r for r in record.replicas if r is not None and segments[r.segment_id].node_id == victim
         ]:
             self._release_replica(record, replica, now)
-            self._note((record.key, (now, "replica_trimmed", record.put_id, replica)))
+            self._note((record.key, now, "replica_trimmed", record.put_id, replica))
             self.counters.replicas_trimmed += 1
         self._replication_changed(record)
 
@@ -1803,7 +1814,7 @@ class MasterState:
         """Removes an object from every index (its buffers are the caller's business);
         ``entry``: why, for the key's story."""
         self._replication.forget(record.key)
-        if entry[1] != "lost" and record.state is not RESERVED:  # (a lost object comes
+        if entry[2] != "lost" and record.state is not RESERVED:  # (a lost object comes
             self._tombstones.ended(record.key, record.generation)  # back with its node)
         if record.lease_open:
             self._lease_ended(record)  # (a lease still running is counted when it ends)
@@ -1938,11 +1949,11 @@ class MasterState:
             record.replicas = [
                 None if r is not None and r.segment_id == segment_id else r for r in replicas
             ]
-            replica_lost = (now, "replica_lost", record.put_id, segment_id)
+            replica_lost = (key, now, "replica_lost", record.put_id, segment_id)
             if record.state is ObjectState.COMMITTED and segment_id in record.unacked:
                 _acknowledged(record, segment_id)
                 if not record.unacked:
-                    self._note((key, replica_lost))
+                    self._note(replica_lost)
                     self._finish_commit(record)
                     if self.objects.get(key) is not record:
                         lost += 1
@@ -1952,10 +1963,10 @@ class MasterState:
             if self.objects.get(key) is record and not any(r is not None for r in record.replicas):
                 if record.state is ObjectState.COMMITTED:
                     self.resolved.append(CommitResult(key, record.put_id, KeyStatus.NO_REPLICA))
-                self._forget(record, (now, "lost", record.put_id, record.state, segment_id))
+                self._forget(record, (key, now, "lost", record.put_id, record.state, segment_id))
                 lost += 1
             elif record.replicas != replicas:  # (not when only a copy's target was here)
-                self._note((key, replica_lost))
+                self._note(replica_lost)
                 self._replication_changed(record)
         self.counters.objects_lost += lost
         return lost
@@ -1979,7 +1990,7 @@ class MasterState:
     def _reclaim(self, record: ObjectRecord, now: float, why: str) -> None:
         """Ends a reservation whose writer may still be copying: the key is free at once, the
         space only after the reclaim delay."""
-        self._forget(record, (now, "reclaimed", record.put_id, why))
+        self._forget(record, (record.key, now, "reclaimed", record.put_id, why))
         self._forget_grants(record, record.replicas)
         self._release(record.replicas, now + self.config.reclaim_delay)
         self.counters.reservations_reclaimed += 1
@@ -2022,7 +2033,7 @@ class MasterState:
             ):
                 continue
             record.pin = Pin.NONE
-            self._note((record.key, (now, "pin_ended", record.put_id)))
+            self._note((record.key, now, "pin_ended", record.put_id))
             self._lru.unpin(record.key)
             for replica in record.replicas:
                 if replica is not None:
@@ -2244,7 +2255,7 @@ class MasterState:
                     continue
                 if len(record.replicas) > 1:
                     self._release_replica(record, replica, now)
-                    self._note((record.key, (now, "replica_evicted", record.put_id, replica)))
+                    self._note((record.key, now, "replica_evicted", record.put_id, replica))
                     # (space wins over redundancy: re-replication does not put it back)
                     record.wanted = max(1, min(record.wanted, len(self._nodes_of(record))))
                     if self._replica_in(record, segment, tier) is None:
@@ -2254,7 +2265,7 @@ class MasterState:
                     and self.segments[replica.segment_id].info.tier is Tier.DRAM
                     and self._try_demote(record, replica)
                 ):
-                    entry = (now, "evicted", record.put_id, tuple(record.replicas))
+                    entry = (record.key, now, "evicted", record.put_id, tuple(record.replicas))
                     self._forget(record, entry)
                     self._send_forgets(record)
                     self._release(record.replicas, self._reuse_after(record, now))
@@ -2337,7 +2348,7 @@ def _acknowledged(record: ObjectRecord, segment_id: str) -> None:
         record.unacked = unacked - {segment_id} if len(unacked) > 1 else NO_SEGMENTS
 
 
-def _ignore(note: tuple[str, tuple[Any, ...]]) -> None:
+def _ignore(note: tuple[Any, ...]) -> None:
     """Notes nothing (the story is off)."""
 
 

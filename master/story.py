@@ -11,14 +11,16 @@ or a few times per object, so noting it must only cost little: an entry is a pla
 ``(time, event, value...)`` whose values ``FIELDS`` names when a story is read, not when it
 is written.
 
-The log is bounded twice: at most ``per_key`` events per key (the oldest go first) and at
-most ``max_keys`` keys (those whose last event is oldest go first), so that its memory stays
-bounded under any workload while the keys someone is chasing now stay in it.
+The log is one ring of the last ``capacity`` events of all keys, oldest overwritten first, so
+that its memory stays bounded under any workload while the keys someone is chasing now (whose
+events are recent) stay in it. An event is written once, into the ring, and never moved: a
+table per key (a list per key in an ordered dict, as this log first was) cost more than twice
+as much memory per object and its upkeep at every event, while reading a story, rare and for a
+person, can afford to scan the ring. ``per_key`` bounds what one story tells.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Any, NamedTuple
 
 from kvpool.master.records import ObjectState, Replica
@@ -55,9 +57,10 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "pin_ended": ("put_id",),
 }
 
-#: Defaults of the bounds (MasterConfig's story_events_per_key and story_keys).
+#: Defaults of the bounds (MasterConfig's story_events_per_key and story_events): a put is
+#: three events (reserved, committed, published), so the ring holds the last 100,000 puts'.
 EVENTS_PER_KEY = 32
-KEYS = 100_000
+EVENTS = 300_000
 
 
 class StoryEvent(NamedTuple):
@@ -67,67 +70,81 @@ class StoryEvent(NamedTuple):
 
 
 class StoryLog:
-    """Noting is one C call (``note``, a list's append): an event goes to ``pending`` first,
-    and the pending events are folded into the per-key log in one loop (``fold``), by the
-    master once per put batch and tick and by every read here. A Python call per event cost
-    about as much as the rest of a key's transition; what a reader sees is the same."""
+    """Noting is one C call (``note``, a list's append of ``(key, time, event, value...)``):
+    an event goes to ``pending`` first, and the pending events are copied into the ring in
+    one slice assignment (``fold``), by the master once per put batch and tick and by every
+    read here. A Python call per event cost about as much as the rest of a key's transition;
+    what a reader sees is the same."""
 
-    __slots__ = ("_keys", "max_keys", "note", "pending", "per_key")
+    __slots__ = ("_next", "_ring", "capacity", "note", "pending", "per_key")
 
-    def __init__(self, per_key: int = EVENTS_PER_KEY, max_keys: int = KEYS) -> None:
+    def __init__(self, per_key: int = EVENTS_PER_KEY, capacity: int = EVENTS) -> None:
         if per_key < 1:
             raise ValueError(f"per_key must be at least 1, got {per_key}")
-        if max_keys < 0:
-            raise ValueError(f"max_keys must not be negative, got {max_keys}")
+        if capacity < 0:
+            raise ValueError(f"capacity must not be negative, got {capacity}")
         self.per_key = per_key
-        self.max_keys = max_keys  # 0: nothing is kept
-        self._keys: OrderedDict[str, list[tuple[Any, ...]]] = OrderedDict()
-        #: ``(key, entry)`` pairs noted and not yet folded into ``_keys``, oldest first.
-        self.pending: list[tuple[str, tuple[Any, ...]]] = []
-        #: Notes ``(key, entry)``: entry is ``(time, event, value...)`` as for ``add``.
+        self.capacity = capacity  # 0: nothing is kept
+        #: The events kept, oldest at ``_next`` once the ring is full (before: at 0).
+        self._ring: list[tuple[Any, ...]] = []
+        self._next = 0
+        #: Events noted and not yet folded into the ring, oldest first.
+        self.pending: list[tuple[Any, ...]] = []
+        #: Notes ``(key, time, event, value...)`` with the values FIELDS[event] names.
         self.note = self.pending.append
 
-    def add(self, key: str, entry: tuple[Any, ...]) -> None:
-        """Notes ``entry``, ``(time, event, value...)`` with the values FIELDS[event] names."""
-        self.note((key, entry))
+    def add(self, entry: tuple[Any, ...]) -> None:
+        """Notes ``entry``, ``(key, time, event, value...)``, and folds it in."""
+        self.note(entry)
         self.fold()
 
     def fold(self) -> None:
-        """Moves the pending events into the per-key log, in the order they were noted."""
+        """Moves the pending events into the ring, in the order they were noted."""
         pending = self.pending
         if not pending:
             return
-        keys = self._keys
-        find, to_end = keys.get, keys.move_to_end
-        per_key, max_keys = self.per_key, self.max_keys
-        for key, entry in pending:
-            events = find(key)
-            if events is None:
-                keys[key] = [entry]
-                if len(keys) > max_keys:
-                    keys.popitem(last=False)
-                continue
-            to_end(key)
-            events.append(entry)
-            if len(events) > per_key:
-                del events[0]
+        ring, capacity = self._ring, self.capacity
+        if len(pending) >= capacity:
+            ring[:] = pending[len(pending) - capacity :]
+            self._next = 0
+        else:
+            room = capacity - len(ring)
+            if room >= len(pending):  # (filling: the ring grows)
+                ring += pending
+            else:
+                if room:
+                    ring += pending[:room]
+                    del pending[:room]
+                    self._next = 0
+                at, end = self._next, self._next + len(pending)
+                if end <= capacity:
+                    ring[at:end] = pending
+                else:  # (wraps around)
+                    ring[at:] = pending[: capacity - at]
+                    ring[: end - capacity] = pending[capacity - at :]
+                self._next = end % capacity
         pending.clear()
 
     def story(self, key: str) -> list[StoryEvent]:
-        """The events noted for ``key``, oldest first (empty when none is left)."""
+        """The last ``per_key`` events noted for ``key``, oldest first (empty when none is
+        left)."""
         self.fold()
+        ring, at = self._ring, self._next
+        mine = [e for e in ring[at:] if e[0] == key]
+        mine += [e for e in ring[:at] if e[0] == key]
         return [
-            StoryEvent(entry[0], entry[1], dict(zip(FIELDS[entry[1]], entry[2:], strict=True)))
-            for entry in self._keys.get(key, ())
+            StoryEvent(e[1], e[2], dict(zip(FIELDS[e[2]], e[3:], strict=True)))
+            for e in mine[-self.per_key :]
         ]
 
     def __len__(self) -> int:
+        """Events kept."""
         self.fold()
-        return len(self._keys)
+        return len(self._ring)
 
     def __contains__(self, key: str) -> bool:
         self.fold()
-        return key in self._keys
+        return any(e[0] == key for e in self._ring)
 
 
 def format_value(value: Any) -> str:

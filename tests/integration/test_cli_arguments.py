@@ -58,7 +58,7 @@ def refusal(done: subprocess.CompletedProcess[str]) -> str:
         ("--eviction-ratio", "nan"),
         ("--default-replicas", "9"),
         ("--election-ttl", "0"),
-        ("--story-keys", "-1"),
+        ("--story-events", "-1"),
         ("--port", "65536"),
         ("--lane-port", "-2"),
     ],

@@ -430,21 +430,36 @@ def test_the_story_keeps_the_last_events_of_each_key():
     assert story[-1].details["put_id"] == slots[-1].put_id
 
 
-def test_the_story_forgets_the_keys_whose_last_event_is_oldest_first():
-    state, _ = new_state(MasterConfig(story_keys=2))
+def test_the_story_keeps_the_last_events_of_all_keys_the_oldest_go_first():
+    state, _ = new_state(MasterConfig(story_events=6))
     mount(state, "n1")
     publish(state, "a")
     publish(state, "b")
-    remove(state, "a")  # a's last event is now newer than b's
-    publish(state, "c")
+    remove(state, "a")
+    publish(state, "c")  # ten events in all: the first four are gone
 
-    assert events(state, "b") == [], "b's last event was the oldest"
-    assert events(state, "a")[-1] == "removed"
+    assert events(state, "a") == ["removed"]
+    assert events(state, "b") == ["committed", "published"]
     assert events(state, "c") == ["reserved", "committed", "published"]
 
 
-def test_a_story_of_no_keys_keeps_nothing_and_changes_nothing():
-    state, _ = new_state(MasterConfig(story_keys=0))
+@pytest.mark.parametrize("batches", [[1, 1, 1, 1, 1, 1, 1], [3, 4, 2], [2, 6], [9], [4, 4, 4, 4]])
+def test_the_ring_keeps_the_last_events_in_order_however_they_are_folded(batches):
+    log = StoryLog(per_key=100, capacity=5)
+    noted = 0
+    for size in batches:
+        for _ in range(size):
+            log.note(("k", float(noted), "pin_ended", noted))
+            noted += 1
+        log.fold()
+
+    kept = [e.time for e in log.story("k")]
+    assert kept == [float(i) for i in range(max(0, noted - 5), noted)]
+    assert len(log) == min(noted, 5)
+
+
+def test_a_story_of_no_events_keeps_nothing_and_changes_nothing():
+    state, _ = new_state(MasterConfig(story_events=0))
     mount(state, "n1")
     publish(state, "k")
     assert state.story("k") == []
@@ -454,16 +469,16 @@ def test_a_story_of_no_keys_keeps_nothing_and_changes_nothing():
 def test_story_bounds_must_make_sense():
     with pytest.raises(ValueError, match="story_events_per_key"):
         MasterConfig(story_events_per_key=0)
-    with pytest.raises(ValueError, match="story_keys"):
-        MasterConfig(story_keys=-1)
+    with pytest.raises(ValueError, match="story_events"):
+        MasterConfig(story_events=-1)
     with pytest.raises(ValueError):
         StoryLog(per_key=0)
 
 
 def test_every_event_names_its_details():
-    log = StoryLog(per_key=len(FIELDS), max_keys=1)
+    log = StoryLog(per_key=len(FIELDS), capacity=len(FIELDS))
     for event, names in FIELDS.items():
-        log.add("k", (1.0, event, *range(len(names))))
+        log.add(("k", 1.0, event, *range(len(names))))
     assert [tuple(e.details) for e in log.story("k")] == list(FIELDS.values())
 
 
