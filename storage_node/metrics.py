@@ -44,6 +44,12 @@ DIRECT_READ_BYTES = Counter(
     "kvpool_node_direct_read_bytes_total",
     "Bytes of checked-stream reads of NVMe segments read past the page cache (not cached).",
 )
+STALE_RECORDS = Counter(
+    "kvpool_node_stale_records_total",
+    "Objects a Persist or copy asked to record that were not: the segment holds a newer "
+    "generation of their key (a command sent before the node's last remount, carried out "
+    "after it).",
+)
 RECORD_CHECKSUMS = Counter(
     "kvpool_node_record_checksums_total",
     "Checksums of objects recorded on persistent segments, by source (parts: combined from "

@@ -6,6 +6,11 @@ to the data (its format, and how a damaged one is read back: ``index_log``), com
 live entries on open. Its directory must be the node's own, its files are never opened
 through a symbolic link, and one process at a time holds it (``private_files``).
 
+An index never lets an older generation of a key replace a newer one (``recorded``): a
+Persist or copy the master sent before the node's last remount can still be carried out
+after it, and the node must not then report the removed older object, nor lose the newer
+one, at its next mount or the next leader's rebuild.
+
 Every record is on the disk before ``put`` or ``delete`` returns, so an append waits for the
 disk. The log is written ahead with zeros (``ROOM`` bytes at a time) and records overwrite
 them in place: an append then changes neither the file's size nor its blocks, and its sync
@@ -32,7 +37,7 @@ from kvpool.storage_node.index_log import (
     read_log,
 )
 
-__all__ = ["DurableIndex", "Entry", "MemoryIndex", "live_entries"]
+__all__ = ["DurableIndex", "Entry", "MemoryIndex", "live_entries", "recorded"]
 
 LOCK_SUFFIX = ".lock"
 TMP_SUFFIX = ".tmp"
@@ -50,10 +55,15 @@ class MemoryIndex:
         self._entries: dict[str, Entry] = {}
         self._lock = threading.Lock()
 
-    def put(self, entries: Iterable[Entry]) -> None:
+    def put(self, entries: Iterable[Entry]) -> list[Entry]:
+        """Records ``entries``; returns those recorded (an older generation of a key than
+        the one held is not)."""
         with self._lock:
-            for entry in entries:
-                self._entries[entry.key] = entry
+            held = self._entries
+            kept = [entry for entry in entries if recorded(held.get(entry.key), entry)]
+            for entry in kept:
+                held[entry.key] = entry
+            return kept
 
     def delete(self, entries: Iterable[Entry]) -> None:
         with self._lock:
@@ -96,10 +106,12 @@ class DurableIndex(MemoryIndex):
             os.close(self._holder)
             raise
 
-    def put(self, entries: Iterable[Entry]) -> None:
-        entries = list(entries)
-        self._append([encode(OP_PUT, e) for e in entries])
-        super().put(entries)
+    def put(self, entries: Iterable[Entry]) -> list[Entry]:
+        with self._lock:  # (one writer at a time: the node's commands, in order)
+            held = self._entries
+            kept = [entry for entry in entries if recorded(held.get(entry.key), entry)]
+        self._append([encode(OP_PUT, e) for e in kept])
+        return super().put(kept)
 
     def delete(self, entries: Iterable[Entry]) -> None:
         entries = list(entries)
@@ -164,10 +176,17 @@ def live_entries(path: Path) -> dict[str, Entry]:
         return entries
     for op, value in read_log(data, path).records:
         if op == OP_PUT:
-            entries[value.key] = value
+            if recorded(entries.get(value.key), value):
+                entries[value.key] = value
         elif op == OP_DELETE and _same_object(entries.get(value.key, value), value):
             entries.pop(value.key, None)
     return entries
+
+
+def recorded(held: Entry | None, entry: Entry) -> bool:
+    """Whether ``entry`` takes the place of ``held``, the entry of its key so far: unless it
+    is an older generation (generations grow across the master's terms)."""
+    return held is None or entry.generation >= held.generation
 
 
 def _same_object(a: Entry, b: Entry) -> bool:

@@ -139,7 +139,8 @@ class Segment:
         """Records newly published objects; on a persistent segment, first makes their bytes
         durable and checksums them. Returns the checksums it computed (none for DRAM)."""
         if not self.persistent:
-            self.index.put(entries)
+            kept = self.index.put(entries)
+            metrics.STALE_RECORDS.inc(len(entries) - len(kept))
             self.changes += 1
             return []
         for entry in entries:
@@ -177,8 +178,9 @@ class Segment:
                 self._sync(start, end - start)
                 metrics.synced(self, "data", time.perf_counter() - began)
         began = time.perf_counter()
-        self.index.put(durable)
-        if durable:  # an empty append writes nothing
+        kept = self.index.put(durable)
+        metrics.STALE_RECORDS.inc(len(durable) - len(kept))
+        if kept:  # an empty append writes nothing
             metrics.synced(self, "index", time.perf_counter() - began)
         if self._nvme:
             for start, end in runs:

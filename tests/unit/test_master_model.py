@@ -700,9 +700,10 @@ class MasterModel(RuleBasedStateMachine):
         recorded: StoredObject | None,
         forgotten: StoredObject | None,
     ) -> None:
-        """A node's index (one entry per key) after a command recorded or forgot an object:
-        the node carries out its commands in the order they were sent (by id), whatever order
-        the model learns of them in, on what it reported when it last mounted the segment."""
+        """A node's index (one entry per key, never replaced by an older generation) after a
+        command recorded or forgot an object: the node carries out its commands in the order
+        they were sent (by id), whatever order the model learns of them in, on what it
+        reported when it last mounted the segment."""
         item = recorded or forgotten
         assert item is not None
         where = (segment_id, item.key)
@@ -713,7 +714,8 @@ class MasterModel(RuleBasedStateMachine):
         missed = None
         for _, put, forget in log:
             if put is not None:
-                entry, missed = put, None
+                if entry is None or put.generation >= entry.generation:  # (object_index.py)
+                    entry, missed = put, None
             elif entry is not None and (entry.offset, entry.generation) == (
                 forget.offset,
                 forget.generation,

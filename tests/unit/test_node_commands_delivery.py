@@ -134,6 +134,34 @@ def test_a_forget_removes_only_the_put_it_names():
     assert index.entries() == []
 
 
+def test_a_late_persist_of_an_older_generation_leaves_the_newer_one_recorded():
+    index = MemoryIndex()
+    newer, older = Entry("k", 576, 150, generation=20), Entry("k", 704, 700, generation=5)
+    assert index.put([newer]) == [newer]
+
+    # (sent before the node's remount, carried out after it)
+    assert index.put([older, Entry("other", 0, 10, generation=6)]) == [
+        Entry("other", 0, 10, generation=6)
+    ]
+    assert sorted((e.key, e.generation) for e in index.entries()) == [("k", 20), ("other", 6)]
+    assert index.put([newer]) == [newer], "the same put again is recorded again"
+
+
+def test_a_durable_index_writes_no_record_of_an_older_generation(tmp_path: Path):
+    path = tmp_path / "index.log"
+    index = DurableIndex(path, {"segment": "n1/nvme0"})
+    index.put([Entry("k", 576, 150, 20, 7)])
+    before = path.read_bytes()
+    assert index.put([Entry("k", 704, 700, 5, 8)]) == []
+    assert path.read_bytes() == before, "no record appended"
+    index.close()
+
+    assert [(e.generation, e.offset) for e in live_entries(path).values()] == [(20, 576)]
+    reopened = DurableIndex(path, {})
+    assert [(e.generation, e.crc32c) for e in reopened.entries()] == [(20, 7)]
+    reopened.close()
+
+
 def test_a_durable_index_replays_forgets_the_same_way(tmp_path: Path):
     path = tmp_path / "index.log"
     index = DurableIndex(path, {"segment": "n1/nvme0"})
