@@ -82,6 +82,12 @@ class SimNode:
     #: Commands sent to this node's process, not yet run.
     pending: list[NodeCommand] = field(default_factory=list)
 
+    def record(self, item: StoredObject) -> None:
+        """As a node's index does: never over a newer generation (object_index.py)."""
+        held = self.index.get(item.key)
+        if held is None or item.generation >= held.generation:
+            self.index[item.key] = item
+
     def holds(self, key: str, generation: int, offset: int | None = None) -> bool:
         item = self.index.get(key)
         return (
@@ -232,7 +238,7 @@ class ReplicationModel(RuleBasedStateMachine):
         elif isinstance(command, PersistCommand):
             if ok:
                 for item in command.objects:
-                    node.index[item.key] = item
+                    node.record(item)
             state.command_done(command.command_id, ok, [CRC] * len(command.objects) if ok else [])
         elif isinstance(command, CopyCommand):
             source = command.source
@@ -240,7 +246,7 @@ class ReplicationModel(RuleBasedStateMachine):
                 peer = self.nodes[command.source_segment.node_id]
                 ok = ok and peer.alive and peer.holds(source.key, source.generation, source.offset)
             if ok:
-                node.index[command.target.key] = command.target
+                node.record(command.target)
             event("copy recorded" if ok else "copy failed")
             state.command_done(command.command_id, ok, [CRC] if ok else [])
 
