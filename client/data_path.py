@@ -233,6 +233,17 @@ class DataPath:
         with self._lock:
             return sorted({s for (s, _), mapped in self._mapped.items() if mapped is not None})
 
+    def mapped_for(self, *, writing: bool) -> list[str]:
+        """The segments this client writes (``writing``) or reads through its own mapping
+        now: the master grants no capability there (``mapped_segments`` of PutStart and
+        GetReplicas), which only the checked stream needs. Reads go through either mapping."""
+        with self._lock:
+            return [
+                segment_id
+                for (segment_id, writable), mapped in self._mapped.items()
+                if mapped is not None and (writable or not writing)
+            ]
+
     def host_of(self, segment_id: str) -> str:
         descriptor = self._descriptors.get(segment_id)
         return descriptor.host if descriptor is not None else ""

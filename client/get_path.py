@@ -56,6 +56,7 @@ def locate(
             client_id=session.client_id,
             keys=[keys[i] for i in valid],
             lease_ms=int(session.lease_ttl * 1000),
+            mapped_segments=session.data.mapped_for(writing=False),
         ),
         deadline,
     )

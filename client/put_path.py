@@ -124,6 +124,7 @@ def reserve(
             pin_ttl_ms=int(options.pin_ttl * 1000),
             tier=options.tier,  # type: ignore[arg-type]  # (as pin)
             avoid_nodes=avoid,
+            mapped_segments=session.data.mapped_for(writing=True),
         ),
         deadline,
     )

@@ -56,6 +56,9 @@ MAX_OBJECT_SIZE = 1 << 48
 MAX_SEGMENT_SIZE = 1 << 52
 #: Longest checked-stream address a node may announce (HOST:PORT).
 MAX_ADDRESS = 300
+#: Segments a client may say it maps, in one call, and the longest id it may name.
+MAX_MAPPED_SEGMENTS = 1024
+MAX_SEGMENT_ID = 1024
 
 E = TypeVar("E", bound=IntEnum)
 
@@ -279,6 +282,7 @@ class MasterHandlers:
     def PutStart(self, request: pb.PutStartRequest, identity: Identity) -> Any:
         keys = list(request.keys)  # (protobuf builds a str per key per pass: one pass)
         _check_batch(keys, sizes=request.sizes)
+        mapped = _mapped_segments(request)
         _check_keys(keys)  # (as the client wrote them: the tenant's prefix comes next)
         keys = _scoped(keys, key_prefix(identity))
         client_id = client_scope(identity, request.client_id)
@@ -309,7 +313,14 @@ class MasterHandlers:
                 if slot.message:
                     out.message = slot.message
                 self._add_replicas(
-                    out.replicas, slot.replicas, segments, identity, grant, size, slot.put_id
+                    out.replicas,
+                    slot.replicas,
+                    segments,
+                    identity,
+                    grant,
+                    size,
+                    slot.put_id,
+                    mapped,
                 )
             response.segments.extend(segments.values())
             _count("PutStart", [slot.status for slot in slots])
@@ -350,6 +361,7 @@ class MasterHandlers:
     def GetReplicas(self, request: pb.GetReplicasRequest, identity: Identity) -> Any:
         keys = _keys(request, identity)
         client_id = client_scope(identity, request.client_id)
+        mapped = _mapped_segments(request)
         core = self.core
 
         def answer(result: tuple[list[Location], float]) -> pb.GetReplicasResponse:
@@ -369,6 +381,7 @@ class MasterHandlers:
                     grant,
                     location.size,
                     location.generation,
+                    mapped,
                 )
             response.segments.extend(segments.values())
             _count("GetReplicas", [loc.status for loc in locations])
@@ -517,10 +530,19 @@ class MasterHandlers:
         grant: Callable[[PlacedReplica, int, int], bytes] | None = None,
         size: int = 0,
         grant_id: int = 0,
+        mapped: frozenset[str] = frozenset(),
     ) -> None:
+        """Each replica (and its segment's descriptor, once per response), with a capability
+        from ``grant`` for the node's checked stream, but in the ``mapped`` segments, which
+        the client reaches through its own mapping."""
         for replica in replicas:
             segment_id = replica.segment.segment_id
-            if grant is not None and size and replica.segment.checked_address:
+            if (
+                grant is not None
+                and size
+                and replica.segment.checked_address
+                and segment_id not in mapped
+            ):
                 capability = grant(replica, size, grant_id)
                 out.add(segment_id=segment_id, address=replica.address, capability=capability)
             else:
@@ -740,6 +762,21 @@ def _check_keys(keys: Sequence[str]) -> None:
         if problem is not None:
             shown = key if len(key) <= 64 else f"{key[:64]}... ({len(key)} characters)"
             raise CallRefused(grpc.StatusCode.INVALID_ARGUMENT, f"key {shown!r}: {problem}")
+
+
+def _mapped_segments(request: Any) -> frozenset[str]:
+    """The segments a client says it maps (``mapped_segments``): it asks for no capability
+    there, so its word needs no checking beyond its size."""
+    mapped = request.mapped_segments
+    if not mapped:
+        return frozenset()
+    if len(mapped) > MAX_MAPPED_SEGMENTS or max(map(len, mapped)) > MAX_SEGMENT_ID:
+        raise CallRefused(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"mapped_segments names at most {MAX_MAPPED_SEGMENTS} segment ids of at most "
+            f"{MAX_SEGMENT_ID} characters each: name only the segments mapped",
+        )
+    return frozenset(mapped)
 
 
 def _check_batch(keys: Sequence[Any], *, sizes: Sequence[Any] | None = None) -> None:

@@ -207,7 +207,7 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, remount_segment_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., drain_objects_left: _Optional[int] = ..., drain_bytes_left: _Optional[int] = ..., capability_keys: _Optional[_Union[CapabilityKeys, _Mapping]] = ...) -> None: ...
 
 class PutStartRequest(_message.Message):
-    __slots__ = ("client_id", "keys", "sizes", "replicas", "preferred_hosts", "pin", "pin_ttl_ms", "tier", "avoid_nodes")
+    __slots__ = ("client_id", "keys", "sizes", "replicas", "preferred_hosts", "pin", "pin_ttl_ms", "tier", "avoid_nodes", "mapped_segments")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     SIZES_FIELD_NUMBER: _ClassVar[int]
@@ -217,6 +217,7 @@ class PutStartRequest(_message.Message):
     PIN_TTL_MS_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
     AVOID_NODES_FIELD_NUMBER: _ClassVar[int]
+    MAPPED_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     keys: _containers.RepeatedScalarFieldContainer[str]
     sizes: _containers.RepeatedScalarFieldContainer[int]
@@ -226,7 +227,8 @@ class PutStartRequest(_message.Message):
     pin_ttl_ms: int
     tier: Tier
     avoid_nodes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., sizes: _Optional[_Iterable[int]] = ..., replicas: _Optional[int] = ..., preferred_hosts: _Optional[_Iterable[str]] = ..., pin: _Optional[_Union[Pin, str]] = ..., pin_ttl_ms: _Optional[int] = ..., tier: _Optional[_Union[Tier, str]] = ..., avoid_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+    mapped_segments: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., sizes: _Optional[_Iterable[int]] = ..., replicas: _Optional[int] = ..., preferred_hosts: _Optional[_Iterable[str]] = ..., pin: _Optional[_Union[Pin, str]] = ..., pin_ttl_ms: _Optional[int] = ..., tier: _Optional[_Union[Tier, str]] = ..., avoid_nodes: _Optional[_Iterable[str]] = ..., mapped_segments: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PutSlot(_message.Message):
     __slots__ = ("status", "put_id", "replicas", "message")
@@ -293,14 +295,16 @@ class PutRevokeResponse(_message.Message):
     def __init__(self, statuses: _Optional[_Iterable[_Union[KeyStatus, str]]] = ...) -> None: ...
 
 class GetReplicasRequest(_message.Message):
-    __slots__ = ("client_id", "keys", "lease_ms")
+    __slots__ = ("client_id", "keys", "lease_ms", "mapped_segments")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    MAPPED_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     keys: _containers.RepeatedScalarFieldContainer[str]
     lease_ms: int
-    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., lease_ms: _Optional[int] = ...) -> None: ...
+    mapped_segments: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., lease_ms: _Optional[int] = ..., mapped_segments: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ObjectLocation(_message.Message):
     __slots__ = ("status", "size", "replicas", "crc32c")

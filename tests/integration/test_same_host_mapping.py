@@ -4,6 +4,7 @@ stores; what it moves is byte for byte what UCX moves, and a dead node's memory 
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ from test_nvme import nvme_args
 
 from kvpool import Client
 from kvpool.common.status import Tier
+from kvpool.proto import master_pb2 as pb
 
 SIZES = [1, 4096, 1 << 20, (5 << 20) + 3]
 
@@ -44,6 +46,45 @@ def test_mapped_and_ucx_clients_read_each_others_bytes_exactly(cluster_factory):
         assert set(mapped.mapped_segments) == _dram_segments(mapped)
         assert remote.mapped_segments == []
         assert _mapped_ranges()  # the segment is mapped into this process
+
+
+def test_no_capability_is_granted_where_the_client_moves_bytes_through_its_mapping(
+    cluster_factory,
+):
+    """Capabilities are for the node's checked stream: a client that maps a segment names it
+    (``mapped_segments``) and the master grants none there, for its gets and its puts."""
+    cluster = cluster_factory(1, "64MiB")
+    with Client(cluster.master_address) as client:
+        session = client._session
+        asked: list[tuple[str, list[str]]] = []
+        call = session.link.call
+
+        def noted(method, request, deadline):  # (what the client asks; nothing changed)
+            if method in ("GetReplicas", "PutStart"):
+                asked.append((method, list(request.mapped_segments)))
+            return call(method, request, deadline)
+
+        session.link.call = noted
+        client.put("first", b"x" * 4096)  # (maps the segment, read-write, for the put)
+        [segment] = client.mapped_segments
+        data = os.urandom((5 << 20) + 3)
+        client.put("second", data)
+        assert client.get("second") == data
+        assert asked == [
+            ("PutStart", []),
+            ("PutStart", [segment]),
+            ("GetReplicas", [segment]),
+        ]
+
+        def replica(mapped: list[str]) -> pb.Replica:
+            request = pb.GetReplicasRequest(
+                client_id=session.client_id, keys=["second"], mapped_segments=mapped
+            )
+            return call("GetReplicas", request, time.monotonic() + 10).objects[0].replicas[0]
+
+        assert replica([]).capability, "a secure master grants one for the checked stream"
+        assert replica([segment]).capability == b""
+        assert replica(["another/segment"]).capability
 
 
 @pytest.mark.parametrize("same_host_mapping", [True, False])
