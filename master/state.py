@@ -280,20 +280,34 @@ class MasterState:
             for item in sorted(stored, key=lambda s: s.generation, reverse=True)
             if not self._adopt(segment, item, now)
         ]
-        self._tombstones.mounted(info.segment_id, self._late_writes(info.segment_id))
+        given_up = self._tombstones.take_given_up(info.segment_id)
+        self._tombstones.mounted(info.segment_id, self._late_writes(info.segment_id, given_up))
         return dropped
 
-    def _late_writes(self, segment_id: str) -> list[tuple[str, int, bool]]:
+    def _late_writes(
+        self, segment_id: str, given_up: dict[str, int]
+    ) -> list[tuple[str, int, bool]]:
         """(key, generation, whether that object lives) of each entry a Persist or Copy sent
-        to ``segment_id`` before this mount, still unanswered, would record: a node paused
-        with them queued may carry them out after its report (tombstones.py keeps them out).
-        A scan of the commands in flight, at a mount only."""
-        objects = self.objects
-        return [
-            (record.key, record.generation, objects.get(record.key) is record)
+        to ``segment_id`` before this mount would record, still unanswered or ``given_up``
+        while the segment was away: a node paused with them queued may carry them out after
+        its report (tombstones.py keeps them out). An object lives on if its generation does,
+        in the record it had then or in another (lost with its segment, then adopted from a
+        report). A scan of the commands in flight, at a mount only."""
+        writes = [
+            (record.key, record.generation)
             for target, records in self._awaiting.values()
             if target == segment_id
             for record in records
+        ]
+        writes += given_up.items()
+        objects = self.objects
+        return [
+            (
+                key,
+                generation,
+                (held := objects.get(key)) is not None and held.generation == generation,
+            )
+            for key, generation in writes
         ]
 
     def mount_problem(self, info: SegmentInfo) -> str | None:
@@ -387,6 +401,9 @@ class MasterState:
 
     def _answered(self, command_id: int, ok: bool, crc32c: Sequence[int], expired: bool) -> None:
         segment_id, records = self._awaiting.pop(command_id, ("", ()))
+        if expired and records and segment_id not in self.segments:
+            for record in records:  # (no Forget can follow them: tombstones.py)
+                self._tombstones.given_up(segment_id, record.key, record.generation)
         persisted = self._persisting.pop(command_id, ())
         parked = self._parked.pop(command_id, None)
         if parked is not None:

@@ -14,6 +14,10 @@ So the master remembers, per segment, what the node may still list though it mus
 * **tombstones**: an away replica whose object then ended (removed, evicted, superseded)
   becomes one: the object is gone, whatever the node says later.
 * **unanswered Forgets**: a Forget sent for a recorded replica, until the node answers it.
+* **writes given up while the segment was away**: a Persist or Copy to a segment its node
+  was declared dead with, that the master stopped waiting for meanwhile. No Forget can follow
+  it, and the node, paused with it queued, may carry it out after its next mount: at that
+  mount it counts among the segment's late writes (``mounted``).
 
 At the segment's next mount, whatever of these it reports is not adopted (the node is told to
 forget it); then the segment's entries are dropped: its report has been reconciled.
@@ -77,6 +81,8 @@ class Tombstones:
         self._overdue: dict[str, set[int]] = {}
         #: Segments whose durable record changed since ``take_changed``.
         self._changed: set[str] = set()
+        #: segment id -> key -> generation of writes given up while it was not mounted.
+        self._given_up: dict[str, dict[str, int]] = {}
 
     def __len__(self) -> int:
         return self._size
@@ -89,6 +95,20 @@ class Tombstones:
             return
         self._put(self._away, segment_id, key, generation)
         self._away_in.setdefault(key, set()).add(segment_id)
+
+    def given_up(self, segment_id: str, key: str, generation: int) -> None:
+        """A Persist or Copy to ``segment_id`` (not mounted now) of ``key`` at ``generation``
+        was given up on: its node may still carry it out, after its next mount."""
+        if segment_id in self._distrusted or not self._room(segment_id):
+            return
+        self._put(self._given_up, segment_id, key, generation)
+
+    def take_given_up(self, segment_id: str) -> dict[str, int]:
+        """The writes to ``segment_id`` given up on while it was not mounted (key ->
+        generation), forgotten here: for its mount's late writes."""
+        taken = self._given_up.pop(segment_id, {})
+        self._size -= len(taken)
+        return taken
 
     def ended(self, key: str, generation: int) -> None:
         """The object (``generation`` of ``key``) is gone for good: its replicas that went
@@ -212,14 +232,17 @@ class Tombstones:
     def mounted(self, segment_id: str, late: Sequence[tuple[str, int, bool]] = ()) -> None:
         """The segment's report has been reconciled: nothing of it is kept any more, but for
         ``late`` writes: (key, generation, whether the object lives) of Persists and Copies
-        sent to it before this mount and not answered. Its node may carry them out after
-        its report (they were queued while it was paused), and a new leader would adopt
-        what they record. One whose Forget is still unanswered (its object removed
-        meanwhile) stays refused, as a tombstone; one of a living object goes away again,
+        sent to it before this mount and not answered, or given up while it was away
+        (``take_given_up``). Its node may carry them out after its report (they were queued
+        while it was paused), and a new leader would adopt what they record. One whose object
+        ended meanwhile, or whose Forget is still unanswered, stays refused, as a tombstone
+        (no Forget for it may follow it on the node); one of a living object goes away again,
         and becomes one if the object ends (``ended``)."""
         forgetting = self._forgetting.get(segment_id, {})
         removed = [
-            (key, generation) for key, generation, _ in late if (key, generation) in forgetting
+            (key, generation)
+            for key, generation, lives in late
+            if not lives or (key, generation) in forgetting
         ]
         if segment_id in self._distrusted or self.record(segment_id) is not None:
             self._changed.add(segment_id)
@@ -262,6 +285,7 @@ class Tombstones:
                 if not segments:
                     del self._away_in[key]
         self._size -= len(self._dead.pop(segment_id, {}))
+        self._size -= len(self._given_up.pop(segment_id, {}))
         self._overdue.pop(segment_id, None)
         if self._forgetting.pop(segment_id, None) is not None:
             for command_id, entries in list(self._unanswered.items()):

@@ -358,6 +358,8 @@ class MasterModel(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
+        #: The leader a failover replaced, while the new one takes the nodes' reports.
+        self.old_leader: MasterState | None = None
         self.clock = FakeClock()
         self.config = CONFIG  # until start_cluster draws the example's
         self.epoch = 0  # the master's term (see master_fails_over)
@@ -670,6 +672,16 @@ class MasterModel(RuleBasedStateMachine):
                     f"{command.node_id} told to forget {item.key!r}, which it holds for the master"
                 )
             self.on_disk(segment.segment_id, command.command_id, None, item)
+
+    def told(self, key: str) -> str:
+        """What the master (the old leader, during a failover) tells of ``key``: its story,
+        for a failure's message."""
+        state = self.old_leader if self.failing_over and self.old_leader else self.state
+        story = "; ".join(
+            f"{e.time:g} {e.event} " + ", ".join(f"{k}={v}" for k, v in e.details.items())
+            for e in state.story(key)
+        )
+        return f"The master's story of it: {story or 'none'}"
 
     def record_on_disk(self, segment: SegmentRecord, item: StoredObject, command_id: int) -> None:
         """The node carried out command ``command_id``, which recorded ``item`` (if its
@@ -1305,7 +1317,7 @@ class MasterModel(RuleBasedStateMachine):
                 raise AssertionError(
                     f"{item.key!r} (generation {item.generation}) was removed, its Forgets "
                     f"delivered, yet {node} reported it on {spec.segment_id} and the master "
-                    "adopted it again"
+                    f"adopted it again. {self.told(item.key)}"
                 )
             event("a removed object back: " + ("restart" if silent is None else "known gap"))
             self.erased.discard(ident)
@@ -1620,6 +1632,7 @@ class MasterModel(RuleBasedStateMachine):
         master leases what it adopts for one lease TTL). No published object is lost; no
         removed object comes back; nothing is placed in fenced space."""
         old = self.state
+        self.old_leader = old  # (its story of a key explains a failure after the failover)
         assert not old.outbox and not old.resolved and not self.owed
         by_node: dict[str, list[int]] = defaultdict(list)
         for command_id, sent in sorted(self.sent.items()):

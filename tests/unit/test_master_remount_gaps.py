@@ -169,3 +169,38 @@ def test_a_removed_object_stays_removed_though_its_paused_node_records_it_after_
     new.restore_tombstones({n1.segment_id: record})
     new.mount_segment(n1, list(late.objects), remount=True, silent=0.0)
     assert "k" not in new.objects, "removed, yet adopted again from a Persist run late"
+
+
+def test_a_removed_object_stays_removed_though_a_copy_queued_before_its_loss_lands_late():
+    """A node paused with a copy of an object queued (a promotion from its NVMe into its
+    DRAM) is declared dead: the copy is cancelled and the object lost with the node. The
+    node wakes and remounts: its NVMe first, whose report brings the object back (the same
+    generation, in a new record), then its DRAM, before it carries out the copy. The object
+    is removed; the next master must not adopt it from the copy the node then records."""
+    state, clock = new_state()
+    dram, nvme = segment_info("n1", 4096), nvme_info("n1")
+    state.mount_segment(dram)
+    state.mount_segment(nvme)
+    contact = clock.now
+    options = PutOptions(replicas=1, tier=Tier.NVME)
+    slot = publish(state, "k", 1000, options=options)
+    item = stored(state, "k", nvme.segment_id)
+    state.outbox.clear()
+    get(state, "k")  # a promotion into n1/dram0, queued on the paused node
+    [copy] = [c for c in state.outbox if isinstance(c, CopyCommand)]
+    state.outbox.clear()
+    clock.advance(CONFIG.node_ttl + 1)
+    assert state.tick().dead_nodes == ["n1"]
+    assert "k" not in state.objects, "lost with its only node"
+    silent = clock.now - contact
+    state.mount_segment(nvme, [item], remount=True, silent=silent)
+    assert state.objects["k"].generation == slot.put_id, "adopted again"
+    state.mount_segment(dram, [], remount=True, silent=silent)  # (the copy not run yet)
+    assert remove(state, "k", force=True) is KeyStatus.OK  # (the get's lease runs)
+    record = state.durable_record(dram.segment_id)  # what the next master reads (etcd)
+    assert record is not None and record.keys.get("k", 0) >= slot.put_id, record
+
+    new = MasterState(CONFIG, clock=clock, epoch=1)
+    new.restore_tombstones({dram.segment_id: record})
+    new.mount_segment(dram, [copy.target], remount=True, silent=0.0)
+    assert "k" not in new.objects, "removed, yet adopted again from a copy run late"
