@@ -204,3 +204,36 @@ def test_a_removed_object_stays_removed_though_a_copy_queued_before_its_loss_lan
     new.restore_tombstones({dram.segment_id: record})
     new.mount_segment(dram, [copy.target], remount=True, silent=0.0)
     assert "k" not in new.objects, "removed, yet adopted again from a copy run late"
+
+
+def test_a_removed_object_stays_removed_though_a_persist_given_up_while_its_node_was_away_lands():
+    """A Persist queued on a paused node is given up on (its answer never came) after the
+    node was declared dead: no Forget can follow it while the segment is not mounted. The
+    object is removed; the node wakes, remounts without it, then carries out the Persist: the
+    next master must not adopt the removed object from its report."""
+    state, clock = new_state()
+    n0, n1 = segment_info("n0", 1 * MiB), segment_info("n1", 1 * MiB)
+    state.mount_segment(n0)
+    state.mount_segment(n1)
+    contact = clock.now
+    [slot] = state.put_start("c1", ["k"], [4096], PutOptions(replicas=2))
+    assert state.put_end([Commit("k", slot.put_id, (True, True), None)]) == [None]
+    persists = {c.segment_id: c for c in state.outbox if isinstance(c, PersistCommand)}
+    state.outbox.clear()
+    late = persists.pop(n1.segment_id)  # n1 is paused with it queued
+    [answered] = persists.values()
+    state.command_done(answered.command_id, True)
+    clock.advance(CONFIG.node_ttl + 1)
+    state.heartbeat("n0", [n0.segment_id])
+    assert state.tick().dead_nodes == ["n1"]
+    state.command_expired(late.command_id)  # (the I/O layer stops waiting)
+    assert remove(state, "k") is KeyStatus.OK
+    assert state.heartbeat("n1", [n1.segment_id]) == [n1.segment_id]
+    state.mount_segment(n1, [], remount=True, silent=clock.now - contact)  # k not recorded yet
+    record = state.durable_record(n1.segment_id)  # what the next master reads (etcd)
+    assert record is not None and record.keys.get("k", 0) >= slot.put_id, record
+
+    new = MasterState(CONFIG, clock=clock, epoch=1)
+    new.restore_tombstones({n1.segment_id: record})
+    new.mount_segment(n1, list(late.objects), remount=True, silent=0.0)
+    assert "k" not in new.objects, "removed, yet adopted again from a Persist run late"
