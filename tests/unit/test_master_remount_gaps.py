@@ -15,7 +15,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from state_helpers import CONFIG, MiB, get, new_state, publish, remove, segment_info, stored
+from state_helpers import (
+    CONFIG,
+    FakeClock,
+    MiB,
+    get,
+    new_state,
+    publish,
+    remove,
+    segment_info,
+    stored,
+)
 
 from kvpool.common.status import KeyStatus, Tier
 from kvpool.master.records import (
@@ -25,6 +35,7 @@ from kvpool.master.records import (
     PersistCommand,
     PutOptions,
     SegmentInfo,
+    StoredObject,
 )
 from kvpool.master.state import MasterState
 
@@ -138,23 +149,45 @@ def test_a_persist_answered_after_its_object_ended_is_forgotten():
     assert forget.objects[0].offset == first.objects[0].offset
 
 
+def persist_queued_on_a_paused_node() -> tuple[
+    MasterState, FakeClock, SegmentInfo, SegmentInfo, PersistCommand, float
+]:
+    """``k`` put on n0 and n1, recorded by n0; n1 is paused with its Persist queued (it
+    last heard from the master at the time returned)."""
+    state, clock = new_state()
+    n0, n1 = segment_info("n0", 1 * MiB), segment_info("n1", 1 * MiB)
+    state.mount_segment(n0)
+    state.mount_segment(n1)
+    contact = clock.now
+    [slot] = state.put_start("c1", ["k"], [4096], PutOptions(replicas=2))
+    assert state.put_end([Commit("k", slot.put_id, (True, True), None)]) == [None]
+    persists = {c.segment_id: c for c in state.outbox if isinstance(c, PersistCommand)}
+    state.outbox.clear()
+    late = persists.pop(n1.segment_id)
+    [answered] = persists.values()
+    state.command_done(answered.command_id, True)
+    return state, clock, n0, n1, late, contact
+
+
+def stays_removed_at_the_next_master(
+    state: MasterState, clock: FakeClock, info: SegmentInfo, late: list[StoredObject]
+) -> None:
+    """The next master, reading what ``state`` kept for it (etcd), does not adopt ``k`` from
+    a report of ``info`` that lists ``late`` (what the node recorded late)."""
+    record = state.durable_record(info.segment_id)
+    assert record is not None and "k" in record.keys, record
+    new = MasterState(CONFIG, clock=clock, epoch=1)
+    new.restore_tombstones({info.segment_id: record})
+    new.mount_segment(info, late, remount=True, silent=0.0)
+    assert "k" not in new.objects, "removed, yet adopted again from a write run late"
+
+
 def test_a_removed_object_stays_removed_though_its_paused_node_records_it_after_a_remount():
     """A node paused with a Persist queued is declared dead; the object is removed meanwhile
     (its Forget queued behind the Persist). The node wakes, remounts with what its index
     holds (not the object yet), then carries out the Persist, and the master fails over
     before the Forget: the next master must not adopt the removed object from its report."""
-    state, clock = new_state()
-    n0, n1 = segment_info("n0", 1 * MiB), segment_info("n1", 1 * MiB)
-    state.mount_segment(n0)
-    state.mount_segment(n1)
-    contact = clock.now  # when n1 last heard from the master
-    [slot] = state.put_start("c1", ["k"], [4096], PutOptions(replicas=2))
-    assert state.put_end([Commit("k", slot.put_id, (True, True), None)]) == [None]
-    persists = {c.segment_id: c for c in state.outbox if isinstance(c, PersistCommand)}
-    state.outbox.clear()
-    late = persists.pop(n1.segment_id)  # n1 is paused with it queued
-    [answered] = persists.values()
-    state.command_done(answered.command_id, True)
+    state, clock, n0, n1, late, contact = persist_queued_on_a_paused_node()
     assert remove(state, "k", force=True) is KeyStatus.OK
     state.outbox.clear()  # (the Forget to n1 queues behind the Persist)
     clock.advance(CONFIG.node_ttl + 1)
@@ -162,13 +195,7 @@ def test_a_removed_object_stays_removed_though_its_paused_node_records_it_after_
     assert state.tick().dead_nodes == ["n1"]
     assert state.heartbeat("n1", [n1.segment_id]) == [n1.segment_id]
     state.mount_segment(n1, [], remount=True, silent=clock.now - contact)  # k not recorded yet
-    record = state.durable_record(n1.segment_id)  # what the next master reads (etcd)
-    assert record is not None and record.keys.get("k", 0) >= slot.put_id, record
-
-    new = MasterState(CONFIG, clock=clock, epoch=1)
-    new.restore_tombstones({n1.segment_id: record})
-    new.mount_segment(n1, list(late.objects), remount=True, silent=0.0)
-    assert "k" not in new.objects, "removed, yet adopted again from a Persist run late"
+    stays_removed_at_the_next_master(state, clock, n1, list(late.objects))
 
 
 def test_a_removed_object_stays_removed_though_a_copy_queued_before_its_loss_lands_late():
@@ -197,13 +224,7 @@ def test_a_removed_object_stays_removed_though_a_copy_queued_before_its_loss_lan
     assert state.objects["k"].generation == slot.put_id, "adopted again"
     state.mount_segment(dram, [], remount=True, silent=silent)  # (the copy not run yet)
     assert remove(state, "k", force=True) is KeyStatus.OK  # (the get's lease runs)
-    record = state.durable_record(dram.segment_id)  # what the next master reads (etcd)
-    assert record is not None and record.keys.get("k", 0) >= slot.put_id, record
-
-    new = MasterState(CONFIG, clock=clock, epoch=1)
-    new.restore_tombstones({dram.segment_id: record})
-    new.mount_segment(dram, [copy.target], remount=True, silent=0.0)
-    assert "k" not in new.objects, "removed, yet adopted again from a copy run late"
+    stays_removed_at_the_next_master(state, clock, dram, [copy.target])
 
 
 def test_a_removed_object_stays_removed_though_a_persist_given_up_while_its_node_was_away_lands():
@@ -211,18 +232,7 @@ def test_a_removed_object_stays_removed_though_a_persist_given_up_while_its_node
     node was declared dead: no Forget can follow it while the segment is not mounted. The
     object is removed; the node wakes, remounts without it, then carries out the Persist: the
     next master must not adopt the removed object from its report."""
-    state, clock = new_state()
-    n0, n1 = segment_info("n0", 1 * MiB), segment_info("n1", 1 * MiB)
-    state.mount_segment(n0)
-    state.mount_segment(n1)
-    contact = clock.now
-    [slot] = state.put_start("c1", ["k"], [4096], PutOptions(replicas=2))
-    assert state.put_end([Commit("k", slot.put_id, (True, True), None)]) == [None]
-    persists = {c.segment_id: c for c in state.outbox if isinstance(c, PersistCommand)}
-    state.outbox.clear()
-    late = persists.pop(n1.segment_id)  # n1 is paused with it queued
-    [answered] = persists.values()
-    state.command_done(answered.command_id, True)
+    state, clock, n0, n1, late, contact = persist_queued_on_a_paused_node()
     clock.advance(CONFIG.node_ttl + 1)
     state.heartbeat("n0", [n0.segment_id])
     assert state.tick().dead_nodes == ["n1"]
@@ -230,10 +240,4 @@ def test_a_removed_object_stays_removed_though_a_persist_given_up_while_its_node
     assert remove(state, "k") is KeyStatus.OK
     assert state.heartbeat("n1", [n1.segment_id]) == [n1.segment_id]
     state.mount_segment(n1, [], remount=True, silent=clock.now - contact)  # k not recorded yet
-    record = state.durable_record(n1.segment_id)  # what the next master reads (etcd)
-    assert record is not None and record.keys.get("k", 0) >= slot.put_id, record
-
-    new = MasterState(CONFIG, clock=clock, epoch=1)
-    new.restore_tombstones({n1.segment_id: record})
-    new.mount_segment(n1, list(late.objects), remount=True, silent=0.0)
-    assert "k" not in new.objects, "removed, yet adopted again from a Persist run late"
+    stays_removed_at_the_next_master(state, clock, n1, list(late.objects))
