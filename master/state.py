@@ -281,7 +281,10 @@ class MasterState:
             if not self._adopt(segment, item, now)
         ]
         given_up = self._tombstones.take_given_up(info.segment_id)
-        self._tombstones.mounted(info.segment_id, self._late_writes(info.segment_id, given_up))
+        # (a node process mounting a segment for the first time runs nothing an earlier one
+        # was sent: only a remount may be followed by late writes)
+        late = self._late_writes(info.segment_id, given_up) if remount else []
+        self._tombstones.mounted(info.segment_id, late)
         return dropped
 
     def _late_writes(

@@ -234,16 +234,20 @@ class Tombstones:
         ``late`` writes: (key, generation, whether the object lives) of Persists and Copies
         sent to it before this mount and not answered, or given up while it was away
         (``take_given_up``). Its node may carry them out after its report (they were queued
-        while it was paused), and a new leader would adopt what they record. One whose object
-        ended meanwhile, or whose Forget is still unanswered, stays refused, as a tombstone
-        (no Forget for it may follow it on the node); one of a living object goes away again,
-        and becomes one if the object ends (``ended``)."""
+        while it was paused), and a new leader would adopt what they record. One of an object
+        that lives, or that is only lost (a replica of it went away with another segment,
+        and may come back with it), goes away again, and becomes a tombstone if the object
+        ends (``ended``). One of an object that ended (no Forget for it may follow it on the
+        node), or whose Forget is still unanswered, stays refused, as a tombstone."""
         forgetting = self._forgetting.get(segment_id, {})
-        removed = [
-            (key, generation)
-            for key, generation, lives in late
-            if not lives or (key, generation) in forgetting
-        ]
+        kept, removed = [], []
+        for key, generation, lives in late:
+            if (key, generation) in forgetting:
+                removed.append((key, generation))
+            elif lives or self._away_elsewhere(segment_id, key, generation):
+                kept.append((key, generation))
+            else:
+                removed.append((key, generation))
         if segment_id in self._distrusted or self.record(segment_id) is not None:
             self._changed.add(segment_id)
         self._distrusted.discard(segment_id)
@@ -252,9 +256,17 @@ class Tombstones:
             if self._room(segment_id):
                 self._put(self._dead, segment_id, key, generation)
                 self._changed.add(segment_id)
-        for key, generation, lives in late:
-            if lives:
-                self.away(segment_id, key, generation)
+        for key, generation in kept:
+            self.away(segment_id, key, generation)
+
+    def _away_elsewhere(self, segment_id: str, key: str, generation: int) -> bool:
+        """Whether a replica of ``key`` at ``generation`` went away with another segment
+        than ``segment_id`` (the object is lost until that segment comes back)."""
+        return any(
+            self._away.get(other, {}).get(key, -1) >= generation
+            for other in self._away_in.get(key, ())
+            if other != segment_id
+        )
 
     # ---- bounds
 
