@@ -107,7 +107,8 @@ def replay(records: list[tuple[int, Entry]]) -> dict[str, Entry]:
     for op, entry in records:
         current = held.get(entry.key)
         if op == OP_PUT:
-            held[entry.key] = entry
+            if current is None or entry.generation >= current.generation:  # (never older)
+                held[entry.key] = entry
         elif current is not None and (current.offset, current.generation) == (
             entry.offset,
             entry.generation,
