@@ -230,8 +230,7 @@ class DataPath:
 
     def mapped_segments(self) -> list[str]:
         """Segments this client reaches by mapping their memory (same host)."""
-        with self._lock:
-            return sorted({s for (s, _), mapped in self._mapped.items() if mapped is not None})
+        return sorted(set(self.mapped_for(writing=False)))
 
     def mapped_for(self, *, writing: bool) -> list[str]:
         """The segments this client writes (``writing``) or reads through its own mapping

@@ -427,8 +427,10 @@ class MasterState:
                         self.segments[segment_id], record, self._stored(record, segment_id).offset
                     )
                 if not ok:
-                    entry = (record.key, self.clock(), "persist_failed", record.put_id, segment_id)
-                    self._note((*entry, expired))
+                    now = self.clock()
+                    self._note(
+                        (record.key, now, "persist_failed", record.put_id, segment_id, expired)
+                    )
                 self._persist_done(record, segment_id, ok)
             elif (ok or expired) and i < len(persisted):
                 self._forget_unheld(segment_id, record, persisted[i])

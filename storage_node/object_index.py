@@ -59,11 +59,15 @@ class MemoryIndex:
         """Records ``entries``; returns those recorded (an older generation of a key than
         the one held is not)."""
         with self._lock:
-            held = self._entries
-            kept = [entry for entry in entries if recorded(held.get(entry.key), entry)]
+            kept = self._newer(entries)
             for entry in kept:
-                held[entry.key] = entry
+                self._entries[entry.key] = entry
             return kept
+
+    def _newer(self, entries: Iterable[Entry]) -> list[Entry]:
+        """Those of ``entries`` the index would record (callers hold the lock)."""
+        held = self._entries
+        return [entry for entry in entries if recorded(held.get(entry.key), entry)]
 
     def delete(self, entries: Iterable[Entry]) -> None:
         with self._lock:
@@ -108,8 +112,7 @@ class DurableIndex(MemoryIndex):
 
     def put(self, entries: Iterable[Entry]) -> list[Entry]:
         with self._lock:  # (one writer at a time: the node's commands, in order)
-            held = self._entries
-            kept = [entry for entry in entries if recorded(held.get(entry.key), entry)]
+            kept = self._newer(entries)
         self._append([encode(OP_PUT, e) for e in kept])
         return super().put(kept)
 

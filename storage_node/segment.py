@@ -139,8 +139,7 @@ class Segment:
         """Records newly published objects; on a persistent segment, first makes their bytes
         durable and checksums them. Returns the checksums it computed (none for DRAM)."""
         if not self.persistent:
-            kept = self.index.put(entries)
-            metrics.STALE_RECORDS.inc(len(entries) - len(kept))
+            self._put(entries)
             self.changes += 1
             return []
         for entry in entries:
@@ -156,6 +155,14 @@ class Segment:
         ]
         self._group_commit(durable)
         return [e.crc32c for e in durable if e.crc32c is not None]
+
+    def _put(self, entries: list[Entry]) -> list[Entry]:
+        """Records ``entries`` in the index; returns those recorded, counting the others
+        (an older generation of a key than the one held)."""
+        kept = self.index.put(entries)
+        if len(kept) < len(entries):
+            metrics.STALE_RECORDS.inc(len(entries) - len(kept))
+        return kept
 
     def _written_crc(self, entry: Entry) -> int:
         """The object's checksum: combined from those of the parts written directly when
@@ -178,9 +185,7 @@ class Segment:
                 self._sync(start, end - start)
                 metrics.synced(self, "data", time.perf_counter() - began)
         began = time.perf_counter()
-        kept = self.index.put(durable)
-        metrics.STALE_RECORDS.inc(len(durable) - len(kept))
-        if kept:  # an empty append writes nothing
+        if self._put(durable):  # an empty append writes nothing
             metrics.synced(self, "index", time.perf_counter() - began)
         if self._nvme:
             for start, end in runs:
