@@ -265,7 +265,7 @@ class MasterState:
         if existing is not None:
             if existing.info == info:
                 return []
-            self._drop_segment(existing.segment_id)
+            self._drop_segments([existing.segment_id])
         segment = SegmentRecord(info, Allocator(info.size, self.config.alignment))
         granted_at = self._dropped_grants.pop(info.segment_id, None)
         if remount:
@@ -373,7 +373,7 @@ class MasterState:
         for parked, _, _, not_before in self._parked.values():
             if parked is segment:
                 drain_until = max(drain_until, not_before)
-        lost = self._drop_segment(segment_id)
+        lost = self._drop_segments([segment_id])
         node = self.nodes.get(node_id)
         if node is not None and not node.segment_ids:
             self._node_gone(node)
@@ -1944,54 +1944,69 @@ class MasterState:
             "leaving": segment.leaving,
         }
 
-    def _drop_segment(self, segment_id: str) -> int:
-        """Forgets a segment and every replica in it; returns objects left with none."""
-        segment = self.segments.pop(segment_id)
+    def _drop_segments(self, segment_ids: Sequence[str]) -> int:
+        """Forgets segments and every replica in them, all in one step: a commit that waited
+        on one of them is answered by what the others leave, so it is never published on a
+        replica that goes in the same step (nodes found dead by one tick). Returns the
+        objects left with no replica."""
         now = self.clock()
-        if segment.granted_at + self.config.write_timeout > now:
-            # (its writers may copy on: a remount of it is fenced until they are done)
-            self._dropped_grants[segment_id] = segment.granted_at
-        keys = set(segment.owners.values())
-        for offset in list(segment.owners):
-            self._disown(segment, offset)
-        if self._quarantine:
-            self._quarantine.drop_segment(segment)
-        node = self.nodes.get(segment.node_id)
-        if node is not None:
-            node.segment_ids.discard(segment_id)
+        gone = set(segment_ids)
+        held: dict[str, list[str]] = {}  # key -> the dropped segments that held its bytes
+        for segment_id in segment_ids:
+            segment = self.segments.pop(segment_id)
+            if segment.granted_at + self.config.write_timeout > now:
+                # (its writers may copy on: a remount of it is fenced until they are done)
+                self._dropped_grants[segment_id] = segment.granted_at
+            for key in set(segment.owners.values()):
+                held.setdefault(key, []).append(segment_id)
+            for offset in list(segment.owners):
+                self._disown(segment, offset)
+            if self._quarantine:
+                self._quarantine.drop_segment(segment)
+            node = self.nodes.get(segment.node_id)
+            if node is not None:
+                node.segment_ids.discard(segment_id)
         lost = 0
-        for key in keys:
-            record = self.objects[key]
-            if record.state is PUBLISHED or record.state is COMMITTED:  # (its node may list it)
-                self._tombstones.away(segment_id, key, record.generation)
-            for command_id, move in list(record.moving.items()):
-                if segment_id in (move.source.segment_id, move.target.segment_id):
-                    self._move_done(record, command_id, False, None, "cancelled")
-            replicas = record.replicas
-            record.replicas = [
-                None if r is not None and r.segment_id == segment_id else r for r in replicas
-            ]
-            replica_lost = (key, now, "replica_lost", record.put_id, segment_id)
-            if record.state is ObjectState.COMMITTED and segment_id in record.unacked:
-                _acknowledged(record, segment_id)
-                if not record.unacked:
-                    self._note(replica_lost)
-                    self._finish_commit(record)
-                    if self.objects.get(key) is not record:
-                        lost += 1
-                    continue
-            if record.state is ObjectState.PUBLISHED:
-                record.replicas = [r for r in record.replicas if r is not None]
-            if self.objects.get(key) is record and not any(r is not None for r in record.replicas):
-                if record.state is ObjectState.COMMITTED:
-                    self.resolved.append(CommitResult(key, record.put_id, KeyStatus.NO_REPLICA))
-                self._forget(record, (key, now, "lost", record.put_id, record.state, segment_id))
-                lost += 1
-            elif record.replicas != replicas:  # (not when only a copy's target was here)
-                self._note(replica_lost)
-                self._replication_changed(record)
+        for key, held_in in held.items():
+            lost += self._replicas_dropped(self.objects[key], gone, held_in, now)
         self.counters.objects_lost += lost
         return lost
+
+    def _replicas_dropped(
+        self, record: ObjectRecord, gone: set[str], held_in: list[str], now: float
+    ) -> int:
+        """``record`` loses what it had in the segments ``gone`` (``held_in``: those that
+        held its bytes); 1 when it is left with no replica (then forgotten), else 0."""
+        key = record.key
+        if record.state is PUBLISHED or record.state is COMMITTED:  # (its node may list it)
+            for segment_id in held_in:
+                self._tombstones.away(segment_id, key, record.generation)
+        for command_id, move in list(record.moving.items()):
+            if move.source.segment_id in gone or move.target.segment_id in gone:
+                self._move_done(record, command_id, False, None, "cancelled")
+        replicas = record.replicas
+        record.replicas = [None if r is not None and r.segment_id in gone else r for r in replicas]
+        losses = [(key, now, "replica_lost", record.put_id, s) for s in held_in]
+        if record.state is ObjectState.COMMITTED and not gone.isdisjoint(record.unacked):
+            waiting = record.unacked - gone
+            record.unacked = waiting if waiting else NO_SEGMENTS
+            if not waiting:
+                for loss in losses:
+                    self._note(loss)
+                self._finish_commit(record)  # (NO_REPLICA when all it had went here)
+                return 0 if self.objects.get(key) is record else 1
+        if record.state is ObjectState.PUBLISHED:
+            record.replicas = [r for r in record.replicas if r is not None]
+        if self.objects.get(key) is record and not any(r is not None for r in record.replicas):
+            if record.state is ObjectState.COMMITTED:
+                self.resolved.append(CommitResult(key, record.put_id, KeyStatus.NO_REPLICA))
+            self._forget(record, (key, now, "lost", record.put_id, record.state, held_in[-1]))
+            return 1
+        if record.replicas != replicas:  # (not when only a copy's target was here)
+            for loss in losses:
+                self._note(loss)
+            self._replication_changed(record)
+        return 0
 
     def _has_key_after(self, key: str, prefix: str) -> bool:
         for following in self._published_keys.irange(minimum=key, inclusive=(False, True)):
@@ -2029,10 +2044,13 @@ class MasterState:
 
     def _bury_dead_nodes(self, now: float, report: TickReport) -> None:
         silent_since = now - self.config.node_ttl
-        for node in [n for n in self.nodes.values() if n.last_seen < silent_since]:
+        dead = [n for n in self.nodes.values() if n.last_seen < silent_since]
+        if not dead:
+            return
+        # (all at once: a commit on two dead nodes is answered by neither)
+        report.objects_lost += self._drop_segments([s for n in dead for s in n.segment_ids])
+        for node in dead:
             report.dead_nodes.append(node.node_id)
-            for segment_id in list(node.segment_ids):
-                report.objects_lost += self._drop_segment(segment_id)
             self._node_gone(node)
             self.counters.nodes_died += 1
 

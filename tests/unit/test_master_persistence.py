@@ -294,6 +294,23 @@ def test_a_node_dying_while_an_object_is_committed_publishes_it_with_the_other_r
     assert nodes_of(get(state, "k")) == ["a"]
 
 
+def test_a_commit_whose_nodes_all_die_in_one_tick_is_no_replica_whoever_answered_first():
+    # (each dead node was dropped in turn: the first publishing the object on the other's
+    # replica, which the second then took away; its writer had been told OK for nothing)
+    state, clock = new_state()
+    mount(state, "a")
+    mount(state, "b")
+    slot, persists = start_commit(state, "k", replicas=2)
+    [on_b] = [p for p in persists if p.node_id == "b"]
+    state.command_done(on_b.command_id, True)  # b recorded it, a (dropped first) has not
+
+    report = pass_time(state, clock, CONFIG.node_ttl + 1, "a", "b")
+
+    assert sorted(report.dead_nodes) == ["a", "b"] and report.objects_lost == 1
+    assert settled(state) == [CommitResult("k", slot.put_id, KeyStatus.NO_REPLICA)]
+    assert exists(state, "k") is KeyStatus.NOT_FOUND
+
+
 def test_a_node_dying_while_it_holds_the_only_replica_of_a_committed_object_is_no_replica():
     state, clock = new_state()
     mount(state, "a")
