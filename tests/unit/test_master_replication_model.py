@@ -88,6 +88,14 @@ class SimNode:
         if held is None or item.generation >= held.generation:
             self.index[item.key] = item
 
+    def told_to_forget(self, key: str, generation: int) -> bool:
+        """A Forget of this generation waits in the node's queue."""
+        return any(
+            isinstance(command, ForgetCommand)
+            and any(o.key == key and o.generation == generation for o in command.objects)
+            for command in self.pending
+        )
+
     def holds(self, key: str, generation: int, offset: int | None = None) -> bool:
         item = self.index.get(key)
         return (
@@ -150,9 +158,14 @@ class ReplicationModel(RuleBasedStateMachine):
         state.resolved.clear()
 
     def live_holders(self, key: str) -> set[str]:
-        expected = self.expected[key]
+        """The live nodes that recorded the object and were not told to forget it (a
+        surplus replica the master trimmed: its Forget may still wait in the node's queue
+        when the replicas it kept are lost)."""
+        generation = self.expected[key].generation
         return {
-            n.name for n in self.nodes.values() if n.alive and n.holds(key, expected.generation)
+            n.name
+            for n in self.nodes.values()
+            if n.alive and n.holds(key, generation) and not n.told_to_forget(key, generation)
         }
 
     def remount(self, node: SimNode, silent: float) -> None:
