@@ -53,9 +53,10 @@ Done = Callable[[bool], None]
 
 
 def encode(record: DurableRecord, now: float) -> bytes:
-    return json.dumps(
-        {"at": now, "distrusted": record.distrusted, "keys": record.keys}, separators=(",", ":")
-    ).encode()
+    fields: dict[str, object] = {"at": now, "distrusted": record.distrusted, "keys": record.keys}
+    if record.exact:  # (absent when empty: what masters before it wrote and read)
+        fields["exact"] = sorted(record.exact)
+    return json.dumps(fields, separators=(",", ":")).encode()
 
 
 def decode(value: bytes) -> tuple[float, DurableRecord]:
@@ -64,7 +65,8 @@ def decode(value: bytes) -> tuple[float, DurableRecord]:
         fields = json.loads(value)
         at = float(fields["at"])
         keys = {str(k): int(g) for k, g in dict(fields["keys"]).items()}
-        return at, DurableRecord(bool(fields["distrusted"]), keys)
+        exact = frozenset((str(k), int(g)) for k, g in fields.get("exact", ()))
+        return at, DurableRecord(bool(fields["distrusted"]), keys, exact)
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise ValueError(f"not a tombstone record: {error}") from None
 

@@ -18,6 +18,11 @@ So the master remembers, per segment, what the node may still list though it mus
   was declared dead with, that the master stopped waiting for meanwhile. No Forget can follow
   it, and the node, paused with it queued, may carry it out after its next mount: at that
   mount it counts among the segment's late writes (``mounted``).
+* **late writes kept out**: such a write (or one still unanswered) of an object that ended,
+  or whose Forget is unanswered, refused after the mount: that generation only. A tombstone
+  refuses older generations too (an object removed ends its older generations with it); a
+  write that never published its object does not end an older generation that lives, which
+  a report may bring back (adopted: a lost object returning with its node).
 
 At the segment's next mount, whatever of these it reports is not adopted (the node is told to
 forget it); then the segment's entries are dropped: its report has been reconciled.
@@ -38,7 +43,7 @@ removed one is not.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 #: Entries kept at most (a few hundred bytes each), across every segment.
@@ -54,11 +59,13 @@ _PER_KEY_BYTES = 26
 
 @dataclass(frozen=True, slots=True)
 class DurableRecord:
-    """What a new leader must know of one segment: refuse every key listed (this
-    generation or older), or, ``distrusted``, adopt nothing it does not already hold."""
+    """What a new leader must know of one segment: refuse every key in ``keys`` (this
+    generation or older) and every (key, generation) in ``exact`` (that one only), or,
+    ``distrusted``, adopt nothing it does not already hold."""
 
     distrusted: bool
     keys: dict[str, int]
+    exact: frozenset[tuple[str, int]] = frozenset()
 
 
 class Tombstones:
@@ -83,6 +90,8 @@ class Tombstones:
         self._changed: set[str] = set()
         #: segment id -> key -> generation of writes given up while it was not mounted.
         self._given_up: dict[str, dict[str, int]] = {}
+        #: segment id -> (key, generation) of late writes kept out (that generation only).
+        self._late: dict[str, set[tuple[str, int]]] = {}
 
     def __len__(self) -> int:
         return self._size
@@ -194,15 +203,19 @@ class Tombstones:
         if segment_id in self._distrusted:
             return DurableRecord(True, {})
         keys = dict(self._dead.get(segment_id, {}))
+        exact = set(self._late.get(segment_id, ()))
         for command_id in self._overdue.get(segment_id, ()):
             for held_in, key, generation in self._unanswered.get(command_id, ()):
                 if held_in == segment_id:
                     keys[key] = max(generation, keys.get(key, 0))
-        if not keys:
+        if not keys and not exact:
             return None
-        if len(keys) > RECORD_LIMIT or _encoded_bytes(keys) > RECORD_BYTES:
+        if (
+            len(keys) + len(exact) > RECORD_LIMIT
+            or _encoded_bytes(keys) + _encoded_bytes(key for key, _ in exact) > RECORD_BYTES
+        ):
             return DurableRecord(True, {})
-        return DurableRecord(False, keys)
+        return DurableRecord(False, keys, frozenset(exact))
 
     def restore(self, segment_id: str, record: DurableRecord) -> None:
         """A record an earlier leader kept: refused at the segment's next mount as if noted
@@ -213,8 +226,12 @@ class Tombstones:
         else:
             for key, generation in record.keys.items():
                 if segment_id in self._distrusted or not self._room(segment_id):
-                    break
+                    return
                 self._put(self._dead, segment_id, key, generation)
+            for key, generation in record.exact:
+                if segment_id in self._distrusted or not self._room(segment_id):
+                    return
+                self._keep_out(segment_id, key, generation)
 
     # ---- at a mount
 
@@ -225,6 +242,9 @@ class Tombstones:
             return not known
         dead = self._dead.get(segment_id)
         if dead is not None and dead.get(key, 0) >= generation:
+            return True
+        late = self._late.get(segment_id)
+        if late is not None and (key, generation) in late:
             return True
         counts = self._forgetting.get(segment_id)
         return counts is not None and (key, generation) in counts
@@ -238,7 +258,8 @@ class Tombstones:
         that lives, or that is only lost (a replica of it went away with another segment,
         and may come back with it), goes away again, and becomes a tombstone if the object
         ends (``ended``). One of an object that ended (no Forget for it may follow it on the
-        node), or whose Forget is still unanswered, stays refused, as a tombstone."""
+        node), or whose Forget is still unanswered, stays refused: that generation only (an
+        older one the report brought back lives on)."""
         forgetting = self._forgetting.get(segment_id, {})
         kept, removed = [], []
         for key, generation, lives in late:
@@ -254,7 +275,7 @@ class Tombstones:
         self._drop(segment_id)
         for key, generation in removed:
             if self._room(segment_id):
-                self._put(self._dead, segment_id, key, generation)
+                self._keep_out(segment_id, key, generation)
                 self._changed.add(segment_id)
         for key, generation in kept:
             self.away(segment_id, key, generation)
@@ -280,6 +301,13 @@ class Tombstones:
             self._size += 1
         entries[key] = max(generation, entries.get(key, 0))
 
+    def _keep_out(self, segment_id: str, key: str, generation: int) -> None:
+        """Refuses ``key`` at ``generation`` (only) at the segment's next mount."""
+        late = self._late.setdefault(segment_id, set())
+        if (key, generation) not in late:
+            late.add((key, generation))
+            self._size += 1
+
     def _room(self, segment_id: str) -> bool:
         if self._size < self.limit:
             return True
@@ -298,6 +326,7 @@ class Tombstones:
                     del self._away_in[key]
         self._size -= len(self._dead.pop(segment_id, {}))
         self._size -= len(self._given_up.pop(segment_id, {}))
+        self._size -= len(self._late.pop(segment_id, ()))
         self._overdue.pop(segment_id, None)
         if self._forgetting.pop(segment_id, None) is not None:
             for command_id, entries in list(self._unanswered.items()):
@@ -309,6 +338,6 @@ class Tombstones:
                     del self._unanswered[command_id]
 
 
-def _encoded_bytes(keys: dict[str, int]) -> int:
+def _encoded_bytes(keys: Iterable[str]) -> int:
     """About what ``keys`` take in a record (JSON, keys escaped at most twice their size)."""
     return sum(2 * len(key.encode()) + _PER_KEY_BYTES for key in keys)

@@ -175,7 +175,7 @@ def stays_removed_at_the_next_master(
     """The next master, reading what ``state`` kept for it (etcd), does not adopt ``k`` from
     a report of ``info`` that lists ``late`` (what the node recorded late)."""
     record = state.durable_record(info.segment_id)
-    assert record is not None and "k" in record.keys, record
+    assert record is not None and ("k" in record.keys or any(k == "k" for k, _ in record.exact))
     new = MasterState(CONFIG, clock=clock, epoch=1)
     new.restore_tombstones({info.segment_id: record})
     new.mount_segment(info, late, remount=True, silent=0.0)
@@ -241,3 +241,43 @@ def test_a_removed_object_stays_removed_though_a_persist_given_up_while_its_node
     assert state.heartbeat("n1", [n1.segment_id]) == [n1.segment_id]
     state.mount_segment(n1, [], remount=True, silent=clock.now - contact)  # k not recorded yet
     stays_removed_at_the_next_master(state, clock, n1, list(late.objects))
+
+
+def test_a_write_that_never_published_keeps_out_its_own_generation_only():
+    """A Persist of ``k`` queued on a paused node, whose object was never published (its
+    only node was declared dead first: NO_REPLICA), is a late write kept out at the node's
+    remounts. An older generation of ``k`` that the node's report brings back (a lost
+    object returning with its node) is adopted, and must stay adopted at the next remount:
+    the late write's refusal is not a removal of older generations."""
+    state, clock = new_state()
+    n0, n1 = segment_info("n0", 1 * MiB), segment_info("n1", 1 * MiB)
+    state.mount_segment(n0)
+    state.mount_segment(n1)
+    older = publish(state, "other", 4096)  # (an older generation's number, for k)
+    state.outbox.clear()
+    contact = clock.now
+    on_n1 = PutOptions(replicas=1, preferred_hosts=("n1.cluster.local",))
+    [slot] = state.put_start("c1", ["k"], [4096], on_n1)
+    assert state.put_end([Commit("k", slot.put_id, (True,), None)]) == [None]
+    [persist] = [c for c in state.outbox if isinstance(c, PersistCommand)]
+    assert persist.segment_id == n1.segment_id
+    state.outbox.clear()  # (queued on the paused n1)
+
+    def n1_declared_dead_then_remounts_with(report: list[StoredObject]) -> None:
+        clock.advance(CONFIG.node_ttl + 1)
+        state.heartbeat("n0", [n0.segment_id])
+        assert state.tick().dead_nodes == ["n1"]
+        assert state.heartbeat("n1", [n1.segment_id]) == [n1.segment_id]
+        state.mount_segment(n1, report, remount=True, silent=clock.now - contact)
+
+    stale = StoredObject("k", 64 * 4096, 1000, older.put_id)
+    n1_declared_dead_then_remounts_with([stale])
+    assert [r.status for r in state.resolved] == [KeyStatus.NO_REPLICA]
+    assert state.objects["k"].generation == older.put_id, "the older generation comes back"
+
+    n1_declared_dead_then_remounts_with([stale, *persist.objects])  # (it ran the Persist)
+
+    assert "k" in state.objects, "an object that lives was kept out by a write that did not"
+    assert state.objects["k"].generation == older.put_id
+    record = state.durable_record(n1.segment_id)
+    assert record is not None and ("k", slot.put_id) in record.exact and "k" not in record.keys

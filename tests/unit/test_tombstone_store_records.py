@@ -16,6 +16,14 @@ def test_a_record_reads_back_as_written():
     at, read = decode(encode(record, now=1234.5))
     assert (at, read) == (1234.5, record)
     assert decode(encode(DurableRecord(True, {}), now=1.0))[1] == DurableRecord(True, {})
+    late = DurableRecord(False, {"tenant/k": 7}, frozenset({("tenant/k", 9), ("tenant/j", 3)}))
+    assert decode(encode(late, now=2.0))[1] == late
+
+
+def test_a_record_without_late_writes_is_read_as_an_older_master_wrote_it():
+    written = json.dumps({"at": 1.0, "distrusted": False, "keys": {"k": 2}}).encode()
+    assert decode(written)[1] == DurableRecord(False, {"k": 2})
+    assert b"exact" not in encode(DurableRecord(False, {"k": 2}), now=1.0)
 
 
 @pytest.mark.parametrize(
@@ -28,6 +36,8 @@ def test_a_record_reads_back_as_written():
         json.dumps({"at": 1.0, "distrusted": False, "keys": {"k": "seven"}}).encode(),
         json.dumps({"at": 1.0, "distrusted": False, "keys": ["k"]}).encode(),
         json.dumps([1, 2]).encode(),
+        json.dumps({"at": 1.0, "distrusted": False, "keys": {}, "exact": [["k"]]}).encode(),
+        json.dumps({"at": 1.0, "distrusted": False, "keys": {}, "exact": [["k", "x"]]}).encode(),
     ],
 )
 def test_a_value_no_master_wrote_is_refused(value: bytes):
