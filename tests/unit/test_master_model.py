@@ -425,6 +425,9 @@ class MasterModel(RuleBasedStateMachine):
         #: come back, but through a node that missed the Forgets (a restart, see ``missed``) or
         #: that the master could not reach (see ``unforgettable``).
         self.erased: set[tuple[str, int]] = set()
+        #: The same, never taken back when one comes back anyway: a generation that ended once
+        #: ended every older one of its key, and the master's tombstones may keep them out.
+        self.ended_once: set[tuple[str, int]] = set()
         #: (segment id, key, generation, offset) a node recorded through a command sent to a
         #: segment record the master had dropped meanwhile (its node declared dead while alive):
         #: the master cannot tell it to forget those.
@@ -583,6 +586,7 @@ class MasterModel(RuleBasedStateMachine):
         on adoption); returns the Forgets it owes the nodes: (segment id, key, offset)."""
         ident = (record.key, record.put_id)
         self.erased.add(ident)
+        self.ended_once.add(ident)
         if record.state is ObjectState.RESERVED:
             assert force, f"{record.key}: a reservation removed without force"
             reservation = self.reservations[record.key]
@@ -1096,6 +1100,7 @@ class MasterModel(RuleBasedStateMachine):
                     evicted.append(record)
                     victims.append((record, taken))
                     self.erased.add((key, record.put_id))
+                    self.ended_once.add((key, record.put_id))
             else:
                 dropped = [r for r in taken if r not in record.replicas]
                 if dropped:
@@ -1395,7 +1400,7 @@ class MasterModel(RuleBasedStateMachine):
                 continue
             place = (spec.segment_id, item.key, item.generation, item.offset)
             assert (
-                any(k == item.key and g >= item.generation for k, g in self.erased)
+                any(k == item.key and g >= item.generation for k, g in self.ended_once)
                 or existing is not None
                 or place in self.stale
                 or place in self.cancelled_copies
