@@ -261,14 +261,13 @@ class Tombstones:
         node), or whose Forget is still unanswered, stays refused: that generation only (an
         older one the report brought back lives on)."""
         forgetting = self._forgetting.get(segment_id, {})
-        kept, removed = [], []
+        kept: list[tuple[str, int]] = []
+        removed: list[tuple[str, int]] = []
         for key, generation, lives in late:
-            if (key, generation) in forgetting:
-                removed.append((key, generation))
-            elif lives or self._away_elsewhere(segment_id, key, generation):
-                kept.append((key, generation))
-            else:
-                removed.append((key, generation))
+            goes_away = (key, generation) not in forgetting and (
+                lives or self._away_elsewhere(segment_id, key, generation)
+            )
+            (kept if goes_away else removed).append((key, generation))
         if segment_id in self._distrusted or self.record(segment_id) is not None:
             self._changed.add(segment_id)
         self._distrusted.discard(segment_id)

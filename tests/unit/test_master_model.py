@@ -88,7 +88,6 @@ with ``KVPOOL_MODEL_SEED=<seed>``; string hashing, salted per interpreter unless
 from __future__ import annotations
 
 import itertools
-import os
 import random
 import sys
 import zlib
@@ -96,7 +95,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
 
 import pytest
-from hypothesis import HealthCheck, Phase, event, seed, settings
+from hypothesis import HealthCheck, Phase, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -104,8 +103,8 @@ from hypothesis.stateful import (
     invariant,
     precondition,
     rule,
-    run_state_machine_as_test,
 )
+from model_seeds import run_seeded
 from state_helpers import FakeClock, rounded, segment_info
 
 from kvpool.common.status import KeyStatus, Pin, Tier
@@ -2424,9 +2423,6 @@ def _counts(state: MasterState) -> dict[str, int]:
     }
 
 
-#: Seeds the examples: set it to replay a run (its seed is printed when it fails); unset, every
-#: run draws a new one, so that runs together check more sequences than one run does.
-SEED_VARIABLE = "KVPOOL_MODEL_SEED"
 # About 12,000 steps, in some 15 s.
 SETTINGS = settings(
     max_examples=150,
@@ -2441,27 +2437,4 @@ SETTINGS = settings(
 
 
 def test_master_model():
-    chosen = os.environ.get(SEED_VARIABLE, "").strip()
-    value = int(chosen) if chosen else random.SystemRandom().randrange(2**32)
-
-    @seed(value)
-    def machine() -> MasterModel:
-        return MasterModel()
-
-    # A run with a fresh seed (CI) reports a failure as found, with its seed: shrinking 80
-    # steps can take minutes, past the test's timeout, which would hide the failure behind
-    # a timeout. A replay (the seed given) shrinks it.
-    phases = SETTINGS.phases if chosen else [Phase.explicit, Phase.generate]
-    try:
-        run_state_machine_as_test(machine, settings=settings(SETTINGS, phases=phases))
-    except BaseException as failure:
-        # (string hashing orders some of the master's loops: the same hash seed is needed)
-        hashing = os.environ.get("PYTHONHASHSEED", "")
-        if hashing:
-            failure.add_note(f"replay with PYTHONHASHSEED={hashing} {SEED_VARIABLE}={value}")
-        else:
-            failure.add_note(
-                f"replay with {SEED_VARIABLE}={value} (PYTHONHASHSEED was unset: a replay may "
-                "need a few hash seeds; scripts/test.sh sets and prints one)"
-            )
-        raise
+    run_seeded(MasterModel, SETTINGS)

@@ -38,11 +38,10 @@ for test_master_model.py): runs together check more sequences than one run does.
 
 from __future__ import annotations
 
-import os
 import random
 from dataclasses import dataclass, field
 
-from hypothesis import HealthCheck, Phase, event, seed, settings
+from hypothesis import HealthCheck, Phase, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -50,8 +49,8 @@ from hypothesis.stateful import (
     invariant,
     precondition,
     rule,
-    run_state_machine_as_test,
 )
+from model_seeds import run_seeded
 from state_helpers import FakeClock, segment_info
 
 from kvpool.common.status import KeyStatus
@@ -420,8 +419,6 @@ class ReplicationModel(RuleBasedStateMachine):
         )
 
 
-#: Seeds the examples (the same variable as test_master_model.py's): set it to replay a run.
-SEED_VARIABLE = "KVPOOL_MODEL_SEED"
 SETTINGS = settings(
     max_examples=200,
     stateful_step_count=60,
@@ -434,19 +431,4 @@ SETTINGS = settings(
 
 
 def test_master_replication_model():
-    chosen = os.environ.get(SEED_VARIABLE, "").strip()
-    value = int(chosen) if chosen else random.SystemRandom().randrange(2**32)
-
-    @seed(value)
-    def machine() -> ReplicationModel:
-        return ReplicationModel()
-
-    # (a fresh seed reports a failure as found: shrinking it may outlast the test's timeout;
-    # a replay shrinks it)
-    phases = SETTINGS.phases if chosen else [Phase.explicit, Phase.generate]
-    try:
-        run_state_machine_as_test(machine, settings=settings(SETTINGS, phases=phases))
-    except BaseException as failure:
-        hashing = os.environ.get("PYTHONHASHSEED", "")
-        failure.add_note(f"replay with PYTHONHASHSEED={hashing or '?'} {SEED_VARIABLE}={value}")
-        raise
+    run_seeded(ReplicationModel, SETTINGS)
