@@ -3,9 +3,11 @@
 A new leader rebuilds its index from what the storage nodes report; a node that was away
 (declared dead, or slow to answer a Forget) may report an object removed meanwhile. The
 leader that answered the removal knows (master/tombstones.py), and writes what a successor
-must refuse under ``<cluster>/tombstones/<segment id>`` before the answer goes out; a new
-leader reads them all before it takes a mount, and a record is deleted once its segment
-mounted and was reconciled.
+must refuse in etcd before the answer goes out; a new leader reads them all before it takes
+a mount, and a record is deleted once its segment mounted and was reconciled. A record lies
+in pieces by buckets of its keys (master/tombstone_format.py), and a write puts only the
+pieces that changed since this term last wrote them: a removal adds one key to one piece,
+not a whole record of thousands to etcd's history.
 
 Writes are coalesced: while one transaction is in flight, later changes wait and go out in
 the next one, each record built at that time. A write is a transaction guarded by the
@@ -15,21 +17,32 @@ UNAVAILABLE and retried by the caller, at whichever master leads then. While wri
 failing though the master still leads (etcd refusing puts, its space alarm raised), only the
 answers that carry a change wait (and are refused): other calls are served meanwhile.
 
-A record nobody has touched for ``MAX_AGE`` seconds (a segment that never came back: its node
-was replaced) is deleted by the next leader that reads it.
+A record none of whose pieces was written for ``MAX_AGE`` seconds (a segment that never came
+back: its node was replaced) is deleted by the next leader that reads it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import Callable
 from typing import Any
 
 from kvpool.common.logging import get_logger
 from kvpool.master.election import ETCD_ERRORS
+from kvpool.master.tombstone_format import (
+    BUCKETS,
+    PIECES,
+    WHOLE,
+    decode,
+    encode,
+    merge,
+    piece_key,
+    segment_of_piece,
+    split,
+    whole_key,
+)
 from kvpool.master.tombstones import DurableRecord
 
 log = get_logger("kvpool.tombstones")
@@ -38,8 +51,9 @@ log = get_logger("kvpool.tombstones")
 MAX_AGE = 7 * 24 * 3600.0
 #: Operations per etcd transaction (etcd's default limit is 128).
 OPS_PER_TRANSACTION = 64
-#: Bytes of values per etcd transaction (etcd's default request limit is 1.5 MiB; one record
-#: holds at most tombstones.RECORD_BYTES).
+#: Bytes of values per etcd transaction (etcd's default request limit is 1.5 MiB; one record,
+#: all its pieces, holds at most tombstones.RECORD_BYTES). A segment's puts and deletes (at
+#: most BUCKETS + 1) go in one transaction, so that a reader never sees half of a change.
 BYTES_PER_TRANSACTION = 1 << 20
 #: Seconds one transaction may take.
 WRITE_TIMEOUT = 3.0
@@ -50,25 +64,6 @@ FAILURES_BEFORE_DEGRADED = 3
 
 #: What a write calls back with: True once the records are in etcd, False if they are not.
 Done = Callable[[bool], None]
-
-
-def encode(record: DurableRecord, now: float) -> bytes:
-    fields: dict[str, object] = {"at": now, "distrusted": record.distrusted, "keys": record.keys}
-    if record.exact:  # (absent when empty: what masters before it wrote and read)
-        fields["exact"] = sorted(record.exact)
-    return json.dumps(fields, separators=(",", ":")).encode()
-
-
-def decode(value: bytes) -> tuple[float, DurableRecord]:
-    """Raises ValueError on a value no master wrote."""
-    try:
-        fields = json.loads(value)
-        at = float(fields["at"])
-        keys = {str(k): int(g) for k, g in dict(fields["keys"]).items()}
-        exact = frozenset((str(k), int(g)) for k, g in fields.get("exact", ()))
-        return at, DurableRecord(bool(fields["distrusted"]), keys, exact)
-    except (KeyError, TypeError, ValueError, AttributeError) as error:
-        raise ValueError(f"not a tombstone record: {error}") from None
 
 
 class TombstoneStore:
@@ -83,7 +78,7 @@ class TombstoneStore:
         ``address``: this master's advertised address, the leader key's value while it
         leads."""
         self._client = client
-        self._prefix = cluster_prefix + b"/tombstones/"
+        self._cluster_prefix = cluster_prefix
         self._leader_key = leader_key
         self._address = address
         self._dirty: set[str] = set()
@@ -92,6 +87,11 @@ class TombstoneStore:
         self._task: asyncio.Task[None] | None = None
         #: Writes that failed in a row.
         self._failures = 0
+        #: segment id -> its pieces in etcd by bucket, as this term wrote them (a segment not
+        #: here: not known, its next write puts every piece and deletes every other bucket).
+        self._written: dict[str, dict[int, DurableRecord]] = {}
+        #: Bytes of keys and values of the pieces sent to etcd (bench/tombstone_writes.py).
+        self.bytes_put = 0
 
     # ---- a term
 
@@ -102,21 +102,34 @@ class TombstoneStore:
         client = self._client()
         if client is None:
             raise ConnectionError("no etcd client")
-        entries = await asyncio.wait_for(client.get_prefix(self._prefix), WRITE_TIMEOUT)
-        records: dict[str, DurableRecord] = {}
-        stale: list[bytes] = []
+        prefix = self._cluster_prefix
+        pieces = await asyncio.wait_for(client.get_prefix(prefix + PIECES), WRITE_TIMEOUT)
+        wholes = await asyncio.wait_for(client.get_prefix(prefix + WHOLE), WRITE_TIMEOUT)
+        found: dict[str, list[tuple[float, DurableRecord]]] = {}
+        keys: dict[str, list[bytes]] = {}
         now = time.time()
-        for kv in entries:
-            segment_id = kv.key[len(self._prefix) :].decode(errors="replace")
+        for kv in [*pieces, *wholes]:
+            if kv.key.startswith(prefix + PIECES):
+                segment_id = segment_of_piece(prefix, kv.key)
+                if segment_id is None:
+                    log.error("a tombstone piece's key is unreadable", key=repr(kv.key))
+                    continue
+            else:
+                segment_id = kv.key[len(prefix + WHOLE) :].decode(errors="replace")
             try:
                 at, record = decode(kv.value)
             except ValueError as error:
                 log.error("a tombstone record is unreadable", segment=segment_id, error=str(error))
                 record, at = DurableRecord(True, {}), now  # (adopt nothing it does not hold)
-            if now - at > MAX_AGE:
-                stale.append(kv.key)
-                continue
-            records[segment_id] = record
+            found.setdefault(segment_id, []).append((at, record))
+            keys.setdefault(segment_id, []).append(kv.key)
+        records: dict[str, DurableRecord] = {}
+        stale: list[bytes] = []
+        for segment_id, read in found.items():
+            if now - max(at for at, _ in read) > MAX_AGE:
+                stale += keys[segment_id]
+            else:
+                records[segment_id] = merge(record for _, record in read)
         for key in stale:
             with contextlib.suppress(*ETCD_ERRORS):
                 await asyncio.wait_for(client.delete(key), WRITE_TIMEOUT)
@@ -132,6 +145,7 @@ class TombstoneStore:
         self._record_of = None
         self._failures = 0
         self._dirty.clear()
+        self._written.clear()  # (another leader may write before the next term)
         waiting, self._waiting = self._waiting, []
         for done in waiting:
             done(False)
@@ -194,35 +208,72 @@ class TombstoneStore:
         if client is None:
             return False
         now = time.time()
-        chunks: list[list[Any]] = [[]]
+        #: Transactions to run: their operations, and each segment's pieces once done.
+        chunks: list[tuple[list[Any], dict[str, dict[int, DurableRecord]]]] = [([], {})]
         size = 0
         for segment_id in sorted(segment_ids):
-            key = self._prefix + segment_id.encode()
-            record = record_of(segment_id)
-            value = b"" if record is None else encode(record, now)
-            if len(chunks[-1]) >= OPS_PER_TRANSACTION or (
-                chunks[-1] and size + len(key) + len(value) > BYTES_PER_TRANSACTION
+            pieces = split(record_of(segment_id))
+            ops, put = self._changes(client, segment_id, pieces, now)
+            if not ops:
+                continue
+            chunk_ops = chunks[-1][0]
+            if chunk_ops and (
+                len(chunk_ops) + len(ops) > OPS_PER_TRANSACTION
+                or size + put > BYTES_PER_TRANSACTION
             ):
-                chunks.append([])
+                chunks.append(([], {}))
                 size = 0
-            size += len(key) + len(value)
-            if record is None:
-                chunks[-1].append(client.transactions.delete(key))
-            else:
-                chunks[-1].append(client.transactions.put(key, value))
+            size += put
+            chunks[-1][0].extend(ops)
+            chunks[-1][1][segment_id] = pieces
         leading = client.transactions.value(self._leader_key) == self._address().encode()
+        pending = {segment for _, done in chunks for segment in done}
         try:
-            for chunk in chunks:
-                if not chunk:
+            for ops, done in chunks:
+                if not ops:
                     continue
                 succeeded, _ = await asyncio.wait_for(
-                    client.transaction(compare=[leading], success=chunk, failure=[]),
+                    client.transaction(compare=[leading], success=ops, failure=[]),
                     WRITE_TIMEOUT,
                 )
                 if not succeeded:
                     log.warning("tombstone records not written: this master no longer leads")
                     return False
+                for segment_id, pieces in done.items():
+                    pending.discard(segment_id)
+                    if pieces:
+                        self._written[segment_id] = pieces
+                    else:
+                        self._written.pop(segment_id, None)
         except ETCD_ERRORS as error:
             log.warning("tombstone records not written", error=str(error) or type(error).__name__)
             return False
+        finally:
+            for segment_id in pending:  # (perhaps written, perhaps not: rewritten whole)
+                self._written.pop(segment_id, None)
         return True
+
+    def _changes(
+        self, client: Any, segment_id: str, pieces: dict[int, DurableRecord], now: float
+    ) -> tuple[list[Any], int]:
+        """The operations that make the segment's pieces in etcd ``pieces``, and the bytes
+        they put: only what changed since this term wrote it, or, not known, every piece
+        put and every other bucket deleted (with an older master's whole record)."""
+        prefix = self._cluster_prefix
+        known = self._written.get(segment_id)
+        ops: list[Any] = []
+        put = 0
+        for bucket, piece in pieces.items():
+            if known is None or known.get(bucket) != piece:
+                key, value = piece_key(prefix, bucket, segment_id), encode(piece, now)
+                ops.append(client.transactions.put(key, value))
+                put += len(key) + len(value)
+        if known is None:
+            gone: list[int] = [bucket for bucket in range(BUCKETS) if bucket not in pieces]
+            ops.append(client.transactions.delete(whole_key(prefix, segment_id)))
+        else:
+            gone = [bucket for bucket in known if bucket not in pieces]
+        for bucket in gone:
+            ops.append(client.transactions.delete(piece_key(prefix, bucket, segment_id)))
+        self.bytes_put += put
+        return ops, put

@@ -1,15 +1,28 @@
 """Tombstone records in a real etcd (master/tombstone_store.py), over TLS with a client
 certificate as the masters reach it: what the leader writes, the next leader loads; a master
-that does not hold the leader key writes nothing; and while writes keep failing, answers
-that carry no change stop waiting behind them."""
+that does not hold the leader key writes nothing; while writes keep failing, answers that
+carry no change stop waiting behind them; a change rewrites the piece it touches, not the
+record; a new term replaces what it finds, older masters' whole records included."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 from kvpool.etcd_process import EtcdProcess
 from kvpool.local_cluster import LocalCluster
-from kvpool.master.tombstone_store import FAILURES_BEFORE_DEGRADED, TombstoneStore
+from kvpool.master.tombstone_format import (
+    BUCKETS,
+    PIECES,
+    WHOLE,
+    bucket_of,
+    decode,
+    encode,
+    piece_key,
+    split,
+    whole_key,
+)
+from kvpool.master.tombstone_store import FAILURES_BEFORE_DEGRADED, MAX_AGE, TombstoneStore
 from kvpool.master.tombstones import DurableRecord
 from kvpool.security.etcd_tls import etcd_client
 
@@ -86,3 +99,76 @@ def test_a_master_that_does_not_lead_writes_nothing_and_serves_on(etcd):
     assert failing and not busy
     assert loaded == {}
     assert FAILURES_BEFORE_DEGRADED >= 2
+
+
+def test_a_removal_rewrites_one_piece_of_a_large_record_not_the_record(etcd):
+    keys = {f"team/prompt-{i:05d}": 1 for i in range(3000)}
+    current = {"node0/dram-1": DurableRecord(False, dict(keys))}
+
+    async def scenario(client) -> tuple[int, int, int, dict, list[bytes]]:
+        await client.put(LEADER_KEY, ME.encode())
+        store = TombstoneStore(lambda: client, PREFIX + b"/big", LEADER_KEY, lambda: ME)
+        store.begin(current.get)
+        assert await written(store, {"node0/dram-1"})
+        first = store.bytes_put
+        pieces = PREFIX + b"/big" + PIECES
+        before = {kv.key: kv.mod_revision for kv in await client.get_prefix(pieces)}
+        current["node0/dram-1"] = DurableRecord(False, {**keys, "team/removed-now": 2})
+        assert await written(store, {"node0/dram-1"})
+        after = {kv.key: kv.mod_revision for kv in await client.get_prefix(pieces)}
+        loaded = await TombstoneStore(
+            lambda: client, PREFIX + b"/big", LEADER_KEY, lambda: ME
+        ).load()
+        store.end()
+        changed = [key for key in after if after[key] != before.get(key)]
+        return first, store.bytes_put - first, len(after), loaded, changed
+
+    first, second, count, loaded, changed = in_etcd(etcd, scenario)
+    assert loaded == current
+    assert count == BUCKETS  # (3,000 keys fill every bucket)
+    assert changed == [piece_key(PREFIX + b"/big", bucket_of("team/removed-now"), "node0/dram-1")]
+    assert second * 16 < first
+
+
+def test_a_new_term_replaces_the_pieces_and_whole_records_it_finds(etcd):
+    prefix = PREFIX + b"/terms"
+    old = DurableRecord(False, {"team/a": 1, "team/b": 1, "team/c": 1})
+    now = DurableRecord(False, {"team/a": 2}, frozenset({("team/z", 4)}))
+
+    async def scenario(client) -> tuple[dict, dict, dict, list[bytes]]:
+        await client.put(LEADER_KEY, ME.encode())
+        first = TombstoneStore(lambda: client, prefix, LEADER_KEY, lambda: ME)
+        first.begin({"node0/dram-1": old}.get)
+        assert await written(first, {"node0/dram-1"})
+        first.end()
+        # what a master before the pieces wrote: one whole record under /tombstones/
+        await client.put(whole_key(prefix, "node1/dram-7"), encode(old, time.time()))
+        loaded = await TombstoneStore(lambda: client, prefix, LEADER_KEY, lambda: ME).load()
+        second = TombstoneStore(lambda: client, prefix, LEADER_KEY, lambda: ME)
+        second.begin({"node0/dram-1": now, "node1/dram-7": now}.get)
+        assert await written(second, {"node0/dram-1", "node1/dram-7"})
+        reloaded = await TombstoneStore(lambda: client, prefix, LEADER_KEY, lambda: ME).load()
+        second.end()
+        wholes = [kv.key for kv in await client.get_prefix(prefix + WHOLE)]
+        pieces = {kv.key: decode(kv.value)[1] for kv in await client.get_prefix(prefix + PIECES)}
+        return loaded, reloaded, pieces, wholes
+
+    loaded, reloaded, pieces, wholes = in_etcd(etcd, scenario)
+    assert loaded == {"node0/dram-1": old, "node1/dram-7": old}
+    assert reloaded == {"node0/dram-1": now, "node1/dram-7": now}
+    assert wholes == []  # (the older master's record went with its segment's first write)
+    assert len(pieces) == 2 * len(split(now))  # (the pieces of b and c were deleted)
+
+
+def test_a_record_whose_pieces_are_all_old_is_deleted_when_read(etcd):
+    prefix = PREFIX + b"/stale"
+    record = DurableRecord(False, {"team/a": 1, "team/b": 1})
+
+    async def scenario(client) -> tuple[dict, int]:
+        long_ago = time.time() - MAX_AGE - 60
+        for bucket, piece in split(record).items():
+            await client.put(piece_key(prefix, bucket, "gone/dram-0"), encode(piece, long_ago))
+        loaded = await TombstoneStore(lambda: client, prefix, LEADER_KEY, lambda: ME).load()
+        return loaded, len(await client.get_prefix(prefix + PIECES))
+
+    assert in_etcd(etcd, scenario) == ({}, 0)
