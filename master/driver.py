@@ -25,14 +25,14 @@ from kvpool.master.records import CopyCommand, TickReport
 from kvpool.proto import master_pb2 as pb
 
 if TYPE_CHECKING:
-    from kvpool.master.tombstone_store import TombstoneStore
+    from kvpool.master.record_writer import RecordWriter
 
 log = get_logger("kvpool.master")
 
-#: Why a call whose answer relies on a tombstone record is refused when etcd did not take it.
+#: Why a call whose answer relies on a tombstone record is refused when it could not be kept.
 NOT_DURABLE = (
-    "this master could not record in etcd what its answer relies on (it may be losing "
-    "leadership): retry"
+    "this master could not record what its answer relies on (in etcd: it may be losing "
+    "leadership; or in its --tombstone-file): retry"
 )
 
 
@@ -138,9 +138,9 @@ class CoreDriver:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
         self.processes = NodeProcesses(core.state.config.node_ttl if core is not None else 0.0)
-        #: Where tombstone records a new leader needs are written (etcd), with several
-        #: masters; None for a master that runs alone.
-        self.durable: TombstoneStore | None = None
+        #: Where tombstone records the next master needs are written: etcd, with several
+        #: masters; a file (--tombstone-file) or None for a master that runs alone.
+        self.durable: RecordWriter | None = None
         #: Grants the READ capability of a copy from another node's checked stream (set
         #: where this master holds capability keys), minted as the command goes out.
         self.copy_grant: Callable[[CopyCommand], bytes] | None = None

@@ -45,6 +45,7 @@ from kvpool.master.security_config import (
 )
 from kvpool.master.service import MasterService
 from kvpool.master.state import MasterState
+from kvpool.master.tombstone_file import TombstoneFile, TombstoneFileError
 from kvpool.master.tombstone_store import TombstoneStore
 from kvpool.proto import master_pb2_grpc
 from kvpool.security import capabilities as caps
@@ -192,6 +193,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--cluster", default="kvpool", help="cluster name (etcd key prefix)")
     parser.add_argument(
+        "--tombstone-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="a master that runs alone (no --etcd) keeps there what it must refuse from a "
+        "node that was away when objects were removed, so that removals stick across its "
+        "restart (default: in memory only; with --etcd the records live in etcd)",
+    )
+    parser.add_argument(
         "--election-ttl",
         type=integer(1, max_election_ttl),
         default=DEFAULT_TTL,
@@ -285,6 +295,11 @@ def run(args: argparse.Namespace) -> int:
         security = security_from_args(args)
         if args.etcd:
             etcd_endpoints(args.etcd, security.etcd_tls)  # (refuses a scheme that does not fit)
+            if args.tombstone_file is not None:
+                raise ValueError(
+                    "--tombstone-file is for a master that runs alone: with --etcd the "
+                    "records live in etcd, where every master reads them (drop the flag)"
+                )
         quotas = QuotaFile(args.quotas) if args.quotas is not None else None
         keys = _capability_keys(args, config) if security.secure else None
         if keys is not None:
@@ -300,7 +315,7 @@ def run(args: argparse.Namespace) -> int:
         )
     try:
         asyncio.run(serve(args, config, security, quotas, keys))
-    except CannotListen as error:
+    except (CannotListen, TombstoneFileError) as error:
         log.error("cannot start", error=str(error))
         return 2
     return 0
@@ -342,7 +357,16 @@ async def serve(
         # Nodes that held objects for an earlier run of this master remount within a few
         # seconds: until then, clients are told it is rebuilding (they retry).
         state = _new_state(config, int(time.time()), quotas)
+        kept = None
+        if args.tombstone_file is not None:
+            kept = TombstoneFile(args.tombstone_file)
+            restored = await kept.load()  # (raises TombstoneFileError: the master stops)
+            state.restore_tombstones(restored)
+            log.info("tombstone records read", path=str(kept.path), records=len(restored))
         driver = CoreDriver(MasterCore(state, awaited_nodes=None, rebuild_window=config.node_ttl))
+        if kept is not None:
+            driver.durable = kept
+            kept.begin(state.durable_record)
     handlers = MasterHandlers(driver)
     handlers.capability_keys = keys
     handlers.same_host = args.same_host_clients

@@ -9,13 +9,9 @@ in pieces by buckets of its keys (master/tombstone_format.py), and a write puts 
 pieces that changed since this term last wrote them: a removal adds one key to one piece,
 not a whole record of thousands to etcd's history.
 
-Writes are coalesced: while one transaction is in flight, later changes wait and go out in
-the next one, each record built at that time. A write is a transaction guarded by the
-leader key naming this master, so a deposed leader changes nothing. A write that fails (etcd
-unreachable, leadership lost) fails the answers waiting on it: their calls are refused with
-UNAVAILABLE and retried by the caller, at whichever master leads then. While writes keep
-failing though the master still leads (etcd refusing puts, its space alarm raised), only the
-answers that carry a change wait (and are refused): other calls are served meanwhile.
+Writes are coalesced, and a failed one refuses the answers waiting on it
+(master/record_writer.py). A write is a transaction guarded by the leader key naming this
+master, so a deposed leader changes nothing.
 
 A record none of whose pieces was written for ``MAX_AGE`` seconds (a segment that never came
 back: its node was replaced) is deleted by the next leader that reads it.
@@ -31,6 +27,7 @@ from typing import Any
 
 from kvpool.common.logging import get_logger
 from kvpool.master.election import ETCD_ERRORS
+from kvpool.master.record_writer import MAX_AGE, WRITE_TIMEOUT, RecordOf, RecordWriter
 from kvpool.master.tombstone_format import (
     BUCKETS,
     PIECES,
@@ -47,26 +44,19 @@ from kvpool.master.tombstones import DurableRecord
 
 log = get_logger("kvpool.tombstones")
 
-#: Seconds after its last write a record is dropped: a node away that long has been replaced.
-MAX_AGE = 7 * 24 * 3600.0
 #: Operations per etcd transaction (etcd's default limit is 128).
 OPS_PER_TRANSACTION = 64
 #: Bytes of values per etcd transaction (etcd's default request limit is 1.5 MiB; one record,
 #: all its pieces, holds at most tombstones.RECORD_BYTES). A segment's puts and deletes (at
 #: most BUCKETS + 1) go in one transaction, so that a reader never sees half of a change.
 BYTES_PER_TRANSACTION = 1 << 20
-#: Seconds one transaction may take.
-WRITE_TIMEOUT = 3.0
-#: Seconds between tries of a write that failed.
-RETRY_AFTER = 0.5
-#: Failed writes in a row after which answers that carry no change stop waiting for writes.
-FAILURES_BEFORE_DEGRADED = 3
-
-#: What a write calls back with: True once the records are in etcd, False if they are not.
-Done = Callable[[bool], None]
 
 
-class TombstoneStore:
+class TombstoneStore(RecordWriter):
+    """The records in etcd, where every master reaches them."""
+
+    where = "etcd"
+
     def __init__(
         self,
         client: Callable[[], Any],
@@ -77,16 +67,11 @@ class TombstoneStore:
         """``client``: the election's etcd client now (None when it has none);
         ``address``: this master's advertised address, the leader key's value while it
         leads."""
+        super().__init__()
         self._client = client
         self._cluster_prefix = cluster_prefix
         self._leader_key = leader_key
         self._address = address
-        self._dirty: set[str] = set()
-        self._waiting: list[Done] = []
-        self._record_of: Callable[[str], DurableRecord | None] | None = None
-        self._task: asyncio.Task[None] | None = None
-        #: Writes that failed in a row.
-        self._failures = 0
         #: segment id -> its pieces in etcd by bucket, as this term wrote them (a segment not
         #: here: not known, its next write puts every piece and deletes every other bucket).
         self._written: dict[str, dict[int, DurableRecord]] = {}
@@ -135,75 +120,10 @@ class TombstoneStore:
                 await asyncio.wait_for(client.delete(key), WRITE_TIMEOUT)
         return records
 
-    def begin(self, record_of: Callable[[str], DurableRecord | None]) -> None:
-        """A term begins: records are built with ``record_of`` (the new state's)."""
-        self.end()
-        self._record_of = record_of
-
-    def end(self) -> None:
-        """The term ended: nothing more is written, and what waited fails."""
-        self._record_of = None
-        self._failures = 0
-        self._dirty.clear()
+    def _forget_written(self) -> None:
         self._written.clear()  # (another leader may write before the next term)
-        waiting, self._waiting = self._waiting, []
-        for done in waiting:
-            done(False)
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
 
-    # ---- writes
-
-    def write(self, segment_ids: set[str], done: Done) -> None:
-        """Writes the records of ``segment_ids`` as they are when the write goes out; then
-        ``done(True)``, or ``done(False)`` if they could not be written. With no segment,
-        ``done`` comes after the write under way, if any."""
-        if self._record_of is None:
-            done(False)
-            return
-        self._dirty |= segment_ids
-        self._waiting.append(done)
-        if self._task is None or self._task.done():
-            self._task = asyncio.ensure_future(self._writer())
-
-    @property
-    def busy(self) -> bool:
-        """A write is under way: answers given meanwhile wait for it (``write`` with no
-        segment), so that none overtakes a record written for an earlier one. Not while
-        writes keep failing (etcd refusing puts while the lease still renews: its space
-        alarm): then only the answers that carry changes wait, and are refused, so that
-        reads and writes go on meanwhile."""
-        return self._task is not None and not self._task.done() and not self.failing
-
-    @property
-    def failing(self) -> bool:
-        return self._failures >= FAILURES_BEFORE_DEGRADED
-
-    async def _writer(self) -> None:
-        while (self._dirty or self._waiting) and self._record_of is not None:
-            segment_ids, self._dirty = self._dirty, set()
-            waiting, self._waiting = self._waiting, []
-            ok = await self._write_now(segment_ids, self._record_of) if segment_ids else True
-            for done in waiting:
-                done(ok)
-            if ok:
-                if self.failing:
-                    log.warning("tombstone records written again")
-                self._failures = 0
-            else:  # tried again (until the term ends: a leader cut off from etcd ends it)
-                self._failures += 1
-                if self._failures == FAILURES_BEFORE_DEGRADED:
-                    log.error(
-                        "etcd takes no tombstone records: removals are refused until it does "
-                        "(check etcd's health and space alarm)"
-                    )
-                self._dirty |= segment_ids
-                await asyncio.sleep(RETRY_AFTER)
-
-    async def _write_now(
-        self, segment_ids: set[str], record_of: Callable[[str], DurableRecord | None]
-    ) -> bool:
+    async def _write_now(self, segment_ids: set[str], record_of: RecordOf) -> bool:
         client = self._client()
         if client is None:
             return False

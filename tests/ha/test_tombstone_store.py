@@ -11,6 +11,7 @@ import time
 
 from kvpool.etcd_process import EtcdProcess
 from kvpool.local_cluster import LocalCluster
+from kvpool.master.record_writer import FAILURES_BEFORE_DEGRADED, MAX_AGE
 from kvpool.master.tombstone_format import (
     BUCKETS,
     PIECES,
@@ -22,7 +23,7 @@ from kvpool.master.tombstone_format import (
     split,
     whole_key,
 )
-from kvpool.master.tombstone_store import FAILURES_BEFORE_DEGRADED, MAX_AGE, TombstoneStore
+from kvpool.master.tombstone_store import TombstoneStore
 from kvpool.master.tombstones import DurableRecord
 from kvpool.security.etcd_tls import etcd_client
 

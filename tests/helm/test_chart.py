@@ -203,6 +203,25 @@ def test_default_is_one_master_and_a_daemonset_without_etcd(renders: dict[str, R
     assert ports == {"grpc": 50051, "lane": 50052, "http": 9090}
 
 
+def test_a_lone_master_keeps_its_tombstones_in_a_file_on_an_emptydir(
+    renders: dict[str, Render], render_release: Callable[[dict[str, Any]], Render]
+) -> None:
+    render = renders["default"]
+    container = render.container("master")
+    args = parse_cli(container_argv(container))
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert str(args.tombstone_file.parent) == mounts["tombstones"]
+    volumes = {
+        v["name"]: v for v in _pod(render.get("Deployment", f"{render.fullname}-master"))["volumes"]
+    }
+    assert volumes["tombstones"]["emptyDir"] == {"sizeLimit": "256Mi"}
+    for ha in ("ha-bundled-etcd", "external-etcd"):  # (the records live in etcd)
+        assert parse_cli(container_argv(renders[ha].container("master"))).tombstone_file is None
+    off = render_release({"master": {"tombstoneFile": {"enabled": False}}})
+    assert parse_cli(container_argv(off.container("master"))).tombstone_file is None
+    assert "tombstones" not in {m["name"] for m in off.container("master")["volumeMounts"]}
+
+
 def test_single_master_statefulset_nodes(renders: dict[str, Render]) -> None:
     render = renders["single-master"]
     nodes = render.get("StatefulSet", f"{render.fullname}-node")

@@ -6,17 +6,20 @@ storage nodes, which remount within a couple of seconds. Until they have, it kno
 and no segment; answering NOT_FOUND ("never put, was removed, or lost its last replica") or
 NO_SPACE ("no storage node has mounted a segment yet") would be false. It answers UNAVAILABLE
 (rebuilding), which clients retry within their deadline: a get issued at once returns the
-bytes, a put issued at once is stored.
+bytes, a put issued at once is stored. With ``--tombstone-file`` a removal answered while a
+node was away sticks across the restart (master/tombstone_file.py).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 
 import grpc
-from helpers import bearer, master_channel
+from helpers import bearer, master_channel, wait_until
 
 from kvpool import Client
+from kvpool.errors import KVPoolError
 from kvpool.proto import master_pb2 as pb
 from kvpool.proto import master_pb2_grpc
 
@@ -56,3 +59,51 @@ def test_a_fresh_cluster_takes_clients_as_soon_as_a_node_has_mounted(cluster_fac
             pb.ExistsRequest(keys=["nothing"], no_lease=True), timeout=5, metadata=bearer()
         )
         assert list(answer.statuses) == [pb.KeyStatus.NOT_FOUND]
+
+
+def holders(client: Client, key: str) -> set[str]:
+    try:
+        return {replica.node_id for replica in client.stat(key).replicas}
+    except KVPoolError:
+        return set()  # (a restarted master turns clients away while it rebuilds)
+
+
+def test_with_a_tombstone_file_a_removal_sticks_across_the_restart(cluster_factory, tmp_path):
+    """A node paused past its TTL misses the removals of objects it holds; the master is
+    restarted before the node comes back, and the node then reports them all. The restarted
+    master read from its --tombstone-file what it must refuse (without the file it adopts the
+    removed objects again: this test fails)."""
+    node_ttl = 2.0
+    cluster = cluster_factory(
+        2,
+        "64MiB",
+        master_args=["--node-ttl", str(node_ttl), "--tombstone-file", str(tmp_path / "ts.json")],
+    )
+    away, other = cluster.nodes
+    away_id, other_id = away.ready["node_id"], other.ready["node_id"]
+    removed = {f"removed/{i}": os.urandom(4096 + i) for i in range(8)}
+    kept = {f"kept/{i}": os.urandom(4096 + i) for i in range(8)}
+    with Client(cluster.master_address, timeout=20) as client:
+        both = list(removed.items()) + list(kept.items())
+        assert client.put_many(both, replicas=2) == [2] * len(both)
+        away.signal(signal.SIGSTOP)
+        try:
+            assert wait_until(
+                lambda: all(holders(client, k) == {other_id} for k in removed),
+                timeout=10 * node_ttl,
+            ), "the paused node was never declared dead"
+            for key in removed:
+                client.remove(key)
+            assert (tmp_path / "ts.json").stat().st_size > 0
+            cluster.master.kill()
+            cluster.start_master()  # same ports, empty memory, the same file
+        finally:
+            away.signal(signal.SIGCONT)
+        assert wait_until(
+            lambda: all(away_id in holders(client, key) for key in kept), timeout=60
+        ), "the node that was away did not bring back what it holds"
+
+        assert client.exists_many(list(removed), lease=False) == [False] * len(removed)
+        assert not client.list_keys("removed/").keys
+        for key, value in kept.items():
+            assert client.get(key) == value
