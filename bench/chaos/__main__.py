@@ -77,9 +77,11 @@ def print_verdict(verdict: Verdict) -> None:
         )
     for name, before in verdict.usage_start.items():
         after = verdict.usage_end.get(name)
+        rss = verdict.rss_samples.get(name, [])
         if after:
             print(
-                f"  {name}: RSS {before.rss_kib // 1024} -> {after.rss_kib // 1024} MiB, "
+                f"  {name}: RSS {before.rss_kib // 1024} -> {after.rss_kib // 1024} MiB "
+                f"(peak {max(rss, default=0) // 1024} MiB over {len(rss)} samples), "
                 f"threads {before.threads} -> {after.threads}"
             )
     print(f"switch: {verdict.switch}")

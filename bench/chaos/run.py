@@ -30,7 +30,10 @@ from bench.chaos.topology import Network
 CONVERGE_WITHIN = 45.0
 #: Seconds a call may run past its client's timeout before it counts as late.
 SLACK = 3.0
-#: Resident memory a process may gain over the run (after the warm-up): the larger of these.
+#: Resident memory a process's peak may gain from the first third of the run (after the
+#: warm-up) to the last: the larger of these. Peaks, not the first and last samples: a
+#: master's memory rises and falls with its terms as leader (a leader holds the cluster's
+#: objects), so its last sample says who leads at the end; a leak raises every later peak.
 RSS_GROWTH_KIB = 96 * 1024
 RSS_GROWTH_RATIO = 0.5
 THREAD_GROWTH = 8
@@ -68,6 +71,8 @@ class Verdict:
     evicted: list[str] = field(default_factory=list)
     usage_start: dict[str, Usage] = field(default_factory=dict)
     usage_end: dict[str, Usage] = field(default_factory=dict)
+    #: Each process's resident memory (KiB) after the warm-up, after each round, at the end.
+    rss_samples: dict[str, list[int]] = field(default_factory=dict)
     leaks: list[str] = field(default_factory=list)
     faults_injected: int = 0
     switch: dict = field(default_factory=dict)
@@ -124,6 +129,8 @@ class ChaosRun:
         self.stalls: list[Stall] = []
         self.faults_injected = 0
         self.usage_start: dict[str, Usage] = {}
+        #: Each process's usage after the warm-up and after each round.
+        self.usage_samples: dict[str, list[Usage]] = {}
         self.started_at = time.monotonic()
         self.rereplication = os.environ.get(REREPLICATION_ENV, "0") not in ("", "0")
         self._observers: dict[bool, object] = {}
@@ -141,6 +148,7 @@ class ChaosRun:
             self.watch.start()
             time.sleep(warm_up)
             self.usage_start = usage_of(self.system.processes())
+            self._sample_usage(self.usage_start)
         except BaseException:
             self.close()
             raise
@@ -236,8 +244,21 @@ class ChaosRun:
             healed,
         )
         self.rounds.append(report)
+        if self.system is not None:
+            self._sample_usage(usage_of(self.system.processes()))
         self._fault_log.write(json.dumps({"event": "round", **asdict(report)}) + "\n")
         return report
+
+    def _sample_usage(self, sample: dict[str, Usage]) -> None:
+        for name, usage in sample.items():
+            self.usage_samples.setdefault(name, []).append(usage)
+
+    def _samples_until(self, end: dict[str, Usage]) -> dict[str, list[Usage]]:
+        """Each process's samples, ``end`` last."""
+        return {
+            name: [*self.usage_samples.get(name, []), *([end[name]] if name in end else [])]
+            for name in self.usage_samples.keys() | end.keys()
+        }
 
     def _heal(self, name: str, injected: Injected) -> None:
         injected.heal()
@@ -403,7 +424,8 @@ class ChaosRun:
             evicted,
             self.usage_start,
             usage_end,
-            leaks(self.usage_start, usage_end) if final else [],
+            rss_of(self._samples_until(usage_end)),
+            leaks(self._samples_until(usage_end)) if final else [],
             self.faults_injected,
             self.network.stats() if self.network is not None else {},
             round(time.monotonic() - self.started_at, 1),
@@ -417,23 +439,33 @@ class ChaosRun:
         self.system.stop_workers()
         verdict = self.verdict(final=False)
         verdict.usage_end = usage_before_stop
-        verdict.leaks = leaks(self.usage_start, usage_before_stop)
+        verdict.rss_samples = rss_of(self._samples_until(usage_before_stop))
+        verdict.leaks = leaks(self._samples_until(usage_before_stop))
         (self.run_dir / "verdict.json").write_text(json.dumps(verdict.to_json(), indent=1))
         return verdict
 
 
-def leaks(start: dict[str, Usage], end: dict[str, Usage]) -> list[str]:
+def rss_of(samples: dict[str, list[Usage]]) -> dict[str, list[int]]:
+    return {name: [usage.rss_kib for usage in series] for name, series in samples.items()}
+
+
+def leaks(samples: dict[str, list[Usage]]) -> list[str]:
+    """Processes whose memory grew over the run: the peak of the last third of its samples
+    above the peak of the first third by more than allowed (with two samples: the last above
+    the first), or threads grown from the first sample to the last."""
     found = []
-    for name, before in start.items():
-        after = end.get(name)
-        if after is None:
+    for name, series in samples.items():
+        if len(series) < 2:
             continue
-        allowed = max(RSS_GROWTH_KIB, int(before.rss_kib * RSS_GROWTH_RATIO))
-        if after.rss_kib - before.rss_kib > allowed:
+        third = max(1, len(series) // 3)
+        early = max(usage.rss_kib for usage in series[:third])
+        late = max(usage.rss_kib for usage in series[-third:])
+        allowed = max(RSS_GROWTH_KIB, int(early * RSS_GROWTH_RATIO))
+        if late - early > allowed:
             found.append(
-                f"{name}: resident memory {before.rss_kib // 1024} -> "
-                f"{after.rss_kib // 1024} MiB (more than {allowed // 1024} MiB)"
+                f"{name}: resident memory peaked at {early // 1024} MiB in the first third of "
+                f"the run, {late // 1024} MiB in the last (more than {allowed // 1024} MiB more)"
             )
-        if after.threads - before.threads > THREAD_GROWTH:
-            found.append(f"{name}: threads {before.threads} -> {after.threads}")
+        if series[-1].threads - series[0].threads > THREAD_GROWTH:
+            found.append(f"{name}: threads {series[0].threads} -> {series[-1].threads}")
     return found
