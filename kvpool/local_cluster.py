@@ -329,6 +329,13 @@ class LocalCluster:
             str(self.run_dir / "capability-keys.json"),
         ]
 
+    def _tombstone_file_args(self) -> list[str]:
+        """A lone master keeps its tombstone records in the run directory (as the chart's
+        does on an emptyDir): a restarted one, same directory, reads them back."""
+        if self.etcd is not None or "--tombstone-file" in self.master_args:
+            return []
+        return ["--tombstone-file", str(self.run_dir / "master-tombstones.json")]
+
     def _etcd_args(self) -> list[str]:
         if not self.etcd_tls:
             return ["--etcd", f"http://{self.etcd}"]
@@ -385,6 +392,7 @@ class LocalCluster:
             "--log-format",
             self.log_format,
             *self._master_security_args(),
+            *self._tombstone_file_args(),
             *self.master_args,
         )
         self.master = ManagedProcess("master", argv, self.run_dir, self.env)
