@@ -14,7 +14,14 @@ record's JSON (``encode``) holding that bucket's keys; a distrusted record is on
 bucket 0. Reading merges a segment's pieces (``merge``): any piece distrusted makes the record
 distrusted, keys and late writes are the union. Records written whole under
 ``<cluster>/tombstones/<segment id>`` by masters before this layout are still read, and
-deleted by the first write of their segment.
+replaced by the first write of their segment.
+
+**Masters before the pieces** (a rolling upgrade) read only the whole records. So while a
+segment has pieces, its whole record is a *marker* (``marker``): a distrusted record with
+``"pieces": true``, which such a master reads as "adopt nothing from this segment that you do
+not hold" (cached objects may be lost through that one failover; none removed comes back),
+and which this layout skips (``is_marker``). It is written when a segment's first piece is,
+and deleted with its last one: no more than a put per segment while nodes are away.
 """
 
 from __future__ import annotations
@@ -49,6 +56,21 @@ def decode(value: bytes) -> tuple[float, DurableRecord]:
         return at, DurableRecord(bool(fields["distrusted"]), keys, exact)
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise ValueError(f"not a tombstone record: {error}") from None
+
+
+def marker(now: float) -> bytes:
+    """The whole record of a segment that has pieces (see above)."""
+    fields = {"at": now, "distrusted": True, "keys": {}, "pieces": True}
+    return json.dumps(fields, separators=(",", ":")).encode()
+
+
+def is_marker(value: bytes) -> bool:
+    """Whether a whole record is a marker (its pieces hold the record)."""
+    try:
+        fields = json.loads(value)
+    except ValueError:
+        return False
+    return isinstance(fields, dict) and fields.get("pieces") is True
 
 
 def bucket_of(key: str) -> int:

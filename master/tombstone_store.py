@@ -34,6 +34,8 @@ from kvpool.master.tombstone_format import (
     WHOLE,
     decode,
     encode,
+    is_marker,
+    marker,
     merge,
     piece_key,
     segment_of_piece,
@@ -90,7 +92,8 @@ class TombstoneStore(RecordWriter):
         prefix = self._cluster_prefix
         pieces = await asyncio.wait_for(client.get_prefix(prefix + PIECES), WRITE_TIMEOUT)
         wholes = await asyncio.wait_for(client.get_prefix(prefix + WHOLE), WRITE_TIMEOUT)
-        found: dict[str, list[tuple[float, DurableRecord]]] = {}
+        #: segment id -> (when written, what it holds: None for a marker), and the keys.
+        found: dict[str, list[tuple[float, DurableRecord | None]]] = {}
         keys: dict[str, list[bytes]] = {}
         now = time.time()
         for kv in [*pieces, *wholes]:
@@ -101,8 +104,11 @@ class TombstoneStore(RecordWriter):
                     continue
             else:
                 segment_id = kv.key[len(prefix + WHOLE) :].decode(errors="replace")
+            record: DurableRecord | None
             try:
                 at, record = decode(kv.value)
+                if is_marker(kv.value):
+                    record = None  # (for masters before the pieces: the pieces say it all)
             except ValueError as error:
                 log.error("a tombstone record is unreadable", segment=segment_id, error=str(error))
                 record, at = DurableRecord(True, {}), now  # (adopt nothing it does not hold)
@@ -113,8 +119,10 @@ class TombstoneStore(RecordWriter):
         for segment_id, read in found.items():
             if now - max(at for at, _ in read) > MAX_AGE:
                 stale += keys[segment_id]
-            else:
-                records[segment_id] = merge(record for _, record in read)
+                continue
+            merged = merge(record for _, record in read if record is not None)
+            if merged.distrusted or merged.keys or merged.exact:
+                records[segment_id] = merged
         for key in stale:
             with contextlib.suppress(*ETCD_ERRORS):
                 await asyncio.wait_for(client.delete(key), WRITE_TIMEOUT)
@@ -178,7 +186,8 @@ class TombstoneStore(RecordWriter):
     ) -> tuple[list[Any], int]:
         """The operations that make the segment's pieces in etcd ``pieces``, and the bytes
         they put: only what changed since this term wrote it, or, not known, every piece
-        put and every other bucket deleted (with an older master's whole record)."""
+        put and every other bucket deleted; the whole record is the marker for older
+        masters while there are pieces (tombstone_format.py), else deleted."""
         prefix = self._cluster_prefix
         known = self._written.get(segment_id)
         ops: list[Any] = []
@@ -188,11 +197,19 @@ class TombstoneStore(RecordWriter):
                 key, value = piece_key(prefix, bucket, segment_id), encode(piece, now)
                 ops.append(client.transactions.put(key, value))
                 put += len(key) + len(value)
+        whole = whole_key(prefix, segment_id)
         if known is None:
             gone: list[int] = [bucket for bucket in range(BUCKETS) if bucket not in pieces]
-            ops.append(client.transactions.delete(whole_key(prefix, segment_id)))
-        else:
+            if pieces:  # (replaces an older master's whole record, if any)
+                value = marker(now)
+                ops.append(client.transactions.put(whole, value))
+                put += len(whole) + len(value)
+            else:
+                ops.append(client.transactions.delete(whole))
+        else:  # (pieces there: the marker too)
             gone = [bucket for bucket in known if bucket not in pieces]
+            if not pieces:
+                ops.append(client.transactions.delete(whole))
         for bucket in gone:
             ops.append(client.transactions.delete(piece_key(prefix, bucket, segment_id)))
         self.bytes_put += put

@@ -2,7 +2,8 @@
 certificate as the masters reach it: what the leader writes, the next leader loads; a master
 that does not hold the leader key writes nothing; while writes keep failing, answers that
 carry no change stop waiting behind them; a change rewrites the piece it touches, not the
-record; a new term replaces what it finds, older masters' whole records included."""
+record; a new term replaces what it finds, older masters' whole records included, and leaves
+them a marker that keeps them from adopting what the pieces refuse."""
 
 from __future__ import annotations
 
@@ -150,15 +151,39 @@ def test_a_new_term_replaces_the_pieces_and_whole_records_it_finds(etcd):
         assert await written(second, {"node0/dram-1", "node1/dram-7"})
         reloaded = await TombstoneStore(lambda: client, prefix, LEADER_KEY, lambda: ME).load()
         second.end()
-        wholes = [kv.key for kv in await client.get_prefix(prefix + WHOLE)]
+        wholes = {kv.key: kv.value for kv in await client.get_prefix(prefix + WHOLE)}
         pieces = {kv.key: decode(kv.value)[1] for kv in await client.get_prefix(prefix + PIECES)}
         return loaded, reloaded, pieces, wholes
 
     loaded, reloaded, pieces, wholes = in_etcd(etcd, scenario)
     assert loaded == {"node0/dram-1": old, "node1/dram-7": old}
     assert reloaded == {"node0/dram-1": now, "node1/dram-7": now}
-    assert wholes == []  # (the older master's record went with its segment's first write)
+    # The older master's whole record was replaced with the marker, which a master before
+    # the pieces reads as distrusted (it adopts nothing it does not hold from the segment).
+    assert set(wholes) == {whole_key(prefix, "node0/dram-1"), whole_key(prefix, "node1/dram-7")}
+    assert all(decode(value)[1] == DurableRecord(True, {}) for value in wholes.values())
     assert len(pieces) == 2 * len(split(now))  # (the pieces of b and c were deleted)
+
+
+def test_a_segment_whose_record_empties_leaves_neither_pieces_nor_marker(etcd):
+    prefix = PREFIX + b"/emptied"
+    current = {"node0/dram-1": DurableRecord(False, {"team/a": 1, "team/b": 2})}
+
+    async def scenario(client) -> tuple[int, int, dict]:
+        await client.put(LEADER_KEY, ME.encode())
+        store = TombstoneStore(lambda: client, prefix, LEADER_KEY, lambda: ME)
+        store.begin(current.get)
+        assert await written(store, {"node0/dram-1"})
+        during = len(await client.get_prefix(prefix))
+        del current["node0/dram-1"]  # its segment mounted and was reconciled
+        assert await written(store, {"node0/dram-1"})
+        store.end()
+        loaded = await TombstoneStore(lambda: client, prefix, LEADER_KEY, lambda: ME).load()
+        return during, len(await client.get_prefix(prefix)), loaded
+
+    during, after, loaded = in_etcd(etcd, scenario)
+    assert during == len(split(DurableRecord(False, {"team/a": 1, "team/b": 2}))) + 1
+    assert (after, loaded) == (0, {})
 
 
 def test_a_record_whose_pieces_are_all_old_is_deleted_when_read(etcd):

@@ -13,6 +13,8 @@ from kvpool.master.tombstone_format import (
     bucket_of,
     decode,
     encode,
+    is_marker,
+    marker,
     merge,
     piece_key,
     segment_of_piece,
@@ -108,3 +110,11 @@ def test_a_piece_key_names_its_segment_whatever_the_id_holds(segment_id: str):
 def test_a_key_no_master_wrote_names_no_segment(key: bytes):
     assert segment_of_piece(b"kv", key) is None
     assert segment_of_piece(b"kv", b"kv/tombstone-pieces/%02x/seg" % BUCKETS) is None
+
+
+def test_the_marker_reads_as_distrusted_to_a_master_before_the_pieces():
+    at, record = decode(marker(now=5.0))  # (decode reads as those masters did)
+    assert (at, record) == (5.0, DurableRecord(True, {}))
+    assert is_marker(marker(now=5.0))
+    assert not is_marker(encode(DurableRecord(True, {}), now=5.0))
+    assert not is_marker(b"not json") and not is_marker(b"[1]")
