@@ -127,6 +127,16 @@ def start_commit(state: MasterState, key: str, size: int = 4 * KiB, replicas: in
     return slot, sent(state)
 
 
+def committed_on_a_and_b(key: str = "k"):
+    """Nodes a and b mounted, and a put of two replicas whose writer committed both: the
+    object waits for the Persists sent to a and b (by node)."""
+    state, clock = new_state()
+    mount(state, "a")
+    mount(state, "b")
+    slot, persists = start_commit(state, key, 4 * KiB, replicas=2)
+    return state, clock, slot, {p.node_id: p for p in persists}
+
+
 def published(state: MasterState) -> set[str]:
     return set(state.list_keys(limit=100_000).keys)
 
@@ -203,47 +213,34 @@ def test_put_end_answers_at_once_what_needs_no_node():
 
 
 def test_a_node_failing_its_persist_drops_that_replica_and_the_object_is_published_with_the_rest():
-    state, _ = new_state()
-    mount(state, "a")
-    mount(state, "b")
-    slot, persists = start_commit(state, "k", 4 * KiB, replicas=2)
-    [on_a] = [p for p in persists if p.node_id == "a"]
-    [on_b] = [p for p in persists if p.node_id == "b"]
+    state, _, slot, persists = committed_on_a_and_b()
 
-    state.command_done(on_b.command_id, False)  # b could not record it
+    state.command_done(persists["b"].command_id, False)  # b could not record it
 
     assert used(state, "b/dram0") == 0, "the failed replica's space returns at once"
     assert settled(state) == []
-    state.command_done(on_a.command_id, True)
+    state.command_done(persists["a"].command_id, True)
     assert settled(state) == [CommitResult("k", slot.put_id, OK)]
     assert nodes_of(get(state, "k")) == ["a"]
 
 
 def test_a_persist_the_master_gave_up_waiting_for_is_dropped_and_its_node_told_to_forget_it():
-    state, _ = new_state()
-    mount(state, "a")
-    mount(state, "b")
-    slot, persists = start_commit(state, "k", 4 * KiB, replicas=2)
-    [on_a] = [p for p in persists if p.node_id == "a"]
-    [on_b] = [p for p in persists if p.node_id == "b"]
+    state, _, slot, persists = committed_on_a_and_b()
 
-    state.command_expired(on_b.command_id)  # b may record it late: that entry must go
+    state.command_expired(persists["b"].command_id)  # b may record it late: that entry must go
 
     [forget] = only(sent(state), ForgetCommand)
-    assert (forget.node_id, forget.objects) == ("b", on_b.objects)
+    assert (forget.node_id, forget.objects) == ("b", persists["b"].objects)
     assert used(state, "b/dram0") == 0, "a record writes no object bytes: the space returns"
-    state.command_done(on_a.command_id, True)
+    state.command_done(persists["a"].command_id, True)
     assert settled(state) == [CommitResult("k", slot.put_id, OK)]
     assert nodes_of(get(state, "k")) == ["a"]
 
 
 def test_when_every_node_fails_its_persist_the_commit_is_no_replica_and_the_space_free():
-    state, _ = new_state()
-    mount(state, "a")
-    mount(state, "b")
-    slot, persists = start_commit(state, "k", 4 * KiB, replicas=2)
+    state, _, slot, persists = committed_on_a_and_b()
 
-    for command in persists:
+    for command in persists.values():
         state.command_done(command.command_id, False)  # failed, or the I/O layer gave up
 
     assert settled(state) == [CommitResult("k", slot.put_id, KeyStatus.NO_REPLICA)]
@@ -280,12 +277,8 @@ def test_without_a_writer_checksum_the_object_takes_the_one_its_node_computed():
 
 
 def test_a_node_dying_while_an_object_is_committed_publishes_it_with_the_other_replicas():
-    state, clock = new_state()
-    mount(state, "a")
-    mount(state, "b")
-    slot, persists = start_commit(state, "k", replicas=2)
-    [on_a] = [p for p in persists if p.node_id == "a"]
-    state.command_done(on_a.command_id, True)
+    state, clock, slot, persists = committed_on_a_and_b()
+    state.command_done(persists["a"].command_id, True)
 
     report = pass_time(state, clock, CONFIG.node_ttl + 1, "b")  # b dies before answering
 
@@ -297,12 +290,8 @@ def test_a_node_dying_while_an_object_is_committed_publishes_it_with_the_other_r
 def test_a_commit_whose_nodes_all_die_in_one_tick_is_no_replica_whoever_answered_first():
     # (each dead node was dropped in turn: the first publishing the object on the other's
     # replica, which the second then took away; its writer had been told OK for nothing)
-    state, clock = new_state()
-    mount(state, "a")
-    mount(state, "b")
-    slot, persists = start_commit(state, "k", replicas=2)
-    [on_b] = [p for p in persists if p.node_id == "b"]
-    state.command_done(on_b.command_id, True)  # b recorded it, a (dropped first) has not
+    state, clock, slot, persists = committed_on_a_and_b()
+    state.command_done(persists["b"].command_id, True)  # b recorded it, a (dropped first) has not
 
     report = pass_time(state, clock, CONFIG.node_ttl + 1, "a", "b")
 
@@ -327,25 +316,19 @@ def test_a_node_dying_while_it_holds_the_only_replica_of_a_committed_object_is_n
 
 
 def test_a_node_dying_before_the_others_answered_leaves_the_object_waiting_for_them():
-    state, clock = new_state()
-    mount(state, "a")
-    mount(state, "b")
-    slot, persists = start_commit(state, "k", replicas=2)
-    [on_a] = [p for p in persists if p.node_id == "a"]
+    state, clock, slot, persists = committed_on_a_and_b()
 
     pass_time(state, clock, CONFIG.node_ttl + 1, "b")
 
     assert settled(state) == [] and state.stat("k").state == "committed"
-    state.command_done(on_a.command_id, True)
+    state.command_done(persists["a"].command_id, True)
     assert settled(state) == [CommitResult("k", slot.put_id, OK)]
     assert nodes_of(get(state, "k")) == ["a"]
 
 
 def test_a_committed_object_is_removed_only_by_force_which_resolves_it_stale_and_sends_forgets():
-    state, _ = new_state()
-    mount(state, "a")
-    mount(state, "b")
-    slot, persists = start_commit(state, "k", replicas=2)
+    state, _, slot, by_node = committed_on_a_and_b()
+    persists = list(by_node.values())
 
     assert remove(state, "k") is KeyStatus.NOT_READY
     assert remove(state, "k", force=True) is OK
