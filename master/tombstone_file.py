@@ -55,7 +55,9 @@ class TombstoneFile(RecordWriter):
 
     async def load(self) -> dict[str, DurableRecord]:
         """The records in the file (none when there is no file yet; those past MAX_AGE
-        dropped). Raises TombstoneFileError when it exists and cannot be read."""
+        dropped), written back at once: a path this master cannot write is found at its
+        start, not at the first removal that needs it. Raises TombstoneFileError when the
+        file cannot be read or written."""
         self._records = await asyncio.to_thread(self._read)
         now = time.time()
         self._records = {
@@ -63,7 +65,21 @@ class TombstoneFile(RecordWriter):
             for segment, (at, record) in self._records.items()
             if now - at <= MAX_AGE
         }
+        try:
+            await asyncio.to_thread(self._replace, self._content(self._records), 0)
+        except OSError as error:
+            raise TombstoneFileError(
+                f"cannot write the tombstone file {self.path} ({error.strerror or error}): "
+                "give --tombstone-file a path in a directory this master may write"
+            ) from None
         return {segment: record for segment, (_, record) in self._records.items()}
+
+    @staticmethod
+    def _content(records: dict[str, tuple[float, DurableRecord]]) -> bytes:
+        return b'{"records":{%s}}' % b",".join(
+            json.dumps(segment).encode() + b":" + encode(record, at)
+            for segment, (at, record) in sorted(records.items())
+        )
 
     def _read(self) -> dict[str, tuple[float, DurableRecord]]:
         advice = (
@@ -104,10 +120,7 @@ class TombstoneFile(RecordWriter):
                 records.pop(segment_id, None)
             else:
                 records[segment_id] = (now, record)
-        content = b'{"records":{%s}}' % b",".join(
-            json.dumps(segment).encode() + b":" + encode(record, at)
-            for segment, (at, record) in sorted(records.items())
-        )
+        content = self._content(records)
         try:
             await asyncio.wait_for(
                 asyncio.to_thread(self._replace, content, next(self._numbers)), WRITE_TIMEOUT

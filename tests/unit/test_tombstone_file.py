@@ -89,3 +89,16 @@ def test_a_write_that_fails_refuses_its_answers(tmp_path: Path):
         return ok
 
     assert asyncio.run(scenario()) is False
+
+
+def test_a_path_the_master_cannot_write_stops_it_at_start(tmp_path: Path):
+    with pytest.raises(TombstoneFileError, match="give --tombstone-file a path in a directory"):
+        asyncio.run(TombstoneFile(tmp_path / "no-such-directory" / "tombstones.json").load())
+
+
+def test_records_past_max_age_leave_the_file_when_it_is_read(tmp_path: Path):
+    path = tmp_path / "tombstones.json"
+    fields = {"at": time.time() - MAX_AGE - 60, "distrusted": False, "keys": {"team/k": 1}}
+    path.write_text(json.dumps({"records": {"gone": fields}}))
+    assert asyncio.run(TombstoneFile(path).load()) == {}
+    assert json.loads(path.read_text()) == {"records": {}}
