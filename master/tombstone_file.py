@@ -10,7 +10,8 @@ answers (coalesced, as in etcd: master/record_writer.py) and reads them back whe
 
 The file is one JSON object, ``{"records": {segment id: record}}``, each record as etcd holds
 one (master/tombstone_format.py's ``encode``), rewritten whole through a temporary file,
-``fsync`` and ``rename``, so that a crash leaves the old file or the new one. Only the master
+``fsync`` and ``rename``, so that a crash leaves the old file or the new one; it is created
+readable by the master's user only (mode 0600: it names tenants' keys). Only the master
 that runs alone writes it; two masters given the same file would overwrite each other's
 records (with several masters the records live in etcd). A file that cannot be read stops
 the master at start with what to do, rather than serve without its records.
@@ -19,6 +20,7 @@ the master at start with what to do, rather than serve without its records.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -30,6 +32,9 @@ from kvpool.master.record_writer import MAX_AGE, WRITE_TIMEOUT, RecordOf, Record
 from kvpool.master.tombstone_format import decode, encode
 from kvpool.master.tombstones import DurableRecord
 
+#: A new temporary file only (never one another user planted, nor a link), readable by this
+#: master's user alone: the records name tenants' keys, as sensitive as their prompts.
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 #: Bytes the file may hold (records are bounded by tombstones.RECORD_BYTES each, and their
 #: entries by tombstones.LIMIT in all).
 MAX_FILE_BYTES = 1 << 30
@@ -142,7 +147,10 @@ class TombstoneFile(RecordWriter):
             if number < self._replaced:
                 return  # (a newer write is on the disk)
             temporary = self.path.with_name(self.path.name + ".tmp")
-            with open(temporary, "wb") as file:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)  # (left by a crash; a link planted there is not followed)
+            descriptor = os.open(temporary, _CREATE, 0o600)
+            with open(descriptor, "wb") as file:
                 file.write(content)
                 file.flush()
                 os.fsync(file.fileno())

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import stat
 import time
 from pathlib import Path
 
@@ -101,4 +102,30 @@ def test_records_past_max_age_leave_the_file_when_it_is_read(tmp_path: Path):
     fields = {"at": time.time() - MAX_AGE - 60, "distrusted": False, "keys": {"team/k": 1}}
     path.write_text(json.dumps({"records": {"gone": fields}}))
     assert asyncio.run(TombstoneFile(path).load()) == {}
+    assert json.loads(path.read_text()) == {"records": {}}
+
+
+def test_only_the_masters_user_may_read_the_file(tmp_path: Path):
+    path = tmp_path / "tombstones.json"
+    store = TombstoneFile(path)
+
+    async def scenario() -> None:
+        await store.load()
+        store.begin(lambda _: DurableRecord(False, {"team/secret-prompt-hash": 1}))
+        assert await written(store, {"node0/dram-1"})
+        store.end()
+
+    asyncio.run(scenario())
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert not path.with_name(path.name + ".tmp").exists()
+
+
+def test_a_link_planted_at_the_temporary_name_is_not_followed(tmp_path: Path):
+    path = tmp_path / "tombstones.json"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_text("not the master's")
+    path.with_name(path.name + ".tmp").symlink_to(elsewhere)
+
+    assert asyncio.run(TombstoneFile(path).load()) == {}
+    assert elsewhere.read_text() == "not the master's"
     assert json.loads(path.read_text()) == {"records": {}}
