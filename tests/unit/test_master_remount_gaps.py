@@ -284,3 +284,42 @@ def test_a_write_that_never_published_keeps_out_its_own_generation_only():
     assert state.objects["k"].generation == older.put_id
     record = state.durable_record(n1.segment_id)
     assert record is not None and ("k", slot.put_id) in record.exact and "k" not in record.keys
+
+
+def test_a_late_copy_of_an_object_only_lost_is_adopted_once_the_object_is_back():
+    """A promotion (n1's NVMe into its DRAM) is queued on a paused node, declared dead: the
+    object is lost with its only replica, on n1/nvme, not ended. The node remounts its DRAM
+    first, the copy not run yet: that copy's object may come back with the NVMe, so the copy
+    is not kept out (it goes away, as the replicas of a lost object do). The NVMe brings the
+    object back; the node then runs the copy, and the DRAM replica it records is adopted at
+    the next remount (it used to be refused as a late write of an ended object)."""
+    state, clock = new_state()
+    dram, nvme = segment_info("n1", 4096), nvme_info("n1")
+    state.mount_segment(dram)
+    state.mount_segment(nvme)
+    contact = clock.now
+    slot = publish(state, "k", 1000, options=PutOptions(replicas=1, tier=Tier.NVME))
+    item = stored(state, "k", nvme.segment_id)
+    state.outbox.clear()
+    get(state, "k")  # a promotion into n1/dram0, queued on the paused node
+    [copy] = [c for c in state.outbox if isinstance(c, CopyCommand)]
+    state.outbox.clear()
+
+    def n1_declared_dead_then_remounts(reports: dict[str, list[StoredObject]]) -> None:
+        clock.advance(CONFIG.node_ttl + 1)
+        assert state.tick().dead_nodes == ["n1"]
+        for info in (dram, nvme):  # (DRAM first)
+            state.mount_segment(
+                info, reports[info.segment_id], remount=True, silent=clock.now - contact
+            )
+
+    n1_declared_dead_then_remounts({dram.segment_id: [], nvme.segment_id: [item]})
+    assert state.objects["k"].generation == slot.put_id, "back with the NVMe"
+    record = state.durable_record(dram.segment_id)
+    assert record is None or ("k", slot.put_id) not in record.exact
+
+    contact = clock.now  # (the node ran the copy: its DRAM records k)
+    n1_declared_dead_then_remounts({dram.segment_id: [copy.target], nvme.segment_id: [item]})
+
+    held = {replica.segment_id for replica in state.objects["k"].replicas if replica}
+    assert held == {dram.segment_id, nvme.segment_id}, "the copy's replica was refused"
