@@ -1403,6 +1403,13 @@ class MasterState:
         if existing is not None:
             existing.replicas.append(replica)
             segment.lru.add(item.key, existing.pin)
+            if existing.lease_open and existing.lease_until <= now:
+                # A lease that ran out and no tick has counted yet (its budget ran out):
+                # it ends here. The hold below (reads begun before a restart finish) is no
+                # lease of its own; extended, the old one would be counted as the next.
+                existing.lease_open = False
+                self.counters.lease_expiries += 1
+                self._lease_ended(existing)
             existing.lease_until = max(existing.lease_until, now + self.config.lease_ttl)
             self._note((item.key, now, "replica_adopted", existing.put_id, replica))
             if existing.adopted:  # known from reports only: the most any asks, else as

@@ -14,6 +14,7 @@ timeout of 30 s and a reclaim delay of 60 s, a node TTL of 5 s.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 from state_helpers import (
@@ -35,7 +36,7 @@ from state_helpers import (
 )
 
 from kvpool.common.status import KeyStatus, Pin
-from kvpool.master.records import PrefixRemoval, PutOptions, TickReport
+from kvpool.master.records import PrefixRemoval, PutOptions, StoredObject, TickReport
 from kvpool.master.state import MasterState
 
 OK = KeyStatus.OK
@@ -253,6 +254,29 @@ def test_a_lease_that_ran_out_is_counted_even_if_the_object_was_removed_before_t
     pass_time(state, clock, 0)
 
     assert state.counters.lease_expiries == 1
+
+
+def test_a_lease_that_ran_out_is_counted_once_though_a_replica_is_adopted_before_the_tick():
+    """A node restarted and reported a replica of a leased object after its lease ran out,
+    before a tick counted it: the adoption holds the object for one lease TTL, which must
+    not revive the old lease (a read then starts a new one, counted on its own)."""
+    state, clock = new_state()
+    mount(state, "n1")
+    n2 = mount(state, "n2")
+    publish(state, "k", replicas=2)
+    [held] = [r for r in state.objects["k"].replicas if r and r.segment_id == n2.segment_id]
+    get(state, "k", lease_ttl=10)
+
+    clock.advance(12)  # the lease ran out at 10 s; no tick since
+    restarted = replace(n2, base_address=n2.base_address + 64 * MiB)  # (a new mapping)
+    reported = StoredObject("k", held.offset, 4 * KiB, state.objects["k"].put_id)
+    assert state.mount_segment(restarted, [reported]) == []
+    assert state.counters.lease_expiries == 1
+    get(state, "k", lease_ttl=10)  # a new lease
+    pass_time(state, clock, 100)
+
+    assert state.counters.lease_expiries == 2
+    assert sorted(nodes_of(get(state, "k"))) == ["n1", "n2"]
 
 
 # ------------------------------------------------------------------ eviction
