@@ -12,6 +12,17 @@ from collections.abc import Callable
 from typing import Any
 
 
+def holders(client: Any, key: str) -> set[str]:
+    """The nodes that hold a replica of ``key`` as the master says; none while it turns
+    clients away (a restarted master or a new leader rebuilding its index)."""
+    from kvpool.errors import KVPoolError
+
+    try:
+        return {replica.node_id for replica in client.stat(key).replicas}
+    except KVPoolError:
+        return set()
+
+
 def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
     """Polls ``predicate`` until it holds or ``timeout`` seconds pass; returns its last value."""
     deadline = time.monotonic() + timeout

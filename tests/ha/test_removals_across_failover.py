@@ -11,20 +11,12 @@ from __future__ import annotations
 import os
 import signal
 
-from helpers import wait_until
+from helpers import holders, wait_until
 
 from kvpool import Client
-from kvpool.errors import KVPoolError
 
 NODE_TTL = 2.0
 MASTER_ARGS = ("--node-ttl", str(NODE_TTL))
-
-
-def holders(client: Client, key: str) -> set[str]:
-    try:
-        return {replica.node_id for replica in client.stat(key).replicas}
-    except KVPoolError:
-        return set()  # (a new leader may turn clients away while it rebuilds)
 
 
 def test_an_object_removed_while_its_node_was_away_stays_removed_at_a_new_leader(ha_cluster):

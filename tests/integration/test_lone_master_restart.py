@@ -16,10 +16,9 @@ import os
 import signal
 
 import grpc
-from helpers import bearer, master_channel, wait_until
+from helpers import bearer, holders, master_channel, wait_until
 
 from kvpool import Client
-from kvpool.errors import KVPoolError
 from kvpool.proto import master_pb2 as pb
 from kvpool.proto import master_pb2_grpc
 
@@ -59,13 +58,6 @@ def test_a_fresh_cluster_takes_clients_as_soon_as_a_node_has_mounted(cluster_fac
             pb.ExistsRequest(keys=["nothing"], no_lease=True), timeout=5, metadata=bearer()
         )
         assert list(answer.statuses) == [pb.KeyStatus.NOT_FOUND]
-
-
-def holders(client: Client, key: str) -> set[str]:
-    try:
-        return {replica.node_id for replica in client.stat(key).replicas}
-    except KVPoolError:
-        return set()  # (a restarted master turns clients away while it rebuilds)
 
 
 def test_with_a_tombstone_file_a_removal_sticks_across_the_restart(cluster_factory, tmp_path):
