@@ -126,6 +126,11 @@ FENCED_SLOT = PutSlot(
     KeyStatus.FENCED,
     message="its storage node has not yet confirmed that it cleared the space: retry",
 )
+ENDED_WHILE_HELD_SLOT = PutSlot(
+    KeyStatus.FENCED,
+    message="its reservation ended (removed, or its node lost) while it waited for the space: "
+    "retry",
+)
 
 
 class MasterCore:
@@ -170,6 +175,11 @@ class MasterCore:
         self._forget_deadlines: list[tuple[float, int]] = []
         #: Forget id -> the Forget, while it holds writers back (to quarantine its space).
         self._forgets: dict[int, ForgetCommand] = {}
+        #: (key, generation) -> the unanswered Forgets (quarantined ones too) of replicas its
+        #: object gave up while it lived on (trimmed, moved away): a removal of the object
+        #: waits for them too. By Forget id: its node and the (key, generation)s it named.
+        self._trims: dict[tuple[str, int], list[int]] = {}
+        self._trimmed: dict[int, tuple[str, list[tuple[str, int]]]] = {}
 
     # ------------------------------------------------------------------ clients
 
@@ -397,6 +407,8 @@ class MasterCore:
         answers: dict[int, Any] = {}
         for node_id in report.dead_nodes:
             self.delivery.discard(node_id)
+            for command_id in [c for c, (n, _) in self._trimmed.items() if n == node_id]:
+                self._forget_done(command_id)  # (quarantined ones: the barrier let them go)
             for command_id in self.barrier.node_gone(node_id):
                 self.state.forget_overdue(command_id)  # (answered now without it)
                 self._forget_answered(command_id, answers, released=True)
@@ -443,6 +455,7 @@ class MasterCore:
                 if isinstance(command, ForgetCommand):
                     self.barrier.sent(command)
                     self._forgets[command.command_id] = command
+                    self._note_trims(command)
                     deadline = (now + self.forget_wait, command.command_id)
                     heapq.heappush(self._forget_deadlines, deadline)
                     if forgets is not None:
@@ -489,6 +502,33 @@ class MasterCore:
                 waiting[i] = ids
         return waiting
 
+    def _note_trims(self, forget: ForgetCommand) -> None:
+        """Notes the objects ``forget`` names that live on elsewhere (see ``_trims``)."""
+        find = self.state.objects.get
+        named = []
+        for o in forget.objects:
+            record = find(o.key)
+            if record is not None and record.generation == o.generation:
+                named.append((o.key, o.generation))
+        if named:
+            self._trimmed[forget.command_id] = (forget.node_id, named)
+            for pair in named:
+                self._trims.setdefault(pair, []).append(forget.command_id)
+
+    def _forget_done(self, command_id: int) -> None:
+        """The node answered Forget ``command_id``, or is gone: it lists those objects no
+        more."""
+        entry = self._trimmed.pop(command_id, None)
+        if entry is None:
+            return
+        trims = self._trims
+        for pair in entry[1]:
+            ids = trims.get(pair)
+            if ids is not None and command_id in ids:
+                ids.remove(command_id)
+                if not ids:
+                    del trims[pair]
+
     def _removal(self, call_id: int, answer: Any) -> Effects:
         """A removal answers once the nodes have dropped what it removed (or ``forget_wait``
         has passed: a node that is away gets the Forget when it comes back). Answered earlier,
@@ -497,7 +537,13 @@ class MasterCore:
         forgets: list[int] = []
         effects = self._flush(forgets)
         if forgets:
-            self._hold(call_id, _HeldRemoval(answer, set(forgets)), [set(forgets)])
+            waits = set(forgets)
+            if self._trims:  # a replica trimmed earlier may still be listed by its node
+                trims, sent = self._trims, self._forgets
+                for command_id in forgets:
+                    for o in sent[command_id].objects:
+                        waits.update(trims.get((o.key, o.generation), ()))
+            self._hold(call_id, _HeldRemoval(answer, waits), [waits])
         else:
             effects.answers[call_id] = answer
         return effects
@@ -515,6 +561,8 @@ class MasterCore:
         self, command_id: int, answers: dict[int, Any], released: bool = False
     ) -> None:
         self._forgets.pop(command_id, None)
+        if self._trimmed:
+            self._forget_done(command_id)
         if not released:
             self.barrier.answered(command_id)
             self.state.forget_answered(command_id)
@@ -525,16 +573,22 @@ class MasterCore:
                 answers[call_id] = self._release(held, timed_out=False)
 
     def _release(self, held: _HeldPutStart | _HeldRemoval, timed_out: bool) -> Any:
-        """The answer of a held call; a PutStart's slots still held are revoked as FENCED."""
+        """The answer of a held call; a PutStart's slots still held are revoked as FENCED,
+        and so are those whose reservation ended while the call waited (a forced removal, a
+        node declared dead): their space may have gone to another object meanwhile, which
+        the writer would overwrite."""
         if isinstance(held, _HeldRemoval):
             return held.answer
-        if not timed_out or not held.waiting:
-            return held.slots
-        late = sorted(held.waiting)
-        self.state.put_revoke([held.keys[i] for i in late], [held.slots[i].put_id for i in late])
         slots = list(held.slots)
-        for i in late:
-            slots[i] = FENCED_SLOT
+        if timed_out and held.waiting:
+            late = sorted(held.waiting)
+            self.state.put_revoke([held.keys[i] for i in late], [slots[i].put_id for i in late])
+            for i in late:
+                slots[i] = FENCED_SLOT
+        ok, reserved = KeyStatus.OK, self.state.still_reserved
+        for i, slot in enumerate(slots):
+            if slot.status is ok and not reserved(held.keys[i], slot.put_id):
+                slots[i] = ENDED_WHILE_HELD_SLOT
         return slots
 
     def _still_wanted(self, command: NodeCommand) -> bool:

@@ -583,6 +583,12 @@ class MasterState:
             self._persisting[command_id] = objects
         return statuses
 
+    def still_reserved(self, key: str, put_id: int) -> bool:
+        """Whether ``put_id``'s reservation of ``key`` stands (not committed, revoked,
+        removed, timed out or lost with its node)."""
+        record = self.objects.get(key)
+        return record is not None and record.put_id == put_id and record.state is RESERVED
+
     def put_revoke(self, keys: Sequence[str], put_ids: Sequence[int]) -> list[KeyStatus]:
         """A writer gives up its reservations; their space returns at once (it stopped writing)."""
         statuses = []

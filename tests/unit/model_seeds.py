@@ -1,5 +1,5 @@
 """How the model checks of the master's core (test_master_model.py,
-test_master_replication_model.py) pick and report their seeds.
+test_master_replication_model.py, test_master_core_model.py) pick and report their seeds.
 
 Each run draws a fresh seed, so that runs together check more sequences than one run does;
 ``KVPOOL_MODEL_SEED`` replays one. A failure carries the seed (and the hash seed: string
