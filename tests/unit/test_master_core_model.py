@@ -10,7 +10,9 @@ breaks, losing what was on the wire, and the node opens a new one; answers get l
 their stream, as TCP loses nothing on a live connection and a node that cannot answer a command
 ends its stream: the stream is broken, and noticed later); a node answers a command it was
 never sent; clients put, commit and remove; time passes and the core's
-timers fire; the leader dies and a new term rebuilds its index from the nodes' remounts.
+timers fire; the leader dies and a new term rebuilds its index from the nodes' remounts; a
+node stalls (no heartbeats, runs nothing) long enough to be declared dead, then resumes: it
+may run some of what was on its wire before it notices, and remounts with what it holds.
 
 Invariants, after every step:
 
@@ -20,13 +22,15 @@ Invariants, after every step:
    fence (a write timeout and a margin after the node last heard from the old master);
 3. a held call (PutStart behind a Forget, a removal waiting for its Forgets) is answered within
    ``forget_wait``, a PutEnd within the command timeout, once the core's timers ran;
-4. a removal answered before its wait ran out has had its Forgets run by the nodes;
+4. a removal answered before its wait ran out has had its Forgets run by the nodes (but a
+   node declared dead meanwhile, which the removal no longer waits for: its remount must not
+   bring the object back, see 7);
 5. an answer from a node the command was not sent to changes nothing;
 6. the rebuild window: a new leader turns clients away until every known node remounted (or
    the window passed), and takes them once they have;
 7. failover loses nothing and brings nothing back: every object published and not removed is
    published again once the nodes remounted; an object whose removal was answered by its nodes
-   stays gone;
+   stays gone; and so after a dead node's remount;
 8. delivery: once every node is connected (a stream that lost an answer broken and opened
    again) and has run what it was sent (``settle``, also at the end of every example), nothing
    is left unanswered or unsent, no call waits, the forget barrier is empty and no space is
@@ -61,8 +65,8 @@ from kvpool.master.records import (
 )
 from kvpool.master.state import FENCE_MARGIN, MasterState
 
-# Nodes are never declared dead here (the state model covers that): they heartbeat as time
-# passes, and their TTL is longer than any step.
+# Nodes heartbeat as time passes, and their TTL is longer than any step but a long silence
+# (``a_long_silence``), which declares the stalled ones dead.
 CONFIG = MasterConfig(node_ttl=60.0, reservation_timeout=8.0, reclaim_delay=0.0)
 COMMAND_TIMEOUT = 2.0
 FORGET_WAIT = 1.0
@@ -86,6 +90,9 @@ class SimNode:
     #: the latest when everything settles).
     lost_answer: bool = False
     ran: list[NodeCommand] = field(default_factory=list)
+    #: Stalled (since ``stalled_at``): no heartbeats, runs nothing, its stream stays open.
+    stalled: bool = False
+    stalled_at: float = 0.0
 
     def run(self, command: NodeCommand) -> None:
         self.ran.append(command)
@@ -218,6 +225,8 @@ class CoreModel(RuleBasedStateMachine):
                 if status is not KeyStatus.OK or generation is None or not in_time:
                     continue
                 for node in self.nodes.values():
+                    if node.name not in self.core.state.nodes:
+                        continue  # declared dead: its remount must refuse it (invariant 7)
                     assert (key, generation) not in node.index, (
                         f"removal of {key!r} answered while {node.name} still lists it; "
                         f"{call}; ran {node.ran[-8:]}; wire {node.wire}; now {now}"
@@ -285,6 +294,8 @@ class CoreModel(RuleBasedStateMachine):
         """The node runs its next commands in order and answers them (or the last answer is
         lost, and with it the stream: no later answer of that stream arrives)."""
         node = self.nodes[name]
+        if node.stalled:
+            return
         for i in range(count):
             if not node.wire:
                 return
@@ -304,7 +315,10 @@ class CoreModel(RuleBasedStateMachine):
         node.stream, node.wire = None, []  # what was on the wire is lost
 
     @precondition(
-        lambda self: any(n.stream is None and n.name in self.remounted for n in self.nodes.values())
+        lambda self: any(
+            n.stream is None and n.name in self.remounted and not n.stalled
+            for n in self.nodes.values()
+        )
     )
     @rule(data=st.data())
     def node_reconnects(self, data) -> None:
@@ -313,7 +327,7 @@ class CoreModel(RuleBasedStateMachine):
                 sorted(
                     n.name
                     for n in self.nodes.values()
-                    if n.stream is None and n.name in self.remounted
+                    if n.stream is None and n.name in self.remounted and not n.stalled
                 )
             )
         )
@@ -336,13 +350,65 @@ class CoreModel(RuleBasedStateMachine):
     @rule(step=st.sampled_from(STEPS), tick_step=st.sampled_from([None, 1, 4]))
     def time_passes(self, step, tick_step) -> None:
         self.clock.advance(step)
-        for name in self.remounted:
+        self.heartbeats_and_ticks(tick_step)
+
+    def heartbeats_and_ticks(self, tick_step: int | None) -> None:
+        for name in sorted(self.remounted):
+            if self.nodes[name].stalled or name not in self.core.state.nodes:
+                continue  # (a node declared dead learns it at its heartbeat: node_resumes)
             self.apply(self.core.heartbeat(next(self.call_ids), name, [f"{name}/dram0"]))
             self.last_heard[name] = self.clock()
         self.apply(self.core.timers())
         _, effects = self.core.tick(tick_step)
         self.apply(effects)
 
+    # ------------------------------------------------------------------ a node declared dead
+
+    @precondition(
+        lambda self: (
+            self.remounted == set(NODES) and not any(n.stalled for n in self.nodes.values())
+        )
+    )
+    @rule(name=st.sampled_from(NODES))
+    def node_stalls(self, name) -> None:
+        """The node stops: no heartbeats, no commands run, its stream stays open."""
+        node = self.nodes[name]
+        node.stalled, node.stalled_at = True, self.clock()
+
+    @precondition(lambda self: any(n.stalled for n in self.nodes.values()))
+    @rule(tick_step=st.sampled_from([None, 1]))
+    def a_long_silence(self, tick_step) -> None:
+        """Longer than a node's TTL: the stalled node is declared dead (its segments dropped,
+        nothing waits for it any more)."""
+        self.clock.advance(CONFIG.node_ttl + 1.0)
+        self.heartbeats_and_ticks(tick_step)
+        while tick_step is not None and any(
+            n.stalled and n.name in self.core.state.nodes for n in self.nodes.values()
+        ):
+            self.heartbeats_and_ticks(tick_step)  # (a tick in steps may take several)
+
+    @precondition(lambda self: any(n.stalled for n in self.nodes.values()))
+    @rule(runs_late=st.integers(0, 3))
+    def node_resumes(self, runs_late) -> None:
+        """The stalled node goes on. Still known to the master: as if nothing happened.
+        Declared dead: it runs up to ``runs_late`` commands it had read off its stream before
+        it learns that (their answers reach no one), then closes that stream, remounts with
+        what it holds and opens a new one."""
+        [node] = [n for n in self.nodes.values() if n.stalled]
+        node.stalled = False
+        if node.name in self.core.state.nodes:
+            return
+        for command in node.wire[:runs_late]:
+            node.run(command)
+            effects = self.core.node_answered(node.name, command.command_id, True)
+            assert not effects.transmit and not effects.answers, "a dead node's answer counted"
+        if node.stream is not None:
+            self.core.node_disconnected(node.name, node.stream)
+        node.stream, node.wire, node.lost_answer = None, [], False
+        self.remount(node, silent=self.clock() - node.stalled_at)
+        self.check_nothing_removed_back()
+
+    @precondition(lambda self: not any(n.stalled for n in self.nodes.values()))
     @rule(chance=st.integers(0, 3))
     def leader_fails_over(self, chance) -> None:
         if chance:
@@ -383,6 +449,23 @@ class CoreModel(RuleBasedStateMachine):
             assert self.core.accepting_clients(), "every node remounted: clients are welcome"
             self.check_nothing_lost_nothing_back()
 
+    def remount(self, node: SimNode, silent: float) -> None:
+        """A node declared dead mounts its segment again with what it holds, drops what the
+        master refuses, and opens a new stream."""
+        call_id = next(self.call_ids)
+        stored = sorted(node.index.values(), key=lambda o: o.generation)
+        effects = self.core.mount_segment(
+            call_id, segment_info(node.name, SEGMENT_SIZE), stored, True, silent
+        )
+        dropped = set(effects.answers.pop(call_id))
+        self.apply(effects)
+        for key in [k for k in node.index if k[0] in dropped]:
+            del node.index[key]
+        fence = self.clock() - silent + CONFIG.write_timeout + FENCE_MARGIN
+        self.fences[f"{node.name}/dram0"] = fence
+        self.connect(node)
+        self.last_heard[node.name] = self.clock()
+
     def check_nothing_lost_nothing_back(self) -> None:
         state = self.core.state
         for key, generation in self.published.items():
@@ -390,6 +473,10 @@ class CoreModel(RuleBasedStateMachine):
             assert record is not None and record.generation == generation, (
                 f"published {key!r} (generation {generation}) lost in the failover"
             )
+        self.check_nothing_removed_back()
+
+    def check_nothing_removed_back(self) -> None:
+        state = self.core.state
         for key, generation in self.removed.items():
             record = state.objects.get(key)
             assert record is None or record.generation != generation, (
@@ -418,8 +505,11 @@ class CoreModel(RuleBasedStateMachine):
         self.settle()
 
     def settle(self) -> None:
-        """Every node remounts and connects and runs everything sent to it; time passes
-        beyond every wait: nothing may be left undelivered, unanswered or waiting."""
+        """Every node resumes, remounts and connects and runs everything sent to it; time
+        passes beyond every wait: nothing may be left undelivered, unanswered or waiting."""
+        for node in self.nodes.values():
+            if node.stalled:
+                self.node_resumes(0)
         for name in sorted(set(NODES) - self.remounted):
             self.node_remounts_now(name)
         for node in self.nodes.values():
