@@ -392,10 +392,16 @@ class MasterCore:
         forget = self._forgets.pop(command_id, None)
         if forget is None or command_id not in self.barrier:
             return False
+        removals = set()
         for call_id in self._held_by.pop(command_id, ()):
-            held = self._held.pop(call_id, None)
-            if held is not None:
+            held = self._held.get(call_id)
+            if isinstance(held, _HeldRemoval):
+                removals.add(call_id)  # (sent before it: it waits on, to its own deadline)
+            elif held is not None:
+                del self._held[call_id]
                 answers[call_id] = self._release(held, timed_out=True)
+        if removals:
+            self._held_by[command_id] = removals
         self.barrier.answered(command_id)
         self.state.quarantine(forget)
         return True
@@ -407,10 +413,11 @@ class MasterCore:
         answers: dict[int, Any] = {}
         for node_id in report.dead_nodes:
             self.delivery.discard(node_id)
-            for command_id in [c for c, (n, _) in self._trimmed.items() if n == node_id]:
-                self._forget_done(command_id)  # (quarantined ones: the barrier let them go)
             for command_id in self.barrier.node_gone(node_id):
                 self.state.forget_overdue(command_id)  # (answered now without it)
+                self._forget_answered(command_id, answers, released=True)
+            for command_id in [c for c, (n, _) in self._trimmed.items() if n == node_id]:
+                # (quarantined ones, which the barrier had let go: removals wait on them)
                 self._forget_answered(command_id, answers, released=True)
         effects = self.timers()
         effects.answers.update(answers)

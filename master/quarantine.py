@@ -54,12 +54,15 @@ class Quarantine:
         return False
 
     def release(self, token: int) -> None:
-        """The node answered: the space returns to the allocator (unless its segment went)."""
+        """The node answered: the space returns to the allocator (unless its segment went),
+        but for what another unanswered Forget of the same space still holds (two Forgets of
+        one range: an object's, then a copy's that landed there)."""
         held = self._held.pop(token, None)
         if held is None:
             return
         for offset in held.buffers:
-            held.segment.allocator.free(offset)
+            if not self.claim(held.segment, offset):
+                held.segment.allocator.free(offset)
 
     def drop_segment(self, segment: SegmentRecord) -> None:
         """The segment went away: nothing of it is held any more (its node, were it to come

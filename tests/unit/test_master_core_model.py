@@ -41,6 +41,7 @@ Invariants, after every step:
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass, field
 
@@ -55,12 +56,14 @@ from kvpool.master.config import MasterConfig
 from kvpool.master.core import TERM_ENDED, Effects, MasterCore
 from kvpool.master.records import (
     Commit,
+    CopyCommand,
     ForgetCommand,
     NodeCommand,
     ObjectState,
     PersistCommand,
     PutOptions,
     PutSlot,
+    SegmentInfo,
     StoredObject,
 )
 from kvpool.master.state import FENCE_MARGIN, MasterState
@@ -68,9 +71,15 @@ from kvpool.master.state import FENCE_MARGIN, MasterState
 # Nodes heartbeat as time passes, and their TTL is longer than any step but a long silence
 # (``a_long_silence``), which declares the stalled ones dead.
 CONFIG = MasterConfig(node_ttl=60.0, reservation_timeout=8.0, reclaim_delay=0.0)
+#: A secure master (capabilities, nodes serving the checked stream: Forgets for objects never
+#: recorded, to seal their grants), most-free placement, and re-replication of what a dead node
+#: held (Copy commands between nodes).
+SECURE_CONFIG = dataclasses.replace(
+    CONFIG, capability_skew=0.5, placement="most-free", rereplication_rate=1e9
+)
 COMMAND_TIMEOUT = 2.0
 FORGET_WAIT = 1.0
-NODES = ("n0", "n1")
+NODES = ("n0", "n1", "n2")
 KEYS = ("a", "b", "c", "d", "e", "f")
 SEGMENT_SIZE = 2048
 STEPS = (0.1, 0.5, 1.0, 1.5, 3.0)
@@ -102,6 +111,9 @@ class SimNode:
         elif isinstance(command, ForgetCommand):
             for item in command.objects:
                 self.index.pop((item.key, item.generation), None)
+        elif isinstance(command, CopyCommand):
+            target = command.target
+            self.index[target.key, target.generation] = target
 
     def lists(self, offset: int, size: int) -> list[StoredObject]:
         end = offset + max(size, 1)
@@ -121,6 +133,8 @@ class Call:
 
 
 class CoreModel(RuleBasedStateMachine):
+    CONFIG = CONFIG
+
     def __init__(self) -> None:
         super().__init__()
         self.clock = FakeClock()
@@ -143,23 +157,27 @@ class CoreModel(RuleBasedStateMachine):
 
     def new_core(self, awaited: tuple[str, ...]) -> MasterCore:
         state = MasterState(
-            CONFIG, clock=self.clock, rng=random.Random(self.epoch), epoch=self.epoch
+            self.CONFIG, clock=self.clock, rng=random.Random(self.epoch), epoch=self.epoch
         )
         return MasterCore(
             state,
             awaited_nodes=awaited,
-            rebuild_window=CONFIG.node_ttl,
+            rebuild_window=self.CONFIG.node_ttl,
             command_timeout=COMMAND_TIMEOUT,
             forget_wait=FORGET_WAIT,
         )
+
+    def segment(self, name: str) -> SegmentInfo:
+        info = segment_info(name, SEGMENT_SIZE)
+        if self.CONFIG.capability_skew is not None:
+            info = dataclasses.replace(info, checked_address=f"{name}.cluster.local:7000")
+        return info
 
     @initialize()
     def mount_and_connect(self) -> None:
         for name, node in self.nodes.items():
             self.apply(
-                self.core.mount_segment(
-                    next(self.call_ids), segment_info(name, SEGMENT_SIZE), [], False, 0.0
-                )
+                self.core.mount_segment(next(self.call_ids), self.segment(name), [], False, 0.0)
             )
             self.connect(node)
             self.last_heard[name] = self.clock()
@@ -380,7 +398,7 @@ class CoreModel(RuleBasedStateMachine):
     def a_long_silence(self, tick_step) -> None:
         """Longer than a node's TTL: the stalled node is declared dead (its segments dropped,
         nothing waits for it any more)."""
-        self.clock.advance(CONFIG.node_ttl + 1.0)
+        self.clock.advance(self.CONFIG.node_ttl + 1.0)
         self.heartbeats_and_ticks(tick_step)
         while tick_step is not None and any(
             n.stalled and n.name in self.core.state.nodes for n in self.nodes.values()
@@ -435,14 +453,13 @@ class CoreModel(RuleBasedStateMachine):
         node = self.nodes[name]
         stored = sorted(node.index.values(), key=lambda o: o.generation)
         call_id = next(self.call_ids)
-        effects = self.core.mount_segment(
-            call_id, segment_info(name, SEGMENT_SIZE), stored, True, silent
-        )
+        effects = self.core.mount_segment(call_id, self.segment(name), stored, True, silent)
         dropped = set(effects.answers.pop(call_id))
         self.apply(effects)
         for key, generation in [k for k in node.index if k[0] in dropped]:
             del node.index[key, generation]
-        self.fences[f"{name}/dram0"] = self.clock() - silent + CONFIG.write_timeout + FENCE_MARGIN
+        fence = self.clock() - silent + self.CONFIG.write_timeout + FENCE_MARGIN
+        self.fences[f"{name}/dram0"] = fence
         self.remounted.add(name)
         self.connect(node)
         if self.remounted == set(NODES):
@@ -454,14 +471,12 @@ class CoreModel(RuleBasedStateMachine):
         master refuses, and opens a new stream."""
         call_id = next(self.call_ids)
         stored = sorted(node.index.values(), key=lambda o: o.generation)
-        effects = self.core.mount_segment(
-            call_id, segment_info(node.name, SEGMENT_SIZE), stored, True, silent
-        )
+        effects = self.core.mount_segment(call_id, self.segment(node.name), stored, True, silent)
         dropped = set(effects.answers.pop(call_id))
         self.apply(effects)
         for key in [k for k in node.index if k[0] in dropped]:
             del node.index[key]
-        fence = self.clock() - silent + CONFIG.write_timeout + FENCE_MARGIN
+        fence = self.clock() - silent + self.CONFIG.write_timeout + FENCE_MARGIN
         self.fences[f"{node.name}/dram0"] = fence
         self.connect(node)
         self.last_heard[node.name] = self.clock()
@@ -536,20 +551,24 @@ class CoreModel(RuleBasedStateMachine):
             assert self.core.delivery.unanswered(name) == [], f"{name}: unanswered commands"
             assert self.core.delivery.unsent(name) == [], f"{name}: commands never sent"
         assert len(self.core.barrier) == 0, "Forgets still hold writers back"
+        assert not self.core._held_by, "Forgets answered, yet calls still noted as held by them"
+        assert not self.core._trims and not self.core._trimmed, "trimmed replicas never forgotten"
         assert not self.core.state._quarantine, "space still quarantined once every node answered"
 
     def node_remounts_now(self, name: str) -> None:
         node = self.nodes[name]
         call_id = next(self.call_ids)
         stored = sorted(node.index.values(), key=lambda o: o.generation)
-        effects = self.core.mount_segment(
-            call_id, segment_info(name, SEGMENT_SIZE), stored, True, 0.0
-        )
+        effects = self.core.mount_segment(call_id, self.segment(name), stored, True, 0.0)
         dropped = set(effects.answers.pop(call_id))
         self.apply(effects)
         for key in [k for k in node.index if k[0] in dropped]:
             del node.index[key]
         self.remounted.add(name)
+
+
+class SecureCoreModel(CoreModel):
+    CONFIG = SECURE_CONFIG
 
 
 # A fresh seed per run, as the other two models draw (tests/unit/model_seeds.py).
@@ -566,3 +585,7 @@ SETTINGS = settings(
 
 def test_master_core_model():
     run_seeded(CoreModel, SETTINGS)
+
+
+def test_master_core_model_secure_with_rereplication():
+    run_seeded(SecureCoreModel, SETTINGS)

@@ -127,3 +127,20 @@ def test_a_held_put_start_whose_reservation_was_removed_by_force_gets_fenced_not
     assert held.status is KeyStatus.FENCED and "retry" in held.message
     assert not held.replicas, "no space handed out for a reservation that ended"
     core.state.validate()
+
+
+def test_an_earlier_forget_running_out_of_time_does_not_answer_the_removal_early():
+    """The trim's Forget was sent before the removal: its wait ends first. The removal waits
+    on, for its own Forget (and the trim's answer), to its own deadline."""
+    core, clock = two_nodes()
+    trim = trimmed_replica(core, clock)
+    clock.advance(2.5)
+    effects = core.remove(300, ["kv"], False)
+    [forget] = [c for c in effects.transmit if isinstance(c, ForgetCommand)]
+
+    clock.advance(2.5)  # the trim's forget_wait is over, not the removal's
+    assert 300 not in core.timers().answers, "its own Forget is still unanswered"
+    assert 300 not in core.node_answered("n2", forget.command_id, True).answers
+    effects = core.node_answered("n1", trim.command_id, True)
+    assert effects.answers[300] == [KeyStatus.OK]
+    core.state.validate()

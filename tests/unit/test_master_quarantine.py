@@ -15,6 +15,7 @@ from state_helpers import FakeClock, segment_info
 from kvpool.common.status import KeyStatus
 from kvpool.master.config import MasterConfig
 from kvpool.master.core import MasterCore
+from kvpool.master.quarantine import Quarantine
 from kvpool.master.records import Commit, ForgetCommand, PersistCommand, PutOptions
 from kvpool.master.state import MasterState
 
@@ -92,3 +93,20 @@ def test_a_buffer_freed_later_inside_quarantined_space_stays_out_of_use():
 
     core.node_answered("n1", forget.command_id, True)
     assert allocator.used == 0
+
+
+def test_space_two_unanswered_forgets_name_stays_out_of_use_until_both_are_answered():
+    """An object's Forget and, later, a copy's that landed in the same space (both
+    quarantined while the node was silent): the first answer leaves the space held by the
+    second (found by the core's model check, a node declared dead and re-replication)."""
+    state = MasterState(MasterConfig(), clock=FakeClock())
+    state.mount_segment(segment_info("n1", 64 * KiB))
+    segment = state.segments["n1/dram0"]
+    quarantine = Quarantine()
+    quarantine.add(1, segment, [(0, 16 * KiB)])  # the object's Forget
+    quarantine.add(2, segment, [(0, 16 * KiB)])  # the copy's, into the same space
+
+    quarantine.release(1)
+    assert segment.allocator.allocate_at(0, 16 * KiB) is False, "still held by the second"
+    quarantine.release(2)
+    assert segment.allocator.allocate_at(0, 16 * KiB) is True, "both answered: back in use"
