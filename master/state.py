@@ -1199,6 +1199,7 @@ class MasterState:
         record.replicas = replicas
         entry = (record.key, now, "published", record.put_id, tuple(replicas))
         self._transition(record, PUBLISHED, entry)
+        self._tombstones.superseded(record.key, record.generation)
         record.last_access = now
         self._index_published(record)
         if record.pin is _SOFT:

@@ -11,8 +11,9 @@ So the master remembers, per segment, what the node may still list though it mus
 * **away**: each replica dropped with its segment (its node declared dead), by key and
   generation. That alone is no reason to refuse it: an object whose every replica went
   away is "lost" until its node comes back, and then adopted again.
-* **tombstones**: an away replica whose object then ended (removed, evicted, superseded)
-  becomes one: the object is gone, whatever the node says later.
+* **tombstones**: an away replica whose object then ended (removed, evicted, superseded,
+  or, lost, followed by a newer generation published) becomes one: the object is gone,
+  whatever the node says later.
 * **unanswered Forgets**: a Forget sent for a recorded replica, until the node answers it.
 * **writes given up while the segment was away**: a Persist or Copy to a segment its node
   was declared dead with, that the master stopped waiting for meanwhile. No Forget can follow
@@ -118,6 +119,14 @@ class Tombstones:
         taken = self._given_up.pop(segment_id, {})
         self._size -= len(taken)
         return taken
+
+    def superseded(self, key: str, generation: int) -> None:
+        """``generation`` of ``key`` was published: an older one that went away with its node
+        (lost) has ended, as a removal would end it. Without this, a new leader that had not
+        yet heard from the newer one's nodes would adopt the older from its node's report and
+        serve it. (Asked at every publication: one lookup when nothing went away.)"""
+        if key in self._away_in:
+            self.ended(key, generation - 1)
 
     def ended(self, key: str, generation: int) -> None:
         """The object (``generation`` of ``key``) is gone for good: its replicas that went

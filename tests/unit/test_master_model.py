@@ -655,7 +655,15 @@ class MasterModel(RuleBasedStateMachine):
         state.resolved.clear()
         assert resolved == self.owed, f"commits resolved: {resolved}, expected {self.owed}"
         self.owed = Counter()
+        for key, put_id, status in resolved:
+            if status is KeyStatus.OK:
+                self.published_generation(key, put_id)
         return commands
+
+    def published_generation(self, key: str, put_id: int) -> None:
+        """``put_id`` of ``key`` was published: it ends the older generations, those lost
+        with a node included (master/tombstones.py, ``superseded``)."""
+        self.ended_once.add((key, put_id - 1))
 
     def node_segment(self, node_id: str, segment_id: str) -> SegmentRecord:
         segment = self.state.segments.get(segment_id)
@@ -1999,6 +2007,8 @@ class MasterModel(RuleBasedStateMachine):
                 state.resolved.clear()
                 assert (result.key, result.put_id) == ident
                 status = result.status
+                if status is KeyStatus.OK:
+                    self.published_generation(key, put_id)
 
         assert status is expected, (key, ok, status, expected)
         commands = self.collect()

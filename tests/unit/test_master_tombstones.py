@@ -193,3 +193,24 @@ def test_the_core_asks_for_the_record_with_the_removals_answer():
     effects = core.remove(7, ["gone"], force=False)
     assert effects.durable == {n1.segment_id}, "written before any answer that relies on it"
     assert effects.answers == {}, "the removal waits for n2's Forget"
+
+
+def test_a_lost_object_written_again_is_not_brought_back_by_the_next_leader():
+    """Lost with its node, then put again (a newer generation, elsewhere): the old one has
+    ended. A new leader that hears from its node before the newer one's must not adopt it
+    (found by the core's model check: the old bytes were served while the newer one's node
+    had not remounted yet)."""
+    state, clock, n1, n2 = two_nodes()
+    publish(state, "k", 4096, options=ON_N1)
+    old = stored(state, "k", n1.segment_id)
+    declare_dead(state, clock, "n1", [n2])
+    state.durable_changes()
+    publish(state, "k", 4096)  # (n2: n1 is not mounted)
+    assert state.objects["k"].generation > old.generation
+    assert state.durable_changes() == {n1.segment_id}
+    record = state.durable_record(n1.segment_id)
+    assert record is not None and record.keys == {"k": old.generation}
+
+    successor = new_leader_with({n1.segment_id: record})
+    assert successor.mount_segment(n1, [old], remount=True, silent=1.0) == ["k"]
+    assert "k" not in successor.objects
