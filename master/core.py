@@ -199,6 +199,9 @@ class MasterCore:
         if not self._awaited_nodes:
             return True
         if self.clock() >= self._rebuild_until:
+            unheard = self._awaited_nodes - self.state.nodes.keys()
+            if unheard:  # (what its clients remove must not come back with them)
+                self.state.nodes_unheard(unheard)
             self._awaited_nodes = set()
             return True
         self._awaited_nodes -= self.state.nodes.keys()

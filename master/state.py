@@ -101,7 +101,7 @@ from kvpool.master.records import (
 )
 from kvpool.master.replication import ReplicationQueue
 from kvpool.master.story import StoryEvent, StoryLog
-from kvpool.master.tombstones import DurableRecord, Tombstones
+from kvpool.master.tombstones import NODE_PREFIX, DurableRecord, Tombstones
 from kvpool.master.transitions import (
     COMMITTED,
     GONE,
@@ -318,6 +318,8 @@ class MasterState:
         mounted it; memory one mounted segment describes (the same worker's address range,
         or the same shared-memory mapping) is not mounted again under another id: the master
         would place new objects over the ones already there."""
+        if info.segment_id.startswith(NODE_PREFIX):
+            return f"segment ids beginning with {NODE_PREFIX!r} are reserved: give another one"
         existing = self.segments.get(info.segment_id)
         if existing is not None and existing.node_id != info.node_id:
             return (
@@ -385,7 +387,15 @@ class MasterState:
         if node is not None:
             node.last_seen = self.clock()
         known = node.segment_ids if node is not None else set()
-        return [s for s in segment_ids if s not in known]
+        missing = [s for s in segment_ids if s not in known]
+        if node is not None and not missing and self._tombstones.awaits(node_id):
+            self._tombstones.heard(node_id)  # (every segment of it mounted: reconciled)
+        return missing
+
+    def nodes_unheard(self, node_ids: Iterable[str]) -> None:
+        """A new leader takes clients before these nodes remounted (its rebuild window
+        passed): what ends meanwhile must not come back with them (tombstones.py)."""
+        self._tombstones.unheard(node_ids)
 
     def awaiting(self, command_id: int) -> bool:
         """Whether a Persist or Copy command still waits for its node's answer."""
@@ -1386,7 +1396,9 @@ class MasterState:
             return False
         existing = self.objects.get(item.key)
         known = existing is not None and existing.generation == item.generation
-        if self._tombstones.refuses(segment.segment_id, item.key, item.generation, known):
+        if self._tombstones.refuses(
+            segment.segment_id, item.key, item.generation, known, segment.node_id
+        ):
             return False  # removed while its node was away, or its Forget unanswered
         if existing is not None:
             if existing.state is not ObjectState.PUBLISHED:

@@ -28,6 +28,13 @@ So the master remembers, per segment, what the node may still list though it mus
 At the segment's next mount, whatever of these it reports is not adopted (the node is told to
 forget it); then the segment's entries are dropped: its report has been reconciled.
 
+**Nodes a new leader has not heard from.** A new leader does not know the segments of a node
+that has not remounted yet; once its rebuild window has passed it takes clients anyway, and
+that node may still hold objects they remove. So, per such node (``unheard``), every object
+that ends from then on is noted under the node's own entry (``node_entry``: a durable record
+like a segment's), refused at the mount of any of its segments, and dropped once the node
+has mounted them all (``heard``, at its heartbeat).
+
 **Across leaders.** A new leader starts with an empty index and adopts what nodes report, so
 the entries a removal's answer relied on must outlive this master: tombstones, and Forgets
 past the master's wait (the removal was answered unconfirmed) or left by a node declared
@@ -56,6 +63,15 @@ RECORD_LIMIT = 4096
 RECORD_BYTES = 768 << 10
 #: What each key adds to a record beyond its own bytes (quotes, colon, generation, comma).
 _PER_KEY_BYTES = 26
+
+
+#: What begins the entry of a node (rather than a segment): no segment id has it.
+NODE_PREFIX = "node:"
+
+
+def node_entry(node_id: str) -> str:
+    """The name under which a node's own entry is kept and written, beside its segments'."""
+    return NODE_PREFIX + node_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +109,10 @@ class Tombstones:
         self._given_up: dict[str, dict[str, int]] = {}
         #: segment id -> (key, generation) of late writes kept out (that generation only).
         self._late: dict[str, set[tuple[str, int]]] = {}
+        #: The entries (``node_entry``) of nodes not heard from, noting what ends meanwhile;
+        #: and every node entry kept (those, and any restored), until ``heard``.
+        self._unheard: set[str] = set()
+        self._node_entries: set[str] = set()
 
     def __len__(self) -> int:
         return self._size
@@ -128,9 +148,35 @@ class Tombstones:
         if key in self._away_in:
             self.ended(key, generation - 1)
 
+    def unheard(self, node_ids: Iterable[str]) -> None:
+        """A new leader takes clients without having heard from these nodes: what ends from
+        now on is refused at their mounts."""
+        for node_id in node_ids:
+            self._unheard.add(node_entry(node_id))
+            self._node_entries.add(node_entry(node_id))
+
+    def heard(self, node_id: str) -> None:
+        """The node has mounted all its segments (reconciled): its entry goes."""
+        entry = node_entry(node_id)
+        self._unheard.discard(entry)
+        self._node_entries.discard(entry)
+        if entry in self._distrusted or entry in self._dead:
+            self._changed.add(entry)
+            self._distrusted.discard(entry)
+            self._drop(entry)
+
+    def awaits(self, node_id: str) -> bool:
+        """Whether the node's entry waits for ``heard`` (asked at every heartbeat)."""
+        return bool(self._node_entries) and node_entry(node_id) in self._node_entries
+
     def ended(self, key: str, generation: int) -> None:
         """The object (``generation`` of ``key``) is gone for good: its replicas that went
-        away (this generation or older) become tombstones."""
+        away (this generation or older) become tombstones, and nodes not heard from refuse
+        it."""
+        for entry in self._unheard:
+            if entry not in self._distrusted and self._room(entry):
+                self._put(self._dead, entry, key, generation)
+                self._changed.add(entry)
         segments = self._away_in.pop(key, None)
         if not segments:
             return
@@ -229,6 +275,8 @@ class Tombstones:
     def restore(self, segment_id: str, record: DurableRecord) -> None:
         """A record an earlier leader kept: refused at the segment's next mount as if noted
         here (and kept in the record until then)."""
+        if segment_id.startswith(NODE_PREFIX):
+            self._node_entries.add(segment_id)
         if record.distrusted:
             self._drop(segment_id)
             self._distrusted.add(segment_id)
@@ -244,9 +292,17 @@ class Tombstones:
 
     # ---- at a mount
 
-    def refuses(self, segment_id: str, key: str, generation: int, known: bool) -> bool:
+    def refuses(
+        self, segment_id: str, key: str, generation: int, known: bool, node_id: str = ""
+    ) -> bool:
         """Whether a replica the node reports at a mount must not be adopted. ``known``:
-        the master holds that generation of the object (a replica of it may come back)."""
+        the master holds that generation of the object (a replica of it may come back).
+        ``node_id``: the segment's node, whose own entry counts too."""
+        if node_id and self._refuses(node_entry(node_id), key, generation, known):
+            return True
+        return self._refuses(segment_id, key, generation, known)
+
+    def _refuses(self, segment_id: str, key: str, generation: int, known: bool) -> bool:
         if segment_id in self._distrusted:
             return not known
         dead = self._dead.get(segment_id)

@@ -2,7 +2,8 @@
 scripts/replay_model_example.py PYTEST_OUTPUT [--story KEY]``, H the hash seed the failure
 printed (string hashing orders some of the master's loops).
 
-A model test (tests/unit/test_master_model.py, test_master_replication_model.py) that fails
+A model test (tests/unit/test_master_model.py, test_master_replication_model.py,
+test_master_core_model.py) that fails
 prints its example: the rules it ran, in order, each after the values it drew. Hypothesis can
 replay a seed, but not always this example: the model's draws depend on the master's
 behaviour and, while shrinking, on the order of objects in memory, so a replay may take
@@ -70,12 +71,13 @@ def example_lines(output: str) -> list[str]:
 def replay(items: list[str], story: str | None) -> int:
     sys.path[:0] = [str(ROOT / "tests" / "unit"), str(ROOT / "tests")]
     import hypothesis
+    import test_master_core_model
     import test_master_model
     import test_master_replication_model
 
     hypothesis.event = lambda *args, **kwargs: None  # (outside a test it raises)
     scope: dict[str, Any] = {}
-    for module in (test_master_replication_model, test_master_model):
+    for module in (test_master_core_model, test_master_replication_model, test_master_model):
         module.event = hypothesis.event  # type: ignore[attr-defined]
         scope.update(vars(module))
     pending: list[Any] = []
@@ -94,7 +96,9 @@ def replay(items: list[str], story: str | None) -> int:
         except AssertionError as failure:
             print(f"fails at: {step.splitlines()[0]}\n{failure}")
             if story is not None:
-                for event in scope["state"].state.story(story):
+                model = scope["state"]
+                master = model.core.state if hasattr(model, "core") else model.state
+                for event in master.story(story):
                     print(f"  {event.time:10.3f} {event.event} {event.details}")
             return 1
         except _OffPath as off:

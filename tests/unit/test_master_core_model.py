@@ -130,8 +130,6 @@ class Call:
     sizes: list[int] = field(default_factory=list)
     #: A removal's keys -> the generation published when it was asked for.
     generations: dict[str, int] = field(default_factory=dict)
-    #: Nodes a new leader had not heard from yet when the call came.
-    unheard: frozenset[str] = frozenset()
 
 
 class CoreModel(RuleBasedStateMachine):
@@ -207,8 +205,7 @@ class CoreModel(RuleBasedStateMachine):
             for k in keys
             if k in objects and objects[k].state is ObjectState.PUBLISHED
         }
-        unheard = frozenset(NODES) - self.remounted
-        self.calls[call_id] = Call(kind, self.clock(), keys, sizes or [], generations, unheard)
+        self.calls[call_id] = Call(kind, self.clock(), keys, sizes or [], generations)
         if kind != "put_end" and self.remounted != set(NODES):
             self.clients_before_remounts = True
         self.apply(event(call_id))
@@ -250,22 +247,16 @@ class CoreModel(RuleBasedStateMachine):
                 generation = call.generations.get(key)
                 if status is not KeyStatus.OK or generation is None or not in_time:
                     continue
-                unknown = False
                 for node in self.nodes.values():
-                    if node.name in call.unheard:
-                        # A node a new leader never heard from (its rebuild window passed):
-                        # a removal cannot reach what it holds (a known gap, docs/
-                        # reliability.md), and the object may come back with it.
-                        unknown |= (key, generation) in node.index
-                        continue
                     if node.name not in self.core.state.nodes:
-                        continue  # declared dead: its remount must refuse it (invariant 7)
+                        # declared dead, or a new leader never heard from it (its rebuild
+                        # window passed): its remount must refuse it (invariant 7)
+                        continue
                     assert (key, generation) not in node.index, (
                         f"removal of {key!r} answered while {node.name} still lists it; "
                         f"{call}; ran {node.ran[-8:]}; wire {node.wire}; now {now}"
                     )
-                if not unknown:
-                    self.removed[key] = generation
+                self.removed[key] = generation
 
     # ------------------------------------------------------------------ clients
 

@@ -214,3 +214,59 @@ def test_a_lost_object_written_again_is_not_brought_back_by_the_next_leader():
     successor = new_leader_with({n1.segment_id: record})
     assert successor.mount_segment(n1, [old], remount=True, silent=1.0) == ["k"]
     assert "k" not in successor.objects
+
+
+# ---- nodes a new leader has not heard from
+
+
+def leader_past_its_window_without_n2(
+    records: dict[str, DurableRecord] | None = None,
+) -> tuple[MasterCore, FakeClock, SegmentInfo, SegmentInfo, list]:
+    """Term 1 publishes "k" on n1 and n2; a new leader expects both, hears from n1 only, and
+    takes clients once its rebuild window has passed."""
+    state, _, n1, n2 = two_nodes()
+    publish(state, "k", 4096, options=PutOptions(replicas=2))
+    held = {s.segment_id: [stored(state, "k", s.segment_id)] for s in (n1, n2)}
+    successor, clock = new_state()
+    successor.restore_tombstones(records or {})
+    core = MasterCore(successor, awaited_nodes=["n1", "n2"], rebuild_window=10.0)
+    core.mount_segment(1, n1, held[n1.segment_id], True, 0.0)
+    assert not core.accepting_clients()
+    clock.advance(10.0)
+    assert core.accepting_clients(), "the window passed: clients are taken without n2"
+    return core, clock, n1, n2, held[n2.segment_id]
+
+
+def test_a_removal_reaches_a_node_the_new_leader_has_not_heard_from():
+    """Found by the core's model check: the object came back when n2 remounted."""
+    core, _, _, n2, on_n2 = leader_past_its_window_without_n2()
+    assert core.remove(2, ["k"], False).answers.get(2, [KeyStatus.OK]) == [KeyStatus.OK]
+
+    assert core.mount_segment(3, n2, on_n2, True, 0.0).answers[3] == ["k"], "refused"
+    assert "k" not in core.state.objects
+
+
+def test_what_ended_while_a_node_was_unheard_outlives_the_next_failover():
+    core, _, _, n2, on_n2 = leader_past_its_window_without_n2()
+    effects = core.remove(2, ["k"], False)
+    assert effects.durable == {"node:n2"}, "written before the removal answers"
+    record = core.state.durable_record("node:n2")
+    assert record is not None and "k" in record.keys
+
+    later, _, _, _, _ = leader_past_its_window_without_n2({"node:n2": record})
+    assert later.mount_segment(3, n2, on_n2, True, 0.0).answers[3] == ["k"]
+
+
+def test_a_node_that_mounted_everything_is_reconciled_at_its_heartbeat():
+    core, _, _, n2, on_n2 = leader_past_its_window_without_n2()
+    core.remove(2, ["k"], False)
+    core.mount_segment(3, n2, on_n2, True, 0.0)
+    assert core.heartbeat(4, "n2", [n2.segment_id]).durable == {"node:n2"}
+    assert core.state.durable_record("node:n2") is None, "reconciled: the record goes"
+    core.state.validate()
+
+
+def test_a_segment_may_not_take_the_name_of_a_node_entry():
+    state, _ = new_state()
+    problem = state.mount_problem(segment_info("n1", MiB, "node:n2"))
+    assert problem is not None and "reserved" in problem
