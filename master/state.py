@@ -155,6 +155,9 @@ class MasterState:
         self.config = config or MasterConfig()
         self.clock = clock
         self.rng = rng or random.Random()
+        #: When this master's term began (its state is made at its election): an earlier
+        #: master may have granted writers space until then, which this one cannot know.
+        self.term_started = clock()
         self.nodes: dict[str, NodeRecord] = {}
         self.segments: dict[str, SegmentRecord] = {}
         self.objects: dict[str, ObjectRecord] = {}
@@ -270,8 +273,13 @@ class MasterState:
         granted_at = self._dropped_grants.pop(info.segment_id, None)
         if remount:
             # Writers granted space before the node last heard from a master, and those this
-            # master granted itself until it let the segment go (declared its node dead).
+            # master granted itself until it let the segment go (declared its node dead)...
             latest = now - silent if granted_at is None else max(now - silent, granted_at)
+            if _writers_unchecked(info, self.config):
+                # ...and those an earlier master granted until this term began (it may have
+                # lived on after the node last heard from it), where the node cannot refuse
+                # them: writers without a capability, whose term it would check.
+                latest = max(latest, self.term_started)
             segment.fenced_until = latest + self.config.write_timeout + FENCE_MARGIN
         self.segments[info.segment_id] = segment
         node.segment_ids.add(info.segment_id)
@@ -2399,6 +2407,17 @@ def _validated(method: Callable[..., Any], validate: Callable[[], None]) -> Call
         return result
 
     return checked
+
+
+def _writers_unchecked(info: SegmentInfo, config: MasterConfig) -> bool:
+    """Whether writers may copy into ``info``'s segment without a capability the node checks
+    (whose term it would refuse once a newer master took over): this master grants none, the
+    node serves no checked stream (UCX's one-sided writes), or clients on its host may map
+    its memory and copy into it themselves (a secure master lets them only into the DRAM of
+    a node given ``--tenant``, and only when ``--same-host-clients`` names them)."""
+    if config.capability_skew is None or not info.checked_address:
+        return True
+    return bool(info.shared_memory) and bool(info.tenant) and info.tier is _DRAM
 
 
 def _admits(segment: SegmentRecord, tenant: str) -> bool:

@@ -11,6 +11,13 @@ timeout after they got them. So the master hands out no buffer in the segment un
 nowhere else is answered FENCED (retry shortly), never NO_SPACE meanwhile. A fresh mount (a
 new process: nobody can write into it yet) is not fenced.
 
+At a new master, an earlier one may have granted writes there until the new term began, after
+the node last heard from it (it lived on, cut off from the node): where the node cannot
+refuse those writers (no capability carrying the old term: UCX, or clients that map its
+memory), the fence counts from the term's start at least. Most tests below run at a master
+whose term began longer ago than a fence (``running_state``), where only the node's silence
+counts.
+
 The last tests are gaps the model check (test_master_model.py) found, each a strict xfail
 until it was closed: bytes handed out during the fence, or too early after it
 (test_master_remount_gaps.py has the others).
@@ -23,6 +30,7 @@ from dataclasses import replace
 import pytest
 from state_helpers import (
     CONFIG,
+    FakeClock,
     MiB,
     get,
     new_state,
@@ -47,6 +55,13 @@ from kvpool.master.state import FENCE_MARGIN, MasterState
 FENCE = CONFIG.write_timeout + FENCE_MARGIN
 
 
+def running_state(config: MasterConfig = CONFIG) -> tuple[MasterState, FakeClock]:
+    """A master whose term began longer ago than a fence: only its nodes' silence counts."""
+    state, clock = new_state(config)
+    clock.advance(config.write_timeout + FENCE_MARGIN)
+    return state, clock
+
+
 def fenced_put(state: MasterState, key: str = "k", size: int = 4096) -> None:
     """A put now is answered FENCED: no buffer, no reservation, a message saying to retry."""
     used = [s.allocator.used for s in state.segments.values()]
@@ -61,7 +76,7 @@ def fenced_put(state: MasterState, key: str = "k", size: int = 4096) -> None:
 
 @pytest.mark.parametrize("silent", [0.0, 1.0, 2.5])
 def test_a_put_before_the_fence_ends_is_fenced_and_one_after_succeeds(silent):
-    state, clock = new_state()
+    state, clock = running_state()
     info = segment_info("n1", 1 * MiB)
     assert state.mount_segment(info, [], remount=True, silent=silent) == []
     fenced_put(state)
@@ -74,7 +89,7 @@ def test_a_put_before_the_fence_ends_is_fenced_and_one_after_succeeds(silent):
 
 
 def test_the_answer_says_how_long_the_fence_lasts():
-    state, clock = new_state()
+    state, clock = running_state()
     state.mount_segment(segment_info("n1", 1 * MiB), [], remount=True, silent=1.0)
     clock.advance(0.5)
     [slot] = state.put_start("c1", ["k"], [4096])
@@ -88,13 +103,13 @@ def test_a_fresh_mount_is_not_fenced():
 
 
 def test_a_node_silent_longer_than_the_fence_is_not_fenced():
-    state, _ = new_state()
+    state, _ = running_state()
     state.mount_segment(segment_info("n1", 1 * MiB), [], remount=True, silent=FENCE)
     assert put(state, "k").status is KeyStatus.OK
 
 
 def test_a_longer_write_timeout_fences_longer():
-    state, clock = new_state(MasterConfig(write_timeout=10.0))
+    state, clock = running_state(MasterConfig(write_timeout=10.0))
     state.mount_segment(segment_info("n1", 1 * MiB), [], remount=True, silent=1.0)
     clock.advance(10.0 + FENCE_MARGIN - 1.0 - 0.01)
     fenced_put(state)
@@ -103,7 +118,7 @@ def test_a_longer_write_timeout_fences_longer():
 
 
 def test_puts_go_to_unfenced_segments_meanwhile_and_are_fenced_once_those_are_full():
-    state, clock = new_state()
+    state, clock = running_state()
     state.mount_segment(segment_info("n1", 64 * 1024), [], remount=True, silent=0.0)
     state.mount_segment(segment_info("n2", 16 * 1024))  # a new node: not fenced
     for i in range(4):  # n2 holds four; none goes to n1, nor a second replica
@@ -132,7 +147,8 @@ def test_objects_a_remount_reports_are_readable_during_the_fence():
 
 def test_after_a_failover_a_heartbeat_asks_for_the_remount_which_is_fenced():
     """A master restarted (a new term, its index empty): the node's heartbeat learns its
-    segments are unknown there and it mounts them again, a live process: fenced."""
+    segments are unknown there and it mounts them again, a live process: fenced, until a
+    fence after the new term began (the old master may have granted writes until then)."""
     old, clock = new_state()
     info = segment_info("n1", 1 * MiB)
     old.mount_segment(info)
@@ -143,7 +159,81 @@ def test_after_a_failover_a_heartbeat_asks_for_the_remount_which_is_fenced():
     state.mount_segment(info, [], remount=True, silent=0.3)
     assert state.heartbeat("n1", [info.segment_id]) == []
     fenced_put(state)
-    clock.advance(FENCE - 0.3)
+    clock.advance(FENCE - 0.01)
+    fenced_put(state)
+    clock.advance(0.01)
+    assert put(state, "k").status is KeyStatus.OK
+
+
+#: A master that grants capabilities, and a node that checks them on its checked stream.
+SECURE = replace(CONFIG, capability_skew=0.5)
+
+
+def checked_info(
+    node: str, size: int = 1 * MiB, *, shared: bool = False, tenant: str = ""
+) -> SegmentInfo:
+    """A DRAM segment of a node serving the checked stream, offering its memory to clients
+    on its host (``shared``), holding one tenant's objects (``tenant``, its ``--tenant``): a
+    secure master lets clients map only such a node's DRAM."""
+    info = replace(segment_info(node, size), checked_address=f"{node}.cluster.local:7000")
+    return replace(info, shared_memory=b"a mapping handover" if shared else b"", tenant=tenant)
+
+
+@pytest.mark.parametrize(
+    "config, info",
+    [
+        (CONFIG, segment_info("n1", 4096)),
+        (SECURE, checked_info("n1", 4096, shared=True, tenant="t")),
+    ],
+    ids=["no capabilities", "clients map it"],
+)
+def test_a_new_leader_fences_what_the_old_one_granted_after_the_node_last_heard_from_it(
+    config, info
+):
+    """The old leader, cut off from the node but not from writers, grants a write there after
+    the node last heard from it; then it loses its term. The node remounts at the new leader,
+    which never heard of that write: its writer copies on, and nothing the node checks carries
+    the old term. No buffer over those bytes until that writer is done."""
+    old, clock = new_state(config)
+    old.mount_segment(info)
+    assert old.heartbeat("n1", [info.segment_id]) == []  # the node's last contact (t = 0)
+    clock.advance(2.0)
+    granted = put(old, "t/old", 1000)  # its writer copies until t = 2 + write_timeout
+    assert granted.status is KeyStatus.OK
+    writer_done = clock.now + config.write_timeout
+    clock.advance(0.5)  # the old leader's term ends; the new one begins
+    state = MasterState(config, clock=clock, epoch=1)
+    clock.advance(0.1)
+    state.mount_segment(info, [], remount=True, silent=2.6)
+    while clock.now < writer_done:
+        new = put(state, f"t/new-{clock.now}", 1000)
+        assert new.status is KeyStatus.FENCED, (
+            f"{new.replicas} handed out at t = {clock.now}, over bytes {granted.replicas} the "
+            f"old leader's writer may copy into until t = {writer_done}"
+        )
+        clock.advance(0.25)
+    clock.advance(FENCE)
+    assert put(state, "t/later", 1000).status is KeyStatus.OK
+
+
+@pytest.mark.parametrize(
+    "info",
+    [checked_info("n1", 4096), checked_info("n1", 4096, shared=True)],
+    ids=["not shared", "shared, but of any tenant: never mapped"],
+)
+def test_a_new_leader_fences_from_the_contact_where_every_writer_carries_a_checked_term(info):
+    """Where every writer carries a capability the node checks (the checked stream, no client
+    mapping the memory), the node refuses the old term's writers once it serves the new one:
+    the fence counts from the node's last contact, as at the same master."""
+    old, clock = new_state(SECURE)
+    old.mount_segment(info)
+    clock.advance(2.5)
+    state = MasterState(SECURE, clock=clock, epoch=1)
+    clock.advance(0.1)
+    state.mount_segment(info, [], remount=True, silent=2.6)
+    clock.advance(FENCE - 2.6 - 0.01)
+    fenced_put(state)
+    clock.advance(0.01)
     assert put(state, "k").status is KeyStatus.OK
 
 
@@ -162,7 +252,7 @@ def test_a_node_declared_dead_while_alive_remounts_fenced_when_its_heartbeat_ask
 
 
 def test_no_space_once_the_fence_is_over():
-    state, clock = new_state()
+    state, clock = running_state()
     state.mount_segment(segment_info("n1", 4096), [], remount=True, silent=0.0)
     fenced_put(state, "big", 8192)  # it would not fit anyway, but space is fenced
     clock.advance(FENCE)

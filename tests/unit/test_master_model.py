@@ -88,6 +88,7 @@ with ``KVPOOL_MODEL_SEED=<seed>``; string hashing, salted per interpreter unless
 from __future__ import annotations
 
 import itertools
+import math
 import random
 import sys
 import zlib
@@ -135,9 +136,11 @@ COPIES_RESPECT_FENCES = True
 #: The fence covers writes the master granted in a node's segment after the node last heard from
 #: it, before it declared the node dead (test_the_fence_covers_reservations_...).
 FENCE_COVERS_LATE_GRANTS = True
-#: ... also at a new leader, for the writes the old leader granted before it failed (the new one
-#: cannot know them; covering them would fence every remounted segment a write timeout).
-FENCE_COVERS_LATE_GRANTS_AT_A_NEW_LEADER = False
+#: ... also at a new leader, for the writes the old leader granted before it failed: the new one
+#: cannot know them, so a segment whose writers carry no capability (none in this model) is
+#: fenced until a write timeout after the new term began, at least
+#: (test_a_new_leader_fences_what_the_old_one_granted_after_the_node_last_heard_from_it).
+FENCE_COVERS_LATE_GRANTS_AT_A_NEW_LEADER = True
 #: A node declared dead while it lived brings back no object removed meanwhile, when it remounts
 #: (test_a_removed_object_stays_removed_when_a_node_declared_dead_remounts).
 REMOVALS_SURVIVE_ORPHANS = True
@@ -363,6 +366,8 @@ class MasterModel(RuleBasedStateMachine):
         self.config = CONFIG  # until start_cluster draws the example's
         self.epoch = 0  # the master's term (see master_fails_over)
         self.state = MasterState(CONFIG, clock=self.clock, rng=random.Random(0))
+        #: When the master's term began: an earlier master may have granted writes until then.
+        self.term_began = self.now
         #: node -> its segments (kept while it is down: a node that restarts has them again).
         self.layout: dict[str, list[SegmentSpec]] = {}
         self.boots: Counter[str] = Counter()  # restarts of each node: new segment infos
@@ -1297,7 +1302,10 @@ class MasterModel(RuleBasedStateMachine):
         if silent is None:
             assert segment.fenced_until <= self.now, "a restarted node's segment is fenced"
         else:
-            fence = self.now - silent + self.config.write_timeout + FENCE_MARGIN
+            # (the model's nodes serve no checked stream: no writer carries a term they check,
+            # so the fence covers what an earlier master may have granted until this term)
+            began = self.term_began if FENCE_COVERS_LATE_GRANTS_AT_A_NEW_LEADER else -math.inf
+            fence = max(self.now - silent, began) + self.config.write_timeout + FENCE_MARGIN
             if self.failing_over or not FENCE_COVERS_LATE_GRANTS:
                 assert segment.fenced_until == pytest.approx(fence), (
                     f"{spec.segment_id} remounted {silent} s after its node last heard from a "
@@ -1487,6 +1495,7 @@ class MasterModel(RuleBasedStateMachine):
         """The example's master configuration, and its first two nodes."""
         self.config = CONFIGS[config]
         self.state = MasterState(self.config, clock=self.clock, rng=random.Random(0))
+        self.term_began = self.now
         event(f"config: {config}")
         for node, layout in zip(NODES, layouts, strict=False):
             self.mount_node(node, make_layout(node, *layout))
@@ -1690,6 +1699,7 @@ class MasterModel(RuleBasedStateMachine):
         self.state = state = MasterState(
             self.config, clock=self.clock, rng=random.Random(self.epoch), epoch=self.epoch
         )
+        self.term_began = self.now
         state.restore_tombstones(records)
         for reservation in self.reservations.values():
             reservation.ended = True
