@@ -1345,8 +1345,26 @@ class MasterState:
             f"no segment{where} can hold {format_size(size)} ({size} bytes), even after evicting "
             f"what may be evicted: the largest free extent is {format_size(largest)} ({largest} "
             f"bytes); {format_size(free)} free of {format_size(capacity)} in "
-            f"{len(segments)} segments. Remove objects, add storage nodes, or store "
-            "smaller objects."
+            f"{len(segments)} segments.{self._coming_free(segments)} Remove objects, add "
+            "storage nodes, or store smaller objects."
+        )
+
+    def _coming_free(self, segments: list[SegmentRecord]) -> str:
+        """For a NO_SPACE message: the space of objects gone from ``segments`` that is not
+        free yet (readers' leases on them still run, or a reclaim delay), and when the last
+        of it is; "" when there is none. Walks the buffers waiting: on a refusal only."""
+        among = {id(segment) for segment in segments}
+        held, until = 0, 0.0
+        for release_at, _, segment, offset in self._deferred:
+            if id(segment) in among and self.segments.get(segment.segment_id) is segment:
+                held += segment.allocator.size_of(offset)
+                until = max(until, release_at)
+        if not held:
+            return ""
+        return (
+            f" {format_size(held)} more comes free within {max(0.0, until - self.clock()):.1f} s"
+            " (objects removed while readers held leases on them, reservations whose writers"
+            " may still copy): retry then."
         )
 
     # ------------------------------------------------------------------ internals: reads

@@ -276,6 +276,27 @@ def test_no_space_when_no_segment_can_hold_the_object_says_how_much_there_is():
     assert state.snapshot().reservations == 0
 
 
+def test_no_space_says_how_much_comes_free_once_readers_leases_on_removed_objects_end():
+    state, clock = new_state()
+    mount(state, "n1", 64 * KiB)
+    publish(state, "read", 48 * KiB)
+    assert get(state, "read", lease_ttl=10.0).status is KeyStatus.OK
+    assert remove(state, "read", force=True) is KeyStatus.OK  # its space waits for the lease
+    clock.advance(2.0)
+    assert state.heartbeat("n1", ["n1/dram0"]) == []
+
+    slot = put(state, "big", 32 * KiB)
+
+    assert slot.status is KeyStatus.NO_SPACE
+    assert "48.0 KiB more comes free within 8.0 s" in slot.message, slot.message
+    assert "retry then" in slot.message
+    for _ in range(8):  # (the node heartbeats meanwhile)
+        clock.advance(1.0)
+        assert state.heartbeat("n1", ["n1/dram0"]) == []
+    state.tick()
+    assert put(state, "big", 32 * KiB).status is KeyStatus.OK
+
+
 def test_no_space_without_any_segment_tells_the_user_to_start_a_storage_node():
     state, _ = new_state()
 
