@@ -412,6 +412,9 @@ class MasterCore:
     def tick(self, step: int | None = None) -> tuple[TickReport, Effects]:
         """The state's tick (timeouts, dead nodes and clients, frees, eviction; in steps of
         ``step`` objects), and what it releases here: nothing waits for a dead node."""
+        # (first, a rebuild window that passed is closed: an object the tick ends, evicted
+        # say, must be noted for the nodes not heard from, or it would come back with them)
+        self.accepting_clients()
         report = self.state.tick(step)
         answers: dict[int, Any] = {}
         for node_id in report.dead_nodes:

@@ -246,6 +246,31 @@ def test_a_removal_reaches_a_node_the_new_leader_has_not_heard_from():
     assert "k" not in core.state.objects
 
 
+def test_what_a_tick_ends_after_the_window_passed_stays_out_of_an_unheard_node():
+    """Found by the core's model check (secure variant, 2026-12-04): the window passed with
+    no client call to close it, and the next tick evicted an object held on n1 and on n2,
+    which had not remounted: the node entry did not exist yet, so n2's report brought the
+    evicted object back, and a later removal of it did not wait for n1's unanswered Forget
+    (a further failover would have adopted the removed object from n1)."""
+    state, _ = new_state()
+    n1, n2 = segment_info("n1", 4096), segment_info("n2", 4096)
+    state.mount_segment(n1)
+    state.mount_segment(n2)
+    publish(state, "k", 4000, options=PutOptions(replicas=2))  # past the high watermark
+    held = {s.segment_id: [stored(state, "k", s.segment_id)] for s in (n1, n2)}
+    successor, clock = new_state()
+    core = MasterCore(successor, awaited_nodes=["n1", "n2"], rebuild_window=4.0)
+    core.mount_segment(1, n1, held[n1.segment_id], True, 0.0)
+    for call_id in range(2, 5):  # past the window, and the lease of what was adopted
+        clock.advance(4.0)
+        core.heartbeat(call_id, "n1", [n1.segment_id])
+    core.tick()  # (no client came meanwhile)
+    assert "k" not in successor.objects, "evicted: its segment is past the high watermark"
+
+    assert core.mount_segment(5, n2, held[n2.segment_id], True, 0.0).answers[5] == ["k"]
+    assert "k" not in successor.objects, "an evicted object came back with a node unheard"
+
+
 def test_what_ended_while_a_node_was_unheard_outlives_the_next_failover():
     core, _, _, n2, on_n2 = leader_past_its_window_without_n2()
     effects = core.remove(2, ["k"], False)
