@@ -283,8 +283,8 @@ class MasterState:
             segment.fenced_until = latest + self.config.write_timeout + FENCE_MARGIN
         self.segments[info.segment_id] = segment
         node.segment_ids.add(info.segment_id)
-        dropped = [
-            item.key
+        refused = [
+            item
             for item in sorted(stored, key=lambda s: s.generation, reverse=True)
             if not self._adopt(segment, item, now)
         ]
@@ -293,7 +293,22 @@ class MasterState:
         # was sent: only a remount may be followed by late writes)
         late = self._late_writes(info.segment_id, given_up) if remount else []
         self._tombstones.mounted(info.segment_id, late)
-        return dropped
+        for item in refused:
+            if _well_formed(item):
+                self._forget_refused(segment, item)
+        return [item.key for item in refused]
+
+    def _forget_refused(self, segment: SegmentRecord, item: StoredObject) -> None:
+        """A reported object the mount did not adopt: the answer tells the node to drop it,
+        but an answer can be lost (the node's call timed out, a partition began), and the
+        node's next report would bring it back once this mount's entries are gone: after a
+        death or at a new leader, a removed object listed again. So it also gets a Forget,
+        refused at any later mount until the node answers it, and kept in the segment's
+        durable record until then (for a new leader)."""
+        command_id = next(self._command_ids)
+        self.outbox.append(ForgetCommand(command_id, segment.node_id, segment.segment_id, (item,)))
+        self._tombstones.sent(command_id, segment.segment_id, item.key, item.generation, exact=True)
+        self._tombstones.overdue(command_id)
 
     def _late_writes(
         self, segment_id: str, given_up: dict[str, int]
@@ -1413,12 +1428,7 @@ class MasterState:
         """Takes an object a node reports into the index; False when it must be dropped. What
         a node reports is checked as a new put would be: a node's index is input, not truth
         (it may be damaged, or the node foreign)."""
-        if (
-            not 0 < item.generation < GENERATIONS_END
-            or item.size < 0
-            or key_problem(item.key, STORED_KEY_BYTES) is not None
-            or not _admits(segment, tenant_of(item.key))
-        ):
+        if not _well_formed(item) or not _admits(segment, tenant_of(item.key)):
             return False
         existing = self.objects.get(item.key)
         known = existing is not None and existing.generation == item.generation
@@ -2436,6 +2446,15 @@ def _writers_unchecked(info: SegmentInfo, config: MasterConfig) -> bool:
     if config.capability_skew is None or not info.checked_address:
         return True
     return bool(info.shared_memory) and bool(info.tenant) and info.tier is _DRAM
+
+
+def _well_formed(item: StoredObject) -> bool:
+    """Whether a reported object could be one the master wrote (a node's index is input)."""
+    return (
+        0 < item.generation < GENERATIONS_END
+        and item.size >= 0
+        and key_problem(item.key, STORED_KEY_BYTES) is None
+    )
 
 
 def _admits(segment: SegmentRecord, tenant: str) -> bool:

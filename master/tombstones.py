@@ -26,7 +26,10 @@ So the master remembers, per segment, what the node may still list though it mus
   a report may bring back (adopted: a lost object returning with its node).
 
 At the segment's next mount, whatever of these it reports is not adopted (the node is told to
-forget it); then the segment's entries are dropped: its report has been reconciled.
+forget it); then the segment's entries are dropped: its report has been reconciled. The answer
+that tells the node can be lost (its call timed out, a partition began), so each object a
+mount refuses also gets a Forget of its generation (``sent(..., exact=True)``), refused at
+later mounts and kept in the durable record until the node answers it.
 
 **Nodes a new leader has not heard from.** A new leader does not know the segments of a node
 that has not remounted yet; once its rebuild window has passed it takes clients anyway, and
@@ -94,9 +97,10 @@ class Tombstones:
         self._away_in: dict[str, set[str]] = {}
         #: segment id -> key -> newest generation ended there.
         self._dead: dict[str, dict[str, int]] = {}
-        #: Forget command id -> [(segment id, key, generation)], until answered (several
-        #: when Forgets were merged into one command).
-        self._unanswered: dict[int, list[tuple[str, str, int]]] = {}
+        #: Forget command id -> [(segment id, key, generation, exact)], until answered
+        #: (several when Forgets were merged into one command). ``exact``: that generation
+        #: only is refused (a mount's refusal), not older ones too (an object that ended).
+        self._unanswered: dict[int, list[tuple[str, str, int, bool]]] = {}
         #: segment id -> key -> generation of unanswered Forgets (how many, for each).
         self._forgetting: dict[str, dict[tuple[str, int], int]] = {}
         self._distrusted: set[str] = set()
@@ -194,11 +198,15 @@ class Tombstones:
             self._put(self._dead, segment_id, key, generation)
             self._changed.add(segment_id)
 
-    def sent(self, command_id: int, segment_id: str, key: str, generation: int) -> None:
-        """A Forget went out for a recorded replica: refused at a remount until answered."""
+    def sent(
+        self, command_id: int, segment_id: str, key: str, generation: int, exact: bool = False
+    ) -> None:
+        """A Forget went out for a recorded replica: refused at a remount until answered.
+        ``exact``: the Forget of a replica a mount refused, which ends that generation only
+        (in the durable record too): an older one may live on."""
         if segment_id in self._distrusted or not self._room(segment_id):
             return
-        self._unanswered[command_id] = [(segment_id, key, generation)]
+        self._unanswered[command_id] = [(segment_id, key, generation, exact)]
         counts = self._forgetting.setdefault(segment_id, {})
         counts[(key, generation)] = counts.get((key, generation), 0) + 1
         self._size += 1
@@ -215,7 +223,7 @@ class Tombstones:
         entries = self._unanswered.pop(command_id, None)
         if entries is None:
             return
-        for segment_id, key, generation in entries:
+        for segment_id, key, generation, _ in entries:
             self._size -= 1
             overdue = self._overdue.get(segment_id)
             if overdue is not None and command_id in overdue:
@@ -237,7 +245,7 @@ class Tombstones:
     def overdue(self, command_id: int) -> None:
         """The master answers without that Forget's answer (it waited long enough, or the
         node was declared dead): it goes into the segment's durable record."""
-        for segment_id, _, _ in self._unanswered.get(command_id, ()):
+        for segment_id, *_ in self._unanswered.get(command_id, ()):
             self._overdue.setdefault(segment_id, set()).add(command_id)
             self._changed.add(segment_id)
 
@@ -260,8 +268,10 @@ class Tombstones:
         keys = dict(self._dead.get(segment_id, {}))
         exact = set(self._late.get(segment_id, ()))
         for command_id in self._overdue.get(segment_id, ()):
-            for held_in, key, generation in self._unanswered.get(command_id, ()):
-                if held_in == segment_id:
+            for held_in, key, generation, only in self._unanswered.get(command_id, ()):
+                if held_in == segment_id and only:
+                    exact.add((key, generation))
+                elif held_in == segment_id:
                     keys[key] = max(generation, keys.get(key, 0))
         if not keys and not exact:
             return None

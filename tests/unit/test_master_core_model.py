@@ -413,12 +413,13 @@ class CoreModel(RuleBasedStateMachine):
             self.heartbeats_and_ticks(tick_step)  # (a tick in steps may take several)
 
     @precondition(lambda self: any(n.stalled for n in self.nodes.values()))
-    @rule(runs_late=st.integers(0, 3))
-    def node_resumes(self, runs_late) -> None:
+    @rule(runs_late=st.integers(0, 3), answer_lost=st.booleans())
+    def node_resumes(self, runs_late, answer_lost=False) -> None:
         """The stalled node goes on. Still known to the master: as if nothing happened.
         Declared dead: it runs up to ``runs_late`` commands it had read off its stream before
         it learns that (their answers reach no one), then closes that stream, remounts with
-        what it holds and opens a new one."""
+        what it holds (``answer_lost``: the mount's answer does not reach it) and opens a
+        new one."""
         [node] = [n for n in self.nodes.values() if n.stalled]
         node.stalled = False
         if node.name in self.core.state.nodes:
@@ -430,7 +431,7 @@ class CoreModel(RuleBasedStateMachine):
         if node.stream is not None:
             self.core.node_disconnected(node.name, node.stream)
         node.stream, node.wire, node.lost_answer = None, [], False
-        self.remount(node, silent=self.clock() - node.stalled_at)
+        self.remount(node, silent=self.clock() - node.stalled_at, answer_lost=answer_lost)
         rebuilding = node.name not in self.remounted  # (a failover happened meanwhile)
         self.remounted.add(node.name)
         if rebuilding and self.remounted == set(NODES):
@@ -474,8 +475,11 @@ class CoreModel(RuleBasedStateMachine):
         return sorted(n for n in set(NODES) - self.remounted if not self.nodes[n].stalled)
 
     @precondition(lambda self: self.waiting_to_remount())
-    @rule(data=st.data(), silent=st.sampled_from([0.0, 0.5, 2.0]))
-    def node_remounts(self, data, silent) -> None:
+    @rule(data=st.data(), silent=st.sampled_from([0.0, 0.5, 2.0]), answer_lost=st.booleans())
+    def node_remounts(self, data, silent, answer_lost) -> None:
+        """A node mounts its segment at a new leader; ``answer_lost``: the answer, which
+        says what to drop, does not reach it (its call timed out: it mounts again, a no-op,
+        and keeps what it was told to drop, until the Forgets of it arrive)."""
         name = data.draw(st.sampled_from(self.waiting_to_remount()))
         node = self.nodes[name]
         stored = sorted(node.index.values(), key=lambda o: o.generation)
@@ -483,6 +487,11 @@ class CoreModel(RuleBasedStateMachine):
         effects = self.core.mount_segment(call_id, self.segment(name), stored, True, silent)
         dropped = set(effects.answers.pop(call_id))
         self.apply(effects)
+        if answer_lost:
+            again = self.core.mount_segment(call_id, self.segment(name), stored, True, silent)
+            assert again.answers.pop(call_id) == [], "a mount again of the same segment"
+            self.apply(again)
+            dropped = set()
         for key, generation in [k for k in node.index if k[0] in dropped]:
             del node.index[key, generation]
         fence = self.clock() - silent + self.CONFIG.write_timeout + FENCE_MARGIN
@@ -493,13 +502,14 @@ class CoreModel(RuleBasedStateMachine):
             assert self.core.accepting_clients(), "every node remounted: clients are welcome"
             self.check_nothing_lost_nothing_back()
 
-    def remount(self, node: SimNode, silent: float) -> None:
+    def remount(self, node: SimNode, silent: float, answer_lost: bool = False) -> None:
         """A node declared dead mounts its segment again with what it holds, drops what the
-        master refuses, and opens a new stream."""
+        master refuses (unless that answer is lost), and opens a new stream."""
         call_id = next(self.call_ids)
         stored = sorted(node.index.values(), key=lambda o: o.generation)
         effects = self.core.mount_segment(call_id, self.segment(node.name), stored, True, silent)
-        dropped = set(effects.answers.pop(call_id))
+        dropped = set() if answer_lost else set(effects.answers.pop(call_id))
+        effects.answers.pop(call_id, None)
         self.apply(effects)
         for key in [k for k in node.index if k[0] in dropped]:
             del node.index[key]

@@ -106,6 +106,49 @@ def test_a_removal_of_a_key_removes_older_generations_that_went_away():
     assert not tombstones.refuses("s1", "other", 5, known=False)
 
 
+def refused_at_a_remount() -> tuple[MasterState, FakeClock, SegmentInfo, SegmentInfo, list]:
+    """An object on n1 and n2, removed while n1 was away; n1 remounts reporting it and is
+    refused. Returns the state, its clock, n1, n2 and n1's report."""
+    state, clock, n1, n2 = two_nodes()
+    publish(state, "k", 4096, options=PutOptions(replicas=2))
+    held = [stored(state, "k", n1.segment_id)]
+    declare_dead(state, clock, "n1", [n2])
+    assert remove(state, "k") is KeyStatus.OK
+    state.outbox.clear()
+    assert state.mount_segment(n1, held, remount=True, silent=1.0) == ["k"]
+    return state, clock, n1, n2, held
+
+
+def test_a_refusal_at_a_mount_outlives_a_lost_answer():
+    """Found by the chaos slice (CI, 2026-12-04: 23 removed objects listed again): n1's
+    mount answer, which told it to drop what the master refused, was lost at the start of
+    a partition; the mount had already dropped the segment's tombstones, and n1 was declared
+    dead in that partition: its next mount brought the removed objects back."""
+    state, clock, n1, n2, held = refused_at_a_remount()
+    [forget] = [c for c in state.outbox if isinstance(c, ForgetCommand)]
+    assert (forget.segment_id, [o.key for o in forget.objects]) == (n1.segment_id, ["k"])
+    declare_dead(state, clock, "n1", [n2])  # (the answer and the Forget never reached n1)
+
+    assert state.mount_segment(n1, held, remount=True, silent=1.0) == ["k"]
+    assert "k" not in state.objects
+
+
+def test_a_refusal_at_a_mount_stays_in_the_record_until_the_node_forgets():
+    state, _, n1, _, held = refused_at_a_remount()
+    record = state.durable_record(n1.segment_id)
+    assert record is not None and ("k", held[0].generation) in record.exact, "a new leader too"
+    successor = new_leader_with({n1.segment_id: record})
+    assert successor.mount_segment(n1, held, remount=True, silent=1.0) == ["k"]
+    assert "k" not in successor.objects
+
+    [forget] = [c for c in state.outbox if isinstance(c, ForgetCommand)]
+    state.durable_changes()
+    state.forget_answered(forget.command_id)  # n1 dropped it
+    assert state.durable_changes() == {n1.segment_id}
+    assert state.durable_record(n1.segment_id) is None
+    assert not state._tombstones.refuses(n1.segment_id, "k", held[0].generation, known=False)
+
+
 # ---- across leaders: what a new leader must be told (written to etcd by the I/O layer)
 
 
@@ -131,6 +174,12 @@ def test_a_removal_while_a_node_is_away_is_recorded_for_the_next_leader():
     successor = new_leader_with({n1.segment_id: record})
     assert successor.mount_segment(n1, held, remount=True, silent=1.0) == ["gone"]
     assert set(successor.objects) == {"kept"}
+    assert successor.durable_changes() == {n1.segment_id}, "reconciled: the record changes"
+    record = successor.durable_record(n1.segment_id)
+    refused = frozenset({("gone", held[0].generation)})  # (that generation only)
+    assert record == DurableRecord(False, {}, refused), "until n1 forgets it"
+    [forget] = [c for c in successor.outbox if isinstance(c, ForgetCommand)]
+    successor.forget_answered(forget.command_id)
     assert successor.durable_changes() == {n1.segment_id}, "reconciled: the record goes"
     assert successor.durable_record(n1.segment_id) is None
 
