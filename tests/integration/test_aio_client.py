@@ -41,10 +41,13 @@ def run(coroutine: Callable[[], Awaitable[Any]]) -> Any:
 
 @pytest.fixture(params=["asyncio", "uvloop"])
 def run_on(request):
-    """Runs a test's coroutine on asyncio's own event loop, and on uvloop's where installed."""
+    """Runs a test's coroutine on asyncio's own event loop, and on uvloop's (a test
+    dependency: vLLM's servers run on it)."""
     factory = None
     if request.param == "uvloop":
-        factory = pytest.importorskip("uvloop").new_event_loop
+        import uvloop
+
+        factory = uvloop.new_event_loop
 
     def run(coroutine: Callable[[], Awaitable[Any]]) -> Any:
         with asyncio.Runner(loop_factory=factory) as runner:
