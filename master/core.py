@@ -198,14 +198,18 @@ class MasterCore:
             return True
         if not self._awaited_nodes:
             return True
-        if self.clock() >= self._rebuild_until:
-            unheard = self._awaited_nodes - self.state.nodes.keys()
-            if unheard:  # (what its clients remove must not come back with them)
-                self.state.nodes_unheard(unheard)
-            self._awaited_nodes = set()
-            return True
+        self._close_passed_window()
         self._awaited_nodes -= self.state.nodes.keys()
         return not self._awaited_nodes
+
+    def _close_passed_window(self) -> None:
+        """Once the rebuild window has passed, clients are taken without the nodes not heard
+        from yet: each gets its entry (what ends from now on must not come back with it)."""
+        if self._awaited_nodes and self.clock() >= self._rebuild_until:
+            unheard = self._awaited_nodes - self.state.nodes.keys()
+            if unheard:
+                self.state.nodes_unheard(unheard)
+            self._awaited_nodes = set()
 
     def put_start(
         self,
@@ -412,9 +416,9 @@ class MasterCore:
     def tick(self, step: int | None = None) -> tuple[TickReport, Effects]:
         """The state's tick (timeouts, dead nodes and clients, frees, eviction; in steps of
         ``step`` objects), and what it releases here: nothing waits for a dead node."""
-        # (first, a rebuild window that passed is closed: an object the tick ends, evicted
-        # say, must be noted for the nodes not heard from, or it would come back with them)
-        self.accepting_clients()
+        # (first: an object the tick ends, evicted say, must be noted for the nodes not
+        # heard from, or it would come back with them)
+        self._close_passed_window()
         report = self.state.tick(step)
         answers: dict[int, Any] = {}
         for node_id in report.dead_nodes:
