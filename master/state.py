@@ -305,10 +305,7 @@ class MasterState:
         death or at a new leader, a removed object listed again. So it also gets a Forget,
         refused at any later mount until the node answers it, and kept in the segment's
         durable record until then (for a new leader)."""
-        command_id = next(self._command_ids)
-        self.outbox.append(ForgetCommand(command_id, segment.node_id, segment.segment_id, (item,)))
-        self._tombstones.sent(command_id, segment.segment_id, item.key, item.generation, exact=True)
-        self._tombstones.overdue(command_id)
+        self._tombstones.overdue(self._forget_stored(segment, item, exact=True))
 
     def _late_writes(
         self, segment_id: str, given_up: dict[str, int]
@@ -1881,11 +1878,19 @@ class MasterState:
         stored = StoredObject(
             record.key, offset, record.size, record.generation, replicas=record.wanted
         )
+        self._forget_stored(segment, stored)
+
+    def _forget_stored(
+        self, segment: SegmentRecord, stored: StoredObject, exact: bool = False
+    ) -> int:
+        """Sends a Forget of ``stored`` to its segment's node, refused at the segment's
+        remounts until answered (``exact``: that generation only); returns its command id."""
         command_id = next(self._command_ids)
         self.outbox.append(
             ForgetCommand(command_id, segment.node_id, segment.segment_id, (stored,))
         )
-        self._tombstones.sent(command_id, segment.segment_id, record.key, record.generation)
+        self._tombstones.sent(command_id, segment.segment_id, stored.key, stored.generation, exact)
+        return command_id
 
     def _index_published(self, record: ObjectRecord) -> None:
         self._published_keys.add(record.key)

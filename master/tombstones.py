@@ -269,9 +269,11 @@ class Tombstones:
         exact = set(self._late.get(segment_id, ()))
         for command_id in self._overdue.get(segment_id, ()):
             for held_in, key, generation, only in self._unanswered.get(command_id, ()):
-                if held_in == segment_id and only:
+                if held_in != segment_id:
+                    continue
+                if only:
                     exact.add((key, generation))
-                elif held_in == segment_id:
+                else:
                     keys[key] = max(generation, keys.get(key, 0))
         if not keys and not exact:
             return None

@@ -508,8 +508,8 @@ class CoreModel(RuleBasedStateMachine):
         call_id = next(self.call_ids)
         stored = sorted(node.index.values(), key=lambda o: o.generation)
         effects = self.core.mount_segment(call_id, self.segment(node.name), stored, True, silent)
-        dropped = set() if answer_lost else set(effects.answers.pop(call_id))
-        effects.answers.pop(call_id, None)
+        answer = effects.answers.pop(call_id)
+        dropped = set() if answer_lost else set(answer)
         self.apply(effects)
         for key in [k for k in node.index if k[0] in dropped]:
             del node.index[key]
