@@ -55,6 +55,7 @@ from kvpool.proto import master_pb2 as pb
 from kvpool.transport import ucp
 from kvpool.transport.checked_stream import CheckedStreams, Job, Outcome
 from kvpool.transport.memory_copy import Copier, Copy
+from kvpool.transport.shared_file import SharedFile
 from kvpool.transport.shared_memory import (
     MAPPINGS,
     MappedSegment,
@@ -90,6 +91,7 @@ def segment_file(descriptor: pb.Segment) -> SegmentFile:
         descriptor.base_address,
         shared.socket,
         descriptor.map_capability,
+        shared.direct_io,
     )
 
 
@@ -184,11 +186,11 @@ class DataPath:
         #: (segment id, writable) -> its mapping, read-write for puts and read-only for
         #: gets (gets use the read-write one where there is one), or None where it cannot be
         #: mapped (the checked stream or UCX carry it).
-        self._mapped: dict[tuple[str, bool], MappedSegment | None] = {}
+        self._mapped: dict[tuple[str, bool], MappedSegment | SharedFile | None] = {}
         #: Mappings copies run through now, with how many; and those let go of meanwhile,
         #: released when their last copy ends.
-        self._pins: dict[MappedSegment, int] = {}
-        self._release_later: set[MappedSegment] = set()
+        self._pins: dict[MappedSegment | SharedFile, int] = {}
+        self._release_later: set[MappedSegment | SharedFile] = set()
         self._reaper = Reaper(self._node_exited)
         self._copier = Copier(copy_threads)
         #: Nodes a transfer failed to reach lately (not by a deadline).
@@ -235,13 +237,26 @@ class DataPath:
     def mapped_for(self, *, writing: bool) -> list[str]:
         """The segments this client writes (``writing``) or reads through its own mapping
         now: the master grants no capability there (``mapped_segments`` of PutStart and
-        GetReplicas), which only the checked stream needs. Reads go through either mapping."""
+        GetReplicas), which only the checked stream needs. Reads go through either mapping
+        (not through a file held for writes: see ``_mapping``)."""
         with self._lock:
             return [
                 segment_id
                 for (segment_id, writable), mapped in self._mapped.items()
-                if mapped is not None and (writable or not writing)
+                if mapped is not None
+                and (writable if writing else not isinstance(mapped, SharedFile))
             ]
+
+    def may_write_file(self, segment_id: str) -> bool:
+        """Whether a put may write the segment's file itself (an NVMe segment on this host:
+        transport/shared_file.py), whose node then records the put's own checksum."""
+        descriptor = self._descriptors.get(segment_id)
+        return (
+            descriptor is not None
+            and self.same_host_mapping
+            and descriptor.shared_memory.direct_io
+            and descriptor.shared_memory.boot_id == boot_id()
+        )
 
     def host_of(self, segment_id: str) -> str:
         descriptor = self._descriptors.get(segment_id)
@@ -372,7 +387,8 @@ class DataPath:
         errors: list[Failure | None] = [None] * len(transfers)
         copies: list[Copy] = []
         copied: list[int] = []
-        pinned: list[MappedSegment] = []
+        file_writes: list[tuple[int, SharedFile, int]] = []  # (index, file, offset)
+        pinned: list[MappedSegment | SharedFile] = []
         remote: list[tuple[int, Any]] = []  # (index, memh) of those UCX carries
         with self._lock:
             if self._closed:
@@ -387,6 +403,13 @@ class DataPath:
                 mapped = mapped_here.get(transfer.segment_id)
                 if mapped is None:
                     remote.append((i, self._memh_for(transfer.local_address, transfer.length)))
+                    continue
+                if isinstance(mapped, SharedFile):
+                    written = _file_offset(mapped, transfer)
+                    if isinstance(written, Failure):
+                        errors[i] = written
+                    else:
+                        file_writes.append((i, mapped, written))
                     continue
                 copy = self._plan_copy(mapped, transfer, is_get)
                 if isinstance(copy, Failure):
@@ -406,6 +429,8 @@ class DataPath:
                             f"transfer with segment {transfers[i].segment_id} missed its deadline",
                             timed_out=True,
                         )
+            for i, file, offset in file_writes:
+                errors[i] = _write_file(file, offset, transfers[i], deadline)
             if remote:
                 self._run_ucx(transfers, remote, errors, is_get, deadline)
         finally:
@@ -598,12 +623,15 @@ class DataPath:
 
     # (callers of the following hold _lock)
 
-    def _mapping(self, segment_id: str, *, writable: bool) -> MappedSegment | None:
+    def _mapping(self, segment_id: str, *, writable: bool) -> MappedSegment | SharedFile | None:
         """The segment's mapping for puts (``writable``) or gets (read-only), made on first
-        use; None where it is not mapped (not on this host, not allowed, refused)."""
+        use; None where it is not mapped (not on this host, not allowed, refused). An NVMe
+        segment's file is held for puts only (transport/shared_file.py), never mapped."""
         if not self.same_host_mapping:
             return None
-        if not writable and (through_puts := self._mapped.get((segment_id, True))) is not None:
+        if not writable and isinstance(
+            through_puts := self._mapped.get((segment_id, True)), MappedSegment
+        ):
             # (gets read through the puts' mapping where there is one: a second mapping of
             # the segment would fill a second set of page tables, its populator taking CPU
             # from the copies for seconds)
@@ -619,6 +647,7 @@ class DataPath:
             and descriptor.HasField("shared_memory")
             and (shared := descriptor.shared_memory).boot_id == boot_id()
             and (descriptor.map_capability or not shared.socket)
+            and (writable or not shared.direct_io)
         ):
             try:
                 mapped = MAPPINGS.acquire(segment_file(descriptor), writable=writable)
@@ -635,7 +664,7 @@ class DataPath:
 
     def _live_mappings(
         self, segment_ids: set[str], *, writable: bool
-    ) -> tuple[dict[str, MappedSegment], set[str]]:
+    ) -> tuple[dict[str, MappedSegment | SharedFile], set[str]]:
         """The mapped ones among ``segment_ids`` (for puts or gets), each checked once for a
         live node; and those whose node has exited (unmapped now: UCX will find that node
         gone too)."""
@@ -666,7 +695,7 @@ class DataPath:
         for writable in (False, True):
             self._let_go(self._mapped.pop((segment_id, writable), None))
 
-    def _let_go(self, mapped: MappedSegment | None) -> None:
+    def _let_go(self, mapped: MappedSegment | SharedFile | None) -> None:
         if mapped is not None:
             self._reaper.unwatch(mapped.pidfd)
             if mapped in self._pins:
@@ -674,7 +703,7 @@ class DataPath:
             else:
                 MAPPINGS.release(mapped)  # unmapped once no other client here uses it
 
-    def _unpin(self, mapped: MappedSegment) -> None:
+    def _unpin(self, mapped: MappedSegment | SharedFile) -> None:
         count = self._pins[mapped] - 1
         if count:
             self._pins[mapped] = count
@@ -748,3 +777,24 @@ class DataPath:
             lane.drop_route(other_id)
         lane.endpoints.pop(route.descriptor.worker_address, None)
         endpoint.close()
+
+
+def _file_offset(file: SharedFile, transfer: Transfer) -> int | Failure:
+    """Where a put's ``transfer`` lands in the node's file, or why it cannot."""
+    try:
+        return file.offset_of(transfer.remote_address, transfer.length)
+    except ValueError as error:
+        return Failure(f"transfer with segment {transfer.segment_id} failed: {error}")
+
+
+def _write_file(
+    file: SharedFile, offset: int, transfer: Transfer, deadline: float
+) -> Failure | None:
+    """Writes a put's ``transfer`` into the node's file itself (transport/shared_file.py)."""
+    segment_id = transfer.segment_id
+    try:
+        if file.write(offset, transfer.local_address, transfer.length, deadline):
+            return None
+    except OSError as error:
+        return Failure(f"transfer with segment {segment_id} failed: writing its file: {error}")
+    return Failure(f"transfer with segment {segment_id} missed its deadline", timed_out=True)

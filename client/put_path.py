@@ -215,13 +215,15 @@ def write(session: Session, puts: Sequence[PendingPut], checksum: bool) -> None:
     """Writes every replica of every put at once; records per-replica errors."""
     transfers: list[Transfer] = []
     owners: list[tuple[PendingPut, int]] = []
+    files = session.data.may_write_file
     for put in puts:
         assert put.source is not None
         address, length, _ = put.source
         pieces = put.pieces
-        if checksum:
-            put.crc32c = crc32c_at(address, length) if pieces is None else crc32c_of_pieces(pieces)
         replicas = put.slot.replicas
+        if checksum or (length and any(files(r.segment_id) for r in replicas)):
+            # (a node records the writer's checksum of what the writer wrote into its file)
+            put.crc32c = crc32c_at(address, length) if pieces is None else crc32c_of_pieces(pieces)
         put.errors = [""] * len(replicas)
         put.failures = [None] * len(replicas)
         for replica_index, replica in enumerate(replicas):

@@ -2446,11 +2446,12 @@ def _writers_unchecked(info: SegmentInfo, config: MasterConfig) -> bool:
     """Whether writers may copy into ``info``'s segment without a capability the node checks
     (whose term it would refuse once a newer master took over): this master grants none, the
     node serves no checked stream (UCX's one-sided writes), or clients on its host may map
-    its memory and copy into it themselves (a secure master lets them only into the DRAM of
-    a node given ``--tenant``, and only when ``--same-host-clients`` names them)."""
+    its memory and copy into it, or write its NVMe file, themselves (a secure master lets
+    them only into the segments of a node given ``--tenant``, and only when
+    ``--same-host-clients`` names them)."""
     if config.capability_skew is None or not info.checked_address:
         return True
-    return bool(info.shared_memory) and bool(info.tenant) and info.tier is _DRAM
+    return bool(info.shared_memory) and bool(info.tenant)
 
 
 def _well_formed(item: StoredObject) -> bool:

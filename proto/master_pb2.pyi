@@ -83,20 +83,22 @@ class Segment(_message.Message):
     def __init__(self, segment_id: _Optional[str] = ..., node_id: _Optional[str] = ..., host: _Optional[str] = ..., worker_address: _Optional[bytes] = ..., base_address: _Optional[int] = ..., size: _Optional[int] = ..., rkey: _Optional[bytes] = ..., tier: _Optional[_Union[Tier, str]] = ..., persistent: _Optional[bool] = ..., shared_memory: _Optional[_Union[SharedMemory, _Mapping]] = ..., checked_address: _Optional[str] = ..., tenant: _Optional[str] = ..., map_capability: _Optional[bytes] = ...) -> None: ...
 
 class SharedMemory(_message.Message):
-    __slots__ = ("pid", "fd", "inode", "device", "boot_id", "socket")
+    __slots__ = ("pid", "fd", "inode", "device", "boot_id", "socket", "direct_io")
     PID_FIELD_NUMBER: _ClassVar[int]
     FD_FIELD_NUMBER: _ClassVar[int]
     INODE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_FIELD_NUMBER: _ClassVar[int]
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     SOCKET_FIELD_NUMBER: _ClassVar[int]
+    DIRECT_IO_FIELD_NUMBER: _ClassVar[int]
     pid: int
     fd: int
     inode: int
     device: int
     boot_id: str
     socket: str
-    def __init__(self, pid: _Optional[int] = ..., fd: _Optional[int] = ..., inode: _Optional[int] = ..., device: _Optional[int] = ..., boot_id: _Optional[str] = ..., socket: _Optional[str] = ...) -> None: ...
+    direct_io: bool
+    def __init__(self, pid: _Optional[int] = ..., fd: _Optional[int] = ..., inode: _Optional[int] = ..., device: _Optional[int] = ..., boot_id: _Optional[str] = ..., socket: _Optional[str] = ..., direct_io: _Optional[bool] = ...) -> None: ...
 
 class StoredObject(_message.Message):
     __slots__ = ("key", "offset", "size", "crc32c", "generation", "replicas")

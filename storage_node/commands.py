@@ -3,6 +3,14 @@
 A Copy comes from another segment of this node (a demotion or promotion), or from another
 node's segment (``source_segment`` set: re-replication, a drain), read over UCX by
 ``peer_copy.PeerCopier`` and checked against the object's checksum before it is recorded.
+
+**Persists that wait together are recorded together.** The node runs its commands one after
+another, in the order sent. Puts in flight from several writers each end in a Persist,
+which syncs the object's bytes and then its index record: one after another, each writer
+waits for every sync queued before its own. So Persists found waiting back to back (and
+Prepares, which only allocate) run as one group (``execute_group``): a persistent segment
+records all of a group's objects at once, one sync of each run of bytes and one of the index
+for them all, and each command is answered as if it had run alone.
 """
 
 from __future__ import annotations
@@ -45,6 +53,69 @@ class CommandExecutor:
             )
         return False
 
+    def groups_with(self, first: pb.NodeCommand, later: pb.NodeCommand) -> bool:
+        """Whether ``later``, waiting right behind ``first`` (or behind commands that group
+        with it), may run in one group with it (``execute_group``): of the same grouped
+        kind, neither one that runs on the spot (``quick``)."""
+        kind = first.WhichOneof("kind")
+        return (
+            kind in GROUPED
+            and later.WhichOneof("kind") == kind
+            and not self.quick(first)
+            and not self.quick(later)
+        )
+
+    def execute_group(self, commands: list[pb.NodeCommand]) -> list[pb.CommandResult]:
+        """Runs commands that group (``groups_with``), answering each as ``execute`` would:
+        a group of Persists records its objects per segment at once."""
+        if len(commands) == 1 or commands[0].WhichOneof("kind") != "persist":
+            return [self.execute(command) for command in commands]
+        began = time.perf_counter()
+        results = [pb.CommandResult(command_id=c.command_id, ok=True) for c in commands]
+        by_segment: dict[str, list[tuple[pb.CommandResult, list[Entry]]]] = {}
+        for command, result in zip(commands, results, strict=True):
+            try:
+                segment, entries = self._sealed_persist(command.persist)
+            except Exception as error:
+                _failed(result, error)
+            else:
+                by_segment.setdefault(segment.segment_id, []).append((result, entries))
+        for segment_id, members in by_segment.items():
+            segment = self._segments[segment_id]
+            try:
+                crcs = segment.record(
+                    [e for _, entries in members for e in entries], writer_checksums=True
+                )
+            except Exception:
+                # (one of them made the group fail: each is recorded, or fails, alone)
+                crcs = None
+            at = 0
+            for result, entries in members:
+                if crcs is None:
+                    try:
+                        result.crc32c.extend(segment.record(entries, writer_checksums=True))
+                    except Exception as error:
+                        _failed(result, error)
+                        continue
+                elif crcs:
+                    result.crc32c.extend(crcs[at : at + len(entries)])
+                    at += len(entries)
+                metrics.persisted(segment, entries)
+        seconds = time.perf_counter() - began
+        for result in results:
+            metrics.command_done("persist", result.ok, seconds)
+        return results
+
+    def _sealed_persist(self, persist: pb.Persist) -> tuple[Segment, list[Entry]]:
+        """A Persist's segment and objects, once no write under their grants can land."""
+        segment = self._segment(persist.segment_id)
+        entries = [_entry(o) for o in persist.objects]
+        if self._seals is not None and not self._seals.seal(  # (first: no write lands once
+            segment.segment_id, [(e.offset, e.generation) for e in entries]
+        ):  # it is recorded)
+            raise TimeoutError("a write under a recorded object's grant did not stop")
+        return segment, entries
+
     def execute(self, command: pb.NodeCommand) -> pb.CommandResult:
         """Runs one command (blocking: persistent segments sync to disk)."""
         began = time.perf_counter()
@@ -52,13 +123,8 @@ class CommandExecutor:
         kind = command.WhichOneof("kind")
         try:
             if kind == "persist":
-                segment = self._segment(command.persist.segment_id)
-                entries = [_entry(o) for o in command.persist.objects]
-                if self._seals is not None and not self._seals.seal(  # (first: no write
-                    segment.segment_id, [(e.offset, e.generation) for e in entries]
-                ):  # lands once it is recorded)
-                    raise TimeoutError("a write under a recorded object's grant did not stop")
-                result.crc32c.extend(segment.record(entries))
+                segment, entries = self._sealed_persist(command.persist)
+                result.crc32c.extend(segment.record(entries, writer_checksums=True))
                 metrics.persisted(segment, entries)
             elif kind == "forget":
                 segment = self._segment(command.forget.segment_id)
@@ -88,8 +154,7 @@ class CommandExecutor:
             else:
                 raise ValueError(f"unknown command {kind!r}")
         except Exception as error:
-            result.ok = False
-            result.error = f"{type(error).__name__}: {error}"
+            _failed(result, error)
         metrics.command_done(metrics.command_kind(kind), result.ok, time.perf_counter() - began)
         return result
 
@@ -135,6 +200,17 @@ class CommandExecutor:
             return self._segments[segment_id]
         except KeyError:
             raise KeyError(f"this node has no segment {segment_id!r}") from None
+
+
+#: Kinds of commands that run in groups (``CommandExecutor.groups_with``).
+GROUPED = ("persist", "prepare")
+#: Commands in one group at most (a group's answers all wait for its last sync).
+MAX_GROUP = 32
+
+
+def _failed(result: pb.CommandResult, error: Exception) -> None:
+    result.ok = False
+    result.error = f"{type(error).__name__}: {error}"
 
 
 def _entry(message: pb.StoredObject) -> Entry:

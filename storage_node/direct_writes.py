@@ -45,7 +45,7 @@ from pathlib import Path
 from kvpool.common.crc32c_combine import crc32c_combine
 from kvpool.common.libc import LIBC
 from kvpool.common.logging import get_logger
-from kvpool.transport.shared_memory import MADV_POPULATE_WRITE
+from kvpool.transport.bounce_buffers import Bounce, BouncePool
 
 log = get_logger("kvpool.node.direct")
 
@@ -61,43 +61,6 @@ BOUNCE_COUNT = 8
 MAX_GRANTS = 4096
 #: Parts noted per grant at most (a client cuts a transfer in a few).
 MAX_PARTS = 64
-
-
-class Bounce:
-    """A page-aligned buffer, faulted in once and reused; ``address`` for zero-copy
-    views of it (the checksum's)."""
-
-    __slots__ = ("address", "memory")
-
-    def __init__(self, size: int) -> None:
-        self.memory = mmap.mmap(-1, size)
-        with contextlib.suppress(OSError):  # (older kernels: faulted in by its first use)
-            self.memory.madvise(MADV_POPULATE_WRITE)
-        self.address = ctypes.addressof(ctypes.c_char.from_buffer(self.memory))
-
-
-class BouncePool:
-    """The node's bounce buffers: the source of direct writes, at most ``count``."""
-
-    def __init__(self, count: int = BOUNCE_COUNT, size: int = BOUNCE_SIZE) -> None:
-        self.size = size
-        self._left = count
-        self._free: list[Bounce] = []
-        self._lock = threading.Lock()
-
-    def take(self) -> Bounce | None:
-        """A buffer, or None when all are in use (the caller writes another way)."""
-        with self._lock:
-            if self._free:
-                return self._free.pop()
-            if not self._left:
-                return None
-            self._left -= 1
-        return Bounce(self.size)
-
-    def give(self, bounce: Bounce) -> None:
-        with self._lock:
-            self._free.append(bounce)
 
 
 class Part:
@@ -223,7 +186,7 @@ class DirectWriter:
 
 
 #: The node's bounce buffers, shared by its connections.
-BOUNCES = BouncePool()
+BOUNCES = BouncePool(BOUNCE_COUNT, BOUNCE_SIZE)
 
 
 def read_pieces(

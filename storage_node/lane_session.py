@@ -18,6 +18,7 @@ from kvpool.common import lane_protocol as lp
 from kvpool.common.tls_transport import open_tls_connection
 from kvpool.proto import master_pb2 as pb
 from kvpool.security.caller import ANONYMOUS, CallerCredentials
+from kvpool.storage_node.commands import MAX_GROUP
 
 CONNECT_TIMEOUT = 2.0
 
@@ -36,19 +37,23 @@ async def serve_commands(
     host: str,
     port: int,
     hello: pb.NodeHello,
-    run_command: Callable[[pb.NodeCommand], Awaitable[pb.CommandResult]],
+    run_commands: Callable[[list[pb.NodeCommand]], Awaitable[list[pb.CommandResult]]],
     run_now: Callable[[pb.NodeCommand], pb.CommandResult | None] = lambda command: None,
     credentials: CallerCredentials = ANONYMOUS,
+    groups_with: Callable[[pb.NodeCommand, pb.NodeCommand], bool] = lambda first, later: False,
 ) -> None:
     """Answers the master's commands, in order, until the master closes the connection.
     ``run_now`` answers a command on the spot where it can (one that only touches memory,
     with nothing before it still running): the answer then leaves in the same pass of the
-    event loop as the command arrived. Raises lp.LaneUnreachable when the lane cannot be
-    reached, SessionRefused when the master refuses, OSError when the connection breaks.
+    event loop as the command arrived. Commands found waiting back to back that
+    ``groups_with`` the first of them go to ``run_commands`` together (at most
+    ``MAX_GROUP``; storage_node/commands.py says why). Raises lp.LaneUnreachable when the
+    lane cannot be reached, SessionRefused when the master refuses, OSError when the
+    connection breaks.
     The connection opens with the node's credentials (TLS where a CA is given, then the
     AUTH frame), then the hello."""
     loop = asyncio.get_running_loop()
-    stream = _CommandStream(hello, run_command, run_now, credentials.lane_auth)
+    stream = _CommandStream(hello, run_commands, run_now, credentials.lane_auth, groups_with)
     tls = credentials.lane_context()
     transport: asyncio.BaseTransport
     try:
@@ -80,14 +85,16 @@ class _CommandStream(asyncio.Protocol):
     def __init__(
         self,
         hello: pb.NodeHello,
-        run_command: Callable[[pb.NodeCommand], Awaitable[pb.CommandResult]],
+        run_commands: Callable[[list[pb.NodeCommand]], Awaitable[list[pb.CommandResult]]],
         run_now: Callable[[pb.NodeCommand], pb.CommandResult | None],
         auth: bytes,
+        groups_with: Callable[[pb.NodeCommand, pb.NodeCommand], bool],
     ) -> None:
         self._hello = hello
         self._auth = auth
-        self._run_command = run_command
+        self._run_commands = run_commands
         self._run_now = run_now
+        self._groups_with = groups_with
         self._decoder = lp.FrameDecoder()
         self._transport: asyncio.Transport | None = None
         #: Commands that wait for (or run on) the asynchronous path, in order.
@@ -143,16 +150,26 @@ class _CommandStream(asyncio.Protocol):
             worker.cancel()
 
     async def _work(self) -> None:
+        carried: pb.NodeCommand | None = None  # (taken, and not of the group before it)
         while True:
-            command = await self._backlog.get()
+            first = carried if carried is not None else await self._backlog.get()
+            carried = None
+            group = [first]
+            while len(group) < MAX_GROUP and not self._backlog.empty():
+                later = self._backlog.get_nowait()
+                if not self._groups_with(first, later):
+                    carried = later
+                    break
+                group.append(later)
             try:
-                result = await self._run_command(command)
+                results = await self._run_commands(group)
             except Exception as error:  # ends the session, as it did the reading task
                 self._end(error)
                 return
             finally:
-                self._unfinished -= 1
-            self._answer(result)
+                self._unfinished -= len(group)
+            for result in results:
+                self._answer(result)
 
     def _answer(self, result: pb.CommandResult) -> None:
         if len(result.error) > lp.REPORT_ERROR_CHARS:  # the master reads reports of a bounded size

@@ -3,9 +3,11 @@
 A client on this host that the master allows to map a segment (``security/mapping_grants.py``
 says who) connects to this abstract unix socket, sends one request (mode and grant), and
 receives the segment's file descriptor over ``SCM_RIGHTS``: opened read-only for ``r``, the
-node's own read-write descriptor for ``w``. Nothing else is ever sent, and the grant is
-checked first. The segment's file is mode 0600, so a client under another user cannot
-reopen a read-only descriptor read-write through ``/proc``.
+node's own read-write descriptor for ``w``. An NVMe segment's file is handed over for writes
+only, as two descriptors: the node's direct-I/O one, then its plain one
+(transport/shared_file.py; such a file is read over the checked stream). Nothing else is
+ever sent, and the grant is checked first. The segment's file is mode 0600, so a client
+under another user cannot reopen a read-only descriptor read-write through ``/proc``.
 
 Bounded: one request per connection, a deadline on every receive and send, at most
 ``MAX_CONNECTIONS`` served at once (others are closed unanswered), answers short.
@@ -101,7 +103,7 @@ class MappingServer:
             pid, uid = peer_credentials(connection)
             message = connection.recv(mapping_grants.REQUEST_SIZE + 1)
             try:
-                writable, fd = self._decide(message)
+                writable, fds = self._decide(message)
             except MapRefused as refusal:
                 reason = str(refusal).encode()[: mapping_grants.MAX_REASON]
                 connection.send(bytes([mapping_grants.REFUSED]) + reason)
@@ -116,10 +118,11 @@ class MappingServer:
                     )
                 return
             try:
-                socket.send_fds(connection, [bytes([mapping_grants.HANDED_OVER])], [fd])
+                socket.send_fds(connection, [bytes([mapping_grants.HANDED_OVER])], fds)
             finally:
                 if not writable:
-                    os.close(fd)
+                    for fd in fds:
+                        os.close(fd)
             log.info("segment handed over", peer_pid=pid, peer_uid=uid, writable=writable)
         except OSError:
             pass  # (the peer went, or missed a deadline)
@@ -128,8 +131,8 @@ class MappingServer:
             with self._lock:
                 self._serving -= 1
 
-    def _decide(self, message: bytes) -> tuple[bool, int]:
-        """(writable, the descriptor to hand over) for a request; MapRefused otherwise."""
+    def _decide(self, message: bytes) -> tuple[bool, list[int]]:
+        """(writable, the descriptors to hand over) for a request; MapRefused otherwise."""
         writable, grant = mapping_grants.parse_request(message)
         segment = self._by_digest.get(mapping_grants.grant_segment(grant))
         if segment is None or segment.fd is None:
@@ -146,6 +149,10 @@ class MappingServer:
             min_term=keys.term if keys is not None else 0,
             max_skew_ms=keys.max_skew_ms if keys is not None else 0,
         )
+        if segment.direct is not None:
+            if not writable:
+                raise MapRefused("an NVMe segment is read over the checked stream, not mapped")
+            return True, [segment.direct.fd, segment.fd]
         if writable:
-            return True, segment.fd
-        return False, os.open(f"/proc/self/fd/{segment.fd}", os.O_RDONLY | os.O_CLOEXEC)
+            return True, [segment.fd]
+        return False, [os.open(f"/proc/self/fd/{segment.fd}", os.O_RDONLY | os.O_CLOEXEC)]

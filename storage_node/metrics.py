@@ -53,9 +53,12 @@ STALE_RECORDS = Counter(
 RECORD_CHECKSUMS = Counter(
     "kvpool_node_record_checksums_total",
     "Checksums of objects recorded on persistent segments, by source (parts: combined from "
-    "those of the parts written directly; bytes: read from the object's bytes).",
+    "those of the parts written directly; writer: the put's own, for a file its client on "
+    "this host wrote itself; bytes: read from the object's bytes).",
     ["source"],
 )
+for _source in ("parts", "writer", "bytes"):
+    RECORD_CHECKSUMS.labels(_source)  # (exported from the start, at 0)
 SEGMENT_BYTES = Gauge(
     "kvpool_node_segment_bytes", "Size of each segment this node exposes.", ["segment", "tier"]
 )

@@ -21,6 +21,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import grpc
 
@@ -111,7 +112,7 @@ class StorageNode:
         #: Set once the node decided to leave (stopped, or drained): ends its command stream.
         self._leave: asyncio.Event | None = None
         #: The command running on a worker thread, if any (commands run one at a time).
-        self._command_running: asyncio.Future[pb.CommandResult] | None = None
+        self._command_running: asyncio.Future[Any] | None = None
         #: The capability keys the master delivered last (None: none yet, or it grants none).
         self.capability_keys: NodeKeys | None = None
         self.checked: CheckedServer | None = None
@@ -385,9 +386,10 @@ class StorageNode:
                         host_of(leader),
                         port,
                         hello,
-                        self._answer,
+                        self._answer_group,
                         self._answer_now,
                         self.credentials,
+                        self._executor.groups_with,
                     )
                 except lane_session.SessionRefused as refused:
                     log.warning("command stream refused", detail=refused.details)
@@ -424,6 +426,17 @@ class StorageNode:
 
     async def _answer(self, command: pb.NodeCommand) -> pb.CommandResult:
         return _logged(await self._run_command(command))
+
+    async def _answer_group(self, commands: list[pb.NodeCommand]) -> list[pb.CommandResult]:
+        """Runs commands that group (``CommandExecutor.groups_with``) as one, after the
+        commands before them; one command as ``_answer`` does."""
+        if len(commands) == 1:
+            return [await self._answer(commands[0])]
+        await self._commands_finished()
+        loop = asyncio.get_running_loop()
+        running = loop.run_in_executor(None, self._executor.execute_group, commands)
+        self._command_running = running
+        return [_logged(result) for result in await asyncio.shield(running)]
 
     def _answer_now(self, command: pb.NodeCommand) -> pb.CommandResult | None:
         """Carries out a command on the spot if it only touches memory and no earlier one

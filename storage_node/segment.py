@@ -81,7 +81,8 @@ class Segment:
     #: The backing file (memfd or data file), kept open: to allocate blocks ahead of writes,
     #: and for clients on this host to map (``shareable``).
     fd: int | None = None
-    #: Clients on this host may map ``fd`` (DRAM that no store can fault on; see above).
+    #: Clients on this host may map ``fd`` (DRAM that no store can fault on; see above), or,
+    #: for an NVMe segment, write its file themselves (transport/shared_file.py).
     shareable: bool = False
     #: NVMe: the data file opened for writes that bypass the page cache, and the checksums
     #: of the parts written through it (storage_node/direct_writes.py); None: none.
@@ -133,11 +134,14 @@ class Segment:
             inode=stat.st_ino,
             device=stat.st_dev,
             boot_id=boot_id(),
+            direct_io=self._nvme,
         )
 
-    def record(self, entries: list[Entry]) -> list[int]:
+    def record(self, entries: list[Entry], *, writer_checksums: bool = False) -> list[int]:
         """Records newly published objects; on a persistent segment, first makes their bytes
-        durable and checksums them. Returns the checksums it computed (none for DRAM)."""
+        durable and checksums them. Returns the checksums it computed (none for DRAM).
+        ``writer_checksums``: the entries' checksums are their writers' (a Persist's), to be
+        taken where the writer wrote the file itself (``_written_crc``)."""
         if not self.persistent:
             self._put(entries)
             self.changes += 1
@@ -150,7 +154,14 @@ class Segment:
             for start, end in _runs((e.offset, e.offset + e.size) for e in entries):
                 _start_writeback(self.fd, start, end - start)  # the disk writes meanwhile
         durable = [
-            Entry(e.key, e.offset, e.size, e.generation, self._written_crc(e), e.replicas)
+            Entry(
+                e.key,
+                e.offset,
+                e.size,
+                e.generation,
+                self._written_crc(e, writer_checksums),
+                e.replicas,
+            )
             for e in entries
         ]
         self._group_commit(durable)
@@ -164,14 +175,21 @@ class Segment:
             metrics.STALE_RECORDS.inc(len(entries) - len(kept))
         return kept
 
-    def _written_crc(self, entry: Entry) -> int:
+    def _written_crc(self, entry: Entry, writer_checksums: bool) -> int:
         """The object's checksum: combined from those of the parts written directly when
-        they tile it (its bytes are on the disk, not in memory), else read from its bytes."""
+        they tile it (its bytes are on the disk, not in memory); else, in a file that
+        clients on this host write themselves, the writer's own (``entry.crc32c`` of a
+        Persist: the put's; such a writer could write any bytes there anyway, and a
+        checksum that does not match them drops the object at the next reopening, as a
+        corruption); else read from its bytes."""
         if self.direct is not None:
             crc = self.direct.parts.take((entry.offset, entry.generation), entry.size)
             if crc is not None:
                 metrics.RECORD_CHECKSUMS.labels("parts").inc()
                 return crc
+            if writer_checksums and self.shareable and entry.crc32c is not None:
+                metrics.RECORD_CHECKSUMS.labels("writer").inc()
+                return entry.crc32c
         metrics.RECORD_CHECKSUMS.labels("bytes").inc()
         return self.checksum(entry.offset, entry.size)
 
@@ -368,6 +386,7 @@ def open_persistent_segment(
         raise
     if prefault:
         _prefault(memory)
+    direct = DirectWriter.open(data_path) if tier is Tier.NVME else None
     segment = Segment(
         index.header["segment_id"],
         tier,
@@ -376,8 +395,10 @@ def open_persistent_segment(
         index,
         base,
         fd=fd,
-        shareable=tier is Tier.DRAM and prefault,  # a hole in a full tmpfs would be a SIGBUS
-        direct=DirectWriter.open(data_path) if tier is Tier.NVME else None,
+        # DRAM: a hole in a full tmpfs would be a SIGBUS to a client mapping it. NVMe: clients
+        # write the file, never map it, and only where it takes direct I/O.
+        shareable=(tier is Tier.DRAM and prefault) or direct is not None,
+        direct=direct,
     )
     segment.dropped_on_open = _verify(segment)
     return segment

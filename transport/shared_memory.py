@@ -33,8 +33,12 @@ import struct
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kvpool.common.libc import LIBC
+
+if TYPE_CHECKING:
+    from kvpool.transport.shared_file import SharedFile
 
 #: madvise(MADV_POPULATE_READ/WRITE), Linux 5.14+ (Python 3.11's mmap module lacks the name).
 MADV_POPULATE_READ = 22
@@ -91,6 +95,8 @@ class SegmentFile:
     remote_base: int
     socket_name: str = ""
     grant: bytes = b""
+    #: A file on a disk, written with direct I/O and never mapped (transport/shared_file.py).
+    direct_io: bool = False
 
     def origin(self, writable: bool) -> tuple[int, ...]:
         """What a mapping of it is known by (the grant, renewed now and then, is not)."""
@@ -235,6 +241,15 @@ def peer_credentials(connection: socket.socket) -> tuple[int, int]:
 def _handed_over(socket_name: str, pid: int, writable: bool, grant: bytes) -> int:
     """The segment's file, as the node process ``pid`` hands it over at its mapping socket
     (abstract ``socket_name``) for ``grant``: checked to come from that very process."""
+    return handed_over(socket_name, pid, writable, grant, count=1)[0]
+
+
+def handed_over(
+    socket_name: str, pid: int, writable: bool, grant: bytes, *, count: int
+) -> list[int]:
+    """The ``count`` descriptors of a segment's file the node process ``pid`` hands over at
+    its mapping socket (abstract ``socket_name``) for ``grant``, checked to come from that
+    very process; MappingRefused otherwise."""
     from kvpool.security import mapping_grants
 
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
@@ -249,19 +264,19 @@ def _handed_over(socket_name: str, pid: int, writable: bool, grant: bytes) -> in
                 f"node process {pid} the master named",
             )
         connection.send(mapping_grants.request(writable, grant))
-        message, fds, _, _ = socket.recv_fds(connection, 1 + mapping_grants.MAX_REASON, 1)
+        message, fds, _, _ = socket.recv_fds(connection, 1 + mapping_grants.MAX_REASON, count)
     except MappingRefused:
         raise  # (an OSError too: not to be wrapped again below)
     except OSError as error:
         raise MappingRefused(error.errno or 0, f"mapping socket {socket_name}: {error}") from None
     finally:
         connection.close()
-    if message[:1] != bytes([mapping_grants.HANDED_OVER]) or len(fds) != 1:
+    if message[:1] != bytes([mapping_grants.HANDED_OVER]) or len(fds) != count:
         for fd in fds:
             os.close(fd)
         reason = message[1:].decode(errors="replace") or "no answer"
         raise MappingRefused(0, f"node process {pid} refused to hand over its segment: {reason}")
-    return fds[0]
+    return fds
 
 
 class Mappings:
@@ -276,21 +291,29 @@ class Mappings:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._current: dict[tuple[int, ...], MappedSegment] = {}
+        self._current: dict[tuple[int, ...], MappedSegment | SharedFile] = {}
 
-    def acquire(self, file: SegmentFile, *, writable: bool = True) -> MappedSegment:
+    def acquire(self, file: SegmentFile, *, writable: bool = True) -> MappedSegment | SharedFile:
         """The segment's mapping (read-write or read-only), made now unless a live one
-        exists; MappingRefused when this process cannot map it (see ``MappedSegment.open``)."""
+        exists; MappingRefused when this process cannot map it (see ``MappedSegment.open``).
+        A ``direct_io`` file is not mapped but held open for writes (``SharedFile``)."""
+        from kvpool.transport.shared_file import SharedFile
+
         origin = file.origin(writable)
         with self._lock:
             mapped = self._current.get(origin)
             if mapped is None or not mapped.alive():  # a dead one stays with its users
-                mapped = MappedSegment.open(file, writable=writable)
+                if file.direct_io:
+                    if not writable:
+                        raise MappingRefused(0, "a file on a disk is read over the network")
+                    mapped = SharedFile.open(file)
+                else:
+                    mapped = MappedSegment.open(file, writable=writable)
                 self._current[origin] = mapped
             mapped.users += 1
             return mapped
 
-    def release(self, mapped: MappedSegment) -> None:
+    def release(self, mapped: MappedSegment | SharedFile) -> None:
         with self._lock:
             mapped.users -= 1
             if mapped.users > 0:

@@ -219,7 +219,8 @@ def test_large_writes_go_past_the_page_cache_and_are_recorded_with_their_true_ch
     direct I/O, their partial pages through the mapping, and each is recorded with the
     checksum of its bytes, combined from its parts' (verified on every get, and again by the
     node when it reopens the segment after a kill). Gets of them, not in the page cache,
-    are read with direct I/O too, partial pages and all."""
+    are read with direct I/O too, partial pages and all. (The client does not write the
+    file itself, as one on the node's host may: it sends the bytes as another host would.)"""
     cluster = cluster_factory(0, "64MiB")
     node = cluster.add_node(extra=nvme_args(tmp_path / "nvme"))
     rng = random.Random(5)
@@ -227,7 +228,7 @@ def test_large_writes_go_past_the_page_cache_and_are_recorded_with_their_true_ch
     objects = {f"odd-{i}": rng.randbytes(n) for i, n in enumerate(sizes)}
     port = node.ready["http_port"]
     combined = 'kvpool_node_record_checksums_total{source="parts"}'
-    with Client(cluster.master_address, timeout=30) as client:
+    with Client(cluster.master_address, timeout=30, same_host_mapping=False) as client:
         assert client.put_many(list(objects.items()), tier="nvme") == [1] * len(objects)
         for key, value in objects.items():
             assert client.get(key, verify=True) == value, key

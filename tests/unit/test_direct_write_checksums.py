@@ -14,12 +14,12 @@ import pytest
 from kvpool.common.crc32c_combine import crc32c_combine
 from kvpool.storage_node.direct_writes import (
     MAX_PARTS,
-    BouncePool,
     DirectReadRefused,
     DirectWriter,
     WrittenParts,
     read_pieces,
 )
+from kvpool.transport.bounce_buffers import BouncePool
 
 
 def crc(data: bytes) -> int:

@@ -24,6 +24,8 @@ def command(command_id: int, kind: str) -> bytes:
     message = pb.NodeCommand(command_id=command_id)
     if kind == "forget":
         message.forget.segment_id = "n1/dram0"
+    elif kind == "persist":
+        message.persist.segment_id = "n1/nvme0"
     else:
         message.copy.source_segment_id = "n1/dram0"
     return lp.encode(0, lp.NODE_SESSION, message.SerializeToString())
@@ -41,10 +43,10 @@ def test_memory_only_commands_are_answered_at_once_and_every_answer_keeps_its_pl
             answered_at_once.append(c.command_id)
             return pb.CommandResult(command_id=c.command_id, ok=True)
 
-        async def run_command(c: pb.NodeCommand) -> pb.CommandResult:
-            if c.WhichOneof("kind") == "copy":
+        async def run_commands(cs: list[pb.NodeCommand]) -> list[pb.CommandResult]:
+            if cs[0].WhichOneof("kind") == "copy":
                 await copy_may_finish.wait()
-            return pb.CommandResult(command_id=c.command_id, ok=True)
+            return [pb.CommandResult(command_id=c.command_id, ok=True) for c in cs]
 
         async def master(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             decoder, frames = lp.FrameDecoder(), []
@@ -66,7 +68,7 @@ def test_memory_only_commands_are_answered_at_once_and_every_answer_keeps_its_pl
         hello = pb.NodeHello(node_id="n1")
         node = asyncio.create_task(
             lane_session.serve_commands(
-                "127.0.0.1", port, hello, run_command, run_now, CallerCredentials(token=TOKEN)
+                "127.0.0.1", port, hello, run_commands, run_now, CallerCredentials(token=TOKEN)
             )
         )
         assert (await asyncio.wait_for(reports.get(), 5)).hello.node_id == "n1"
@@ -103,7 +105,7 @@ def test_a_refusing_master_ends_the_session_with_its_reason():
         server = await asyncio.start_server(master, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
 
-        async def never(c: pb.NodeCommand) -> pb.CommandResult:
+        async def never(cs: list[pb.NodeCommand]) -> list[pb.CommandResult]:
             raise AssertionError("no command was sent")
 
         try:
@@ -128,7 +130,7 @@ def test_an_unreachable_lane_says_so():
         server.close()
         await server.wait_closed()
 
-        async def never(c: pb.NodeCommand) -> pb.CommandResult:
+        async def never(cs: list[pb.NodeCommand]) -> list[pb.CommandResult]:
             raise AssertionError("no connection")
 
         try:
@@ -137,5 +139,61 @@ def test_an_unreachable_lane_says_so():
             assert str(port) in str(error)
         else:
             raise AssertionError("LaneUnreachable was not raised")
+
+    asyncio.run(scenario())
+
+
+def test_commands_waiting_back_to_back_that_group_run_together_and_answer_in_order():
+    async def scenario() -> None:
+        reports: asyncio.Queue[pb.NodeReport] = asyncio.Queue()
+        copy_may_finish = asyncio.Event()
+        groups: list[list[int]] = []
+
+        async def run_commands(cs: list[pb.NodeCommand]) -> list[pb.CommandResult]:
+            groups.append([c.command_id for c in cs])
+            if cs[0].WhichOneof("kind") == "copy":
+                await copy_may_finish.wait()
+            return [pb.CommandResult(command_id=c.command_id, ok=True) for c in cs]
+
+        def persists_group(first: pb.NodeCommand, later: pb.NodeCommand) -> bool:
+            return first.WhichOneof("kind") == later.WhichOneof("kind") == "persist"
+
+        async def master(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            decoder, frames = lp.FrameDecoder(), []
+            while not frames:
+                frames += decoder.feed(await reader.read(1 << 16))
+            writer.write(lp.encode(frames.pop(0).call_id, lp.AUTH, b""))
+            kinds = ["copy", "persist", "persist", "persist", "forget", "persist", "persist"]
+            writer.write(b"".join(command(i + 1, kind) for i, kind in enumerate(kinds)))
+            for frame in frames:
+                reports.put_nowait(pb.NodeReport.FromString(frame.body))
+            while data := await reader.read(1 << 16):
+                for frame in decoder.feed(data):
+                    reports.put_nowait(pb.NodeReport.FromString(frame.body))
+            writer.close()
+
+        server = await asyncio.start_server(master, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        node = asyncio.create_task(
+            lane_session.serve_commands(
+                "127.0.0.1",
+                port,
+                pb.NodeHello(node_id="n1"),
+                run_commands,
+                credentials=CallerCredentials(token=TOKEN),
+                groups_with=persists_group,
+            )
+        )
+        assert (await asyncio.wait_for(reports.get(), 5)).hello.node_id == "n1"
+        await asyncio.sleep(0.05)  # every command has come, and waits behind the copy
+        copy_may_finish.set()
+        answers = [(await asyncio.wait_for(reports.get(), 5)).result.command_id for _ in range(7)]
+        assert answers == [1, 2, 3, 4, 5, 6, 7]
+        assert groups == [[1], [2, 3, 4], [5], [6, 7]]
+
+        node.cancel()
+        await asyncio.gather(node, return_exceptions=True)
+        server.close()
+        await server.wait_closed()
 
     asyncio.run(scenario())
