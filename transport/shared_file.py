@@ -31,6 +31,8 @@ import os
 import select
 import threading
 import time
+from concurrent import futures
+from concurrent.futures import ThreadPoolExecutor
 
 from kvpool.common.logging import get_logger
 from kvpool.transport import ucp
@@ -48,6 +50,10 @@ PIECE = 4 << 20
 #: is written through the plain descriptor (the page cache) instead.
 BOUNCE_COUNT = 8
 BOUNCES = BouncePool(BOUNCE_COUNT, PIECE)
+#: Pieces of one large write in flight at once (a disk takes several direct writes side by
+#: side faster than one after another), on threads this process shares for it.
+PARALLEL_PIECES = 4
+_PIECE_WRITERS = ThreadPoolExecutor(PARALLEL_PIECES, thread_name_prefix="kvpool-file-write")
 
 
 class SharedFile:
@@ -145,18 +151,31 @@ class SharedFile:
             return False
         if head_end > offset:
             _write_all(self.plain_fd, _view(source, head_end - offset), offset)
-        at = head_end
-        while at < tail_start:
-            if time.monotonic() >= deadline:
+        pieces = [(at, min(PIECE, tail_start - at)) for at in range(head_end, tail_start, PIECE)]
+        if len(pieces) == 1:
+            if not self._write_piece(offset, source, *pieces[0], deadline):
                 return False
-            piece = min(PIECE, tail_start - at)
-            self._write_blocks(source + (at - offset), piece, at)
-            at += piece
+        elif pieces:
+            running = [
+                _PIECE_WRITERS.submit(self._write_piece, offset, source, at, size, deadline)
+                for at, size in pieces
+            ]
+            futures.wait(running)  # (each piece is one bounded write: none touches memory after)
+            if not all([piece.result() for piece in running]):  # (raises a piece's error)
+                return False
         if end > tail_start:
             if time.monotonic() >= deadline:
                 return False
             _write_all(self.plain_fd, _view(source + (tail_start - offset), end - tail_start),
                        tail_start)  # fmt: skip
+        return True
+
+    def _write_piece(self, offset: int, source: int, at: int, size: int, deadline: float) -> bool:
+        """Writes the whole blocks [at, at + size) of a write of ``source`` at ``offset``,
+        unless the deadline passed before it started."""
+        if time.monotonic() >= deadline:
+            return False
+        self._write_blocks(source + (at - offset), size, at)
         return True
 
     def _write_blocks(self, source: int, length: int, offset: int) -> None:
