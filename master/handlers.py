@@ -298,6 +298,7 @@ class MasterHandlers:
             pin_ttl=request.pin_ttl_ms / 1000.0,
             tier=_enum(Tier, request.tier, "tier"),
             avoid_nodes=frozenset(request.avoid_nodes),
+            self_written=mapped,
         )
         core = self.core
         write_timeout_ms = int(core.state.config.write_timeout * 1000)

@@ -192,6 +192,10 @@ class PutOptions:
     #: Nodes the writer could not reach lately (it saw them fail; the master may not know
     #: yet): no replica goes there.
     avoid_nodes: frozenset[str] = frozenset()
+    #: Segments the writer writes itself (it maps them, or holds an NVMe segment's file:
+    #: transport/shared_file.py). Such a writer's own writes allocate an NVMe file's blocks
+    #: (a full disk fails its write, no one faults), so its nodes get no Prepare for them.
+    self_written: frozenset[str] = frozenset()
 
 
 class StoredObject(NamedTuple):

@@ -1115,7 +1115,11 @@ class MasterState:
         self.counters.puts_started += 1
         for replica in replicas:
             segment = self.segments[replica.segment_id]
-            if segment.info.tier is _NVME and size:
+            if (
+                segment.info.tier is _NVME
+                and size
+                and replica.segment_id not in options.self_written
+            ):
                 self.outbox.append(
                     PrepareCommand(
                         next(self._command_ids),

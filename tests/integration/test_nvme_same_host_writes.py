@@ -25,6 +25,7 @@ from kvpool.security.tokens import new_token
 MiB = 1 << 20
 WRITER = 'kvpool_node_record_checksums_total{source="writer"}'
 RECEIVED = "kvpool_node_direct_write_bytes_total"
+PREPARES = 'kvpool_node_commands_total{kind="prepare",outcome="ok"}'
 ALLOWED, OTHER = (
     new_token("mapper", Role.CLIENT, tenant="a"),
     new_token("plain", Role.CLIENT, tenant="a"),
@@ -81,6 +82,32 @@ def test_a_named_client_writes_the_file_itself_and_every_object_survives_a_kill(
         assert wait_until(lambda: cluster_status(client.master).objects == len(objects), 10)
         for key, value in objects.items():
             assert client.get(key, verify=True) == value, key
+
+
+def test_the_node_allocates_ahead_only_for_writers_that_do_not_write_the_file_themselves(
+    cluster_factory, tmp_path
+):
+    """A Prepare (the node allocating a put's blocks before the write) keeps a full disk from
+    faulting the node's own writes through its mapping; a client writing the file allocates
+    as it writes (a full disk fails its write), and its node gets none once it holds it."""
+    cluster, node = _cluster(cluster_factory, tmp_path)
+    port = node.ready["http_port"]
+
+    def prepares() -> float:
+        try:
+            return metric(port, PREPARES)
+        except AssertionError:  # (not exported before the first)
+            return 0.0
+
+    with _client(cluster, ALLOWED[0], timeout=30) as mapper, _client(cluster, OTHER[0]) as plain:
+        mapper.put("first", b"f" * 100_000, tier="nvme")  # (the file is not held yet)
+        held = prepares()
+        assert mapper.put_many([(f"m{n}", b"m" * 100_000) for n in range(5)], tier="nvme")
+        assert prepares() == held, "the mapper's puts sent no Prepare"
+        assert plain.put_many([(f"p{n}", b"p" * 100_000) for n in range(5)], tier="nvme")
+        assert wait_until(lambda: prepares() == held + 5, 5), "the plain client's did"
+        for n in range(5):
+            assert mapper.get(f"m{n}") == b"m" * 100_000 and plain.get(f"p{n}") == b"p" * 100_000
 
 
 def test_a_client_the_master_does_not_name_streams_its_bytes_to_the_node(cluster_factory, tmp_path):
