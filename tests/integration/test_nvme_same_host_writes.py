@@ -14,7 +14,6 @@ import random
 
 import numpy as np
 import pytest
-from conftest import SECURE_ENV
 from helpers import cluster_status, metric, wait_until
 
 from kvpool import Client
@@ -26,6 +25,8 @@ MiB = 1 << 20
 WRITER = 'kvpool_node_record_checksums_total{source="writer"}'
 RECEIVED = "kvpool_node_direct_write_bytes_total"
 PREPARES = 'kvpool_node_commands_total{kind="prepare",outcome="ok"}'
+#: What makes this process a secure cluster's client (tests/conftest.py sets it).
+SECURE_ENV = ("KVPOOL_TOKEN", "KVPOOL_TOKEN_FILE", "KVPOOL_TLS_CA")
 ALLOWED, OTHER = (
     new_token("mapper", Role.CLIENT, tenant="a"),
     new_token("plain", Role.CLIENT, tenant="a"),
