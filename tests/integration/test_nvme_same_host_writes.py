@@ -11,12 +11,14 @@ from __future__ import annotations
 import mmap
 import os
 import random
+import subprocess
 
 import numpy as np
 import pytest
 from helpers import cluster_status, metric, wait_until
 
 from kvpool import Client
+from kvpool.errors import ObjectNotFound, TransferError
 from kvpool.security import mapping_grants
 from kvpool.security.identity import Role
 from kvpool.security.tokens import new_token
@@ -160,6 +162,68 @@ def test_on_an_insecure_cluster_a_client_of_the_node_s_user_writes_the_file_too(
         assert client.put_many(list(objects.items()), tier="nvme") == [1] * len(objects)
         assert metric(node.ready["http_port"], WRITER) == len(objects)
         for key, value in objects.items():
+            assert client.get(key, verify=True) == value, key
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 48 MiB ext4 file system of its own (a loop device: the suite runs as root)."""
+    image, mount = tmp_path / "disk.img", tmp_path / "small"
+    with image.open("wb") as out:
+        out.truncate(48 << 20)
+    try:
+        device = _run("losetup", "--find", "--show", str(image)).strip()
+    except (OSError, subprocess.CalledProcessError) as error:
+        pytest.fail(f"a loop device is needed (run the suite as root): {error}")
+    try:
+        _run("mkfs.ext4", "-q", "-F", "-m", "0", device)
+        mount.mkdir()
+        _run("mount", device, str(mount))
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], capture_output=True, check=False)
+        subprocess.run(["losetup", "-d", device], capture_output=True, check=False)
+
+
+def _run(*argv: str) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+
+
+def test_a_full_disk_fails_the_put_with_a_clear_error_and_the_node_serves_on(
+    cluster_factory, tmp_path, small_disk
+):
+    """The segment (128 MiB, sparse) is larger than its file system (48 MiB): once the disk
+    is full, the client's own write fails, and its put with it, saying so; nothing was
+    published, the node is up, and what was stored reads back."""
+    cluster = cluster_factory(
+        0,
+        "64MiB",
+        same_host=False,
+        tokens=(ALLOWED[1],),
+        master_args=["--same-host-clients", "mapper"],
+    )
+    node = cluster.add_node(
+        extra=["--tenant", "a", "--nvme", str(small_disk / "nvme"), "--nvme-size", "128MiB"]
+    )
+    stored: dict[str, bytes] = {}
+    with _client(cluster, ALLOWED[0], timeout=10) as client:
+        for n in range(40):
+            value = os.urandom(2 * MiB)
+            try:
+                client.put(f"k{n}", value, tier="nvme")
+            except TransferError as error:
+                assert "No space left on device" in str(error) and "nothing was published" in str(
+                    error
+                )
+                with pytest.raises(ObjectNotFound):
+                    client.get(f"k{n}")
+                break
+            stored[f"k{n}"] = value
+        else:
+            raise AssertionError("80 MiB went into a 48 MiB file system")
+        assert len(stored) >= 10
+        assert node.popen.poll() is None, "the node is up"
+        for key, value in stored.items():
             assert client.get(key, verify=True) == value, key
 
 
