@@ -16,6 +16,7 @@ import subprocess
 import numpy as np
 import pytest
 from helpers import cluster_status, metric, wait_until
+from test_same_host_mapping_grants import _ask
 
 from kvpool import Client
 from kvpool.errors import ObjectNotFound, TransferError
@@ -181,7 +182,9 @@ def small_disk(tmp_path):
         _run("mount", device, str(mount))
         yield mount
     finally:
-        subprocess.run(["umount", str(mount)], capture_output=True, check=False)
+        # (lazily: this runs before the cluster's node, which holds files there, is stopped;
+        # the file system and the loop device go once it has)
+        subprocess.run(["umount", "--lazy", str(mount)], capture_output=True, check=False)
         subprocess.run(["losetup", "-d", device], capture_output=True, check=False)
 
 
@@ -225,17 +228,6 @@ def test_a_full_disk_fails_the_put_with_a_clear_error_and_the_node_serves_on(
         assert node.popen.poll() is None, "the node is up"
         for key, value in stored.items():
             assert client.get(key, verify=True) == value, key
-
-
-def _ask(descriptor, request: bytes) -> tuple[bytes, list[int]]:
-    import socket
-
-    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as connection:
-        connection.settimeout(5)
-        connection.connect("\0" + descriptor.shared_memory.socket)
-        connection.send(request)
-        message, fds, _, _ = socket.recv_fds(connection, 1024, 4)
-    return message, fds
 
 
 def _flags(fd: int) -> int:

@@ -10,6 +10,7 @@ connection opens with the node's credentials (an AUTH frame), then its hello.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from kvpool.common import lane_protocol as lp
 from kvpool.proto import master_pb2 as pb
@@ -31,6 +32,28 @@ def command(command_id: int, kind: str) -> bytes:
     return lp.encode(0, lp.NODE_SESSION, message.SerializeToString())
 
 
+def stand_in_master(commands: bytes, reports: asyncio.Queue[pb.NodeReport]) -> Any:
+    """A master's end of the lane: accepts the node's credentials, sends ``commands``, and
+    puts every report it gets (the hello, then answers) in ``reports``."""
+
+    async def master(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        decoder, frames = lp.FrameDecoder(), []
+        while not frames:  # the connection opens with the node's credentials
+            frames += decoder.feed(await reader.read(1 << 16))
+        auth = frames.pop(0)
+        assert (auth.method, auth.body) == (lp.AUTH, TOKEN.encode())
+        writer.write(lp.encode(auth.call_id, lp.AUTH, b""))  # accepted
+        writer.write(commands)
+        for frame in frames:
+            reports.put_nowait(pb.NodeReport.FromString(frame.body))
+        while data := await reader.read(1 << 16):
+            for frame in decoder.feed(data):
+                reports.put_nowait(pb.NodeReport.FromString(frame.body))
+        writer.close()
+
+    return master
+
+
 def test_memory_only_commands_are_answered_at_once_and_every_answer_keeps_its_place():
     async def scenario() -> None:
         reports: asyncio.Queue[pb.NodeReport] = asyncio.Queue()
@@ -48,21 +71,9 @@ def test_memory_only_commands_are_answered_at_once_and_every_answer_keeps_its_pl
                 await copy_may_finish.wait()
             return [pb.CommandResult(command_id=c.command_id, ok=True) for c in cs]
 
-        async def master(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            decoder, frames = lp.FrameDecoder(), []
-            while not frames:  # the connection opens with the node's credentials
-                frames += decoder.feed(await reader.read(1 << 16))
-            auth = frames.pop(0)
-            assert (auth.method, auth.body) == (lp.AUTH, TOKEN.encode())
-            writer.write(lp.encode(auth.call_id, lp.AUTH, b""))  # accepted
-            writer.write(command(1, "forget") + command(2, "copy") + command(3, "forget"))
-            for frame in frames:
-                reports.put_nowait(pb.NodeReport.FromString(frame.body))
-            while data := await reader.read(1 << 16):
-                for frame in decoder.feed(data):
-                    reports.put_nowait(pb.NodeReport.FromString(frame.body))
-            writer.close()
-
+        master = stand_in_master(
+            command(1, "forget") + command(2, "copy") + command(3, "forget"), reports
+        )
         server = await asyncio.start_server(master, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         hello = pb.NodeHello(node_id="n1")
@@ -158,21 +169,9 @@ def test_commands_waiting_back_to_back_that_group_run_together_and_answer_in_ord
         def persists_group(first: pb.NodeCommand, later: pb.NodeCommand) -> bool:
             return first.WhichOneof("kind") == later.WhichOneof("kind") == "persist"
 
-        async def master(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            decoder, frames = lp.FrameDecoder(), []
-            while not frames:
-                frames += decoder.feed(await reader.read(1 << 16))
-            writer.write(lp.encode(frames.pop(0).call_id, lp.AUTH, b""))
-            kinds = ["copy", "persist", "persist", "persist", "forget", "persist", "persist"]
-            writer.write(b"".join(command(i + 1, kind) for i, kind in enumerate(kinds)))
-            for frame in frames:
-                reports.put_nowait(pb.NodeReport.FromString(frame.body))
-            while data := await reader.read(1 << 16):
-                for frame in decoder.feed(data):
-                    reports.put_nowait(pb.NodeReport.FromString(frame.body))
-            writer.close()
-
-        server = await asyncio.start_server(master, "127.0.0.1", 0)
+        kinds = ["copy", "persist", "persist", "persist", "forget", "persist", "persist"]
+        sent = b"".join(command(i + 1, kind) for i, kind in enumerate(kinds))
+        server = await asyncio.start_server(stand_in_master(sent, reports), "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         node = asyncio.create_task(
             lane_session.serve_commands(
