@@ -45,7 +45,7 @@ from pathlib import Path
 from kvpool.common.crc32c_combine import crc32c_combine
 from kvpool.common.libc import LIBC
 from kvpool.common.logging import get_logger
-from kvpool.transport.bounce_buffers import Bounce, BouncePool
+from kvpool.transport.direct_io import Bounce, BouncePool, DirectFile
 
 log = get_logger("kvpool.node.direct")
 
@@ -119,15 +119,13 @@ class WrittenParts:
             self._grants.pop(grant, None)
 
 
-class DirectWriter:
+class DirectWriter(DirectFile):
     """An NVMe segment's file opened for direct I/O (writes, and reads of uncached bytes),
     and the parts written through it."""
 
     def __init__(self, fd: int) -> None:
-        self.fd = fd
+        super().__init__(fd, fallback="through the mapping")
         self.parts = WrittenParts()
-        #: False once the file system turned a direct write down.
-        self.usable = True
 
     @classmethod
     def open(cls, path: Path) -> DirectWriter | None:
@@ -140,49 +138,6 @@ class DirectWriter:
         except OSError:
             return None
         return cls(fd)
-
-    def write(self, data: memoryview, offset: int) -> bool:
-        """Writes ``data`` (block-aligned memory and length) at ``offset`` (block aligned);
-        False, writing nothing more, where the file system turns direct writes down after
-        all (``EINVAL``: an alignment it wants larger): the caller writes another way, and
-        so does every later write."""
-        if not self.usable:
-            return False
-        done = 0
-        try:
-            while done < len(data):
-                done += os.pwrite(self.fd, data[done:], offset + done)
-        except OSError as error:
-            if error.errno != errno.EINVAL:
-                raise
-            self.usable = False
-            log.warning("direct writes turned down: writing through the mapping", error=str(error))
-            return False
-        return True
-
-    def read(self, into: memoryview, offset: int) -> int | None:
-        """Reads into ``into`` (block-aligned memory and length) from ``offset`` (block
-        aligned) up to its end or the file's; the bytes read, or None where the file system
-        turns direct reads down (``EINVAL``): the caller reads another way."""
-        if not self.usable:
-            return None
-        done = 0
-        try:
-            while done < len(into):
-                got = os.preadv(self.fd, [into[done:]], offset + done)
-                if not got:
-                    break
-                done += got
-        except OSError as error:
-            if error.errno != errno.EINVAL:
-                raise
-            return None
-        return done
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
 
 
 #: The node's bounce buffers, shared by its connections.

@@ -21,7 +21,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -44,6 +44,8 @@ from kvpool.storage_node.segment import Segment
 from kvpool.transport import ucp
 
 log = get_logger("kvpool.node")
+_In = TypeVar("_In")
+_Out = TypeVar("_Out")
 
 RPC_TIMEOUT = 2.0
 #: How often a command stream that waits for the first mount looks again.
@@ -433,10 +435,8 @@ class StorageNode:
         if len(commands) == 1:
             return [await self._answer(commands[0])]
         await self._commands_finished()
-        loop = asyncio.get_running_loop()
-        running = loop.run_in_executor(None, self._executor.execute_group, commands)
-        self._command_running = running
-        return [_logged(result) for result in await asyncio.shield(running)]
+        results = await self._on_a_thread(self._executor.execute_group, commands)
+        return [_logged(result) for result in results]
 
     def _answer_now(self, command: pb.NodeCommand) -> pb.CommandResult | None:
         """Carries out a command on the spot if it only touches memory and no earlier one
@@ -452,9 +452,14 @@ class StorageNode:
         await self._commands_finished()
         if self._executor.quick(command):
             return self._executor.execute(command)
-        running = asyncio.get_running_loop().run_in_executor(None, self._executor.execute, command)
+        return await self._on_a_thread(self._executor.execute, command)
+
+    async def _on_a_thread(self, run: Callable[[_In], _Out], commands: _In) -> _Out:
+        """``run(commands)`` on a worker thread, tracked as the command running: a cancelled
+        stream leaves it running, and the next command waits for it."""
+        running = asyncio.get_running_loop().run_in_executor(None, run, commands)
         self._command_running = running
-        return await asyncio.shield(running)  # a cancelled stream leaves it running, tracked
+        return await asyncio.shield(running)
 
     async def _commands_finished(self, timeout: float | None = None) -> bool:
         running = self._command_running

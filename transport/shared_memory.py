@@ -31,7 +31,7 @@ import select
 import socket
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -104,9 +104,37 @@ class SegmentFile:
                 int(writable))  # fmt: skip
 
 
-class MappedSegment:
-    """A node's segment mapped into this process at ``address``; ``remote_base`` is where the
-    node has it, so a descriptor's remote address translates by offset."""
+class HeldSegment:
+    """What this process holds of a node's segment (a mapping, or its file open: see
+    transport/shared_file.py), kept by ``Mappings``: ``remote_base`` is where the node has
+    the segment, so a descriptor's remote address translates by offset; ``pidfd`` tells
+    when the node process exits."""
+
+    def __init__(self, size: int, remote_base: int, pidfd: int, origin: tuple[int, ...]) -> None:
+        self.size = size
+        self.remote_base = remote_base
+        self.pidfd = pidfd
+        #: What it holds: (pid, fd, inode, device, size, remote_base, writable) of the node's
+        #: segment.
+        self.origin = origin
+        #: Clients holding it (see Mappings).
+        self.users = 0
+        self.closed = False
+
+    def alive(self) -> bool:
+        """False once the node process has exited (its pidfd turns readable)."""
+        if self.closed:
+            return False
+        poller = select.poll()  # not select(): a busy process may hold fds past 1024
+        poller.register(self.pidfd, select.POLLIN)
+        return not poller.poll(0)
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class MappedSegment(HeldSegment):
+    """A node's segment mapped into this process at ``address``."""
 
     def __init__(
         self,
@@ -117,19 +145,11 @@ class MappedSegment:
         origin: tuple[int, ...] = (),
         writable: bool = True,
     ) -> None:
+        super().__init__(size, remote_base, pidfd, origin)
         self.address = address
         #: False: mapped read-only (gets only; a store into it would fault).
         self.writable = writable
-        self.size = size
-        self.remote_base = remote_base
-        self.pidfd = pidfd
-        #: What it maps: (pid, fd, inode, device, size, remote_base, writable) of the node's
-        #: segment.
-        self.origin = origin
-        #: Clients holding it (see Mappings).
-        self.users = 0
         self._populated = bytearray((size + POPULATE_CHUNK - 1) // POPULATE_CHUNK)
-        self.closed = False
         self._stop_populating = threading.Event()
         self._populator = threading.Thread(
             target=self._populate_all, name="kvpool-populate", daemon=True
@@ -142,25 +162,10 @@ class MappedSegment:
         cannot reach it. With ``file.socket_name`` the node hands the file over there under
         ``file.grant`` (storage_node/mapping_server.py); else it is opened as
         ``/proc/<pid>/fd/<fd>`` (a node of this process's user that lets it)."""
-        pid, fd, inode, device, size = file.pid, file.fd, file.inode, file.device, file.size
+        size = file.size
+        flags = os.O_RDWR if writable else os.O_RDONLY
+        pidfd, [opened] = open_node_file(file, [flags], writable=writable)
         try:
-            pidfd = os.pidfd_open(pid)  # first: the pid cannot be reused while we hold this
-        except OSError as error:
-            raise MappingRefused(error.errno, f"node process {pid}: {error.strerror}") from None
-        try:
-            if file.socket_name:
-                opened = _handed_over(file.socket_name, pid, writable, file.grant)
-                where = f"the file node process {pid} handed over"
-            else:
-                opened = _open_proc_fd(pid, fd, writable)
-                where = f"/proc/{pid}/fd/{fd}"
-        except BaseException:
-            os.close(pidfd)
-            raise
-        try:
-            stat = os.fstat(opened)
-            if (stat.st_ino, stat.st_dev) != (inode, device) or stat.st_size < size:
-                raise MappingRefused(0, f"{where} is not the advertised segment")
             protection = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
             address = LIBC.mmap(None, size, protection, mmap.MAP_SHARED, opened, 0)
             if address in (None, MAP_FAILED):
@@ -173,14 +178,6 @@ class MappedSegment:
         finally:
             os.close(opened)  # the mapping keeps the file
         return cls(address, size, file.remote_base, pidfd, file.origin(writable), writable)
-
-    def alive(self) -> bool:
-        """False once the node process has exited (its pidfd turns readable)."""
-        if self.closed:
-            return False
-        poller = select.poll()  # not select(): a busy process may hold fds past 1024
-        poller.register(self.pidfd, select.POLLIN)
-        return not poller.poll(0)
 
     def local_address(self, remote_address: int, length: int) -> int:
         """Where ``remote_address`` lies in this process, its pages ready to copy."""
@@ -221,10 +218,43 @@ class MappedSegment:
         self._populated[chunk] = 1
 
 
-def _open_proc_fd(pid: int, fd: int, writable: bool) -> int:
+def open_node_file(
+    file: SegmentFile, flags: Sequence[int], *, writable: bool
+) -> tuple[int, list[int]]:
+    """A pidfd of the node process (first: its pid cannot be reused while this is held) and
+    the segment's file as ``len(flags)`` descriptors: handed over by the node at its mapping
+    socket (``file.socket_name``) under ``file.grant``, for writes or reads, or else opened
+    as ``/proc/<pid>/fd/<fd>`` with each of ``flags`` (a node of this process's user that
+    lets it); each checked to be the advertised file. MappingRefused when this process
+    cannot reach it, and then nothing stays open."""
+    pid = file.pid
     try:
-        flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC
-        return os.open(f"/proc/{pid}/fd/{fd}", flags)
+        pidfd = os.pidfd_open(pid)
+    except OSError as error:
+        raise MappingRefused(error.errno, f"node process {pid}: {error.strerror}") from None
+    opened: list[int] = []
+    try:
+        if file.socket_name:
+            opened = handed_over(file.socket_name, pid, writable, file.grant, count=len(flags))
+            where = f"the file node process {pid} handed over"
+        else:
+            opened = [_open_proc_fd(pid, file.fd, flag) for flag in flags]
+            where = f"/proc/{pid}/fd/{file.fd}"
+        for fd in opened:
+            stat = os.fstat(fd)
+            if (stat.st_ino, stat.st_dev) != (file.inode, file.device) or stat.st_size < file.size:
+                raise MappingRefused(0, f"{where} is not the advertised segment")
+    except BaseException:
+        for fd in opened:
+            os.close(fd)
+        os.close(pidfd)
+        raise
+    return pidfd, opened
+
+
+def _open_proc_fd(pid: int, fd: int, flags: int) -> int:
+    try:
+        return os.open(f"/proc/{pid}/fd/{fd}", flags | os.O_CLOEXEC)
     except OSError as error:
         raise MappingRefused(error.errno, f"/proc/{pid}/fd/{fd}: {error.strerror}") from None
 
@@ -236,12 +266,6 @@ def peer_credentials(connection: socket.socket) -> tuple[int, int]:
         connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
     )
     return pid, uid
-
-
-def _handed_over(socket_name: str, pid: int, writable: bool, grant: bytes) -> int:
-    """The segment's file, as the node process ``pid`` hands it over at its mapping socket
-    (abstract ``socket_name``) for ``grant``: checked to come from that very process."""
-    return handed_over(socket_name, pid, writable, grant, count=1)[0]
 
 
 def handed_over(

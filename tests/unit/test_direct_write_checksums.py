@@ -19,7 +19,7 @@ from kvpool.storage_node.direct_writes import (
     WrittenParts,
     read_pieces,
 )
-from kvpool.transport.bounce_buffers import BouncePool
+from kvpool.transport.direct_io import BouncePool
 
 
 def crc(data: bytes) -> int:
