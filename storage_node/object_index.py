@@ -16,15 +16,27 @@ disk. The log is written ahead with zeros (``ROOM`` bytes at a time) and records
 them in place: an append then changes neither the file's size nor its blocks, and its sync
 writes the record alone, with no file-system journal commit. A clean close cuts the zeros
 off again; after a crash they stay, and the reader takes them for the end of the log.
+
+The log is compacted on open, and again while the node runs once what was appended since
+the last compaction is ``COMPACT_RATIO`` times what that compaction kept (and at least
+``COMPACT_AT``): a node serving puts and removals for weeks would otherwise grow its log by
+every record it ever wrote, until it filled the disk and its next start replayed all of it.
+Compaction is the same atomic rewrite as on open (a new file, synced, renamed over the log),
+so a crash during it leaves one log or the other, each whole. It holds up the appends while
+it writes (a pass over the live entries, once per ``COMPACT_RATIO`` times as many appends); a
+file system with no room for the new file leaves the old log in place and the next try
+``COMPACT_AT`` bytes of appends later.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Iterable
 from pathlib import Path
 
+from kvpool.common.logging import get_logger
 from kvpool.storage_node import private_files
 from kvpool.storage_node.index_log import (
     OP_DELETE,
@@ -39,10 +51,16 @@ from kvpool.storage_node.index_log import (
 
 __all__ = ["DurableIndex", "Entry", "MemoryIndex", "live_entries", "recorded"]
 
+log = get_logger("kvpool.node.index")
+
 LOCK_SUFFIX = ".lock"
 TMP_SUFFIX = ".tmp"
 #: Zeros written ahead of the appends at a time (a record takes some 40 bytes and its key).
 ROOM = 1 << 20
+#: Appended bytes, as a multiple of what the last compaction kept, that make the log compact.
+COMPACT_RATIO = 4
+#: Appended bytes below which the log is never compacted while open.
+COMPACT_AT = 16 << 20
 
 
 class MemoryIndex:
@@ -104,22 +122,31 @@ class DurableIndex(MemoryIndex):
             #: Where the next record goes, and where the zeros written ahead end.
             self._end = self._rewrite()
             self._allocated = self._end + ROOM
+            self._compact_after = self._end + max(COMPACT_AT, COMPACT_RATIO * self._end)
             self._fd = private_files.open_for_update(path)
-            self._appending = threading.Lock()  # one record run at a time
+            #: One record run at a time, and its entries in memory before the next (a
+            #: compaction writes the entries in memory: each must hold all that was appended).
+            self._appending = threading.Lock()
+            self.compactions = 0
         except BaseException:
             os.close(self._holder)
             raise
 
     def put(self, entries: Iterable[Entry]) -> list[Entry]:
-        with self._lock:  # (one writer at a time: the node's commands, in order)
-            kept = self._newer(entries)
-        self._append([encode(OP_PUT, e) for e in kept])
-        return super().put(kept)
+        with self._appending:
+            with self._lock:  # (one writer at a time: the node's commands, in order)
+                kept = self._newer(entries)
+            self._write([encode(OP_PUT, e) for e in kept])
+            kept = super().put(kept)
+            self._compact_if_long()
+        return kept
 
     def delete(self, entries: Iterable[Entry]) -> None:
         entries = list(entries)
-        self._append([encode(OP_DELETE, e) for e in entries])
-        super().delete(entries)
+        with self._appending:
+            self._write([encode(OP_DELETE, e) for e in entries])
+            super().delete(entries)
+            self._compact_if_long()
 
     def close(self) -> None:
         try:
@@ -129,13 +156,9 @@ class DurableIndex(MemoryIndex):
             os.close(self._fd)
             os.close(self._holder)
 
-    def _append(self, bodies: list[bytes]) -> None:
+    def _write(self, bodies: list[bytes]) -> None:
         if not bodies:
             return
-        with self._appending:
-            self._write(bodies)
-
-    def _write(self, bodies: list[bytes]) -> None:
         records = b"".join(frame(body, self._salt) for body in bodies)
         if self._end + len(records) > self._allocated:
             self._allocated = self._end + len(records) + ROOM
@@ -143,6 +166,26 @@ class DurableIndex(MemoryIndex):
         os.pwrite(self._fd, records, self._end)
         self._end += len(records)
         os.fdatasync(self._fd)
+
+    def _compact_if_long(self) -> None:
+        """Rewrites the log with its live entries alone once it has grown long enough
+        (callers hold ``_appending``)."""
+        if self._end < self._compact_after:
+            return
+        try:
+            end = self._rewrite()
+        except (OSError, private_files.UnsafeLocation) as error:
+            # (no room for the new file, say: the old log, untouched, serves on)
+            self._compact_after = self._end + COMPACT_AT
+            log.warning("index log not compacted", path=str(self.path), error=str(error))
+            with contextlib.suppress(OSError):
+                os.unlink(self.path.with_name(self.path.name + TMP_SUFFIX))
+            return
+        fd = private_files.open_for_update(self.path)  # (the old one names the old file)
+        os.close(self._fd)
+        self._fd, self._end, self._allocated = fd, end, end + ROOM
+        self._compact_after = end + max(COMPACT_AT, COMPACT_RATIO * end)
+        self.compactions += 1
 
     def _replay(self, header: dict) -> tuple[dict, bytes]:
         self.damaged_records = self.undecodable_records = 0
