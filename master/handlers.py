@@ -195,6 +195,7 @@ class MasterHandlers:
             ),
             checked_address=s.checked_address[:MAX_ADDRESS],
             tenant=s.tenant,
+            space_reserved=s.space_reserved,
         )
         stored = [stored_from_pb(o) for o in request.objects]
         core = self.core

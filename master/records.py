@@ -37,6 +37,8 @@ class SegmentInfo:
     checked_address: str = ""
     #: The tenant whose objects alone it holds (the node's ``--tenant``); "": any tenant's.
     tenant: str = ""
+    #: Its node allocated every block of its file on the disk: no Prepare before a write.
+    space_reserved: bool = False
 
 
 @dataclass(slots=True)

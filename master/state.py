@@ -1118,6 +1118,7 @@ class MasterState:
             if (
                 segment.info.tier is _NVME
                 and size
+                and not segment.info.space_reserved
                 and replica.segment_id not in options.self_written
             ):
                 self.outbox.append(

@@ -53,7 +53,7 @@ PIN_SOFT: Pin
 PIN_HARD: Pin
 
 class Segment(_message.Message):
-    __slots__ = ("segment_id", "node_id", "host", "worker_address", "base_address", "size", "rkey", "tier", "persistent", "shared_memory", "checked_address", "tenant", "map_capability")
+    __slots__ = ("segment_id", "node_id", "host", "worker_address", "base_address", "size", "rkey", "tier", "persistent", "shared_memory", "checked_address", "tenant", "map_capability", "space_reserved")
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -67,6 +67,7 @@ class Segment(_message.Message):
     CHECKED_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     MAP_CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    SPACE_RESERVED_FIELD_NUMBER: _ClassVar[int]
     segment_id: str
     node_id: str
     host: str
@@ -80,7 +81,8 @@ class Segment(_message.Message):
     checked_address: str
     tenant: str
     map_capability: bytes
-    def __init__(self, segment_id: _Optional[str] = ..., node_id: _Optional[str] = ..., host: _Optional[str] = ..., worker_address: _Optional[bytes] = ..., base_address: _Optional[int] = ..., size: _Optional[int] = ..., rkey: _Optional[bytes] = ..., tier: _Optional[_Union[Tier, str]] = ..., persistent: _Optional[bool] = ..., shared_memory: _Optional[_Union[SharedMemory, _Mapping]] = ..., checked_address: _Optional[str] = ..., tenant: _Optional[str] = ..., map_capability: _Optional[bytes] = ...) -> None: ...
+    space_reserved: bool
+    def __init__(self, segment_id: _Optional[str] = ..., node_id: _Optional[str] = ..., host: _Optional[str] = ..., worker_address: _Optional[bytes] = ..., base_address: _Optional[int] = ..., size: _Optional[int] = ..., rkey: _Optional[bytes] = ..., tier: _Optional[_Union[Tier, str]] = ..., persistent: _Optional[bool] = ..., shared_memory: _Optional[_Union[SharedMemory, _Mapping]] = ..., checked_address: _Optional[str] = ..., tenant: _Optional[str] = ..., map_capability: _Optional[bytes] = ..., space_reserved: _Optional[bool] = ...) -> None: ...
 
 class SharedMemory(_message.Message):
     __slots__ = ("pid", "fd", "inode", "device", "boot_id", "socket", "direct_io")

@@ -83,7 +83,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=size(low=1),
         default=[],
         metavar="SIZE",
-        help="size of each --nvme segment (one for all, or one per --nvme), e.g. 200GiB",
+        help="size of each --nvme segment (one for all, or one per --nvme), e.g. 200GiB; its "
+        "blocks are all allocated on the disk at start (a disk without room for them stops "
+        "the node at once, not a put later)",
+    )
+    parser.add_argument(
+        "--nvme-sparse",
+        action="store_true",
+        help="allocate an --nvme segment's blocks as objects are written instead of at start: "
+        "the segment may be larger than its disk, and puts placed there fail once the disk is "
+        "full",
     )
     parser.add_argument(
         "--prefault",
@@ -228,6 +237,8 @@ def _storage_problem(args: argparse.Namespace) -> str | None:
         return f"give one --nvme-size for all --nvme paths, or one per path ({len(args.nvme)})"
     if args.nvme_size and not args.nvme:
         return "--nvme-size without --nvme: say where the NVMe segment lives"
+    if args.nvme_sparse and not args.nvme:
+        return "--nvme-sparse without --nvme: say where the NVMe segment lives"
     if args.nvme and not args.nvme_size:
         return "--nvme needs --nvme-size, e.g. --nvme-size 200GiB"
     memory = memory_limit()
@@ -382,6 +393,7 @@ def _http_server(
 def _open_segments(args: argparse.Namespace, context: ucp.Context, node_id: str) -> list[Segment]:
     from kvpool.common.status import Tier
     from kvpool.storage_node import segment_layout
+    from kvpool.storage_node.disk_reservation import DiskTooSmall
     from kvpool.storage_node.private_files import SegmentInUse, UnsafeLocation
     from kvpool.storage_node.segment import allocate_dram_segment, open_persistent_segment
 
@@ -402,7 +414,13 @@ def _open_segments(args: argparse.Namespace, context: ucp.Context, node_id: str)
         sizes = args.nvme_size * len(args.nvme) if len(args.nvme_size) == 1 else args.nvme_size
         for path, nvme_size in zip(args.nvme, sizes, strict=True):
             base = segment_layout.segment_base(segment_layout.nvme_directory(path))
-            segments.append(open_persistent_segment(context, node_id, base, nvme_size, Tier.NVME))
+            segments.append(
+                open_persistent_segment(
+                    context, node_id, base, nvme_size, Tier.NVME, sparse=args.nvme_sparse
+                )
+            )
+    except DiskTooSmall as error:
+        raise CannotStart(str(error)) from None
     except SegmentInUse as error:  # the process ends: what was opened goes with it
         raise CannotStart(
             f"{error}: another kvpool node on this host serves this segment. Give each node "

@@ -6,8 +6,10 @@ Three kinds, one interface:
 * DRAM in /dev/shm (``--dram-shm``): a shared-memory file that outlives the process, so a
   restarted node finds its objects again;
 * NVMe (``--nvme PATH``): a file, memory-mapped, so clients read and write it directly with
-  the same one-sided operations as DRAM; sparse, so it may be far larger than RAM (the page
-  cache does the rest).
+  the same one-sided operations as DRAM; it may be far larger than RAM (the page cache does
+  the rest). Its blocks are reserved on the disk when the node starts
+  (storage_node/disk_reservation.py), unless ``--nvme-sparse`` leaves them to be allocated as
+  objects are written.
 
 The DRAM kinds are shared with clients on the same host (``shared_memory`` in the descriptor:
 the client maps the file and copies with plain loads and stores, see
@@ -51,6 +53,7 @@ from pathlib import Path
 import google_crc32c
 
 from kvpool.common.libc import LIBC
+from kvpool.common.logging import get_logger
 from kvpool.common.status import Tier
 from kvpool.proto import master_pb2 as pb
 from kvpool.storage_node import metrics
@@ -59,10 +62,13 @@ from kvpool.storage_node.direct_writes import (
     DirectWriter,
     uncached_pieces,
 )
+from kvpool.storage_node.disk_reservation import DiskTooSmall, reserve
 from kvpool.storage_node.group_commit import GroupCommit
 from kvpool.storage_node.object_index import DurableIndex, Entry, MemoryIndex
 from kvpool.transport import ucp
 from kvpool.transport.shared_memory import MADV_POPULATE_WRITE, boot_id
+
+log = get_logger("kvpool.node.segment")
 
 DATA_SUFFIX = ".data"
 INDEX_SUFFIX = ".index"
@@ -87,6 +93,9 @@ class Segment:
     #: NVMe: the data file opened for writes that bypass the page cache, and the checksums
     #: of the parts written through it (storage_node/direct_writes.py); None: none.
     direct: DirectWriter | None = None
+    #: Every block of the file is allocated on its disk (storage_node/disk_reservation.py):
+    #: no write into it fails for space, and none needs a Prepare.
+    space_reserved: bool = False
     #: Bumped after every change of the index, so that the metrics count again only the
     #: segments that changed (counting walks the whole index).
     changes: int = 0
@@ -122,6 +131,7 @@ class Segment:
             tier=self.tier,  # type: ignore[arg-type]
             persistent=self.persistent,
             shared_memory=self._shared_memory(),
+            space_reserved=self.space_reserved,
         )
 
     def _shared_memory(self) -> pb.SharedMemory | None:
@@ -213,8 +223,9 @@ class Segment:
     def prepare(self, offset: int, size: int) -> None:
         """Allocates the file blocks of a reserved range before the client writes it: a
         write into a hole of a sparse file costs a block allocation per page fault, and a
-        full device then fails here (ENOSPC) rather than as a SIGBUS in a writer."""
-        if self.fd is not None and self.tier is Tier.NVME:
+        full device then fails here (ENOSPC) rather than as a SIGBUS in a writer. Nothing to
+        do in a file whose blocks were all reserved."""
+        if self.fd is not None and self.tier is Tier.NVME and not self.space_reserved:
             self._check_bounds(Entry("", offset, size, 0))
             os.posix_fallocate(self.fd, offset, size)
 
@@ -356,9 +367,12 @@ def open_persistent_segment(
     tier: Tier,
     *,
     prefault: bool = False,
+    sparse: bool = False,
 ) -> Segment:
     """Opens (or creates) a file-backed segment at ``base``.data with its index at
-    ``base``.index. Reopening checks every recorded object against its bytes."""
+    ``base``.index. Reopening checks every recorded object against its bytes. An NVMe
+    segment's blocks are all reserved on its disk (``reserve``), unless ``sparse``; a disk
+    without room for them raises ``DiskTooSmall`` and leaves no file it created behind."""
     if size <= 0:
         raise ValueError(f"a segment needs a positive size, got {size}")
     data_path = base.with_name(base.name + DATA_SUFFIX)
@@ -376,13 +390,27 @@ def open_persistent_segment(
             f"{index.header.get('size')} bytes, not {kind} of {size}: pass its original size, "
             f"or delete {data_path} and {index_path} to start afresh"
         )
+    created = not data_path.exists()
     fd = os.open(data_path, os.O_RDWR | os.O_CREAT, 0o600)
+    reserved = False
     try:
         if os.fstat(fd).st_size != size:
-            os.ftruncate(fd, size)  # sparse: blocks are allocated as objects are written
+            os.ftruncate(fd, size)  # (sparse until reserved)
+        if tier is Tier.NVME and not sparse:
+            reserved = reserve(fd, size, str(data_path.parent))
+            if not reserved:
+                log.warning(
+                    "this file system cannot reserve the NVMe segment's blocks ahead: they "
+                    "are allocated as objects are written, and puts fail once it is full",
+                    path=str(data_path),
+                )
         memory = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
-    except OSError:
+    except (OSError, DiskTooSmall):
         os.close(fd)
+        if created:  # (a later start with a smaller size begins afresh)
+            index.close()
+            data_path.unlink(missing_ok=True)
+            index_path.unlink(missing_ok=True)
         raise
     if prefault:
         _prefault(memory)
@@ -399,6 +427,7 @@ def open_persistent_segment(
         # write the file, never map it, and only where it takes direct I/O.
         shareable=(tier is Tier.DRAM and prefault) or direct is not None,
         direct=direct,
+        space_reserved=reserved,
     )
     segment.dropped_on_open = _verify(segment)
     return segment

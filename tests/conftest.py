@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -136,3 +137,29 @@ def shared_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCl
     cluster = _make_factory(tmp_path_factory.mktemp("shared"), clusters)(2, "640MiB")
     yield cluster
     _stop_all(clusters, show_logs=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 48 MiB ext4 file system of its own (a loop device: the suite runs as root)."""
+    image, mount = tmp_path / "disk.img", tmp_path / "small"
+    with image.open("wb") as out:
+        out.truncate(48 << 20)
+    try:
+        device = _run("losetup", "--find", "--show", str(image)).strip()
+    except (OSError, subprocess.CalledProcessError) as error:
+        pytest.fail(f"a loop device is needed (run the suite as root): {error}")
+    try:
+        _run("mkfs.ext4", "-q", "-F", "-m", "0", device)
+        mount.mkdir()
+        _run("mount", device, str(mount))
+        yield mount
+    finally:
+        # (lazily: this runs before the cluster's node, which holds files there, is stopped;
+        # the file system and the loop device go once it has)
+        subprocess.run(["umount", "--lazy", str(mount)], capture_output=True, check=False)
+        subprocess.run(["losetup", "-d", device], capture_output=True, check=False)
+
+
+def _run(*argv: str) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout

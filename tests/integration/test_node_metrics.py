@@ -122,7 +122,8 @@ def test_commands_are_counted_by_kind_with_their_latency_and_gets_leave_no_trace
         persists = done.value("kvpool_node_commands_total", kind="persist", outcome="ok")
         assert 2 <= persists <= len(dram_values) + len(nvme_values)
         assert done.value("kvpool_node_commands_total", outcome="failed") == 0
-        assert done.value("kvpool_node_commands_total", kind="prepare") >= 1, "NVMe puts"
+        # (the NVMe segment's blocks were all allocated at start: nothing to prepare)
+        assert done.value("kvpool_node_commands_total", kind="prepare") == 0
         assert done.value("kvpool_node_command_seconds_count", kind="persist") == persists
         assert done.value("kvpool_node_command_seconds_sum", kind="persist") > 0
 

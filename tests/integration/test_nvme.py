@@ -51,7 +51,7 @@ def test_objects_put_into_the_nvme_tier_come_back_identical(cluster_factory, tmp
 
 def test_a_64_gib_sparse_segment_holds_gibibytes_on_a_24_gib_machine(cluster_factory, tmp_path):
     cluster = cluster_factory(0, "64MiB")
-    cluster.add_node(extra=nvme_args(tmp_path / "big", "64GiB"))
+    cluster.add_node(extra=[*nvme_args(tmp_path / "big", "64GiB"), "--nvme-sparse"])
     chunk = np.random.default_rng(7).integers(0, 256, 64 * MiB, dtype=np.uint8)
     total = 3 * GiB
     with Client(cluster.master_address, timeout=120) as client:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import mmap
 import os
 import random
-import subprocess
 
 import numpy as np
 import pytest
@@ -36,7 +35,7 @@ ALLOWED, OTHER = (
 )
 
 
-def _cluster(cluster_factory, tmp_path):
+def _cluster(cluster_factory, tmp_path, *node_args: str):
     """One node holding tenant a's objects alone, with an NVMe segment; "mapper" may map."""
     cluster = cluster_factory(
         0,
@@ -46,7 +45,7 @@ def _cluster(cluster_factory, tmp_path):
         master_args=["--same-host-clients", "mapper"],
     )
     node = cluster.add_node(
-        extra=["--tenant", "a", "--nvme", str(tmp_path / "nvme"), "--nvme-size", "1GiB"]
+        extra=["--tenant", "a", "--nvme", str(tmp_path / "nvme"), "--nvme-size", "1GiB", *node_args]
     )
     return cluster, node
 
@@ -91,10 +90,11 @@ def test_a_named_client_writes_the_file_itself_and_every_object_survives_a_kill(
 def test_the_node_allocates_ahead_only_for_writers_that_do_not_write_the_file_themselves(
     cluster_factory, tmp_path
 ):
-    """A Prepare (the node allocating a put's blocks before the write) keeps a full disk from
-    faulting the node's own writes through its mapping; a client writing the file allocates
-    as it writes (a full disk fails its write), and its node gets none once it holds it."""
-    cluster, node = _cluster(cluster_factory, tmp_path)
+    """In a sparse segment (``--nvme-sparse``), a Prepare (the node allocating a put's blocks
+    before the write) keeps a full disk from faulting the node's own writes through its
+    mapping; a client writing the file allocates as it writes (a full disk fails its write),
+    and its node gets none once it holds it."""
+    cluster, node = _cluster(cluster_factory, tmp_path, "--nvme-sparse")
     port = node.ready["http_port"]
 
     def prepares() -> float:
@@ -166,38 +166,12 @@ def test_on_an_insecure_cluster_a_client_of_the_node_s_user_writes_the_file_too(
             assert client.get(key, verify=True) == value, key
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 48 MiB ext4 file system of its own (a loop device: the suite runs as root)."""
-    image, mount = tmp_path / "disk.img", tmp_path / "small"
-    with image.open("wb") as out:
-        out.truncate(48 << 20)
-    try:
-        device = _run("losetup", "--find", "--show", str(image)).strip()
-    except (OSError, subprocess.CalledProcessError) as error:
-        pytest.fail(f"a loop device is needed (run the suite as root): {error}")
-    try:
-        _run("mkfs.ext4", "-q", "-F", "-m", "0", device)
-        mount.mkdir()
-        _run("mount", device, str(mount))
-        yield mount
-    finally:
-        # (lazily: this runs before the cluster's node, which holds files there, is stopped;
-        # the file system and the loop device go once it has)
-        subprocess.run(["umount", "--lazy", str(mount)], capture_output=True, check=False)
-        subprocess.run(["losetup", "-d", device], capture_output=True, check=False)
-
-
-def _run(*argv: str) -> str:
-    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
-
-
 def test_a_full_disk_fails_the_put_with_a_clear_error_and_the_node_serves_on(
     cluster_factory, tmp_path, small_disk
 ):
-    """The segment (128 MiB, sparse) is larger than its file system (48 MiB): once the disk
-    is full, the client's own write fails, and its put with it, saying so; nothing was
-    published, the node is up, and what was stored reads back."""
+    """The segment (128 MiB, ``--nvme-sparse``) is larger than its file system (48 MiB): once
+    the disk is full, the client's own write fails, and its put with it, saying so; nothing
+    was published, the node is up, and what was stored reads back."""
     cluster = cluster_factory(
         0,
         "64MiB",
@@ -206,7 +180,10 @@ def test_a_full_disk_fails_the_put_with_a_clear_error_and_the_node_serves_on(
         master_args=["--same-host-clients", "mapper"],
     )
     node = cluster.add_node(
-        extra=["--tenant", "a", "--nvme", str(small_disk / "nvme"), "--nvme-size", "128MiB"]
+        extra=[
+            *("--tenant", "a", "--nvme", str(small_disk / "nvme")),
+            *("--nvme-size", "128MiB", "--nvme-sparse"),
+        ]
     )
     stored: dict[str, bytes] = {}
     with _client(cluster, ALLOWED[0], timeout=10) as client:

@@ -221,6 +221,7 @@ LAYOUT = st.tuples(
     st.lists(st.sampled_from(DRAM_SIZES), min_size=0, max_size=2),
     st.sampled_from(NVME_SIZES),
     st.booleans(),  # DRAM on /dev/shm: persistent
+    st.booleans(),  # NVMe blocks reserved at start (else --nvme-sparse)
 )
 
 
@@ -242,14 +243,18 @@ class SegmentSpec:
     size: int
     tier: Tier
     persistent: bool
+    #: Its node allocated every block of its file at start (NVMe): no Prepare for it.
+    space_reserved: bool = False
 
 
-def make_layout(node: str, drams: list[int], nvme: int | None, shm: bool) -> list[SegmentSpec]:
+def make_layout(
+    node: str, drams: list[int], nvme: int | None, shm: bool, reserved: bool = False
+) -> list[SegmentSpec]:
     if not drams and nvme is None:
         drams = [2048]
     specs = [SegmentSpec(f"{node}/d{i}", i, size, Tier.DRAM, shm) for i, size in enumerate(drams)]
     if nvme is not None:
-        specs.append(SegmentSpec(f"{node}/nvme", 2, nvme, Tier.NVME, True))
+        specs.append(SegmentSpec(f"{node}/nvme", 2, nvme, Tier.NVME, True, reserved))
     return specs
 
 
@@ -774,6 +779,7 @@ class MasterModel(RuleBasedStateMachine):
     def check_prepare(self, command: PrepareCommand) -> None:
         segment = self.node_segment(command.node_id, command.segment_id)
         assert segment.info.tier is Tier.NVME, "only file-backed space is prepared"
+        assert not segment.info.space_reserved, "nothing to allocate in a reserved file"
         record = self.state.objects.get(segment.owners.get(command.offset, ""))
         assert record is not None and record.state is ObjectState.RESERVED
         assert command.size == record.size > 0
@@ -1225,7 +1231,9 @@ class MasterModel(RuleBasedStateMachine):
     def info_of(self, node: str, spec: SegmentSpec) -> SegmentInfo:
         base = 0x1000_0000 * (spec.index + 1) + 0x1_0000 * self.boots[node]
         info = segment_info(node, spec.size, spec.segment_id, base=base)
-        return replace(info, tier=spec.tier, persistent=spec.persistent)
+        return replace(
+            info, tier=spec.tier, persistent=spec.persistent, space_reserved=spec.space_reserved
+        )
 
     def mount_node(self, node: str, layout: list[SegmentSpec]) -> None:
         """A node with fresh segments (it recorded nothing)."""
@@ -1812,8 +1820,8 @@ class MasterModel(RuleBasedStateMachine):
             tiers = {r.segment.tier for r in slot.replicas}
             assert len(tiers) == 1, f"{key}: replicas in two tiers"
             assert tier is Tier.UNSPECIFIED or tiers == {tier}, f"{key}: {tiers}, asked {tier}"
-            if size and tiers == {Tier.NVME}:
-                prepares += len(slot.replicas)
+            if size and tiers == {Tier.NVME}:  # (a reserved file has nothing to allocate)
+                prepares += sum(not r.segment.space_reserved for r in slot.replicas)
             buffers = []
             for replica in slot.replicas:
                 buffer = self.buffer_of(

@@ -1,0 +1,105 @@
+"""An NVMe segment's blocks are all allocated on its disk when the node starts
+(storage_node/disk_reservation.py):
+
+- a node whose disk has no room for its segment does not start: it says how much room there
+  is and what to do, and leaves no file behind, so that a start with a smaller size works;
+- once started, its puts never fail for space: another process that fills the disk takes
+  no block the segment holds, and every put after that, streamed to the node or written by
+  a same-host client itself, lands and reads back;
+- the master sends such a segment's node no Prepare (nothing is left to allocate).
+
+(``--nvme-sparse`` keeps the old behaviour: tests/integration/test_nvme_same_host_writes.py.)
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+from helpers import metric
+
+from kvpool import Client
+from kvpool.local_cluster import ClusterError
+from kvpool.security.identity import Role
+from kvpool.security.tokens import new_token
+
+MiB = 1 << 20
+PREPARES = 'kvpool_node_commands_total{kind="prepare",outcome="ok"}'
+MAPPER, PLAIN = (
+    new_token("mapper", Role.CLIENT, tenant="a"),
+    new_token("plain", Role.CLIENT, tenant="a"),
+)
+
+
+def _cluster(cluster_factory):
+    return cluster_factory(
+        0,
+        "64MiB",
+        same_host=False,
+        tokens=(MAPPER[1], PLAIN[1]),
+        master_args=["--same-host-clients", "mapper"],
+    )
+
+
+def _node_args(directory: Path, size: str) -> list[str]:
+    return ["--tenant", "a", "--nvme", str(directory), "--nvme-size", size]
+
+
+def _client(cluster, token: str) -> Client:
+    return Client(cluster.master_address, token=token, tls_ca=str(cluster.pki.ca), timeout=30)
+
+
+def _fill(path: Path) -> None:
+    """Writes ``path`` until its file system has no block left."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for chunk in (MiB, 4096):
+            try:
+                while True:
+                    os.write(fd, bytes(chunk))
+            except OSError as error:
+                assert error.errno == errno.ENOSPC, error
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def test_a_node_whose_disk_cannot_hold_its_segment_does_not_start_and_says_why(
+    cluster_factory, small_disk
+):
+    cluster = _cluster(cluster_factory)
+    directory = small_disk / "nvme"
+    with pytest.raises(ClusterError) as refused:
+        cluster.add_node(extra=_node_args(directory, "128MiB"))
+    message = str(refused.value)
+    assert "needs 128" in message and "room for" in message, message
+    assert "lower --nvme-size" in message and "--nvme-sparse" in message, message
+    assert "Traceback" not in message
+    assert not list(directory.rglob("segment.data")), "no file left behind"
+    assert not list(directory.rglob("segment.index"))
+    node = cluster.add_node(extra=_node_args(directory, "32MiB"))  # (the room it has)
+    assert node.alive()
+
+
+def test_puts_land_after_another_process_fills_the_disk_and_no_prepare_is_sent(
+    cluster_factory, small_disk
+):
+    cluster = _cluster(cluster_factory)
+    node = cluster.add_node(extra=_node_args(small_disk / "nvme", "32MiB"))
+    [data_file] = (small_disk / "nvme").rglob("segment.data")
+    assert data_file.stat().st_blocks * 512 >= 32 * MiB, "every block allocated at start"
+    _fill(small_disk / "hog")
+    room = os.statvfs(small_disk)
+    assert room.f_bavail * room.f_frsize < MiB, "the disk is full"
+
+    objects = {f"k{n}": os.urandom(2 * MiB - 1000 * n) for n in range(12)}  # 23 MiB in all
+    with _client(cluster, MAPPER[0]) as mapper, _client(cluster, PLAIN[0]) as plain:
+        for n, (key, value) in enumerate(objects.items()):
+            writer = mapper if n % 2 else plain  # (the file itself; streamed to the node)
+            assert writer.put(key, value, tier="nvme") == 1, key
+        for key, value in objects.items():
+            assert plain.get(key, verify=True) == value, key
+    with pytest.raises(AssertionError):  # (the counter is exported at its first Prepare)
+        metric(node.ready["http_port"], PREPARES)
