@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -71,6 +72,11 @@ HEARTBEAT_FAILURES = Counter(
 )
 
 #: The command kinds of NodeCommand; anything else is counted as "unknown".
+INDEX_COMPACTIONS = Counter(
+    "kvpool_node_index_compactions_total",
+    "Index logs of persistent segments rewritten with their live entries alone while the "
+    "node ran (storage_node/object_index.py).",
+)
 COMMAND_KINDS = ("persist", "forget", "prepare", "copy")
 COMMANDS = Counter(
     "kvpool_node_commands_total",
@@ -182,6 +188,10 @@ class Holding:
     tier: str
     objects: int
     bytes: int
+    #: Persistent segments: bytes of the index log (records and zeros written ahead end
+    #: there), and bytes free to the node on the file system that holds the segment's files.
+    index_log_bytes: int | None = None
+    disk_free_bytes: int | None = None
 
 
 class HoldingsCollector(Collector):
@@ -227,7 +237,7 @@ class HoldingsCollector(Collector):
                     sum(entry.size for entry in entries),
                 )
                 known = self._counted[segment.segment_id] = (changes, holding)
-            holdings.append(known[1])
+            holdings.append(_with_disk(known[1], segment))
         self.holdings = tuple(holdings)
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -243,11 +253,30 @@ class HoldingsCollector(Collector):
             "Bytes of the objects recorded in each segment of this node.",
             labels=labels,
         )
+        index_log = GaugeMetricFamily(
+            "kvpool_node_index_log_bytes",
+            "Bytes of each persistent segment's index log (compacted as it grows: "
+            'docs/reliability.md, "A full disk").',
+            labels=labels,
+        )
+        disk_free = GaugeMetricFamily(
+            "kvpool_node_disk_free_bytes",
+            "Bytes free to the node on the file system of each persistent segment. An NVMe "
+            "segment's data blocks are all allocated at start; its index log needs some.",
+            labels=labels,
+        )
         for holding in self.holdings:
-            objects.add_metric([holding.segment, holding.tier], holding.objects)
-            stored.add_metric([holding.segment, holding.tier], holding.bytes)
+            where = [holding.segment, holding.tier]
+            objects.add_metric(where, holding.objects)
+            stored.add_metric(where, holding.bytes)
+            if holding.index_log_bytes is not None:
+                index_log.add_metric(where, holding.index_log_bytes)
+            if holding.disk_free_bytes is not None:
+                disk_free.add_metric(where, holding.disk_free_bytes)
         yield objects
         yield stored
+        yield index_log
+        yield disk_free
 
     def _refresh(self) -> None:
         """Has the event loop publish a fresh count, waiting ``PUBLISH_WAIT`` at most."""
@@ -275,6 +304,24 @@ class HoldingsCollector(Collector):
         except RuntimeError:  # the loop is closed: the node has stopped
             return
         done.wait(PUBLISH_WAIT)
+
+
+def _with_disk(holding: Holding, segment: Segment) -> Holding:
+    """``holding`` with its segment's index log and file system as they are now."""
+    if not segment.persistent or segment.path is None:
+        return holding
+    try:
+        stat = os.statvfs(segment.path.parent)
+    except OSError:  # (the file system went away: the node's own errors say more)
+        return holding
+    return Holding(
+        holding.segment,
+        holding.tier,
+        holding.objects,
+        holding.bytes,
+        getattr(segment.index, "log_bytes", None),
+        stat.f_bavail * stat.f_frsize,
+    )
 
 
 HOLDINGS = HoldingsCollector()

@@ -37,7 +37,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from kvpool.common.logging import get_logger
-from kvpool.storage_node import private_files
+from kvpool.storage_node import metrics, private_files
 from kvpool.storage_node.index_log import (
     OP_DELETE,
     OP_PUT,
@@ -186,6 +186,12 @@ class DurableIndex(MemoryIndex):
         self._fd, self._end, self._allocated = fd, end, end + ROOM
         self._compact_after = end + max(COMPACT_AT, COMPACT_RATIO * end)
         self.compactions += 1
+        metrics.INDEX_COMPACTIONS.inc()
+
+    @property
+    def log_bytes(self) -> int:
+        """Bytes of the log: its records and the zeros written ahead of them."""
+        return self._allocated
 
     def _replay(self, header: dict) -> tuple[dict, bytes]:
         self.damaged_records = self.undecodable_records = 0

@@ -139,6 +139,14 @@ def test_commands_are_counted_by_kind_with_their_latency_and_gets_leave_no_trace
         assert done.value("kvpool_node_sync_seconds_count", segment=segment["dram"]) == 0, (
             "a memfd segment never waits for a disk"
         )
+        log_bytes = done.by_segment("kvpool_node_index_log_bytes")
+        assert set(log_bytes) == {(nvme, "nvme")}, "persistent segments only"
+        [index_file] = (tmp_path / "nvme").rglob("segment.index")
+        assert log_bytes[nvme, "nvme"] == index_file.stat().st_size
+        free = done.by_segment("kvpool_node_disk_free_bytes")[nvme, "nvme"]
+        room = os.statvfs(index_file.parent)
+        # (other tests write to the same file system meanwhile: within its size, not equal)
+        assert 0 < free < room.f_blocks * room.f_frsize, "the file system's room"
 
         assert [client.get(f"dram-{i}") for i in range(len(dram_values))] == dram_values
         after_gets = Scrape(port)
