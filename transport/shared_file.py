@@ -90,13 +90,6 @@ class SharedFile(HeldSegment):
             raise MappingRefused(0, f"node process {file.pid} handed over no direct-I/O file")
         return cls(opened[0], opened[1], file.size, file.remote_base, pidfd, file.origin(True))
 
-    def offset_of(self, remote_address: int, length: int) -> int:
-        """Where ``remote_address`` lies in the file; ValueError outside the segment."""
-        offset = remote_address - self.remote_base
-        if offset < 0 or length < 0 or offset + length > self.size:
-            raise ValueError(f"range {remote_address:#x}+{length} lies outside the segment")
-        return offset
-
     def write(self, offset: int, source: int, length: int, deadline: float) -> bool:
         """Writes ``length`` bytes from ``source`` (an address in this process) at
         ``offset``: the partial blocks at either end through the plain descriptor, the

@@ -129,6 +129,14 @@ class HeldSegment:
         poller.register(self.pidfd, select.POLLIN)
         return not poller.poll(0)
 
+    def offset_of(self, remote_address: int, length: int) -> int:
+        """Where ``remote_address`` lies in the segment; ValueError for a range outside it
+        (a descriptor's addresses come from the master: checked, never trusted)."""
+        offset = remote_address - self.remote_base
+        if offset < 0 or length < 0 or offset + length > self.size:
+            raise ValueError(f"range {remote_address:#x}+{length} lies outside the segment")
+        return offset
+
     def close(self) -> None:
         raise NotImplementedError
 
@@ -181,9 +189,7 @@ class MappedSegment(HeldSegment):
 
     def local_address(self, remote_address: int, length: int) -> int:
         """Where ``remote_address`` lies in this process, its pages ready to copy."""
-        offset = remote_address - self.remote_base
-        if offset < 0 or length < 0 or offset + length > self.size:
-            raise ValueError(f"range {remote_address:#x}+{length} lies outside the mapped segment")
+        offset = self.offset_of(remote_address, length)
         if length:
             first, last = offset // POPULATE_CHUNK, (offset + length - 1) // POPULATE_CHUNK
             for chunk in range(first, last + 1):
