@@ -308,8 +308,9 @@ class StorageNode:
                     self._ever_mounted.add(segment.segment_id)
                     self._learn_keys(response)
                     dropped = set(response.dropped_keys)
-                    if dropped:
-                        segment.forget([e for e in segment.index.entries() if e.key in dropped])
+                    if dropped:  # (it took them: they go, even if its log is unwritable now)
+                        gone = [e for e in segment.index.entries() if e.key in dropped]
+                        segment.forget(gone, durable_later=True)
                     self.mounted.add(segment.segment_id)
                     log.info(
                         "segment mounted",
@@ -335,6 +336,8 @@ class StorageNode:
                 self.mounted.difference_update(response.remount_segment_ids)
             metrics.HEARTBEATS.inc()
             self._last_contact = time.monotonic()
+            for segment in self.segments:
+                segment.index.write_pending()  # (removals a mount ordered, if they wait)
             if self._failures:
                 log.info("master reachable again", after_failures=self._failures)
             self._failures = 0

@@ -98,6 +98,15 @@ class MemoryIndex:
         with self._lock:
             return list(self._entries.values())
 
+    def delete_now_or_later(self, entries: Iterable[Entry]) -> bool:
+        """Removes ``entries`` at once; True once that is durable (see DurableIndex)."""
+        self.delete(entries)
+        return True
+
+    def write_pending(self) -> bool:
+        """True: nothing waits to be written."""
+        return True
+
     def close(self) -> None:
         pass
 
@@ -128,6 +137,9 @@ class DurableIndex(MemoryIndex):
             #: compaction writes the entries in memory: each must hold all that was appended).
             self._appending = threading.Lock()
             self.compactions = 0
+            #: Removals taken in memory whose records the log did not take (it could not be
+            #: written: ``delete_now_or_later``); they go ahead of the next records written.
+            self._pending: list[bytes] = []
         except BaseException:
             os.close(self._holder)
             raise
@@ -136,7 +148,7 @@ class DurableIndex(MemoryIndex):
         with self._appending:
             with self._lock:  # (one writer at a time: the node's commands, in order)
                 kept = self._newer(entries)
-            self._write([encode(OP_PUT, e) for e in kept])
+            self._write_after_pending([encode(OP_PUT, e) for e in kept])
             kept = super().put(kept)
             self._compact_if_long()
         return kept
@@ -144,9 +156,51 @@ class DurableIndex(MemoryIndex):
     def delete(self, entries: Iterable[Entry]) -> None:
         entries = list(entries)
         with self._appending:
-            self._write([encode(OP_DELETE, e) for e in entries])
+            self._write_after_pending([encode(OP_DELETE, e) for e in entries])
             super().delete(entries)
             self._compact_if_long()
+
+    def delete_now_or_later(self, entries: Iterable[Entry]) -> bool:
+        """Removes ``entries`` from memory at once, and from the log now if it can be
+        written, else ahead of the next records it takes (``write_pending`` tries again).
+        For removals that must not wait on the disk: those a master ordered at a mount, which
+        the node may not refuse (an unwritable log must not stop it serving its other
+        segments). False when they wait: a restart before they are written finds them again."""
+        entries = list(entries)
+        with self._appending:
+            super().delete(entries)
+            self._pending.extend(encode(OP_DELETE, e) for e in entries)
+            return self._try_pending()
+
+    def write_pending(self) -> bool:
+        """Writes the removals waiting, if any; True once none waits."""
+        if not self._pending:
+            return True
+        with self._appending:
+            return self._try_pending()
+
+    def _try_pending(self) -> bool:
+        try:
+            self._write_after_pending([])
+        except OSError as error:
+            log.warning(
+                "index log not written: removals wait",
+                path=str(self.path),
+                waiting=len(self._pending),
+                error=str(error),
+            )
+            return False
+        return True
+
+    def _write_after_pending(self, bodies: list[bytes]) -> None:
+        """Writes the removals waiting, then ``bodies`` (in that order: a later put of a key
+        comes after its removal)."""
+        pending = self._pending
+        if pending:
+            self._write(pending + bodies)
+            pending.clear()
+        else:
+            self._write(bodies)
 
     def close(self) -> None:
         try:
@@ -186,6 +240,7 @@ class DurableIndex(MemoryIndex):
         self._fd, self._end, self._allocated = fd, end, end + ROOM
         self._compact_after = end + max(COMPACT_AT, COMPACT_RATIO * end)
         self.compactions += 1
+        self._pending.clear()  # (the live entries written are those left after them)
         metrics.INDEX_COMPACTIONS.inc()
 
     @property

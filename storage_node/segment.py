@@ -229,9 +229,14 @@ class Segment:
             self._check_bounds(Entry("", offset, size, 0))
             os.posix_fallocate(self.fd, offset, size)
 
-    def forget(self, entries: list[Entry]) -> None:
+    def forget(self, entries: list[Entry], *, durable_later: bool = False) -> None:
+        """Drops recorded objects. ``durable_later``: an index log that cannot be written now
+        takes their removal later (``DurableIndex.delete_now_or_later``) instead of raising."""
         began = time.perf_counter()
-        self.index.delete(entries)
+        if durable_later:
+            self.index.delete_now_or_later(entries)
+        else:
+            self.index.delete(entries)
         if self.persistent and entries:  # a durable index syncs its log
             metrics.synced(self, "index", time.perf_counter() - began)
         if self._nvme:  # readers mapped them again; they are garbage now

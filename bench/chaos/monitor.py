@@ -93,6 +93,8 @@ def usage(pid: int) -> Usage | None:
     except OSError:
         return None
     fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    if "VmRSS" not in fields:
+        return None  # (a process that exited and was not reaped yet has no memory)
     return Usage(int(fields["VmRSS"].split()[0]), int(fields["Threads"]))
 
 

@@ -77,6 +77,9 @@ class Verdict:
     faults_injected: int = 0
     switch: dict = field(default_factory=dict)
     seconds: float = 0.0
+    #: Processes of the system under test that exited on their own during the run (no fault
+    #: kills one: each is a crash).
+    exited: list[str] = field(default_factory=list)
 
     def problems(self) -> list[str]:
         found = []
@@ -107,6 +110,8 @@ class Verdict:
             if r.converged_s is None:
                 found.append(f"round {r.name} did not converge: {r.waiting_for}")
         found.extend(self.leaks)
+        if self.exited:
+            found.append(f"processes exited during the run: {', '.join(self.exited)}")
         return found
 
     def to_json(self) -> dict:
@@ -430,14 +435,18 @@ class ChaosRun:
             self.network.stats() if self.network is not None else {},
             round(time.monotonic() - self.started_at, 1),
         )
+        if final:
+            verdict.exited = sorted(set(self.system.processes()) - set(usage_end))
         return verdict
 
     def finish(self) -> Verdict:
         """Stops the load, then judges the whole run."""
         assert self.system is not None
-        usage_before_stop = usage_of(self.system.processes())
+        processes = self.system.processes()
+        usage_before_stop = usage_of(processes)
         self.system.stop_workers()
         verdict = self.verdict(final=False)
+        verdict.exited = sorted(set(processes) - set(usage_before_stop))
         verdict.usage_end = usage_before_stop
         verdict.rss_samples = rss_of(self._samples_until(usage_before_stop))
         verdict.leaks = leaks(self._samples_until(usage_before_stop))
