@@ -40,16 +40,26 @@ class Allocator:
 
     def allocate(self, size: int) -> int | None:
         """Offset of a new buffer of at least ``size`` bytes, or None when nothing fits."""
+        # On every put: ``rounded``, ``_remove_free`` and ``_add_free`` written out, and the
+        # extent taken from the size list in one ``pop`` (one index search, not two).
         self._starts = None
-        need = self.rounded(size)
-        index = self._by_size.bisect_left((need, -1))
-        if index == len(self._by_size):
+        alignment = self.alignment
+        need = (size + alignment - 1) & -alignment if size > 0 else alignment
+        by_size = self._by_size
+        index = by_size.bisect_left((need, -1))
+        if index == len(by_size):
             return None
-        free_size, offset = self._by_size[index]
-        assert isinstance(offset, int)
-        self._remove_free(offset, free_size, index)
+        extent: tuple[int, int] = by_size.pop(index)
+        free_size, offset = extent
+        del self._by_start[offset]
+        end = offset + free_size
         if free_size > need:
-            self._add_free(offset + need, free_size - need)
+            rest = offset + need
+            by_size.add((free_size - need, rest))
+            self._by_start[rest] = free_size - need
+            self._by_end[end] = rest
+        else:
+            del self._by_end[end]
         self._allocated[offset] = need
         self.used += need
         return offset

@@ -40,6 +40,7 @@ from kvpool.master.records import (
     PutOptions,
     PutSlot,
     SegmentInfo,
+    make,
 )
 from kvpool.master.story_rpc import story_response
 from kvpool.proto import master_pb2 as pb
@@ -337,11 +338,14 @@ class MasterHandlers:
         _check_batch(request.commits)
         prefix = key_prefix(identity)
         commits = [
-            Commit(
-                prefix + c.key,
-                c.put_id,
-                tuple(c.replica_ok),
-                c.crc32c if c.HasField("crc32c") else None,
+            make(
+                Commit,
+                (
+                    prefix + c.key,
+                    c.put_id,
+                    tuple(c.replica_ok),
+                    c.crc32c if c.HasField("crc32c") else None,
+                ),
             )
             for c in request.commits
         ]

@@ -98,6 +98,7 @@ from kvpool.master.records import (
     SegmentUsage,
     StoredObject,
     TickReport,
+    make,
 )
 from kvpool.master.replication import ReplicationQueue
 from kvpool.master.story import StoryEvent, StoryLog
@@ -110,7 +111,7 @@ from kvpool.master.transitions import (
     RESERVED,
     IllegalTransition,
 )
-from kvpool.security.identity import split_key, tenant_of
+from kvpool.security.identity import TENANT_SEPARATOR, tenant_of
 
 Clock = Callable[[], float]
 
@@ -662,7 +663,12 @@ class MasterState:
                 continue
             hits += 1
             lease(record, now, ttl, client_id)
-            append(Location(_OK, record.size, placed(record), record.crc32c, record.generation))
+            append(
+                make(
+                    Location,
+                    (_OK, record.size, placed(record), record.crc32c, record.generation),
+                )
+            )
             if promote is not None:
                 promote(record)
         self.counters.hits += hits
@@ -977,8 +983,13 @@ class MasterState:
             raise IllegalTransition(key, before, to)
         # (COMMITTED -> PUBLISHED, every put's last, changes no usage: no tenant looked up)
         if before is not COMMITTED or to is not PUBLISHED:
-            tenant, bare = split_key(key)  # (one partition: usage and objects by tenant)
-            usage = self._usage_for(tenant)
+            # (``split_key`` and ``_usage_for`` written out: three times a put)
+            tenant, separator, bare = key.partition(TENANT_SEPARATOR)
+            if not separator:
+                tenant, bare = "", key
+            usage = self._usage.get(tenant)
+            if usage is None:
+                usage = self._usage[tenant] = TenantUsage()
             if before is GONE:
                 usage.objects += 1
             elif before is RESERVED:
@@ -1020,7 +1031,12 @@ class MasterState:
         """A buffer (allocated) at ``offset`` becomes ``key``'s: a replica, or a copy's
         target. Its tenant's bytes in the segment's tier count it from now."""
         segment.owners[offset] = key
-        usage = self._usage_of(key)
+        tenant, separator, _ = key.partition(TENANT_SEPARATOR)  # (``_usage_of``, written out)
+        if not separator:
+            tenant = ""
+        usage = self._usage.get(tenant)
+        if usage is None:
+            usage = self._usage[tenant] = TenantUsage()
         if segment.info.tier is _NVME:
             usage.nvme_bytes += segment.allocator.size_of(offset)
         else:
@@ -1130,7 +1146,7 @@ class MasterState:
                         size,
                     )
                 )
-        return PutSlot(_OK, record.put_id, self._placed(record))
+        return make(PutSlot, (_OK, record.put_id, self._placed(record), ""))
 
     def _put_refusal(self, key: str, size: int, wanted: int, tier: Tier) -> str | None:
         """Why a put of ``key`` would take its tenant over a quota (objects, reserved bytes,
@@ -1240,21 +1256,16 @@ class MasterState:
         if record.pin is _SOFT:
             heapq.heappush(self._pin_ends, (record.pin_until, next(self._seq), record))
         self.counters.puts_published += 1
-        self.resolved.append(CommitResult(record.key, record.put_id, _OK))
+        self.resolved.append(make(CommitResult, (record.key, record.put_id, _OK)))
         if self._draining or len(replicas) != record.wanted:  # (a replica not written, ...)
             self._replication_changed(record)
 
     def _stored(self, record: ObjectRecord, segment_id: str) -> StoredObject:
         for replica in record.replicas:
             if replica is not None and replica.segment_id == segment_id:
-                return StoredObject(
-                    record.key,
-                    replica.offset,
-                    record.size,
-                    record.generation,
-                    record.crc32c,
-                    record.wanted,
-                )
+                # (the generation is the put id: ``ObjectRecord.generation``)
+                fields = (record.key, replica.offset, record.size, record.put_id)
+                return make(StoredObject, (*fields, record.crc32c, record.wanted))
         raise KeyError(f"{record.key!r} has no replica in segment {segment_id!r}")
 
     # ------------------------------------------------------------------ placement
@@ -1336,7 +1347,7 @@ class MasterState:
             assert offset is not None, "placement said it fits"
             self._own(segment, offset, key)
             segment.granted_at = now
-            replicas.append(Replica(segment.segment_id, offset))
+            replicas.append(make(Replica, (segment.segment_id, offset)))
         return replicas
 
     def _no_space_message(self, size: int, tier: Tier = Tier.UNSPECIFIED) -> str:
@@ -1421,7 +1432,7 @@ class MasterState:
         for replica in record.replicas:
             if replica is not None:
                 info = segments[replica.segment_id].info
-                placed.append(PlacedReplica(info, info.base_address + replica.offset))
+                placed.append(make(PlacedReplica, (info, info.base_address + replica.offset)))
         return tuple(placed)
 
     # ------------------------------------------------------------------ internals: adoption
