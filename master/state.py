@@ -666,7 +666,13 @@ class MasterState:
             append(
                 make(
                     Location,
-                    (_OK, record.size, placed(record), record.crc32c, record.generation),
+                    (
+                        _OK,
+                        record.size,
+                        placed(record),
+                        record.crc32c,
+                        record.put_id,
+                    ),  # (generation)
                 )
             )
             if promote is not None:
@@ -1241,7 +1247,9 @@ class MasterState:
         # On every put of every object: written without generators.
         if self.objects.get(record.key) is not record:
             return  # removed (by force) or lost while committing: already answered
-        replicas: list[Replica | None] = [r for r in record.replicas if r is not None]
+        replicas = record.replicas
+        if None in replicas:  # (a replica lost meanwhile; else the list is kept as it is)
+            replicas = [r for r in replicas if r is not None]
         now = self.clock()
         if not replicas:
             self._transition(record, GONE, (record.key, now, "not_recorded", record.put_id))
@@ -1250,7 +1258,7 @@ class MasterState:
         record.replicas = replicas
         entry = (record.key, now, "published", record.put_id, tuple(replicas))
         self._transition(record, PUBLISHED, entry)
-        self._tombstones.superseded(record.key, record.generation)
+        self._tombstones.superseded(record.key, record.put_id)  # (its generation)
         record.last_access = now
         self._index_published(record)
         if record.pin is _SOFT:
