@@ -398,8 +398,9 @@ class Client:
             else:
                 results[i] = error_for(slot.status, pairs[i][0], slot.message)
         statuses = put_path.write_and_commit(self._session, puts, options, deadline)
+        ok = KeyStatus.OK  # (read off its Enum class once, not per key)
         for put, status in zip(puts, statuses, strict=True):
-            if status == KeyStatus.OK:
+            if status == ok:
                 results[put.index] = put.replicas_written
             else:
                 results[put.index] = error_for(status, put.key, "; ".join(filter(None, put.errors)))
