@@ -387,10 +387,11 @@ class Client:
         keys = [pairs[i][0] for i in order]
         sizes = [sources[i][1] for i in order]
         puts = []
+        ok = KeyStatus.OK  # (read off its Enum class once, not per key)
         for i, (slot, write_deadline) in zip(
             order, self._reserve(keys, sizes, options, deadline), strict=True
         ):
-            if slot.status == KeyStatus.OK:
+            if slot.status == ok:
                 put = PendingPut(i, pairs[i][0], slot, sources[i], write_deadline)
                 if pieces is not None:
                     put.pieces = pieces[i]
@@ -398,7 +399,6 @@ class Client:
             else:
                 results[i] = error_for(slot.status, pairs[i][0], slot.message)
         statuses = put_path.write_and_commit(self._session, puts, options, deadline)
-        ok = KeyStatus.OK  # (read off its Enum class once, not per key)
         for put, status in zip(puts, statuses, strict=True):
             if status == ok:
                 results[put.index] = put.replicas_written
@@ -436,9 +436,10 @@ class Client:
             asked = ([keys[i] for i in order], [sizes[i] for i in order])
             slots, write_deadline = put_path.reserve(self._session, *asked, options, deadline)
             fenced = []
+            fenced_status = KeyStatus.FENCED  # (read off its Enum class once, not per key)
             for i, slot in zip(order, slots, strict=True):
                 outcomes[i] = (slot, write_deadline)
-                if slot.status == KeyStatus.FENCED and time.monotonic() + pause < deadline:
+                if slot.status == fenced_status and time.monotonic() + pause < deadline:
                     fenced.append(i)
             order = fenced if not cancelled() else []  # (a cancelled put asks no more)
             if order:
