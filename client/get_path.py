@@ -62,8 +62,9 @@ def locate(
     )
     lease_deadline = sent_at + response.lease_ms / 1000.0
     session.data.learn(response.segments)
+    ok = KeyStatus.OK  # (read off its Enum class once, not per key)
     for i, location in zip(valid, response.objects, strict=True):
-        if location.status == KeyStatus.OK:
+        if location.status == ok:
             located[i] = location
         else:
             results[i] = error_for(location.status, keys[i])
@@ -83,7 +84,7 @@ def read(
     """Copies each located object into its target (or, for those in ``pieces``, the pieces
     of it named there); errors replace results[i]."""
     candidates = {i: by_nearness(session, located[i].replicas) for i in targets}
-    failures: dict[int, list[Failure]] = {i: [] for i in targets}
+    failures: dict[int, list[Failure]] = {}  # (made for the objects that fail only)
     pending = [i for i in targets if targets[i][1] > 0]
     lease_first = lease_deadline <= deadline  # a timeout then means the lease ran out
     attempt = 0
@@ -117,7 +118,7 @@ def read(
         for i, error in zip(pending, errors, strict=True):
             if error is None:
                 continue
-            failures[i].append(error)
+            failures.setdefault(i, []).append(error)
             if error.timed_out and lease_first:
                 results[i] = _lease_expired(keys[i])
             elif attempt < len(candidates[i]) and time.monotonic() < deadline:
