@@ -40,26 +40,17 @@ class Allocator:
 
     def allocate(self, size: int) -> int | None:
         """Offset of a new buffer of at least ``size`` bytes, or None when nothing fits."""
-        # On every put: ``rounded``, ``_remove_free`` and ``_add_free`` written out, and the
-        # extent taken from the size list in one ``pop`` (one index search, not two).
         self._starts = None
-        alignment = self.alignment
-        need = (size + alignment - 1) & -alignment if size > 0 else alignment
+        need = self.rounded(size)
         by_size = self._by_size
         index = by_size.bisect_left((need, -1))
         if index == len(by_size):
             return None
-        extent: tuple[int, int] = by_size.pop(index)
+        extent: tuple[int, int] = by_size.pop(index)  # (found once: no second search)
         free_size, offset = extent
-        del self._by_start[offset]
-        end = offset + free_size
+        self._unlist(offset, free_size)
         if free_size > need:
-            rest = offset + need
-            by_size.add((free_size - need, rest))
-            self._by_start[rest] = free_size - need
-            self._by_end[end] = rest
-        else:
-            del self._by_end[end]
+            self._add_free(offset + need, free_size - need)
         self._allocated[offset] = need
         self.used += need
         return offset
@@ -133,13 +124,12 @@ class Allocator:
         if self._starts is not None:
             self._starts.add(offset)
 
-    def _remove_free(self, offset: int, size: int, index: int | None = None) -> None:
-        """``index``: where the extent lies in the size list, when the caller found it (no
-        second search for it: on every put)."""
-        if index is None:
-            self._by_size.remove((size, offset))
-        else:
-            del self._by_size[index]
+    def _remove_free(self, offset: int, size: int) -> None:
+        self._by_size.remove((size, offset))
+        self._unlist(offset, size)
+
+    def _unlist(self, offset: int, size: int) -> None:
+        """Takes a free extent out of the maps by start and end (not the size list)."""
         del self._by_start[offset]
         del self._by_end[offset + size]
         if self._starts is not None:

@@ -111,7 +111,7 @@ from kvpool.master.transitions import (
     RESERVED,
     IllegalTransition,
 )
-from kvpool.security.identity import TENANT_SEPARATOR, tenant_of
+from kvpool.security.identity import split_key, tenant_of
 
 Clock = Callable[[], float]
 
@@ -989,13 +989,8 @@ class MasterState:
             raise IllegalTransition(key, before, to)
         # (COMMITTED -> PUBLISHED, every put's last, changes no usage: no tenant looked up)
         if before is not COMMITTED or to is not PUBLISHED:
-            # (``split_key`` and ``_usage_for`` written out: three times a put)
-            tenant, separator, bare = key.partition(TENANT_SEPARATOR)
-            if not separator:
-                tenant, bare = "", key
-            usage = self._usage.get(tenant)
-            if usage is None:
-                usage = self._usage[tenant] = TenantUsage()
+            tenant, bare = split_key(key)  # (one partition: usage and objects by tenant)
+            usage = self._usage_for(tenant)
             if before is GONE:
                 usage.objects += 1
             elif before is RESERVED:
@@ -1037,12 +1032,7 @@ class MasterState:
         """A buffer (allocated) at ``offset`` becomes ``key``'s: a replica, or a copy's
         target. Its tenant's bytes in the segment's tier count it from now."""
         segment.owners[offset] = key
-        tenant, separator, _ = key.partition(TENANT_SEPARATOR)  # (``_usage_of``, written out)
-        if not separator:
-            tenant = ""
-        usage = self._usage.get(tenant)
-        if usage is None:
-            usage = self._usage[tenant] = TenantUsage()
+        usage = self._usage_of(key)
         if segment.info.tier is _NVME:
             usage.nvme_bytes += segment.allocator.size_of(offset)
         else:
@@ -1271,9 +1261,18 @@ class MasterState:
     def _stored(self, record: ObjectRecord, segment_id: str) -> StoredObject:
         for replica in record.replicas:
             if replica is not None and replica.segment_id == segment_id:
-                # (the generation is the put id: ``ObjectRecord.generation``)
-                fields = (record.key, replica.offset, record.size, record.put_id)
-                return make(StoredObject, (*fields, record.crc32c, record.wanted))
+                generation = record.put_id  # (``ObjectRecord.generation``, not its property)
+                return make(
+                    StoredObject,
+                    (
+                        record.key,
+                        replica.offset,
+                        record.size,
+                        generation,
+                        record.crc32c,
+                        record.wanted,
+                    ),
+                )
         raise KeyError(f"{record.key!r} has no replica in segment {segment_id!r}")
 
     # ------------------------------------------------------------------ placement
