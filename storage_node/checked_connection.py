@@ -71,7 +71,9 @@ DRAIN_LIMIT = 64 << 20
 _WRITE, _READ = int(frames.Op.WRITE), int(frames.Op.READ)
 _OK = frames.Status.OK
 _pack_reply = frames.pack_reply  # (an OK answer's header, as encode_reply makes it)
-_REPLY_MAGIC, _VERSION = frames.REPLY_MAGIC, frames.VERSION
+_unpack_request = frames.unpack_request_fields  # (a header's fields, unchecked)
+_REQUEST_MAGIC, _REPLY_MAGIC, _VERSION = frames.REQUEST_MAGIC, frames.REPLY_MAGIC, frames.VERSION
+_REQUEST_SIZE = frames.REQUEST_SIZE
 
 
 class Closed(Exception):
@@ -138,7 +140,7 @@ class CheckedConnection:
                     if not self._receive_more(frames.REQUEST_SIZE):
                         return  # the peer left between requests
                     continue
-                self._handle()
+                self._handle_buffered()
         finally:
             self._seals.leave_all(self._reads, self._connection)
             self._parts.clear()
@@ -147,6 +149,80 @@ class CheckedConnection:
                     memory.release()
 
     # ---- requests
+
+    def _handle_buffered(self) -> None:
+        """Handles the requests buffered. The common ones (a small read; a small write whose
+        bytes are all buffered) are handled in this loop, with what they share looked up
+        once; the first other one (anything refused, large, or a write still arriving) goes
+        to ``_handle``, which may wait, and then this returns. The rules are ``_handle``'s:
+        the capability checked on the clock read for each request, the seal admitted before
+        a byte moves, a write's bytes copied only while its capability runs."""
+        keys = self._keys()
+        if keys is None:
+            self._handle()
+            return
+        check, term, skew_ms = keys.ring.check, keys.term, keys.max_skew_ms
+        buffer, view, memories = self._buffer, self._view, self._memory
+        segment_of, clock, seals = self._segments.get, self._clock, self._seals
+        connection, parts, reads = self._connection, self._parts, self._reads
+        longest_ms, end, size = self._longest_ms, self._end, _REQUEST_SIZE
+        start = self._start
+        while end - start >= size:
+            magic, version, op, reserved, request_id, capability, offset, length = _unpack_request(
+                buffer, start
+            )
+            write = op == _WRITE
+            if (
+                magic != _REQUEST_MAGIC
+                or version != _VERSION
+                or reserved
+                or not 0 < length <= SMALL
+                or (not write and op != _READ)
+                or (write and end - start - size < length)
+            ):
+                break
+            now_ms = int(clock() * 1000)
+            checked = check(capability, now_ms, offset, length, 2 if write else 1, term, skew_ms)
+            if checked is None:
+                break
+            digest, grant_offset, expiry_ms, grant_id = checked
+            segment = segment_of(digest)
+            if (
+                segment is None
+                or offset + length > segment.size
+                or expiry_ms > now_ms + longest_ms
+                or not seals.admit(digest, grant_offset, grant_id, write, connection)
+            ):
+                break  # (_handle checks it again, and says why it is refused)
+            ends_at = (expiry_ms + skew_ms) / 1000.0
+            memory = memories.get(digest) or self._segment_memory(digest, segment)
+            if write:
+                payload = start + size
+                try:
+                    if clock() > ends_at:
+                        self._start = start
+                        raise self._expired()
+                    memory[offset : offset + length] = view[payload : payload + length]
+                finally:
+                    seals.leave(digest, grant_offset, connection)
+                start = self._start = payload + length
+                self._writes += 1  # (counted as the answers go)
+                self._written += length
+                parts.append(_pack_reply(_REPLY_MAGIC, _VERSION, 0, 0, request_id, 0))
+            else:
+                start = self._start = start + size
+                reads.append((digest, grant_offset))  # (in flight until sent: _flush)
+                if ends_at < self._reads_end:
+                    self._reads_end = ends_at
+                self._read_bytes += length
+                parts.append(_pack_reply(_REPLY_MAGIC, _VERSION, 0, 0, request_id, length))
+                parts.append(memory[offset : offset + length])
+                self._gathered += length
+            if len(parts) >= MAX_PARTS or self._gathered >= MAX_GATHERED:
+                self._flush()
+        else:
+            return
+        self._handle()
 
     def _handle(self) -> None:
         start = self._start

@@ -185,6 +185,15 @@ _STATUSES = frozenset(int(status) for status in Status)
 #: ``encode_reply`` without its call: ``pack_reply(REPLY_MAGIC, VERSION, 0, status,
 #: request_id, length)`` (a node's hot path).
 pack_reply = _REPLY.pack
+#: A request header's fields at an offset of a buffer, unchecked: ``(magic, version, op,
+#: reserved, request id, capability, offset, length)`` (a node's hot path, which checks them
+#: as ``unpack_request`` does and leaves any it would refuse to it).
+unpack_request_fields = _REQUEST.unpack_from
+#: A request header's fields packed into a buffer at an offset, unchecked (``pack_request_into``
+#: checks the capability's size first; a client's hot path checks it itself).
+pack_request_fields_into = _REQUEST.pack_into
+#: A capability's size in a request.
+CAPABILITY_SIZE = caps.SIZE
 
 
 def parse_reply(header: bytes | bytearray | memoryview, max_length: int = MAX_LENGTH) -> Reply:

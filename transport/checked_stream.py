@@ -27,7 +27,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
@@ -128,7 +128,9 @@ class CheckedStreams:
         self._idle: dict[str, list[_Connection]] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="kvpool-checked")
-        self._request_ids = iter(range(1, 1 << 63))
+        #: The next request id (the iterator's own ``__next__``: atomic under the GIL, and
+        #: no Python call per request).
+        self.next_request_id: Callable[[], int] = iter(range(1, 1 << 63)).__next__
         self._closed = False
 
     def run(self, jobs: Sequence[Job], *, is_get: bool, deadline: float) -> list[Result]:
@@ -248,9 +250,6 @@ class CheckedStreams:
         else:
             connection.close()
 
-    def next_request_id(self) -> int:
-        return next(self._request_ids)
-
     # ---- connections
 
     def _take(self, address: str, deadline: float) -> _Connection:
@@ -320,52 +319,61 @@ class _Pipeline:
 
     def run(self, refused: list[bool]) -> bool:
         """Sends the requests (each write with its payload) at most WINDOW ahead of the
-        answers read; True when the connection is still in step for another call."""
+        answers read; True when the connection is still in step for another call. (What
+        every request touches is looked up once, before the loop.)"""
         jobs, indexes, results, is_get = self.jobs, self.indexes, self.results, self.is_get
         for i in indexes:
             results[i] = _PENDING
         op = _READ if is_get else _WRITE
         connection = self.connection
-        out = connection.out
+        out, out_address, view = connection.out, connection.out_address, connection.view
+        received_address = connection.received_address
         sent: deque[tuple[int, int]] = deque()  # (index, request id), answers not yet read
         clean = True
-        next_to_send = 0
+        next_to_send, count = 0, len(indexes)
         next_id = self.streams.next_request_id
-        while next_to_send < len(indexes) or sent:
-            if next_to_send < len(indexes) and len(sent) < WINDOW and not refused[0]:
+        memmove, unpack_reply = ctypes.memmove, frames.unpack_reply
+        request_size, reply_size = frames.REQUEST_SIZE, frames.REPLY_SIZE
+        while next_to_send < count or sent:
+            if next_to_send < count and len(sent) < WINDOW and not refused[0]:
                 i = indexes[next_to_send]
                 next_to_send += 1
                 job = jobs[i]
                 length = job.length
                 small = length <= SMALL
-                need = frames.REQUEST_SIZE + (length if small and not is_get else 0)
+                need = request_size + (length if small and not is_get else 0)
                 if self.out_at + need > BUFFER:
                     self.send_gathered()
                 request_id = next_id()
-                frames.pack_request_into(
-                    out, self.out_at, op, request_id, job.capability, job.offset, length
-                )
-                self.out_at += frames.REQUEST_SIZE
-                if not is_get:
-                    if small:  # (a copy of a few KiB costs less than a call)
-                        ctypes.memmove(
-                            connection.out_address + self.out_at, job.local_address, length
-                        )
-                        self.out_at += length
-                    else:
-                        self.send_gathered()
-                        _send(connection, _view(job.local_address, length), self.deadline)
+                at = self.out_at
+                capability = job.capability
+                if len(capability) != _CAPABILITY_SIZE:
+                    frames.pack_request_into(out, at, op, request_id, capability, 0, 0)  # raises
+                _pack_request_into(
+                    out, at, _REQUEST_MAGIC, _VERSION, op, 0, request_id, capability,
+                    job.offset, length,
+                )  # fmt: skip
+                at += request_size
+                if is_get:
+                    self.out_at = at
+                elif small:  # (a copy of a few KiB costs less than a call)
+                    memmove(out_address + at, job.local_address, length)
+                    self.out_at = at + length
+                else:
+                    self.out_at = at
+                    self.send_gathered()
+                    _send(connection, _view(job.local_address, length), self.deadline)
                 sent.append((i, request_id))
                 continue
             self.send_gathered()  # (before waiting for an answer, everything asked goes out)
             i, request_id = sent.popleft()
-            job = jobs[i]
-            self.receive(frames.REPLY_SIZE)
+            if self.end - self.start < reply_size:
+                self.receive(reply_size)
             try:
-                status, answered_id, length = frames.unpack_reply(connection.view, self.start)
+                status, answered_id, length = unpack_reply(view, self.start)
             except frames.FrameError as error:
                 raise _Broken(Result(Outcome.UNREACHABLE, f"bad answer: {error}")) from None
-            self.start += frames.REPLY_SIZE
+            self.start += reply_size
             if answered_id != request_id:
                 raise _Broken(Result(Outcome.UNREACHABLE, "answer out of step"))
             if status:
@@ -378,9 +386,16 @@ class _Pipeline:
                     refused[0] = True
                 continue
             if is_get:
+                job = jobs[i]
                 if length != job.length:
                     raise _Broken(Result(Outcome.UNREACHABLE, "answer of the wrong length"))
-                self.receive_payload(job.local_address, length)
+                if length <= SMALL:  # (receive_payload's small case, inline)
+                    if self.end - self.start < length:
+                        self.receive(length)
+                    memmove(job.local_address, received_address + self.start, length)
+                    self.start += length
+                else:
+                    self.receive_payload(job.local_address, length)
             results[i] = _OK
         for i in indexes:
             if results[i] is _PENDING:  # (not sent: an earlier write was refused)
@@ -425,6 +440,9 @@ class _Pipeline:
 
 
 _READ, _WRITE = int(frames.Op.READ), int(frames.Op.WRITE)
+_pack_request_into = frames.pack_request_fields_into
+_REQUEST_MAGIC, _VERSION = frames.REQUEST_MAGIC, frames.VERSION
+_CAPABILITY_SIZE = frames.CAPABILITY_SIZE
 
 #: A transfer whose answer has not been read yet.
 _PENDING = Result(Outcome.UNREACHABLE, "the connection ended before the answer")

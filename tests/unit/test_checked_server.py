@@ -185,6 +185,62 @@ def test_a_recorded_object_s_write_grant_ends_but_its_readers_go_on(server, segm
     ) == [frames.Status.SEALED, frames.Status.OK]
 
 
+def test_one_pipelined_batch_is_answered_in_order_each_request_checked_alone(server, segment):
+    """Small requests sent together are handled in one pass (checked_connection.py's
+    ``_handle_buffered``); a refused, sealed or large one among them is answered in its
+    place, and the requests after it are still served."""
+    segment.memory[0:4096] = b"r" * 4096
+    segment.memory[1 << 20 : (1 << 20) + (128 << 10)] = b"L" * (128 << 10)
+    read = grant(0, 4096, caps.Rights.READ, seconds=30)
+    write = grant(4096, 8192, caps.Rights.WRITE, seconds=30, generation=5)
+    sealed = grant(16384, 4096, caps.Rights.WRITE, seconds=30, generation=6)
+    large = grant(1 << 20, 128 << 10, caps.Rights.READ, seconds=30)
+    forged = read[:-1] + bytes([read[-1] ^ 1])
+    assert server.seals.seal(SEGMENT, [(16384, 6)])
+    batch = [
+        (frames.Op.READ, read, 0, 4096, b""),
+        (frames.Op.WRITE, write, 4096, 4096, b"a" * 4096),
+        (frames.Op.READ, forged, 0, 4096, b""),
+        (frames.Op.WRITE, sealed, 16384, 4096, b"s" * 4096),
+        (frames.Op.READ, large, 1 << 20, 128 << 10, b""),
+        (frames.Op.WRITE, write, 8192, 4096, b"b" * 4096),
+        (frames.Op.READ, read, 0, 2048, b""),
+    ]
+    sent = b"".join(
+        frames.encode_request(op, i, capability, offset, length) + payload
+        for i, (op, capability, offset, length, payload) in enumerate(batch, start=1)
+    )
+    with socket.create_connection(("127.0.0.1", server.port), timeout=5) as connection:
+        connection.sendall(sent)
+        received = b""
+        answers = []
+        for i, (op, _, _, length, _) in enumerate(batch, start=1):
+            while len(received) < frames.REPLY_SIZE:
+                received += connection.recv(1 << 20)
+            reply = frames.parse_reply(received[: frames.REPLY_SIZE])
+            received = received[frames.REPLY_SIZE :]
+            assert reply.request_id == i
+            payload = b""
+            if op is frames.Op.READ and reply.status is frames.Status.OK:
+                assert reply.length == length
+                while len(received) < length:
+                    received += connection.recv(1 << 20)
+                payload, received = received[:length], received[length:]
+            answers.append((reply.status, payload))
+    ok, refused = frames.Status.OK, frames.Status.FORGED
+    assert answers == [
+        (ok, b"r" * 4096),
+        (ok, b""),
+        (refused, b""),
+        (frames.Status.SEALED, b""),
+        (ok, b"L" * (128 << 10)),
+        (ok, b""),
+        (ok, b"r" * 2048),
+    ]
+    assert segment.memory[4096:12288] == b"a" * 4096 + b"b" * 4096
+    assert segment.memory[16384:20480] == bytes(4096)
+
+
 def test_a_capability_running_longer_than_a_seal_is_kept_is_refused(server):
     too_long = grant(0, 4096, caps.Rights.READ, seconds=SEAL_LIFE + 60)
     assert statuses(server, [(frames.Op.READ, too_long, 0, 4096)]) == [frames.Status.EXPIRED]
