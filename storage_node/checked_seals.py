@@ -109,8 +109,10 @@ class Seals:
     def busy(self, segment_id: str, offsets: Iterable[int] | None = None) -> bool:
         """Whether transfers run on the segment now, under grants at one of ``offsets``
         (None: any): a seal of them would then wait for them to stop."""
-        digest = caps.segment_digest(segment_id)
         active = self._active
+        if not active:
+            return False  # (the common case: no checked transfer runs now)
+        digest = caps.segment_digest(segment_id)
         if offsets is None:
             return any(key[0] == digest for key in list(active))
         return any((digest, offset) in active for offset in offsets)

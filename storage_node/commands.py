@@ -16,6 +16,7 @@ for them all, and each command is answered as if it had run alone.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 
 from kvpool.common.status import Tier
 from kvpool.proto import master_pb2 as pb
@@ -109,7 +110,7 @@ class CommandExecutor:
     def _sealed_persist(self, persist: pb.Persist) -> tuple[Segment, list[Entry]]:
         """A Persist's segment and objects, once no write under their grants can land."""
         segment = self._segment(persist.segment_id)
-        entries = [_entry(o) for o in persist.objects]
+        entries = _entries(persist.objects)
         if self._seals is not None and not self._seals.seal(  # (first: no write lands once
             segment.segment_id, [(e.offset, e.generation) for e in entries]
         ):  # it is recorded)
@@ -128,7 +129,7 @@ class CommandExecutor:
                 metrics.persisted(segment, entries)
             elif kind == "forget":
                 segment = self._segment(command.forget.segment_id)
-                forgotten = [_entry(o) for o in command.forget.objects]
+                forgotten = _entries(command.forget.objects)
                 # (first: once the master has the answer, no byte of a grant for these moves,
                 # so it reuses their space at once)
                 if self._seals is not None and not self._seals.forget(
@@ -214,7 +215,28 @@ def _failed(result: pb.CommandResult, error: Exception) -> None:
 
 
 def _entry(message: pb.StoredObject) -> Entry:
-    crc = message.crc32c if message.HasField("crc32c") else None
-    return Entry(
-        message.key, message.offset, message.size, message.generation, crc, message.replicas
-    )
+    return _entries((message,))[0]
+
+
+def _entries(messages: Iterable[pb.StoredObject]) -> list[Entry]:
+    """``_entry`` of each of a command's objects (one list comprehension: a Persist names
+    every object of a put batch, on the put's path)."""
+    return [
+        _new_entry(
+            Entry,
+            (
+                m.key,
+                m.offset,
+                m.size,
+                m.generation,
+                m.crc32c if m.HasField("crc32c") else None,
+                m.replicas,
+            ),
+        )
+        for m in messages
+    ]
+
+
+#: Makes an ``Entry`` from all its fields at once (``tuple.__new__``: calling the named
+#: tuple runs its ``__new__``, Python code, once per object).
+_new_entry = tuple.__new__

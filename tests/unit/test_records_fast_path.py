@@ -71,3 +71,20 @@ def test_a_location_is_whole() -> None:
     location = get(state, "t/c", lease_ttl=1.0)
     _whole(location, Location)
     assert (location.size, location.crc32c, location.generation) == (4096, 99, slot.put_id)
+
+
+def test_a_node_s_entries_made_from_a_command_are_whole() -> None:
+    """storage_node/commands.py makes an ``Entry`` per object of a Persist or Forget the
+    same way (``tuple.__new__``), with and without a checksum."""
+    from kvpool.proto import master_pb2 as pb
+    from kvpool.storage_node.commands import _entries
+    from kvpool.storage_node.object_index import Entry
+
+    command = pb.Persist(segment_id="n1/dram-0")
+    command.objects.add(key="t/a", offset=4096, size=100, generation=7, crc32c=9, replicas=2)
+    command.objects.add(key="t/b", offset=8192, size=5, generation=8)
+    with_crc, without = _entries(command.objects)
+    _whole(with_crc, Entry)
+    _whole(without, Entry)
+    assert with_crc == Entry("t/a", 4096, 100, 7, 9, 2)
+    assert without == Entry("t/b", 8192, 5, 8, None, 0)
