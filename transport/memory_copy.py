@@ -45,13 +45,15 @@ class Copier:
         """Copies everything it can start before ``deadline`` (time.monotonic); entry i is
         False when copy i was not completed. Returns only once every helper has stopped
         touching the memory."""
+        total = sum([copy.length for copy in copies])
+        if self.threads == 1 or total < PARALLEL_MIN:
+            return _run_alone(copies, deadline)
         pieces = [
             (index, copy.target + offset, copy.source + offset, min(PIECE, copy.length - offset))
             for index, copy in enumerate(copies)
             for offset in range(0, copy.length, PIECE)
         ]
         done = [True] * len(copies)
-        total = sum(copy.length for copy in copies)
         next_piece = itertools.count()  # next() is atomic under the GIL: a shared work queue
 
         def work() -> None:
@@ -65,7 +67,7 @@ class Copier:
                 ctypes.memmove(target, source, length)
 
         helpers = []
-        if self.threads > 1 and total >= PARALLEL_MIN and len(pieces) > 1:
+        if len(pieces) > 1:
             pool = self._pool()
             helpers = [pool.submit(work) for _ in range(min(self.threads, len(pieces)) - 1)]
         work()
@@ -86,3 +88,19 @@ class Copier:
                     self.threads - 1, thread_name_prefix="kvpool-copy"
                 )
             return self._helpers
+
+
+def _run_alone(copies: Sequence[Copy], deadline: float) -> list[bool]:
+    """``Copier.run`` on the calling thread alone (a batch too small to share): the same
+    pieces, each started only before ``deadline``, without the shared work queue (a batch of
+    small copies, such as 32 objects of 4 KiB, spent more on that than on copying)."""
+    done = [True] * len(copies)
+    memmove, monotonic = ctypes.memmove, time.monotonic
+    for index, copy in enumerate(copies):
+        target, source, length = copy.target, copy.source, copy.length
+        for offset in range(0, length, PIECE):
+            if monotonic() >= deadline:
+                done[index] = False
+                break
+            memmove(target + offset, source + offset, min(PIECE, length - offset))
+    return done
