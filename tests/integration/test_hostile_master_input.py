@@ -28,13 +28,14 @@ def mount(
     objects: list[pb.StoredObject],
     tier: int = 1,
     worker_address: bytes | None = None,
+    base_address: int = BASE,
 ):
     segment = pb.Segment(
         segment_id=segment_id,
         node_id="intruder",
         host="intruder.local",
         worker_address=ucx_worker_address() if worker_address is None else worker_address,
-        base_address=BASE,
+        base_address=base_address,
         size=1 << 20,
         rkey=b"none",
         tier=tier,
@@ -121,3 +122,24 @@ def test_a_mount_with_bytes_ucx_could_not_read_as_a_worker_address_is_refused(ma
         assert "segment.worker_address" in (error.value.details() or "")
     with Client(cluster.master_address) as client:
         assert not [s for s in client.cluster_status().segments if s.node_id == "intruder"]
+
+
+def test_a_mount_whose_addresses_pass_2_to_the_64_is_refused(master):
+    """Every replica's address is its segment's base plus its offset, answered in uint64
+    fields: a base this close to 2**64 made a later Stat or GetReplicas of an adopted object
+    fail with UNKNOWN (found by tests/fuzz/test_fuzz_node_reports.py)."""
+    cluster, stub = master
+    with pytest.raises(grpc.RpcError) as error:
+        mount(
+            stub,
+            "intruder/top",
+            [pb.StoredObject(key="top", offset=4096, size=64, generation=5)],
+            base_address=2**64 - 8192,
+        )
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "passes 2**64" in (error.value.details() or "")
+    edge = [pb.StoredObject(key="edge", offset=(1 << 20) - 64, size=64, generation=6)]
+    answer = mount(stub, "intruder/edge", edge, base_address=2**64 - (1 << 20))
+    assert not answer.dropped_keys  # (its last byte at 2**64 - 1: the wire still carries it)
+    with Client(cluster.master_address) as client:
+        assert client.put("after", b"v") and client.get("after") == b"v"
