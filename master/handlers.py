@@ -55,8 +55,6 @@ MAX_BATCH = 65536
 #: that no offset arithmetic on them overflows what the wire carries.
 MAX_OBJECT_SIZE = 1 << 48
 MAX_SEGMENT_SIZE = 1 << 52
-#: Largest value of the wire's uint64 fields (a segment's base plus its size stays within).
-MAX_U64 = (1 << 64) - 1
 #: Longest checked-stream address a node may announce (HOST:PORT).
 MAX_ADDRESS = 300
 #: Segments a client may say it maps, in one call, and the longest id it may name.
@@ -180,7 +178,7 @@ class MasterHandlers:
                 grpc.StatusCode.INVALID_ARGUMENT,
                 f"a segment holds at most {MAX_SEGMENT_SIZE} bytes, got {s.size}",
             )
-        if s.base_address + s.size > MAX_U64 + 1:
+        if s.base_address + s.size > caps.MAX_U64 + 1:
             # (every replica's address is the base plus its offset, sent in uint64 fields)
             raise CallRefused(
                 grpc.StatusCode.INVALID_ARGUMENT,

@@ -200,7 +200,6 @@ class CheckedConnection:
                 payload = start + size
                 try:
                     if clock() > ends_at:
-                        self._start = start
                         raise self._expired()
                     memory[offset : offset + length] = view[payload : payload + length]
                 finally:
@@ -259,20 +258,7 @@ class CheckedConnection:
             self._refused(request_id, write, length, frames.Status.SEALED, why)
             return
         ends_at = (expiry_ms + keys.max_skew_ms) / 1000.0
-        if not write:
-            if length <= SMALL:  # (the common case, inline: sent with the others gathered)
-                memory = self._memory.get(digest) or self._segment_memory(digest, segment)
-                self._reads.append((digest, grant_offset))  # (in flight until sent: _flush)
-                if ends_at < self._reads_end:
-                    self._reads_end = ends_at
-                self._read_bytes += length
-                parts = self._parts
-                parts.append(_pack_reply(_REPLY_MAGIC, _VERSION, 0, 0, request_id, length))
-                parts.append(memory[offset : offset + length])
-                self._gathered += length
-                if len(parts) >= MAX_PARTS or self._gathered >= MAX_GATHERED:
-                    self._flush()
-                return
+        if not write:  # (small ones are gathered: the common case is _handle_buffered's)
             self._read(request_id, digest, grant_offset, segment, offset, length, ends_at)
             return
         try:

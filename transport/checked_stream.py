@@ -327,7 +327,6 @@ class _Pipeline:
         op = _READ if is_get else _WRITE
         connection = self.connection
         out, out_address, view = connection.out, connection.out_address, connection.view
-        received_address = connection.received_address
         sent: deque[tuple[int, int]] = deque()  # (index, request id), answers not yet read
         clean = True
         next_to_send, count = 0, len(indexes)
@@ -389,13 +388,7 @@ class _Pipeline:
                 job = jobs[i]
                 if length != job.length:
                     raise _Broken(Result(Outcome.UNREACHABLE, "answer of the wrong length"))
-                if length <= SMALL:  # (receive_payload's small case, inline)
-                    if self.end - self.start < length:
-                        self.receive(length)
-                    memmove(job.local_address, received_address + self.start, length)
-                    self.start += length
-                else:
-                    self.receive_payload(job.local_address, length)
+                self.receive_payload(job.local_address, length)
             results[i] = _OK
         for i in indexes:
             if results[i] is _PENDING:  # (not sent: an earlier write was refused)
