@@ -13,6 +13,7 @@ from typing import Any, Protocol
 import grpc
 
 from kvpool.common.leader_resolver import LEADER_METADATA
+from kvpool.master.grpc_refusal import refuse as end_with
 
 
 class Leadership(Protocol):
@@ -74,7 +75,8 @@ class LeaderGate(grpc.aio.ServerInterceptor):
             request_iterator: Any, context: grpc.aio.ServicerContext
         ) -> AsyncIterator[None]:
             await refuse(None, context)
-            yield  # pragma: no cover - unreachable: abort raises
+            return
+            yield  # pragma: no cover - unreachable: (makes this an async generator)
 
         return grpc.stream_stream_rpc_method_handler(
             refuse_stream,
@@ -87,6 +89,7 @@ class LeaderGate(grpc.aio.ServerInterceptor):
         async def refuse(request: Any, context: grpc.aio.ServicerContext) -> Any:
             if leader:
                 context.set_trailing_metadata(((LEADER_METADATA, leader),))
-            await context.abort(code, details)
+            end_with(context, code, details)
+            return None
 
         return refuse

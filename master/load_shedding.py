@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 
 from kvpool.master import metrics
+from kvpool.master.grpc_refusal import refuse
 
 EXEMPT_SUFFIX = "/NodeSession"
 #: A call dispatched but never run (cancelled while its request was read) stops counting
@@ -81,7 +82,8 @@ class LoadShedder(grpc.aio.ServerInterceptor):
         return counted
 
     async def _refuse(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, self.refusal())
+        refuse(context, grpc.StatusCode.RESOURCE_EXHAUSTED, self.refusal())
+        return None
 
     def _forget_stale(self) -> None:
         too_old = time.monotonic() - STALE_AFTER

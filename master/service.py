@@ -1,8 +1,9 @@
 """The master over gRPC: a thin ``grpc.aio`` adapter over the transport-neutral handlers
 (handlers.py). Each call's identity comes from its metadata or client certificate
-(authenticator.py); a handler's refusal becomes ``context.abort``; an answer that comes later (a
-``Pending``) is awaited. A node's command stream is a bidirectional stream: the driver writes
-commands into the stream's queue, and the node's reports go to the driver as they arrive.
+(authenticator.py); a handler's refusal becomes the call's status (grpc_refusal.py); an
+answer that comes later (a ``Pending``) is awaited. A node's command stream is a
+bidirectional stream: the driver writes commands into the stream's queue, and the node's
+reports go to the driver as they arrive.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from kvpool.common.logging import get_logger
 from kvpool.master.access import authorize, own_node
 from kvpool.master.authenticator import Authenticator
 from kvpool.master.driver import CallRefused, NodeStream, Pending
+from kvpool.master.grpc_refusal import refuse
 from kvpool.master.handlers import UNARY_METHODS, MasterHandlers
 from kvpool.proto import master_pb2 as pb
 from kvpool.proto import master_pb2_grpc
@@ -33,8 +35,13 @@ def _unary(name: str) -> Callable[..., Any]:
             if isinstance(reply, Pending):
                 reply = await reply.wait()
         except CallRefused as refused:
-            await context.abort(refused.code, refused.details)
-        return reply
+            code, details = refused.code, refused.details
+        else:
+            return reply
+        # (outside the except block: the refusal and its traceback, which holds every frame
+        # of the refused call and the request, are dropped as the block ends)
+        refuse(context, code, details)
+        return None
 
     method.__name__ = name
     return method
@@ -54,11 +61,11 @@ class MasterService(master_pb2_grpc.MasterServicer):
             identity = self.auth.from_grpc(context)
             authorize(identity, "NodeSession")
         except CallRefused as refused:
-            await context.abort(refused.code, refused.details)
+            refuse(context, refused.code, refused.details)
             return
         hello = await anext(aiter(request_iterator), None)
         if hello is None or not hello.HasField("hello") or not hello.hello.node_id:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "say hello with a node_id first")
+            refuse(context, grpc.StatusCode.INVALID_ARGUMENT, "say hello with a node_id first")
             return
         node_id = hello.hello.node_id
         queue: asyncio.Queue[pb.NodeCommand | None] = asyncio.Queue()
@@ -72,7 +79,7 @@ class MasterService(master_pb2_grpc.MasterServicer):
                 context.peer(),
             )
         except CallRefused as refused:
-            await context.abort(refused.code, refused.details)
+            refuse(context, refused.code, refused.details)
             return
         reader = asyncio.create_task(self._read_reports(request_iterator, stream))
         # When the node's side ends, so does this handler.
