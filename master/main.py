@@ -18,6 +18,7 @@ from kvpool.common.gc_tuning import tune_for_server
 from kvpool.common.http_server import HealthServer
 from kvpool.common.limits import GRPC_MESSAGE_OPTIONS
 from kvpool.common.logging import LOG_FORMATS, configure_logging, get_logger
+from kvpool.common.memory_trim import TrimRule, malloc_trim, resident_bytes
 from kvpool.common.process import stop_event_on_signals, write_ready_file
 from kvpool.common.sizes import format_size, parse_size
 from kvpool.master import metrics
@@ -460,10 +461,12 @@ async def serve(
         config=str(config),
     )
     write_ready_file(args.ready_file, grpc_port=port, lane_port=lane.port, http_port=http.port)
+    trim = _MemoryTrim()
     try:
         evicted = 0  # by the eviction pass under way, logged once it ends
         while not stop.is_set():
             started = time.monotonic()
+            trim.maybe(started)
             if keys is not None and key_watch is not None:
                 key_watch.apply(keys, started)
             report = _tick(driver, handlers, quotas)
@@ -496,6 +499,26 @@ def _capability_keys(args: argparse.Namespace, config: MasterConfig) -> MasterKe
     path = args.capability_key_file
     keys = KeyFile(((1, caps.KeyRing.new_secret()),), 1) if path is None else load_or_create(path)
     return MasterKeys(keys, activate_after=config.node_ttl, max_skew_ms=args.capability_skew_ms)
+
+
+class _MemoryTrim:
+    """Gives freed heap memory back to the system when the resident size has grown
+    (common/memory_trim.py), one trim at a time, on a worker thread."""
+
+    def __init__(self) -> None:
+        self.rule = TrimRule()
+        self._running: asyncio.Future[None] | None = None
+
+    def maybe(self, now: float) -> None:
+        if malloc_trim is None or self._running is not None:
+            return
+        if self.rule.due(now, resident_bytes):
+            self._running = asyncio.get_running_loop().run_in_executor(None, malloc_trim)
+            self._running.add_done_callback(self._done)
+
+    def _done(self, _: asyncio.Future[None]) -> None:
+        self._running = None
+        self.rule.trimmed(resident_bytes())
 
 
 class _KeyFileWatch:
