@@ -47,7 +47,7 @@ class CallRefused(Exception):
 
 class Pending:
     """The answer of a call that waits: ``then(callback)`` gets (response, None) or (None,
-    CallRefused) once the core answers; ``wait()`` is the same for a coroutine.
+    CallRefused) once the core answers; ``outcome()`` is the same for a coroutine.
     ``when_settled(hook)`` runs ``hook()`` then too, before the callback, whoever waits.
     """
 
@@ -71,16 +71,16 @@ class Pending:
         else:
             self._callback = callback
 
-    async def wait(self) -> Any:
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    async def outcome(self) -> tuple[Any, CallRefused | None]:
+        """(response, None) or (None, the refusal), once settled. (Not raised: a refusal
+        raised out of a future keeps the waiting frame in a reference cycle, and with it
+        whatever the call held, until the collector's next full pass.)"""
+        future: asyncio.Future[tuple[Any, CallRefused | None]]
+        future = asyncio.get_running_loop().create_future()
 
         def settle(response: Any, refused: CallRefused | None) -> None:
-            if future.done():
-                return  # the caller went away
-            if refused is None:
-                future.set_result(response)
-            else:
-                future.set_exception(refused)
+            if not future.done():  # (else the caller went away)
+                future.set_result((response, refused))
 
         self.then(settle)
         return await future
@@ -89,7 +89,8 @@ class Pending:
         try:
             outcome: tuple[Any, CallRefused | None] = (self._finish(answer), None)
         except CallRefused as refused:
-            outcome = (None, refused)
+            # (kept without its traceback, which holds this frame: a cycle through outcome)
+            outcome = (None, refused.with_traceback(None))
         self._settle(outcome)
 
     def refuse(self, refused: CallRefused) -> None:

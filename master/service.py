@@ -32,12 +32,15 @@ def _unary(name: str) -> Callable[..., Any]:
         try:
             identity = self.auth.from_grpc(context)
             reply = self.handlers.call(name, request, identity)
-            if isinstance(reply, Pending):
-                reply = await reply.wait()
         except CallRefused as refused:
             code, details = refused.code, refused.details
         else:
-            return reply
+            if not isinstance(reply, Pending):
+                return reply
+            reply, later = await reply.outcome()
+            if later is None:
+                return reply
+            code, details = later.code, later.details
         # (outside the except block: the refusal and its traceback, which holds every frame
         # of the refused call and the request, are dropped as the block ends)
         refuse(context, code, details)

@@ -5,7 +5,9 @@ over the real handlers, driver and core. A refusal used to be ``context.abort``,
 ``AbortError`` gRPC keeps on the call's state, in a reference cycle with the handler's frame:
 each refused request stayed in memory until the collector's next full pass, which a master
 (common/gc_tuning.py) runs rarely. A client sending large refused requests grew the master by
-gigabytes. The collector is off while these tests count what a call left alive.
+gigabytes. A call refused after it waited (a ``Pending``) had the same kind of cycle through
+the frame that kept its refusal. The collector is off while these tests count what a call
+left alive.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
+import weakref
 from collections.abc import Iterator
 
 import grpc
@@ -22,7 +25,7 @@ from state_helpers import segment_info
 from kvpool.master.authenticator import Authenticator
 from kvpool.master.config import MasterConfig
 from kvpool.master.core import MasterCore
-from kvpool.master.driver import CoreDriver
+from kvpool.master.driver import CallRefused, CoreDriver, Pending
 from kvpool.master.handlers import MasterHandlers
 from kvpool.master.leader_gate import LeaderGate
 from kvpool.master.load_shedding import LoadShedder
@@ -101,3 +104,34 @@ def test_a_request_a_standby_refuses_is_freed_with_its_call(collector_off):
     assert errors[0].details() == "not the leader: the leader is 10.0.0.9:50051"
     assert dict(errors[0].trailing_metadata())["kvpool-leader"] == "10.0.0.9:50051"
     assert live_requests() == 0, "refused requests are still held"
+
+
+class Held:
+    """Something a waiting call holds (its request, say), watched through a weak reference."""
+
+
+def refusing_with(held: Held) -> Pending:
+    """A waiting call whose answer is refused, holding ``held`` until it is done."""
+
+    def finish(answer: object) -> object:
+        raise CallRefused(grpc.StatusCode.NOT_FOUND, f"nothing for {held!r}")
+
+    return Pending(finish)
+
+
+def test_a_call_refused_after_it_waited_leaves_nothing_it_held_behind(collector_off):
+    async def waiter(pending: Pending) -> tuple[object, CallRefused | None]:
+        outcome = asyncio.ensure_future(pending.outcome())
+        await asyncio.sleep(0)
+        pending.resolve("the core's answer")
+        return await outcome
+
+    held = Held()
+    alive = weakref.ref(held)
+    pending = refusing_with(held)
+    del held
+    response, refused = asyncio.run(waiter(pending))
+    assert response is None and refused is not None
+    assert refused.code == grpc.StatusCode.NOT_FOUND
+    del pending, refused
+    assert alive() is None, "the refused call's frames still hold what it held"
