@@ -4,8 +4,9 @@ to its invariants while it is fuzzed.
 
 The invariants, checked by ``Watch``: every process of the cluster stays alive and answers a
 probe (a gRPC ``Exists`` of the canary keys, which must all still exist), the canaries read
-back their exact bytes through a real ``Client``, the master's resident memory stays within
-``MEMORY_BOUND`` of what it was at the start, and no process logs a traceback.
+back their exact bytes through a real ``Client``, the master's resident memory and each
+node's private memory stay within ``MEMORY_BOUND`` of what they were at the start, and no
+process logs a traceback.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ CASES = int(os.environ.get("KVPOOL_FUZZ_CASES", "300"))
 #: Where the full run appends each surface's figures (one JSON object a line), if set.
 REPORT = os.environ.get("KVPOOL_FUZZ_REPORT")
 
-#: How far the master's resident memory may grow over a whole run.
+#: How far the master's resident memory, or a node's private memory, may grow over a run.
 MEMORY_BOUND = 200 << 20
 #: Canaries are read back (bytes and memory checked) every this many cases.
 CHECK_EVERY = 100
@@ -322,6 +323,9 @@ class Figures:
     started: float = field(default_factory=time.monotonic)
     memory_start: int = 0
     memory_peak: int = 0
+    #: Each node's private memory (``RssAnon``: its segments, shared memory, are not in it).
+    node_memory_start: dict[int, int] = field(default_factory=dict)
+    node_memory_peak: dict[int, int] = field(default_factory=dict)
 
     def record(self) -> dict[str, Any]:
         figures = {
@@ -334,6 +338,9 @@ class Figures:
         if self.memory_start:
             figures["master_rss_start_mib"] = round(self.memory_start / 2**20, 1)
             figures["master_rss_peak_mib"] = round(self.memory_peak / 2**20, 1)
+        if self.node_memory_start:
+            figures["nodes_anon_start_mib"] = round(max(self.node_memory_start.values()) / 2**20, 1)
+            figures["nodes_anon_peak_mib"] = round(max(self.node_memory_peak.values()) / 2**20, 1)
         return figures
 
     def publish(self) -> None:
@@ -344,11 +351,11 @@ class Figures:
                 out.write(line + "\n")
 
 
-def resident_bytes(pid: int) -> int:
+def resident_bytes(pid: int, field: str = "VmRSS") -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) * 1024
-    raise AssertionError(f"no VmRSS for {pid}")
+    raise AssertionError(f"no {field} for {pid}")
 
 
 TRACEBACK = re.compile(r"Traceback|\"exception\"")
@@ -386,6 +393,10 @@ class Watch:
         assert self.cluster.master is not None
         self.master_pid = self.cluster.master.pid
         self.figures.memory_start = self.figures.memory_peak = resident_bytes(self.master_pid)
+        self.node_pids = [node.pid for node in self.cluster.nodes]
+        for pid in self.node_pids:
+            anon = resident_bytes(pid, "RssAnon")
+            self.figures.node_memory_start[pid] = self.figures.node_memory_peak[pid] = anon
         self.check_canaries()
 
     def as_caller_of(self, method: str) -> tuple[tuple[str, str], ...]:
@@ -435,13 +446,19 @@ class Watch:
             self.figures.canary_reads += 1
         rss = resident_bytes(self.master_pid)
         self.figures.memory_peak = max(self.figures.memory_peak, rss)
+        peaks = self.figures.node_memory_peak
+        for pid in self.node_pids:
+            peaks[pid] = max(peaks[pid], resident_bytes(pid, "RssAnon"))
 
     def check_memory(self) -> None:
-        """The master's resident memory stayed within MEMORY_BOUND of its start at every
-        check (held to the end, so that a run past the bound still reports its figures:
-        memory is not one case's doing)."""
+        """The master's resident memory, and each node's private memory, stayed within
+        MEMORY_BOUND of its start at every check (held to the end, so that a run past the
+        bound still reports its figures: memory is not one case's doing)."""
         grown = self.figures.memory_peak - self.figures.memory_start
         assert grown < MEMORY_BOUND, f"the master's resident memory grew by {grown >> 20} MiB"
+        for pid, start in self.figures.node_memory_start.items():
+            grown = self.figures.node_memory_peak[pid] - start
+            assert grown < MEMORY_BOUND, f"a node's private memory grew by {grown >> 20} MiB"
 
     def finish(self) -> None:
         """The end of a run: the last probe and canary check, and no traceback in any log."""
