@@ -68,9 +68,10 @@ def test_the_resident_size_is_read_at_most_once_every_interval():
 
 
 @pytest.mark.skipif(malloc_trim is None, reason="the C library is not glibc")
-def test_a_trim_gives_back_the_heap_memory_another_thread_freed():
-    """What the rule is for: memory a thread freed in the middle of its heap stays resident
-    (each freed block sits between two live small ones) until a trim."""
+def test_after_a_trim_what_another_thread_freed_is_no_longer_resident():
+    """What the rule is for. (Whether ``free`` alone would have given it back depends on the
+    heap's state, which other threads of this process share: here, freed blocks sit between
+    live small ones, which it usually does not give back.)"""
     kept: list[bytes] = []
     freed: list[bytes] = []
 
@@ -84,8 +85,6 @@ def test_a_trim_gives_back_the_heap_memory_another_thread_freed():
     worker.join()
     before = resident_bytes()
     freed.clear()
-    after_free = resident_bytes()
     malloc_trim()
-    after_trim = resident_bytes()
-    assert before - after_free < 50 * MiB, "freed memory was given back without a trim"
-    assert after_free - after_trim > 100 * MiB, (before, after_free, after_trim)
+    after = resident_bytes()
+    assert before - after > 100 * MiB, (before, after)
