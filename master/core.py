@@ -156,6 +156,8 @@ class MasterCore:
         self.barrier = ForgetBarrier()
         self._awaited_nodes = set(awaited_nodes or ())
         self._rebuild_until = self.clock() + rebuild_window
+        #: Every awaited node was heard from, and one still reports a segment in parts.
+        self._awaiting_reports = False
         #: Nodes unknown (see __init__): when a new node was last seen; whether one came back
         #: from an earlier run of the cluster (a remount, or a heartbeat as its first word),
         #: rather than starting afresh.
@@ -191,16 +193,22 @@ class MasterCore:
             now = self.clock()
             last = self._last_new_node
             if now < self._rebuild_until and (
-                last is None or (self._restarted and now - last < self._rebuild_quiet)
+                last is None
+                or (self._restarted and now - last < self._rebuild_quiet)
+                or self.state.reporting()
             ):
                 return False  # no node yet, or nodes of an earlier run still coming back
             self._unknown_nodes = False
             return True
-        if not self._awaited_nodes:
+        if not self._awaited_nodes and not self._awaiting_reports:
             return True
         self._close_passed_window()
         self._awaited_nodes -= self.state.nodes.keys()
-        return not self._awaited_nodes
+        if self._awaited_nodes:
+            return False
+        # (every node heard from; one may still be reporting a segment in parts)
+        self._awaiting_reports = self.clock() < self._rebuild_until and self.state.reporting()
+        return not self._awaiting_reports
 
     def _close_passed_window(self) -> None:
         """Once the rebuild window has passed, clients are taken without the nodes not heard
@@ -290,12 +298,22 @@ class MasterCore:
         stored: Sequence[StoredObject],
         remount: bool,
         silent: float,
+        more: bool = False,
     ) -> Effects:
+        """A node mounts a segment with what it holds (``more``: the first part of a report
+        in parts, ``report_more`` takes the rest); answers the keys not adopted."""
         if self._unknown_nodes and info.node_id not in self.state.nodes:
             self._last_new_node = self.clock()
             self._restarted |= remount or bool(stored)
-        dropped = self.state.mount_segment(info, stored, remount=remount, silent=silent)
+        dropped = self.state.mount_segment(info, stored, remount=remount, silent=silent, more=more)
         return self._answer(call_id, dropped)
+
+    def report_more(
+        self, call_id: int, info: SegmentInfo, stored: Sequence[StoredObject], more: bool
+    ) -> Effects:
+        """A later part of a segment's report in parts; answers the keys not adopted, or
+        None when the segment is not mounted as ``info`` says (``MasterState.report_more``)."""
+        return self._answer(call_id, self.state.report_more(info, stored, more=more))
 
     def drain(self, call_id: int, node_id: str) -> Effects:
         """Drains a node (``MasterState.drain``); answers its progress, None for a node not

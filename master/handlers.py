@@ -213,14 +213,24 @@ class MasterHandlers:
         if self.registry is not None:
             self.registry.node_seen(info.node_id)
 
-        def answer(dropped: list[str]) -> pb.MountSegmentResponse:
+        def answer(dropped: list[str] | None) -> pb.MountSegmentResponse:
+            if dropped is None:
+                raise CallRefused(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"segment {s.segment_id!r} is not mounted as this part of its report "
+                    "says: report it again from its first part (continued unset)",
+                )
             response = pb.MountSegmentResponse(dropped_keys=dropped)
             self._deliver_keys(response)
             return response
 
+        if request.continued:
+            return self.driver.call(
+                lambda call_id: core.report_more(call_id, info, stored, request.more), answer
+            )
         return self.driver.call(
             lambda call_id: core.mount_segment(
-                call_id, info, stored, request.remount, request.silent_ms / 1000.0
+                call_id, info, stored, request.remount, request.silent_ms / 1000.0, request.more
             ),
             answer,
         )

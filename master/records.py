@@ -54,6 +54,10 @@ class SegmentRecord:
     #: No new buffers here before this time: writers of an earlier master term may still be
     #: copying into space this master does not know was reserved.
     fenced_until: float = 0.0
+    #: While its node is still reporting the objects it holds in parts (a MountSegment with
+    #: ``more``): the fence its mount set, which ``fenced_until`` (infinite meanwhile: nothing
+    #: new goes where a part still to come may hold an object) becomes at the last part.
+    reporting: float | None = None
     #: When this master last granted a writer space here (a put's reservation): writers copy
     #: until a write timeout after their grant, whatever becomes of the segment meanwhile.
     granted_at: float = float("-inf")

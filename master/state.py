@@ -52,6 +52,7 @@ import dataclasses
 import functools
 import heapq
 import itertools
+import math
 import random
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -245,6 +246,7 @@ class MasterState:
         *,
         remount: bool = False,
         silent: float = 0.0,
+        more: bool = False,
     ) -> list[str]:
         """A node offers a segment, with the objects it already holds (after a restart).
         ``remount``: the node process mounted it before (at this master or another), so
@@ -257,6 +259,9 @@ class MasterState:
         (and leased for one lease TTL, so that reads begun before a restart can finish);
         returns the keys that were not adopted (the node should forget them): overlapping a
         newer object, or superseded by a newer write of the same key.
+
+        ``more``: this is the first part of a report in parts (``report_more`` takes the
+        rest); the segment takes nothing new until the last part.
         """
         now = self.clock()
         node = self.nodes.get(info.node_id)
@@ -268,6 +273,8 @@ class MasterState:
         existing = self.segments.get(info.segment_id)
         if existing is not None:
             if existing.info == info:
+                if more:  # (a report in parts begun again: its parts come again)
+                    self._await_parts(existing)
                 return []
             self._drop_segments([existing.segment_id])
         segment = SegmentRecord(info, Allocator(info.size, self.config.alignment))
@@ -297,7 +304,49 @@ class MasterState:
         for item in refused:
             if _well_formed(item):
                 self._forget_refused(segment, item)
+        if more:
+            self._await_parts(segment)
         return [item.key for item in refused]
+
+    def report_more(
+        self, info: SegmentInfo, stored: Sequence[StoredObject], *, more: bool
+    ) -> list[str] | None:
+        """A later part of a segment's report in parts (``mount_segment`` with ``more`` took
+        the first): its objects are adopted as the first part's were (a part sent again is
+        taken again: what it adopted before stays, unchanged). The last (not ``more``) lets
+        the segment take new objects again. Returns the keys not adopted, or None when the
+        segment is not mounted as ``info`` describes (mount it first)."""
+        segment = self.segments.get(info.segment_id)
+        if segment is None or segment.info != info:
+            return None
+        now = self.clock()
+        node = self.nodes.get(info.node_id)
+        if node is not None:
+            node.last_seen = now
+        refused = [
+            item
+            for item in sorted(stored, key=lambda s: s.generation, reverse=True)
+            if not self._adopt(segment, item, now)
+        ]
+        for item in refused:
+            if _well_formed(item):
+                self._forget_refused(segment, item)
+        if not more and segment.reporting is not None:
+            segment.fenced_until, segment.reporting = segment.reporting, None
+        elif more:
+            self._await_parts(segment)
+        return [item.key for item in refused]
+
+    def reporting(self) -> bool:
+        """Whether a node is still reporting a segment in parts (a rebuild is not over)."""
+        return any(segment.reporting is not None for segment in self.segments.values())
+
+    @staticmethod
+    def _await_parts(segment: SegmentRecord) -> None:
+        """Nothing new goes in ``segment`` until its report's last part."""
+        if segment.reporting is None:
+            segment.reporting = segment.fenced_until
+        segment.fenced_until = math.inf
 
     def _forget_refused(self, segment: SegmentRecord, item: StoredObject) -> None:
         """A reported object the mount did not adopt: the answer tells the node to drop it,
@@ -1096,6 +1145,12 @@ class MasterState:
         replicas = self._place(key, size, wanted, options, now, pools)
         if not replicas:
             fenced = [s.fenced_until for s in self.segments.values() if s.fenced_until > now]
+            if fenced and max(fenced) == math.inf:
+                return PutSlot(
+                    KeyStatus.FENCED,
+                    message="a storage node is still reporting what its segment holds: retry "
+                    "shortly",
+                )
             if fenced:
                 return PutSlot(
                     KeyStatus.FENCED,
@@ -1452,6 +1507,9 @@ class MasterState:
             return False
         existing = self.objects.get(item.key)
         known = existing is not None and existing.generation == item.generation
+        replica = Replica(segment.segment_id, item.offset)
+        if known and existing is not None and replica in existing.replicas:
+            return True  # (a part of a report sent again: adopted then)
         if self._tombstones.refuses(
             segment.segment_id, item.key, item.generation, known, segment.node_id
         ):
@@ -1473,7 +1531,6 @@ class MasterState:
         if not segment.allocator.allocate_at(item.offset, item.size):
             return False  # overlaps a newer object
         self._own(segment, item.offset, item.key)
-        replica = Replica(segment.segment_id, item.offset)
         self.counters.objects_adopted += 1
         if existing is not None:
             existing.replicas.append(replica)

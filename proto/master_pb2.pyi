@@ -147,18 +147,22 @@ class CapabilityKeys(_message.Message):
     def __init__(self, keys: _Optional[_Iterable[_Union[CapabilityKey, _Mapping]]] = ..., term: _Optional[int] = ..., max_skew_ms: _Optional[int] = ...) -> None: ...
 
 class MountSegmentRequest(_message.Message):
-    __slots__ = ("segment", "objects", "remount", "silent_ms", "incarnation")
+    __slots__ = ("segment", "objects", "remount", "silent_ms", "incarnation", "more", "continued")
     SEGMENT_FIELD_NUMBER: _ClassVar[int]
     OBJECTS_FIELD_NUMBER: _ClassVar[int]
     REMOUNT_FIELD_NUMBER: _ClassVar[int]
     SILENT_MS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
+    CONTINUED_FIELD_NUMBER: _ClassVar[int]
     segment: Segment
     objects: _containers.RepeatedCompositeFieldContainer[StoredObject]
     remount: bool
     silent_ms: int
     incarnation: str
-    def __init__(self, segment: _Optional[_Union[Segment, _Mapping]] = ..., objects: _Optional[_Iterable[_Union[StoredObject, _Mapping]]] = ..., remount: _Optional[bool] = ..., silent_ms: _Optional[int] = ..., incarnation: _Optional[str] = ...) -> None: ...
+    more: bool
+    continued: bool
+    def __init__(self, segment: _Optional[_Union[Segment, _Mapping]] = ..., objects: _Optional[_Iterable[_Union[StoredObject, _Mapping]]] = ..., remount: _Optional[bool] = ..., silent_ms: _Optional[int] = ..., incarnation: _Optional[str] = ..., more: _Optional[bool] = ..., continued: _Optional[bool] = ...) -> None: ...
 
 class MountSegmentResponse(_message.Message):
     __slots__ = ("dropped_keys", "capability_keys")

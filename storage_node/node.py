@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 import grpc
@@ -48,12 +48,30 @@ _In = TypeVar("_In")
 _Out = TypeVar("_Out")
 
 RPC_TIMEOUT = 2.0
+#: Seconds a mount's deadline grows by per object it reports.
+ADOPT_ALLOWANCE = 50e-6
 #: How often a command stream that waits for the first mount looks again.
 MOUNT_POLL = 0.05
 #: How long a stopping node waits for a command running on a worker thread (a copy, a sync).
 COMMAND_GRACE = 60.0
 #: Longest pause between heartbeats while draining: the node leaves soon after the last copy.
 DRAIN_POLL = 0.25
+
+
+def report_parts(
+    objects: list[pb.StoredObject], most: int = lp.MAX_BATCH_KEYS
+) -> Iterator[tuple[list[pb.StoredObject], tuple[bool, bool]]]:
+    """A segment's objects as the parts of its mount report: (part, (continued, more)),
+    newest first (where two overlap, the master keeps the one it adopts first), at most
+    ``most`` a part (the master's batch limit); one part, maybe empty, when they fit."""
+    if len(objects) <= most:
+        yield objects, (False, False)
+        return
+    newest_first = sorted(objects, key=lambda o: o.generation, reverse=True)
+    starts = range(0, len(newest_first), most)
+    for start in starts:
+        part = newest_first[start : start + most]
+        yield part, (start > 0, start + most < len(newest_first))
 
 
 class StorageNode:
@@ -294,20 +312,25 @@ class StorageNode:
                         descriptor.shared_memory.socket = self.mapping.name
                     objects = segment.stored_objects()
                     remount = segment.segment_id in self._ever_mounted
-                    response = await stub.MountSegment(
-                        pb.MountSegmentRequest(
-                            segment=descriptor,
-                            objects=objects,
-                            remount=remount,
-                            silent_ms=int((time.monotonic() - self._last_contact) * 1000),
-                            incarnation=self.incarnation,
-                        ),
-                        timeout=RPC_TIMEOUT,
-                        metadata=self._metadata,
-                    )
+                    dropped: set[str] = set()
+                    for part, (continued, more) in report_parts(objects):
+                        response = await stub.MountSegment(
+                            pb.MountSegmentRequest(
+                                segment=descriptor,
+                                objects=part,
+                                remount=remount,
+                                silent_ms=int((time.monotonic() - self._last_contact) * 1000),
+                                incarnation=self.incarnation,
+                                more=more,
+                                continued=continued,
+                            ),
+                            # (the master adopts each object of the part before it answers)
+                            timeout=RPC_TIMEOUT + len(part) * ADOPT_ALLOWANCE,
+                            metadata=self._metadata,
+                        )
+                        self._learn_keys(response)
+                        dropped.update(response.dropped_keys)
                     self._ever_mounted.add(segment.segment_id)
-                    self._learn_keys(response)
-                    dropped = set(response.dropped_keys)
                     if dropped:  # (it took them: they go, even if its log is unwritable now)
                         gone = [e for e in segment.index.entries() if e.key in dropped]
                         segment.forget(gone, durable_later=True)

@@ -19,6 +19,7 @@ import grpc
 from helpers import bearer, holders, master_channel, wait_until
 
 from kvpool import Client
+from kvpool.common import lane_protocol as lp
 from kvpool.proto import master_pb2 as pb
 from kvpool.proto import master_pb2_grpc
 
@@ -99,3 +100,28 @@ def test_with_a_tombstone_file_a_removal_sticks_across_the_restart(cluster_facto
         assert not client.list_keys("removed/").keys
         for key, value in kept.items():
             assert client.get(key) == value
+
+
+def test_a_segment_holding_more_objects_than_one_call_carries_comes_back_whole(cluster_factory):
+    """A node reports a segment's objects when it mounts it; one MountSegment carries at most
+    the batch limit (lane_protocol.MAX_BATCH_KEYS), so a node holding more reports them in
+    parts. Before, the master refused the whole mount ("a batch holds at most 65536 keys"),
+    the node retried it forever, and every object it held was out of reach."""
+    count = lp.MAX_BATCH_KEYS + 1000
+    cluster = cluster_factory(1, "512MiB")
+    keys = [f"many/{i}" for i in range(count)]
+    with Client(cluster.master_address, timeout=60) as client:
+        for start in range(0, count, 4096):
+            batch = [(key, key.encode()) for key in keys[start : start + 4096]]
+            assert client.put_many(batch) == [1] * len(batch)
+    cluster.master.kill()
+    cluster.start_master()
+    with Client(cluster.master_address, timeout=60) as client:
+        present = []
+        for start in range(0, count, 4096):
+            present += client.exists_many(keys[start : start + 4096], lease=False)
+        assert present == [True] * count
+        for key in (keys[0], keys[count // 2], keys[-1]):
+            assert client.get(key) == key.encode()
+        client.put("after", b"new")  # (the segment takes new objects again)
+        assert client.get("after") == b"new"
