@@ -273,8 +273,10 @@ class MasterState:
         existing = self.segments.get(info.segment_id)
         if existing is not None:
             if existing.info == info:
-                if more:  # (a report in parts begun again: its parts come again)
-                    self._await_parts(existing)
+                if more or existing.reporting is not None:
+                    # A report in parts begun again, or one cut short and now sent whole
+                    # (fewer objects since): what it brings is taken as a later part's is.
+                    return self.report_more(info, stored, more=more) or []
                 return []
             self._drop_segments([existing.segment_id])
         segment = SegmentRecord(info, Allocator(info.size, self.config.alignment))

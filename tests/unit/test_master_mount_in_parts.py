@@ -152,3 +152,16 @@ def test_a_restarted_lone_master_waits_for_the_parts_too():
     assert not core.accepting_clients()
     core.report_more(2, info, objects[5:], more=False)
     assert core.accepting_clients()
+
+
+def test_a_report_cut_short_then_sent_whole_takes_every_object_and_ends_the_fence():
+    """A node's report in parts broke off after its first part; by its next try it holds
+    few enough objects for one call (some were forgotten meanwhile), and sends them whole."""
+    state, _ = new_state()
+    info = segment_info("n1", 1 * MiB)
+    objects = held(30)
+    state.mount_segment(info, objects[:10], more=True)  # (then the node's call failed)
+    assert state.mount_segment(info, objects[5:]) == []  # whole now: 25 objects
+    for item in objects:
+        assert get(state, item.key).status is KeyStatus.OK, item.key
+    assert put(state, "new", 4 * KiB).status is KeyStatus.OK
