@@ -293,22 +293,16 @@ class MasterState:
             segment.fenced_until = latest + self.config.write_timeout + FENCE_MARGIN
         self.segments[info.segment_id] = segment
         node.segment_ids.add(info.segment_id)
-        refused = [
-            item
-            for item in sorted(stored, key=lambda s: s.generation, reverse=True)
-            if not self._adopt(segment, item, now)
-        ]
+        refused = self._adopt_newest_first(segment, stored, now)
         given_up = self._tombstones.take_given_up(info.segment_id)
         # (a node process mounting a segment for the first time runs nothing an earlier one
         # was sent: only a remount may be followed by late writes)
         late = self._late_writes(info.segment_id, given_up) if remount else []
         self._tombstones.mounted(info.segment_id, late)
-        for item in refused:
-            if _well_formed(item):
-                self._forget_refused(segment, item)
+        dropped = self._forget_all_refused(segment, refused)
         if more:
             self._await_parts(segment)
-        return [item.key for item in refused]
+        return dropped
 
     def report_more(
         self, info: SegmentInfo, stored: Sequence[StoredObject], *, more: bool
@@ -325,18 +319,33 @@ class MasterState:
         node = self.nodes.get(info.node_id)
         if node is not None:
             node.last_seen = now
-        refused = [
-            item
-            for item in sorted(stored, key=lambda s: s.generation, reverse=True)
-            if not self._adopt(segment, item, now)
-        ]
-        for item in refused:
-            if _well_formed(item):
-                self._forget_refused(segment, item)
+        refused = self._adopt_newest_first(segment, stored, now)
+        dropped = self._forget_all_refused(segment, refused)
         if not more and segment.reporting is not None:
             segment.fenced_until, segment.reporting = segment.reporting, None
         elif more:
             self._await_parts(segment)
+        return dropped
+
+    def _adopt_newest_first(
+        self, segment: SegmentRecord, stored: Sequence[StoredObject], now: float
+    ) -> list[StoredObject]:
+        """Adopts what a node reports ``segment`` holds, newest first (where two overlap, the
+        newer keeps the bytes); the objects not adopted."""
+        return [
+            item
+            for item in sorted(stored, key=lambda s: s.generation, reverse=True)
+            if not self._adopt(segment, item, now)
+        ]
+
+    def _forget_all_refused(
+        self, segment: SegmentRecord, refused: Sequence[StoredObject]
+    ) -> list[str]:
+        """Sends each reported object not adopted a Forget (``_forget_refused``); their keys,
+        for the answer."""
+        for item in refused:
+            if _well_formed(item):
+                self._forget_refused(segment, item)
         return [item.key for item in refused]
 
     def reporting(self) -> bool:

@@ -68,8 +68,7 @@ def report_parts(
         yield objects, (False, False)
         return
     newest_first = sorted(objects, key=lambda o: o.generation, reverse=True)
-    starts = range(0, len(newest_first), most)
-    for start in starts:
+    for start in range(0, len(newest_first), most):
         part = newest_first[start : start + most]
         yield part, (start > 0, start + most < len(newest_first))
 
