@@ -24,4 +24,9 @@ while [ $# -gt 0 ]; do
 done
 WORK=${WORK:-$(mktemp -d "${TMPDIR:-/tmp}/kvpool-e2e-vllm.XXXXXX")}
 echo "e2e work folder (model, logs): $WORK"
-exec .venv-vllm/bin/python tests/vllm/e2e/e2e_vllm.py --work "$WORK" "${ARGS[@]}"
+# vLLM's engines make ZeroMQ sockets under VLLM_RPC_BASE_PATH (default /tmp) and leave them
+# there; a folder of their own, removed at the end. It stays short: socket paths hold 107
+# bytes, and a pytest work folder is long.
+IPC=$(mktemp -d /tmp/kvpool-vllm-ipc.XXXXXX)
+trap 'rm -rf "$IPC"' EXIT
+VLLM_RPC_BASE_PATH=$IPC .venv-vllm/bin/python tests/vllm/e2e/e2e_vllm.py --work "$WORK" "${ARGS[@]}"
