@@ -49,6 +49,13 @@ from kvpool.storage_node.segment import Segment
 
 log = get_logger("kvpool.node.checked")
 
+#: How long the node goes on reading (and dropping) what a peer still sends after the node
+#: ended the connection, before it closes it. A socket closed with input unread sends a
+#: reset, and the reset drops the answers the kernel had not sent yet (the last ones: a
+#: refusal, and the reads answered before it); closed after the peer's end of stream, it
+#: sends them all, then its own end.
+LINGER_S = 1.0
+
 REQUESTS = Counter(
     "kvpool_node_checked_requests_total",
     "Transfers on the checked stream, by op (write, read) and outcome (ok, or why refused).",
@@ -175,7 +182,23 @@ class CheckedServer:
         except Exception as error:  # (a bug must not stop the node; log it)
             log.error("checked stream connection failed", error=repr(error))
         finally:
+            if not self._stopping:
+                linger(connection, LINGER_S)
             with self._lock:
                 self._connections.discard(connection)
                 self._threads.discard(threading.current_thread())
             connection.close()
+
+
+def linger(connection: socket.socket, seconds: float) -> None:
+    """Ends the node's side of ``connection`` (its answers, then its end of stream) and
+    drops what the peer still sends until the peer ends its side, for ``seconds`` at most:
+    then a close sends no reset (see LINGER_S)."""
+    deadline = time.monotonic() + seconds
+    scratch = bytearray(1 << 16)
+    with contextlib.suppress(OSError):  # (a reset, a timeout, or stop's shutdown)
+        connection.shutdown(socket.SHUT_WR)
+        while (left := deadline - time.monotonic()) > 0:
+            connection.settimeout(left)
+            if not connection.recv_into(scratch):
+                return
