@@ -76,6 +76,16 @@ def share(tests: int) -> int:
 
 # ---------------------------------------------------------------- generated field values
 
+
+def weighted(*choices: tuple[int, st.SearchStrategy[Any]]) -> st.SearchStrategy[Any]:
+    """One of ``choices``, each about as often as its weight. (Hypothesis, left to itself,
+    favours branches it has not tried: one with no draws of its own, such as ``None``, is
+    soon used up, and the rest take over. A wide integer, spread over the weights, keeps
+    every branch fresh.)"""
+    table = [strategy for weight, strategy in choices for _ in range(weight)]
+    return st.integers(0, 2**32 - 1).flatmap(lambda n: table[(n * 7919 + 5) % len(table)])
+
+
 _EDGES = [
     0,
     1,

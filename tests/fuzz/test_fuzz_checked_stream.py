@@ -25,10 +25,9 @@ import dataclasses
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
-from fuzzing import CANARY_PREFIX, Watch, fuzz_settings, integers, share
+from fuzzing import CANARY_PREFIX, Watch, fuzz_settings, integers, share, weighted
 from hypothesis import event, given
 from hypothesis import strategies as st
 
@@ -167,15 +166,6 @@ class Spec:
     payload: str  # "whole" | "short" (writes)
     header_damage: tuple[int, int] | None  # (byte of the header, xor mask)
     junk: bytes | None  # sent instead of the request
-
-
-def weighted(*choices: tuple[int, st.SearchStrategy[Any]]) -> st.SearchStrategy[Any]:
-    """One of ``choices``, each about as often as its weight. (Hypothesis, left to itself,
-    favours branches it has not tried: one with no draws of its own, such as ``None``, is
-    soon used up, and the rest take over. A wide integer, spread over the weights, keeps
-    every branch fresh.)"""
-    table = [strategy for weight, strategy in choices for _ in range(weight)]
-    return st.integers(0, 2**32 - 1).flatmap(lambda n: table[(n * 7919 + 5) % len(table)])
 
 
 def _near(spread: int) -> st.SearchStrategy[tuple[str, int]]:

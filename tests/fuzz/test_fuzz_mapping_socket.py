@@ -26,10 +26,9 @@ import time
 from dataclasses import dataclass, field
 
 import pytest
-from fuzzing import Watch, fuzz_settings, share
+from fuzzing import Watch, fuzz_settings, share, weighted
 from hypothesis import event, given
 from hypothesis import strategies as st
-from test_fuzz_checked_stream import weighted
 
 from kvpool.proto import master_pb2 as pb
 from kvpool.security import capabilities as caps
