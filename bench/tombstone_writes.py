@@ -51,7 +51,7 @@ def resident_mib(pid: int) -> float:
 
 async def measure(layout: str, keys: int, changes: int, sample_every: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="kvpool-tombstones-") as directory:
-        etcd = EtcdProcess(Path(directory)).start()
+        etcd = EtcdProcess(Path(directory) / "etcd").start()  # (its log beside: inside)
         try:
             assert etcd.process is not None
             pid = etcd.process.pid

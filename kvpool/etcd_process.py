@@ -134,6 +134,7 @@ class EtcdProcess:
         self.stop()
         if self._own_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
+            self.log_path.unlink(missing_ok=True)
 
     def __enter__(self) -> EtcdProcess:
         return self.start()
