@@ -13,6 +13,18 @@ bash scripts/install_sglang.sh  # sglang 0.5.23 likewise (its requirements are C
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/python scripts/typecheck.py  # mypy, configured by [tool.mypy] in pyproject.toml
+# The suite writes segment files under TMPDIR (an NVMe segment is reserved on disk whole; one
+# test fills 3 GiB of a sparse one): say so at once, not with ENOSPC minutes into the run.
+.venv/bin/python - <<'PY'
+import shutil, sys, tempfile
+NEEDED = 6 << 30
+where = tempfile.gettempdir()
+free = shutil.disk_usage(where).free
+if free < NEEDED:
+    sys.exit(f"error: the tests write up to about {NEEDED >> 30} GiB under {where}, which has "
+             f"{free / 2**30:.1f} GiB free: free some space there, or set TMPDIR to a folder "
+             "on a disk with room")
+PY
 # One string-hash seed for the run, printed, so that a failure that depends on the order of
 # a set or dict of strings (the model test's, say) replays with it.
 export PYTHONHASHSEED=${PYTHONHASHSEED:-$((RANDOM % 4096 + 1))}
