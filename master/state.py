@@ -261,7 +261,8 @@ class MasterState:
         newer object, or superseded by a newer write of the same key.
 
         ``more``: this is the first part of a report in parts (``report_more`` takes the
-        rest); the segment takes nothing new until the last part.
+        rest); the segment takes nothing new until the last part, and what the tombstones
+        refused of it here they refuse of every part (``Tombstones.mounted``).
         """
         now = self.clock()
         node = self.nodes.get(info.node_id)
@@ -298,7 +299,7 @@ class MasterState:
         # (a node process mounting a segment for the first time runs nothing an earlier one
         # was sent: only a remount may be followed by late writes)
         late = self._late_writes(info.segment_id, given_up) if remount else []
-        self._tombstones.mounted(info.segment_id, late)
+        self._tombstones.mounted(info.segment_id, late, in_parts=more)
         dropped = self._forget_all_refused(segment, refused)
         if more:
             self._await_parts(segment)
@@ -323,6 +324,7 @@ class MasterState:
         dropped = self._forget_all_refused(segment, refused)
         if not more and segment.reporting is not None:
             segment.fenced_until, segment.reporting = segment.reporting, None
+            self._tombstones.report_over(info.segment_id)
         elif more:
             self._await_parts(segment)
         return dropped

@@ -29,7 +29,10 @@ At the segment's next mount, whatever of these it reports is not adopted (the no
 forget it); then the segment's entries are dropped: its report has been reconciled. The answer
 that tells the node can be lost (its call timed out, a partition began), so each object a
 mount refuses also gets a Forget of its generation (``sent(..., exact=True)``), refused at
-later mounts and kept in the durable record until the node answers it.
+later mounts and kept in the durable record until the node answers it. A node holding more
+than one call carries reports in parts: what the segment's entries refused at the first part
+is held (``mounted(..., in_parts=True)``) and refused of every later part, kept in its
+durable record too, until the last (``report_over``).
 
 **Nodes a new leader has not heard from.** A new leader does not know the segments of a node
 that has not remounted yet; once its rebuild window has passed it takes clients anyway, and
@@ -88,6 +91,27 @@ class DurableRecord:
     exact: frozenset[tuple[str, int]] = frozenset()
 
 
+@dataclass(frozen=True, slots=True)
+class MountRefusals:
+    """What the tombstones refused of one segment when its report in parts began, held
+    against every part to the last (``Tombstones.mounted`` lets go of the rest at the
+    first): ``refuses`` as ``Tombstones.refuses`` did then."""
+
+    distrusted: bool
+    #: key -> newest generation ended there (that one and older ones refused).
+    dead: dict[str, int]
+    #: (key, generation) refused, that one only: late writes kept out, unanswered Forgets.
+    exact: frozenset[tuple[str, int]]
+
+    def refuses(self, key: str, generation: int, known: bool) -> bool:
+        if self.distrusted:
+            return not known
+        return self.dead.get(key, 0) >= generation or (key, generation) in self.exact
+
+    def __len__(self) -> int:
+        return len(self.dead) + len(self.exact)
+
+
 class Tombstones:
     def __init__(self, limit: int = LIMIT) -> None:
         self.limit = limit
@@ -117,6 +141,9 @@ class Tombstones:
         #: and every node entry kept (those, and any restored), until ``heard``.
         self._unheard: set[str] = set()
         self._node_entries: set[str] = set()
+        #: Segments whose report in parts is under way: what their entry refused at its first
+        #: part, refused for every later part and kept in their durable record until the last.
+        self._reporting: dict[str, MountRefusals] = {}
 
     def __len__(self) -> int:
         return self._size
@@ -263,10 +290,15 @@ class Tombstones:
 
     def record(self, segment_id: str) -> DurableRecord | None:
         """The segment's durable record now (None: nothing to keep)."""
-        if segment_id in self._distrusted:
+        held = self._reporting.get(segment_id)
+        if segment_id in self._distrusted or (held is not None and held.distrusted):
             return DurableRecord(True, {})
         keys = dict(self._dead.get(segment_id, {}))
         exact = set(self._late.get(segment_id, ()))
+        if held is not None:
+            for key, generation in held.dead.items():
+                keys[key] = max(generation, keys.get(key, 0))
+            exact.update(held.exact)
         for command_id in self._overdue.get(segment_id, ()):
             for held_in, key, generation, only in self._unanswered.get(command_id, ()):
                 if held_in != segment_id:
@@ -315,6 +347,9 @@ class Tombstones:
         return self._refuses(segment_id, key, generation, known)
 
     def _refuses(self, segment_id: str, key: str, generation: int, known: bool) -> bool:
+        held = self._reporting.get(segment_id)
+        if held is not None and held.refuses(key, generation, known):
+            return True
         if segment_id in self._distrusted:
             return not known
         dead = self._dead.get(segment_id)
@@ -326,7 +361,13 @@ class Tombstones:
         counts = self._forgetting.get(segment_id)
         return counts is not None and (key, generation) in counts
 
-    def mounted(self, segment_id: str, late: Sequence[tuple[str, int, bool]] = ()) -> None:
+    def mounted(
+        self,
+        segment_id: str,
+        late: Sequence[tuple[str, int, bool]] = (),
+        *,
+        in_parts: bool = False,
+    ) -> None:
         """The segment's report has been reconciled: nothing of it is kept any more, but for
         ``late`` writes: (key, generation, whether the object lives) of Persists and Copies
         sent to it before this mount and not answered, or given up while it was away
@@ -336,7 +377,11 @@ class Tombstones:
         and may come back with it), goes away again, and becomes a tombstone if the object
         ends (``ended``). One of an object that ended (no Forget for it may follow it on the
         node), or whose Forget is still unanswered, stays refused: that generation only (an
-        older one the report brought back lives on)."""
+        older one the report brought back lives on).
+
+        ``in_parts``: the report was the first part of several; what was refused of the
+        segment until now is refused of every later part too, until ``report_over``."""
+        held = self._refusals(segment_id) if in_parts else None
         forgetting = self._forgetting.get(segment_id, {})
         kept: list[tuple[str, int]] = []
         removed: list[tuple[str, int]] = []
@@ -355,6 +400,34 @@ class Tombstones:
                 self._changed.add(segment_id)
         for key, generation in kept:
             self.away(segment_id, key, generation)
+        if held is not None:
+            self._reporting[segment_id] = held
+            self._size += len(held)
+            self._changed.add(segment_id)
+
+    def report_over(self, segment_id: str) -> None:
+        """The last part of the segment's report in parts came: what its first part's mount
+        held (``mounted`` with ``in_parts``) is let go of."""
+        held = self._reporting.pop(segment_id, None)
+        if held is not None:
+            self._size -= len(held)
+            self._changed.add(segment_id)
+
+    def _refusals(self, segment_id: str) -> MountRefusals | None:
+        """What ``_refuses`` holds against the segment's own entry now (None: nothing)."""
+        held = self._reporting.get(segment_id)
+        distrusted = segment_id in self._distrusted or (held is not None and held.distrusted)
+        dead = dict(held.dead) if held is not None else {}
+        for key, generation in self._dead.get(segment_id, {}).items():
+            dead[key] = max(generation, dead.get(key, 0))
+        exact = set(held.exact) if held is not None else set()
+        exact.update(self._late.get(segment_id, ()))
+        exact.update(self._forgetting.get(segment_id, ()))
+        if not distrusted and not dead and not exact:
+            return None
+        if distrusted:
+            return MountRefusals(True, {}, frozenset())
+        return MountRefusals(False, dead, frozenset(exact))
 
     def _away_elsewhere(self, segment_id: str, key: str, generation: int) -> bool:
         """Whether a replica of ``key`` at ``generation`` went away with another segment
@@ -393,6 +466,9 @@ class Tombstones:
         return False
 
     def _drop(self, segment_id: str) -> None:
+        held = self._reporting.pop(segment_id, None)
+        if held is not None:
+            self._size -= len(held)
         for key in self._away.pop(segment_id, {}):
             self._size -= 1
             segments = self._away_in.get(key)

@@ -1296,10 +1296,27 @@ class MasterModel(RuleBasedStateMachine):
         records = {key: state.objects.get(key) for key in superseded}
         adopted_before = state.counters.objects_adopted
 
-        if silent is None:
-            dropped = state.mount_segment(info, stored)
+        # A node holding more than one call carries reports in parts, newest first
+        # (storage_node/node.py's report_parts): here, any report now and then.
+        cuts = data.draw(st.sampled_from([0, 0, 1, 2]), label="cut into parts")
+        if cuts and stored:
+            newest_first = sorted(stored, key=lambda s: s.generation, reverse=True)
+            at = sorted(
+                data.draw(
+                    st.lists(st.integers(0, len(newest_first)), min_size=cuts, max_size=cuts),
+                    label="cut at",
+                )
+            )
+            ends = zip([0, *at], [*at, len(newest_first)], strict=True)
+            parts = [newest_first[a:b] for a, b in ends]
         else:
-            dropped = state.mount_segment(info, stored, remount=True, silent=silent)
+            parts = [stored]
+        remount = {} if silent is None else {"remount": True, "silent": silent}
+        dropped = state.mount_segment(info, parts[0], more=len(parts) > 1, **remount)
+        for n, part in enumerate(parts[1:], start=2):
+            more = state.report_more(info, part, more=n < len(parts))
+            assert more is not None, f"part {n} of {spec.segment_id}'s report refused"
+            dropped += more
 
         assert dropped == [item.key for item in rejected], (
             f"{spec.segment_id}: the master dropped {dropped}, the adoption rules drop "

@@ -10,11 +10,23 @@ the segment, where an object of a part still to come may lie.
 
 from __future__ import annotations
 
-from state_helpers import CONFIG, KiB, MiB, get, new_state, put, segment_info
+from state_helpers import (
+    CONFIG,
+    KiB,
+    MiB,
+    get,
+    new_state,
+    publish,
+    put,
+    remove,
+    segment_info,
+    stored,
+)
 
 from kvpool.common.status import KeyStatus
 from kvpool.master.core import MasterCore
 from kvpool.master.records import StoredObject
+from kvpool.master.tombstones import DurableRecord
 from kvpool.proto import master_pb2 as pb
 from kvpool.storage_node.node import report_parts
 
@@ -165,3 +177,85 @@ def test_a_report_cut_short_then_sent_whole_takes_every_object_and_ends_the_fenc
     for item in objects:
         assert get(state, item.key).status is KeyStatus.OK, item.key
     assert put(state, "new", 4 * KiB).status is KeyStatus.OK
+
+
+# ---- what the master refuses at a mount holds for every part
+
+
+def _declared_dead_with(names: list[str]):
+    """n1 and n2 hold ``names`` (two replicas each, published in that order); n1 is declared
+    dead while it lives on (a long pause). (state, clock, n1's info, what n1 reports of each
+    key, when n1 last heard from the master)."""
+    state, clock = new_state()
+    n1, n2 = segment_info("n1", 1 * MiB), segment_info("n2", 1 * MiB)
+    state.mount_segment(n1)
+    state.mount_segment(n2)
+    contact = clock.now
+    for name in names:
+        publish(state, name, 4 * KiB, replicas=2)
+    reports = {name: stored(state, name, n1.segment_id) for name in names}
+    clock.advance(CONFIG.node_ttl + 1)
+    state.heartbeat("n2", [n2.segment_id])
+    assert state.tick().dead_nodes == ["n1"]
+    return state, clock, n1, reports, contact
+
+
+def test_an_object_removed_while_its_node_was_away_stays_removed_in_a_later_part():
+    """A removal answered while n1 was away is kept (a tombstone) until n1's report is over,
+    not only through its first part: the removed object, older, comes in the last part."""
+    state, clock, n1, reports, contact = _declared_dead_with(["old", "new"])
+    assert remove(state, "old") is KeyStatus.OK
+    assert state.heartbeat("n1", [n1.segment_id]) == [n1.segment_id]
+    silent = clock.now - contact
+    state.mount_segment(n1, [reports["new"]], remount=True, silent=silent, more=True)
+    dropped = state.report_more(n1, [reports["old"]], more=False)
+    assert "old" not in state.objects, f"removed, yet adopted again (dropped: {dropped})"
+    assert dropped == ["old"]
+    assert get(state, "new").status is KeyStatus.OK
+
+
+def test_what_a_report_in_parts_refuses_is_what_the_same_report_whole_refuses():
+    """The same removals, the same report: in one call or in parts, the same objects are
+    adopted and the same keys dropped."""
+    names = [f"k{i}" for i in range(12)]
+    outcomes = []
+    for cut in (None, 4, 9):
+        state, clock, n1, reports, contact = _declared_dead_with(names)
+        for name in names[::3]:
+            assert remove(state, name) is KeyStatus.OK
+        state.heartbeat("n1", [n1.segment_id])
+        report = sorted(reports.values(), key=lambda s: s.generation, reverse=True)
+        silent = clock.now - contact
+        if cut is None:
+            dropped = state.mount_segment(n1, report, remount=True, silent=silent)
+        else:
+            dropped = state.mount_segment(n1, report[:cut], remount=True, silent=silent, more=True)
+            dropped += state.report_more(n1, report[cut:], more=False) or []
+        adopted = sorted(k for k in names if k in state.objects)
+        outcomes.append((adopted, sorted(dropped)))
+    assert outcomes[0] == outcomes[1] == outcomes[2]
+    assert outcomes[0][1] == sorted(names[::3])
+
+
+def test_a_new_leader_in_the_middle_of_a_report_still_refuses_what_was_removed():
+    """What the first part's mount held back stays in the segment's durable record until
+    the last part: a leader that takes over in between refuses it too."""
+    state, _, n1, reports, _ = _declared_dead_with(["old", "new"])
+    assert remove(state, "old") is KeyStatus.OK
+    state.heartbeat("n1", [n1.segment_id])
+    state.mount_segment(n1, [reports["new"]], remount=True, silent=1.0, more=True)
+    assert state.durable_changes() >= {n1.segment_id}
+    record = state.durable_record(n1.segment_id)
+    assert record is not None and "old" in record.keys, record
+
+    successor, _ = new_state()  # (it never heard the first part: n1 starts again)
+    successor.restore_tombstones({n1.segment_id: record})
+    successor.mount_segment(n1, [reports["new"]], remount=True, silent=1.0, more=True)
+    assert successor.report_more(n1, [reports["old"]], more=False) == ["old"]
+    assert "old" not in successor.objects
+
+    state.report_more(n1, [reports["old"]], more=False)
+    old = reports["old"]
+    assert state.durable_record(n1.segment_id) == DurableRecord(
+        False, {}, frozenset({(old.key, old.generation)})
+    ), "let go of at the last part: the Forget of the entry it refused keeps it out now"
