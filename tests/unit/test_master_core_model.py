@@ -67,6 +67,7 @@ from kvpool.master.records import (
     StoredObject,
 )
 from kvpool.master.state import FENCE_MARGIN, MasterState
+from kvpool.master.tombstones import node_entry
 
 # Nodes heartbeat as time passes, and their TTL is longer than any step but a long silence
 # (``a_long_silence``), which declares the stalled ones dead.
@@ -251,6 +252,13 @@ class CoreModel(RuleBasedStateMachine):
                     if node.name not in self.core.state.nodes:
                         # declared dead, or a new leader never heard from it (its rebuild
                         # window passed): its remount must refuse it (invariant 7)
+                        continue
+                    if self.core.state._tombstones.refuses(
+                        f"{node.name}/dram0", key, generation, False, node.name
+                    ):
+                        # its remount refused it, and the Forget that said so is still on
+                        # its way (the answer that did was lost): refused again at any
+                        # later mount until it is answered (invariant 7)
                         continue
                     assert (key, generation) not in node.index, (
                         f"removal of {key!r} answered while {node.name} still lists it; "
@@ -460,7 +468,9 @@ class CoreModel(RuleBasedStateMachine):
         self.apply(self.core.end_term())
         assert not self.calls, f"calls left waiting by the old term: {self.calls}"
         old = self.core.state
-        kept = {f"{name}/dram0": old.durable_record(f"{name}/dram0") for name in NODES}
+        # (every record the I/O layer wrote: each segment's, and each node's own entry)
+        ids = [i for name in NODES for i in (f"{name}/dram0", node_entry(name))]
+        kept = {i: old.durable_record(i) for i in ids}
         self.epoch += 1
         self.core = self.new_core(awaited=NODES)
         self.core.state.restore_tombstones({s: r for s, r in kept.items() if r is not None})
