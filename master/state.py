@@ -472,7 +472,9 @@ class MasterState:
         known = node.segment_ids if node is not None else set()
         missing = [s for s in segment_ids if s not in known]
         if node is not None and not missing and self._tombstones.awaits(node_id):
-            self._tombstones.heard(node_id)  # (every segment of it mounted: reconciled)
+            segments = self.segments
+            if all(segments[s].reporting is None for s in known if s in segments):
+                self._tombstones.heard(node_id)  # (every segment of it mounted: reconciled)
         return missing
 
     def nodes_unheard(self, node_ids: Iterable[str]) -> None:

@@ -493,10 +493,8 @@ class CoreModel(RuleBasedStateMachine):
         name = data.draw(st.sampled_from(self.waiting_to_remount()))
         node = self.nodes[name]
         stored = sorted(node.index.values(), key=lambda o: o.generation)
+        dropped = self.report(name, stored, silent, data)
         call_id = next(self.call_ids)
-        effects = self.core.mount_segment(call_id, self.segment(name), stored, True, silent)
-        dropped = set(effects.answers.pop(call_id))
-        self.apply(effects)
         if answer_lost:
             again = self.core.mount_segment(call_id, self.segment(name), stored, True, silent)
             assert again.answers.pop(call_id) == [], "a mount again of the same segment"
@@ -511,6 +509,32 @@ class CoreModel(RuleBasedStateMachine):
         if self.remounted == set(NODES):
             assert self.core.accepting_clients(), "every node remounted: clients are welcome"
             self.check_nothing_lost_nothing_back()
+
+    def report(self, name: str, stored: list[StoredObject], silent: float, data) -> set[str]:
+        """The node's report at a mount: in one call, or now and then in parts (newest first,
+        as a node holding more than one call carries sends it), heartbeating between them
+        now and then; the keys the master did not adopt."""
+        newest_first = sorted(stored, key=lambda o: o.generation, reverse=True)
+        cuts = data.draw(st.sampled_from([0, 0, 1, 2]), label="cut into parts")
+        at = sorted(data.draw(st.lists(st.integers(0, len(stored)), min_size=cuts, max_size=cuts)))
+        ends = zip([0, *at], [*at, len(stored)], strict=True)
+        parts = [newest_first[a:b] for a, b in ends]
+        dropped: set[str] = set()
+        for n, part in enumerate(parts):
+            more, call_id = n + 1 < len(parts), next(self.call_ids)
+            if n == 0:
+                effects = self.core.mount_segment(
+                    call_id, self.segment(name), part, True, silent, more
+                )
+            else:
+                effects = self.core.report_more(call_id, self.segment(name), part, more)
+            answer = effects.answers.pop(call_id)
+            assert answer is not None, f"part {n + 1} of {name}'s report refused"
+            dropped.update(answer)
+            self.apply(effects)
+            if more and data.draw(st.booleans(), label="a heartbeat between parts"):
+                self.apply(self.core.heartbeat(next(self.call_ids), name, [f"{name}/dram0"]))
+        return dropped
 
     def remount(self, node: SimNode, silent: float, answer_lost: bool = False) -> None:
         """A node declared dead mounts its segment again with what it holds, drops what the

@@ -259,3 +259,26 @@ def test_a_new_leader_in_the_middle_of_a_report_still_refuses_what_was_removed()
     assert state.durable_record(n1.segment_id) == DurableRecord(
         False, {}, frozenset({(old.key, old.generation)})
     ), "let go of at the last part: the Forget of the entry it refused keeps it out now"
+
+
+def test_a_node_s_own_entry_holds_until_its_report_in_parts_is_over():
+    """A new leader took clients before n2 remounted: what ended meanwhile is refused of
+    every part of n2's report, though n2 heartbeats between parts (its segment is mounted,
+    its report not over yet)."""
+    state, _ = new_state()
+    n1, n2 = segment_info("n1", 1 * MiB), segment_info("n2", 1 * MiB)
+    state.mount_segment(n1)
+    state.mount_segment(n2)
+    for name in ("old", "new"):
+        publish(state, name, 4 * KiB, replicas=2)
+    on = {s.segment_id: [stored(state, k, s.segment_id) for k in ("old", "new")] for s in (n1, n2)}
+
+    successor, _ = new_state()
+    successor.mount_segment(n1, on[n1.segment_id], remount=True, silent=0.0)
+    successor.nodes_unheard(["n2"])  # (its rebuild window passed without n2)
+    assert remove(successor, "old", force=True) is KeyStatus.OK  # (adopted: leased)
+    old, new = on[n2.segment_id]
+    successor.mount_segment(n2, [new], remount=True, silent=0.0, more=True)
+    assert successor.heartbeat("n2", [n2.segment_id]) == []
+    assert successor.report_more(n2, [old], more=False) == ["old"]
+    assert "old" not in successor.objects
