@@ -471,10 +471,13 @@ class MasterState:
             node.last_seen = self.clock()
         known = node.segment_ids if node is not None else set()
         missing = [s for s in segment_ids if s not in known]
-        if node is not None and not missing and self._tombstones.awaits(node_id):
-            segments = self.segments
-            if all(segments[s].reporting is None for s in known if s in segments):
-                self._tombstones.heard(node_id)  # (every segment of it mounted: reconciled)
+        if (
+            node is not None
+            and not missing
+            and self._tombstones.awaits(node_id)
+            and all(self.segments[s].reporting is None for s in known)
+        ):
+            self._tombstones.heard(node_id)  # (every segment of it mounted and reported)
         return missing
 
     def nodes_unheard(self, node_ids: Iterable[str]) -> None:

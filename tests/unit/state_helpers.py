@@ -192,3 +192,12 @@ def stored(state: MasterState, key: str, segment_id: str) -> StoredObject:
     record = state.objects[key]
     [offset] = [r.offset for r in record.replicas if r is not None and r.segment_id == segment_id]
     return StoredObject(key, offset, record.size, record.put_id, record.crc32c)
+
+
+def declare_dead(state: MasterState, clock: FakeClock, node: str, alive: list[SegmentInfo]) -> None:
+    """Time passes past the node TTL with only ``alive``'s nodes heartbeating: ``node`` is
+    declared dead (while it may live on: a long pause)."""
+    clock.advance(CONFIG.node_ttl + 1)
+    for info in alive:
+        state.heartbeat(info.node_id, [info.segment_id])
+    assert state.tick().dead_nodes == [node]

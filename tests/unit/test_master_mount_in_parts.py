@@ -14,6 +14,7 @@ from state_helpers import (
     CONFIG,
     KiB,
     MiB,
+    declare_dead,
     get,
     new_state,
     publish,
@@ -194,9 +195,7 @@ def _declared_dead_with(names: list[str]):
     for name in names:
         publish(state, name, 4 * KiB, replicas=2)
     reports = {name: stored(state, name, n1.segment_id) for name in names}
-    clock.advance(CONFIG.node_ttl + 1)
-    state.heartbeat("n2", [n2.segment_id])
-    assert state.tick().dead_nodes == ["n1"]
+    declare_dead(state, clock, "n1", [n2])
     return state, clock, n1, reports, contact
 
 

@@ -8,9 +8,9 @@ Forget it never answered; an object that went away with it, never removed, comes
 from __future__ import annotations
 
 from state_helpers import (
-    CONFIG,
     FakeClock,
     MiB,
+    declare_dead,
     new_state,
     publish,
     remove,
@@ -33,13 +33,6 @@ def two_nodes() -> tuple[MasterState, FakeClock, SegmentInfo, SegmentInfo]:
     state.mount_segment(n1)
     state.mount_segment(n2)
     return state, clock, n1, n2
-
-
-def declare_dead(state: MasterState, clock: FakeClock, node: str, alive: list[SegmentInfo]) -> None:
-    clock.advance(CONFIG.node_ttl + 1)
-    for info in alive:
-        state.heartbeat(info.node_id, [info.segment_id])
-    assert state.tick().dead_nodes == [node]
 
 
 def one_removal() -> tuple[MasterState, SegmentInfo, ForgetCommand]:
