@@ -92,7 +92,7 @@ class Authenticator:
         if self.insecure:
             return INSECURE
         return self.from_token(
-            _bearer(context.invocation_metadata() or ()), _peer_certificate(context)
+            bearer(context.invocation_metadata() or ()), _peer_certificate(context)
         )
 
     def _certificate_identity(self, certificate: bytes) -> Identity | None:
@@ -110,7 +110,7 @@ def _refused(reason: str, details: str) -> CallRefused:
     return CallRefused(grpc.StatusCode.UNAUTHENTICATED, details)
 
 
-def _bearer(metadata: Iterable[Any]) -> str | None:
+def bearer(metadata: Iterable[Any]) -> str | None:
     for key, value in metadata:
         if key == AUTHORIZATION:
             text = value if isinstance(value, str) else value.decode("utf-8", "replace")

@@ -8,9 +8,17 @@ may not run for a long time. A client sending large requests that are refused co
 master by gigabytes that way. Setting the status and returning gives the caller the same
 status and details (gRPC discards the response of a call whose status is not OK, and a stream
 ends with the status set) and leaves nothing behind.
+
+A call refused for who sends it or when (no credentials, a standby, a saturated master) is
+refused before its request is read (``refusing_unread``): gRPC reads a unary call's request
+whole, up to the message limit, before its handler runs, so anyone who reaches the port could
+otherwise make the master hold that much per call in flight.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import grpc
 
@@ -20,3 +28,24 @@ def refuse(context: grpc.aio.ServicerContext, code: grpc.StatusCode, details: st
     handler returns None, a streaming one stops)."""
     context.set_code(code)
     context.set_details(details)
+
+
+def refusing_unread(
+    code: grpc.StatusCode,
+    details: str,
+    response_serializer: Callable[[Any], bytes] | None,
+    trailing_metadata: Sequence[tuple[str, str]] = (),
+) -> grpc.RpcMethodHandler:
+    """A handler, for a unary method, that ends the call with ``code`` and ``details``
+    without reading its request: served as a client-streaming method, whose requests are read
+    only as its handler asks for them (this one never does; gRPC's flow control then holds
+    the peer to one window of bytes, and the stream's end drops them)."""
+
+    async def refuse_unread(requests: Any, context: grpc.aio.ServicerContext) -> None:
+        if trailing_metadata:
+            context.set_trailing_metadata(tuple(trailing_metadata))
+        refuse(context, code, details)
+
+    return grpc.stream_unary_rpc_method_handler(
+        refuse_unread, response_serializer=response_serializer
+    )

@@ -14,6 +14,7 @@ import grpc
 
 from kvpool.common.leader_resolver import LEADER_METADATA
 from kvpool.master.grpc_refusal import refuse as end_with
+from kvpool.master.grpc_refusal import refusing_unread
 
 
 class Leadership(Protocol):
@@ -63,13 +64,11 @@ class LeaderGate(grpc.aio.ServerInterceptor):
         refusal = self.refusal(handler_call_details.method)
         if refusal is None:
             return handler
-        refuse = self._refuser(*refusal)
         if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                refuse,
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
+            code, details, leader = refusal
+            hint = ((LEADER_METADATA, leader),) if leader else ()
+            return refusing_unread(code, details, handler.response_serializer, hint)
+        refuse = self._refuser(*refusal)
 
         async def refuse_stream(
             request_iterator: Any, context: grpc.aio.ServicerContext

@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 
 from kvpool.master import metrics
-from kvpool.master.grpc_refusal import refuse
+from kvpool.master.grpc_refusal import refusing_unread
 
 EXEMPT_SUFFIX = "/NodeSession"
 #: A call dispatched but never run (cancelled while its request was read) stops counting
@@ -47,9 +47,12 @@ class LoadShedder(grpc.aio.ServerInterceptor):
         if handler is None or handler.unary_unary is None or method.endswith(EXEMPT_SUFFIX):
             return handler
         call_id = self.admit(method)
-        behavior = self._refuse if call_id is None else self._counted(handler.unary_unary, call_id)
+        if call_id is None:
+            return refusing_unread(
+                grpc.StatusCode.RESOURCE_EXHAUSTED, self.refusal(), handler.response_serializer
+            )
         return grpc.unary_unary_rpc_method_handler(
-            behavior,
+            self._counted(handler.unary_unary, call_id),
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
@@ -80,10 +83,6 @@ class LoadShedder(grpc.aio.ServerInterceptor):
                 self.release(call_id)
 
         return counted
-
-    async def _refuse(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        refuse(context, grpc.StatusCode.RESOURCE_EXHAUSTED, self.refusal())
-        return None
 
     def _forget_stale(self) -> None:
         too_old = time.monotonic() - STALE_AFTER

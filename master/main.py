@@ -33,6 +33,7 @@ from kvpool.master.config import PLACEMENTS, MasterConfig
 from kvpool.master.core import MasterCore
 from kvpool.master.driver import CoreDriver
 from kvpool.master.election import DEFAULT_TTL, AlwaysLeader, Election
+from kvpool.master.grpc_request_guard import RequestGuard
 from kvpool.master.handlers import MasterHandlers
 from kvpool.master.lane_server import LaneServer
 from kvpool.master.leader_gate import LeaderGate
@@ -377,14 +378,15 @@ async def serve(
     service = MasterService(handlers, security.auth)
     shedder = LoadShedder(args.max_inflight)
     gate = LeaderGate(leadership, driver.accepting_clients)
+    guard = RequestGuard(security.auth, certificates_required=args.require_client_cert)
     server = grpc.aio.server(
         options=[
             *GRPC_MESSAGE_OPTIONS,
             ("grpc.so_reuseport", 0),
         ],
-        # The shedder is outermost: it must count (and release) every call it lets through,
-        # including those the leader gate then refuses.
-        interceptors=[shedder, gate],
+        # The shedder is outermost: it counts a call only once the others let it through
+        # (their refusals never reach a handler that would release it).
+        interceptors=[shedder, guard, gate],
     )
     master_pb2_grpc.add_MasterServicer_to_server(service, server)
     try:

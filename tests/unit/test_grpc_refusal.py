@@ -17,6 +17,7 @@ import gc
 import time
 import weakref
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import grpc
 import pytest
@@ -135,3 +136,38 @@ def test_a_call_refused_after_it_waited_leaves_nothing_it_held_behind(collector_
     assert refused.code == grpc.StatusCode.NOT_FOUND
     del pending, refused
     assert alive() is None, "the refused call's frames still hold what it held"
+
+
+class CallDetails(NamedTuple):
+    """What gRPC tells interceptors of a call (``grpc.HandlerCallDetails``)."""
+
+    method: str
+    invocation_metadata: tuple[tuple[str, str], ...]
+
+
+def interceptors_handler(interceptor: grpc.aio.ServerInterceptor) -> grpc.RpcMethodHandler:
+    """The handler ``interceptor`` gives for a unary method (Exists)."""
+    exists = grpc.unary_unary_rpc_method_handler(
+        lambda request, context: None,
+        request_deserializer=pb.ExistsRequest.FromString,
+        response_serializer=pb.ExistsResponse.SerializeToString,
+    )
+
+    async def continuation(details: object) -> grpc.RpcMethodHandler:
+        return exists
+
+    details = CallDetails("/kvpool.v1.Master/Exists", ())
+    return asyncio.run(interceptor.intercept_service(continuation, details))
+
+
+def test_a_standby_and_a_saturated_master_refuse_before_the_request_is_read():
+    """gRPC reads a unary call's request whole before its handler runs: a refusal that does
+    not depend on the request is served as a handler that never asks for it."""
+    full = LoadShedder(1)
+    assert full.admit("/Exists") is not None
+    for refusing in (LeaderGate(Standby()), full):
+        handler = interceptors_handler(refusing)
+        assert handler.unary_unary is None and handler.request_deserializer is None
+        assert handler.stream_unary is not None, "a request stream the handler never reads"
+    taking = interceptors_handler(LeaderGate(Leader()))
+    assert taking.unary_unary is not None, "a call taken is read as before"

@@ -1,0 +1,90 @@
+"""What a gRPC call to the master must show before its request is read, and that it parses.
+
+gRPC reads a unary call's request whole (up to the message limit) before its handler runs,
+and the handler is where the call's identity was checked: anyone who reached the port could
+make the master hold that much memory per call in flight. Where callers prove who they are
+with bearer tokens (no client certificate required), the token is in the call's metadata,
+which arrives first: a call without a token the cluster knows is refused here, its request
+never read. (Where client certificates are required, TLS has checked the caller before any
+call; the handler still reads the identity the certificate names.)
+
+A request that does not parse as its method's message is refused INVALID_ARGUMENT, saying so,
+where gRPC would answer UNKNOWN with the parser's exception.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from kvpool.master.authenticator import Authenticator, bearer
+from kvpool.master.driver import CallRefused
+from kvpool.master.grpc_refusal import refuse, refusing_unread
+
+
+class Unparsed:
+    """A request that did not parse, in place of the message (its handler refuses it)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
+class RequestGuard(grpc.aio.ServerInterceptor):
+    def __init__(self, auth: Authenticator, *, certificates_required: bool) -> None:
+        self.auth = auth
+        #: Whether the token is checked here (with certificates required, TLS checked them).
+        self.checks_tokens = not auth.insecure and not certificates_required
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.unary_unary is None:
+            return handler  # (a stream's identity is checked before its first message)
+        if self.checks_tokens:
+            try:
+                self.auth.from_token(bearer(handler_call_details.invocation_metadata or ()))
+            except CallRefused as refused:
+                return refusing_unread(refused.code, refused.details, handler.response_serializer)
+        name = handler_call_details.method.rsplit("/", 1)[-1]
+        return grpc.unary_unary_rpc_method_handler(
+            _refusing_unparsed(handler.unary_unary, name),
+            request_deserializer=_tolerant(handler.request_deserializer),
+            response_serializer=handler.response_serializer,
+        )
+
+
+def _tolerant(parse: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    if parse is None:
+        return None
+
+    def deserialize(raw: bytes) -> Any:
+        try:
+            return parse(raw)
+        except Exception as error:
+            return Unparsed(f"{type(error).__name__}: {error}"[:200])
+
+    return deserialize
+
+
+def _refusing_unparsed(
+    behavior: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]], name: str
+) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
+    async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, Unparsed):
+            refuse(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{name}: the request does not parse as a {name}Request ({request.error}): "
+                "send one built from kvpool's proto/master.proto",
+            )
+            return None
+        return await behavior(request, context)
+
+    return guarded

@@ -1,0 +1,101 @@
+"""A real secure ``kvpool master``'s gRPC port against requests no client of it sends.
+
+- Calls without a token the cluster knows are refused UNAUTHENTICATED before their requests
+  are read: large requests from anyone who reaches the port leave the master's memory as it
+  was (gRPC would otherwise read each request whole, up to the 256 MiB message limit, before
+  the handler that checked the caller ran: four such calls took the master from 66 MiB to
+  1.2 GiB).
+- A request that does not parse as its method's message is refused INVALID_ARGUMENT, naming
+  the method, where gRPC answered UNKNOWN with the parser's exception.
+
+The master serves on after each.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import grpc
+import pytest
+from helpers import bearer, master_channel
+
+from kvpool import Client
+from kvpool.proto import master_pb2 as pb
+
+PUT_START = "/kvpool.v1.Master/PutStart"
+CALLS = 6
+REQUEST_BYTES = 128 << 20
+
+
+def peak_resident(pid: int) -> int:
+    """The process's peak resident memory so far, in bytes (VmHWM)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    from kvpool.local_cluster import LocalCluster
+
+    with LocalCluster(1, "64MiB", run_dir=tmp_path_factory.mktemp("grpc-hostile")) as cluster:
+        with Client(cluster.master_address) as client:
+            client.put("seed", b"seed bytes")
+        yield cluster
+
+
+def raw_put_start(cluster):
+    """PutStart as bytes: the request is whatever the test sends."""
+    channel = master_channel(cluster.master_address)
+    return channel, channel.unary_unary(
+        PUT_START, request_serializer=lambda b: b, response_deserializer=lambda b: b
+    )
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [(), bearer("kvp1.0123456789ab.not-the-secret"), bearer("")],
+    ids=["no token", "an unknown token", "an empty token"],
+)
+def test_large_requests_without_credentials_are_refused_unread(cluster, metadata):
+    before = peak_resident(cluster.master.pid)
+    channel, put_start = raw_put_start(cluster)
+    # (a request that parses: only who sends it is wrong)
+    body = pb.PutStartRequest(client_id="c" * REQUEST_BYTES).SerializeToString()
+    errors: list[grpc.RpcError] = []
+
+    def call() -> None:
+        try:
+            put_start(body, timeout=30, metadata=metadata)
+        except grpc.RpcError as error:
+            errors.append(error)
+
+    threads = [threading.Thread(target=call) for _ in range(CALLS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    channel.close()
+
+    assert len(errors) == CALLS, "every call ends with an error"
+    assert {e.code() for e in errors} == {grpc.StatusCode.UNAUTHENTICATED}
+    grown = peak_resident(cluster.master.pid) - before
+    assert grown < 64 << 20, f"the master grew by {grown >> 20} MiB: the requests were read"
+    with Client(cluster.master_address) as client:
+        assert client.get("seed") == b"seed bytes", "still serving"
+
+
+def test_a_request_that_does_not_parse_is_refused_invalid_argument(cluster):
+    channel, put_start = raw_put_start(cluster)
+    with pytest.raises(grpc.RpcError) as refused:
+        put_start(b"\xff\xff\xff\xff", timeout=10, metadata=bearer())
+    channel.close()
+
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = refused.value.details()
+    assert details.startswith("PutStart: the request does not parse as a PutStartRequest")
+    assert "proto/master.proto" in details
+    with Client(cluster.master_address) as client:
+        assert client.exists_many(["seed"]) == [True], "still serving"
