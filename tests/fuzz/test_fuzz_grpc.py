@@ -33,6 +33,21 @@ calls = st.sampled_from(UNARY).flatmap(
 UNEXPECTED = (grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL)
 
 
+def altered(draw: st.DrawFn, raw: bytes) -> bytes:
+    """``raw`` with a byte flipped, cut, lengthened, or bytes made up instead: what may or
+    may not parse as the method's request."""
+    how = draw(st.sampled_from(["flipped", "cut", "lengthened", "made up"]))
+    event(how)
+    if how == "flipped" and raw:
+        at = draw(st.integers(0, len(raw) - 1))
+        return raw[:at] + bytes([raw[at] ^ draw(st.integers(1, 255))]) + raw[at + 1 :]
+    if how == "cut" and raw:
+        return raw[: draw(st.integers(0, len(raw) - 1))]
+    if how == "lengthened":
+        return raw + draw(st.binary(min_size=1, max_size=64))
+    return draw(st.binary(max_size=256))
+
+
 def test_the_fuzzer_reaches_every_unary_method():
     assert {name for name, _ in UNARY} >= {"PutStart", "MountSegment", "Story", "Lane"}
 
@@ -53,6 +68,21 @@ def test_generated_requests_of_every_unary_method(watch: Watch, call):
     steer_clear(request, watch.node_ids)
     caller = watch.as_caller_of(name)
     settle(name, getattr(watch.stub, name).future(request, timeout=30, metadata=caller))
+    watch.after_case()
+
+
+@SETTINGS
+@given(call=calls, data=st.data())
+def test_altered_and_made_up_request_bytes(watch: Watch, call, data):
+    name, request = call
+    steer_clear(request, watch.node_ids)
+    raw = altered(data.draw, request.SerializeToString())
+    send = watch.channel.unary_unary(
+        f"/kvpool.v1.Master/{name}",
+        request_serializer=lambda b: b,
+        response_deserializer=lambda b: b,
+    )
+    settle(name, send.future(raw, timeout=30, metadata=watch.as_caller_of(name)))
     watch.after_case()
 
 
