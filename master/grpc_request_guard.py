@@ -14,7 +14,7 @@ where gRPC would answer UNKNOWN with the parser's exception.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -45,14 +45,22 @@ class RequestGuard(grpc.aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
-        if handler is None or handler.unary_unary is None:
-            return handler  # (a stream's identity is checked before its first message)
+        if handler is None:
+            return handler
+        name = handler_call_details.method.rsplit("/", 1)[-1]
+        if handler.stream_stream is not None:  # (its identity is checked before it reads)
+            return grpc.stream_stream_rpc_method_handler(
+                _stream_refusing_unparsed(handler.stream_stream, name),
+                request_deserializer=_tolerant(handler.request_deserializer),
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_unary is None:
+            return handler
         if self.checks_tokens:
             try:
                 self.auth.from_token(bearer(handler_call_details.invocation_metadata or ()))
             except CallRefused as refused:
                 return refusing_unread(refused.code, refused.details, handler.response_serializer)
-        name = handler_call_details.method.rsplit("/", 1)[-1]
         return grpc.unary_unary_rpc_method_handler(
             _refusing_unparsed(handler.unary_unary, name),
             request_deserializer=_tolerant(handler.request_deserializer),
@@ -73,18 +81,44 @@ def _tolerant(parse: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | 
     return deserialize
 
 
+def _unparsed_refusal(name: str, unparsed: Unparsed) -> str:
+    return (
+        f"{name}: the request does not parse ({unparsed.error}): "
+        "send one built from kvpool's proto/master.proto"
+    )
+
+
 def _refusing_unparsed(
     behavior: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]], name: str
 ) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
     async def guarded(request: Any, context: grpc.aio.ServicerContext) -> Any:
         if isinstance(request, Unparsed):
-            refuse(
-                context,
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"{name}: the request does not parse as a {name}Request ({request.error}): "
-                "send one built from kvpool's proto/master.proto",
-            )
+            refuse(context, grpc.StatusCode.INVALID_ARGUMENT, _unparsed_refusal(name, request))
             return None
         return await behavior(request, context)
+
+    return guarded
+
+
+def _stream_refusing_unparsed(
+    behavior: Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]], name: str
+) -> Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]:
+    """A stream's handler that sees its requests end at the first that does not parse; the
+    stream then ends INVALID_ARGUMENT, saying so."""
+
+    async def guarded(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+        unparsed: list[Unparsed] = []
+
+        async def parsed() -> AsyncIterator[Any]:
+            async for request in requests:
+                if isinstance(request, Unparsed):
+                    unparsed.append(request)
+                    return
+                yield request
+
+        async for answer in behavior(parsed(), context):
+            yield answer
+        if unparsed:
+            refuse(context, grpc.StatusCode.INVALID_ARGUMENT, _unparsed_refusal(name, unparsed[0]))
 
     return guarded

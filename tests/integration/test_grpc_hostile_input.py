@@ -6,7 +6,8 @@
   the handler that checked the caller ran: four such calls took the master from 66 MiB to
   1.2 GiB).
 - A request that does not parse as its method's message is refused INVALID_ARGUMENT, naming
-  the method, where gRPC answered UNKNOWN with the parser's exception.
+  the method, where gRPC answered UNKNOWN with the parser's exception; so is a node's command
+  stream whose message does not parse.
 
 The master serves on after each.
 """
@@ -22,10 +23,14 @@ from helpers import bearer, master_channel
 
 from kvpool import Client
 from kvpool.proto import master_pb2 as pb
+from kvpool.security.identity import Role
+from kvpool.security.tokens import new_token
 
 PUT_START = "/kvpool.v1.Master/PutStart"
 CALLS = 6
 REQUEST_BYTES = 128 << 20
+#: A genuine node token, of a node id no process uses.
+NODE_TOKEN, NODE_RECORD = new_token("probe", Role.NODE, node_id="probe")
 
 
 def peak_resident(pid: int) -> int:
@@ -40,7 +45,8 @@ def peak_resident(pid: int) -> int:
 def cluster(tmp_path_factory):
     from kvpool.local_cluster import LocalCluster
 
-    with LocalCluster(1, "64MiB", run_dir=tmp_path_factory.mktemp("grpc-hostile")) as cluster:
+    run_dir = tmp_path_factory.mktemp("grpc-hostile")
+    with LocalCluster(1, "64MiB", run_dir=run_dir, tokens=[NODE_RECORD]) as cluster:
         with Client(cluster.master_address) as client:
             client.put("seed", b"seed bytes")
         yield cluster
@@ -95,7 +101,27 @@ def test_a_request_that_does_not_parse_is_refused_invalid_argument(cluster):
 
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     details = refused.value.details()
-    assert details.startswith("PutStart: the request does not parse as a PutStartRequest")
+    assert details.startswith("PutStart: the request does not parse (DecodeError")
+    assert "kvpool.v1.PutStartRequest" in details
     assert "proto/master.proto" in details
     with Client(cluster.master_address) as client:
         assert client.exists_many(["seed"]) == [True], "still serving"
+
+
+def test_a_command_stream_whose_message_does_not_parse_ends_invalid_argument(cluster):
+    channel = master_channel(cluster.master_address)
+    session = channel.stream_stream(
+        "/kvpool.v1.Master/NodeSession",
+        request_serializer=lambda b: b,
+        response_deserializer=lambda b: b,
+    )
+    with pytest.raises(grpc.RpcError) as refused:
+        list(session(iter([b"\xff\xff\xff"]), timeout=10, metadata=bearer(NODE_TOKEN)))
+    channel.close()
+
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = refused.value.details()
+    assert details.startswith("NodeSession: the request does not parse (DecodeError")
+    assert "kvpool.v1.NodeReport" in details
+    with Client(cluster.master_address) as client:
+        assert client.get("seed") == b"seed bytes", "still serving"
