@@ -1359,19 +1359,25 @@ def test_network_policy_admits_chart_pods_and_clients_only(renders: dict[str, Re
     node = render.get("NetworkPolicy", f"{render.fullname}-node")
     client = {"app": "vllm", "kvpool.io/client": "true"}
     stranger = {"app": "vllm"}
-    for port in (50051, 50052, 9090):
+    for port in (50051, 50052):
         assert _admits(master, _chart_pod(render, "node"), port, ns)
         assert _admits(master, client, port, ns)
         assert not _admits(master, stranger, port, ns)
         assert not _admits(master, client, port, "elsewhere")  # clients of this namespace only
     assert not _admits(master, client, 22, ns)
-    # The checked stream and the HTTP port only: the nodes offer no UCX over TCP.
-    for port in (9091, 9092):
-        assert _admits(node, client, port, ns)
-        assert _admits(node, _chart_pod(render, "node"), port, ns)
-        assert not _admits(node, stranger, port, ns)
+    # The checked stream only: the nodes offer no UCX over TCP.
+    assert _admits(node, client, 9092, ns)
+    assert _admits(node, _chart_pod(render, "node"), 9092, ns)
+    assert not _admits(node, stranger, 9092, ns)
     for port in (34567, 60999):
         assert not _admits(node, client, port, ns)
+    # The HTTP ports (a master's /metrics names tenants and what each holds): the release's
+    # pods, not the clients (nor anyone else without networkPolicy.metricsFrom).
+    for policy, port in ((master, 9090), (node, 9091)):
+        assert _admits(policy, _chart_pod(render, "node"), port, ns)
+        assert _admits(policy, _chart_pod(render, "master"), port, ns)
+        assert not _admits(policy, client, port, ns)
+        assert not _admits(policy, stranger, port, ns)
     assert "--ucx-tcp" not in render.container("node")["args"]
     # Another release's pods are not this release's.
     other = {**_chart_pod(render, "node"), "app.kubernetes.io/instance": "other"}
@@ -1417,12 +1423,13 @@ def test_network_policy_with_a_ucx_port_range_and_metrics_peers(
     clients_ns = {"kvpool.io/clients": "true"}
     assert _admits(node, client, 40000, "team-a", clients_ns)
     assert _admits(node, client, 40099, "team-a", clients_ns)
-    assert _admits(node, client, 9091, "team-a", clients_ns)
+    assert not _admits(node, client, 9091, "team-a", clients_ns)  # (/metrics)
     assert _admits(node, client, 9092, "team-a", clients_ns)  # the checked stream
     assert not _admits(node, client, 40100, "team-a", clients_ns)
     assert not _admits(node, client, 40000, "team-b")  # namespace not labelled
     assert not _admits(node, client, 40000, ns)  # the selector names the client namespaces
     assert _admits(master, client, 50051, "team-a", clients_ns)
+    assert not _admits(master, client, 9090, "team-a", clients_ns)
     prometheus = {"app.kubernetes.io/name": "prometheus"}
     assert _admits(master, prometheus, 9090, "monitoring")
     assert not _admits(master, prometheus, 50051, "monitoring")

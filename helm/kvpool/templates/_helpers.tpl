@@ -456,6 +456,15 @@ that miss what the secure one needs. Included by the master Deployment (always r
 {{- end -}}
 
 {{/*
+NetworkPolicy peers admitted to the HTTP ports besides networkPolicy.metricsFrom (as a YAML
+list): this release's pods and networkPolicy.extraFrom, not the client pods (a master's
+/metrics names tenants and what each holds, which one tenant's clients must not see).
+*/}}
+{{- define "kvpool.policy.operatorPeers" -}}
+{{- toYaml (concat (include "kvpool.policy.releasePeers" . | fromYamlArray) .Values.networkPolicy.extraFrom) -}}
+{{- end -}}
+
+{{/*
 NetworkPolicy peers admitted where clients are (as a YAML list): this release's pods, the client
 pods (networkPolicy.clientPodSelector, in the release's namespace or in those of
 networkPolicy.clientNamespaceSelector), and networkPolicy.extraFrom.
