@@ -133,6 +133,13 @@ class FrameDecoder:
         """Part of a frame has arrived and the rest has not."""
         return bool(self._buffer)
 
+    @property
+    def announced(self) -> int:
+        """The body length announced by the header of the frame still arriving (0 when no
+        whole header is buffered)."""
+        buffer = self._buffer
+        return HEADER.unpack_from(buffer)[0] if len(buffer) >= HEADER.size else 0
+
     def feed(self, data: bytes) -> list[Frame]:
         buffer = self._buffer
         buffer += data

@@ -9,7 +9,11 @@ first frame turns its connection into its command stream.
 
 What a peer can make the master hold is bounded. A request's body is refused at its header
 beyond ``lp.REQUEST_LIMIT`` (a node's reports beyond ``lp.REPORT_LIMIT``), before any of it
-is kept. A connection that sent part of a frame and then nothing for ``read_timeout``, or
+is kept. A frame of more than ``FREE_FRAME`` bytes (on a client's connection) is read only
+once its announced size is reserved from ``request_memory``, which all connections share: one
+that does not fit waits, not read, until others give theirs back (first come, first served),
+so what frames still arriving hold is bounded whatever the number of connections. A
+connection that sent part of a frame and then nothing for ``read_timeout``, or
 whose answers have waited unread that long, is closed; so is one that has not sent its
 credentials within ``read_timeout``, and a client's connection with no
 call in flight and nothing heard for ``idle_timeout`` (clients connect again; a node's
@@ -56,6 +60,11 @@ READ_TIMEOUT = 10.0
 IDLE_TIMEOUT = 300.0
 #: Connections open at once, at most; more are closed as they come.
 MAX_CONNECTIONS = 4096
+#: Bytes all large frames still arriving may hold at once (``--lane-request-memory``).
+REQUEST_MEMORY = 1 << 30
+#: A frame up to this size is read without reserving request memory (every connection may
+#: hold one: with MAX_CONNECTIONS, 256 MiB at most).
+FREE_FRAME = 64 << 10
 #: Answers waiting in a connection's write buffer beyond which it is not read (bytes), and
 #: below which it is read again.
 WRITE_HIGH = 1 << 20
@@ -76,9 +85,15 @@ class LaneServer:
         max_connections: int = MAX_CONNECTIONS,
         read_timeout: float = READ_TIMEOUT,
         idle_timeout: float = IDLE_TIMEOUT,
+        request_memory: int = REQUEST_MEMORY,
     ) -> None:
         if max_connections < 1:
             raise ValueError(f"max_connections must be at least 1, got {max_connections}")
+        if request_memory < lp.REQUEST_LIMIT:
+            raise ValueError(
+                f"the lane's request memory must hold the largest request "
+                f"({lp.REQUEST_LIMIT} bytes), got {request_memory}"
+            )
         if not read_timeout > 0 or not idle_timeout > 0:
             raise ValueError(
                 f"the lane's timeouts must be positive, got {read_timeout} and {idle_timeout}"
@@ -91,6 +106,11 @@ class LaneServer:
         self.max_connections = max_connections
         self.read_timeout = read_timeout
         self.idle_timeout = idle_timeout
+        self.request_memory = request_memory
+        #: Request memory reserved by the large frames being read.
+        self.reserved = 0
+        #: Connections waiting (not read) for request memory, first come first.
+        self._waiting: collections.deque[_Connection] = collections.deque()
         self.port = 0
         self._server: asyncio.base_events.Server | None = None
         #: The TLS listener (with TLS, connections are accepted here, not by asyncio).
@@ -192,6 +212,36 @@ class LaneServer:
                 self.drop(connection, reason, _OVERDUE[reason].format(self.read_timeout))
         self._sweeper = asyncio.get_running_loop().call_later(self._sweep_every, self._sweep)
 
+    def reserve(self, connection: _Connection, size: int) -> bool:
+        """Reserves ``size`` bytes of request memory for a frame of ``connection``; False when
+        they do not fit (or others wait before it): it then waits in line, and is called
+        back (``granted``) once they do."""
+        if not self._waiting and self.reserved + size <= self.request_memory:
+            self.reserved += size
+            metrics.LANE_MEMORY_RESERVED.set(self.reserved)
+            return True
+        metrics.LANE_MEMORY_WAITS.inc()
+        self._waiting.append(connection)
+        return False
+
+    def give_back(self, size: int) -> None:
+        """Request memory a frame held (now whole, or its connection gone) is free again:
+        the connections waiting for some get it in turn, as far as it goes."""
+        self.reserved -= size
+        waiting = self._waiting
+        while waiting:
+            connection = waiting[0]
+            wanted = connection.wanted
+            if not wanted:  # (gone meanwhile)
+                waiting.popleft()
+                continue
+            if self.reserved + wanted > self.request_memory:
+                break
+            waiting.popleft()
+            self.reserved += wanted
+            connection.granted()
+        metrics.LANE_MEMORY_RESERVED.set(self.reserved)
+
     def drop(self, connection: _Connection, reason: str, why: str) -> None:
         """Closes ``connection`` for ``reason`` (a word, a metric label), logging ``why``; what
         it was still to be sent is dropped (a peer that does not read would hold it open)."""
@@ -239,6 +289,10 @@ class _Connection(asyncio.Protocol):
         self._held: collections.deque[lp.Frame] = collections.deque()
         #: Since when the answers wait unread (writing paused), else None.
         self._paused_since: float | None = None
+        #: Request memory reserved for the large frame still arriving (bytes).
+        self._reserved = 0
+        #: Request memory it waits for (not read meanwhile), else 0.
+        self.wanted = 0
         #: Something arrived since the last sweep, which then notes the time.
         self._heard = True
         self._last_heard = time.monotonic()
@@ -272,6 +326,7 @@ class _Connection(asyncio.Protocol):
         self._heard = True
         try:
             frames = self._decoder.feed(data)
+            self._reserve_for_what_arrives()
             if self._held or self._paused_since is not None:
                 self._held.extend(frames)
                 return
@@ -282,6 +337,33 @@ class _Connection(asyncio.Protocol):
                     return
         except lp.LaneProtocolError as error:
             self.lane.drop(self, "bad_frame", str(error))
+
+    def _reserve_for_what_arrives(self) -> None:
+        """Holds request memory for the frame still arriving, as its header announced, when
+        it is large; or stops reading until the lane has that much to give. Gives back what
+        a frame held once it is whole. (A node's command stream is exempt: its reports are
+        bounded by ``lp.REPORT_LIMIT`` and must never wait behind clients.)"""
+        announced = self._decoder.announced
+        need = announced if announced > FREE_FRAME and self._stream is None else 0
+        if need == self._reserved:
+            return
+        lane = self.lane
+        if self._reserved:
+            held, self._reserved = self._reserved, 0
+            lane.give_back(held)
+        if need and self.transport is not None:
+            if lane.reserve(self, need):
+                self._reserved = need
+            else:
+                self.wanted = need
+                self.transport.pause_reading()
+
+    def granted(self) -> None:
+        """The lane reserved the request memory this connection waited for: read on."""
+        self._reserved, self.wanted = self.wanted, 0
+        self._heard = True  # (a partial frame's deadline starts again)
+        if self._paused_since is None and self.transport is not None:
+            self.transport.resume_reading()
 
     def pause_writing(self) -> None:
         self._paused_since = time.monotonic()
@@ -297,7 +379,7 @@ class _Connection(asyncio.Protocol):
         except lp.LaneProtocolError as error:
             self.lane.drop(self, "bad_frame", str(error))
             return
-        if self._paused_since is None and self.transport is not None:
+        if self._paused_since is None and not self.wanted and self.transport is not None:
             self.transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -305,6 +387,10 @@ class _Connection(asyncio.Protocol):
             return  # refused at the cap: never counted
         self.transport = None
         self._held.clear()
+        self.wanted = 0  # (the lane drops it from its line)
+        if self._reserved:
+            held, self._reserved = self._reserved, 0
+            self.lane.give_back(held)
         self.lane._connections.discard(self)
         stream, self._stream = self._stream, None
         if stream is not None:
@@ -336,6 +422,8 @@ class _Connection(asyncio.Protocol):
         if self._paused_since is not None:  # not reading: the silence is ours
             stalled = now - self._paused_since > lane.read_timeout
             return "unread_answers" if stalled and self._stream is None else None
+        if self.wanted:  # not reading until the lane has memory for its frame: ours too
+            return None
         silent = now - self._last_heard
         if self._decoder.pending:
             return "read_timeout" if silent > lane.read_timeout else None

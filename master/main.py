@@ -12,6 +12,7 @@ from pathlib import Path
 
 import grpc
 
+from kvpool.common import lane_protocol as lp
 from kvpool.common.aio import pause
 from kvpool.common.cli_numbers import integer, port, real, seconds, size
 from kvpool.common.gc_tuning import tune_for_server
@@ -35,7 +36,7 @@ from kvpool.master.driver import CoreDriver
 from kvpool.master.election import DEFAULT_TTL, AlwaysLeader, Election
 from kvpool.master.grpc_request_guard import RequestGuard
 from kvpool.master.handlers import MasterHandlers
-from kvpool.master.lane_server import LaneServer
+from kvpool.master.lane_server import REQUEST_MEMORY, LaneServer
 from kvpool.master.leader_gate import LeaderGate
 from kvpool.master.load_shedding import LoadShedder
 from kvpool.master.quota_file import QuotaFile
@@ -85,6 +86,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "nodes' command streams (default %(default)s; 0 picks a free one; -1: none, everything "
         "over gRPC). Clients "
         "learn it over gRPC and fall back to gRPC where it is unreachable",
+    )
+    parser.add_argument(
+        "--lane-request-memory",
+        type=size(low=lp.REQUEST_LIMIT),
+        default=REQUEST_MEMORY,
+        help="memory the metadata lane's large requests (over 64 KiB) may hold at once while "
+        "they arrive, whatever the number of connections; one that does not fit is read once "
+        "others are done (default 1GiB; at least the largest request, 68MiB)",
     )
     parser.add_argument(
         "--http-port",
@@ -397,7 +406,14 @@ async def serve(
             port = server.add_insecure_port(address)
     except RuntimeError as error:
         raise _cannot_listen("gRPC", args.host, args.port, "--port", error) from None
-    lane = LaneServer(handlers, gate, shedder, security.auth, tls=security.lane_tls)
+    lane = LaneServer(
+        handlers,
+        gate,
+        shedder,
+        security.auth,
+        tls=security.lane_tls,
+        request_memory=args.lane_request_memory,
+    )
     if args.lane_port >= 0:
         try:
             handlers.lane_port = await lane.start(args.host, args.lane_port)

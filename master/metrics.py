@@ -18,7 +18,7 @@ import hashlib
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import REGISTRY, Collector
 
@@ -67,6 +67,15 @@ LANE_CLOSED = Counter(
     "read_timeout (part of a frame, then silence), unread_answers, idle, unauthenticated "
     "(no credentials within the read timeout), over_cap.",
     ["reason"],
+)
+LANE_MEMORY_WAITS = Counter(
+    "kvpool_master_lane_request_memory_waits_total",
+    "Large lane frames whose reading waited for the lane's request memory "
+    "(--lane-request-memory) to be given back by others.",
+)
+LANE_MEMORY_RESERVED = Gauge(
+    "kvpool_master_lane_request_memory_bytes",
+    "Bytes of the lane's request memory reserved by large frames being read.",
 )
 AUTH_REFUSED = Counter(
     "kvpool_master_auth_refused_total",

@@ -428,6 +428,78 @@ def test_a_node_stream_and_a_call_waiting_for_it_outlive_the_idle_timeout(lanes)
     assert list(pb.PutEndResponse.FromString(ended.body).statuses) == [KeyStatus.OK]
 
 
+# ---- request memory
+
+#: A large frame: more than half the smallest request memory a lane may have.
+LARGE = 40 << 20
+
+
+def large_frame(call_id: int) -> bytes:
+    """A PutStart of LARGE bytes that does not parse: answered INVALID_ARGUMENT once read."""
+    return lp.HEADER.pack(LARGE, call_id, lp.METHOD_IDS["PutStart"], lp.OK) + b"\xff" * LARGE
+
+
+def sending(sock: socket.socket, data: bytes) -> threading.Thread:
+    """Sends ``data`` on a thread of its own (it blocks while the master does not read)."""
+    sock.settimeout(30)
+    thread = threading.Thread(target=sock.sendall, args=(data,), daemon=True)
+    thread.start()
+    return thread
+
+
+def memory_waits() -> float:
+    return REGISTRY.get_sample_value("kvpool_master_lane_request_memory_waits_total") or 0.0
+
+
+def test_a_large_frame_beyond_the_request_memory_waits_unread_and_small_calls_go_on(lanes):
+    """Each large frame still arriving holds its announced size of ``request_memory``; one
+    that does not fit is not read until another gives its share back."""
+    running = lanes(request_memory=lp.REQUEST_LIMIT)
+    waits = memory_waits()
+    first, second, small = running.client(), running.client(), running.client()
+    frame = large_frame(1)
+    first.sendall(frame[: LARGE // 2])
+    assert wait_until(lambda: running.inspect(lambda lane: lane.reserved) == LARGE, 5)
+
+    second_sends = sending(second, large_frame(2))
+    assert wait_until(lambda: running.inspect(lambda lane: len(lane._waiting)) == 1, 5)
+    assert memory_waits() == waits + 1
+    time.sleep(0.5)
+    assert second_sends.is_alive(), "the master read the second frame"
+    assert running.inspect(lambda lane: lane.reserved) == LARGE
+    assert exists(small).status == lp.OK, "a small call waits for nothing"
+
+    first.sendall(frame[LARGE // 2 :])
+    [answer] = read_frames(first, 1)
+    assert (answer.call_id, answer.status) == (1, lp.INVALID_ARGUMENT)
+    [answer] = read_frames(second, 1, timeout=30)
+    assert (answer.call_id, answer.status) == (2, lp.INVALID_ARGUMENT)
+    second_sends.join(5)
+    assert running.inspect(lambda lane: (lane.reserved, len(lane._waiting))) == (0, 0)
+
+
+def test_a_frame_waiting_for_request_memory_outlives_the_read_timeout_and_gets_it_back(lanes):
+    """The holder that goes silent is closed at the read timeout and gives its share back;
+    the waiter, silent because the master does not read it, is not closed."""
+    running = lanes(request_memory=lp.REQUEST_LIMIT, read_timeout=0.5)
+    holder, waiter = running.client(), running.client()
+    holder.sendall(large_frame(1)[: 1 << 20])
+    assert wait_until(lambda: running.inspect(lambda lane: lane.reserved) == LARGE, 5)
+    started = time.monotonic()
+    waiter_sends = sending(waiter, large_frame(2))
+    assert closed_within(holder, 5)
+    [answer] = read_frames(waiter, 1, timeout=30)
+    assert (answer.call_id, answer.status) == (2, lp.INVALID_ARGUMENT)
+    assert time.monotonic() - started >= 0.5
+    waiter_sends.join(5)
+    assert running.inspect(lambda lane: (lane.reserved, len(lane._waiting))) == (0, 0)
+
+
+def test_the_request_memory_must_hold_the_largest_request(lanes):
+    with pytest.raises(ValueError, match="largest request"):
+        lanes(request_memory=lp.REQUEST_LIMIT - 1)
+
+
 # ---- the connection cap
 
 

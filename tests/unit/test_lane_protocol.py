@@ -29,6 +29,16 @@ def test_frames_survive_any_chunking_of_the_stream():
         assert frames[2].status == lp.UNAVAILABLE
 
 
+def test_the_decoder_tells_the_size_the_frame_still_arriving_announced():
+    decoder = lp.FrameDecoder()
+    frame = lp.encode(1, lp.METHOD_IDS["Exists"], bytes(1000))
+    assert decoder.feed(frame[: lp.HEADER.size - 1]) == [] and decoder.announced == 0
+    assert decoder.feed(frame[lp.HEADER.size - 1 : 500]) == [] and decoder.announced == 1000
+    assert len(decoder.feed(frame[500:] + frame[:3])) == 1 and decoder.announced == 0
+    decoder.feed(frame[3:20])
+    assert decoder.announced == 1000
+
+
 def test_an_error_frame_carries_its_details_and_the_leader_hint():
     data = lp.encode_error(1, lp.NODE_SESSION, lp.FAILED_PRECONDITION, "not the leader", "m2:5")
     [frame] = lp.FrameDecoder().feed(data)
