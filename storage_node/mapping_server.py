@@ -10,7 +10,10 @@ ever sent, and the grant is checked first. The segment's file is mode 0600, so a
 under another user cannot reopen a read-only descriptor read-write through ``/proc``.
 
 Bounded: one request per connection, a deadline on every receive and send, at most
-``MAX_CONNECTIONS`` served at once (others are closed unanswered), answers short.
+``MAX_CONNECTIONS`` served at once (others are closed unanswered), answers short. After its
+answer the node ends its side and drops what the peer still sends until the peer closes (for
+``LINGER_S`` at most): a unix socket closed with a message unread fails the peer's receive,
+even of the answer already queued for it.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from kvpool.common.log_throttle import LogThrottle
 from kvpool.common.logging import get_logger
 from kvpool.security import mapping_grants
 from kvpool.security.mapping_grants import MapRefused
-from kvpool.storage_node.checked_server import NodeKeys
+from kvpool.storage_node.checked_server import LINGER_S, NodeKeys, linger
 from kvpool.storage_node.segment import Segment
 from kvpool.transport.shared_memory import peer_credentials
 
@@ -98,6 +101,7 @@ class MappingServer:
             ).start()
 
     def _serve(self, connection: socket.socket) -> None:
+        answered = False
         try:
             connection.settimeout(IO_TIMEOUT)
             pid, uid = peer_credentials(connection)
@@ -107,6 +111,7 @@ class MappingServer:
             except MapRefused as refusal:
                 reason = str(refusal).encode()[: mapping_grants.MAX_REASON]
                 connection.send(bytes([mapping_grants.REFUSED]) + reason)
+                answered = True
                 suppressed = REFUSAL_LOGS.allow("map")
                 if suppressed is not None:
                     log.warning(
@@ -119,6 +124,7 @@ class MappingServer:
                 return
             try:
                 socket.send_fds(connection, [bytes([mapping_grants.HANDED_OVER])], fds)
+                answered = True
             finally:
                 if not writable:
                     for fd in fds:
@@ -127,6 +133,8 @@ class MappingServer:
         except OSError:
             pass  # (the peer went, or missed a deadline)
         finally:
+            if answered:  # (a message of the peer's left unread would reset the answer)
+                linger(connection, LINGER_S)
             connection.close()
             with self._lock:
                 self._serving -= 1
