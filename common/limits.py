@@ -12,3 +12,16 @@ GRPC_MESSAGE_OPTIONS = (
     ("grpc.max_receive_message_length", MESSAGE_LIMIT),
     ("grpc.max_send_message_length", MESSAGE_LIMIT),
 )
+
+#: The largest request the master's gRPC server reads: the largest legal call is a mount
+#: report's part (``lp.MAX_BATCH_KEYS`` objects of the longest stored keys, about 75 MiB;
+#: tests/unit/test_lane_hardening.py holds it under this). gRPC reads a request whole before
+#: the master sees it, so this bounds what each call in flight may make the master hold.
+GRPC_REQUEST_LIMIT = 96 * 1024 * 1024
+
+#: The master's gRPC server options: requests up to GRPC_REQUEST_LIMIT, answers up to
+#: MESSAGE_LIMIT (a client's channel reads answers that large).
+GRPC_SERVER_MESSAGE_OPTIONS = (
+    ("grpc.max_receive_message_length", GRPC_REQUEST_LIMIT),
+    ("grpc.max_send_message_length", MESSAGE_LIMIT),
+)

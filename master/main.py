@@ -17,7 +17,7 @@ from kvpool.common.aio import pause
 from kvpool.common.cli_numbers import integer, port, real, seconds, size
 from kvpool.common.gc_tuning import tune_for_server
 from kvpool.common.http_server import HealthServer
-from kvpool.common.limits import GRPC_MESSAGE_OPTIONS
+from kvpool.common.limits import GRPC_SERVER_MESSAGE_OPTIONS
 from kvpool.common.logging import LOG_FORMATS, configure_logging, get_logger
 from kvpool.common.memory_trim import TrimRule, malloc_trim, resident_bytes
 from kvpool.common.process import stop_event_on_signals, write_ready_file
@@ -390,7 +390,7 @@ async def serve(
     guard = RequestGuard(security.auth, certificates_required=args.require_client_cert)
     server = grpc.aio.server(
         options=[
-            *GRPC_MESSAGE_OPTIONS,
+            *GRPC_SERVER_MESSAGE_OPTIONS,
             ("grpc.so_reuseport", 0),
         ],
         # The shedder is outermost: it counts a call only once the others let it through

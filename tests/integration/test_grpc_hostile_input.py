@@ -5,6 +5,8 @@
   was (gRPC would otherwise read each request whole, up to the 256 MiB message limit, before
   the handler that checked the caller ran: four such calls took the master from 66 MiB to
   1.2 GiB).
+- A request larger than the largest legal one (GRPC_REQUEST_LIMIT) is refused
+  RESOURCE_EXHAUSTED as its length arrives, even from a caller the cluster knows.
 - A request that does not parse as its method's message is refused INVALID_ARGUMENT, naming
   the method, where gRPC answered UNKNOWN with the parser's exception; so is a node's command
   stream whose message does not parse.
@@ -22,6 +24,7 @@ import pytest
 from helpers import bearer, master_channel
 
 from kvpool import Client
+from kvpool.common.limits import GRPC_REQUEST_LIMIT
 from kvpool.proto import master_pb2 as pb
 from kvpool.security.identity import Role
 from kvpool.security.tokens import new_token
@@ -89,6 +92,22 @@ def test_large_requests_without_credentials_are_refused_unread(cluster, metadata
     assert {e.code() for e in errors} == {grpc.StatusCode.UNAUTHENTICATED}
     grown = peak_resident(cluster.master.pid) - before
     assert grown < 64 << 20, f"the master grew by {grown >> 20} MiB: the requests were read"
+    with Client(cluster.master_address) as client:
+        assert client.get("seed") == b"seed bytes", "still serving"
+
+
+def test_a_request_past_the_largest_legal_one_is_refused_even_from_a_known_caller(cluster):
+    """The master reads requests up to GRPC_REQUEST_LIMIT (the largest legal call, a mount
+    report's part, fits): a larger one is refused as its length arrives, not held."""
+    before = peak_resident(cluster.master.pid)
+    channel, put_start = raw_put_start(cluster)
+    with pytest.raises(grpc.RpcError) as refused:
+        put_start(bytes(GRPC_REQUEST_LIMIT + 1), timeout=30, metadata=bearer())
+    channel.close()
+
+    assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    grown = peak_resident(cluster.master.pid) - before
+    assert grown < 64 << 20, f"the master grew by {grown >> 20} MiB"
     with Client(cluster.master_address) as client:
         assert client.get("seed") == b"seed bytes", "still serving"
 

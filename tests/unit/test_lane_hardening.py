@@ -36,7 +36,8 @@ from state_helpers import segment_info
 
 from kvpool.client.lane_client import LaneClient
 from kvpool.common import lane_protocol as lp
-from kvpool.common.keys import MAX_KEY_BYTES
+from kvpool.common.keys import MAX_KEY_BYTES, STORED_KEY_BYTES
+from kvpool.common.limits import GRPC_REQUEST_LIMIT
 from kvpool.common.status import KeyStatus
 from kvpool.master import handlers as master_handlers
 from kvpool.master.authenticator import Authenticator
@@ -53,6 +54,7 @@ from kvpool.proto import master_pb2 as pb
 from kvpool.security.caller import CallerCredentials
 from kvpool.security.identity import Role
 from kvpool.security.tokens import CredentialStore, new_token
+from kvpool.transport import worker_address
 
 #: What a UCX worker address may take: every PutStart answer carries its segment's.
 WORKER_ADDRESS_BYTES = 4096
@@ -239,6 +241,46 @@ def test_the_largest_legal_requests_fit_the_request_limit_and_a_byte_more_is_ref
     assert decoder.pending, "announced, and waited for"
     with pytest.raises(lp.LaneProtocolError, match="exceeds"):
         lp.FrameDecoder(lp.REQUEST_LIMIT).feed(lp.HEADER.pack(lp.REQUEST_LIMIT + 1, 1, 1, 0))
+
+
+def test_the_largest_mount_report_part_fits_the_master_s_grpc_request_limit():
+    """A mount (gRPC only) carries a part of the segment's objects: at most a batch of them,
+    each of the longest stored key and the largest numbers, beside the largest segment."""
+    most = 2**64 - 1
+    segment = pb.Segment(
+        segment_id="s" * 256,
+        node_id="n" * 256,
+        host="h" * 256,
+        worker_address=b"w" * worker_address.MAX_BYTES,
+        base_address=most,
+        size=most,
+        rkey=b"r" * 4096,
+        tier=pb.NVME,
+        persistent=True,
+        checked_address="c" * 300,
+        tenant="t" * 63,
+    )
+    objects = [
+        pb.StoredObject(
+            key=f"{i:0{STORED_KEY_BYTES}d}",
+            offset=most,
+            size=most,
+            crc32c=2**32 - 1,
+            generation=most,
+            replicas=2**32 - 1,
+        )
+        for i in range(lp.MAX_BATCH_KEYS)
+    ]
+    mount = pb.MountSegmentRequest(
+        segment=segment,
+        objects=objects,
+        remount=True,
+        silent_ms=most,
+        incarnation="i" * 64,
+        more=True,
+        continued=True,
+    )
+    assert lp.REQUEST_LIMIT < mount.ByteSize() <= GRPC_REQUEST_LIMIT
 
 
 def test_the_largest_node_report_fits_the_report_limit():
