@@ -14,9 +14,10 @@ GRPC_MESSAGE_OPTIONS = (
 )
 
 #: The largest request the master's gRPC server reads: the largest legal call is a mount
-#: report's part (``lp.MAX_BATCH_KEYS`` objects of the longest stored keys, about 75 MiB;
-#: tests/unit/test_lane_hardening.py holds it under this). gRPC reads a request whole before
-#: the master sees it, so this bounds what each call in flight may make the master hold.
+#: report's part (``lp.MAX_BATCH_KEYS`` objects of the longest stored keys, every field at
+#: its largest: tests/unit/test_lane_hardening.py builds it and holds it under this). gRPC
+#: reads a request whole before the master sees it, so this bounds what each call in flight
+#: may make the master hold.
 GRPC_REQUEST_LIMIT = 96 * 1024 * 1024
 
 #: The master's gRPC server options: requests up to GRPC_REQUEST_LIMIT, answers up to
