@@ -347,12 +347,9 @@ class _Connection(asyncio.Protocol):
         need = announced if announced > FREE_FRAME and self._stream is None else 0
         if need == self._reserved:
             return
-        lane = self.lane
-        if self._reserved:
-            held, self._reserved = self._reserved, 0
-            lane.give_back(held)
+        self._give_back_reserved()
         if need and self.transport is not None:
-            if lane.reserve(self, need):
+            if self.lane.reserve(self, need):
                 self._reserved = need
             else:
                 self.wanted = need
@@ -362,7 +359,16 @@ class _Connection(asyncio.Protocol):
         """The lane reserved the request memory this connection waited for: read on."""
         self._reserved, self.wanted = self.wanted, 0
         self._heard = True  # (a partial frame's deadline starts again)
-        if self._paused_since is None and self.transport is not None:
+        self._read_on()
+
+    def _give_back_reserved(self) -> None:
+        if self._reserved:
+            held, self._reserved = self._reserved, 0
+            self.lane.give_back(held)
+
+    def _read_on(self) -> None:
+        """Reads again, unless its answers wait unread or it waits for request memory."""
+        if self._paused_since is None and not self.wanted and self.transport is not None:
             self.transport.resume_reading()
 
     def pause_writing(self) -> None:
@@ -379,8 +385,7 @@ class _Connection(asyncio.Protocol):
         except lp.LaneProtocolError as error:
             self.lane.drop(self, "bad_frame", str(error))
             return
-        if self._paused_since is None and not self.wanted and self.transport is not None:
-            self.transport.resume_reading()
+        self._read_on()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.transport is None:
@@ -388,9 +393,7 @@ class _Connection(asyncio.Protocol):
         self.transport = None
         self._held.clear()
         self.wanted = 0  # (the lane drops it from its line)
-        if self._reserved:
-            held, self._reserved = self._reserved, 0
-            self.lane.give_back(held)
+        self._give_back_reserved()
         self.lane._connections.discard(self)
         stream, self._stream = self._stream, None
         if stream is not None:
