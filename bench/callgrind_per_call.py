@@ -12,6 +12,9 @@ a throwaway CA, tokens, TLS on the master's gRPC port and lane; or everything
 - ``exists1``: the same with one key (what a call costs beyond its keys);
 - ``get``: ``get_into_many`` of 32 x 4 KiB; ``put``: ``put_many`` of 32 new 4 KiB objects.
 
+``--mapping``: the client maps the node's segment and moves the bytes itself, as the bench's
+same-host clients do (``same_host_mapping``); without it, they go over UCX.
+
 Counters are zeroed (``callgrind_control -z``) when both processes are warm, dumped after the
 calls, and the master's idle cost over as long (heartbeats, sweeps: about 3.4M instructions
 a second) is dumped next and subtracted. Prints one JSON line: instructions per call of each
@@ -93,7 +96,13 @@ def _has_security(kvpool: list[str]) -> bool:
 
 
 def measure(
-    op: str, secure: bool, calls: int, out: Path, client_too: bool, tree: Path | None = None
+    op: str,
+    secure: bool,
+    calls: int,
+    out: Path,
+    client_too: bool,
+    tree: Path | None = None,
+    mapping: bool = False,
 ) -> dict[str, Any]:
     from bench.kvpool_runner import CALLER_ENV, NODE_ID, KvpoolServers
     from kvpool.local_cluster import ManagedProcess
@@ -141,7 +150,7 @@ def measure(
         config = {
             "master": address, "tls_ca": servers.ca if secure else None,
             "token": servers.client_token if secure else None, "op": op, "calls": calls,
-            "prefix": f"cg-{op}", "sync": str(sync),
+            "prefix": f"cg-{op}", "sync": str(sync), "mapping": mapping,
         }  # fmt: skip
         argv = [python, "-c", CLIENT_LOADER, str(Path(__file__).resolve())]
         env = {k: v for k, v in servers.env.items() if k not in CALLER_ENV}
@@ -178,7 +187,7 @@ def measure(
         master_busy = _instructions(_last_dump(out, master.pid, 2))
         master_idle = _instructions(_last_dump(out, master.pid, 1))
         result: dict[str, Any] = {
-            "op": op, "security": servers.security, "calls": calls,
+            "op": op, "security": servers.security, "calls": calls, "mapping": mapping,
             "tree": str(root),
             "seconds": round(busy, 1),
             "master_per_call": round((master_busy - master_idle) / calls),
@@ -211,6 +220,8 @@ def client_main(config: dict[str, Any]) -> None:
 
     sync = Path(config["sync"])
     security = {name: config[name] for name in ("tls_ca", "token") if config.get(name)}
+    if config.get("mapping"):  # (only where asked: an older tree's Client may not know it)
+        security["same_host_mapping"] = True
     client = Client(config["master"], timeout=60, **security)
     op = config["op"]
     keys = [f"{config['prefix']}/{i}" for i in range(KEYS[op])]
@@ -260,6 +271,11 @@ def main() -> None:
     parser.add_argument("--security", choices=("secure", "insecure"), default="secure")
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--no-client", action="store_true", help="the master alone")
+    parser.add_argument(
+        "--mapping",
+        action="store_true",
+        help="the client maps the node's segment, as the bench's same-host clients do",
+    )
     parser.add_argument("--out-dir", type=Path, help="the dumps (default: a new temporary one)")
     parser.add_argument(
         "--tree", type=Path, help="another kvpool checkout to measure, with its own .venv"
@@ -269,7 +285,8 @@ def main() -> None:
         sys.exit("callgrind_per_call: needs valgrind (apt-get install valgrind)")
     out = args.out_dir or Path(tempfile.mkdtemp(prefix="kvpool-callgrind-"))
     secure = args.security == "secure"
-    print(json.dumps(measure(args.op, secure, args.calls, out, not args.no_client, args.tree)))
+    result = measure(args.op, secure, args.calls, out, not args.no_client, args.tree, args.mapping)
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":
