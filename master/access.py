@@ -83,9 +83,20 @@ def own_node(identity: Identity, node_id: str, what: str) -> None:
     )
 
 
+#: The longest client id the master takes (``kvpool.Client`` makes 32 hex digits). The master
+#: keeps a writer's id with each of its reservations, and in the story of each key it puts.
+MAX_CLIENT_ID = 128
+
+
 def client_scope(identity: Identity, client_id: str) -> str:
     """The client id as the master keeps it: qualified by the identity that used it, so no
     caller can heartbeat, or give back the leases of, another identity's clients."""
+    if len(client_id) > MAX_CLIENT_ID:
+        raise CallRefused(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"a client id holds at most {MAX_CLIENT_ID} characters, got {len(client_id)}: "
+            "leave client_id to kvpool's Client, which makes one",
+        )
     if identity.insecure or not client_id:
         return client_id
     return f"{identity.tenant}/{identity.name}:{client_id}"

@@ -7,6 +7,8 @@
   1.2 GiB).
 - A request larger than the largest legal one (GRPC_REQUEST_LIMIT) is refused
   RESOURCE_EXHAUSTED as its length arrives, even from a caller the cluster knows.
+- A client id longer than any client makes is refused INVALID_ARGUMENT: the master keeps a
+  writer's id with each reservation and in each key's story.
 - A request that does not parse as its method's message is refused INVALID_ARGUMENT, naming
   the method, where gRPC answered UNKNOWN with the parser's exception; so is a node's command
   stream whose message does not parse.
@@ -110,6 +112,32 @@ def test_a_request_past_the_largest_legal_one_is_refused_even_from_a_known_calle
     assert grown < 64 << 20, f"the master grew by {grown >> 20} MiB"
     with Client(cluster.master_address) as client:
         assert client.get("seed") == b"seed bytes", "still serving"
+
+
+@pytest.mark.parametrize("method", ["PutStart", "ClientHeartbeat", "GetReplicas"])
+def test_a_client_id_longer_than_any_client_makes_is_refused(cluster, method):
+    """The master keeps a writer's client id with its reservations and in its keys' stories:
+    one of any length would let a caller make it hold that much per object."""
+    channel = master_channel(cluster.master_address)
+    request = getattr(pb, f"{method}Request")(client_id="c" * 129)
+    if method != "ClientHeartbeat":
+        request.keys.append("k")
+    if method == "PutStart":
+        request.sizes.append(1)
+    call = channel.unary_unary(
+        f"/kvpool.v1.Master/{method}",
+        request_serializer=lambda m: m.SerializeToString(),
+        response_deserializer=lambda b: b,
+    )
+    with pytest.raises(grpc.RpcError) as refused:
+        call(request, timeout=10, metadata=bearer())
+    channel.close()
+
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert refused.value.details() == (
+        "a client id holds at most 128 characters, got 129: leave client_id to kvpool's "
+        "Client, which makes one"
+    )
 
 
 def test_a_request_that_does_not_parse_is_refused_invalid_argument(cluster):
