@@ -15,6 +15,11 @@ a throwaway CA, tokens, TLS on the master's gRPC port and lane; or everything
 ``--mapping``: the client maps the node's segment and moves the bytes itself, as the bench's
 same-host clients do (``same_host_mapping``); without it, they go over UCX.
 
+``--cpu-time``: no callgrind; the same processes at full speed, and per call the wall time and
+each process's CPU time (user and system, every thread: ``/proc/PID/stat``), its context
+switches and minor page faults, and the master's resident size after the calls. Where
+instructions are level and the time is not, this says which process spends it.
+
 Counters are zeroed (``callgrind_control -z``) when both processes are warm, dumped after the
 calls, and the master's idle cost over as long (heartbeats, sweeps: about 3.4M instructions
 a second) is dumped next and subtracted. Prints one JSON line: instructions per call of each
@@ -103,6 +108,8 @@ def measure(
     client_too: bool,
     tree: Path | None = None,
     mapping: bool = False,
+    cpu_time: bool = False,
+    master_args: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     from bench.kvpool_runner import CALLER_ENV, NODE_ID, KvpoolServers
     from kvpool.local_cluster import ManagedProcess
@@ -129,11 +136,12 @@ def measure(
         servers._prepare_credentials()
     master_flags = servers._master_security_args() if flags else []
     node_flags = [] if secure or not flags else ["--insecure"]
+    valgrind = [] if cpu_time else [*VALGRIND, f"--callgrind-out-file={out}/cg.%p"]
     master = ManagedProcess(
         "cg-master",
-        [*VALGRIND, f"--callgrind-out-file={out}/cg.%p", *kvpool, "master", "--host",
+        [*valgrind, *kvpool, "master", "--host",
          "127.0.0.1", "--port", "0", "--lane-port", "0", "--http-port", "0",
-         "--log-format", "json", *master_flags],
+         "--log-format", "json", *master_flags, *master_args],
         out, servers.env,
     )  # fmt: skip
     node = client = None
@@ -162,7 +170,7 @@ def measure(
         )  # fmt: skip
         argv.append(json.dumps(config))
         if client_too:
-            argv = [*VALGRIND, f"--callgrind-out-file={out}/cg.%p", *argv]
+            argv = [*valgrind, *argv]
         log = out / "client.log"
         with log.open("wb") as log_file:
             client = subprocess.Popen(
@@ -171,6 +179,14 @@ def measure(
             )  # fmt: skip
         _wait_for(sync / "ready", client, log)
         time.sleep(1)
+        if cpu_time:
+            pids = {"master": master.pid, "node": node.pid, "client": client.pid}
+            result = _cpu_per_call(pids, sync, client, log, calls)
+            result.update(op=op, security=servers.security, mapping=mapping, tree=str(root))
+            result["master_resident_mib"] = round(_resident(master.pid) / (1 << 20))
+            (sync / "exit").write_text("")
+            client.wait(300)
+            return result
         _control("-z", master.pid)
         if client_too:
             _control("-z", client.pid)
@@ -186,7 +202,7 @@ def measure(
         _control("-d", master.pid)
         master_busy = _instructions(_last_dump(out, master.pid, 2))
         master_idle = _instructions(_last_dump(out, master.pid, 1))
-        result: dict[str, Any] = {
+        result = {
             "op": op, "security": servers.security, "calls": calls, "mapping": mapping,
             "tree": str(root),
             "seconds": round(busy, 1),
@@ -208,6 +224,49 @@ def measure(
                 process.stop(30)
         if servers._secrets is not None:
             servers._secrets.cleanup()
+
+
+def _process_counts(pid: int) -> tuple[float, int, int]:
+    """A process's CPU seconds (user and system, all threads), context switches (all
+    threads) and minor page faults so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    seconds = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    switches = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            status = (task / "status").read_text()
+        except FileNotFoundError:  # (a thread that ended meanwhile)
+            continue
+        for line in status.splitlines():
+            if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
+                switches += int(line.split()[1])
+    return seconds, switches, int(fields[7])
+
+
+def _resident(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _cpu_per_call(
+    pids: dict[str, int], sync: Path, client: subprocess.Popen[bytes], log: Path, calls: int
+) -> dict[str, Any]:
+    """Lets the client make its calls; per call, the wall time and each process's counts."""
+    before = {name: _process_counts(pid) for name, pid in pids.items()}
+    started = time.monotonic()
+    (sync / "go").write_text("")
+    _wait_for(sync / "done", client, log)
+    wall = time.monotonic() - started
+    after = {name: _process_counts(pid) for name, pid in pids.items()}
+    result: dict[str, Any] = {"calls": calls, "us_per_call": round(wall / calls * 1e6, 1)}
+    for name in pids:
+        (cpu0, switches0, faults0), (cpu1, switches1, faults1) = before[name], after[name]
+        result[f"{name}_cpu_us_per_call"] = round((cpu1 - cpu0) / calls * 1e6, 1)
+        result[f"{name}_switches_per_call"] = round((switches1 - switches0) / calls, 2)
+        result[f"{name}_faults_per_call"] = round((faults1 - faults0) / calls, 2)
+    return result
 
 
 def client_main(config: dict[str, Any]) -> None:
@@ -280,12 +339,23 @@ def main() -> None:
     parser.add_argument(
         "--tree", type=Path, help="another kvpool checkout to measure, with its own .venv"
     )
+    parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="no callgrind: wall and CPU time, switches and page faults per call",
+    )
+    parser.add_argument(
+        "--master-args", default="", help="more flags for the master, e.g. '--story-events 0'"
+    )
     args = parser.parse_args()
-    if shutil.which("callgrind_control") is None:
+    if not args.cpu_time and shutil.which("callgrind_control") is None:
         sys.exit("callgrind_per_call: needs valgrind (apt-get install valgrind)")
     out = args.out_dir or Path(tempfile.mkdtemp(prefix="kvpool-callgrind-"))
     secure = args.security == "secure"
-    result = measure(args.op, secure, args.calls, out, not args.no_client, args.tree, args.mapping)
+    result = measure(
+        args.op, secure, args.calls, out, not args.no_client, args.tree, args.mapping,
+        args.cpu_time, tuple(args.master_args.split()),
+    )  # fmt: skip
     print(json.dumps(result))
 
 
