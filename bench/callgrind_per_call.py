@@ -112,6 +112,7 @@ def measure(
     master_args: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     from bench.kvpool_runner import CALLER_ENV, NODE_ID, KvpoolServers
+    from bench.processes import resident_mib
     from kvpool.local_cluster import ManagedProcess
 
     root = tree.resolve() if tree is not None else Path(__file__).resolve().parent.parent
@@ -183,7 +184,7 @@ def measure(
             pids = {"master": master.pid, "node": node.pid, "client": client.pid}
             result = _cpu_per_call(pids, sync, client, log, calls)
             result.update(op=op, security=servers.security, mapping=mapping, tree=str(root))
-            result["master_resident_mib"] = round(_resident(master.pid) / (1 << 20))
+            result["master_resident_mib"] = round(resident_mib(master.pid))
             (sync / "exit").write_text("")
             client.wait(300)
             return result
@@ -226,11 +227,9 @@ def measure(
             servers._secrets.cleanup()
 
 
-def _process_counts(pid: int) -> tuple[float, int, int]:
-    """A process's CPU seconds (user and system, all threads), context switches (all
-    threads) and minor page faults so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    seconds = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def _switches_and_faults(pid: int) -> tuple[int, int]:
+    """A process's context switches (every thread) and minor page faults so far."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
     switches = 0
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
@@ -240,26 +239,24 @@ def _process_counts(pid: int) -> tuple[float, int, int]:
         for line in status.splitlines():
             if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
                 switches += int(line.split()[1])
-    return seconds, switches, int(fields[7])
-
-
-def _resident(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
+    return switches, int(stat[stat.rindex(")") + 2 :].split()[7])
 
 
 def _cpu_per_call(
     pids: dict[str, int], sync: Path, client: subprocess.Popen[bytes], log: Path, calls: int
 ) -> dict[str, Any]:
     """Lets the client make its calls; per call, the wall time and each process's counts."""
-    before = {name: _process_counts(pid) for name, pid in pids.items()}
+    from bench.processes import process_cpu
+
+    def counts(pid: int) -> tuple[float, int, int]:
+        return (process_cpu(pid), *_switches_and_faults(pid))
+
+    before = {name: counts(pid) for name, pid in pids.items()}
     started = time.monotonic()
     (sync / "go").write_text("")
     _wait_for(sync / "done", client, log)
     wall = time.monotonic() - started
-    after = {name: _process_counts(pid) for name, pid in pids.items()}
+    after = {name: counts(pid) for name, pid in pids.items()}
     result: dict[str, Any] = {"calls": calls, "us_per_call": round(wall / calls * 1e6, 1)}
     for name in pids:
         (cpu0, switches0, faults0), (cpu1, switches1, faults1) = before[name], after[name]

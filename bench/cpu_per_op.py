@@ -51,6 +51,7 @@ from bench.compare import (
     kvpool_systems,
     open_placement,
 )
+from bench.processes import process_cpu
 from kvpool.common.sizes import parse_size
 
 KiB, MiB = 1024, 1024 * 1024
@@ -89,15 +90,6 @@ def workloads(seconds: float, store_size: int) -> list[Workload]:
             batch=PUT_BATCH, seconds=seconds, unit="keys/s", exists_batch=EXISTS_BATCH,
         ),
     ]  # fmt: skip
-
-
-def process_cpu(pid: int) -> float:
-    """CPU seconds (user + system, every thread, children excluded) of process ``pid`` so far."""
-    import os
-
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()  # (the command may hold spaces, parentheses)
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_of(pids: dict[str, int]) -> dict[str, float]:

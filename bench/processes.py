@@ -146,3 +146,18 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """This process's environment plus ``extra`` (UCX_* and MC_* settings pass through: the
     results record them)."""
     return {**os.environ, **(extra or {})}
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system, every thread, children excluded) of process ``pid`` so far."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()  # (the command may hold spaces, parentheses)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def resident_mib(pid: int) -> float:
+    """Process ``pid``'s resident memory now (``VmRSS``), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")

@@ -30,6 +30,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bench.processes import resident_mib
 from kvpool.etcd_process import EtcdProcess
 from kvpool.master.tombstone_format import encode, whole_key
 from kvpool.master.tombstone_store import TombstoneStore
@@ -40,13 +41,6 @@ PREFIX = b"kvpool/bench"
 LEADER_KEY = PREFIX + b"/leader"
 ME = "127.0.0.1:50051"
 SEGMENT = "node0/dram-0"
-
-
-def resident_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
 
 
 async def measure(layout: str, keys: int, changes: int, sample_every: int) -> dict[str, Any]:
