@@ -110,6 +110,8 @@ def measure(
     mapping: bool = False,
     cpu_time: bool = False,
     master_args: tuple[str, ...] = (),
+    key_prefix: str = "",
+    client_profile: Path | None = None,
 ) -> dict[str, Any]:
     from bench.kvpool_runner import CALLER_ENV, NODE_ID, KvpoolServers
     from bench.processes import resident_mib
@@ -159,7 +161,8 @@ def measure(
         config = {
             "master": address, "tls_ca": servers.ca if secure else None,
             "token": servers.client_token if secure else None, "op": op, "calls": calls,
-            "prefix": f"cg-{op}", "sync": str(sync), "mapping": mapping,
+            "prefix": f"{key_prefix}cg-{op}", "sync": str(sync), "mapping": mapping,
+            "profile": str(client_profile.resolve()) if client_profile else None,
         }  # fmt: skip
         argv = [python, "-c", CLIENT_LOADER, str(Path(__file__).resolve())]
         env = {k: v for k, v in servers.env.items() if k not in CALLER_ENV}
@@ -312,8 +315,17 @@ def client_main(config: dict[str, Any]) -> None:
     (sync / "ready").write_text("")
     while not (sync / "go").exists():
         time.sleep(0.05)
+    profile = None
+    if config.get("profile"):
+        import cProfile
+
+        profile = cProfile.Profile()
+        profile.enable()
     for _ in range(config["calls"]):
         call()
+    if profile is not None:
+        profile.disable()
+        profile.dump_stats(config["profile"])
     (sync / "done").write_text("")
     while not (sync / "exit").exists():
         time.sleep(0.05)
@@ -344,6 +356,16 @@ def main() -> None:
     parser.add_argument(
         "--master-args", default="", help="more flags for the master, e.g. '--story-events 0'"
     )
+    parser.add_argument(
+        "--key-prefix",
+        default="",
+        help="put in front of every key, e.g. to make them as long as the bench's (50 characters)",
+    )
+    parser.add_argument(
+        "--client-profile",
+        type=Path,
+        help="with --cpu-time: the client's timed calls under cProfile, its stats written here",
+    )
     args = parser.parse_args()
     if not args.cpu_time and shutil.which("callgrind_control") is None:
         sys.exit("callgrind_per_call: needs valgrind (apt-get install valgrind)")
@@ -351,7 +373,8 @@ def main() -> None:
     secure = args.security == "secure"
     result = measure(
         args.op, secure, args.calls, out, not args.no_client, args.tree, args.mapping,
-        args.cpu_time, tuple(args.master_args.split()),
+        args.cpu_time, tuple(args.master_args.split()), args.key_prefix,
+        args.client_profile,
     )  # fmt: skip
     print(json.dumps(result))
 
