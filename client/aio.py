@@ -49,7 +49,7 @@ from kvpool.client.types import (
     RegisteredRegion,
     StoryEvent,
 )
-from kvpool.errors import InvalidArgument, KVPoolError
+from kvpool.errors import ClientClosed, InvalidArgument, KVPoolError
 
 T = TypeVar("T")
 
@@ -313,7 +313,7 @@ class AsyncClient:
         on a thread) with what the call returned or raised, and only then lets
         CancelledError through."""
         if self._closed:
-            raise RuntimeError("this AsyncClient is closed: make a new one")
+            raise ClientClosed("this AsyncClient is closed: make a new one")
         loop = asyncio.get_running_loop()
         scope = CancelScope()
         started = self._threads.submit(run_in_scope, scope, call)

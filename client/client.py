@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from kvpool.client import get_path, put_path
+from kvpool.client import arguments, get_path, put_path
 from kvpool.client.buffers import new_bytes, readable_address, writable_address
 from kvpool.client.cancellation import cancelled
 from kvpool.client.data_path import DataPath
@@ -51,6 +51,7 @@ from kvpool.common.status import KeyStatus
 from kvpool.errors import BufferTooSmall, InvalidArgument, InvalidKey, KVPoolError
 from kvpool.proto import master_pb2 as pb
 from kvpool.security.caller import CallerCredentials
+from kvpool.transport import ucp
 
 DEFAULT_TIMEOUT = 10.0
 #: Leased keys a client remembers to give back when it closes.
@@ -120,10 +121,8 @@ class Client:
         except ValueError as error:
             raise InvalidArgument(str(error)) from None
         _check_replicas(replicas)
-        if timeout <= 0:
-            raise InvalidArgument(f"timeout must be positive seconds, got {timeout}")
-        if lease_ttl < 0:
-            raise InvalidArgument(f"lease_ttl must not be negative, got {lease_ttl}")
+        timeout = arguments.seconds("timeout", timeout, zero_allowed=False)
+        lease_ttl = arguments.seconds("lease_ttl", lease_ttl, zero_allowed=True)
         if isinstance(copy_threads, bool) or not isinstance(copy_threads, int) or copy_threads < 1:
             raise InvalidArgument(f"copy_threads must be an integer >= 1, got {copy_threads!r}")
         self.master = str(target)
@@ -415,6 +414,7 @@ class Client:
         problem = key_problem(key)
         if problem is not None:
             raise InvalidKey(f"invalid key {shown_key(key)}: {problem}", key=key)
+        size = arguments.whole("size", size)
         write_options = self._write_options(**options)
         deadline = time.monotonic() + self.timeout
         [(slot, write_deadline)] = self._reserve([key], [size], write_options, deadline)
@@ -569,6 +569,7 @@ class Client:
 
     def list_keys(self, prefix: str = "", *, limit: int = 0, start_after: str = "") -> KeyPage:
         """One page of published keys with their sizes; page on with ``next_start_after``."""
+        limit = arguments.whole("limit", limit, most=arguments.UINT32_MAX)
         request = pb.ListKeysRequest(prefix=prefix, limit=limit, start_after=start_after)
         return key_page(self._call("ListKeys", request))
 
@@ -605,7 +606,7 @@ class Client:
         """
         try:
             region = self._session.data.register(buffer)
-        except (TypeError, ValueError, BufferError) as error:
+        except (TypeError, ValueError, BufferError, ucp.UcxError) as error:
             raise InvalidArgument(f"cannot register this buffer: {error}") from None
         return RegisteredRegion(region.address, region.length, region)
 
@@ -753,10 +754,15 @@ def _check_replicas(replicas: object) -> None:
     master has its own upper limit, and answers InvalidArgument beyond it."""
     if replicas is None:
         return
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+    if (
+        isinstance(replicas, bool)
+        or not isinstance(replicas, int)
+        or not 1 <= replicas <= arguments.UINT32_MAX
+    ):
         raise InvalidArgument(
             f"replicas must be a whole number of copies, at least 1, got {replicas!r}: pass "
-            "1 or more, or None for the master's default (kvpool master --default-replicas)"
+            "1 or more (the master answers InvalidArgument above its own limit), or None for "
+            "the master's default (kvpool master --default-replicas)"
         )
 
 

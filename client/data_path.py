@@ -51,6 +51,7 @@ from typing import Any
 from kvpool.client.coalescing import coalesce
 from kvpool.client.unreachable_nodes import UnreachableNodes
 from kvpool.common.logging import get_logger
+from kvpool.errors import ClientClosed, InvalidArgument
 from kvpool.proto import master_pb2 as pb
 from kvpool.transport import ucp
 from kvpool.transport.checked_stream import CheckedStreams, Job, Outcome
@@ -164,7 +165,16 @@ class DataPath:
         copy_threads: int = 2,
         checked_stream: bool | None = None,
     ) -> None:
-        self.context = ucp.Context(ucx_config)
+        try:
+            self.context = ucp.Context(ucx_config)
+            first_worker = self.context.create_worker()
+        except ucp.UcxError as error:
+            given = sorted(ucx_config or {}) + sorted(k for k in os.environ if k.startswith("UCX_"))
+            raise InvalidArgument(
+                f"UCX could not start ({error}) with the settings {given or 'of its defaults'}: "
+                "check ucx_config (names without the UCX_ prefix) and the UCX_* environment "
+                "variables"
+            ) from None
         if checked_stream is None:  # (KVPOOL_CHECKED_STREAM=0 opts a client out: UCX)
             checked_stream = os.environ.get("KVPOOL_CHECKED_STREAM", "1") != "0"
         #: Connections of the checked stream (None: UCX carries every remote transfer).
@@ -172,7 +182,7 @@ class DataPath:
         self._lock = threading.Lock()
         #: Notified when a lane is given back and when a transfer ends.
         self._changed = threading.Condition(self._lock)
-        self._lanes = [_Lane(self.context.create_worker())]
+        self._lanes = [_Lane(first_worker)]
         self._idle = list(self._lanes)
         #: Workers given up after a transfer they could not stop: kept (never destroyed, never
         #: progressed) so that UCX can touch nothing through them.
@@ -314,7 +324,7 @@ class DataPath:
         others = [i for i, t in enumerate(transfers) if t.segment_id not in checked]
         with self._lock:
             if self._closed:
-                raise RuntimeError("the client is closed")
+                raise ClientClosed("the client is closed")
             self._in_flight += 1
         try:
             for i, error in zip(
@@ -392,7 +402,7 @@ class DataPath:
         remote: list[tuple[int, Any]] = []  # (index, memh) of those UCX carries
         with self._lock:
             if self._closed:
-                raise RuntimeError("the client is closed")
+                raise ClientClosed("the client is closed")
             mapped_here, exited = self._live_mappings(
                 {t.segment_id for t in transfers}, writable=not is_get
             )
@@ -569,7 +579,7 @@ class DataPath:
         with self._lock:
             while not self._idle:
                 if self._closed:
-                    raise RuntimeError("the client is closed")
+                    raise ClientClosed("the client is closed")
                 if len(self._lanes) < MAX_WORKERS:
                     lane = _Lane(self.context.create_worker())
                     self._lanes.append(lane)

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 
 from kvpool.client.master_link import MasterLink
-from kvpool.errors import KVPoolError
+from kvpool.common.log_throttle import LogThrottle
+from kvpool.common.logging import get_logger
+from kvpool.errors import ClientClosed, KVPoolError
 from kvpool.proto import master_pb2 as pb
 
 INTERVAL = 1.0
+
+log = get_logger(__name__)
 
 
 class Heartbeat:
@@ -25,10 +28,18 @@ class Heartbeat:
         self._thread.start()
 
     def _run(self) -> None:
+        throttle = LogThrottle(burst=1, interval=60.0)
         while not self._stop.wait(self._interval):
-            # the master may be away: puts will say so themselves
-            with contextlib.suppress(KVPoolError):
+            try:
                 self._link.call("ClientHeartbeat", self._request, time.monotonic() + self._interval)
+            except ClientClosed:
+                return
+            except KVPoolError:
+                pass  # the master may be away: puts will say so themselves
+            except Exception as error:  # (a bug, or a master of another version: keep beating)
+                dropped = throttle.allow(type(error).__name__)
+                if dropped is not None:
+                    log.warning("client heartbeat failed", error=repr(error), suppressed=dropped)
 
     def stop(self) -> None:
         self._stop.set()

@@ -20,6 +20,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from google.protobuf.message import DecodeError
+
 from kvpool.common import lane_protocol as lp
 from kvpool.common.limits import MESSAGE_LIMIT
 from kvpool.security.caller import ANONYMOUS, CallerCredentials
@@ -199,7 +201,12 @@ class _Connection:
         if answer.status != lp.OK:
             details, leader = answer.error()
             raise LaneError(answer.status, details, leader)
-        return response_type.FromString(answer.body)
+        try:
+            return response_type.FromString(answer.body)
+        except DecodeError as error:
+            raise LaneError(
+                lp.INTERNAL, f"the master's answer does not parse ({error}): is it this version?"
+            ) from None
 
     def _read_frame(self, call_id: int, deadline: float) -> lp.Frame:
         """Reads the answer to ``call_id`` (the only call in flight on this connection)."""

@@ -27,11 +27,13 @@ import grpc
 
 from kvpool.client.lane_client import LaneClient, LaneError
 from kvpool.common import lane_protocol as lp
+from kvpool.common.keys import MAX_KEY_BYTES
 from kvpool.common.leader_resolver import LEADER_METADATA, LeaderResolver
 from kvpool.common.limits import GRPC_MESSAGE_OPTIONS
 from kvpool.common.logging import get_logger
 from kvpool.common.master_address import MasterTarget, host_of, parse_master
 from kvpool.errors import (
+    ClientClosed,
     InvalidArgument,
     KVPoolError,
     MasterUnavailable,
@@ -42,6 +44,7 @@ from kvpool.errors import (
 from kvpool.proto import master_pb2 as pb
 from kvpool.proto import master_pb2_grpc
 from kvpool.security.caller import CallerCredentials
+from kvpool.security.tls import TlsConfigError
 
 log = get_logger("kvpool.client")
 
@@ -103,7 +106,14 @@ class MasterLink:
     def call(self, method: str, request: Any, deadline: float) -> Any:
         """Calls ``method`` on the leader until it answers or ``deadline`` (monotonic) passes."""
         if self._closed:
-            raise RuntimeError("the client is closed: make a new one")
+            raise ClientClosed("the client is closed: make a new one")
+        size = request.ByteSize()
+        if size > lp.REQUEST_LIMIT:  # (the master would drop the connection: no retry helps)
+            raise InvalidArgument(
+                f"a {method} request of {size} bytes is larger than the master reads "
+                f"({lp.REQUEST_LIMIT} bytes: {lp.MAX_BATCH_KEYS} keys of up to {MAX_KEY_BYTES} "
+                "bytes): split the batch"
+            )
         backoff = FIRST_BACKOFF
         last_error = "no attempt made"
         failures = 0
@@ -119,10 +129,10 @@ class MasterLink:
                     f"({last_error}). Check that `kvpool master` runs there and is reachable, "
                     "or raise the client's timeout."
                 )
-            stub, leader = self._stub_for_leader()
+            stub, leader = self._stub_for_leader(deadline)
             if stub is None:
                 last_error = "no leader elected yet"
-                self._resolver.failed()
+                self._resolver.failed(deadline=deadline)
             else:
                 try:
                     lane = None if lane_failure else self._lane(method, stub, leader, remaining)
@@ -143,12 +153,14 @@ class MasterLink:
                     continue  # the same call over gRPC, at once
                 except LaneError as error:
                     code, details, hint = error.code, error.details, error.leader
-                except ValueError:
+                except ValueError as error:
                     # grpc's "Cannot invoke RPC on closed channel!": another thread replaced
                     # the channel this call took (a new leader, or a fresh channel after
                     # failures) and closed it. The call goes again, on the new one.
+                    if isinstance(error, KVPoolError) or "closed channel" not in str(error):
+                        raise
                     if self._closed:
-                        raise RuntimeError("the client is closed: make a new one") from None
+                        raise ClientClosed("the client is closed: make a new one") from None
                     continue  # (bounded by the deadline, as every attempt)
                 except grpc.RpcError as error:
                     code, details = error.code().value[0], error.details() or ""
@@ -180,14 +192,14 @@ class MasterLink:
                     raise QuotaExceeded(f"master {leader} refused {method}: {details}")
                 if code == lp.FAILED_PRECONDITION and "not the leader" in details:
                     last_error = f"{leader}: {details}"
-                    self._resolver.failed(hint)
+                    self._resolver.failed(hint, deadline)
                 elif code in RETRYABLE:
                     last_error = f"{leader}: {name}: {details}"
                     failures += 1
                     busy = code == lp.RESOURCE_EXHAUSTED
                     if failures >= FAILURES_BEFORE_RESOLVING and not busy:
                         failures = 0
-                        self._resolver.failed()
+                        self._resolver.failed(deadline=deadline)
                         self._new_channel()
                 elif code == lp.INVALID_ARGUMENT:
                     raise InvalidArgument(f"master rejected {method}: {details}")
@@ -249,7 +261,11 @@ class MasterLink:
                     if isinstance(other, LaneClient):
                         stale.append(other)
                         del self._lanes[address]
-                lane = self._lanes[leader] = LaneClient(host_of(leader), port, self.credentials)
+                try:
+                    lane = LaneClient(host_of(leader), port, self.credentials)
+                except TlsConfigError as error:
+                    raise InvalidArgument(f"cannot connect to master {leader}: {error}") from None
+                self._lanes[leader] = lane
         for other in stale:
             other.close()
         return lane
@@ -283,22 +299,25 @@ class MasterLink:
         with self._lock:
             self._connected_to = ""
 
-    def _stub_for_leader(self) -> tuple[master_pb2_grpc.MasterStub | None, str]:
-        leader = self._resolver.current
+    def _stub_for_leader(self, deadline: float) -> tuple[master_pb2_grpc.MasterStub | None, str]:
+        leader = self._resolver.leader(deadline)
         with self._lock:
             if not leader:
                 return None, ""
             if leader != self._connected_to or self._stub is None:
                 replaced = self._channel
-                self._channel = self.credentials.channel(
-                    leader,
-                    options=[
-                        *GRPC_MESSAGE_OPTIONS,
-                        ("grpc.enable_retries", 0),
-                        ("grpc.initial_reconnect_backoff_ms", 50),
-                        ("grpc.max_reconnect_backoff_ms", 1000),
-                    ],
-                )
+                try:  # (the TLS files are read again for each channel: they may be rotated)
+                    self._channel = self.credentials.channel(
+                        leader,
+                        options=[
+                            *GRPC_MESSAGE_OPTIONS,
+                            ("grpc.enable_retries", 0),
+                            ("grpc.initial_reconnect_backoff_ms", 50),
+                            ("grpc.max_reconnect_backoff_ms", 1000),
+                        ],
+                    )
+                except TlsConfigError as error:
+                    raise InvalidArgument(f"cannot connect to master {leader}: {error}") from None
                 self._stub = master_pb2_grpc.MasterStub(self._channel)
                 self._connected_to = leader
                 if replaced is not None:

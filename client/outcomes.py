@@ -24,7 +24,15 @@ def error_for(status: int, key: str, message: str = "") -> KVPoolError:
     """The exception for a non-OK KeyStatus of ``key``."""
     detail = f" ({message})" if message else ""
     shown = shown_key(key)
-    match KeyStatus(status):
+    try:
+        known = KeyStatus(status)
+    except ValueError:  # (protobuf passes a status it does not know through as an int)
+        return KVPoolError(
+            f"the master answered status {status} for {shown}, which this client does not "
+            f"know{detail}: upgrade the client to the master's version",
+            key=key,
+        )
+    match known:
         case KeyStatus.NOT_FOUND:
             return ObjectNotFound(
                 f"no object with key {shown}: it was never put, was removed, or lost its last "

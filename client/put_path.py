@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvpool.client import arguments
 from kvpool.client.cancellation import CallCancelled, cancelled
 from kvpool.client.checksum import crc32c_at, crc32c_of_pieces
 from kvpool.client.data_path import Failure, Transfer
@@ -64,8 +65,7 @@ class WriteOptions:
             raise InvalidArgument(f"replicas must be 0 (master default) or more, got {replicas}")
         if pin not in PINS:
             raise InvalidArgument(f"pin must be None, 'soft' or 'hard', got {pin!r}")
-        if pin_ttl < 0:
-            raise InvalidArgument(f"pin_ttl must not be negative, got {pin_ttl}")
+        pin_ttl = arguments.seconds("pin_ttl", pin_ttl, zero_allowed=True)
         if tier not in TIERS:
             raise InvalidArgument(f"tier must be None, 'any', 'dram' or 'nvme', got {tier!r}")
         return WriteOptions(

@@ -9,10 +9,19 @@ from __future__ import annotations
 
 import base64
 import threading
+import time
+from typing import Any
 
 from kvpool.common.master_address import MasterTarget
 
+#: Seconds one etcd endpoint gets to answer a lookup.
 LOOKUP_TIMEOUT = 1.0
+#: Seconds a whole lookup (every endpoint in turn) takes at most, whatever the caller's
+#: deadline: the caller retries with backoff, and a node's heartbeat waits meanwhile.
+LOOKUP_BUDGET = 2.0
+#: The most bytes of an answer to one range request read: the leader key's value is an
+#: address, and an endpoint that sends more is not etcd.
+MAX_REPLY = 64 * 1024
 #: Trailing metadata a standby master sets to name the leader.
 LEADER_METADATA = "kvpool-leader"
 
@@ -22,6 +31,9 @@ def leader_key(cluster: str) -> bytes:
 
 
 class LeaderResolver:
+    """Thread-safe; etcd is asked outside the lock, so one slow endpoint does not hold up the
+    threads that already know the leader."""
+
     def __init__(self, target: MasterTarget) -> None:
         self.target = target
         self._lock = threading.Lock()
@@ -30,33 +42,53 @@ class LeaderResolver:
 
     @property
     def current(self) -> str:
-        """The master to call now ("" when etcd knows no leader yet)."""
+        return self.leader()
+
+    def leader(self, deadline: float | None = None) -> str:
+        """The master to call now ("" when etcd knows no leader yet); an etcd lookup ends by
+        ``deadline`` (monotonic) or after LOOKUP_BUDGET, whichever comes first."""
         with self._lock:
-            if not self._current and self.target.etcd:
-                self._current = self._ask_etcd()
+            if self._current or not self.target.etcd:
+                return self._current
+        found = self._ask_etcd(deadline)
+        with self._lock:
+            if not self._current:
+                self._current = found
             return self._current
 
-    def failed(self, hint: str = "") -> str:
+    def failed(self, hint: str = "", deadline: float | None = None) -> str:
         """The current master refused or did not answer: picks another (``hint`` first)."""
+        if not hint and self.target.etcd:
+            found = self._ask_etcd(deadline)
+            with self._lock:
+                self._current = found
+                return found
         with self._lock:
             if hint:
                 self._current = hint
-            elif self.target.etcd:
-                self._current = self._ask_etcd()
             elif len(self.target.masters) > 1:
                 self._index = (self._index + 1) % len(self.target.masters)
                 self._current = self.target.masters[self._index]
             return self._current
 
-    def _ask_etcd(self) -> str:
+    def _ask_etcd(self, deadline: float | None) -> str:
+        """The leader key's value as the first etcd endpoint that answers has it ("" when
+        none answers in time, or it holds none)."""
         # imported here: only etcd-mode processes need HTTP (and a `kvpool get` waits for
         # every import of every call)
+        import binascii
         import json
         import urllib.error
         import urllib.request
 
+        end = time.monotonic() + LOOKUP_BUDGET
+        if deadline is not None:
+            end = min(end, deadline)
         body = json.dumps({"key": base64.b64encode(leader_key(self.target.cluster)).decode()})
         for endpoint in self.target.etcd:
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                break
             request = urllib.request.Request(
                 f"http://{endpoint}/v3/kv/range",
                 data=body.encode(),
@@ -64,11 +96,39 @@ class LeaderResolver:
                 headers={"Content-Type": "application/json"},
             )
             try:
-                with urllib.request.urlopen(request, timeout=LOOKUP_TIMEOUT) as response:
-                    kvs = json.loads(response.read()).get("kvs", [])
-            except (OSError, urllib.error.URLError, ValueError):
+                with urllib.request.urlopen(
+                    request, timeout=min(LOOKUP_TIMEOUT, remaining)
+                ) as response:
+                    reply = _read_reply(response, end)
+                kvs = json.loads(reply).get("kvs", [])
+                if kvs:
+                    return base64.b64decode(kvs[0]["value"], validate=True).decode()
+                return ""
+            except (
+                OSError,
+                urllib.error.URLError,
+                ValueError,  # (json's errors, UnicodeDecodeError and binascii.Error among them)
+                binascii.Error,
+                AttributeError,  # (an answer that is JSON but not an object)
+                KeyError,
+                IndexError,
+                TypeError,
+            ):
                 continue
-            if kvs:
-                return base64.b64decode(kvs[0]["value"]).decode()
-            return ""
         return ""
+
+
+def _read_reply(response: Any, end: float) -> bytes:
+    """The answer's body, read one receive at a time until it ends; TimeoutError past ``end``
+    (an endpoint that trickles bytes keeps each receive within its timeout), ValueError past
+    MAX_REPLY bytes."""
+    parts: list[bytes] = []
+    size = 0
+    while chunk := response.read1(16 * 1024):
+        size += len(chunk)
+        if size > MAX_REPLY:
+            raise ValueError(f"an etcd answer of more than {MAX_REPLY} bytes")
+        if time.monotonic() > end:
+            raise TimeoutError("the etcd answer did not arrive in time")
+        parts.append(chunk)
+    return b"".join(parts)

@@ -18,6 +18,10 @@ class KVPoolError(Exception):
         self.key = key
 
 
+class ClientClosed(KVPoolError, RuntimeError):
+    """The client (or the adapter over it) was closed: make a new one."""
+
+
 class InvalidKey(KVPoolError, ValueError):
     """The key is empty, longer than 1024 bytes of UTF-8, or not valid UTF-8."""
 

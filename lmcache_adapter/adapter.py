@@ -51,7 +51,7 @@ from lmcache.v1.memory_management import MemoryObj
 
 from kvpool import Client
 from kvpool.common.status import KeyStatus
-from kvpool.errors import KVPoolError, ObjectExists, ObjectNotFound, ObjectNotReady
+from kvpool.errors import ClientClosed, KVPoolError, ObjectExists, ObjectNotFound, ObjectNotReady
 from kvpool.lmcache.arena import L1Arena
 from kvpool.lmcache.config import KVPoolL2AdapterConfig
 from kvpool.lmcache.connections import open_connections
@@ -333,7 +333,7 @@ class KVPoolL2Adapter(L2AdapterInterface):
             statuses = self._control.remove(
                 [n for _, n in chosen], self.config.control_timeout_s, force=True
             )
-        except (KVPoolError, ValueError) as error:  # ValueError: closed meanwhile
+        except (KVPoolError, ValueError) as error:  # (closed meanwhile: ClientClosed)
             logger.warning("kvpool L2 adapter: delete of %d key(s): %s", len(chosen), error)
             return
         removed = [p for p, status in zip(chosen, statuses, strict=True) if status == KeyStatus.OK]
@@ -365,7 +365,7 @@ class KVPoolL2Adapter(L2AdapterInterface):
         if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size <= 0:
             raise ValueError(f"page_size must be a positive integer (got {page_size!r})")
         if self._closed:
-            raise RuntimeError("the kvpool L2 adapter is closed")
+            raise ClientClosed("the kvpool L2 adapter is closed")
         prefix = self._codec.model_prefix(model_name)
         if cursor is not None and (not isinstance(cursor, str) or not cursor.startswith(prefix)):
             raise ValueError(f"malformed cursor {cursor!r}: pass next_page_token as it came")

@@ -63,13 +63,15 @@ class ControlPlane:
         # before sending can only end our estimate early, never late.
         return Leased(sizes, sent_at + response.lease_ms / 1000.0)
 
-    def remove(self, keys: Sequence[str], timeout: float, *, force: bool) -> list[KeyStatus]:
+    def remove(self, keys: Sequence[str], timeout: float, *, force: bool) -> list[int]:
+        """Each key's KeyStatus as a number (a newer master's status this one does not know
+        stays a number, and is neither removed nor missing)."""
         response = self._link.call(
             "Remove",
             pb.RemoveRequest(client_id=self.client_id, keys=list(keys), force=force),
             time.monotonic() + timeout,
         )
-        return [KeyStatus(status) for status in response.statuses]
+        return list(response.statuses)
 
     def list_keys(
         self, prefix: str, limit: int, start_after: str, timeout: float

@@ -47,7 +47,7 @@ class HealthProbe:
     def _probe(self) -> Health:
         try:
             status = self._control.cluster_status(self._timeout)
-        except (KVPoolError, ValueError) as error:  # ValueError: closed under our feet
+        except (KVPoolError, ValueError) as error:  # (closed meanwhile: ClientClosed)
             return Health(reachable=False, healthy=False, reason=str(error))
         capacity = sum(s.capacity for s in status.segments)
         used = sum(s.used for s in status.segments)

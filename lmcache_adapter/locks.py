@@ -20,7 +20,7 @@ from collections.abc import Iterable
 
 from lmcache.logging import init_logger
 
-from kvpool.errors import KVPoolError
+from kvpool.errors import ClientClosed, KVPoolError
 from kvpool.lmcache.control import ControlPlane
 
 logger = init_logger(__name__)
@@ -98,7 +98,11 @@ class LockTable:
                 return
             try:
                 leased = self._control.lease(due, self.ttl, self._timeout)
-            except KVPoolError as error:
+                if len(leased.sizes) != len(due):
+                    raise KVPoolError(f"the master answered {len(leased.sizes)} of {len(due)} keys")
+            except ClientClosed:
+                return
+            except Exception as error:  # (KVPoolError, or a bug: the renewals must go on)
                 logger.warning("kvpool: could not renew %d lock lease(s): %s", len(due), error)
                 with self._cond:
                     self.renewal_failures += 1

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Callable
@@ -24,7 +25,8 @@ def _client_options(parser: argparse.ArgumentParser) -> None:
         "--token",
         default=None,
         help="token, or @FILE holding it (default: $KVPOOL_TOKEN, or the file "
-        "$KVPOOL_TOKEN_FILE); `kvpool status` needs an admin's",
+        "$KVPOOL_TOKEN_FILE); with a client's, `kvpool status` shows totals only (an admin's "
+        "shows nodes and segments), and `kvpool drain` needs an admin's",
     )
     parser.add_argument(
         "--tls-ca", default=None, help="CA of the master's certificate (default: $KVPOOL_TLS_CA)"
@@ -173,6 +175,16 @@ def _with_client(command: Callable[[Any, argparse.Namespace], int]) -> Callable[
         except KVPoolError as error:
             print(f"error: {error}", file=sys.stderr)
             return 1
+        except BrokenPipeError:  # (the output went to a reader that stopped, as `head` does)
+            with contextlib.suppress(OSError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 1
+        except Exception as error:  # a bug: one line, not a traceback from deep inside
+            print(
+                f"error: {type(error).__name__}: {error} (unexpected: please report it)",
+                file=sys.stderr,
+            )
+            return 1
 
     return run
 
@@ -202,7 +214,11 @@ def _put(client: Any, args: argparse.Namespace) -> int:
 def _get(client: Any, args: argparse.Namespace) -> int:
     data = client.get(args.key)
     if args.output:
-        Path(args.output).write_bytes(data)
+        try:
+            Path(args.output).write_bytes(data)
+        except OSError as error:
+            print(f"error: cannot write {args.output}: {error.strerror}", file=sys.stderr)
+            return 1
     else:
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()

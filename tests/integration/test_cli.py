@@ -125,6 +125,15 @@ def test_stat_and_removal_by_prefix_from_the_shell(up):
     assert missing.returncode == 1 and b"no object with key" in missing.stderr
 
 
+def test_output_that_cannot_be_written_is_one_line_not_a_traceback(up, tmp_path):
+    _, master = up
+    assert kvpool("put", "big", stdin=os.urandom(1 << 20), master=master).returncode == 0
+    unwritable = kvpool("get", "big", "-o", str(tmp_path / "no-such-dir" / "out"), master=master)
+    assert unwritable.returncode == 1
+    assert b"error: cannot write" in unwritable.stderr
+    assert b"Traceback" not in unwritable.stderr
+
+
 def test_bench_prints_put_and_get_throughput_of_a_running_cluster(up):
     _, master = up
     done = kvpool("bench", "--sizes", "64KiB,1MiB", "--bytes", "4MiB", master=master)

@@ -118,6 +118,79 @@ def test_copy_threads_must_be_a_positive_integer(threads):
         Client("127.0.0.1:1", copy_threads=threads)
 
 
+NOT_DURATIONS = [float("nan"), float("inf"), -1.0, 5e6, "5", True]
+
+
+@pytest.mark.parametrize("value", [*NOT_DURATIONS, 0], ids=repr)
+def test_a_timeout_must_be_a_finite_positive_number_of_seconds(value):
+    # (a NaN passed `timeout <= 0` and then never ran out: a call retried without end)
+    with pytest.raises(InvalidArgument, match="timeout must be"):
+        Client("127.0.0.1:1", timeout=value)
+
+
+@pytest.mark.parametrize("value", NOT_DURATIONS, ids=repr)
+def test_a_lease_ttl_must_be_a_finite_number_of_seconds_the_wire_holds(value):
+    with pytest.raises(InvalidArgument, match="lease_ttl must be"):
+        Client("127.0.0.1:1", lease_ttl=value)
+
+
+@pytest.mark.parametrize("value", NOT_DURATIONS, ids=repr)
+def test_a_pin_ttl_must_be_a_finite_number_of_seconds_the_wire_holds(client, value):
+    with pytest.raises(InvalidArgument, match="pin_ttl must be"):
+        client.put(f"pin-{uuid.uuid4().hex}", b"v", pin="soft", pin_ttl=value)
+
+
+def test_numbers_past_their_wire_fields_are_refused_naming_the_argument(client):
+    with pytest.raises(InvalidArgument, match="replicas must be"):
+        client.put(f"r-{uuid.uuid4().hex}", b"v", replicas=2**32)
+    for size in (-1, 2**70, 1.5):
+        with pytest.raises(InvalidArgument, match="size must be"):
+            client.reserve(f"s-{uuid.uuid4().hex}", size)
+    with pytest.raises(InvalidArgument, match="limit must be"):
+        client.list_keys(limit=-1)
+
+
+def test_a_batch_larger_than_the_master_reads_says_to_split_it(client):
+    # 80 MB of keys: beyond the largest request the master reads (lane_protocol's
+    # REQUEST_LIMIT), which it would drop unread; no retry can help
+    keys = [f"{i:08d}".ljust(1000, "k") for i in range(80_000)]
+    start = time.monotonic()
+    with pytest.raises(InvalidArgument, match="split the batch"):
+        client.exists_many(keys)
+    assert time.monotonic() - start < 2.0, "refused before sending, not after retries"
+
+
+def test_bad_ucx_settings_raise_invalid_argument_naming_them():
+    with pytest.raises(InvalidArgument, match="BOGUS_SETTING"):
+        Client("127.0.0.1:1", ucx_config={"BOGUS_SETTING": "x"})
+
+
+def test_a_ca_file_gone_before_a_connection_is_made_raises_invalid_argument(
+    shared_cluster, tmp_path
+):
+    # (the TLS files are read again for each new connection, so that rotated ones are taken)
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(shared_cluster.pki.ca.read_bytes())
+    with Client(shared_cluster.master_address, tls_ca=str(ca), timeout=5) as client:
+        ca.unlink()
+        start = time.monotonic()
+        with pytest.raises(InvalidArgument, match="does not exist"):
+            client.exists("k")
+        assert time.monotonic() - start < 1.0, "said at once, not retried to the deadline"
+
+
+def test_a_ca_file_gone_before_the_lane_is_opened_raises_invalid_argument(shared_cluster, tmp_path):
+    ca = tmp_path / "ca.pem"
+    ca.write_bytes(shared_cluster.pki.ca.read_bytes())
+    with Client(shared_cluster.master_address, tls_ca=str(ca), timeout=5) as client:
+        client.cluster_status()  # (over gRPC: the channel is open, the lane not yet)
+        ca.unlink()
+        start = time.monotonic()
+        with pytest.raises(InvalidArgument, match="does not exist"):
+            client.exists("k")  # (a lane method: its connection reads the CA)
+        assert time.monotonic() - start < 1.0, "said at once, not retried to the deadline"
+
+
 def test_the_master_address_can_come_from_the_environment(shared_cluster, monkeypatch):
     monkeypatch.setenv("KVPOOL_MASTER", shared_cluster.master_address)
     with Client() as client:

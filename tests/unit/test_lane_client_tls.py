@@ -6,7 +6,8 @@ itself rather than through ``ssl.SSLSocket``'s wrappers: against a TLS peer run 
 - a peer that never answers is a DEADLINE_EXCEEDED within the call's deadline;
 - a peer that drops the connection without TLS's goodbye, at a call or at the credentials,
   is UNAVAILABLE ("the lane connection broke"), not a TLS set-up error;
-- credentials and requests reach the peer as sent.
+- credentials and requests reach the peer as sent;
+- an answer that does not parse is INTERNAL, not protobuf's DecodeError.
 """
 
 from __future__ import annotations
@@ -173,3 +174,14 @@ def test_a_peer_that_drops_the_connection_without_goodbye_is_unavailable(peer, a
         exists(client, ["a"])
     assert refused.value.code == lp.UNAVAILABLE
     assert "the lane connection broke" in refused.value.details  # (not "TLS ... failed")
+
+
+def test_an_answer_that_does_not_parse_is_an_internal_error_naming_it(peer):
+    def garbage(sock: ssl.SSLSocket, frame: lp.Frame) -> None:
+        sock.sendall(lp.encode(frame.call_id, frame.method, b"\xff\xff\xff\xff"))
+
+    _, client = peer(garbage)
+    with pytest.raises(LaneError) as refused:  # (a buggy master, or one of another version)
+        exists(client, ["a"])
+    assert refused.value.code == lp.INTERNAL
+    assert "the master's answer does not parse" in refused.value.details
