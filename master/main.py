@@ -93,7 +93,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=REQUEST_MEMORY,
         help="memory the metadata lane's large requests (over 64 KiB) may hold at once while "
         "they arrive, whatever the number of connections; one that does not fit is read once "
-        "others are done (default 1GiB; at least the largest request, 68MiB)",
+        "others are done (default 1GiB; at least the largest request, "
+        f"{-(-lp.REQUEST_LIMIT // (1 << 20))}MiB)",
     )
     parser.add_argument(
         "--http-port",
@@ -392,6 +393,10 @@ async def serve(
         options=[
             *GRPC_SERVER_MESSAGE_OPTIONS,
             ("grpc.so_reuseport", 0),
+            # a peer gone without closing (a node's host lost, a partition) ends its calls,
+            # a node's command stream among them, within about 40 s
+            ("grpc.keepalive_time_ms", 30_000),
+            ("grpc.keepalive_timeout_ms", 10_000),
         ],
         # The shedder is outermost: it counts a call only once the others let it through
         # (their refusals never reach a handler that would release it).

@@ -50,6 +50,11 @@ def _unary(name: str) -> Callable[..., Any]:
     return method
 
 
+#: Seconds a node's command stream may stay open before its hello (as the lane's
+#: ``read_timeout``): a caller with a node token cannot hold handlers open by saying nothing.
+HELLO_TIMEOUT = 10.0
+
+
 class MasterService(master_pb2_grpc.MasterServicer):
     def __init__(self, handlers: MasterHandlers, auth: Authenticator) -> None:
         self.handlers = handlers
@@ -66,7 +71,16 @@ class MasterService(master_pb2_grpc.MasterServicer):
         except CallRefused as refused:
             refuse(context, refused.code, refused.details)
             return
-        hello = await anext(aiter(request_iterator), None)
+        try:
+            hello = await asyncio.wait_for(anext(aiter(request_iterator), None), HELLO_TIMEOUT)
+        except TimeoutError:
+            refuse(
+                context,
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"no hello within {HELLO_TIMEOUT:g} s of opening the command stream: a node "
+                "says hello (its node_id) first",
+            )
+            return
         if hello is None or not hello.HasField("hello") or not hello.hello.node_id:
             refuse(context, grpc.StatusCode.INVALID_ARGUMENT, "say hello with a node_id first")
             return

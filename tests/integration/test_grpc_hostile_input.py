@@ -12,6 +12,8 @@
 - A request that does not parse as its method's message is refused INVALID_ARGUMENT, naming
   the method, where gRPC answered UNKNOWN with the parser's exception; so is a node's command
   stream whose message does not parse.
+- A node's command stream that never says hello ends DEADLINE_EXCEEDED after HELLO_TIMEOUT:
+  a node token does not let its holder keep handlers open by saying nothing.
 
 The master serves on after each.
 """
@@ -27,6 +29,7 @@ from helpers import bearer, master_channel
 
 from kvpool import Client
 from kvpool.common.limits import GRPC_REQUEST_LIMIT
+from kvpool.master.service import HELLO_TIMEOUT
 from kvpool.proto import master_pb2 as pb
 from kvpool.security.identity import Role
 from kvpool.security.tokens import new_token
@@ -170,5 +173,31 @@ def test_a_command_stream_whose_message_does_not_parse_ends_invalid_argument(clu
     details = refused.value.details()
     assert details.startswith("NodeSession: the request does not parse (DecodeError")
     assert "kvpool.v1.NodeReport" in details
+    with Client(cluster.master_address) as client:
+        assert client.get("seed") == b"seed bytes", "still serving"
+
+
+def test_a_command_stream_that_never_says_hello_is_ended(cluster):
+    channel = master_channel(cluster.master_address)
+    session = channel.stream_stream(
+        "/kvpool.v1.Master/NodeSession",
+        request_serializer=lambda b: b,
+        response_deserializer=lambda b: b,
+    )
+    silence = threading.Event()
+
+    def nothing():  # a request stream that sends nothing until the test ends
+        silence.wait(HELLO_TIMEOUT * 3)
+        yield from ()
+
+    try:
+        with pytest.raises(grpc.RpcError) as ended:
+            list(session(nothing(), timeout=HELLO_TIMEOUT * 3, metadata=bearer(NODE_TOKEN)))
+    finally:
+        silence.set()
+        channel.close()
+
+    assert ended.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert ended.value.details().startswith(f"no hello within {HELLO_TIMEOUT:g} s")
     with Client(cluster.master_address) as client:
         assert client.get("seed") == b"seed bytes", "still serving"
