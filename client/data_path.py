@@ -41,6 +41,7 @@ that node last.
 
 from __future__ import annotations
 
+import operator
 import os
 import threading
 import time
@@ -58,6 +59,7 @@ from kvpool.transport.checked_stream import CheckedStreams, Job, Outcome
 from kvpool.transport.memory_copy import Copier, Copy
 from kvpool.transport.shared_file import SharedFile
 from kvpool.transport.shared_memory import (
+    HANDOVER_TIMEOUT,
     MAPPINGS,
     MappedSegment,
     MappingRefused,
@@ -67,6 +69,8 @@ from kvpool.transport.shared_memory import (
 )
 
 log = get_logger("kvpool.client")
+
+_SEGMENT_OF = operator.attrgetter("segment_id")
 
 
 def _only_the_grant_changed(known: pb.Segment, new: pb.Segment) -> bool:
@@ -284,6 +288,8 @@ class DataPath:
         use counts against the deadline. Transfers that continue one another run as one
         (client/coalescing.py); each then shares the outcome of the one it is part of. When
         this returns, none of them touches memory any more."""
+        if self.same_host_mapping:
+            self._map_ahead(transfers, writable=not is_get, deadline=deadline)
         if self._streams is not None:
             checked = self._checked_segments(transfers, is_get)
             if checked:
@@ -631,12 +637,61 @@ class DataPath:
         unroutable[node_id] = failure
         return failure
 
+    def _map_ahead(self, transfers: Sequence[Transfer], *, writable: bool, deadline: float) -> None:
+        """Maps the segments of ``transfers`` this client has not tried to map yet (for
+        puts, or gets). Outside the client's lock: a handover waits on the node's process
+        (HANDOVER_TIMEOUT at most, and not past ``deadline``), and the client's other
+        threads go on meanwhile. A segment not mapped goes over the checked stream or UCX."""
+        mapped_now = self._mapped  # (read without the lock: a hint, checked again under it)
+        maybe = [
+            segment_id
+            for segment_id in set(map(_SEGMENT_OF, transfers))
+            if (segment_id, writable) not in mapped_now
+            and (writable or not isinstance(mapped_now.get((segment_id, True)), MappedSegment))
+        ]
+        if not maybe:  # (every call but the first to a segment)
+            return
+        with self._lock:
+            untried = [
+                (segment_id, descriptor)
+                for segment_id in maybe
+                if (descriptor := self._untried(segment_id, writable=writable)) is not None
+            ]
+        for segment_id, descriptor in untried:
+            timeout = min(HANDOVER_TIMEOUT, deadline - time.monotonic())
+            if timeout <= 0:
+                return
+            shared = descriptor.shared_memory
+            try:
+                mapped = MAPPINGS.acquire(
+                    segment_file(descriptor), writable=writable, timeout=timeout
+                )
+            except MappingRefused as refusal:
+                mapped = None  # another pid namespace or user, the node is gone, or refused
+                if shared.socket and not refusal.errno:  # (refused, not just out of reach)
+                    log.warning("segment not mapped", segment=segment_id, why=str(refusal))
+            with self._lock:
+                if (
+                    self._closed
+                    or (segment_id, writable) in self._mapped  # (another thread was first)
+                    or self._descriptors.get(segment_id) is not descriptor  # (a new one came)
+                ):
+                    if mapped is not None:
+                        MAPPINGS.release(mapped)
+                    continue
+                self._mapped[segment_id, writable] = mapped
+                if mapped is not None:
+                    self._reaper.watch(mapped.pidfd, segment_id)
+                    if writable:  # (gets read through it from now on)
+                        self._let_go(self._mapped.pop((segment_id, False), None))
+
     # (callers of the following hold _lock)
 
     def _mapping(self, segment_id: str, *, writable: bool) -> MappedSegment | SharedFile | None:
-        """The segment's mapping for puts (``writable``) or gets (read-only), made on first
-        use; None where it is not mapped (not on this host, not allowed, refused). An NVMe
-        segment's file is held for puts only (transport/shared_file.py), never mapped."""
+        """The segment's mapping for puts (``writable``) or gets (read-only); None where it
+        is not mapped (not on this host, not allowed, refused, or not tried yet: see
+        ``_map_ahead``). An NVMe segment's file is held for puts only
+        (transport/shared_file.py), never mapped."""
         if not self.same_host_mapping:
             return None
         if not writable and isinstance(
@@ -646,11 +701,15 @@ class DataPath:
             # the segment would fill a second set of page tables, its populator taking CPU
             # from the copies for seconds)
             return through_puts
-        try:
-            return self._mapped[segment_id, writable]
-        except KeyError:
-            pass
-        mapped = None
+        return self._mapped.get((segment_id, writable))  # (None too where not tried yet)
+
+    def _untried(self, segment_id: str, *, writable: bool) -> pb.Segment | None:
+        """The descriptor of a segment this client may map and has not tried to (for puts,
+        or gets); None otherwise. Segments it may not map are noted as not mapped."""
+        if (segment_id, writable) in self._mapped or (
+            not writable and isinstance(self._mapped.get((segment_id, True)), MappedSegment)
+        ):
+            return None
         descriptor = self._descriptors.get(segment_id)
         if (
             descriptor is not None
@@ -659,18 +718,10 @@ class DataPath:
             and (descriptor.map_capability or not shared.socket)
             and (writable or not shared.direct_io)
         ):
-            try:
-                mapped = MAPPINGS.acquire(segment_file(descriptor), writable=writable)
-            except MappingRefused as refusal:
-                mapped = None  # another pid namespace or user, the node is gone, or refused
-                if shared.socket and not refusal.errno:  # (refused, not just out of reach)
-                    log.warning("segment not mapped", segment=segment_id, why=str(refusal))
-            else:
-                self._reaper.watch(mapped.pidfd, segment_id)
-        self._mapped[segment_id, writable] = mapped
-        if writable and mapped is not None:  # (gets read through it from now on)
-            self._let_go(self._mapped.pop((segment_id, False), None))
-        return mapped
+            return descriptor
+        if descriptor is not None:
+            self._mapped[segment_id, writable] = None
+        return None
 
     def _live_mappings(
         self, segment_ids: set[str], *, writable: bool

@@ -186,10 +186,12 @@ class _Connection:
         self, method: int, request: Message, response_type: type[Message], deadline: float
     ) -> Any:
         call_id = next(self._ids) & 0xFFFFFFFF
-        try:
-            frame = lp.encode(call_id, method, request.SerializeToString())
-        except ValueError as error:
-            raise LaneError(lp.INVALID_ARGUMENT, f"{error}: split the batch") from None
+        body = request.SerializeToString()
+        if len(body) > lp.REQUEST_LIMIT:  # (the master would drop the connection unread)
+            raise LaneError(
+                lp.INVALID_ARGUMENT, lp.too_large(lp.LANE_METHODS[method][0], len(body))
+            )
+        frame = lp.encode(call_id, method, body)
         try:
             self._sock.settimeout(_left(deadline))
             self._send(frame)

@@ -27,7 +27,6 @@ import grpc
 
 from kvpool.client.lane_client import LaneClient, LaneError
 from kvpool.common import lane_protocol as lp
-from kvpool.common.keys import MAX_KEY_BYTES
 from kvpool.common.leader_resolver import LEADER_METADATA, LeaderResolver
 from kvpool.common.limits import GRPC_MESSAGE_OPTIONS
 from kvpool.common.logging import get_logger
@@ -107,13 +106,6 @@ class MasterLink:
         """Calls ``method`` on the leader until it answers or ``deadline`` (monotonic) passes."""
         if self._closed:
             raise ClientClosed("the client is closed: make a new one")
-        size = request.ByteSize()
-        if size > lp.REQUEST_LIMIT:  # (the master would drop the connection: no retry helps)
-            raise InvalidArgument(
-                f"a {method} request of {size} bytes is larger than the master reads "
-                f"({lp.REQUEST_LIMIT} bytes: {lp.MAX_BATCH_KEYS} keys of up to {MAX_KEY_BYTES} "
-                "bytes): split the batch"
-            )
         backoff = FIRST_BACKOFF
         last_error = "no attempt made"
         failures = 0
@@ -141,6 +133,7 @@ class MasterLink:
                         answer = lane.call(method, request, response_type, remaining)
                         self._answered = True
                         return answer
+                    _check_size(method, request)  # (the lane checks what it serializes)
                     response = getattr(stub, method)(
                         request, timeout=remaining, metadata=self._metadata
                     )
@@ -323,6 +316,14 @@ class MasterLink:
                 if replaced is not None:
                     replaced.close()  # (after the new one is in place: see ``call``)
             return self._stub, leader
+
+
+def _check_size(method: str, request: Any) -> None:
+    """InvalidArgument for a request larger than the master reads: it would refuse it, or
+    drop the connection, however often it was sent."""
+    size = request.ByteSize()
+    if size > lp.REQUEST_LIMIT:
+        raise InvalidArgument(lp.too_large(method, size))
 
 
 def _untrusted(details: str) -> bool:

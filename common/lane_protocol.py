@@ -49,6 +49,16 @@ PER_KEY_OVERHEAD = 64
 REQUEST_ENVELOPE = 64 * 1024
 #: The largest request body the master reads: a full batch of the longest keys.
 REQUEST_LIMIT = MAX_BATCH_KEYS * (MAX_KEY_BYTES + PER_KEY_OVERHEAD) + REQUEST_ENVELOPE
+
+
+def too_large(method: str, size: int) -> str:
+    """What a client says of a request larger than REQUEST_LIMIT, before sending it."""
+    return (
+        f"the {method} request is {size} bytes, more than the master reads ({REQUEST_LIMIT} "
+        f"bytes: {MAX_BATCH_KEYS} keys of up to {MAX_KEY_BYTES} bytes): split the batch"
+    )
+
+
 #: The largest NodeReport body the master reads on a command stream: a command's result holds
 #: a CRC (a varint of up to 5 bytes) per object of a full batch, and an error message the
 #: node cuts to ``REPORT_ERROR_CHARS``.

@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from kvpool.transport import ucp
 from kvpool.transport.direct_io import BouncePool, DirectFile, write_all
 from kvpool.transport.shared_memory import (
+    HANDOVER_TIMEOUT,
     HeldSegment,
     MappingRefused,
     SegmentFile,
@@ -78,12 +79,14 @@ class SharedFile(HeldSegment):
         self._closing = threading.Lock()
 
     @classmethod
-    def open(cls, file: SegmentFile) -> SharedFile:
+    def open(cls, file: SegmentFile, *, timeout: float = HANDOVER_TIMEOUT) -> SharedFile:
         """Opens the node's file for writes; MappingRefused when this process cannot reach
         it. With ``file.socket_name`` the node hands both descriptors over there under
         ``file.grant``; else they are opened as ``/proc/<pid>/fd/<fd>`` (a node of this
         process's user that lets it)."""
-        pidfd, opened = open_node_file(file, [os.O_RDWR | os.O_DIRECT, os.O_RDWR], writable=True)
+        pidfd, opened = open_node_file(
+            file, [os.O_RDWR | os.O_DIRECT, os.O_RDWR], writable=True, timeout=timeout
+        )
         if not os.O_DIRECT & fcntl.fcntl(opened[0], fcntl.F_GETFL):
             for fd in (*opened, pidfd):
                 os.close(fd)

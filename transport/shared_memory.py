@@ -31,6 +31,7 @@ import select
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -165,14 +166,17 @@ class MappedSegment(HeldSegment):
         self._populator.start()
 
     @classmethod
-    def open(cls, file: SegmentFile, *, writable: bool = True) -> MappedSegment:
+    def open(
+        cls, file: SegmentFile, *, writable: bool = True, timeout: float = HANDOVER_TIMEOUT
+    ) -> MappedSegment:
         """Maps the node's file, read-write or read-only; MappingRefused when this process
         cannot reach it. With ``file.socket_name`` the node hands the file over there under
         ``file.grant`` (storage_node/mapping_server.py); else it is opened as
-        ``/proc/<pid>/fd/<fd>`` (a node of this process's user that lets it)."""
+        ``/proc/<pid>/fd/<fd>`` (a node of this process's user that lets it). A handover
+        takes at most ``timeout`` seconds."""
         size = file.size
         flags = os.O_RDWR if writable else os.O_RDONLY
-        pidfd, [opened] = open_node_file(file, [flags], writable=writable)
+        pidfd, [opened] = open_node_file(file, [flags], writable=writable, timeout=timeout)
         try:
             protection = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
             address = LIBC.mmap(None, size, protection, mmap.MAP_SHARED, opened, 0)
@@ -225,7 +229,7 @@ class MappedSegment(HeldSegment):
 
 
 def open_node_file(
-    file: SegmentFile, flags: Sequence[int], *, writable: bool
+    file: SegmentFile, flags: Sequence[int], *, writable: bool, timeout: float = HANDOVER_TIMEOUT
 ) -> tuple[int, list[int]]:
     """A pidfd of the node process (first: its pid cannot be reused while this is held) and
     the segment's file as ``len(flags)`` descriptors: handed over by the node at its mapping
@@ -241,7 +245,9 @@ def open_node_file(
     opened: list[int] = []
     try:
         if file.socket_name:
-            opened = handed_over(file.socket_name, pid, writable, file.grant, count=len(flags))
+            opened = handed_over(
+                file.socket_name, pid, writable, file.grant, count=len(flags), timeout=timeout
+            )
             where = f"the file node process {pid} handed over"
         else:
             opened = [_open_proc_fd(pid, file.fd, flag) for flag in flags]
@@ -275,16 +281,23 @@ def peer_credentials(connection: socket.socket) -> tuple[int, int]:
 
 
 def handed_over(
-    socket_name: str, pid: int, writable: bool, grant: bytes, *, count: int
+    socket_name: str,
+    pid: int,
+    writable: bool,
+    grant: bytes,
+    *,
+    count: int,
+    timeout: float = HANDOVER_TIMEOUT,
 ) -> list[int]:
     """The ``count`` descriptors of a segment's file the node process ``pid`` hands over at
     its mapping socket (abstract ``socket_name``) for ``grant``, checked to come from that
-    very process; MappingRefused otherwise."""
+    very process, within ``timeout`` seconds; MappingRefused otherwise."""
     from kvpool.security import mapping_grants
 
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     try:
-        connection.settimeout(HANDOVER_TIMEOUT)
+        deadline = time.monotonic() + timeout
+        connection.settimeout(timeout)
         connection.connect("\0" + socket_name)
         peer_pid, _ = peer_credentials(connection)
         if peer_pid != pid:
@@ -294,6 +307,7 @@ def handed_over(
                 f"node process {pid} the master named",
             )
         connection.send(mapping_grants.request(writable, grant))
+        connection.settimeout(max(deadline - time.monotonic(), 0.001))  # (the whole exchange)
         message, fds, _, _ = socket.recv_fds(connection, 1 + mapping_grants.MAX_REASON, count)
     except MappingRefused:
         raise  # (an OSError too: not to be wrapped again below)
@@ -323,25 +337,39 @@ class Mappings:
         self._lock = threading.Lock()
         self._current: dict[tuple[int, ...], MappedSegment | SharedFile] = {}
 
-    def acquire(self, file: SegmentFile, *, writable: bool = True) -> MappedSegment | SharedFile:
+    def acquire(
+        self, file: SegmentFile, *, writable: bool = True, timeout: float = HANDOVER_TIMEOUT
+    ) -> MappedSegment | SharedFile:
         """The segment's mapping (read-write or read-only), made now unless a live one
         exists; MappingRefused when this process cannot map it (see ``MappedSegment.open``).
-        A ``direct_io`` file is not mapped but held open for writes (``SharedFile``)."""
+        A ``direct_io`` file is not mapped but held open for writes (``SharedFile``). It is
+        made outside the lock, which the process's other clients share: a handover waits on
+        the node's process (up to ``timeout``)."""
         from kvpool.transport.shared_file import SharedFile
 
         origin = file.origin(writable)
         with self._lock:
             mapped = self._current.get(origin)
-            if mapped is None or not mapped.alive():  # a dead one stays with its users
-                if file.direct_io:
-                    if not writable:
-                        raise MappingRefused(0, "a file on a disk is read over the network")
-                    mapped = SharedFile.open(file)
-                else:
-                    mapped = MappedSegment.open(file, writable=writable)
-                self._current[origin] = mapped
+            if mapped is not None and mapped.alive():
+                mapped.users += 1
+                return mapped
+        if file.direct_io:
+            if not writable:
+                raise MappingRefused(0, "a file on a disk is read over the network")
+            opened: MappedSegment | SharedFile = SharedFile.open(file, timeout=timeout)
+        else:
+            opened = MappedSegment.open(file, writable=writable, timeout=timeout)
+        with self._lock:
+            mapped = self._current.get(origin)
+            spare = None
+            if mapped is None or not mapped.alive():  # (a dead one stays with its users)
+                mapped = self._current[origin] = opened
+            else:
+                spare = opened  # another client here made one meanwhile
             mapped.users += 1
-            return mapped
+        if spare is not None:
+            spare.close()
+        return mapped
 
     def release(self, mapped: MappedSegment | SharedFile) -> None:
         with self._lock:

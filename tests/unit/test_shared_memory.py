@@ -1,7 +1,8 @@
 """Mapping another process's memfd: what a same-host client does with a storage node's DRAM.
 
 The owner is a real child process that creates a memfd, fills it, reports how to reach it, and
-then does what it is told on stdin (read back a range, or exit).
+then does what it is told on stdin (read back a range, or exit). A node that hangs is a
+process that accepts at its mapping socket and never answers.
 """
 
 from __future__ import annotations
@@ -180,3 +181,55 @@ def test_the_reaper_reports_the_owners_exit_at_once_and_alive_turns_false(owner)
 def test_boot_id_names_this_boot():
     with open("/proc/sys/kernel/random/boot_id") as file:
         assert boot_id() == file.read().strip() != ""
+
+
+SILENT_NODE = """
+import os, socket, sys, time
+listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+listener.bind("\\0" + sys.argv[1])
+listener.listen()
+print(os.getpid(), flush=True)
+held = []
+while True:
+    connection, _ = listener.accept()  # and never answers
+    held.append(connection)
+"""
+
+
+@pytest.fixture
+def silent_node():
+    """A process that serves a mapping socket, accepts, and never answers (a node that hangs)."""
+    name = f"kvpool-test-silent-{os.getpid()}-{time.monotonic_ns()}"
+    process = subprocess.Popen(
+        [sys.executable, "-c", SILENT_NODE, name], stdout=subprocess.PIPE, text=True
+    )
+    pid = int(process.stdout.readline())
+    yield SegmentFile(pid, 3, 1, 1, SIZE, 0, socket_name=name, grant=b"grant")
+    process.kill()
+    process.wait()
+
+
+def test_a_handover_that_hangs_ends_by_its_timeout_and_holds_up_no_other_mapping(
+    owner, silent_node
+):
+    _, info = owner
+    mappings = Mappings()
+    outcome: list[BaseException] = []
+
+    def hung() -> None:
+        try:
+            mappings.acquire(silent_node, timeout=1.5)
+        except BaseException as error:
+            outcome.append(error)
+
+    started = time.monotonic()
+    waiting = threading.Thread(target=hung)
+    waiting.start()
+    time.sleep(0.2)  # (the handover is under way)
+    mapped = mappings.acquire(SegmentFile(**info, size=SIZE, remote_base=0))
+    assert time.monotonic() - started < 1.0, "another segment was mapped meanwhile"
+    assert waiting.is_alive()
+    waiting.join(10)
+    assert time.monotonic() - started < 3.0
+    assert len(outcome) == 1 and isinstance(outcome[0], MappingRefused)
+    mappings.release(mapped)
