@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import time
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
@@ -90,6 +91,18 @@ class Counters:
         self.bytes_out = moved.labels("out")
 
 
+class Activity:
+    """What the server weighs when it must make room for a new connection: since when it
+    has waited between requests (monotonic; None while it handles one), and whether a
+    transfer was ever admitted on it."""
+
+    __slots__ = ("admitted", "waiting_since")
+
+    def __init__(self) -> None:
+        self.waiting_since: float | None = time.monotonic()
+        self.admitted = False
+
+
 class CheckedConnection:
     def __init__(
         self,
@@ -103,8 +116,10 @@ class CheckedConnection:
         io_timeout: float,
         idle_timeout: float,
         stopping: Callable[[], bool],
+        activity: Activity | None = None,
     ) -> None:
         self._connection = connection
+        self.activity = activity or Activity()
         self._segments = segments
         self._keys = keys
         self._clock = clock
@@ -194,6 +209,7 @@ class CheckedConnection:
                 or not seals.admit(digest, grant_offset, grant_id, write, connection)
             ):
                 break  # (_handle checks it again, and says why it is refused)
+            self.activity.admitted = True
             ends_at = (expiry_ms + skew_ms) / 1000.0
             memory = memories.get(digest) or self._segment_memory(digest, segment)
             if write:
@@ -257,6 +273,7 @@ class CheckedConnection:
             why = "its object was recorded: no more writes" if write else "its object is gone"
             self._refused(request_id, write, length, frames.Status.SEALED, why)
             return
+        self.activity.admitted = True
         ends_at = (expiry_ms + keys.max_skew_ms) / 1000.0
         if not write:  # (small ones are gathered: the common case is _handle_buffered's)
             self._read(request_id, digest, grant_offset, segment, offset, length, ends_at)
@@ -563,6 +580,11 @@ class CheckedConnection:
             self._start, self._end = 0, kept
         connection, view = self._connection, self._view
         between = self._start == self._end and timeout is None
+        activity = self.activity
+        if between:
+            activity.waiting_since = time.monotonic()
+        #: Once a request has begun: when all of what is wanted must have come.
+        ends = None if between else time.monotonic() + self._io_timeout
         while self._end - self._start < wanted:
             got = -1
             if self._parts:
@@ -571,13 +593,13 @@ class CheckedConnection:
                 except BlockingIOError:
                     self._flush()
             if got < 0:
-                self._waits.receive(
-                    timeout
-                    if timeout is not None
-                    else self._idle_timeout
-                    if between
-                    else (self._io_timeout)
-                )
+                if timeout is not None:
+                    wait = timeout
+                elif ends is None:
+                    wait = self._idle_timeout
+                else:  # (a peer that trickles a header in holds its connection no longer)
+                    wait = max(ends - time.monotonic(), 0.0)
+                self._waits.receive(wait)
                 try:
                     got = connection.recv_into(view[self._end :])
                 except BlockingIOError:
@@ -587,6 +609,9 @@ class CheckedConnection:
                     return False
                 raise Closed
             self._end += got
+            if ends is None:
+                ends = time.monotonic() + self._io_timeout
+                activity.waiting_since = None
         return True
 
     def _receive_into(self, target: memoryview, ends_at: float) -> None:

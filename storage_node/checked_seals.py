@@ -16,9 +16,14 @@ write and for a read alike. Two commands of the master end grants here:
 A grant is named by the offset its range starts at (the object's place): a grant for a new
 object in reused space has a newer generation, so it is not refused.
 
-**Bounded.** One entry per offset. A Forget's seal is dropped ``SEAL_LIFE`` after it: the
-node refuses any capability expiring further ahead than that (``longest_grant``), so by then
-every grant it sealed has expired anyway. A Persist's seal lasts until the object's Forget.
+**Bounded.** One entry per offset, and one expiry per offset however often it is sealed. A
+Forget's seal is dropped ``SEAL_LIFE`` after it: the node refuses any capability expiring
+further ahead than that (``longest_grant``), so by then every grant it sealed has expired
+anyway. A Persist's seal lasts until the object's Forget.
+
+**Counted.** A connection may run several transfers under one grant at once (small reads
+gathered until sent while a large one starts): each ``admit`` counts one, each ``leave``
+ends one, and a seal interrupts the connection while any of them runs.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import contextlib
 import socket
 import threading
 import time
-from collections import deque
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
 from kvpool.security import capabilities as caps
@@ -38,6 +43,9 @@ SEAL_LIFE = 1800.0
 INTERRUPT_WAIT = 10.0
 
 _WRITES, _ALL, _DROP_AT = 0, 1, 2
+#: A connection's transfers under one grant: the oldest generation, whether one writes, how
+#: many run.
+_OLDEST, _WRITING, _RUNNING = 0, 1, 2
 
 
 class Seals:
@@ -53,10 +61,12 @@ class Seals:
         #: segment digest -> offset -> [writes sealed up to generation, all sealed up to
         #: generation, when the latter is dropped (ms)]
         self._sealed: dict[bytes, dict[int, list[int]]] = {}
-        #: (drop at (ms), segment digest, offset) of Forgets' seals, oldest first.
-        self._expiries: deque[tuple[int, bytes, int]] = deque()
-        #: (segment digest, offset) -> connection -> (generation, write) of transfers running.
-        self._active: dict[tuple[bytes, int], dict[socket.socket, tuple[int, bool]]] = {}
+        #: (segment digest, offset) -> when its Forget's seal is dropped (ms), soonest first
+        #: (a seal made again moves to the end).
+        self._expiries: OrderedDict[tuple[bytes, int], int] = OrderedDict()
+        #: (segment digest, offset) -> connection -> [oldest generation, writes (0/1),
+        #: transfers running] of the transfers in flight.
+        self._active: dict[tuple[bytes, int], dict[socket.socket, list[int]]] = {}
         #: Seals waiting for transfers to leave.
         self._waiting = 0
 
@@ -78,9 +88,13 @@ class Seals:
             key = (segment, offset)
             active = self._active.get(key)
             if active is None:
-                self._active[key] = {connection: (generation, write)}
+                self._active[key] = {connection: [generation, write, 1]}
+            elif (running := active.get(connection)) is None:
+                active[connection] = [generation, write, 1]
             else:
-                active[connection] = (generation, write)
+                running[_OLDEST] = min(running[_OLDEST], generation)
+                running[_WRITING] |= write
+                running[_RUNNING] += 1
             return True
 
     def leave(self, segment: bytes, offset: int, connection: socket.socket) -> None:
@@ -97,8 +111,12 @@ class Seals:
     def _leave(self, segment: bytes, offset: int, connection: socket.socket) -> None:
         key = (segment, offset)
         active = self._active.get(key)
-        if active is None or active.pop(connection, None) is None:
+        if active is None or (running := active.get(connection)) is None:
             return
+        running[_RUNNING] -= 1
+        if running[_RUNNING]:
+            return  # (another transfer of the connection still runs under the grant)
+        del active[connection]
         if not active:
             del self._active[key]
         if self._waiting:
@@ -159,12 +177,13 @@ class Seals:
                 if everything:
                     entry[_ALL] = max(entry[_ALL], generation)
                     entry[_DROP_AT] = now + int(SEAL_LIFE * 1000)
-                    self._expiries.append((entry[_DROP_AT], digest, offset))
+                    self._expiries[digest, offset] = entry[_DROP_AT]
+                    self._expiries.move_to_end((digest, offset))
                 else:
                     entry[_WRITES] = max(entry[_WRITES], generation)
                 key = (digest, offset)
-                for connection, (running, write) in self._active.get(key, {}).items():
-                    if running <= generation and (everything or write):
+                for connection, running in self._active.get(key, {}).items():
+                    if running[_OLDEST] <= generation and (everything or running[_WRITING]):
                         victims.append((key, connection))
             if not victims:
                 return True
@@ -186,8 +205,11 @@ class Seals:
     def _prune(self, now: int) -> None:
         """Drops the Forgets' seals whose grants have all expired (callers hold the lock)."""
         expiries = self._expiries
-        while expiries and expiries[0][0] <= now:
-            drop_at, digest, offset = expiries.popleft()
+        while expiries:
+            (digest, offset), drop_at = next(iter(expiries.items()))
+            if drop_at > now:
+                return
+            del expiries[digest, offset]
             sealed = self._sealed.get(digest)
             entry = sealed.get(offset) if sealed is not None else None
             if sealed is None or entry is None or entry[_DROP_AT] != drop_at:

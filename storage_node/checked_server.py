@@ -25,9 +25,14 @@ answers (storage_node/checked_seals.py): the master reuses the space at that ans
 answered with its status while the stream is in step (a refused write's payload is read and
 dropped when it is small, else the connection is closed after the answer); a malformed
 header is answered and the connection closed. Every wait has a deadline (an idle connection
-is closed after ``idle_timeout``, a stalled transfer after ``io_timeout``), connections are
-bounded (``max_connections``: more are closed at once), and nothing a peer sends stops the
-listener. Threads with blocking sockets: the copies release the GIL.
+is closed after ``idle_timeout``, a stalled transfer, or a request begun and not finished,
+after ``io_timeout``), connections are bounded (``max_connections``), and nothing a peer
+sends stops the listener. A peer cannot keep others out by holding every connection: when
+all are taken, a new one takes the place of the one waiting between requests the longest
+(one on which no transfer was ever admitted first, such as a peer without a valid
+capability), if it has waited ``EVICTABLE_IDLE`` at least; else the new one is closed. A
+transfer under way is never cut off for a new connection. Threads with blocking
+sockets: the copies release the GIL.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from prometheus_client import Counter
 
 from kvpool.common.logging import get_logger
 from kvpool.security import capabilities as caps
-from kvpool.storage_node.checked_connection import CheckedConnection, Closed, Counters
+from kvpool.storage_node.checked_connection import Activity, CheckedConnection, Closed, Counters
 from kvpool.storage_node.checked_seals import Seals
 from kvpool.storage_node.segment import Segment
 
@@ -55,6 +60,8 @@ log = get_logger("kvpool.node.checked")
 #: refusal, and the reads answered before it); closed after the peer's end of stream, it
 #: sends them all, then its own end.
 LINGER_S = 1.0
+#: Seconds a connection must have been idle before a new one may take its place.
+EVICTABLE_IDLE = 0.5
 
 REQUESTS = Counter(
     "kvpool_node_checked_requests_total",
@@ -106,7 +113,8 @@ class CheckedServer:
         self.io_timeout = io_timeout
         self._clock = clock
         self._lock = threading.Lock()
-        self._connections: set[socket.socket] = set()
+        #: Open connections, and what makes one the first to go when all are taken.
+        self._connections: dict[socket.socket, Activity] = {}
         self._threads: set[threading.Thread] = set()
         self._stopping = False
         self._listener = socket.create_server((host, port), backlog=128)
@@ -152,18 +160,51 @@ class CheckedServer:
                 time.sleep(0.01)  # (out of descriptors: let others finish)
                 continue
             with self._lock:
-                if self._stopping or len(self._connections) >= self.max_connections:
+                victim = None
+                if len(self._connections) >= self.max_connections and not self._stopping:
+                    victim = self._victim()
+                if self._stopping or (
+                    len(self._connections) >= self.max_connections and victim is None
+                ):
                     connection.close()
                     REQUESTS.labels("connect", "too_many_connections").inc()
                     continue
-                self._connections.add(connection)
+                if victim is not None:  # (its thread ends, and takes it out of the table)
+                    del self._connections[victim]
+                    with contextlib.suppress(OSError):
+                        victim.shutdown(socket.SHUT_RDWR)
+                    REQUESTS.labels("connect", "evicted").inc()
+                activity = self._connections[connection] = Activity()
                 thread = threading.Thread(
-                    target=self._serve, args=(connection,), name="kvpool-checked", daemon=True
+                    target=self._serve,
+                    args=(connection, activity),
+                    name="kvpool-checked",
+                    daemon=True,
                 )
                 self._threads.add(thread)
-            thread.start()
+            try:
+                thread.start()
+            except RuntimeError as error:  # (no thread to be had: a pids limit)
+                with self._lock:
+                    self._connections.pop(connection, None)
+                    self._threads.discard(thread)
+                connection.close()
+                log.error("checked stream: cannot start a connection's thread", error=str(error))
+                time.sleep(0.1)
 
-    def _serve(self, connection: socket.socket) -> None:
+    def _victim(self) -> socket.socket | None:
+        """The connection a new one replaces when all are taken (callers hold the lock):
+        the one waiting between requests longest (EVICTABLE_IDLE at least) among those on
+        which no transfer was ever admitted, else among all; None when there is none."""
+        latest = time.monotonic() - EVICTABLE_IDLE
+        idle = {
+            connection: (activity.admitted, since)
+            for connection, activity in self._connections.items()
+            if (since := activity.waiting_since) is not None and since <= latest
+        }
+        return min(idle, key=idle.__getitem__) if idle else None
+
+    def _serve(self, connection: socket.socket, activity: Activity) -> None:
         try:
             connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             CheckedConnection(
@@ -176,6 +217,7 @@ class CheckedServer:
                 io_timeout=self.io_timeout,
                 idle_timeout=self.idle_timeout,
                 stopping=lambda: self._stopping,
+                activity=activity,
             ).serve()
         except (Closed, OSError):
             pass
@@ -185,7 +227,8 @@ class CheckedServer:
             if not self._stopping:
                 linger(connection, LINGER_S)
             with self._lock:
-                self._connections.discard(connection)
+                if self._connections.get(connection) is activity:
+                    del self._connections[connection]
                 self._threads.discard(threading.current_thread())
             connection.close()
 

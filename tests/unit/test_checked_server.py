@@ -247,6 +247,19 @@ def test_a_capability_running_longer_than_a_seal_is_kept_is_refused(server):
     assert statuses(server, [(frames.Op.READ, too_long, 0, 4096)]) == [frames.Status.EXPIRED]
 
 
+def test_an_offset_forgotten_again_and_again_keeps_one_expiry():
+    now = [1000.0]
+    seals = Seals(lambda: now[0])
+    for generation in range(1, 201):
+        now[0] += 1
+        seals.forget(SEGMENT, [(offset, generation) for offset in range(0, 100 * 4096, 4096)])
+    assert len(seals) == 100
+    assert len(seals._expiries) == 100, "one per offset, not one per Forget"
+    now[0] += SEAL_LIFE + 1
+    seals.forget(SEGMENT, [])
+    assert len(seals) == 0 and len(seals._expiries) == 0
+
+
 def test_seals_are_dropped_once_every_grant_they_refuse_has_expired():
     now = [1000.0]
     seals = Seals(lambda: now[0])
@@ -311,6 +324,38 @@ def test_the_node_s_forget_command_answers_only_once_a_read_in_flight_has_stoppe
         assert statuses(server, [(frames.Op.READ, read, 0, 4096)]) == [frames.Status.SEALED]
     finally:
         assert server.stop()
+
+
+def test_a_forget_cuts_off_a_large_read_that_follows_a_small_one_under_the_same_grant():
+    """One connection runs two reads under one grant: a small one (gathered, its answer sent
+    before the large one starts) and a large one (its reader stalled, more than the socket
+    buffers hold). Sending the small answer ends the small read only: the large one still
+    counts, so a Forget cuts it off before the node answers (else the node would go on
+    reading the space the master reuses at that answer)."""
+    length = 48 << 20
+    memory = mmap.mmap(-1, length)
+    server = CheckedServer(
+        [FakeSegment(SEGMENT, memory)], lambda: NodeKeys(RING, 0, 0), host="127.0.0.1"
+    )  # type: ignore[list-item]
+    server.start()
+    read = grant(0, length, caps.Rights.READ, seconds=30, generation=11)
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as connection:
+            connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            connection.sendall(
+                frames.encode_request(frames.Op.READ, 1, read, 0, 4096)
+                + frames.encode_request(frames.Op.READ, 2, read, 0, length)
+            )
+            connection.recv(1 << 16)  # (the small answer: sent before the large read starts)
+            time.sleep(0.3)  # (the large read sends meanwhile, blocked by the full buffers)
+            assert server.seals.busy(SEGMENT), "the large read counts as in flight"
+
+            assert server.seals.forget(SEGMENT, [(0, 11)], wait=5)
+
+            assert not server.seals.busy(SEGMENT), "it left the segment before the answer"
+    finally:
+        assert server.stop()
+        memory.close()
 
 
 def test_a_large_call_moves_over_two_connections_at_once_byte_for_byte(server, segment):
@@ -437,3 +482,78 @@ def test_answers_the_node_sent_before_it_ended_a_connection_all_arrive(server, s
         assert received[frames.REPLY_SIZE : frames.REPLY_SIZE + len(data)] == data
         del received[: frames.REPLY_SIZE + len(data)]
     assert frames.parse_reply(bytes(received)).status is frames.Status.BAD_REQUEST
+
+
+def closed_within(connection: socket.socket, seconds: float) -> bool:
+    """Whether the node ends ``connection`` within ``seconds`` (reading what it answers)."""
+    connection.settimeout(seconds)
+    try:
+        while connection.recv(1 << 16):
+            pass
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        pass
+    return True
+
+
+def test_a_header_trickled_in_a_byte_at_a_time_holds_its_connection_no_longer_than_io_timeout(
+    segment,
+):
+    server = CheckedServer(
+        [segment], lambda: NodeKeys(RING, 0, 0), host="127.0.0.1", io_timeout=1.0
+    )  # type: ignore[list-item]
+    server.start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as connection:
+            started = time.monotonic()
+            with contextlib.suppress(OSError):
+                for _ in range(20):  # (each byte within io_timeout of the one before)
+                    connection.sendall(b"\x00")
+                    time.sleep(0.3)
+            assert closed_within(connection, 5.0)
+            assert time.monotonic() - started < 4.0, "ended about io_timeout after it began"
+    finally:
+        assert server.stop()
+
+
+def test_with_every_connection_taken_a_new_one_replaces_one_that_never_moved_a_byte(segment):
+    server = CheckedServer(
+        [segment], lambda: NodeKeys(RING, 0, 0), host="127.0.0.1", max_connections=2
+    )  # type: ignore[list-item]
+    server.start()
+    try:
+        squatters = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(2)]
+        time.sleep(1.0)  # (idle longer than EVICTABLE_IDLE, no transfer ever admitted)
+        read = grant(0, 4096, caps.Rights.READ, seconds=30)
+        assert statuses(server, [(frames.Op.READ, read, 0, 4096)]) == [frames.Status.OK]
+        assert sum(closed_within(squatter, 2.0) for squatter in squatters) >= 1
+        for squatter in squatters:
+            squatter.close()
+    finally:
+        assert server.stop()
+
+
+def test_a_transfer_under_way_is_never_cut_off_for_a_new_connection():
+    length = 48 << 20
+    memory = mmap.mmap(-1, length)
+    server = CheckedServer(
+        [FakeSegment(SEGMENT, memory)],
+        lambda: NodeKeys(RING, 0, 0),
+        host="127.0.0.1",
+        max_connections=1,
+    )  # type: ignore[list-item]
+    server.start()
+    read = grant(0, length, caps.Rights.READ, seconds=30, generation=3)
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as reader:
+            reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            reader.sendall(frames.encode_request(frames.Op.READ, 1, read, 0, length))
+            assert wait_until(lambda: server.seals.busy(SEGMENT), 5), "the read is under way"
+            time.sleep(1.0)  # (longer than EVICTABLE_IDLE)
+            with socket.create_connection(("127.0.0.1", server.port), timeout=5) as late:
+                assert closed_within(late, 2.0), "the new one is turned away"
+            assert server.seals.busy(SEGMENT), "the read goes on"
+    finally:
+        assert server.stop()
+        memory.close()
