@@ -128,6 +128,9 @@ _NO_OBJECTS: Mapping[str, ObjectRecord] = MappingProxyType({})
 #: a later term than this master's is taken: a master whose clock went back starts a smaller
 #: epoch, and the objects its predecessor wrote are still good.)
 GENERATIONS_END = (1 << 64) - (1 << 40)
+#: How many epochs ahead of this master's a reported generation's may be: a lone master's
+#: epoch is its start time in seconds, and its clock may have gone back (a day here).
+EPOCHS_AHEAD = 86_400
 #: Seconds added to the write timeout when fencing. The fence counts from the node's last
 #: contact with a master, and that master may have granted writes there until its next
 #: heartbeat could have come (a node heartbeats every second by default); half a second more
@@ -1523,6 +1526,8 @@ class MasterState:
         (it may be damaged, or the node foreign)."""
         if not _well_formed(item) or not _admits(segment, tenant_of(item.key)):
             return False
+        if item.generation >> 32 > self.epoch + EPOCHS_AHEAD:
+            return False  # of a term no master can have had yet: put ids would run out
         existing = self.objects.get(item.key)
         known = existing is not None and existing.generation == item.generation
         replica = Replica(segment.segment_id, item.offset)
@@ -1540,6 +1545,11 @@ class MasterState:
             if existing.generation == item.generation and existing.size != item.size:
                 return False  # not a copy of this object
             if existing.generation < item.generation:  # superseded by a newer write
+                if self._this_term(item.generation):
+                    # this master made that put and never published it over the object it
+                    # knows: a node reporting it is mistaken, or lying (it would take over
+                    # a key it was never given)
+                    return False
                 self._remove(
                     existing,
                     now,
@@ -1590,6 +1600,10 @@ class MasterState:
             self._replication.look_again(record.key, now, self.config.node_ttl)
         self._put_ids = itertools.count(max(next(self._put_ids), item.generation + 1))
         return True
+
+    def _this_term(self, generation: int) -> bool:
+        """Whether ``generation`` is one of this master's own put ids."""
+        return generation >> 32 == self.epoch
 
     def _reported_replicas(self, item: StoredObject) -> int:
         """The replica count a node recorded with an object (its put's), at most the most a

@@ -1470,6 +1470,9 @@ class MasterModel(RuleBasedStateMachine):
                         rejected.append(item)
                         continue
                     twin = True
+                elif item.generation >> 32 == self.state.epoch:
+                    rejected.append(item)  # this master's put, never published over it
+                    continue
                 else:
                     superseded.append(item.key)
                     del view[item.key]
