@@ -227,6 +227,10 @@ class MasterState:
         self._draining = 0
         self._seq = itertools.count()
         self._put_ids = itertools.count((epoch << 32) + 1)
+        #: The first put id this master gave out (None: none yet); the ones it gave out are
+        #: that and later ones of its epoch. (A lone master restarted within the second it
+        #: started has its predecessor's epoch: what that one gave out lies below.)
+        self._own_floor: int | None = None
         #: The master's term (capabilities carry it; nodes refuse older ones).
         self.epoch = epoch
 
@@ -1179,11 +1183,14 @@ class MasterState:
                     " s more (old writers may still be copying): retry shortly",
                 )
             return PutSlot(KeyStatus.NO_SPACE, message=self._no_space_message(size, options.tier))
+        put_id = next(self._put_ids)
+        if self._own_floor is None:
+            self._own_floor = put_id
         record = ObjectRecord(
             key,
             size,
             RESERVED,
-            next(self._put_ids),
+            put_id,
             client_id,
             now,
             list(replicas),
@@ -1545,7 +1552,7 @@ class MasterState:
             if existing.generation == item.generation and existing.size != item.size:
                 return False  # not a copy of this object
             if existing.generation < item.generation:  # superseded by a newer write
-                if self._this_term(item.generation):
+                if self.issued_here(item.generation):
                     # this master made that put and never published it over the object it
                     # knows: a node reporting it is mistaken, or lying (it would take over
                     # a key it was never given)
@@ -1601,9 +1608,11 @@ class MasterState:
         self._put_ids = itertools.count(max(next(self._put_ids), item.generation + 1))
         return True
 
-    def _this_term(self, generation: int) -> bool:
-        """Whether ``generation`` is one of this master's own put ids."""
-        return generation >> 32 == self.epoch
+    def issued_here(self, generation: int) -> bool:
+        """Whether ``generation`` is a put id this master gave out (or one its epoch gives
+        out later): no report supersedes a published object with one."""
+        floor = self._own_floor
+        return floor is not None and generation >= floor and generation >> 32 == self.epoch
 
     def _reported_replicas(self, item: StoredObject) -> int:
         """The replica count a node recorded with an object (its put's), at most the most a

@@ -45,9 +45,11 @@ CONFIG = MasterConfig()  # the production defaults: these tests spell the rules 
 MOST_FREE = MasterConfig(placement="most-free")
 
 
-def new_state(config: MasterConfig = CONFIG, seed: int = 0) -> tuple[MasterState, FakeClock]:
+def new_state(
+    config: MasterConfig = CONFIG, seed: int = 0, epoch: int = 0
+) -> tuple[MasterState, FakeClock]:
     clock = FakeClock()
-    return MasterState(config, clock=clock, rng=random.Random(seed)), clock
+    return MasterState(config, clock=clock, rng=random.Random(seed), epoch=epoch), clock
 
 
 def segment_info(

@@ -1470,7 +1470,7 @@ class MasterModel(RuleBasedStateMachine):
                         rejected.append(item)
                         continue
                     twin = True
-                elif item.generation >> 32 == self.state.epoch:
+                elif self.state.issued_here(item.generation):
                     rejected.append(item)  # this master's put, never published over it
                     continue
                 else:
