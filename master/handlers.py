@@ -57,6 +57,13 @@ MAX_OBJECT_SIZE = 1 << 48
 MAX_SEGMENT_SIZE = 1 << 52
 #: Longest checked-stream address a node may announce (HOST:PORT).
 MAX_ADDRESS = 300
+#: The longest host name a segment may give (a DNS name holds at most 253 characters).
+MAX_HOST = 255
+#: The most bytes of a segment's UCX worker address and of its packed remote key (each is a
+#: few hundred bytes; a worker with every transport a few KiB).
+MAX_NODE_BLOB = 64 << 10
+#: The most bytes of a segment's shared-memory description (its file, socket and boot id).
+MAX_SHARED_MEMORY = 4096
 #: Segments a client may say it maps, in one call, and the longest id it may name.
 MAX_MAPPED_SEGMENTS = 1024
 MAX_SEGMENT_ID = 1024
@@ -187,6 +194,21 @@ class MasterHandlers:
             )
         if s.tenant and (problem := tenant_problem(s.tenant)) is not None:
             raise CallRefused(grpc.StatusCode.INVALID_ARGUMENT, f"segment.tenant: {problem}")
+        # (sent with every replica of the segment in answers to clients: a node may not make
+        # those answers as large as it likes)
+        shared = s.shared_memory.ByteSize() if s.HasField("shared_memory") else 0
+        for name, size, most in (
+            ("host", len(s.host), MAX_HOST),
+            ("worker_address", len(s.worker_address), MAX_NODE_BLOB),
+            ("rkey", len(s.rkey), MAX_NODE_BLOB),
+            ("shared_memory", shared, MAX_SHARED_MEMORY),
+            ("checked_address", len(s.checked_address), MAX_ADDRESS),
+        ):
+            if size > most:
+                raise CallRefused(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"segment.{name} holds at most {most} bytes, got {size}",
+                )
         _check_batch(request.objects)
         info = SegmentInfo(
             segment_id=s.segment_id,
@@ -201,7 +223,7 @@ class MasterHandlers:
             shared_memory=(
                 s.shared_memory.SerializeToString() if s.HasField("shared_memory") else b""
             ),
-            checked_address=s.checked_address[:MAX_ADDRESS],
+            checked_address=s.checked_address,
             tenant=s.tenant,
             space_reserved=s.space_reserved,
         )
@@ -673,18 +695,30 @@ class MasterHandlers:
             message = pb.Segment()
             message.CopyFrom(self._segment_pb(info))
             message.ClearField("shared_memory")
+            self._make_room(self._unmappable_pbs)
             cached = self._unmappable_pbs[info.segment_id] = (info, message)
         return cached[1]
 
     def _segment_pb(self, info: SegmentInfo) -> pb.Segment:
         cached = self._segment_pbs.get(info.segment_id)
         if cached is None or cached[0] is not info:
+            self._make_room(self._segment_pbs)
             cached = self._segment_pbs[info.segment_id] = (info, segment_to_pb(info))
         return cached[1]
+
+    def _make_room(self, cache: dict[str, Any]) -> None:
+        """Drops the messages of segments no longer mounted once ``cache`` is full (a node's
+        DRAM segment has a new id at each start: the old ones would stay for good)."""
+        if len(cache) >= MAX_CACHED_SEGMENTS:
+            mounted = self.core.state.segments
+            for segment_id in [s for s in cache if s not in mounted]:
+                del cache[segment_id]
 
 
 #: Segment messages with map grants kept at most (one per mapped segment and tenant).
 MAX_CACHED_GRANTS = 4096
+#: Segment messages kept per kind before those of segments gone are dropped.
+MAX_CACHED_SEGMENTS = 1024
 
 #: The tenant a copy's capability names (no tenant's: a node reads for the master; the colon
 #: is in no tenant name).

@@ -14,6 +14,9 @@
   stream whose message does not parse.
 - A node's command stream that never says hello ends DEADLINE_EXCEEDED after HELLO_TIMEOUT:
   a node token does not let its holder keep handlers open by saying nothing.
+- A segment whose host, remote key, shared-memory description or checked-stream address is
+  longer than any node sends is refused INVALID_ARGUMENT: each is sent with every replica
+  of the segment in answers to clients (the worker address has its own check).
 
 The master serves on after each.
 """
@@ -25,7 +28,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from helpers import bearer, master_channel
+from helpers import bearer, master_channel, ucx_worker_address
 
 from kvpool import Client
 from kvpool.common.limits import GRPC_REQUEST_LIMIT
@@ -201,3 +204,38 @@ def test_a_command_stream_that_never_says_hello_is_ended(cluster):
     assert ended.value.details().startswith(f"no hello within {HELLO_TIMEOUT:g} s")
     with Client(cluster.master_address) as client:
         assert client.get("seed") == b"seed bytes", "still serving"
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        {"host": "h" * 256},
+        {"rkey": b"r" * (64 << 10 | 1)},
+        {"checked_address": "c" * 301},
+        {"shared_memory": pb.SharedMemory(socket="s" * 5000)},
+    ],
+    ids=["host", "rkey", "checked_address", "shared_memory"],
+)
+def test_a_segment_field_longer_than_any_node_sends_is_refused(cluster, field):
+    from kvpool.proto import master_pb2_grpc
+
+    channel = master_channel(cluster.master_address)
+    stub = master_pb2_grpc.MasterStub(channel)
+    fields = {
+        "segment_id": "probe/dram0",
+        "node_id": "probe",
+        "host": "probe",
+        "worker_address": ucx_worker_address(),
+        "size": 1 << 20,
+        **field,
+    }
+    segment = pb.Segment(**fields)
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.MountSegment(
+            pb.MountSegmentRequest(segment=segment), metadata=bearer(NODE_TOKEN), timeout=10
+        )
+    channel.close()
+
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    name = next(iter(field))
+    assert f"segment.{name} holds at most" in refused.value.details()
