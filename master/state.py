@@ -128,6 +128,9 @@ _NO_OBJECTS: Mapping[str, ObjectRecord] = MappingProxyType({})
 #: a later term than this master's is taken: a master whose clock went back starts a smaller
 #: epoch, and the objects its predecessor wrote are still good.)
 GENERATIONS_END = (1 << 64) - (1 << 40)
+#: The most keys one ListKeys answer holds, whatever the caller asks (the rest: the next
+#: page): the listing runs on the master's event loop, between every other call.
+MAX_LIST_PAGE = 10_000
 #: How many epochs ahead of this master's a reported generation's may be: a lone master's
 #: epoch is its start time in seconds, and its clock may have gone back (a day here).
 EPOCHS_AHEAD = 86_400
@@ -891,10 +894,17 @@ class MasterState:
                 lambda k: k.startswith(prefix), self._published_keys.irange(minimum=prefix)
             )
         )
+        tenant, separator, _ = prefix.partition("/")
+        # (a tenant's call looks at that tenant's objects only, not at every tenant's)
+        candidates = (
+            self._tenant_objects.get(tenant, _NO_OBJECTS).values()
+            if separator
+            else self.objects.values()
+        )
         unpublished = [
-            k
-            for k, r in self.objects.items()
-            if r.state is not ObjectState.PUBLISHED and k.startswith(prefix)
+            r.key
+            for r in candidates
+            if r.state is not ObjectState.PUBLISHED and r.key.startswith(prefix)
         ]
         removed = leased = not_ready = 0
         for key in published + unpublished:
@@ -931,7 +941,7 @@ class MasterState:
 
     def list_keys(self, prefix: str = "", limit: int = 0, start_after: str = "") -> KeyPage:
         """Published keys starting with ``prefix``, in order, after ``start_after``."""
-        limit = limit or self.config.list_page_size
+        limit = min(limit or self.config.list_page_size, MAX_LIST_PAGE)
         lower = max(prefix, start_after)
         include_lower = not start_after or lower != start_after  # start_after is exclusive
         keys: list[str] = []
