@@ -149,10 +149,16 @@ class Election:
                 await self._campaign(client, stop, on_elected, on_lost)
             except ETCD_ERRORS as error:
                 log.warning("etcd unreachable", endpoint=endpoint, error=str(error))
+            except Exception as error:  # (a bug where a term begins or ends: campaign on,
+                # rather than sit a standby for good with nobody told)
+                log.error("election round failed; campaigning again", error=repr(error))
             finally:
                 if self.is_leader:
                     self.is_leader = False
-                    await on_lost()
+                    try:
+                        await on_lost()
+                    except Exception as error:
+                        log.error("ending the term failed", error=repr(error))
                 with contextlib.suppress(*ETCD_ERRORS, Exception):
                     await client.close()
             await pause(stop, self.ttl / 4)

@@ -114,9 +114,17 @@ class RecordWriter:
         while (self._dirty or self._waiting) and self._record_of is not None:
             segment_ids, self._dirty = self._dirty, set()
             waiting, self._waiting = self._waiting, []
-            ok = await self._write_now(segment_ids, self._record_of) if segment_ids else True
+            try:
+                ok = await self._write_now(segment_ids, self._record_of) if segment_ids else True
+            except Exception as error:  # (a bug: counted as a failed write, tried again, and
+                # the answers waiting on it are given, never left hanging)
+                log.error("writing tombstone records failed", to=self.where, error=repr(error))
+                ok = False
             for done in waiting:
-                done(ok)
+                try:
+                    done(ok)
+                except Exception as error:
+                    log.error("an answer waiting on tombstone records failed", error=repr(error))
             if ok:
                 if self.failing:
                     log.warning("tombstone records written again", to=self.where)

@@ -9,7 +9,6 @@ reports go to the driver as they arrive.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -121,9 +120,14 @@ class MasterService(master_pb2_grpc.MasterServicer):
             reader.remove_done_callback(end_with_the_node)
             self.driver.node_disconnected(stream)
             reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
+            why = ""
+            try:
                 await reader
-            log.info("node session closed", node_id=node_id)
+            except asyncio.CancelledError:
+                pass
+            except Exception as error:  # (the stream broke, or a bug: said, not swallowed)
+                why = repr(error)
+            log.info("node session closed", node_id=node_id, error=why or None)
 
     async def _read_reports(
         self, request_iterator: AsyncIterator[pb.NodeReport], stream: NodeStream

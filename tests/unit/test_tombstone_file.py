@@ -129,3 +129,27 @@ def test_a_link_planted_at_the_temporary_name_is_not_followed(tmp_path: Path):
     assert asyncio.run(TombstoneFile(path).load()) == {}
     assert elsewhere.read_text() == "not the master's"
     assert json.loads(path.read_text()) == {"records": {}}
+
+
+def test_a_write_that_raises_unexpectedly_refuses_its_answers_and_the_next_one_is_written(
+    tmp_path: Path,
+):
+    # (a bug in building a record must not leave the calls waiting on it unanswered)
+    path = tmp_path / "tombstones.json"
+    store = TombstoneFile(path)
+    calls = [0]
+
+    def record_of(_: str) -> DurableRecord:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise KeyError("a bug")
+        return DurableRecord(False, {"team/k": 1})
+
+    async def scenario() -> tuple[bool, bool]:
+        store.begin(record_of)
+        first = await written(store, {"node0/dram-1"})
+        second = await written(store, {"node0/dram-1"})
+        store.end()
+        return first, second
+
+    assert asyncio.run(scenario()) == (False, True)
