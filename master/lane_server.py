@@ -41,6 +41,7 @@ from google.protobuf.message import Message
 
 from kvpool.common import lane_protocol as lp
 from kvpool.common.logging import get_logger
+from kvpool.common.tcp_keepalive import keep_alive
 from kvpool.common.tls_transport import TlsTransport
 from kvpool.master import metrics
 from kvpool.master.access import authorize, own_node
@@ -315,6 +316,7 @@ class _Connection(asyncio.Protocol):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            keep_alive(sock)  # (a node's stream cut silently ends in about half a minute)
         with contextlib.suppress(NotImplementedError):  # (a transport without a buffer)
             transport.set_write_buffer_limits(high=WRITE_HIGH, low=WRITE_LOW)
         tls = transport.get_extra_info("ssl_object")

@@ -96,9 +96,16 @@ class MappingServer:
                     connection.close()
                     continue
                 self._serving += 1
-            threading.Thread(
-                target=self._serve, args=(connection,), name="kvpool-map-serve", daemon=True
-            ).start()
+            try:
+                threading.Thread(
+                    target=self._serve, args=(connection,), name="kvpool-map-serve", daemon=True
+                ).start()
+            except RuntimeError as error:  # (no thread to be had: a pids limit)
+                with self._lock:
+                    self._serving -= 1
+                connection.close()
+                log.error("mapping socket: cannot start a thread", error=str(error))
+                time.sleep(0.1)
 
     def _serve(self, connection: socket.socket) -> None:
         answered = False
