@@ -20,7 +20,7 @@ from kvpool.common.logging import get_logger
 from kvpool.master import metrics
 from kvpool.master.commands_pb import command_to_pb
 from kvpool.master.core import Effects, MasterCore
-from kvpool.master.node_processes import Attached, NodeProcesses
+from kvpool.master.node_processes import Attached, NodeProcesses, incarnation_problem
 from kvpool.master.records import CopyCommand, TickReport
 from kvpool.proto import master_pb2 as pb
 
@@ -216,6 +216,8 @@ class CoreDriver:
         core = self.core
         if core is None:
             raise CallRefused(grpc.StatusCode.UNAVAILABLE, "this master is not serving: retry")
+        if (problem := incarnation_problem(incarnation)) is not None:
+            raise CallRefused(grpc.StatusCode.INVALID_ARGUMENT, problem)
         if node_id not in core.state.nodes:  # (bounds what a peer can make the core remember)
             raise CallRefused(
                 grpc.StatusCode.UNAVAILABLE,
@@ -236,6 +238,8 @@ class CoreDriver:
     def process_refusal(self, node_id: str, incarnation: str) -> str | None:
         """Why process ``incarnation`` may not act for node ``node_id`` (mount segments):
         another live process of the node holds its command stream. None when it may."""
+        if (problem := incarnation_problem(incarnation)) is not None:
+            raise CallRefused(grpc.StatusCode.INVALID_ARGUMENT, problem)
         core = self.core
         held = self._streams.get(node_id)
         if core is None or held is None or not incarnation:

@@ -28,6 +28,7 @@ from kvpool.master.capability_keys import MasterKeys
 from kvpool.master.commands_pb import segment_to_pb, stored_from_pb
 from kvpool.master.core import TERM_ENDED, MasterCore
 from kvpool.master.driver import CallRefused, CoreDriver, Pending
+from kvpool.master.node_processes import incarnation_problem
 from kvpool.master.quotas import InflightLimiter
 from kvpool.master.records import (
     ClusterSnapshot,
@@ -272,6 +273,8 @@ class MasterHandlers:
 
     def Heartbeat(self, request: pb.HeartbeatRequest, identity: Identity) -> Any:
         own_node(identity, request.node_id, "heartbeat")
+        if (problem := incarnation_problem(request.incarnation)) is not None:
+            raise CallRefused(grpc.StatusCode.INVALID_ARGUMENT, problem)
         core = self.core
         self.driver.processes.heard(request.node_id, request.incarnation, core.clock())
         node_id = request.node_id

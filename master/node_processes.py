@@ -14,6 +14,21 @@ from dataclasses import dataclass
 
 #: Processes remembered per node id (a node restarting in a loop must not grow the table).
 MAX_REMEMBERED = 4
+#: Node ids remembered at most (heartbeats come before a node mounts: on an ``--insecure``
+#: master anyone may send them under any id); the one heard from least lately goes first.
+MAX_NODES = 16_384
+#: The longest process id (incarnation) a node may give: nodes make 32 hex digits.
+MAX_INCARNATION = 128
+
+
+def incarnation_problem(incarnation: str) -> str | None:
+    """Why a node's process id (incarnation) is refused, or None."""
+    if len(incarnation) > MAX_INCARNATION:
+        return (
+            f"a node's incarnation holds at most {MAX_INCARNATION} characters, got "
+            f"{len(incarnation)}: leave it to kvpool's node, which makes one"
+        )
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +48,12 @@ class NodeProcesses:
     def heard(self, node_id: str, incarnation: str, now: float) -> None:
         if not incarnation:
             return  # (an older node: it says nothing of its process)
-        seen = self._heard.setdefault(node_id, {})
+        seen = self._heard.pop(node_id, None)  # (back in last: heard from most lately)
+        if seen is None:
+            seen = {}
+            while len(self._heard) >= MAX_NODES:
+                del self._heard[next(iter(self._heard))]
+        self._heard[node_id] = seen
         seen.pop(incarnation, None)
         seen[incarnation] = now  # (last: the newest)
         while len(seen) > MAX_REMEMBERED:

@@ -14,6 +14,7 @@
   stream whose message does not parse.
 - A node's command stream that never says hello ends DEADLINE_EXCEEDED after HELLO_TIMEOUT:
   a node token does not let its holder keep handlers open by saying nothing.
+- A node's process id (incarnation) longer than any node makes is refused INVALID_ARGUMENT.
 - A segment whose host, remote key, shared-memory description or checked-stream address is
   longer than any node sends is refused INVALID_ARGUMENT: each is sent with every replica
   of the segment in answers to clients (the worker address has its own check).
@@ -239,3 +240,18 @@ def test_a_segment_field_longer_than_any_node_sends_is_refused(cluster, field):
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     name = next(iter(field))
     assert f"segment.{name} holds at most" in refused.value.details()
+
+
+def test_a_heartbeat_with_an_incarnation_longer_than_any_node_makes_is_refused(cluster):
+    from kvpool.master.node_processes import MAX_INCARNATION
+    from kvpool.proto import master_pb2_grpc
+
+    channel = master_channel(cluster.master_address)
+    stub = master_pb2_grpc.MasterStub(channel)
+    request = pb.HeartbeatRequest(node_id="probe", incarnation="i" * (MAX_INCARNATION + 1))
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.Heartbeat(request, metadata=bearer(NODE_TOKEN), timeout=10)
+    channel.close()
+
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "incarnation holds at most" in refused.value.details()
