@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter
 
+from kvpool.common.log_throttle import LogThrottle
 from kvpool.common.logging import get_logger
 from kvpool.security import capabilities as caps
 from kvpool.storage_node.checked_connection import Activity, CheckedConnection, Closed, Counters
@@ -60,6 +61,8 @@ log = get_logger("kvpool.node.checked")
 #: refusal, and the reads answered before it); closed after the peer's end of stream, it
 #: sends them all, then its own end.
 LINGER_S = 1.0
+#: Connections that failed for a reason no peer should cause, logged at a bounded rate.
+FAILURE_LOGS = LogThrottle(burst=10, interval=60.0)
 #: Seconds a connection must have been idle before a new one may take its place.
 EVICTABLE_IDLE = 0.5
 
@@ -222,7 +225,10 @@ class CheckedServer:
         except (Closed, OSError):
             pass
         except Exception as error:  # (a bug must not stop the node; log it)
-            log.error("checked stream connection failed", error=repr(error))
+            if (suppressed := FAILURE_LOGS.allow(type(error).__name__)) is not None:
+                log.error(
+                    "checked stream connection failed", error=repr(error), suppressed=suppressed
+                )
         finally:
             if not self._stopping:
                 linger(connection, LINGER_S)

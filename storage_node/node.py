@@ -29,6 +29,7 @@ from kvpool.common import lane_protocol as lp
 from kvpool.common.aio import pause
 from kvpool.common.leader_resolver import LEADER_METADATA, LeaderResolver
 from kvpool.common.limits import GRPC_MESSAGE_OPTIONS
+from kvpool.common.log_throttle import LogThrottle
 from kvpool.common.logging import get_logger
 from kvpool.common.master_address import MasterTarget, host_of
 from kvpool.proto import master_pb2 as pb
@@ -262,7 +263,12 @@ class StorageNode:
         try:
             ring = caps.KeyRing((key.key_id, key.secret) for key in delivered.keys[: caps.MAX_KEYS])
         except ValueError as error:
-            log.error("capability keys from the master refused", error=str(error))
+            if (suppressed := NODE_LOGS.allow("keys refused")) is not None:
+                log.error(
+                    "capability keys from the master refused",
+                    error=str(error),
+                    suppressed=suppressed,
+                )
             return
         # (the term of the master this node follows now: older terms' grants are refused.
         # Not the highest ever seen: a cluster moved to masters of another kind, whose terms
@@ -561,8 +567,14 @@ def _leader_hint(error: grpc.aio.AioRpcError) -> str:
     return ""
 
 
+#: Failed commands and refused keys are logged at most 10 lines a minute (the rest counted
+#: in the next line): a restart can bring a burst of stale Forgets, and keys are delivered
+#: with every heartbeat.
+NODE_LOGS = LogThrottle(burst=10, interval=60.0)
+
+
 def _logged(result: pb.CommandResult) -> pb.CommandResult:
     """A command's answer, its failure logged here (the master logs it too)."""
-    if not result.ok:
-        log.warning("command failed", error=result.error)
+    if not result.ok and (suppressed := NODE_LOGS.allow("command failed")) is not None:
+        log.warning("command failed", error=result.error, suppressed=suppressed)
     return result
