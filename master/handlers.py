@@ -111,6 +111,9 @@ class MasterHandlers:
         self._granted_pbs = {}
         #: Which clients may map nodes' memory on their host.
         self.same_host = SameHostPolicy()
+        #: The second Story calls are counted in (monotonic), and the time they took in it.
+        self._story_window = 0.0
+        self._story_spent = 0.0
         #: Each tenant's calls not yet answered, held to its ``inflight`` quota.
         self.inflight = InflightLimiter()
         #: The keys this master signs capabilities with (None: it grants none).
@@ -565,7 +568,22 @@ class MasterHandlers:
         return pb.LaneResponse(port=self.lane_port)
 
     def Story(self, request: pb.StoryRequest, identity: Identity) -> pb.StoryResponse:
-        return story_response(self.core.state, key_prefix(identity) + request.key)
+        # (a story scans the whole event ring on the event loop: every caller's Story calls
+        # together get STORY_BUDGET of each second, so that none can stall the others')
+        now = time.monotonic()
+        if now - self._story_window >= 1.0:
+            self._story_window, self._story_spent = now, 0.0
+        if self._story_spent >= STORY_BUDGET:
+            raise CallRefused(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"Story calls may take {STORY_BUDGET:.0%} of the master's time, and have "
+                "this second: retry in a second",
+            )
+        started = time.perf_counter()
+        try:
+            return story_response(self.core.state, key_prefix(identity) + request.key)
+        finally:
+            self._story_spent += time.perf_counter() - started
 
     # ---- helpers
 
@@ -720,6 +738,8 @@ class MasterHandlers:
 
 #: Segment messages with map grants kept at most (one per mapped segment and tenant).
 MAX_CACHED_GRANTS = 4096
+#: The share of each second that Story calls may take on the master's event loop.
+STORY_BUDGET = 0.1
 #: Segment messages kept per kind before those of segments gone are dropped.
 MAX_CACHED_SEGMENTS = 1024
 
