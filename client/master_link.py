@@ -147,10 +147,11 @@ class MasterLink:
                 except LaneError as error:
                     code, details, hint = error.code, error.details, error.leader
                 except ValueError as error:
-                    # grpc's "Cannot invoke RPC on closed channel!": another thread replaced
-                    # the channel this call took (a new leader, or a fresh channel after
-                    # failures) and closed it. The call goes again, on the new one.
-                    if isinstance(error, KVPoolError) or "closed channel" not in str(error):
+                    # grpc's "Cannot invoke RPC on closed channel!" (or "...: Channel
+                    # closed!"): another thread replaced the channel this call took (a new
+                    # leader, or a fresh channel after failures) and closed it. The call goes
+                    # again, on the new one.
+                    if isinstance(error, KVPoolError) or not _channel_closed(error):
                         raise
                     if self._closed:
                         raise ClientClosed("the client is closed: make a new one") from None
@@ -316,6 +317,12 @@ class MasterLink:
                 if replaced is not None:
                     replaced.close()  # (after the new one is in place: see ``call``)
             return self._stub, leader
+
+
+def _channel_closed(error: ValueError) -> bool:
+    """Whether grpc raised ``error`` for a call on a channel closed under it."""
+    text = str(error).lower()
+    return "channel" in text and "closed" in text
 
 
 def _check_size(method: str, request: Any) -> None:
