@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,9 +19,12 @@ import libucx
 
 libucx.load_library()
 
+from kvpool.common.logging import get_logger  # noqa: E402
 from kvpool.transport import ucx_log  # noqa: E402  (UCX's log lines go to structlog from now on)
 from kvpool.transport._ucp_cffi import ffi, lib  # noqa: E402  (needs libucp loaded first)
 from kvpool.transport.worker_address import MalformedWorkerAddress, check_worker_address  # noqa: E402
+
+log = get_logger("kvpool.ucx")
 
 #: UCX settings kvpool applies unless the environment already sets them. 256 KiB TCP segments
 #: give UCX's TCP transport much more bandwidth than its default segment size.
@@ -324,15 +328,28 @@ class ProgressThread:
         self._worker = worker
         self._stop_r, self._stop_w = os.pipe()
         self.result: int | None = None
+        #: Loops that ended with an error (each is logged at first, then every thousandth).
+        self.failures = 0
+        self._stopping = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def _run(self) -> None:
-        self.result = self._worker.progress_until(self._stop_r)
+        # (a failure to arm the worker or to poll ends one loop; the worker must go on
+        # progressing, or transfers that need this process, TCP's software RMA, stall)
+        while True:
+            self.result = self._worker.progress_until(self._stop_r)
+            if self.result == 0 or self._stopping:
+                return
+            self.failures += 1
+            if self.failures == 1 or self.failures % 1000 == 0:
+                log.error("UCX progress failed; going on", status=self.result, times=self.failures)
+            time.sleep(0.01)
 
     def stop(self, timeout: float = 5.0) -> None:
+        self._stopping = True
         os.write(self._stop_w, b"x")
         self._thread.join(timeout)
         os.close(self._stop_r)
