@@ -285,15 +285,17 @@ async def open_tls_connection(
     context: ssl.SSLContext,
     timeout: float,
 ) -> TlsTransport:
-    """Connects to ``host:port`` and completes a TLS handshake within ``timeout`` seconds,
-    then hands the connection to ``protocol``; OSError or ssl.SSLError when it cannot."""
+    """Looks ``host`` up, connects to it and completes a TLS handshake, all within
+    ``timeout`` seconds, then hands the connection to ``protocol``; OSError (TimeoutError
+    among them) or ssl.SSLError when it cannot."""
     loop = asyncio.get_running_loop()
-    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    deadline = loop.time() + timeout  # (the name's lookup, the connect and the handshake)
+    infos = await asyncio.wait_for(loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), timeout)
     family, kind, proto, _, address = infos[0]
     raw = socket.socket(family, kind, proto)
     try:
         raw.setblocking(False)
-        await asyncio.wait_for(loop.sock_connect(raw, address), timeout)
+        await asyncio.wait_for(loop.sock_connect(raw, address), max(deadline - loop.time(), 0))
         sock = context.wrap_socket(raw, server_hostname=host, do_handshake_on_connect=False)
     except BaseException:
         raw.close()
@@ -301,7 +303,11 @@ async def open_tls_connection(
     made: asyncio.Future[None] = loop.create_future()
     relay = _Relay(protocol, made)
     transport = TlsTransport(
-        loop, sock, relay, handshake_timeout=timeout, on_done=lambda t: relay.failed(t.error)
+        loop,
+        sock,
+        relay,
+        handshake_timeout=max(deadline - loop.time(), 0.001),
+        on_done=lambda t: relay.failed(t.error),
     )
     await made
     return transport

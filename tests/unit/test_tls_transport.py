@@ -6,6 +6,7 @@ by the event loop, behaving as an asyncio transport.
 - A peer that connects and never says hello is closed at the handshake deadline, and the
   protocol never hears of it.
 - A server whose certificate the client's CA did not sign is refused at the handshake.
+- Opening a connection (the name's lookup, the connect, the handshake) ends by its timeout.
 """
 
 from __future__ import annotations
@@ -154,3 +155,19 @@ def test_a_server_the_clients_ca_did_not_sign_is_refused(pki, tmp_path):
         listener.close()
 
     asyncio.run(scenario())
+
+
+def test_opening_ends_by_its_timeout_when_the_server_never_answers_the_handshake(pki):
+    async def scenario() -> float:
+        listener = socket.create_server(("127.0.0.1", 0))  # (accepts in its backlog, no TLS)
+        context = client_ssl_context(TlsFiles(ca=pki.ca))
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(OSError):  # (TimeoutError)
+            await open_tls_connection(
+                Collect(1), "localhost", listener.getsockname()[1], context, 0.5
+            )
+        listener.close()
+        return loop.time() - started
+
+    assert asyncio.run(scenario()) < 1.5, "the lookup, connect and handshake share the timeout"
