@@ -111,6 +111,8 @@ class MasterHandlers:
         self._granted_pbs = {}
         #: Which clients may map nodes' memory on their host.
         self.same_host = SameHostPolicy()
+        #: node id -> (when, its drain progress then) for heartbeats' answers.
+        self._drain_progresses: dict[str, tuple[float, DrainProgress | None]] = {}
         #: The second Story calls are counted in (monotonic), and the time they took in it.
         self._story_window = 0.0
         self._story_spent = 0.0
@@ -286,7 +288,7 @@ class MasterHandlers:
 
         def answer(remount: list[str]) -> pb.HeartbeatResponse:
             response = pb.HeartbeatResponse(remount_segment_ids=remount)
-            progress = core.state.drain_progress(node_id) if core.state.draining_nodes else None
+            progress = self._drain_progress(node_id) if core.state.draining_nodes else None
             if progress is not None and progress.draining:
                 response.draining = True
                 response.drain_objects_left = progress.objects_left
@@ -727,6 +729,20 @@ class MasterHandlers:
             cached = self._segment_pbs[info.segment_id] = (info, segment_to_pb(info))
         return cached[1]
 
+    def _drain_progress(self, node_id: str) -> DrainProgress | None:
+        """A draining node's progress for its heartbeat's answer, worked out at most every
+        DRAIN_PROGRESS_EVERY seconds (it reads every object of the node, on the event loop,
+        and a node heartbeats every second or more often)."""
+        now = time.monotonic()
+        cached = self._drain_progresses.get(node_id)
+        if cached is not None and now - cached[0] < DRAIN_PROGRESS_EVERY:
+            return cached[1]
+        progress = self.core.state.drain_progress(node_id)
+        if len(self._drain_progresses) >= MAX_CACHED_SEGMENTS:
+            self._drain_progresses.clear()
+        self._drain_progresses[node_id] = (now, progress)
+        return progress
+
     def _make_room(self, cache: dict[str, Any]) -> None:
         """Drops the messages of segments no longer mounted once ``cache`` is full (a node's
         DRAM segment has a new id at each start: the old ones would stay for good)."""
@@ -738,6 +754,8 @@ class MasterHandlers:
 
 #: Segment messages with map grants kept at most (one per mapped segment and tenant).
 MAX_CACHED_GRANTS = 4096
+#: Seconds a draining node's progress is reused for its heartbeats' answers.
+DRAIN_PROGRESS_EVERY = 2.0
 #: The share of each second that Story calls may take on the master's event loop.
 STORY_BUDGET = 0.1
 #: Segment messages kept per kind before those of segments gone are dropped.
