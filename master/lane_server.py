@@ -69,6 +69,11 @@ FREE_FRAME = 64 << 10
 #: Answers waiting in a connection's write buffer beyond which it is not read (bytes), and
 #: below which it is read again.
 WRITE_HIGH = 1 << 20
+#: Seconds a node may leave its command stream unread (paused past WRITE_HIGH), and the
+#: commands' bytes it may leave waiting, before the stream is closed: a node busy with its
+#: disk reads again well within these; one that does not reconnects.
+NODE_STREAM_STALL = 60.0
+NODE_STREAM_BUFFER = 64 << 20
 WRITE_LOW = 256 << 10
 #: Seconds between two log lines about connections closed for the same reason.
 LOG_EVERY = 1.0
@@ -265,6 +270,7 @@ _OVERDUE = {
     "read_timeout": "it sent part of a frame and then nothing for {}s",
     "unread_answers": "its answers waited unread for {}s",
     "unauthenticated": "it sent no credentials for {}s",
+    "unread_commands": "its node read none of its commands for a minute",
 }
 
 
@@ -425,8 +431,11 @@ class _Connection(asyncio.Protocol):
             self._last_heard = now
         lane = self.lane
         if self._paused_since is not None:  # not reading: the silence is ours
+            if self._stream is not None:  # (a node busy with its disk: given longer)
+                stalled = now - self._paused_since > NODE_STREAM_STALL
+                return "unread_commands" if stalled else None
             stalled = now - self._paused_since > lane.read_timeout
-            return "unread_answers" if stalled and self._stream is None else None
+            return "unread_answers" if stalled else None
         if self.wanted:  # not reading until the lane has memory for its frame: ours too
             return None
         silent = now - self._last_heard
@@ -560,7 +569,19 @@ class _Connection(asyncio.Protocol):
         log.info("node session open", node_id=node_id)
 
     def _send_command(self, command: pb.NodeCommand) -> None:
+        if self._unread_bytes() > NODE_STREAM_BUFFER:
+            # the node reads none of its commands: its stream ends (it reconnects, and what
+            # it did not answer is sent again), rather than the buffer growing
+            self.lane.drop(self, "unread_commands", "its node left its commands unread")
+            return
         self._send(lp.encode(0, lp.NODE_SESSION, command.SerializeToString()))
+
+    def _unread_bytes(self) -> int:
+        """Bytes waiting in the transport's write buffer (0 for one without a buffer)."""
+        try:
+            return self.transport.get_write_buffer_size() if self.transport is not None else 0
+        except NotImplementedError:
+            return 0
 
     def _send(self, data: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():

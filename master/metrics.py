@@ -65,7 +65,7 @@ LANE_CLOSED = Counter(
     "kvpool_master_lane_connections_closed_total",
     "Metadata lane connections the master closed: bad_frame (oversized or unparseable), "
     "read_timeout (part of a frame, then silence), unread_answers, idle, unauthenticated "
-    "(no credentials within the read timeout), over_cap.",
+    "(no credentials within the read timeout), over_cap, unread_commands (a node's stream).",
     ["reason"],
 )
 LANE_MEMORY_WAITS = Counter(

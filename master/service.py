@@ -49,6 +49,9 @@ def _unary(name: str) -> Callable[..., Any]:
     return method
 
 
+#: Commands waiting for a node that does not read them, at most: past that its gRPC command
+#: stream ends (on the lane, NODE_STREAM_BUFFER bytes).
+MAX_QUEUED_COMMANDS = 100_000
 #: Seconds a node's command stream may stay open before its hello (as the lane's
 #: ``read_timeout``): a caller with a node token cannot hold handlers open by saying nothing.
 HELLO_TIMEOUT = 10.0
@@ -85,12 +88,23 @@ class MasterService(master_pb2_grpc.MasterServicer):
             return
         node_id = hello.hello.node_id
         queue: asyncio.Queue[pb.NodeCommand | None] = asyncio.Queue()
+        handler = asyncio.current_task()
+
+        def send(command: pb.NodeCommand) -> None:
+            if queue.qsize() < MAX_QUEUED_COMMANDS:
+                queue.put_nowait(command)
+            elif handler is not None and not handler.done():
+                # the node reads none of its commands: its stream ends (it reconnects, and
+                # what it did not answer is sent again), rather than the queue growing
+                log.warning("node reads no commands; ending its stream", node_id=node_id)
+                handler.cancel()
+
         try:
             own_node(identity, node_id, "open the command stream")
             stream = self.driver.node_connected(
                 node_id,
                 hello.hello.incarnation,
-                queue.put_nowait,
+                send,
                 lambda: queue.put_nowait(None),
                 context.peer(),
             )
@@ -99,7 +113,6 @@ class MasterService(master_pb2_grpc.MasterServicer):
             return
         reader = asyncio.create_task(self._read_reports(request_iterator, stream))
         # When the node's side ends, so does this handler.
-        handler = asyncio.current_task()
 
         def end_with_the_node(_: asyncio.Task[None]) -> None:
             if handler is not None and not handler.done():

@@ -238,3 +238,33 @@ def test_a_command_stream_from_a_node_that_mounted_nothing_is_refused():
         assert lane.handlers.core.delivery.stream_of("nobody") is None
 
     asyncio.run(scenario())
+
+
+def test_a_node_that_leaves_its_commands_unread_has_its_stream_closed():
+    """Past NODE_STREAM_BUFFER bytes of commands waiting, or NODE_STREAM_STALL seconds paused,
+    the stream is closed (the node reconnects, and what it did not answer is sent again),
+    rather than the master's buffer for it growing without end."""
+    from kvpool.master import lane_server
+
+    async def scenario() -> None:
+        _lane, _node, node_wire, client, _ = lane_with_one_object("k")
+        aborted: list[bool] = []
+        node_wire.get_write_buffer_size = lambda: lane_server.NODE_STREAM_BUFFER + 1  # type: ignore[method-assign]
+        node_wire.abort = lambda: aborted.append(True)  # type: ignore[method-assign]
+
+        client.data_received(request(3, "Remove", pb.RemoveRequest(client_id="c", keys=["k"])))
+
+        assert aborted, "closed, not buffered"
+        assert node_wire.frames == [], "the Forget was not added to what waits"
+
+    asyncio.run(scenario())
+
+    async def paused() -> None:
+        _lane, node, node_wire, _, _ = lane_with_one_object("k")
+        node_wire.pause_reading = lambda: None  # type: ignore[method-assign]
+        node.pause_writing()  # (its transport's buffer is past WRITE_HIGH)
+        now = time.monotonic()
+        assert node.overdue(now + lane_server.READ_TIMEOUT + 1) is None, "a busy node waits"
+        assert node.overdue(now + lane_server.NODE_STREAM_STALL + 1) == "unread_commands"
+
+    asyncio.run(paused())
