@@ -73,6 +73,18 @@ log = get_logger("kvpool.client")
 _SEGMENT_OF = operator.attrgetter("segment_id")
 
 
+def _tried(
+    mapped: dict[tuple[str, bool], MappedSegment | SharedFile | None],
+    segment_id: str,
+    writable: bool,
+) -> bool:
+    """Whether a client with these ``mapped`` segments tried to map ``segment_id`` for puts
+    (``writable``) or gets (gets read through the puts' mapping where there is one)."""
+    return (segment_id, writable) in mapped or (
+        not writable and isinstance(mapped.get((segment_id, True)), MappedSegment)
+    )
+
+
 def _only_the_grant_changed(known: pb.Segment, new: pb.Segment) -> bool:
     """Whether two descriptors of a segment differ in their map grants alone."""
     if known.map_capability == new.map_capability:
@@ -646,8 +658,7 @@ class DataPath:
         maybe = [
             segment_id
             for segment_id in set(map(_SEGMENT_OF, transfers))
-            if (segment_id, writable) not in mapped_now
-            and (writable or not isinstance(mapped_now.get((segment_id, True)), MappedSegment))
+            if not _tried(mapped_now, segment_id, writable)
         ]
         if not maybe:  # (every call but the first to a segment)
             return
@@ -706,9 +717,7 @@ class DataPath:
     def _untried(self, segment_id: str, *, writable: bool) -> pb.Segment | None:
         """The descriptor of a segment this client may map and has not tried to (for puts,
         or gets); None otherwise. Segments it may not map are noted as not mapped."""
-        if (segment_id, writable) in self._mapped or (
-            not writable and isinstance(self._mapped.get((segment_id, True)), MappedSegment)
-        ):
+        if _tried(self._mapped, segment_id, writable):
             return None
         descriptor = self._descriptors.get(segment_id)
         if (

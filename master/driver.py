@@ -129,6 +129,12 @@ class NodeStream:
 _NO_ANSWER = object()
 
 
+def check_incarnation(incarnation: str) -> None:
+    """CallRefused (INVALID_ARGUMENT) for a node process id no node makes."""
+    if (problem := incarnation_problem(incarnation)) is not None:
+        raise CallRefused(grpc.StatusCode.INVALID_ARGUMENT, problem)
+
+
 class CoreDriver:
     def __init__(self, core: MasterCore | None) -> None:
         """``core`` is None on a standby (the leader gate turns every call away)."""
@@ -216,8 +222,7 @@ class CoreDriver:
         core = self.core
         if core is None:
             raise CallRefused(grpc.StatusCode.UNAVAILABLE, "this master is not serving: retry")
-        if (problem := incarnation_problem(incarnation)) is not None:
-            raise CallRefused(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        check_incarnation(incarnation)
         if node_id not in core.state.nodes:  # (bounds what a peer can make the core remember)
             raise CallRefused(
                 grpc.StatusCode.UNAVAILABLE,
@@ -238,8 +243,7 @@ class CoreDriver:
     def process_refusal(self, node_id: str, incarnation: str) -> str | None:
         """Why process ``incarnation`` may not act for node ``node_id`` (mount segments):
         another live process of the node holds its command stream. None when it may."""
-        if (problem := incarnation_problem(incarnation)) is not None:
-            raise CallRefused(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        check_incarnation(incarnation)
         core = self.core
         held = self._streams.get(node_id)
         if core is None or held is None or not incarnation:

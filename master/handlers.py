@@ -27,8 +27,7 @@ from kvpool.master.access import authorize, client_scope, key_prefix, own_node
 from kvpool.master.capability_keys import MasterKeys
 from kvpool.master.commands_pb import segment_to_pb, stored_from_pb
 from kvpool.master.core import TERM_ENDED, MasterCore
-from kvpool.master.driver import CallRefused, CoreDriver, Pending
-from kvpool.master.node_processes import incarnation_problem
+from kvpool.master.driver import CallRefused, CoreDriver, Pending, check_incarnation
 from kvpool.master.quotas import InflightLimiter
 from kvpool.master.records import (
     ClusterSnapshot,
@@ -60,9 +59,9 @@ MAX_SEGMENT_SIZE = 1 << 52
 MAX_ADDRESS = 300
 #: The longest host name a segment may give (a DNS name holds at most 253 characters).
 MAX_HOST = 255
-#: The most bytes of a segment's UCX worker address and of its packed remote key (each is a
-#: few hundred bytes; a worker with every transport a few KiB).
-MAX_NODE_BLOB = 64 << 10
+#: The most bytes of a segment's packed UCX remote key (a few hundred bytes; its worker
+#: address has its own check, ``check_worker_address``).
+MAX_RKEY = 64 << 10
 #: The most bytes of a segment's shared-memory description (its file, socket and boot id).
 MAX_SHARED_MEMORY = 4096
 #: Segments a client may say it maps, in one call, and the longest id it may name.
@@ -205,8 +204,7 @@ class MasterHandlers:
         shared = s.shared_memory.ByteSize() if s.HasField("shared_memory") else 0
         for name, size, most in (
             ("host", len(s.host), MAX_HOST),
-            ("worker_address", len(s.worker_address), MAX_NODE_BLOB),
-            ("rkey", len(s.rkey), MAX_NODE_BLOB),
+            ("rkey", len(s.rkey), MAX_RKEY),
             ("shared_memory", shared, MAX_SHARED_MEMORY),
             ("checked_address", len(s.checked_address), MAX_ADDRESS),
         ):
@@ -278,8 +276,7 @@ class MasterHandlers:
 
     def Heartbeat(self, request: pb.HeartbeatRequest, identity: Identity) -> Any:
         own_node(identity, request.node_id, "heartbeat")
-        if (problem := incarnation_problem(request.incarnation)) is not None:
-            raise CallRefused(grpc.StatusCode.INVALID_ARGUMENT, problem)
+        check_incarnation(request.incarnation)
         core = self.core
         self.driver.processes.heard(request.node_id, request.incarnation, core.clock())
         node_id = request.node_id

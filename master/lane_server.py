@@ -69,12 +69,12 @@ FREE_FRAME = 64 << 10
 #: Answers waiting in a connection's write buffer beyond which it is not read (bytes), and
 #: below which it is read again.
 WRITE_HIGH = 1 << 20
+WRITE_LOW = 256 << 10
 #: Seconds a node may leave its command stream unread (paused past WRITE_HIGH), and the
 #: commands' bytes it may leave waiting, before the stream is closed: a node busy with its
 #: disk reads again well within these; one that does not reconnects.
 NODE_STREAM_STALL = 60.0
 NODE_STREAM_BUFFER = 64 << 20
-WRITE_LOW = 256 << 10
 #: Seconds between two log lines about connections closed for the same reason.
 LOG_EVERY = 1.0
 

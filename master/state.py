@@ -894,11 +894,11 @@ class MasterState:
                 lambda k: k.startswith(prefix), self._published_keys.irange(minimum=prefix)
             )
         )
-        tenant, separator, _ = prefix.partition("/")
+        tenant = tenant_of(prefix)
         # (a tenant's call looks at that tenant's objects only, not at every tenant's)
         candidates = (
             self._tenant_objects.get(tenant, _NO_OBJECTS).values()
-            if separator
+            if tenant
             else self.objects.values()
         )
         unpublished = [

@@ -163,12 +163,9 @@ class CheckedServer:
                 time.sleep(0.01)  # (out of descriptors: let others finish)
                 continue
             with self._lock:
-                victim = None
-                if len(self._connections) >= self.max_connections and not self._stopping:
-                    victim = self._victim()
-                if self._stopping or (
-                    len(self._connections) >= self.max_connections and victim is None
-                ):
+                full = len(self._connections) >= self.max_connections
+                victim = self._victim() if full and not self._stopping else None
+                if self._stopping or (full and victim is None):
                     connection.close()
                     REQUESTS.labels("connect", "too_many_connections").inc()
                     continue
