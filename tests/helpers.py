@@ -86,6 +86,20 @@ def bearer(token: str | None = None) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {token}"),)
 
 
+def closed_within(sock: Any, seconds: float) -> bool:
+    """Whether the peer closes ``sock`` within ``seconds`` (what it sends is read and
+    dropped; a reset counts as closed)."""
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(1 << 16):
+            pass
+    except TimeoutError:
+        return False
+    except ConnectionError:
+        return True
+    return True
+
+
 def lane_socket(port: int, timeout: float = 5.0) -> Any:
     """A TLS connection to the master's lane on 127.0.0.1:``port`` (no AUTH frame sent)."""
     import socket

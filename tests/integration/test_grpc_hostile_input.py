@@ -72,6 +72,16 @@ def raw_put_start(cluster):
     )
 
 
+def raw_node_session(cluster):
+    """A node's command stream as bytes: the messages are whatever the test sends."""
+    channel = master_channel(cluster.master_address)
+    return channel, channel.stream_stream(
+        "/kvpool.v1.Master/NodeSession",
+        request_serializer=lambda b: b,
+        response_deserializer=lambda b: b,
+    )
+
+
 @pytest.mark.parametrize(
     "metadata",
     [(), bearer("kvp1.0123456789ab.not-the-secret"), bearer("")],
@@ -163,12 +173,7 @@ def test_a_request_that_does_not_parse_is_refused_invalid_argument(cluster):
 
 
 def test_a_command_stream_whose_message_does_not_parse_ends_invalid_argument(cluster):
-    channel = master_channel(cluster.master_address)
-    session = channel.stream_stream(
-        "/kvpool.v1.Master/NodeSession",
-        request_serializer=lambda b: b,
-        response_deserializer=lambda b: b,
-    )
+    channel, session = raw_node_session(cluster)
     with pytest.raises(grpc.RpcError) as refused:
         list(session(iter([b"\xff\xff\xff"]), timeout=10, metadata=bearer(NODE_TOKEN)))
     channel.close()
@@ -182,12 +187,7 @@ def test_a_command_stream_whose_message_does_not_parse_ends_invalid_argument(clu
 
 
 def test_a_command_stream_that_never_says_hello_is_ended(cluster):
-    channel = master_channel(cluster.master_address)
-    session = channel.stream_stream(
-        "/kvpool.v1.Master/NodeSession",
-        request_serializer=lambda b: b,
-        response_deserializer=lambda b: b,
-    )
+    channel, session = raw_node_session(cluster)
     silence = threading.Event()
 
     def nothing():  # a request stream that sends nothing until the test ends

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import wait_until
+from helpers import closed_within, wait_until
 
 from kvpool.common.http_server import HealthServer
 
@@ -29,18 +29,6 @@ def get(port: int, path: str) -> tuple[int, bytes]:
 
 def idle_connections(port: int, count: int) -> list[socket.socket]:
     return [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(count)]
-
-
-def closed_within(sock: socket.socket, seconds: float) -> bool:
-    sock.settimeout(seconds)
-    try:
-        while sock.recv(1 << 16):
-            pass
-    except TimeoutError:
-        return False
-    except ConnectionError:
-        return True
-    return True
 
 
 def threads_of(pid: int) -> int:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import google_crc32c
 import pytest
-from helpers import wait_until
+from helpers import closed_within, wait_until
 
 from kvpool.security import capabilities as caps
 from kvpool.storage_node.checked_seals import SEAL_LIFE, Seals
@@ -326,36 +326,53 @@ def test_the_node_s_forget_command_answers_only_once_a_read_in_flight_has_stoppe
         assert server.stop()
 
 
+#: A segment larger than the socket buffers hold: a read of it that its reader stalls is
+#: still under way on the node.
+LARGE = 48 << 20
+
+
+@contextlib.contextmanager
+def large_server(**options: int) -> Iterator[CheckedServer]:
+    """A checked server over one LARGE segment, stopped (no thread left in it) at the end."""
+    memory = mmap.mmap(-1, LARGE)
+    server = CheckedServer(
+        [FakeSegment(SEGMENT, memory)],  # type: ignore[list-item]
+        lambda: NodeKeys(RING, 0, 0),
+        host="127.0.0.1",
+        **options,  # type: ignore[arg-type]
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        assert server.stop()
+        memory.close()
+
+
 def test_a_forget_cuts_off_a_large_read_that_follows_a_small_one_under_the_same_grant():
     """One connection runs two reads under one grant: a small one (gathered, its answer sent
     before the large one starts) and a large one (its reader stalled, more than the socket
     buffers hold). Sending the small answer ends the small read only: the large one still
     counts, so a Forget cuts it off before the node answers (else the node would go on
     reading the space the master reuses at that answer)."""
-    length = 48 << 20
-    memory = mmap.mmap(-1, length)
-    server = CheckedServer(
-        [FakeSegment(SEGMENT, memory)], lambda: NodeKeys(RING, 0, 0), host="127.0.0.1"
-    )  # type: ignore[list-item]
-    server.start()
+    length = LARGE
     read = grant(0, length, caps.Rights.READ, seconds=30, generation=11)
-    try:
-        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as connection:
-            connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            connection.sendall(
-                frames.encode_request(frames.Op.READ, 1, read, 0, 4096)
-                + frames.encode_request(frames.Op.READ, 2, read, 0, length)
-            )
-            connection.recv(1 << 16)  # (the small answer: sent before the large read starts)
-            time.sleep(0.3)  # (the large read sends meanwhile, blocked by the full buffers)
-            assert server.seals.busy(SEGMENT), "the large read counts as in flight"
+    with (
+        large_server() as server,
+        socket.create_connection(("127.0.0.1", server.port), timeout=5) as connection,
+    ):
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        connection.sendall(
+            frames.encode_request(frames.Op.READ, 1, read, 0, 4096)
+            + frames.encode_request(frames.Op.READ, 2, read, 0, length)
+        )
+        connection.recv(1 << 16)  # (the small answer: sent before the large read starts)
+        time.sleep(0.3)  # (the large read sends meanwhile, blocked by the full buffers)
+        assert server.seals.busy(SEGMENT), "the large read counts as in flight"
 
-            assert server.seals.forget(SEGMENT, [(0, 11)], wait=5)
+        assert server.seals.forget(SEGMENT, [(0, 11)], wait=5)
 
-            assert not server.seals.busy(SEGMENT), "it left the segment before the answer"
-    finally:
-        assert server.stop()
-        memory.close()
+        assert not server.seals.busy(SEGMENT), "it left the segment before the answer"
 
 
 def test_a_large_call_moves_over_two_connections_at_once_byte_for_byte(server, segment):
@@ -484,19 +501,6 @@ def test_answers_the_node_sent_before_it_ended_a_connection_all_arrive(server, s
     assert frames.parse_reply(bytes(received)).status is frames.Status.BAD_REQUEST
 
 
-def closed_within(connection: socket.socket, seconds: float) -> bool:
-    """Whether the node ends ``connection`` within ``seconds`` (reading what it answers)."""
-    connection.settimeout(seconds)
-    try:
-        while connection.recv(1 << 16):
-            pass
-    except TimeoutError:
-        return False
-    except ConnectionResetError:
-        pass
-    return True
-
-
 def test_a_header_trickled_in_a_byte_at_a_time_holds_its_connection_no_longer_than_io_timeout(
     segment,
 ):
@@ -535,25 +539,16 @@ def test_with_every_connection_taken_a_new_one_replaces_one_that_never_moved_a_b
 
 
 def test_a_transfer_under_way_is_never_cut_off_for_a_new_connection():
-    length = 48 << 20
-    memory = mmap.mmap(-1, length)
-    server = CheckedServer(
-        [FakeSegment(SEGMENT, memory)],
-        lambda: NodeKeys(RING, 0, 0),
-        host="127.0.0.1",
-        max_connections=1,
-    )  # type: ignore[list-item]
-    server.start()
+    length = LARGE
     read = grant(0, length, caps.Rights.READ, seconds=30, generation=3)
-    try:
-        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as reader:
-            reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-            reader.sendall(frames.encode_request(frames.Op.READ, 1, read, 0, length))
-            assert wait_until(lambda: server.seals.busy(SEGMENT), 5), "the read is under way"
-            time.sleep(1.0)  # (longer than EVICTABLE_IDLE)
-            with socket.create_connection(("127.0.0.1", server.port), timeout=5) as late:
-                assert closed_within(late, 2.0), "the new one is turned away"
-            assert server.seals.busy(SEGMENT), "the read goes on"
-    finally:
-        assert server.stop()
-        memory.close()
+    with (
+        large_server(max_connections=1) as server,
+        socket.create_connection(("127.0.0.1", server.port), timeout=5) as reader,
+    ):
+        reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        reader.sendall(frames.encode_request(frames.Op.READ, 1, read, 0, length))
+        assert wait_until(lambda: server.seals.busy(SEGMENT), 5), "the read is under way"
+        time.sleep(1.0)  # (longer than EVICTABLE_IDLE)
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as late:
+            assert closed_within(late, 2.0), "the new one is turned away"
+        assert server.seals.busy(SEGMENT), "the read goes on"

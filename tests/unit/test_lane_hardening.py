@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from helpers import wait_until
+from helpers import closed_within, wait_until
 from prometheus_client import REGISTRY
 from state_helpers import segment_info
 
@@ -184,20 +184,6 @@ def exists(sock: socket.socket, call_id: int = 1) -> lp.Frame:
     sock.sendall(request(call_id, "Exists", pb.ExistsRequest(client_id="c", keys=["k"])))
     [answer] = read_frames(sock, 1)
     return answer
-
-
-def closed_within(sock: socket.socket, seconds: float) -> bool:
-    """Whether the master closes ``sock`` within ``seconds`` (what it sends is read and
-    dropped)."""
-    sock.settimeout(seconds)
-    try:
-        while sock.recv(1 << 16):
-            pass
-    except TimeoutError:
-        return False
-    except ConnectionError:
-        return True
-    return True
 
 
 def closed_for(reason: str) -> float:
