@@ -33,7 +33,13 @@ def stored_to_pb(item: StoredObject) -> pb.StoredObject:
 def stored_from_pb(message: pb.StoredObject) -> StoredObject:
     crc = message.crc32c if message.HasField("crc32c") else None
     return StoredObject(
-        message.key, message.offset, message.size, message.generation, crc, message.replicas
+        message.key,
+        message.offset,
+        message.size,
+        message.generation,
+        crc,
+        message.replicas,
+        message.unconfirmed,
     )
 
 

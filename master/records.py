@@ -222,6 +222,9 @@ class StoredObject(NamedTuple):
     #: Replicas the object should have, recorded with it so that a master that adopts it
     #: after a failover restores that many; 0: unknown (taken as 1).
     replicas: int = 0
+    #: Reported from before damage in the node's index log, which may have held its
+    #: removal: adopted only as a copy of an object the master knows.
+    unconfirmed: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -1364,6 +1364,7 @@ class MasterState:
                         generation,
                         record.crc32c,
                         record.wanted,
+                        False,
                     ),
                 )
         raise KeyError(f"{record.key!r} has no replica in segment {segment_id!r}")
@@ -1550,6 +1551,12 @@ class MasterState:
         replica = Replica(segment.segment_id, item.offset)
         if known and existing is not None and replica in existing.replicas:
             return True  # (a part of a report sent again: adopted then)
+        if (
+            item.unconfirmed
+            and not known
+            and not self._tombstones.went_away(segment.segment_id, item.key, item.generation)
+        ):
+            return False  # its removal may be what the node's damaged log lost
         if self._tombstones.refuses(
             segment.segment_id, item.key, item.generation, known, segment.node_id
         ):

@@ -336,6 +336,12 @@ class Tombstones:
 
     # ---- at a mount
 
+    def went_away(self, segment_id: str, key: str, generation: int) -> bool:
+        """Whether this replica went away with its segment and its object has not ended
+        since (the master knew it there: a report of it is no surprise)."""
+        held = self._away.get(segment_id)
+        return held is not None and held.get(key) == generation
+
     def refuses(
         self, segment_id: str, key: str, generation: int, known: bool, node_id: str = ""
     ) -> bool:

@@ -103,20 +103,22 @@ class SharedMemory(_message.Message):
     def __init__(self, pid: _Optional[int] = ..., fd: _Optional[int] = ..., inode: _Optional[int] = ..., device: _Optional[int] = ..., boot_id: _Optional[str] = ..., socket: _Optional[str] = ..., direct_io: _Optional[bool] = ...) -> None: ...
 
 class StoredObject(_message.Message):
-    __slots__ = ("key", "offset", "size", "crc32c", "generation", "replicas")
+    __slots__ = ("key", "offset", "size", "crc32c", "generation", "replicas", "unconfirmed")
     KEY_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     CRC32C_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    UNCONFIRMED_FIELD_NUMBER: _ClassVar[int]
     key: str
     offset: int
     size: int
     crc32c: int
     generation: int
     replicas: int
-    def __init__(self, key: _Optional[str] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., crc32c: _Optional[int] = ..., generation: _Optional[int] = ..., replicas: _Optional[int] = ...) -> None: ...
+    unconfirmed: bool
+    def __init__(self, key: _Optional[str] = ..., offset: _Optional[int] = ..., size: _Optional[int] = ..., crc32c: _Optional[int] = ..., generation: _Optional[int] = ..., replicas: _Optional[int] = ..., unconfirmed: _Optional[bool] = ...) -> None: ...
 
 class Replica(_message.Message):
     __slots__ = ("segment_id", "address", "capability")

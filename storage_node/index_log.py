@@ -19,6 +19,17 @@ operation, a key that is not a valid key) is skipped and counted too (undecodabl
 whose header cannot be read in either copy is refused as a whole (``LogDamaged``): without
 it nothing says what the segment is.
 
+**Damage in the middle of a log.** A damaged record may have been a delete: the entries
+recorded before it may have been removed since, and a node that reported them would bring a
+removed object back (a tenant's prompts, say, that were meant to be gone). So every entry
+whose record lies before the last damaged (or undecodable) record that intact records follow
+is *unconfirmed* (``Scan.unconfirmed_before``): the node reports it as such, and a master
+adopts it only as a copy of an object it still knows. A torn last record is no such damage:
+it was never acknowledged (its append did not return). Once a log is rewritten (compacted),
+its unconfirmed entries go first, followed by a marker record (``UNCONFIRMED_ABOVE``), so that
+they stay unconfirmed until a master has confirmed them (``DurableIndex.confirm``). A
+kvpool that predates the marker skips it as undecodable, as it did every damaged record.
+
 A log may end in zero bytes: room its writer allocated ahead of its appends (see
 object_index), which ends the log where it begins and is not a record; a record torn inside
 it (its end still zero) is damaged as any other.
@@ -54,7 +65,9 @@ MAGIC_BYTES = struct.pack("<I", MAGIC)
 FRAME = struct.Struct("<III")  # magic, body length, crc32c(salt + body)
 ENTRY = struct.Struct("<BQQQIB")  # op, offset, size, generation, crc32c, has_crc
 COUNT = struct.Struct("<I")  # replicas wanted, after ENTRY in an OP_PUT_COUNTED record
-OP_HEADER, OP_PUT, OP_DELETE, OP_PUT_COUNTED = 0, 1, 2, 3
+OP_HEADER, OP_PUT, OP_DELETE, OP_PUT_COUNTED, OP_UNCONFIRMED_ABOVE = 0, 1, 2, 3, 4
+#: The body of the marker record: every entry recorded above it is unconfirmed.
+UNCONFIRMED_ABOVE = bytes([OP_UNCONFIRMED_ABOVE])
 FORMAT = 3
 #: Formats whose header carries a salt (format 1's does not).
 SALTED_FORMATS = (2, 3)
@@ -92,6 +105,9 @@ class Scan:
     damaged: int = 0
     #: Records skipped whose CRC held but whose body does not decode.
     undecodable: int = 0
+    #: How many of ``records`` (the first ones) lie above damage that intact records follow,
+    #: or above a marker: the entries they leave live are unconfirmed.
+    unconfirmed_before: int = 0
 
 
 def header_slots(header: dict, salt: bytes) -> bytes:
@@ -164,6 +180,9 @@ def _read_header(data: bytes, path: Path) -> tuple[Scan, int]:
 
 def _read_entries(data: bytes, position: int, scan: Scan) -> None:
     end_of_log = len(data.rstrip(b"\0"))  # zeros after the last record: room, not records
+    records = scan.records
+    #: Records before the last damage seen, until an intact record follows it.
+    damage_after: int | None = None
     while position < end_of_log:
         if len(data) - position < FRAME.size:
             scan.damaged += 1  # a torn end
@@ -173,14 +192,20 @@ def _read_entries(data: bytes, position: int, scan: Scan) -> None:
         if magic == MAGIC and 0 < length <= MAX_ENTRY_BODY and end <= len(data):
             body = data[position + FRAME.size : end]
             if _crc(scan.salt, body) == crc:
-                record = _decode(body)
-                if record is None:
+                if body == UNCONFIRMED_ABOVE:
+                    scan.unconfirmed_before = len(records)
+                elif (record := _decode(body)) is None:
                     scan.undecodable += 1
+                    damage_after = len(records)
                 else:
-                    scan.records.append(record)
+                    if damage_after is not None:  # damage that intact records follow
+                        scan.unconfirmed_before = damage_after
+                        damage_after = None
+                    records.append(record)
                 position = end
                 continue
         scan.damaged += 1
+        damage_after = len(records)
         plausible = (
             magic == MAGIC
             and ENTRY.size < length <= MAX_ENTRY_BODY

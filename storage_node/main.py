@@ -315,6 +315,15 @@ async def _serve(
                 segment=segment.segment_id,
                 damaged=damaged,
                 undecodable=undecodable,
+                # (recorded before the damage, which may have removed them: the master
+                # adopts them only if it still knows them)
+                unconfirmed=len(segment.index.unconfirmed),
+            )
+        elif segment.index.unconfirmed:  # (the damage of an earlier open, not yet confirmed)
+            log.warning(
+                "index entries await a master's confirmation",
+                segment=segment.segment_id,
+                unconfirmed=len(segment.index.unconfirmed),
             )
     node = StorageNode(
         node_id=node_id,

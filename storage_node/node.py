@@ -339,6 +339,8 @@ class StorageNode:
                     if dropped:  # (it took them: they go, even if its log is unwritable now)
                         gone = [e for e in segment.index.entries() if e.key in dropped]
                         segment.forget(gone, durable_later=True)
+                    if segment.index.unconfirmed:  # (the master kept them: they are sure now)
+                        await asyncio.to_thread(segment.index.confirm)
                     self.mounted.add(segment.segment_id)
                     log.info(
                         "segment mounted",

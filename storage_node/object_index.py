@@ -42,6 +42,7 @@ from kvpool.storage_node.index_log import (
     OP_DELETE,
     OP_PUT,
     SALT_BYTES,
+    UNCONFIRMED_ABOVE,
     Entry,
     encode,
     frame,
@@ -72,14 +73,20 @@ class MemoryIndex:
     def __init__(self) -> None:
         self._entries: dict[str, Entry] = {}
         self._lock = threading.Lock()
+        #: Keys whose entry a damaged log may have removed since (index_log): reported as
+        #: unconfirmed until a master confirms them (``confirm``).
+        self.unconfirmed: set[str] = set()
 
     def put(self, entries: Iterable[Entry]) -> list[Entry]:
         """Records ``entries``; returns those recorded (an older generation of a key than
         the one held is not)."""
         with self._lock:
             kept = self._newer(entries)
+            unconfirmed = self.unconfirmed
             for entry in kept:
                 self._entries[entry.key] = entry
+                if unconfirmed:
+                    unconfirmed.discard(entry.key)  # (recorded afresh)
             return kept
 
     def _newer(self, entries: Iterable[Entry]) -> list[Entry]:
@@ -93,10 +100,17 @@ class MemoryIndex:
                 current = self._entries.get(entry.key)
                 if current is not None and _same_object(current, entry):
                     del self._entries[entry.key]  # only that object: Forgets may come twice
+                    self.unconfirmed.discard(entry.key)
 
     def entries(self) -> list[Entry]:
         with self._lock:
             return list(self._entries.values())
+
+    def confirm(self) -> None:
+        """A master adopted what the segment reported, or had the node forget it: nothing
+        recorded is in doubt any more."""
+        with self._lock:
+            self.unconfirmed.clear()
 
     def delete_now_or_later(self, entries: Iterable[Entry]) -> bool:
         """Removes ``entries`` at once; True once that is durable (see DurableIndex)."""
@@ -221,11 +235,22 @@ class DurableIndex(MemoryIndex):
         self._end += len(records)
         os.fdatasync(self._fd)
 
+    def confirm(self) -> None:
+        """A master adopted what the segment reported, or had the node forget it: the log is
+        rewritten without its unconfirmed mark (a restart then reports every entry as sure)."""
+        with self._appending:
+            if self.unconfirmed:
+                super().confirm()
+                self._compact()
+
     def _compact_if_long(self) -> None:
         """Rewrites the log with its live entries alone once it has grown long enough
         (callers hold ``_appending``)."""
-        if self._end < self._compact_after:
-            return
+        if self._end >= self._compact_after:
+            self._compact()
+
+    def _compact(self) -> None:
+        """Rewrites the log with its live entries alone (callers hold ``_appending``)."""
         try:
             end = self._rewrite()
         except (OSError, private_files.UnsafeLocation) as error:
@@ -254,8 +279,14 @@ class DurableIndex(MemoryIndex):
         if not data:
             return header, os.urandom(SALT_BYTES)
         scan = read_log(data, self.path)
-        for op, entry in scan.records:
+        split = scan.unconfirmed_before
+        for op, entry in scan.records[:split]:
             (super().put if op == OP_PUT else super().delete)([entry])
+        above = dict(self._entries)
+        for op, entry in scan.records[split:]:
+            (super().put if op == OP_PUT else super().delete)([entry])
+        # (the entries no record below the damage replaced or removed)
+        self.unconfirmed = {key for key, entry in self._entries.items() if above.get(key) is entry}
         self.damaged_records, self.undecodable_records = scan.damaged, scan.undecodable
         return scan.header, scan.salt or os.urandom(SALT_BYTES)  # format 1 had no salt
 
@@ -265,7 +296,14 @@ class DurableIndex(MemoryIndex):
         tmp = self.path.with_name(self.path.name + TMP_SUFFIX)
         with os.fdopen(private_files.create_new(tmp), "wb") as out:
             out.write(header_slots(self.header, self._salt))
-            out.write(b"".join(frame(encode(OP_PUT, e), self._salt) for e in self.entries()))
+            entries = self.entries()
+            unconfirmed = self.unconfirmed
+            if unconfirmed:  # first, with the marker after them (index_log)
+                first = [e for e in entries if e.key in unconfirmed]
+                entries = [e for e in entries if e.key not in unconfirmed]
+                out.write(b"".join(frame(encode(OP_PUT, e), self._salt) for e in first))
+                out.write(frame(UNCONFIRMED_ABOVE, self._salt))
+            out.write(b"".join(frame(encode(OP_PUT, e), self._salt) for e in entries))
             end = out.tell()
             out.write(bytes(ROOM))
             out.flush()

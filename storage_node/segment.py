@@ -289,6 +289,7 @@ class Segment:
     def stored_objects(self) -> list[pb.StoredObject]:
         """What to report when mounting: everything recorded here."""
         objects = []
+        unconfirmed = self.index.unconfirmed  # (a damaged index log: object_index)
         for entry in self.index.entries():
             message = pb.StoredObject(
                 key=entry.key,
@@ -296,6 +297,7 @@ class Segment:
                 size=entry.size,
                 generation=entry.generation,
                 replicas=entry.replicas,  # so that a new master restores as many
+                unconfirmed=entry.key in unconfirmed,
             )
             if entry.crc32c is not None:
                 message.crc32c = entry.crc32c

@@ -3,8 +3,9 @@
 
 An open either refuses the file with its documented refusal (``LogDamaged``, when neither
 copy of the header survives) or succeeds with exactly the objects that the records it could
-still read say: every record left intact is recovered, nothing damaged is adopted, and the
-log it rewrites opens again to the same objects.
+still read say: every record left intact is recovered, nothing damaged is adopted, the
+entries recorded before a lost record that intact ones follow are in doubt (it may have been
+their removal), and the log it rewrites opens again to the same objects and the same doubt.
 """
 
 from __future__ import annotations
@@ -103,18 +104,34 @@ def apply(data: bytearray, damage: list) -> bytes:
 
 
 def replay(records: list[tuple[int, Entry]]) -> dict[str, Entry]:
-    held: dict[str, Entry] = {}
-    for op, entry in records:
+    return {key: entry for key, (entry, _) in replay_with_origins(records).items()}
+
+
+def replay_with_origins(records: list[tuple[int, Entry]]) -> dict[str, tuple[Entry, int]]:
+    """Key -> its live entry and the index of the record that put it there."""
+    held: dict[str, tuple[Entry, int]] = {}
+    for i, (op, entry) in enumerate(records):
         current = held.get(entry.key)
         if op == OP_PUT:
-            if current is None or entry.generation >= current.generation:  # (never older)
-                held[entry.key] = entry
-        elif current is not None and (current.offset, current.generation) == (
+            if current is None or entry.generation >= current[0].generation:  # (never older)
+                held[entry.key] = (entry, i)
+        elif current is not None and (current[0].offset, current[0].generation) == (
             entry.offset,
             entry.generation,
         ):
             del held[entry.key]
     return held
+
+
+def in_doubt(spans: list, kept: list[bool]) -> set[str]:
+    """The keys whose live entry was put by an intact record lying before the last lost one
+    that intact records follow (that one may have been their removal)."""
+    lost_then_kept = [i for i in range(len(spans)) if not kept[i] and any(kept[i + 1 :])]
+    if not lost_then_kept:
+        return set()
+    before = sum(kept[: lost_then_kept[-1]])  # intact records ahead of it
+    intact = [(op, e) for (_, _, op, e), whole in zip(spans, kept, strict=True) if whole]
+    return {key for key, (_, i) in replay_with_origins(intact).items() if i < before}
 
 
 def open_index(path: Path) -> DurableIndex | None:
@@ -129,6 +146,15 @@ def open_index(path: Path) -> DurableIndex | None:
 @example(  # a damaged byte of a's length stretches its span over b, up to c: b is kept
     records=[(OP_PUT, Entry(key, 8 * i, 1, 1)) for i, key in enumerate("abc")],
     damage=[("flip", 2 * HEADER_SLOT + 4, 31 ^ 74)],
+    seed=0,
+)
+@example(  # a's removal is damaged and c follows: a is back, in doubt
+    records=[
+        (OP_PUT, Entry("a", 0, 1, 1)),
+        (OP_DELETE, Entry("a", 0, 1, 1)),
+        (OP_PUT, Entry("c", 8, 1, 2)),
+    ],
+    damage=[("flip", 2 * HEADER_SLOT + 2 * 43 - 1, 1)],  # (records of 43 bytes: the key's)
     seed=0,
 )
 def test_a_damaged_index_recovers_every_intact_record_and_adopts_no_other(
@@ -149,17 +175,22 @@ def test_a_damaged_index_recovers_every_intact_record_and_adopts_no_other(
         event("refused: no header")
         assert headers_left == 0, "refused a log whose header survives"
     else:
-        intact = [(op, e) for start, end, op, e in spans if data[start:end] == original[start:end]]
+        kept = [data[start:end] == original[start:end] for start, end, _, _ in spans]
+        intact = [(op, e) for (_, _, op, e), whole in zip(spans, kept, strict=True) if whole]
         event(f"records lost: {min(len(spans) - len(intact), 2)}")
+        doubt = in_doubt(spans, kept)
+        event(f"entries in doubt: {min(len(doubt), 2)}")
         try:
             assert index.header == (HEADER if data else NEW_HEADER)  # empty: a new log
             assert dict_of(index) == replay(intact)
+            assert index.unconfirmed == doubt
         finally:
             index.close()
         reopened = open_index(path)
         assert reopened is not None, "the rewritten log is refused"
         try:
             assert dict_of(reopened) == replay(intact), "the rewrite lost or changed objects"
+            assert reopened.unconfirmed == doubt, "the rewrite lost the doubt"
         finally:
             reopened.close()
     figures.cases += 1

@@ -20,8 +20,10 @@ from kvpool.storage_node.index_log import (
     HEADER_SLOT,
     OP_HEADER,
     OP_PUT,
+    UNCONFIRMED_ABOVE,
     Entry,
     LogDamaged,
+    _decode,
     encode,
     frame,
 )
@@ -138,6 +140,7 @@ def test_after_a_damaged_record_the_scan_resumes_after_its_span(segment_dir):
     index = reopened(path)
     assert sorted(e.key for e in index.entries()) == ["key-0", "key-1", "key-3", "key-4"]
     assert index.damaged_records == 1
+    assert index.unconfirmed == {"key-0", "key-1"}, "key-2's record may have removed them"
 
 
 def test_a_record_hidden_in_a_damaged_records_key_is_not_adopted(segment_dir):
@@ -199,6 +202,7 @@ def test_a_record_whose_crc_holds_but_whose_body_does_not_decode_is_skipped_and_
     assert sorted(e.key for e in index.entries()) == ["after", "before"]
     assert index.undecodable_records == 1
     assert index.damaged_records == 0
+    assert index.unconfirmed == {"before"}
 
 
 def test_a_torn_last_record_is_counted_and_what_came_before_is_kept(segment_dir):
@@ -207,6 +211,70 @@ def test_a_torn_last_record_is_counted_and_what_came_before_is_kept(segment_dir)
     index = reopened(path)
     assert [e.key for e in index.entries()] == ["a"]
     assert index.damaged_records == 1
+    assert index.unconfirmed == set(), "a torn end was never acknowledged: no doubt on the rest"
+
+
+# ---------------------------------------------------------------- entries in doubt
+
+
+def damaged_removal(directory: Path) -> Path:
+    """A log of "a" and "b" put, then "a" removed, whose removal record is damaged, followed
+    by "c" put: the log a node with a rotting disk may read at its restart."""
+    path = directory / "segment.index"
+    index = DurableIndex(path, HEADER)
+    a = Entry("a", 0, 100, 1, 7)
+    index.put([a, Entry("b", 100, 100, 2, 7)])
+    index.delete([a])
+    index.put([Entry("c", 200, 100, 3, 7)])
+    index.close()
+    record = FRAME.size + ENTRY.size + 1  # (each record here: one key of one character)
+    removal = 2 * HEADER_SLOT + 2 * record
+    assert path.read_bytes()[removal + record - 1 : removal + record] == b"a"
+    flip(path, removal + record - 1)  # the removal's key: its CRC no longer holds
+    return path
+
+
+def test_entries_recorded_before_a_damaged_record_are_reported_unconfirmed(segment_dir):
+    """The damaged record may have been their removal (it was, for "a"): the node reports
+    them marked, and a master adopts them only as objects it still knows."""
+    index = DurableIndex(damaged_removal(segment_dir), HEADER)
+    assert sorted(e.key for e in index.entries()) == ["a", "b", "c"]
+    assert index.unconfirmed == {"a", "b"}
+    index.close()
+
+
+def test_the_doubt_outlives_the_rewrite_on_open_until_a_master_confirms(segment_dir):
+    path = damaged_removal(segment_dir)
+    reopened(path)  # rewritten without the damage...
+    index = DurableIndex(path, HEADER)
+    assert index.damaged_records == 0
+    assert index.unconfirmed == {"a", "b"}, "...but the entries stay in doubt"
+    index.confirm()  # (the master adopted what it knew, the node forgot the rest)
+    index.close()
+    index = DurableIndex(path, HEADER)
+    assert index.unconfirmed == set()
+    assert sorted(e.key for e in index.entries()) == ["a", "b", "c"]
+    index.close()
+
+
+def test_an_entry_in_doubt_recorded_again_is_sure_and_stays_sure(segment_dir):
+    path = damaged_removal(segment_dir)
+    index = DurableIndex(path, HEADER)
+    index.put([Entry("b", 300, 100, 9, 7)])  # a new put of the key: its record is whole
+    index.delete([Entry("a", 0, 100, 1, 7)])
+    assert index.unconfirmed == set()
+    index.close()
+    assert reopened(path).unconfirmed == set()
+
+
+def test_the_mark_keeps_the_logs_format_and_what_it_lists(segment_dir):
+    """The mark is a record of its own, which a kvpool that predates it counts as
+    undecodable and skips (as it skipped every damaged record): no new format is needed."""
+    path = damaged_removal(segment_dir)
+    reopened(path)
+    assert b'"format": 3' in path.read_bytes()[:HEADER_SLOT]
+    assert sorted(live_entries(path)) == ["a", "b", "c"]
+    assert _decode(UNCONFIRMED_ABOVE) is None  # (what the reader before the mark made of it)
 
 
 # ---------------------------------------------------------------- the files themselves
