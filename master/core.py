@@ -171,8 +171,9 @@ class MasterCore:
         #: call id -> a call held back by unanswered Forgets; Forget id -> calls it holds.
         self._held: dict[int, _HeldPutStart | _HeldRemoval] = {}
         self._held_by: dict[int, set[int]] = {}
-        #: (deadline, id) of awaited commands, of held calls, and of Forgets in the barrier.
-        self._command_deadlines: list[tuple[float, int]] = []
+        #: (deadline, id) of held calls and of Forgets in the barrier; (deadline, id,
+        #: command) of awaited commands.
+        self._command_deadlines: list[tuple[float, int, NodeCommand]] = []
         self._call_deadlines: list[tuple[float, int]] = []
         self._forget_deadlines: list[tuple[float, int]] = []
         #: Forget id -> the Forget, while it holds writers back (to quarantine its space).
@@ -348,8 +349,10 @@ class MasterCore:
         command = self.delivery.answered(node_id, command_id)
         if command is None:
             effects = Effects()
-            effects.notes.append(("an answer to no command of this node", {"node_id": node_id}))
+            note = "an answer to no command awaited from this node (late, or sent twice)"
+            effects.notes.append((note, {"node_id": node_id, "command": command_id}))
             return effects
+        self.state.node_answered(node_id)  # (it is not silent, if it was)
         if isinstance(command, ForgetCommand):
             if not ok:  # (a transfer in its range did not stop: the node still lists it)
                 effects = Effects()
@@ -382,11 +385,12 @@ class MasterCore:
         now = self.clock()
         state = self.state
         expired: list[int] = []
-        deadlines = self._command_deadlines
-        while deadlines and deadlines[0][0] <= now:
-            _, command_id = heapq.heappop(deadlines)
+        commands = self._command_deadlines
+        while commands and commands[0][0] <= now:
+            _, command_id, command = heapq.heappop(commands)
             if state.awaiting(command_id):
                 state.command_expired(command_id)
+                self.delivery.expired(command)
                 expired.append(command_id)
         answers: dict[int, Any] = {}
         deadlines = self._call_deadlines
@@ -404,7 +408,8 @@ class MasterCore:
         effects = self._flush()
         effects.answers.update(answers)
         if expired:
-            effects.notes.append(("storage nodes did not answer in time", {"commands": expired}))
+            note = "storage nodes did not answer in time: no new objects go to them for a while"
+            effects.notes.append((note, {"commands": expired}))
         if late:
             note = "storage nodes did not confirm Forgets in time: their space is quarantined"
             effects.notes.append((note, {"forgets": late}))
@@ -499,7 +504,8 @@ class MasterCore:
                     transmit.append(command)
                 if state.awaiting(command.command_id):
                     heapq.heappush(
-                        self._command_deadlines, (now + self.command_timeout, command.command_id)
+                        self._command_deadlines,
+                        (now + self.command_timeout, command.command_id, command),
                     )
             state.outbox.clear()
             if absorbed:

@@ -12,6 +12,12 @@ Forget reliable, so that a node never keeps (and, on a remount to a new master, 
 object the master removed.
 
 An answer counts only from the node the command was sent to.
+
+A Persist or Copy whose answer the core stopped waiting for (``expired``) is let go at once,
+wherever it waits: it would never be sent again, and a node that reads its commands and
+answers none (its heartbeats keep it alive) would otherwise grow this table by every put
+placed on it. What stays until answered are Forgets, which the core stops placing space
+behind (their space is quarantined): at most about one per buffer its segments can hold.
 """
 
 from __future__ import annotations
@@ -92,6 +98,15 @@ class CommandDelivery:
         if node is None:
             return None
         return node.unanswered.pop(command_id, None)
+
+    def expired(self, command: NodeCommand) -> None:
+        """The core gave up on this Persist or Copy's answer: it is sent again nowhere, and a
+        late answer counts for nothing (the core's state has already let it go)."""
+        node = self._nodes.get(command.node_id)
+        if node is None:
+            return
+        if node.unanswered.pop(command.command_id, None) is None and node.unsent:
+            node.unsent = [c for c in node.unsent if c.command_id != command.command_id]
 
     def discard(self, node_id: str) -> None:
         """The node was declared dead: what waited for it goes (its segments went with it);

@@ -156,6 +156,12 @@ class StateCollector(Collector):
         yield GaugeMetricFamily(
             "kvpool_draining_nodes", "Storage nodes draining.", value=snapshot.draining_nodes
         )
+        yield GaugeMetricFamily(
+            "kvpool_silent_nodes",
+            "Storage nodes that left a command unanswered past its wait lately (a hung disk?): "
+            "they get new objects only when no other node has room.",
+            value=snapshot.silent_nodes,
+        )
         labels = ["segment", "node", "tier"]
         capacity = GaugeMetricFamily(
             "kvpool_segment_capacity_bytes", "Capacity of each mounted segment.", labels=labels

@@ -344,6 +344,8 @@ class ClusterSnapshot:
     #: Copies between nodes in flight, and nodes draining.
     copies_in_flight: int = 0
     draining_nodes: int = 0
+    #: Nodes silent on their commands lately (``state.SILENT_NODE_PAUSE``).
+    silent_nodes: int = 0
 
 
 @dataclass(slots=True)

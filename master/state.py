@@ -147,6 +147,10 @@ LEASE_SWEEP = 1024
 #: Segments one node may have mounted at once (a node's tiers and paths: a handful; the
 #: bound keeps a broken or hostile node from growing the master's tables without end).
 MAX_NODE_SEGMENTS = 64
+#: Seconds a node that left a command unanswered past its wait gets no new objects (unless
+#: no other node could take them), or until it answers one: without it, every put placed
+#: there would wait out the command timeout and fail, for as long as the node stays hung.
+SILENT_NODE_PAUSE = 30.0
 
 
 class MasterState:
@@ -226,6 +230,10 @@ class MasterState:
         self._replication = ReplicationQueue(
             self.config.rereplication_rate, self.config.rereplication_copies, clock()
         )
+        #: node id -> until when it counts as silent: it left a command unanswered past its
+        #: wait (a hung disk, say, while its heartbeats go on). Such a node gets new objects
+        #: only when no other node has room, and no copies, until then or until it answers.
+        self._silent_until: dict[str, float] = {}
         #: Nodes draining now (placement skips them; their objects are copied away).
         self._draining = 0
         self._seq = itertools.count()
@@ -512,9 +520,13 @@ class MasterState:
 
     def _answered(self, command_id: int, ok: bool, crc32c: Sequence[int], expired: bool) -> None:
         segment_id, records = self._awaiting.pop(command_id, ("", ()))
-        if expired and records and segment_id not in self.segments:
-            for record in records:  # (no Forget can follow them: tombstones.py)
-                self._tombstones.given_up(segment_id, record.key, record.generation)
+        if expired and records:
+            segment = self.segments.get(segment_id)
+            if segment is None:
+                for record in records:  # (no Forget can follow them: tombstones.py)
+                    self._tombstones.given_up(segment_id, record.key, record.generation)
+            else:
+                self._silent(segment.node_id)
         persisted = self._persisting.pop(command_id, ())
         parked = self._parked.pop(command_id, None)
         if parked is not None:
@@ -629,6 +641,8 @@ class MasterState:
         if node.draining:
             self._draining -= 1
         del self.nodes[node.node_id]
+        if self._silent_until:  # (what it left unanswered goes with it: core.tick)
+            self._silent_until.pop(node.node_id, None)
 
     # ------------------------------------------------------------------ client side
 
@@ -830,9 +844,27 @@ class MasterState:
         segment = self.segments.get(forget.segment_id)
         if segment is None or segment.node_id != forget.node_id:
             return
+        self._silent(forget.node_id)
         rounded = segment.allocator.rounded
         ranges = [(o.offset, o.offset + rounded(max(o.size, 1))) for o in forget.objects]
         self._quarantine.add(forget.command_id, segment, ranges)
+
+    def _silent(self, node_id: str) -> None:
+        self._silent_until[node_id] = self.clock() + SILENT_NODE_PAUSE
+
+    def node_answered(self, node_id: str) -> None:
+        """The node answered a command: it takes new objects again, if it had gone silent."""
+        if self._silent_until:
+            self._silent_until.pop(node_id, None)
+
+    def _silent_nodes(self, now: float) -> frozenset[str]:
+        """The nodes gone silent on their commands lately (``SILENT_NODE_PAUSE``)."""
+        silent = self._silent_until
+        if not silent:
+            return frozenset()
+        for node_id in [n for n, until in silent.items() if until <= now]:
+            del silent[node_id]
+        return frozenset(silent)
 
     def forgets_merged(self, absorbed: dict[int, int]) -> None:
         """Forgets went out merged (id -> the id of the Forget they joined)."""
@@ -1001,6 +1033,7 @@ class MasterState:
             len(replication.under),
             len(replication.in_flight),
             self._draining,
+            len(self._silent_nodes(self.clock())),
         )
 
     # ------------------------------------------------------------------ debugging
@@ -1384,6 +1417,14 @@ class MasterState:
         then NVMe, and evicts from DRAM only when neither has room."""
         tiers = _ANY_TIER if options.tier is _ANY else (options.tier,)
         hosts = options.preferred_hosts
+        if self._silent_until and (silent := self._silent_nodes(now)):
+            # Nodes silent on their commands take an object only when no other node has
+            # room for it (the rest of this): a put placed there would time out.
+            avoid = options.avoid_nodes | silent
+            for tier in tiers:
+                replicas = self._allocate(key, size, wanted, now, hosts, tier, pools, avoid)
+                if replicas:
+                    return replicas
         for tier in tiers:
             replicas = self._allocate(
                 key, size, wanted, now, hosts, tier, pools, options.avoid_nodes
@@ -1899,10 +1940,11 @@ class MasterState:
         ``holders`` that takes new objects, whose use stays below the high watermark with
         ``size`` more (a copy never makes eviction take other objects)."""
         high, tenant = self.config.high_watermark, tenant_of(key)
+        silent = self._silent_nodes(now)
         best: SegmentRecord | None = None
         best_free = -1.0
         for node in self.nodes.values():
-            if node.draining or node.node_id in holders:
+            if node.draining or node.node_id in holders or node.node_id in silent:
                 continue
             for segment_id in sorted(node.segment_ids):
                 segment = self.segments[segment_id]

@@ -34,7 +34,7 @@ from state_helpers import (
 
 from kvpool.common.status import KeyStatus
 from kvpool.master.config import MasterConfig
-from kvpool.master.records import CopyCommand, ForgetCommand, StoredObject
+from kvpool.master.records import CopyCommand, ForgetCommand, PutOptions, StoredObject
 from kvpool.master.state import MasterState
 
 RATE = 1 * MiB  # bytes per second
@@ -224,3 +224,27 @@ def test_off_nothing_is_copied():
     kill(state, clock, nodes_of(slot)[0])
     assert copies(state) == []
     assert state.snapshot().under_replicated == 0
+
+
+def test_a_node_silent_on_its_commands_takes_no_copy_until_it_answers():
+    """A node that left a Forget unanswered past its wait (quarantined: a hung disk, say,
+    while it still heartbeats) is no target: a copy there would only time out."""
+    state, clock = cluster()
+    holders = nodes_of(publish(state, "k", 64 * KiB, replicas=2))
+    [spare] = {"n0", "n1", "n2"} - set(holders)
+    on_spare = PutOptions(replicas=1, preferred_hosts=(f"{spare}.cluster.local",))
+    assert nodes_of(publish(state, "gone", 4 * KiB, options=on_spare)) == [spare]
+    state.outbox.clear()
+    remove(state, "gone")
+    [forget] = [c for c in state.outbox if isinstance(c, ForgetCommand)]
+    state.outbox.clear()
+    state.quarantine(forget)  # (what the core does when the Forget's wait passes)
+
+    kill(state, clock, holders[0])
+    assert copies(state) == [], "a copy went to the silent node"
+    state.node_answered(spare)
+    state.forget_answered(forget.command_id)
+    clock.advance(2.0)  # (looked at again: replication.RETRY_DELAY)
+    state.tick()
+    [copy] = copies(state)
+    assert copy.node_id == spare

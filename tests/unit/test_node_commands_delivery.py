@@ -13,14 +13,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from state_helpers import FakeClock, segment_info
+
+from kvpool.common.status import KeyStatus
+from kvpool.master.config import MasterConfig
+from kvpool.master.core import MasterCore
 from kvpool.master.delivery import CommandDelivery
 from kvpool.master.records import (
+    Commit,
     CopyCommand,
     ForgetCommand,
     NodeCommand,
     PersistCommand,
+    PutOptions,
     StoredObject,
 )
+from kvpool.master.state import MasterState
 from kvpool.storage_node.object_index import DurableIndex, Entry, MemoryIndex, live_entries
 
 OLD = StoredObject("k", 0, 0, 1)
@@ -174,3 +182,44 @@ def test_a_durable_index_replays_forgets_the_same_way(tmp_path: Path):
     reopened = DurableIndex(path, {})
     assert [(e.generation, e.crc32c) for e in reopened.entries()] == [(2, 8)]
     reopened.close()
+
+
+def test_a_persist_the_core_gave_up_on_is_let_go_wherever_it_waits():
+    """It would never be sent again; kept, it would grow the table by every put placed on a
+    node that reads its commands and answers none."""
+    delivery = CommandDelivery()
+    delivery.connected("n1", "stream 1", "process 1", wanted)
+    assert delivery.send(persist(1)) and delivery.send(forget(2))
+    delivery.disconnected("n1", "stream 1")
+    assert not delivery.send(persist(3))
+
+    delivery.expired(persist(1))
+    delivery.expired(persist(3))
+    assert delivery.unanswered("n1") == [2] and delivery.unsent("n1") == []
+    assert delivery.answered("n1", 1) is None, "a late answer counts for nothing"
+
+
+def test_a_node_that_answers_nothing_leaves_the_master_holding_no_persists():
+    """A node that reads its commands and answers none, while its heartbeats keep it alive:
+    every put placed on it times out, and what the master keeps for the node stays bounded."""
+    clock = FakeClock()
+    core = MasterCore(
+        MasterState(MasterConfig(), clock=clock), forget_wait=1.0, command_timeout=5.0
+    )
+    core.mount_segment(0, segment_info("n1", 1 << 30), [], False, 0.0)
+    core.node_connected("n1", "stream", "process")
+    for i in range(200):
+        [slot] = core.put_start(2 * i, "c", [f"k{i}"], [4096], PutOptions()).answers.get(
+            2 * i, [None]
+        )
+        if slot is not None and slot.status is KeyStatus.OK:
+            core.put_end(2 * i + 1, [Commit(f"k{i}", slot.put_id, (True,))])
+        clock.advance(0.5)
+        core.timers()
+    clock.advance(5.0)
+    core.timers()
+
+    left = [core.delivery._nodes["n1"].unanswered[c] for c in core.delivery.unanswered("n1")]
+    print(len(left), [type(c).__name__ for c in left][:20])
+    assert not [c for c in left if isinstance(c, PersistCommand)]
+    core.state.validate()
