@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from kvpool.common.keys import shown_key
 from kvpool.common.sizes import format_size
@@ -213,16 +214,35 @@ def _put(client: Any, args: argparse.Namespace) -> int:
 
 def _get(client: Any, args: argparse.Namespace) -> int:
     data = client.get(args.key)
-    if args.output:
-        try:
-            Path(args.output).write_bytes(data)
-        except OSError as error:
-            print(f"error: cannot write {args.output}: {error.strerror}", file=sys.stderr)
-            return 1
-    else:
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
+    try:
+        if args.output:
+            with open(args.output, "wb") as out:
+                _write_all(out, data)
+        else:
+            _write_all(sys.stdout.buffer, data)
+    except BrokenPipeError:
+        raise  # (its reader stopped, as `head` does: see _client_command)
+    except OSError as error:
+        where = args.output or "standard output"
+        print(f"error: cannot write {where}: {error.strerror or error}", file=sys.stderr)
+        if args.output and os.path.isfile(args.output):  # (part of the object: no use)
+            with contextlib.suppress(OSError):
+                os.unlink(args.output)
+        return 1
     return 0
+
+
+def _write_all(out: BinaryIO, data: bytes) -> None:
+    """Writes every byte of ``data`` or raises. A buffered write that fails part way (a full
+    disk, a pipe whose reader left) returns how much it wrote instead of raising: writing
+    once and ignoring that count would end a get with its output cut short, and exit 0."""
+    view = memoryview(data)
+    while view:
+        written = out.write(view)
+        if not written:
+            raise OSError(errno.EIO, "the output took no bytes")
+        view = view[written:]
+    out.flush()
 
 
 def _ls(client: Any, args: argparse.Namespace) -> int:

@@ -132,6 +132,27 @@ def test_output_that_cannot_be_written_is_one_line_not_a_traceback(up, tmp_path)
     assert unwritable.returncode == 1
     assert b"error: cannot write" in unwritable.stderr
     assert b"Traceback" not in unwritable.stderr
+    full = kvpool("get", "big", "-o", "/dev/full", master=master)  # (every write: ENOSPC)
+    assert full.returncode == 1
+    assert full.stderr == b"error: cannot write /dev/full: No space left on device\n"
+
+
+def test_output_to_a_reader_that_stops_early_ends_quietly(up):
+    """As `kvpool get big | head -c 10` does: the pipe closes under the command's output."""
+    _, master = up
+    assert kvpool("put", "long", stdin=os.urandom(1 << 20), master=master).returncode == 0
+    reader = subprocess.Popen(
+        [sys.executable, "-m", "kvpool.cli.main", "get", "long"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, **UP_ENV["client"], "KVPOOL_MASTER": master},
+    )
+    assert reader.stdout is not None
+    reader.stdout.read(10)
+    reader.stdout.close()  # (more than a pipe holds is still to come: its write fails)
+    _, errors = reader.communicate(timeout=60)
+    assert reader.returncode == 1, "a get whose output was cut short did not succeed"
+    assert errors == b"", "not a traceback, nor Python's complaint at exit"
 
 
 def test_bench_prints_put_and_get_throughput_of_a_running_cluster(up):

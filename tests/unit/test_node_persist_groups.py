@@ -16,7 +16,11 @@ from kvpool.common.status import Tier
 from kvpool.proto import master_pb2 as pb
 from kvpool.storage_node.commands import CommandExecutor
 from kvpool.storage_node.object_index import live_entries
-from kvpool.storage_node.segment import INDEX_SUFFIX, open_persistent_segment
+from kvpool.storage_node.segment import (
+    INDEX_SUFFIX,
+    allocate_dram_segment,
+    open_persistent_segment,
+)
 from kvpool.transport import ucp
 
 SIZE = 16 << 20
@@ -98,3 +102,20 @@ def test_only_persists_and_prepares_group_each_with_its_own_kind(segment):
     assert not executor.groups_with(first, prepare)
     assert executor.groups_with(prepare, prepare)
     assert not executor.groups_with(forget, forget)
+
+
+def test_a_persist_past_a_dram_segments_end_fails_and_records_nothing():
+    """The master is trusted, but a bug of its must not become an entry the node reports at
+    its next mount (DRAM records only its index: nothing else would notice)."""
+    context = ucp.Context({"TLS": "tcp"})
+    segment = allocate_dram_segment(context, "n1", SIZE, prefault=False)
+    try:
+        sid = segment.segment_id
+        executor = CommandExecutor([segment])
+        [result] = executor.execute_group([persist(1, sid, "beyond", SIZE - 10, 100)])
+        assert not result.ok and "outside segment" in result.error
+        assert executor.execute(persist(2, sid, "inside", SIZE - 100, 100)).ok
+        assert [e.key for e in segment.index.entries()] == ["inside"]
+    finally:
+        segment.close()
+        context.close()
