@@ -22,6 +22,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvpool.common.file_writes import write_all
 from kvpool.proto import master_pb2 as pb
 from kvpool.security import capabilities as caps
 
@@ -84,7 +85,7 @@ def _write_new(path: Path, data: bytes, replace: Path | None = None) -> None:
     temporary = path.with_name(f".{path.name}.new.{os.getpid()}")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
-        os.write(fd, data)
+        write_all(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)

@@ -28,6 +28,7 @@ import threading
 import time
 from pathlib import Path
 
+from kvpool.common.file_writes import write_all
 from kvpool.master.record_writer import MAX_AGE, WRITE_TIMEOUT, RecordOf, RecordWriter, log
 from kvpool.master.tombstone_format import decode, encode
 from kvpool.master.tombstones import DurableRecord
@@ -150,10 +151,11 @@ class TombstoneFile(RecordWriter):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(temporary)  # (left by a crash; a link planted there is not followed)
             descriptor = os.open(temporary, _CREATE, 0o600)
-            with open(descriptor, "wb") as file:
-                file.write(content)
-                file.flush()
-                os.fsync(file.fileno())
+            try:
+                write_all(descriptor, content)
+                os.fsync(descriptor)
+            finally:
+                os.close(descriptor)
             os.replace(temporary, self.path)
             directory = os.open(self.path.parent, os.O_RDONLY)
             try:

@@ -36,6 +36,7 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
+from kvpool.common.file_writes import write_all
 from kvpool.common.logging import get_logger
 from kvpool.storage_node import metrics, private_files
 from kvpool.storage_node.index_log import (
@@ -230,8 +231,8 @@ class DurableIndex(MemoryIndex):
         records = b"".join(frame(body, self._salt) for body in bodies)
         if self._end + len(records) > self._allocated:
             self._allocated = self._end + len(records) + ROOM
-            os.pwrite(self._fd, bytes(self._allocated - self._end), self._end)
-        os.pwrite(self._fd, records, self._end)
+            write_all(self._fd, bytes(self._allocated - self._end), self._end)
+        write_all(self._fd, records, self._end)
         self._end += len(records)
         os.fdatasync(self._fd)
 
@@ -294,20 +295,24 @@ class DurableIndex(MemoryIndex):
         """Compacts the log to its header and live entries, atomically, followed by ``ROOM``
         zeros; returns where the zeros begin."""
         tmp = self.path.with_name(self.path.name + TMP_SUFFIX)
-        with os.fdopen(private_files.create_new(tmp), "wb") as out:
-            out.write(header_slots(self.header, self._salt))
-            entries = self.entries()
-            unconfirmed = self.unconfirmed
-            if unconfirmed:  # first, with the marker after them (index_log)
-                first = [e for e in entries if e.key in unconfirmed]
-                entries = [e for e in entries if e.key not in unconfirmed]
-                out.write(b"".join(frame(encode(OP_PUT, e), self._salt) for e in first))
-                out.write(frame(UNCONFIRMED_ABOVE, self._salt))
-            out.write(b"".join(frame(encode(OP_PUT, e), self._salt) for e in entries))
-            end = out.tell()
-            out.write(bytes(ROOM))
-            out.flush()
-            os.fsync(out.fileno())
+        salt = self._salt
+        entries = self.entries()
+        parts = [header_slots(self.header, salt)]
+        unconfirmed = self.unconfirmed
+        if unconfirmed:  # first, with the marker after them (index_log)
+            parts.extend(frame(encode(OP_PUT, e), salt) for e in entries if e.key in unconfirmed)
+            parts.append(frame(UNCONFIRMED_ABOVE, salt))
+            entries = [e for e in entries if e.key not in unconfirmed]
+        parts.extend(frame(encode(OP_PUT, e), salt) for e in entries)
+        log = b"".join(parts)
+        fd = private_files.create_new(tmp)
+        try:
+            write_all(fd, log, 0)
+            write_all(fd, bytes(ROOM), len(log))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        end = len(log)
         tmp.replace(self.path)
         private_files.sync_directory(self.path.parent)
         return end

@@ -17,6 +17,7 @@ import mmap
 import os
 import threading
 
+from kvpool.common.file_writes import write_all
 from kvpool.common.logging import get_logger
 from kvpool.transport.shared_memory import MADV_POPULATE_WRITE
 
@@ -110,10 +111,3 @@ class DirectFile:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-
-
-def write_all(fd: int, data: memoryview, offset: int) -> None:
-    """``pwrite`` of all of ``data`` at ``offset`` (a short write continues where it ended)."""
-    done = 0
-    while done < len(data):
-        done += os.pwrite(fd, data[done:], offset + done)
