@@ -212,9 +212,12 @@ class TlsTransport(asyncio.Transport):
             self._handshake()
             return
         try:
-            if self._pending is not None:
-                self._sock.send(self._pending)
+            pending = self._pending
+            if pending is not None:  # (a write OpenSSL wants retried with the same bytes)
+                sent = self._sock.send(pending)
                 self._pending = None
+                if sent < len(pending):
+                    self._buffer[:0] = pending[sent:]
             while self._buffer:
                 chunk = bytes(self._buffer[:WRITE_CHUNK])
                 del self._buffer[: len(chunk)]

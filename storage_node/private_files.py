@@ -18,6 +18,8 @@ import os
 import stat
 from pathlib import Path
 
+from kvpool.common.file_writes import write_all
+
 _NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -129,7 +131,7 @@ def hold_exclusively(path: Path, what: Path) -> int:
         by = f" (pid {int(holder)})" if holder.isdigit() else ""
         raise SegmentInUse(f"{what} is in use by another process{by}") from None
     os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    write_all(fd, str(os.getpid()).encode(), 0)
     return fd
 
 
