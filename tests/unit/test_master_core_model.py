@@ -45,7 +45,7 @@ import dataclasses
 import random
 from dataclasses import dataclass, field
 
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import HealthCheck, Phase, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from model_seeds import run_seeded
@@ -131,6 +131,10 @@ class Call:
     sizes: list[int] = field(default_factory=list)
     #: A removal's keys -> the generation published when it was asked for.
     generations: dict[str, int] = field(default_factory=dict)
+    #: A PutStart's: the nodes silent on their commands when it came, and whether another
+    #: node had room for its first object then (placement ran at once, whenever it answers).
+    silent: frozenset[str] = frozenset()
+    others_had_room: bool = True
 
 
 class CoreModel(RuleBasedStateMachine):
@@ -207,9 +211,28 @@ class CoreModel(RuleBasedStateMachine):
             if k in objects and objects[k].state is ObjectState.PUBLISHED
         }
         self.calls[call_id] = Call(kind, self.clock(), keys, sizes or [], generations)
+        if kind == "put_start":
+            self.note_silent_nodes(self.calls[call_id])
         if kind != "put_end" and self.remounted != set(NODES):
             self.clients_before_remounts = True
         self.apply(event(call_id))
+
+    def note_silent_nodes(self, call: Call) -> None:
+        """Which nodes are silent now, and whether another had room for the first object
+        (what placement's first pass looks at: master/state.py, SILENT_NODE_PAUSE)."""
+        state = self.core.state
+        now = self.clock()
+        call.silent = state._silent_nodes(now)
+        if not call.silent:
+            return
+        call.others_had_room = any(
+            segment.allocator.largest_free >= segment.allocator.rounded(call.sizes[0])
+            and segment.fenced_until <= now
+            for node in state.nodes.values()
+            if node.node_id not in call.silent and not node.draining
+            for segment in map(state.segments.__getitem__, node.segment_ids)
+        )
+        event("a put while a node is silent on its commands")
 
     def connect(self, node: SimNode) -> None:
         node.streams_opened += 1
@@ -223,6 +246,13 @@ class CoreModel(RuleBasedStateMachine):
         if call.kind == "put_start":
             if answer is TERM_ENDED:
                 return
+            first = answer[0]
+            if first.status is KeyStatus.OK and call.others_had_room:
+                on = {r.segment.node_id for r in first.replicas}
+                assert not on & call.silent, (
+                    f"{call.keys[0]!r} placed on {sorted(on & call.silent)}, silent on their "
+                    "commands, while another node had room"
+                )
             for key, size, slot in zip(call.keys, call.sizes, answer, strict=True):
                 if slot.status is not KeyStatus.OK:
                     continue
