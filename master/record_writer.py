@@ -30,8 +30,6 @@ WRITE_TIMEOUT = 3.0
 RETRY_AFTER = 0.5
 #: Failed writes in a row after which answers that carry no change stop waiting for writes.
 FAILURES_BEFORE_DEGRADED = 3
-#: Seconds after its last write a record is dropped: a node away that long has been replaced.
-MAX_AGE = 7 * 24 * 3600.0
 
 #: What a write calls back with: True once the records are kept, False if they are not.
 Done = Callable[[bool], None]
@@ -54,7 +52,7 @@ class RecordWriter:
         self._failures = 0
 
     async def load(self) -> dict[str, DurableRecord]:
-        """Every record an earlier master kept (those past MAX_AGE dropped)."""
+        """Every record an earlier master kept (those past tombstones.MAX_AGE dropped)."""
         raise NotImplementedError
 
     async def _write_now(self, segment_ids: set[str], record_of: RecordOf) -> bool:

@@ -103,6 +103,7 @@ from kvpool.master.records import (
 )
 from kvpool.master.replication import ReplicationQueue
 from kvpool.master.story import StoryEvent, StoryLog
+from kvpool.master.tombstones import MAX_AGE as TOMBSTONE_MAX_AGE
 from kvpool.master.tombstones import NODE_PREFIX, DurableRecord, Tombstones
 from kvpool.master.transitions import (
     COMMITTED,
@@ -190,6 +191,10 @@ class MasterState:
         #: this master granted space in them may still copy: segment id -> the last grant.
         #: Kept a write timeout, so that a remount in that time fences their space.
         self._dropped_grants: dict[str, float] = {}
+        #: segment id -> when it went away (dropped, or restored from an earlier leader's
+        #: record), oldest first, until it mounts again: its tombstones go at
+        #: ``tombstones.MAX_AGE``.
+        self._away_since: dict[str, float] = {}
         #: Reservations by creation time (oldest first): timeouts pop from the front.
         self._reservations: OrderedDict[str, ObjectRecord] = OrderedDict()
         self._reservations_of: dict[str, set[str]] = {}
@@ -312,6 +317,7 @@ class MasterState:
             segment.fenced_until = latest + self.config.write_timeout + FENCE_MARGIN
         self.segments[info.segment_id] = segment
         node.segment_ids.add(info.segment_id)
+        self._away_since.pop(info.segment_id, None)
         refused = self._adopt_newest_first(segment, stored, now)
         given_up = self._tombstones.take_given_up(info.segment_id)
         # (a node process mounting a segment for the first time runs nothing an earlier one
@@ -891,8 +897,11 @@ class MasterState:
 
     def restore_tombstones(self, records: Mapping[str, DurableRecord]) -> None:
         """Records an earlier leader kept (a new term, before any mount)."""
+        now = self.clock()
         for segment_id, record in records.items():
             self._tombstones.restore(segment_id, record)
+            if not segment_id.startswith(NODE_PREFIX):  # (a node's own goes once it is heard)
+                self._away_since.setdefault(segment_id, now)
 
     def forget_answered(self, command_id: int) -> None:
         """A node answered a Forget: space quarantined for it returns to use, and a remount
@@ -1070,6 +1079,8 @@ class MasterState:
         self._reclaim_reservations(now, report)
         self._bury_dead_clients(now, report)
         self._bury_dead_nodes(now, report)
+        if self._away_since:
+            self._age_out_tombstones(now)
         if self._dropped_grants:
             write_timeout = self.config.write_timeout
             for segment_id, granted_at in list(self._dropped_grants.items()):
@@ -2199,8 +2210,11 @@ class MasterState:
         now = self.clock()
         gone = set(segment_ids)
         held: dict[str, list[str]] = {}  # key -> the dropped segments that held its bytes
+        away_since = self._away_since
         for segment_id in segment_ids:
             segment = self.segments.pop(segment_id)
+            away_since.pop(segment_id, None)  # (oldest first: in the order they went)
+            away_since[segment_id] = now
             if segment.granted_at + self.config.write_timeout > now:
                 # (its writers may copy on: a remount of it is fenced until they are done)
                 self._dropped_grants[segment_id] = segment.granted_at
@@ -2278,6 +2292,19 @@ class MasterState:
         self._forget_grants(record, record.replicas)
         self._release(record.replicas, now + self.config.reclaim_delay)
         self.counters.reservations_reclaimed += 1
+
+    def _age_out_tombstones(self, now: float) -> None:
+        """Segments away for ``MAX_AGE`` lose their tombstones: their nodes were replaced
+        (a DRAM segment's id never comes back)."""
+        away_since = self._away_since
+        expired = []
+        for segment_id, since in away_since.items():  # (oldest first)
+            if since + TOMBSTONE_MAX_AGE > now:
+                break
+            expired.append(segment_id)
+        for segment_id in expired:
+            del away_since[segment_id]
+            self._tombstones.forget_segment(segment_id)
 
     def _bury_dead_clients(self, now: float, report: TickReport) -> None:
         silent_since = now - self.config.client_ttl

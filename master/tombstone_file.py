@@ -29,9 +29,9 @@ import time
 from pathlib import Path
 
 from kvpool.common.file_writes import write_all
-from kvpool.master.record_writer import MAX_AGE, WRITE_TIMEOUT, RecordOf, RecordWriter, log
+from kvpool.master.record_writer import WRITE_TIMEOUT, RecordOf, RecordWriter, log
 from kvpool.master.tombstone_format import decode, encode
-from kvpool.master.tombstones import DurableRecord
+from kvpool.master.tombstones import MAX_AGE, DurableRecord
 
 #: A new temporary file only (never one another user planted, nor a link), readable by this
 #: master's user alone: the records name tenants' keys, as sensitive as their prompts.

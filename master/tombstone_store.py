@@ -27,7 +27,7 @@ from typing import Any
 
 from kvpool.common.logging import get_logger
 from kvpool.master.election import ETCD_ERRORS
-from kvpool.master.record_writer import MAX_AGE, WRITE_TIMEOUT, RecordOf, RecordWriter
+from kvpool.master.record_writer import WRITE_TIMEOUT, RecordOf, RecordWriter
 from kvpool.master.tombstone_format import (
     BUCKETS,
     PIECES,
@@ -42,7 +42,7 @@ from kvpool.master.tombstone_format import (
     split,
     whole_key,
 )
-from kvpool.master.tombstones import DurableRecord
+from kvpool.master.tombstones import MAX_AGE, DurableRecord
 
 log = get_logger("kvpool.tombstones")
 

@@ -49,6 +49,11 @@ are collected (``take_changed``) for the I/O layer to write to etcd before it an
 new leader ``restore``s the records before it takes mounts (master/tombstone_store.py).
 A record holds at most ``RECORD_LIMIT`` keys; past that it says "distrusted" instead.
 
+**Aged out.** A segment away for ``MAX_AGE`` (its node has been replaced: a DRAM segment,
+whose id a restarted node never uses again, never comes back at all) loses its entries
+(``forget_segment``, which the state calls), as the durable records do: a node paused longer
+than that may bring back what was removed while it was away.
+
 **Bounded.** ``limit`` entries in all. A segment that would pass it loses its entries and is
 *distrusted* instead: at its next mount it adopts only replicas of objects the master still
 holds (an object lost with it stays lost): losing a cached object is allowed, bringing back a
@@ -62,6 +67,9 @@ from dataclasses import dataclass
 
 #: Entries kept at most (a few hundred bytes each), across every segment.
 LIMIT = 1_000_000
+#: Seconds after which what is kept of a segment away goes (here, and its durable record):
+#: a node away that long has been replaced.
+MAX_AGE = 7 * 24 * 3600.0
 #: Keys one segment's durable record lists at most; past that, or past ``RECORD_BYTES``, the
 #: record says "distrusted" instead.
 RECORD_LIMIT = 4096
@@ -445,6 +453,14 @@ class Tombstones:
         )
 
     # ---- bounds
+
+    def forget_segment(self, segment_id: str) -> None:
+        """The segment has been away ``MAX_AGE``: nothing of it is kept (its durable record
+        goes too)."""
+        if segment_id in self._distrusted or self.record(segment_id) is not None:
+            self._changed.add(segment_id)
+        self._distrusted.discard(segment_id)
+        self._drop(segment_id)
 
     def _put(
         self, table: dict[str, dict[str, int]], segment_id: str, key: str, generation: int

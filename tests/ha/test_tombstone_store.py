@@ -12,7 +12,7 @@ import time
 
 from kvpool.etcd_process import EtcdProcess
 from kvpool.local_cluster import LocalCluster
-from kvpool.master.record_writer import FAILURES_BEFORE_DEGRADED, MAX_AGE
+from kvpool.master.record_writer import FAILURES_BEFORE_DEGRADED
 from kvpool.master.tombstone_format import (
     BUCKETS,
     PIECES,
@@ -25,7 +25,7 @@ from kvpool.master.tombstone_format import (
     whole_key,
 )
 from kvpool.master.tombstone_store import TombstoneStore
-from kvpool.master.tombstones import DurableRecord
+from kvpool.master.tombstones import MAX_AGE, DurableRecord
 from kvpool.security.etcd_tls import etcd_client
 
 LEADER_KEY = b"kvpool/test/leader"

@@ -22,7 +22,7 @@ from kvpool.common.status import KeyStatus
 from kvpool.master.core import MasterCore
 from kvpool.master.records import ForgetCommand, PutOptions, SegmentInfo
 from kvpool.master.state import MasterState
-from kvpool.master.tombstones import RECORD_LIMIT, DurableRecord, Tombstones
+from kvpool.master.tombstones import MAX_AGE, RECORD_LIMIT, DurableRecord, Tombstones
 
 ON_N1 = PutOptions(replicas=1, preferred_hosts=("n1.cluster.local",))
 
@@ -337,3 +337,50 @@ def test_a_segment_may_not_take_the_name_of_a_node_entry():
     state, _ = new_state()
     problem = state.mount_problem(segment_info("n1", MiB, "node:n2"))
     assert problem is not None and "reserved" in problem
+
+
+def test_a_segment_away_for_the_records_age_loses_its_tombstones():
+    """A node away that long has been replaced (a DRAM segment's id never comes back at
+    all): what is kept of its segment goes, here as in the durable record, which a new leader
+    would drop at that age anyway. The master's memory no longer grows with every node
+    restart until the tombstones' bound."""
+    state, clock, n1, n2 = two_nodes()
+    publish(state, "gone", 4096, options=PutOptions(replicas=2))
+    publish(state, "lost", 4096, options=ON_N1)
+    gone, lost = (stored(state, key, n1.segment_id) for key in ("gone", "lost"))
+    declare_dead(state, clock, "n1", [n2])
+    assert remove(state, "gone") is KeyStatus.OK
+    state.durable_changes()
+    tombstones = state._tombstones
+
+    def kept() -> tuple[bool, bool]:
+        return (
+            tombstones.refuses(n1.segment_id, "gone", gone.generation, known=False),
+            tombstones.went_away(n1.segment_id, "lost", lost.generation),
+        )
+
+    assert kept() == (True, True)
+    clock.advance(MAX_AGE - 2)  # (after the drop, at the tick that declared n1 dead)
+    state.heartbeat("n2", [n2.segment_id])
+    state.tick()
+    assert kept() == (True, True), "not yet"
+    clock.advance(2)
+    state.heartbeat("n2", [n2.segment_id])
+    state.tick()
+    assert kept() == (False, False)
+    assert state.durable_changes() == {n1.segment_id}
+    assert state.durable_record(n1.segment_id) is None, "its durable record goes too"
+
+
+def test_a_segment_that_comes_back_in_time_keeps_its_refusals_until_it_mounts():
+    state, clock, n1, n2 = two_nodes()
+    publish(state, "gone", 4096, options=PutOptions(replicas=2))
+    held = stored(state, "gone", n1.segment_id)
+    declare_dead(state, clock, "n1", [n2])
+    assert remove(state, "gone") is KeyStatus.OK
+    clock.advance(MAX_AGE / 2)
+    state.heartbeat("n2", [n2.segment_id])
+    state.tick()
+
+    assert state.mount_segment(n1, [held], remount=True, silent=1.0) == ["gone"]
+    assert "gone" not in state.objects

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from kvpool.master.record_writer import MAX_AGE
 from kvpool.master.tombstone_file import TombstoneFile, TombstoneFileError
-from kvpool.master.tombstones import DurableRecord
+from kvpool.master.tombstones import MAX_AGE, DurableRecord
 
 
 async def written(store: TombstoneFile, segment_ids: set[str]) -> bool:
