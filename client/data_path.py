@@ -546,9 +546,7 @@ class DataPath:
                 for segment_id in failed_segments:
                     self._drop_node_of(lane, segment_id)
         finally:
-            with self._lock:
-                self._idle.append(lane)
-                self._changed.notify_all()
+            self._give_lane_back(lane)
 
     def close(self) -> None:
         """Lets go of every worker, endpoint, registration and mapping, once the transfers
@@ -611,6 +609,17 @@ class DataPath:
         for segment_id in stale:
             lane.drop_route(segment_id)
         return lane
+
+    def _give_lane_back(self, lane: _Lane) -> None:
+        """A transfer ended on ``lane``: it is idle again, unless its worker is tainted (no
+        fresh one could replace it), when the lane goes (one can be made again later)."""
+        with self._lock:
+            if lane.worker.tainted:
+                self._lanes.remove(lane)
+                self._abandoned.append(lane.worker)
+            else:
+                self._idle.append(lane)
+            self._changed.notify_all()
 
     def _unreachable(self, segment_id: str, why: str) -> Failure:
         """The failure of a transfer whose node could not be reached; remembers the node."""
@@ -827,14 +836,21 @@ class DataPath:
 
     def _replace_worker(self, lane: _Lane) -> None:
         """Gives the lane's worker up after a transfer it could not stop; a fresh one takes
-        its place."""
+        its place. When none can be made (out of descriptors, say), the tainted worker stays
+        on the lane, which then retires (``_transfer``'s end): a request it gave up on may
+        still complete into memory its caller has reused, so it must never run again."""
+        try:
+            fresh = self.context.create_worker()
+        except ucp.UcxError as error:
+            log.warning("a fresh UCX worker could not be made: one lane fewer", error=str(error))
+            return
         for route in lane.routes.values():
             route.rkey.destroy()
         lane.routes.clear()
         lane.endpoints.clear()
         with self._lock:
             self._abandoned.append(lane.worker)
-        lane.worker = self.context.create_worker()
+        lane.worker = fresh
 
     @staticmethod
     def _drop_node_of(lane: _Lane, segment_id: str) -> None:

@@ -312,7 +312,11 @@ async def open_tls_connection(
         handshake_timeout=max(deadline - loop.time(), 0.001),
         on_done=lambda t: relay.failed(t.error),
     )
-    await made
+    try:
+        await made
+    except BaseException:  # (cancelled mid-handshake, say: no connection lives on unowned)
+        transport.abort()
+        raise
     return transport
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from contextlib import ExitStack
 from typing import Any
@@ -66,6 +67,8 @@ logger = init_logger(__name__)
 
 #: A load with less time than this left is reported as misses without starting.
 MIN_LOAD_BUDGET = 0.001
+#: Keys whose stored size the adapter remembers at most (about 200 bytes each).
+MAX_SIZES_KEPT = 1 << 18
 
 
 class KVPoolL2Adapter(L2AdapterInterface):
@@ -82,8 +85,10 @@ class KVPoolL2Adapter(L2AdapterInterface):
         self.config = config
         self._codec = KeyCodec(config.key_prefix)
         self.stats = Stats()
-        #: Bytes accounted (``_notify_keys_stored``) per kvpool key this adapter stored.
-        self._sizes: dict[str, int] = {}
+        #: Bytes accounted (``_notify_keys_stored``) per kvpool key this adapter stored, the
+        #: latest ``MAX_SIZES_KEPT`` (kvpool evicts without telling the adapter: the oldest
+        #: go, and a deletion of one of them is reported as 0 bytes).
+        self._sizes: OrderedDict[str, int] = OrderedDict()
         self._sizes_lock = threading.Lock()
         self._close_lock = threading.Lock()
         self._closed = False
@@ -199,7 +204,11 @@ class KVPoolL2Adapter(L2AdapterInterface):
             stored_keys.append(key)
             stored_sizes.append(len(buffer))
             with self._sizes_lock:
-                self._sizes[name] = len(buffer)
+                sizes = self._sizes
+                sizes[name] = len(buffer)
+                sizes.move_to_end(name)
+                if len(sizes) > MAX_SIZES_KEPT:
+                    sizes.popitem(last=False)
         written = sum(stored_sizes)
         self.stats.count_store(len(keys), len(stored_keys), len(failures), written)
         if failures:

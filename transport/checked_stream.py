@@ -28,7 +28,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from enum import Enum
 
@@ -39,6 +39,10 @@ from kvpool.transport.checked_socket import Waits
 WINDOW = 64
 #: Connections kept idle per node.
 PER_NODE = 4
+#: Seconds an idle connection is kept (the node closes one idle for 120 s): a node that
+#: restarted elsewhere (a new port, a new pod address) is never asked again, and its
+#: connections and their buffers would otherwise stay with every client that used it.
+IDLE_KEPT = 60.0
 #: Bytes per send or receive call.
 CHUNK = 8 << 20
 #: A call moving at least this many bytes to or from one node runs on ``LANES`` connections
@@ -95,6 +99,7 @@ class _Connection:
 
     __slots__ = (
         "_pinned",
+        "idle_since",
         "out",
         "out_address",
         "received",
@@ -114,6 +119,8 @@ class _Connection:
         self.out_address = ctypes.addressof(self._pinned[0])
         self.received_address = ctypes.addressof(self._pinned[1])
         self.view = memoryview(self.received)
+        #: When it was last given back to the pool (time.monotonic).
+        self.idle_since = 0.0
 
     def close(self) -> None:
         self.socket.close()
@@ -126,6 +133,8 @@ class CheckedStreams:
     def __init__(self, per_node: int = PER_NODE, threads: int = 8) -> None:
         self.per_node = per_node
         self._idle: dict[str, list[_Connection]] = {}
+        #: When idle connections were last looked at for age (``_close_stale``).
+        self._swept = time.monotonic()
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="kvpool-checked")
         #: The next request id (the iterator's own ``__next__``: atomic under the GIL, and
@@ -162,6 +171,9 @@ class CheckedStreams:
             self._pool.submit(self._run_group, jobs, group, is_get, deadline, results)
             for group in groups
         ]
+        # Every group ends before any error is raised (each by the deadline): one that
+        # failed must not leave the others moving bytes into memory the caller reuses.
+        wait(futures)
         for future in futures:
             future.result()
 
@@ -278,12 +290,35 @@ class CheckedStreams:
         return _Connection(sock)
 
     def _give_back(self, address: str, connection: _Connection) -> None:
+        now = time.monotonic()
+        connection.idle_since = now
+        stale: list[_Connection] = []
         with self._lock:
+            if now - self._swept >= IDLE_KEPT / 4:
+                stale = self._take_stale(now)
             idle = self._idle.setdefault(address, [])
-            if not self._closed and len(idle) < self.per_node:
+            kept = not self._closed and len(idle) < self.per_node
+            if kept:
                 idle.append(connection)
-                return
-        connection.close()
+        for old in stale:
+            old.close()
+        if not kept:
+            connection.close()
+
+    def _take_stale(self, now: float) -> list[_Connection]:
+        """The idle connections kept past ``IDLE_KEPT``, out of the pool (callers hold the
+        lock, and close them outside it)."""
+        self._swept = now
+        stale: list[_Connection] = []
+        for address in list(self._idle):
+            idle = self._idle[address]
+            kept = [c for c in idle if now - c.idle_since < IDLE_KEPT]
+            stale.extend(c for c in idle if now - c.idle_since >= IDLE_KEPT)
+            if kept:
+                self._idle[address] = kept
+            else:
+                del self._idle[address]
+        return stale
 
     def forget(self, address: str) -> None:
         """Closes the idle connections to a node (it failed, or moved)."""

@@ -448,3 +448,23 @@ def test_a_task_that_fails_unexpectedly_is_still_answered(make_adapter, arena):
     assert not store(adapter, keys, arena.objs(2, 4 * KIB)).is_successful()
     assert bits(lookup(adapter, keys), 2) == [True, True]  # the worker lives on
     adapter.submit_unlock(keys)
+
+
+def test_the_sizes_the_adapter_remembers_are_bounded(make_adapter, arena, monkeypatch):
+    """kvpool evicts without telling the adapter: the size of every chunk ever stored would
+    otherwise stay with it (about 200 bytes each, gigabytes a day at LMCache's rates). The
+    oldest go; deleting one of those reports it deleted, of unknown size."""
+    from kvpool.lmcache import adapter as adapter_module
+
+    monkeypatch.setattr(adapter_module, "MAX_SIZES_KEPT", 2)
+    adapter = make_adapter()
+    recorder = Recorder()
+    adapter.register_listener(recorder)
+    keys = object_keys(3)
+    for key in keys:
+        assert store(adapter, [key], arena.objs(1, 4 * KIB)).is_successful()
+    assert len(adapter._sizes) == 2
+
+    adapter.delete(keys)
+    assert recorder.deleted == [keys]
+    assert adapter.get_usage().total_bytes_used == 4 * KIB, "the forgotten one's bytes stay"

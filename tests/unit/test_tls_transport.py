@@ -171,3 +171,32 @@ def test_opening_ends_by_its_timeout_when_the_server_never_answers_the_handshake
         return loop.time() - started
 
     assert asyncio.run(scenario()) < 1.5, "the lookup, connect and handshake share the timeout"
+
+
+def test_an_opening_cancelled_mid_handshake_leaves_no_connection_behind(pki):
+    """As a node's lane session is, when the leader changes: the connection must not live
+    on, finish its handshake and talk to the master with no one owning it."""
+
+    async def scenario() -> bytes:
+        listener = socket.create_server(("127.0.0.1", 0))  # (accepts, says nothing)
+        context = client_ssl_context(TlsFiles(ca=pki.ca))
+        opening = asyncio.ensure_future(
+            open_tls_connection(Collect(1), "localhost", listener.getsockname()[1], context, 30)
+        )
+        await asyncio.sleep(0.3)  # (connected; its ClientHello sent, no answer)
+        opening.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await opening
+        peer, _ = listener.accept()
+        peer.settimeout(5)
+        try:
+            received = b""
+            while chunk := peer.recv(65536):  # (until the client's side closes)
+                received += chunk
+        finally:
+            peer.close()
+            listener.close()
+        return received
+
+    hello = asyncio.run(scenario())
+    assert hello[:1] == b"\x16", "a TLS handshake record came, then the connection closed"
