@@ -148,6 +148,9 @@ class _Route:
 #: UCX workers a client keeps at most: as many threads transfer over UCX at once, the others
 #: wait for one (a worker serves one thread at a time; each has its own endpoints).
 MAX_WORKERS = 8
+#: Seconds closing an endpoint to a replaced node process may wait for the peer (it is
+#: usually gone: the close is forced then).
+ENDPOINT_CLOSE_WAIT = 0.1
 #: How long closing waits for the transfers other threads still run before it lets go.
 CLOSE_WAIT = 30.0
 #: Seconds a transfer past its deadline may still drain before its worker is given up (never
@@ -165,6 +168,8 @@ class _Lane:
         self.routes: dict[str, _Route] = {}
         #: Segments whose routes go before the lane's next use (their descriptor changed).
         self.stale: set[str] = set()
+        #: Worker addresses of node processes that were replaced: their endpoints go too.
+        self.stale_workers: set[bytes] = set()
 
     def drop_route(self, segment_id: str) -> None:
         route = self.routes.pop(segment_id, None)
@@ -243,6 +248,27 @@ class DataPath:
                 for lane in self._lanes:  # (dropped by the thread that next takes it)
                     lane.stale.add(segment.segment_id)
                 self._unmap(segment.segment_id)
+            self._forget_replaced(segment)
+
+    def _forget_replaced(self, segment: pb.Segment) -> None:
+        """A segment from a new process of its node (another worker address): the lanes'
+        endpoints to the node's earlier processes, and the routes through them, go before
+        their next use, rather than stay open for the client's life with every node restart
+        (an endpoint is a connection). A transfer that still names such a segment connects
+        again, and fails as any transfer to a dead node does."""
+        replaced = [
+            old
+            for old in self._descriptors.values()
+            if old.node_id == segment.node_id and old.worker_address != segment.worker_address
+        ]
+        if not replaced:
+            return
+        with self._lock:
+            for lane in self._lanes:
+                for old in replaced:
+                    if old.worker_address in lane.endpoints:
+                        lane.stale.add(old.segment_id)
+                        lane.stale_workers.add(old.worker_address)
 
     def register(self, buffer: Any) -> ucp.MemoryRegion:
         """Registers caller memory once so transfers from or into it skip registration."""
@@ -606,8 +632,15 @@ class DataPath:
                 self._changed.wait(left)
             lane = self._idle.pop()
             stale, lane.stale = lane.stale, set()
+            gone, lane.stale_workers = lane.stale_workers, set()
         for segment_id in stale:
             lane.drop_route(segment_id)
+        for worker_address in gone:
+            endpoint = lane.endpoints.pop(worker_address, None)
+            if endpoint is not None:
+                for other_id in [s for s, r in lane.routes.items() if r.endpoint is endpoint]:
+                    lane.drop_route(other_id)
+                endpoint.close(timeout=ENDPOINT_CLOSE_WAIT)
         return lane
 
     def _give_lane_back(self, lane: _Lane) -> None:
