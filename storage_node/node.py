@@ -530,9 +530,12 @@ class StorageNode:
     def close(self) -> None:
         metrics.HOLDINGS.stop_watching()
         self._peers.close()
-        self._progress.stop()
+        progress_stopped = self._progress.stop()
         if self.mapping is not None:
             self.mapping.stop()
+        if not progress_stopped:  # (its worker may still touch the segments' registrations)
+            log.warning("UCX progress did not stop; leaving its worker to the process exit")
+            return
         if self.checked is not None and not self.checked.stop():
             log.warning("a checked transfer still runs; leaving its memory to the process exit")
             return

@@ -348,12 +348,17 @@ class ProgressThread:
                 log.error("UCX progress failed; going on", status=self.result, times=self.failures)
             time.sleep(0.01)
 
-    def stop(self, timeout: float = 5.0) -> None:
+    def stop(self, timeout: float = 5.0) -> bool:
+        """Ends the thread; False when it did not end within ``timeout`` (busy in UCX: the
+        worker and the memory it reaches must then be left to the process's exit)."""
         self._stopping = True
         os.write(self._stop_w, b"x")
         self._thread.join(timeout)
+        if self._thread.is_alive():
+            return False  # (its stop pipe stays open: the thread may still look at it)
         os.close(self._stop_r)
         os.close(self._stop_w)
+        return True
 
 
 def address_of(buffer: Any, *, writable: bool) -> tuple[int, int, Any]:
