@@ -186,16 +186,20 @@ class DataPath:
         copy_threads: int = 2,
         checked_stream: bool | None = None,
     ) -> None:
+        context = None
         try:
-            self.context = ucp.Context(ucx_config)
-            first_worker = self.context.create_worker()
+            context = ucp.Context(ucx_config)
+            first_worker = context.create_worker()
         except ucp.UcxError as error:
+            if context is not None:  # (a caller that tries again must not leak one each time)
+                context.close()
             given = sorted(ucx_config or {}) + sorted(k for k in os.environ if k.startswith("UCX_"))
             raise InvalidArgument(
                 f"UCX could not start ({error}) with the settings {given or 'of its defaults'}: "
                 "check ucx_config (names without the UCX_ prefix) and the UCX_* environment "
                 "variables"
             ) from None
+        self.context = context
         if checked_stream is None:  # (KVPOOL_CHECKED_STREAM=0 opts a client out: UCX)
             checked_stream = os.environ.get("KVPOOL_CHECKED_STREAM", "1") != "0"
         #: Connections of the checked stream (None: UCX carries every remote transfer).
