@@ -71,6 +71,11 @@ def _check_nodes(state: MasterState) -> None:
             raise InvariantViolation(
                 rule, f"segment {segment_id!r} is not listed by its node {segment.node_id!r}"
             )
+        if segment_id in state._away_since:
+            raise InvariantViolation(rule, f"segment {segment_id!r} is mounted yet noted away")
+    for node_id in state._silent_until:
+        if node_id not in state.nodes:
+            raise InvariantViolation(rule, f"node {node_id!r}, gone, is still noted silent")
 
 
 def _check_objects(state: MasterState) -> dict[tuple[str, int], str]:
