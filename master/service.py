@@ -90,12 +90,16 @@ class MasterService(master_pb2_grpc.MasterServicer):
         queue: asyncio.Queue[pb.NodeCommand | None] = asyncio.Queue()
         handler = asyncio.current_task()
 
+        ending = False
+
         def send(command: pb.NodeCommand) -> None:
+            nonlocal ending
             if queue.qsize() < MAX_QUEUED_COMMANDS:
                 queue.put_nowait(command)
-            elif handler is not None and not handler.done():
+            elif not ending and handler is not None and not handler.done():
                 # the node reads none of its commands: its stream ends (it reconnects, and
                 # what it did not answer is sent again), rather than the queue growing
+                ending = True
                 log.warning("node reads no commands; ending its stream", node_id=node_id)
                 handler.cancel()
 
