@@ -41,6 +41,7 @@ that node last.
 
 from __future__ import annotations
 
+import itertools
 import operator
 import os
 import threading
@@ -215,8 +216,10 @@ class DataPath:
         self._descriptors: dict[str, pb.Segment] = {}
         self._regions: list[ucp.MemoryRegion] = []
         self._closed = False
-        #: Transfers running now (``run`` calls between planning and their end).
-        self._in_flight = 0
+        #: Transfers running now (``run`` calls between planning and their end), by a number
+        #: each takes as it starts.
+        self._active: set[int] = set()
+        self._transfer_numbers = itertools.count()
         self.same_host_mapping = same_host_mapping
         #: (segment id, writable) -> its mapping, read-write for puts and read-only for
         #: gets (gets use the read-write one where there is one), or None where it cannot be
@@ -282,8 +285,18 @@ class DataPath:
             return region
 
     def unregister(self, region: ucp.MemoryRegion) -> None:
+        """Lets go of a registration once the transfers running now (any may use it) have
+        ended, within ``CLOSE_WAIT``: transfers that start from now on do not use it. Past
+        that wait it is left to the process (destroyed under a transfer, UCX could fault)."""
         with self._lock:
             self._regions.remove(region)
+            running = set(self._active)
+            until = time.monotonic() + CLOSE_WAIT
+            while running & self._active and (left := until - time.monotonic()) > 0:
+                self._changed.wait(left)
+            if running & self._active:
+                log.warning("a transfer still runs: its buffer's registration is left in place")
+                return
             region.close()
 
     def mapped_segments(self) -> list[str]:
@@ -373,7 +386,8 @@ class DataPath:
         with self._lock:
             if self._closed:
                 raise ClientClosed("the client is closed")
-            self._in_flight += 1
+            number = next(self._transfer_numbers)
+            self._active.add(number)
         try:
             for i, error in zip(
                 mine, self._run_checked([transfers[i] for i in mine], is_get, deadline), strict=True
@@ -381,7 +395,7 @@ class DataPath:
                 errors[i] = error
         finally:
             with self._lock:
-                self._in_flight -= 1
+                self._active.discard(number)
                 self._changed.notify_all()
         if others:
             rest = self.run([transfers[i] for i in others], is_get=is_get, deadline=deadline)
@@ -478,7 +492,8 @@ class DataPath:
             for mapped in mapped_here.values():
                 self._pins[mapped] = self._pins.get(mapped, 0) + 1
                 pinned.append(mapped)
-            self._in_flight += 1
+            number = next(self._transfer_numbers)
+            self._active.add(number)
         try:
             if copies:
                 for i, completed in zip(copied, self._copier.run(copies, deadline), strict=True):
@@ -495,7 +510,7 @@ class DataPath:
             with self._lock:
                 for mapped in pinned:
                     self._unpin(mapped)
-                self._in_flight -= 1
+                self._active.discard(number)
                 self._changed.notify_all()
         return errors
 
@@ -588,9 +603,9 @@ class DataPath:
             self._closed = True
             self._changed.notify_all()  # (threads waiting for a worker give up)
             until = time.monotonic() + CLOSE_WAIT
-            while self._in_flight and (left := until - time.monotonic()) > 0:
+            while self._active and (left := until - time.monotonic()) > 0:
                 self._changed.wait(left)
-            drained = not self._in_flight
+            drained = not self._active
             for segment_id, _ in list(self._mapped):
                 self._unmap(segment_id)
             clean = drained
