@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import errno
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
+from kvpool.common.file_writes import write_all
 from kvpool.common.keys import shown_key
 from kvpool.common.sizes import format_size
 from kvpool.errors import InvalidArgument, InvalidKey, KVPoolError, ObjectHasLease
@@ -214,12 +214,16 @@ def _put(client: Any, args: argparse.Namespace) -> int:
 
 def _get(client: Any, args: argparse.Namespace) -> int:
     data = client.get(args.key)
+    # (through the descriptor, every byte or an error: a buffered write that fails part way,
+    # on a full disk or a pipe whose reader left, returns a short count instead of raising,
+    # and the get would end with its output cut short, and exit 0)
     try:
         if args.output:
             with open(args.output, "wb") as out:
-                _write_all(out, data)
+                write_all(out.fileno(), data)
         else:
-            _write_all(sys.stdout.buffer, data)
+            sys.stdout.flush()
+            write_all(sys.stdout.fileno(), data)
     except BrokenPipeError:
         raise  # (its reader stopped, as `head` does: see _client_command)
     except OSError as error:
@@ -230,19 +234,6 @@ def _get(client: Any, args: argparse.Namespace) -> int:
                 os.unlink(args.output)
         return 1
     return 0
-
-
-def _write_all(out: BinaryIO, data: bytes) -> None:
-    """Writes every byte of ``data`` or raises. A buffered write that fails part way (a full
-    disk, a pipe whose reader left) returns how much it wrote instead of raising: writing
-    once and ignoring that count would end a get with its output cut short, and exit 0."""
-    view = memoryview(data)
-    while view:
-        written = out.write(view)
-        if not written:
-            raise OSError(errno.EIO, "the output took no bytes")
-        view = view[written:]
-    out.flush()
 
 
 def _ls(client: Any, args: argparse.Namespace) -> int:
