@@ -177,6 +177,15 @@ class _Lane:
         if route is not None:
             route.rkey.destroy()
 
+    def drop_endpoint(
+        self, endpoint: ucp.Endpoint, worker_address: bytes, timeout: float = 1.0
+    ) -> None:
+        """Closes ``endpoint`` (to ``worker_address``) and forgets every route through it."""
+        for segment_id in [s for s, r in self.routes.items() if r.endpoint is endpoint]:
+            self.drop_route(segment_id)
+        self.endpoints.pop(worker_address, None)
+        endpoint.close(timeout=timeout)
+
 
 class DataPath:
     def __init__(
@@ -655,11 +664,9 @@ class DataPath:
         for segment_id in stale:
             lane.drop_route(segment_id)
         for worker_address in gone:
-            endpoint = lane.endpoints.pop(worker_address, None)
+            endpoint = lane.endpoints.get(worker_address)
             if endpoint is not None:
-                for other_id in [s for s, r in lane.routes.items() if r.endpoint is endpoint]:
-                    lane.drop_route(other_id)
-                endpoint.close(timeout=ENDPOINT_CLOSE_WAIT)
+                lane.drop_endpoint(endpoint, worker_address, ENDPOINT_CLOSE_WAIT)
         return lane
 
     def _give_lane_back(self, lane: _Lane) -> None:
@@ -908,13 +915,8 @@ class DataPath:
     def _drop_node_of(lane: _Lane, segment_id: str) -> None:
         """Forgets the lane's endpoint to a failed node and every route through it."""
         route = lane.routes.get(segment_id)
-        if route is None:
-            return
-        endpoint = route.endpoint
-        for other_id in [s for s, r in lane.routes.items() if r.endpoint is endpoint]:
-            lane.drop_route(other_id)
-        lane.endpoints.pop(route.descriptor.worker_address, None)
-        endpoint.close()
+        if route is not None:
+            lane.drop_endpoint(route.endpoint, route.descriptor.worker_address)
 
 
 def _file_offset(file: SharedFile, transfer: Transfer) -> int | Failure:
