@@ -25,33 +25,32 @@ def listeners():
         s.close()
 
 
-def test_idle_connections_to_an_address_no_longer_used_are_closed(listeners):
+@pytest.fixture
+def streams():
+    pool = CheckedStreams()
+    yield pool
+    pool.close()
+
+
+def test_idle_connections_to_an_address_no_longer_used_are_closed(listeners, streams):
     old, new = listeners
-    streams = CheckedStreams()
-    try:
-        deadline = time.monotonic() + 5
-        left_behind = streams._take(old, deadline)
-        streams._give_back(old, left_behind)
-        left_behind.idle_since -= IDLE_KEPT  # (a minute later...)
-        streams._swept -= IDLE_KEPT
+    deadline = time.monotonic() + 5
+    left_behind = streams._take(old, deadline)
+    streams._give_back(old, left_behind)
+    left_behind.idle_since -= IDLE_KEPT  # (a minute later...)
+    streams._swept -= IDLE_KEPT
 
-        streams._give_back(new, streams._take(new, deadline))  # (...traffic goes elsewhere)
+    streams._give_back(new, streams._take(new, deadline))  # (...traffic goes elsewhere)
 
-        assert left_behind.socket.fileno() == -1, "closed"
-        assert old not in streams._idle and len(streams._idle[new]) == 1
-    finally:
-        streams.close()
+    assert left_behind.socket.fileno() == -1, "closed"
+    assert old not in streams._idle and len(streams._idle[new]) == 1
 
 
-def test_a_connection_used_lately_is_kept(listeners):
+def test_a_connection_used_lately_is_kept(listeners, streams):
     address, _ = listeners
-    streams = CheckedStreams()
-    try:
-        deadline = time.monotonic() + 5
-        connection = streams._take(address, deadline)
-        streams._give_back(address, connection)
-        streams._swept -= IDLE_KEPT
-        streams._give_back(address, streams._take(address, deadline))  # the same one again
-        assert streams._idle[address] == [connection] and connection.socket.fileno() != -1
-    finally:
-        streams.close()
+    deadline = time.monotonic() + 5
+    connection = streams._take(address, deadline)
+    streams._give_back(address, connection)
+    streams._swept -= IDLE_KEPT
+    streams._give_back(address, streams._take(address, deadline))  # the same one again
+    assert streams._idle[address] == [connection] and connection.socket.fileno() != -1

@@ -13,7 +13,6 @@ import time
 
 import pytest
 
-from kvpool.client.data_path import DataPath
 from kvpool.proto import master_pb2 as pb
 from kvpool.transport import ucp
 
@@ -46,21 +45,17 @@ def descriptor(segment_id: str, worker: ucp.Worker, region: ucp.MemoryRegion) ->
     )
 
 
-def test_endpoints_to_a_replaced_node_process_are_closed(node_processes):
+def test_endpoints_to_a_replaced_node_process_are_closed(node_processes, data_path):
     (old_worker, old_region, _), (new_worker, new_region, _) = node_processes
-    path = DataPath({"TLS": "tcp"}, same_host_mapping=False, checked_stream=False)
-    try:
-        path.learn([descriptor("n1/dram-old", old_worker, old_region)])
-        lane = path._take_lane(time.monotonic() + 5)
-        path._route(lane, "n1/dram-old")
-        path._give_lane_back(lane)
-        assert old_worker.address in lane.endpoints
+    data_path.learn([descriptor("n1/dram-old", old_worker, old_region)])
+    lane = data_path._take_lane(time.monotonic() + 5)
+    data_path._route(lane, "n1/dram-old")
+    data_path._give_lane_back(lane)
+    assert old_worker.address in lane.endpoints
 
-        path.learn([descriptor("n1/dram-new", new_worker, new_region)])  # n1 restarted
-        lane = path._take_lane(time.monotonic() + 5)
-        assert old_worker.address not in lane.endpoints, "closed before the lane's next use"
-        assert "n1/dram-old" not in lane.routes
-        path._route(lane, "n1/dram-new")  # (the new process is reached as before)
-        path._give_lane_back(lane)
-    finally:
-        path.close()
+    data_path.learn([descriptor("n1/dram-new", new_worker, new_region)])  # n1 restarted
+    lane = data_path._take_lane(time.monotonic() + 5)
+    assert old_worker.address not in lane.endpoints, "closed before the lane's next use"
+    assert "n1/dram-old" not in lane.routes
+    data_path._route(lane, "n1/dram-new")  # (the new process is reached as before)
+    data_path._give_lane_back(lane)

@@ -10,17 +10,7 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
-from kvpool.client.data_path import DataPath
 from kvpool.transport import ucp
-
-
-@pytest.fixture
-def data_path():
-    path = DataPath({"TLS": "tcp"}, same_host_mapping=False, checked_stream=False)
-    yield path
-    path.close()
 
 
 def test_a_tainted_worker_is_replaced_by_a_fresh_one(data_path):

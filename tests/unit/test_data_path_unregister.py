@@ -5,17 +5,6 @@ from __future__ import annotations
 
 import threading
 
-import pytest
-
-from kvpool.client.data_path import DataPath
-
-
-@pytest.fixture
-def data_path():
-    path = DataPath({"TLS": "tcp"}, same_host_mapping=False, checked_stream=False)
-    yield path
-    path.close()
-
 
 def test_unregister_waits_for_the_transfers_running_then(data_path):
     """One of them may move bytes through the registration: it stays until they end. A
