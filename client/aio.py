@@ -389,6 +389,6 @@ def _revoke_quietly(reservation: Reservation) -> None:
 
 def _materialised(items: Any) -> Any:
     """``items`` as a list when it is a one-shot iterator (it is consumed on another thread)."""
-    if isinstance(items, Mapping | list | tuple):
-        return items
+    if isinstance(items, Mapping | list | tuple | str | bytes) or not isinstance(items, Iterable):
+        return items  # (what is not a batch is refused by the call, which says why)
     return list(items)

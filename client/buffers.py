@@ -13,9 +13,12 @@ def readable_address(data: Any) -> tuple[int, int, Any]:
     """(address, length, keepalive) of any contiguous buffer: bytes, bytearray, numpy, mmap,
     a contiguous CPU torch tensor."""
     try:
-        return ucp.address_of(data, writable=False)
+        found = ucp.address_of(data, writable=False)
     except (TypeError, ValueError, BufferError) as error:
         problem = error
+    else:
+        _refuse_pointers(data, "data")
+        return found
     if tensors.is_tensor(data):  # (no buffer protocol: taken by its data pointer)
         return tensors.tensor_address(data, writable=False)
     raise InvalidArgument(
@@ -27,15 +30,36 @@ def writable_address(buffer: Any) -> tuple[int, int, Any]:
     """(address, length, keepalive) of a writable contiguous buffer (bytearray, numpy, mmap, a
     contiguous CPU torch tensor)."""
     try:
-        return ucp.address_of(buffer, writable=True)
+        found = ucp.address_of(buffer, writable=True)
     except (TypeError, ValueError, BufferError) as error:
         problem = error
+    else:
+        _refuse_pointers(buffer, "buffer")
+        return found
     if tensors.is_tensor(buffer):
         return tensors.tensor_address(buffer, writable=True)
     raise InvalidArgument(
         f"buffer must be writable and contiguous (bytearray, memoryview, numpy array, "
         f"mmap, CPU torch tensor), not {type(buffer).__name__} ({problem})"
     )
+
+
+def _refuse_pointers(buffer: Any, name: str) -> None:
+    """Refuses a buffer of Python object references (a numpy array of dtype object, or a
+    memoryview of one): its bytes are pointers into this process. Stored, they mean nothing
+    elsewhere; read into, they would overwrite references and crash the interpreter."""
+    kind = type(buffer)
+    if kind is bytes or kind is bytearray:  # (the common case, at once)
+        return
+    dtype = getattr(buffer, "dtype", None)
+    holds_objects = getattr(dtype, "hasobject", False) is True
+    if not holds_objects and kind is memoryview:
+        holds_objects = "O" in buffer.format
+    if holds_objects:
+        raise InvalidArgument(
+            f"{name} holds Python object references (numpy dtype object), not data: pass "
+            "an array of a numeric dtype, or bytes"
+        )
 
 
 def new_bytes(size: int) -> tuple[bytes | bytearray, int]:

@@ -121,6 +121,14 @@ class Client:
         except ValueError as error:
             raise InvalidArgument(str(error)) from None
         _check_replicas(replicas)
+        for name, value in (
+            ("checksum", checksum),
+            ("prefer_local", prefer_local),
+            ("same_host_mapping", same_host_mapping),
+            ("metadata_lane", metadata_lane),
+        ):
+            arguments.flag(name, value)
+        ucx_config = arguments.string_map("ucx_config", ucx_config)
         timeout = arguments.seconds("timeout", timeout, zero_allowed=False)
         lease_ttl = arguments.seconds("lease_ttl", lease_ttl, zero_allowed=True)
         if isinstance(copy_threads, bool) or not isinstance(copy_threads, int) or copy_threads < 1:
@@ -212,6 +220,7 @@ class Client:
         have room, it stores 2 and returns 2 (compare with what you asked for if fewer
         matters to you); when none can be stored it raises. Options as for ``put_many``.
         """
+        _check_options("put", options)
         return _raise_if_error(self.put_many([(key, data)], **options)[0])
 
     def get(self, key: str, *, verify: bool = False) -> bytes:
@@ -278,6 +287,7 @@ class Client:
         """Stores one object made of ``parts`` (a list of bytes or contiguous buffers) one
         after another, zero-copy: each part goes to the replica at its own offset. Returns
         the replicas stored, as ``put``; options as for ``put_many``."""
+        _check_options("put_parts", options)
         return _raise_if_error(self.put_parts_many([(key, parts)], **options)[0])
 
     def get_into_parts(self, key: str, buffers: Sequence[Any], *, verify: bool = False) -> int:
@@ -316,11 +326,11 @@ class Client:
         ``"nvme"``, or None/``"any"`` (DRAM first, then NVMe).
         """
         options = self._write_options(replicas, preferred_hosts, pin, pin_ttl, checksum, tier)
-        pairs = list(items.items()) if isinstance(items, Mapping) else list(items)
+        pairs, keys = arguments.pair_list("put_many", items, "data")
         deadline = time.monotonic() + self.timeout
         results: list[Any] = [None] * len(pairs)
         sources: dict[int, tuple[int, int, Any]] = {}
-        checked = plainly_valid([key for key, _ in pairs])  # the common case, in one pass
+        checked = plainly_valid(keys)  # the common case, in one pass
         for i, (key, data) in enumerate(pairs):
             problem = None if checked else key_problem(key)
             if problem is not None:
@@ -349,7 +359,7 @@ class Client:
         reserve, one to commit, all transfers in flight together); entry i is the number of
         replicas stored for key i, or its error. Options as for ``put_many``."""
         options = self._write_options(replicas, preferred_hosts, pin, pin_ttl, checksum, tier)
-        pairs = list(items.items()) if isinstance(items, Mapping) else list(items)
+        pairs, _ = arguments.pair_list("put_parts_many", items, "parts")
         deadline = time.monotonic() + self.timeout
         results: list[Any] = [None] * len(pairs)
         sources: dict[int, tuple[int, int, Any]] = {}
@@ -415,6 +425,7 @@ class Client:
         if problem is not None:
             raise InvalidKey(f"invalid key {shown_key(key)}: {problem}", key=key)
         size = arguments.whole("size", size)
+        _check_options("reserve", options)
         write_options = self._write_options(**options)
         deadline = time.monotonic() + self.timeout
         [(slot, write_deadline)] = self._reserve([key], [size], write_options, deadline)
@@ -449,6 +460,8 @@ class Client:
 
     def get_many(self, keys: Sequence[str], *, verify: bool = False) -> list[bytes | KVPoolError]:
         """Reads every key; entry i is the object's bytes or the error for key i."""
+        keys = arguments.key_list("get_many", keys, "get(key)")
+        verify = arguments.flag("verify", verify)
         deadline = time.monotonic() + self.timeout
         results: list[Any] = [None] * len(keys)
         valid = self._valid_keys(keys, results)
@@ -468,6 +481,15 @@ class Client:
         self, keys: Sequence[str], buffers: Sequence[Any], *, verify: bool = False
     ) -> list[int | KVPoolError]:
         """Reads key i into buffers[i]; entry i is the object's size or the error for key i."""
+        keys = arguments.key_list("get_into_many", keys, "get_into(key, buffer)")
+        if not isinstance(buffers, list | tuple):
+            if not isinstance(buffers, Iterable) or isinstance(buffers, bytes | bytearray):
+                raise InvalidArgument(
+                    f"get_into_many takes a list of buffers, one per key, not "
+                    f"{type(buffers).__name__}: for one key, call get_into(key, buffer)"
+                )
+            buffers = list(buffers)
+        verify = arguments.flag("verify", verify)
         if len(keys) != len(buffers):
             raise InvalidArgument(f"{len(keys)} keys but {len(buffers)} buffers: pass one per key")
         deadline = time.monotonic() + self.timeout
@@ -505,8 +527,7 @@ class Client:
         """``get_into_parts`` for every (key, buffers) pair in one batch (one master round
         trip, all transfers in flight together); entry i is the size of object i, or its
         error (InvalidArgument where its buffers' sizes do not add up to it)."""
-        pairs = list(items.items()) if isinstance(items, Mapping) else list(items)
-        keys = [key for key, _ in pairs]
+        pairs, keys = arguments.pair_list("get_into_parts_many", items, "buffers")
         results: list[Any] = [None] * len(pairs)
         layouts: dict[int, list[tuple[int, int, Any]]] = {}
         for i, (key, buffers) in enumerate(pairs):
@@ -537,7 +558,8 @@ class Client:
         """Whether each key is published. Each one that is gets a read lease, as a get would
         (so that a lookup followed by a load finds the object still there); ``lease=False``
         only looks, and pins nothing against removal or eviction."""
-        if lease:
+        keys = arguments.key_list("exists_many", keys, "exists(key)")
+        if arguments.flag("lease", lease):
             fields: dict[str, Any] = {"lease_ms": int(self._session.lease_ttl * 1000)}
         else:
             fields = {"no_lease": True}
@@ -547,6 +569,8 @@ class Client:
         return found
 
     def remove_many(self, keys: Sequence[str], *, force: bool = False) -> list[KVPoolError | None]:
+        keys = arguments.key_list("remove_many", keys, "remove(key)")
+        force = arguments.flag("force", force)
         statuses = self._keyed_call("Remove", keys, force=force)
         return [
             s if isinstance(s, KVPoolError) else None if s == KeyStatus.OK else error_for(s, k)
@@ -555,13 +579,15 @@ class Client:
 
     def remove_prefix(self, prefix: str, *, force: bool = False) -> PrefixRemoval:
         """Removes every object whose key starts with ``prefix``; says what was kept and why."""
-        if not prefix:
+        if not arguments.text("prefix", prefix):
             raise InvalidArgument("an empty prefix would remove everything: use remove_all()")
+        force = arguments.flag("force", force)
         request = pb.RemovePrefixRequest(prefix=prefix, force=force)
         return prefix_removal(self._call("RemovePrefix", request))
 
     def remove_all(self, *, force: bool = False) -> PrefixRemoval:
         """Removes every object (leased ones and those being written only with ``force``)."""
+        force = arguments.flag("force", force)
         request = pb.RemovePrefixRequest(prefix="", force=force)
         return prefix_removal(self._call("RemovePrefix", request))
 
@@ -570,6 +596,8 @@ class Client:
     def list_keys(self, prefix: str = "", *, limit: int = 0, start_after: str = "") -> KeyPage:
         """One page of published keys with their sizes; page on with ``next_start_after``."""
         limit = arguments.whole("limit", limit, most=arguments.UINT32_MAX)
+        prefix = arguments.text("prefix", prefix)
+        start_after = arguments.text("start_after", start_after)
         request = pb.ListKeysRequest(prefix=prefix, limit=limit, start_after=start_after)
         return key_page(self._call("ListKeys", request))
 
@@ -638,6 +666,8 @@ class Client:
         if preferred_hosts is None:
             preferred_hosts = (self.host,) if self.prefer_local else ()
         _check_replicas(replicas)
+        if checksum is not None:
+            arguments.flag("checksum", checksum)
         if replicas is None:
             replicas = self.replicas
         return WriteOptions.build(
@@ -660,6 +690,7 @@ class Client:
         """Locates ``keys`` (those whose ``results`` entry is still None) and reads what
         ``plan(i, location)`` asks of each located one: (result, target, pieces), see
         get_path.read, or the error for it. Fills ``results`` and returns it."""
+        verify = arguments.flag("verify", verify)
         deadline = time.monotonic() + self.timeout
         asked = {i for i, result in enumerate(results) if result is None}
         valid = [i for i in self._valid_keys(keys, results) if i in asked]
@@ -721,6 +752,7 @@ class Client:
         """Stores a CPU ``torch.Tensor`` with its dtype and shape (a small header, then its
         bytes, in one object) for ``get_tensor``; returns the replicas stored, as ``put``.
         Options as for ``put_many``. (Its bytes are staged once: a copy.)"""
+        _check_options("put_tensor", options)
         return _raise_if_error(self.put_tensors([(key, tensor)], **options)[0])
 
     def put_tensors(
@@ -747,6 +779,21 @@ class Client:
         from kvpool.client import tensors
 
         return tensors.get_tensor_into(self, key, tensor, verify)
+
+
+#: The options of a put (``put_many``'s keyword arguments), which the single calls pass on.
+WRITE_OPTIONS = ("replicas", "preferred_hosts", "pin", "pin_ttl", "checksum", "tier")
+
+
+def _check_options(call: str, options: Mapping[str, Any]) -> None:
+    """A misspelt option is named with the call it was given to (not the batch call that
+    the single one passes its options on to)."""
+    for name in options:
+        if name not in WRITE_OPTIONS:
+            raise TypeError(
+                f"{call}() got an unexpected keyword argument {name!r}; its options are "
+                f"{', '.join(WRITE_OPTIONS)}"
+            )
 
 
 def _check_replicas(replicas: object) -> None:

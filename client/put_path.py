@@ -63,14 +63,13 @@ class WriteOptions:
     ) -> WriteOptions:
         if replicas < 0:
             raise InvalidArgument(f"replicas must be 0 (master default) or more, got {replicas}")
-        if pin not in PINS:
+        if not (pin is None or isinstance(pin, str)) or pin not in PINS:
             raise InvalidArgument(f"pin must be None, 'soft' or 'hard', got {pin!r}")
         pin_ttl = arguments.seconds("pin_ttl", pin_ttl, zero_allowed=True)
-        if tier not in TIERS:
+        if not (tier is None or isinstance(tier, str)) or tier not in TIERS:
             raise InvalidArgument(f"tier must be None, 'any', 'dram' or 'nvme', got {tier!r}")
-        return WriteOptions(
-            replicas, tuple(preferred_hosts), PINS[pin], pin_ttl, checksum, TIERS[tier]
-        )
+        hosts = arguments.texts("preferred_hosts", preferred_hosts)
+        return WriteOptions(replicas, hosts, PINS[pin], pin_ttl, checksum, TIERS[tier])
 
 
 @dataclass(slots=True)

@@ -35,7 +35,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from kvpool.client import get_path
+from kvpool.client import arguments, get_path
 from kvpool.client.cancellation import checkpoint
 from kvpool.common.keys import shown_key
 from kvpool.errors import InvalidArgument, KVPoolError
@@ -52,6 +52,8 @@ VERSION = 1
 FIXED = struct.Struct("<4sHHBB6x")
 #: The header, and so the data after it, ends on a multiple of this.
 ALIGNMENT = 64
+#: The largest dimension torch can index (an int64).
+MAX_DIMENSION = 2**63 - 1
 TORCH_MISSING = "pip install torch: kvpool's tensor calls need it"
 
 
@@ -158,10 +160,14 @@ def decode_header(key: str, data: torch.Tensor) -> tuple[torch.dtype, tuple[int,
             key=key,
         )
     body = FIXED.size + 8 * ndim + name_length
-    if length < body or length > size:
+    # (put_tensor aligns the data: a header of any other length, or a dimension past what
+    # torch can index, was not written by it)
+    if length < body or length > size or length % ALIGNMENT:
         raise InvalidArgument(f"object {shown} has a damaged tensor header", key=key)
     header = bytes(data[:body].numpy())
     shape = struct.unpack_from(f"<{ndim}Q", header, FIXED.size)
+    if any(dimension > MAX_DIMENSION for dimension in shape):
+        raise InvalidArgument(f"object {shown} has a damaged tensor header", key=key)
     name = header[FIXED.size + 8 * ndim : body].decode("ascii", errors="replace")
     torch = _torch()
     dtype = getattr(torch, name, None) if name.isidentifier() else None
@@ -214,7 +220,7 @@ def put_tensors(
 ) -> list[int | KVPoolError]:
     """``put_many`` of tensors, each with its header: entry i is the replicas stored for key
     i, or its error. One master round trip for the batch, as ``put_many``."""
-    pairs = list(items.items()) if isinstance(items, Mapping) else list(items)
+    pairs, _ = arguments.pair_list("put_tensors", items, "tensor")
     results: list[Any] = [None] * len(pairs)
     staged: dict[int, tuple[str, torch.Tensor]] = {}
     for i, (key, tensor) in enumerate(pairs):

@@ -32,6 +32,11 @@ def resolve_master(explicit: str | None) -> str:
 
 
 def parse_master(explicit: str | None) -> MasterTarget:
+    if explicit is not None and not isinstance(explicit, str):
+        raise ValueError(
+            f"the master address must be a str such as 'HOST:PORT', not "
+            f"{type(explicit).__name__} ({explicit!r})"
+        )
     address = (explicit or os.environ.get(ENV_VAR, "")).strip()
     if not address:
         raise ValueError(

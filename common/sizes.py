@@ -24,6 +24,8 @@ _UNITS = {
     "ti": 1024**4,
     "tib": 1024**4,
 }
+#: The largest size a wire field holds (64 bits).
+MAX_SIZE = 2**64 - 1
 _PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 
 
@@ -40,7 +42,15 @@ def parse_size(text: str | int) -> int:
             f"cannot read {text!r} as a size: use a number with an optional unit "
             "(B, KiB, MiB, GiB, TiB, or KB, MB, GB, TB), e.g. 4GiB"
         )
-    return int(float(match.group(1)) * _UNITS[unit])
+    number = match.group(1)
+    # (whole numbers exactly; a fraction as a float, which a number of 400 digits overflows)
+    size = int(number) * _UNITS[unit] if "." not in number else float(number) * _UNITS[unit]
+    if size > MAX_SIZE:
+        shown = text if len(text) <= 40 else f"{text[:20]}...{text[-8:]}"
+        raise ValueError(f"{shown!r} is too large a size: at most 16 EiB ({MAX_SIZE} bytes)")
+    if unit in ("", "b") and size != int(size):
+        raise ValueError(f"{text!r} is not a whole number of bytes")
+    return int(size)
 
 
 def format_size(n: float) -> str:

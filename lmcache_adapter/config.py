@@ -12,6 +12,7 @@ from typing import Any
 
 from lmcache.v1.distributed.l2_adapters.config import L2AdapterConfigBase
 
+from kvpool.common import integration_settings as check
 from kvpool.common.master_address import resolve_master
 from kvpool.lmcache.keys import DEFAULT_PREFIX
 from kvpool.security.caller import CallerCredentials
@@ -71,6 +72,9 @@ _KNOWN = {
     "tls_key",
     *_FLOATS,
 }
+#: The largest capacity the setting may name (2**40 GiB, an exbibyte): LMCache's
+#: eviction compares byte counts with it.
+MAX_CAPACITY_GB = 2**30
 #: Keys LMCache itself may leave in the dict (consumed by its own config parser).
 _LMCACHE_KEYS = {"type", "eviction", "serde", "persist_enabled", "shared", "affinity_tag"}
 
@@ -100,49 +104,39 @@ class KVPoolL2AdapterConfig(L2AdapterConfigBase):
     ) -> None:
         super().__init__()
         self.master = resolve_master(master)
-        for name, value in (
-            ("token", token),
-            ("tls_ca", tls_ca),
-            ("tls_cert", tls_cert),
-            ("tls_key", tls_key),
-        ):
-            if value is not None and (not isinstance(value, str) or not value):
-                raise ValueError(f"{name} must be a non-empty string, got {type(value).__name__}")
+        check.credential_texts(
+            {"token": token, "tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key},
+            ("token", "tls_ca", "tls_cert", "tls_key"),
+        )
         #: The credentials (checked: a malformed token or a missing file is a ValueError).
         self.credentials = CallerCredentials.resolve(token, tls_ca, tls_cert, tls_key)
-        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
-            raise ValueError(f"replicas must be an integer >= 0, got {replicas!r}")
-        self.replicas = replicas
-        self.lock_ttl_s = _positive("lock_ttl_s", lock_ttl_s)
-        self.store_timeout_s = _positive("store_timeout_s", store_timeout_s)
-        self.load_timeout_s = _positive("load_timeout_s", load_timeout_s)
-        self.lookup_timeout_s = _positive("lookup_timeout_s", lookup_timeout_s)
-        self.control_timeout_s = _positive("control_timeout_s", control_timeout_s)
-        self.health_timeout_s = _positive("health_timeout_s", health_timeout_s)
-        if not isinstance(key_prefix, str) or "@" in key_prefix:
-            raise ValueError(f"key_prefix must be a string without '@', got {key_prefix!r}")
-        self.key_prefix = key_prefix
-        if not isinstance(max_capacity_gb, int | float) or max_capacity_gb < 0:
-            raise ValueError(f"max_capacity_gb must be a number >= 0, got {max_capacity_gb!r}")
-        self.max_capacity_bytes = int(max_capacity_gb * 1024**3)
-        if not isinstance(register_l1, bool):
-            raise ValueError(f"register_l1 must be true or false, got {register_l1!r}")
-        self.register_l1 = register_l1
-        if ucx_config is not None and not (
-            isinstance(ucx_config, Mapping)
-            and all(isinstance(k, str) and isinstance(v, str) for k, v in ucx_config.items())
+        self.replicas = check.replicas("replicas", replicas)
+        self.lock_ttl_s = check.seconds("lock_ttl_s", lock_ttl_s)
+        self.store_timeout_s = check.seconds("store_timeout_s", store_timeout_s)
+        self.load_timeout_s = check.seconds("load_timeout_s", load_timeout_s)
+        self.lookup_timeout_s = check.seconds("lookup_timeout_s", lookup_timeout_s)
+        self.control_timeout_s = check.seconds("control_timeout_s", control_timeout_s)
+        self.health_timeout_s = check.seconds("health_timeout_s", health_timeout_s)
+        self.key_prefix = check.key_prefix("key_prefix", key_prefix, forbidden="@")
+        if (
+            isinstance(max_capacity_gb, bool)
+            or not isinstance(max_capacity_gb, int | float)
+            or not math.isfinite(max_capacity_gb)
+            or not 0 <= max_capacity_gb <= MAX_CAPACITY_GB
         ):
-            raise ValueError(f"ucx_config must map strings to strings, got {ucx_config!r}")
-        self.ucx_config = dict(ucx_config or {})
-        if not isinstance(same_host_mapping, bool):
-            raise ValueError(f"same_host_mapping must be true or false, got {same_host_mapping!r}")
-        self.same_host_mapping = same_host_mapping
-        if not isinstance(metadata_lane, bool):
-            raise ValueError(f"metadata_lane must be true or false, got {metadata_lane!r}")
-        self.metadata_lane = metadata_lane
+            raise ValueError(
+                f"max_capacity_gb must be a number of GiB from 0 (none) to {MAX_CAPACITY_GB}, "
+                f"got {max_capacity_gb!r}"
+            )
+        self.max_capacity_bytes = int(max_capacity_gb * 1024**3)
+        self.register_l1 = check.flag("register_l1", register_l1)
+        self.ucx_config = check.string_map("ucx_config", ucx_config)
+        self.same_host_mapping = check.flag("same_host_mapping", same_host_mapping)
+        self.metadata_lane = check.flag("metadata_lane", metadata_lane)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> KVPoolL2AdapterConfig:
+        d = check.settings_dict("adapter_params", d)
         unknown = set(d) - _KNOWN - _LMCACHE_KEYS
         if unknown:
             raise ValueError(
@@ -154,14 +148,3 @@ class KVPoolL2AdapterConfig(L2AdapterConfigBase):
     @classmethod
     def help(cls) -> str:
         return _HELP
-
-
-def _positive(name: str, value: object) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-    return float(value)

@@ -45,6 +45,16 @@ class CallerCredentials:
         """The credentials given, else those of the environment; CredentialsProblem with
         what to fix when they are unusable."""
         env = os.environ
+        if token is not None and not isinstance(token, str):
+            raise CredentialsProblem(
+                f"the kvpool token must be a str (or '@/path/to/file'), not {type(token).__name__}"
+            )
+        for name, value in (("tls_ca", tls_ca), ("tls_cert", tls_cert), ("tls_key", tls_key)):
+            if value is not None and not isinstance(value, str | os.PathLike):
+                raise CredentialsProblem(
+                    f"{name} must be the path of a PEM file (str or Path), not "
+                    f"{type(value).__name__}"
+                )
         try:
             token = token_from(token)
         except (OSError, ValueError) as error:

@@ -10,11 +10,11 @@ ignored.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvpool.common import integration_settings as check
 from kvpool.common.master_address import resolve_master
 from kvpool.security.caller import CallerCredentials
 
@@ -91,8 +91,8 @@ class KVPoolHiCacheConfig:
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> KVPoolHiCacheConfig:
         """The settings in SGLang's extra config; ValueError, saying what to change, for a
         missing ``interface_v1``, an unknown key or a bad value."""
-        extra = dict(extra or {})
-        if not extra.get("interface_v1"):
+        extra = check.settings_dict("the extra config", extra)
+        if extra.get("interface_v1") not in (1, True):
             raise ValueError(
                 "kvpool's HiCache backend moves pages zero-copy through SGLang's v1 page "
                 'interface: add "interface_v1": 1 to --hicache-storage-backend-extra-config'
@@ -102,56 +102,37 @@ class KVPoolHiCacheConfig:
             raise ValueError(
                 f"unknown kvpool HiCache setting(s) {sorted(unknown)}; known: {sorted(_KNOWN)}"
             )
-        for name in ("token", "tls_ca", "tls_cert", "tls_key"):
-            value = extra.get(name)
-            if value is not None and (not isinstance(value, str) or not value):
-                raise ValueError(f"{name} must be a non-empty string, got {value!r}")
-        replicas = extra.get("replicas", 0)
-        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
-            raise ValueError(f"replicas must be an integer >= 0, got {replicas!r}")
-        key_prefix = extra.get("key_prefix", DEFAULT_PREFIX)
-        if not isinstance(key_prefix, str) or "@" in key_prefix:
-            raise ValueError(f"key_prefix must be a string without '@', got {key_prefix!r}")
-        ucx_config = extra.get("ucx_config") or {}
-        if not (
-            isinstance(ucx_config, Mapping)
-            and all(isinstance(k, str) and isinstance(v, str) for k, v in ucx_config.items())
-        ):
-            raise ValueError(f"ucx_config must map strings to strings, got {ucx_config!r}")
+        check.credential_texts(extra, ("token", "tls_ca", "tls_cert", "tls_key"))
+        replicas = check.replicas("replicas", extra.get("replicas", 0))
+        key_prefix = check.key_prefix(
+            "key_prefix", extra.get("key_prefix", DEFAULT_PREFIX), forbidden="@"
+        )
+        ucx_config = check.string_map("ucx_config", extra.get("ucx_config"))
         return cls(
             master=resolve_master(extra.get("master")),
             credentials=CallerCredentials.resolve(
                 extra.get("token"), extra.get("tls_ca"), extra.get("tls_cert"), extra.get("tls_key")
             ),
             replicas=replicas,
-            load_timeout_s=_seconds(extra, "load_timeout_s", cls.load_timeout_s),
-            store_timeout_s=_seconds(extra, "store_timeout_s", cls.store_timeout_s),
+            load_timeout_s=check.seconds(
+                "load_timeout_s", extra.get("load_timeout_s", cls.load_timeout_s)
+            ),
+            store_timeout_s=check.seconds(
+                "store_timeout_s", extra.get("store_timeout_s", cls.store_timeout_s)
+            ),
             key_prefix=key_prefix,
-            register_host_pool=_flag(extra, "register_host_pool", cls.register_host_pool),
-            ucx_config=dict(ucx_config),
-            same_host_mapping=_flag(extra, "same_host_mapping", cls.same_host_mapping),
-            metadata_lane=_flag(extra, "metadata_lane", cls.metadata_lane),
+            register_host_pool=check.flag(
+                "register_host_pool", extra.get("register_host_pool", cls.register_host_pool)
+            ),
+            ucx_config=ucx_config,
+            same_host_mapping=check.flag(
+                "same_host_mapping", extra.get("same_host_mapping", cls.same_host_mapping)
+            ),
+            metadata_lane=check.flag(
+                "metadata_lane", extra.get("metadata_lane", cls.metadata_lane)
+            ),
         )
 
     @staticmethod
     def help() -> str:
         return _HELP
-
-
-def _seconds(extra: Mapping[str, Any], name: str, default: float) -> float:
-    value = extra.get(name, default)
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-    return float(value)
-
-
-def _flag(extra: Mapping[str, Any], name: str, default: bool) -> bool:
-    value = extra.get(name, default)
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be true or false, got {value!r}")
-    return value

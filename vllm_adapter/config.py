@@ -8,11 +8,11 @@ starts (not at the first request).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvpool.common import integration_settings as check
 from kvpool.common.master_address import resolve_master
 from kvpool.security.caller import CallerCredentials
 
@@ -81,28 +81,19 @@ class KVPoolTierConfig:
 
     @classmethod
     def from_settings(cls, settings: Mapping[str, Any]) -> KVPoolTierConfig:
+        settings = check.settings_dict("the tier's settings", settings)
         unknown = set(settings) - KNOWN
         if unknown:
             raise ValueError(
                 f"unknown kvpool tier setting(s) {sorted(unknown)}; known: {sorted(KNOWN)}\n" + HELP
             )
-        for name in _STRINGS:
-            value = settings.get(name)
-            if value is not None and (not isinstance(value, str) or not value):
-                raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+        check.credential_texts(settings, _STRINGS)
         credentials = CallerCredentials.resolve(*(settings.get(name) for name in _STRINGS))
-        replicas = settings.get("replicas", 0)
-        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
-            raise ValueError(f"replicas must be an integer >= 0, got {replicas!r}")
-        prefix = settings.get("key_prefix", DEFAULT_PREFIX)
-        if not isinstance(prefix, str) or not prefix:
-            raise ValueError(f"key_prefix must be a non-empty string, got {prefix!r}")
-        ucx = settings.get("ucx_config") or {}
-        if not (
-            isinstance(ucx, Mapping)
-            and all(isinstance(k, str) and isinstance(v, str) for k, v in ucx.items())
-        ):
-            raise ValueError(f"ucx_config must map strings to strings, got {ucx!r}")
+        replicas = check.replicas("replicas", settings.get("replicas", 0))
+        prefix = check.key_prefix(
+            "key_prefix", settings.get("key_prefix", DEFAULT_PREFIX), empty_allowed=False
+        )
+        ucx = check.string_map("ucx_config", settings.get("ucx_config"))
         locality = settings.get("locality")
         if locality is not None and locality not in LOCALITIES:
             raise ValueError(f"locality must be one of {LOCALITIES} or unset, got {locality!r}")
@@ -111,7 +102,7 @@ class KVPoolTierConfig:
             credentials=credentials,
             replicas=replicas,
             key_prefix=prefix,
-            ucx_config=dict(ucx),
+            ucx_config=ucx,
             locality=locality,
             store_timeout_s=_seconds(settings, "store_timeout_s"),
             load_timeout_s=_seconds(settings, "load_timeout_s"),
@@ -133,19 +124,8 @@ class KVPoolTierConfig:
 
 
 def _seconds(settings: Mapping[str, Any], name: str) -> float:
-    value = settings.get(name, _FLOATS[name])
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-    return float(value)
+    return check.seconds(name, settings.get(name, _FLOATS[name]))
 
 
 def _flag(settings: Mapping[str, Any], name: str) -> bool:
-    value = settings.get(name, _BOOLS[name])
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be true or false, got {value!r}")
-    return value
+    return check.flag(name, settings.get(name, _BOOLS[name]))

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kvpool.common import cli_numbers
 from kvpool.common.file_writes import write_all
 from kvpool.common.keys import shown_key
 from kvpool.common.sizes import format_size
@@ -21,7 +22,12 @@ from kvpool.errors import InvalidArgument, InvalidKey, KVPoolError, ObjectHasLea
 
 def _client_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--master", default=None, help="master HOST:PORT (default: $KVPOOL_MASTER)")
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds per call (default 10)")
+    parser.add_argument(
+        "--timeout",
+        type=cli_numbers.seconds(0),
+        default=10.0,
+        help="seconds per call (default 10)",
+    )
     parser.add_argument(
         "--token",
         default=None,
@@ -63,7 +69,12 @@ def add_commands(commands: Any) -> None:
     ls = commands.add_parser("ls", help="list keys")
     _client_options(ls)
     ls.add_argument("--prefix", default="", help="only keys starting with this")
-    ls.add_argument("--limit", type=int, default=0, help="at most this many keys (0: all)")
+    ls.add_argument(
+        "--limit",
+        type=cli_numbers.integer(0, 2**32 - 1),
+        default=0,
+        help="at most this many keys (0: all)",
+    )
     ls.set_defaults(run=_with_client(_ls))
 
     rm = commands.add_parser("rm", help="remove objects by key, by prefix, or all")
@@ -192,7 +203,7 @@ def _with_client(command: Callable[[Any, argparse.Namespace], int]) -> Callable[
 
 def _put(client: Any, args: argparse.Namespace) -> int:
     if args.value is not None:
-        data = args.value.encode()
+        data = os.fsencode(args.value)  # (the bytes given, whatever the locale's encoding)
     elif args.file in (None, "-"):
         data = sys.stdin.buffer.read()
     else:
@@ -252,6 +263,14 @@ def _ls(client: Any, args: argparse.Namespace) -> int:
             shown += 1
         if not page.next_start_after or (args.limit and shown >= args.limit):
             break
+        if page.next_start_after <= start_after:  # (pages go forward: else it never ends)
+            print(
+                f"error: the master's listing went back (from {start_after!r} to "
+                f"{page.next_start_after!r}): stopped after {shown} key(s)",
+                file=sys.stderr,
+            )
+            Console().print(table)
+            return 1
         start_after = page.next_start_after
     Console().print(table)
     print(f"{shown} key(s)", file=sys.stderr)
@@ -262,6 +281,12 @@ def _rm(client: Any, args: argparse.Namespace) -> int:
     if args.prefix is not None or args.all:
         if args.keys:
             print("error: give keys, or --prefix, or --all; not both", file=sys.stderr)
+            return 2
+        if args.prefix == "":
+            print(
+                "error: an empty --prefix would remove everything: pass --all for that",
+                file=sys.stderr,
+            )
             return 2
         if args.all:
             result = client.remove_all(force=args.force)

@@ -15,6 +15,7 @@ import sys
 import time
 from typing import Any
 
+from kvpool.common import cli_numbers
 from kvpool.common.sizes import format_size
 from kvpool.errors import KVPoolError
 
@@ -33,7 +34,7 @@ def add_commands(commands: Any) -> None:
     drain.add_argument("node_id", metavar="NODE", help="the node's id (`kvpool status` lists them)")
     drain.add_argument(
         "--wait",
-        type=float,
+        type=cli_numbers.seconds(0, zero=True),
         default=600.0,
         metavar="SECONDS",
         help="follow the drain this long at most until the node has left (default 600; 0: "
@@ -56,8 +57,10 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    if not (args.wait >= 0 and args.timeout > 0):
-        print("error: --wait must be >= 0 and --timeout > 0 seconds", file=sys.stderr)
+    try:
+        args.node_id.encode("utf-8")
+    except UnicodeEncodeError:
+        print(f"error: the node id {args.node_id!r} is not valid text", file=sys.stderr)
         return 2
     link = MasterLink(target, use_lane=False, credentials=credentials)
     request = pb.DrainRequest(node_id=args.node_id)

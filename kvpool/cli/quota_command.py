@@ -17,6 +17,8 @@ import sys
 from typing import Any
 
 #: The options of ``set``: (quota, is a size).
+#: The largest count or size a quota may name (what a 64-bit counter holds).
+MAX_QUOTA = 2**64 - 1
 QUOTA_OPTIONS = (
     ("objects", False),
     ("dram_bytes", True),
@@ -133,11 +135,13 @@ def _value(name: str, size: bool, text: str) -> int | None:
             return parse_size(text)
         except ValueError as error:
             raise _Refused(f"--{name.replace('_', '-')}: {error}") from None
-    if not text.strip().isdigit():
+    digits = text.strip()
+    if not (digits.isascii() and digits.isdigit()) or int(digits) > MAX_QUOTA:
         raise _Refused(
-            f"--{name.replace('_', '-')}: {text!r} is not a whole number (or 'none': unlimited)"
+            f"--{name.replace('_', '-')}: {text!r} is not a whole number from 0 to {MAX_QUOTA} "
+            "(or 'none': unlimited)"
         )
-    return int(text)
+    return int(digits)
 
 
 @_reporting_errors

@@ -182,6 +182,11 @@ def test_errors_are_the_blocking_clients_typed_errors(shared_cluster):
                 await client.put(key, b"again")
             [error] = await client.remove_many([unique("aio-missing")])
             assert isinstance(error, ObjectNotFound)
+            with pytest.raises(InvalidArgument, match="takes a dict of key -> data"):
+                await client.put_many(None)  # type: ignore[arg-type]
+            with pytest.raises(InvalidArgument, match="a list of keys, not one str"):
+                await client.remove_many(key)
+            assert await client.get(key) == b"12345"
         with pytest.raises(RuntimeError, match="closed"):
             await client.get(key)
         with pytest.raises(InvalidArgument, match="threads"):

@@ -176,6 +176,46 @@ def test_bench_on_a_cluster_too_small_for_its_objects_says_what_to_change():
     assert "raise --dram" in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["drain", "--timeout", "inf", "n1"], "argument --timeout: must be a number of seconds"),
+        (["drain", "--timeout", "1", "n\udcff"], "is not valid text"),
+        (["ls", "--limit", "-1"], "argument --limit: must be a whole number from 0"),
+        (["ls", "--prefix", "\udcff"], "prefix"),
+        (["rm", "--prefix", ""], "an empty --prefix would remove everything: pass --all"),
+        (["get", "--timeout", "nan", "k"], "argument --timeout"),
+    ],
+)
+def test_bad_client_command_arguments_exit_2_with_one_line(args, message):
+    """(Each would have hung, printed a traceback, or done something else than asked.)"""
+    args = [os.fsencode(a) if "\udcff" in a else a for a in args]
+    result = kvpool(*args, master="127.0.0.1:1")
+    assert result.returncode == 2, result.stderr
+    err = result.stderr.decode(errors="replace")
+    assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--dram-bytes", "1.5", "not a whole number of bytes"),
+        ("--dram-bytes", "9" * 400, "too large a size"),
+        ("--objects", "\u00b2", "is not a whole number from 0 to"),
+        ("--objects", str(2**64), "is not a whole number from 0 to"),
+    ],
+)
+def test_quota_values_that_are_not_whole_numbers_the_master_counts_are_refused(
+    tmp_path, flag, value, message
+):
+    quotas = tmp_path / "quotas.json"
+    result = kvpool(
+        "quota", "set", "--quotas", str(quotas), "--tenant", "t", flag, value, master="unused:1"
+    )
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr.decode() and not quotas.exists()
+
+
 def test_client_commands_report_an_unreachable_master_without_a_traceback():
     result = kvpool("status", "--timeout", "0.5", master="127.0.0.1:1")
     assert result.returncode == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 import uuid
@@ -209,3 +210,104 @@ def test_an_unreachable_master_raises_master_unavailable_within_the_deadline():
         assert time.monotonic() - start < 2.0
         with pytest.raises(MasterUnavailable):
             client.get("k")
+
+
+# ---------------------------------------------------------------- arguments of the wrong shape
+
+
+@pytest.mark.parametrize("call", ["remove_many", "exists_many", "get_many"])
+def test_one_str_where_a_list_of_keys_belongs_is_refused_not_split_into_characters(client, call):
+    for character in "xy":
+        with contextlib.suppress(ObjectExists):
+            client.put(character, b"an object under a one-character key")
+    with pytest.raises(InvalidArgument, match="a list of keys, not one str: for one key"):
+        getattr(client, call)("xy")
+    assert client.exists_many(["x", "y"], lease=False) == [True, True]  # neither was removed
+
+
+def test_keys_may_come_from_any_iterable(client):
+    key = f"iterable-{uuid.uuid4().hex}"
+    client.put(key, b"found")
+    assert client.get_many(k for k in [key]) == [b"found"]
+    assert client.exists_many(iter([key]), lease=False) == [True]
+
+
+@pytest.mark.parametrize(
+    ("items", "message"),
+    [
+        (None, "takes a dict of key -> data or a list of"),
+        ("kk", "takes a dict of key -> data or a list of"),
+        ([("k", b"x", 1)], r"\(key, data\) pairs: entry 0 is"),
+        ([("k",)], r"\(key, data\) pairs: entry 0 is"),
+    ],
+)
+def test_a_put_batch_that_is_not_key_data_pairs_is_refused(client, items, message):
+    with pytest.raises(InvalidArgument, match=message):
+        client.put_many(items)
+
+
+def test_numpy_arrays_of_python_objects_are_refused_both_ways(client):
+    np = pytest.importorskip("numpy")
+    key = f"objects-{uuid.uuid4().hex}"
+    with pytest.raises(InvalidArgument, match="Python object references"):
+        client.put(key, np.array([object(), object()]))
+    client.put(key, bytes(16))
+    target = np.empty(2, dtype=object)
+    with pytest.raises(InvalidArgument, match="Python object references"):
+        client.get_into(key, target)
+    assert target[0] is None  # (no pointer was overwritten)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"checksum": "no"}, "checksum must be True or False"),
+        ({"preferred_hosts": "host1"}, "preferred_hosts must be a list of str, not one str"),
+        ({"preferred_hosts": [1]}, "each of preferred_hosts must be a str"),
+        ({"pin": []}, "pin must be None, 'soft' or 'hard'"),
+        ({"tier": {}}, "tier must be None, 'any', 'dram' or 'nvme'"),
+    ],
+)
+def test_put_options_of_the_wrong_type_are_refused_naming_them(client, options, message):
+    with pytest.raises(InvalidArgument, match=message):
+        client.put(f"options-{uuid.uuid4().hex}", b"x", **options)
+
+
+def test_a_misspelt_put_option_names_the_call_it_was_given_to(client):
+    with pytest.raises(TypeError, match=r"put\(\) got an unexpected keyword argument 'replica'"):
+        client.put(f"misspelt-{uuid.uuid4().hex}", b"x", replica=2)
+
+
+def test_flags_of_removals_and_reads_are_true_or_false(client):
+    with pytest.raises(InvalidArgument, match="force must be True or False"):
+        client.remove("some-key", force="no")
+    with pytest.raises(InvalidArgument, match="verify must be True or False"):
+        client.get("some-key", verify="yes")
+
+
+@pytest.mark.parametrize("text", ["\ud800", 5])
+def test_prefixes_that_cannot_go_on_the_wire_are_refused(client, text):
+    with pytest.raises(InvalidArgument, match="prefix"):
+        client.list_keys(text)
+    with pytest.raises(InvalidArgument, match="prefix"):
+        client.remove_prefix(text)
+    with pytest.raises(InvalidArgument, match="start_after"):
+        client.list_keys("", start_after=text)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        ({"master": 123}, "the master address must be a str"),
+        ({"token": 123}, "the kvpool token must be a str"),
+        ({"tls_ca": 123}, "tls_ca must be the path of a PEM file"),
+        ({"ucx_config": {"TLS": 1}}, "ucx_config must map str to str"),
+        ({"ucx_config": "TLS=tcp"}, "ucx_config must map str to str"),
+        ({"checksum": "no"}, "checksum must be True or False"),
+        ({"metadata_lane": 1}, "metadata_lane must be True or False"),
+    ],
+)
+def test_client_arguments_of_the_wrong_type_are_refused_naming_them(arguments, message):
+    arguments = {"master": "127.0.0.1:1", **arguments}
+    with pytest.raises(InvalidArgument, match=message):
+        Client(arguments.pop("master"), **arguments)

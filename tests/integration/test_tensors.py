@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 import subprocess
 import sys
 import uuid
@@ -152,6 +153,28 @@ def test_an_object_not_put_as_a_tensor_is_refused_clearly(client):
     client.remove(key, force=True)
     with pytest.raises(ObjectNotFound):
         client.get_tensor(key)
+
+
+@pytest.mark.parametrize(
+    ("header_length", "shape"),
+    [(72, (2,)), (64, (2**64 - 1, 0))],
+    ids=["a header not ending on 64 bytes", "a dimension past what torch indexes"],
+)
+def test_a_damaged_tensor_header_is_refused_and_the_rest_of_the_batch_read(
+    client, header_length, shape
+):
+    damaged, whole = unique("damaged"), unique("whole")
+    fixed = tensors.FIXED.pack(tensors.MAGIC, tensors.VERSION, header_length, len(shape), 5)
+    header = fixed + struct.pack(f"<{len(shape)}Q", *shape) + b"uint8"
+    header += bytes(header_length - len(header))
+    data_bytes = 0 if 0 in shape else shape[0]
+    client.put(damaged, header + bytes(data_bytes))
+    client.put_tensor(whole, torch.arange(4, dtype=torch.uint8))
+    first, second = client.get_tensors([damaged, whole])
+    assert isinstance(first, InvalidArgument) and "damaged tensor header" in str(first)
+    assert second.tolist() == [0, 1, 2, 3]
+    for key in (damaged, whole):
+        client.remove(key, force=True)
 
 
 def test_batches_put_and_get_many_tensors(client):

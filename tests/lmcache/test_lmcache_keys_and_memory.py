@@ -152,12 +152,26 @@ def test_lmcache_plugin_loader_builds_the_adapter_from_its_json(lm_cluster, aren
         ({"master": "127.0.0.1:1", "key_prefix": "a@b"}, "key_prefix"),
         ({"master": "127.0.0.1:1", "ucx_config": {"TLS": 3}}, "ucx_config"),
         ({"master": "127.0.0.1:1", "metadata_lane": "yes"}, "metadata_lane"),
+        # (a lease past the wire's 32-bit milliseconds failed every lookup, silently a miss)
+        ({"master": "127.0.0.1:1", "lock_ttl_s": 1e10}, "lock_ttl_s must be at most"),
+        ({"master": "127.0.0.1:1", "max_capacity_gb": True}, "max_capacity_gb"),
+        ({"master": "127.0.0.1:1", "max_capacity_gb": float("nan")}, "max_capacity_gb"),
+        ({"master": "127.0.0.1:1", "key_prefix": "\ud800"}, "not valid UTF-8"),
+        ({"master": 50051}, "the master address must be a str"),
     ],
 )
 def test_bad_settings_are_refused_with_a_clear_message(params, message, monkeypatch):
     monkeypatch.delenv("KVPOOL_MASTER", raising=False)
     with pytest.raises(ValueError, match=message):
         KVPoolL2AdapterConfig.from_dict(params)
+
+
+def test_no_settings_at_all_is_a_clear_error(monkeypatch):
+    monkeypatch.delenv("KVPOOL_MASTER", raising=False)
+    with pytest.raises(ValueError, match="adapter_params must be a mapping"):
+        KVPoolL2AdapterConfig.from_dict(["master"])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="no master address"):
+        KVPoolL2AdapterConfig.from_dict(None)  # type: ignore[arg-type]
 
 
 def test_master_may_come_from_the_environment(monkeypatch):

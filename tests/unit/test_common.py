@@ -31,6 +31,22 @@ def test_malformed_sizes_name_the_accepted_forms(text):
         parse_size(text)
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("9" * 400, "too large a size"),  # (read as a float, it overflowed)
+        ("9" * 400 + ".5", "too large a size"),
+        ("16EiB", "e.g. 4GiB"),
+        ("18446744073709551616", "too large a size"),
+        ("1.5", "not a whole number of bytes"),
+        ("2.5B", "not a whole number of bytes"),
+    ],
+)
+def test_sizes_past_64_bits_or_of_fractional_bytes_are_refused(text, message):
+    with pytest.raises(ValueError, match=message):
+        parse_size(text)
+
+
 def test_sizes_format_for_people():
     assert format_size(0) == "0 B"
     assert format_size(1536) == "1.5 KiB"
