@@ -110,11 +110,14 @@ class HealthServer:
             return
         self._open += 1
         try:
-            await asyncio.wait_for(self._exchange(reader, writer), self._timeout)
+            # (the close too: with the answer unread, a close never ends, and the socket
+            # would stay open uncounted)
+            async with asyncio.timeout(self._timeout):
+                await self._exchange(reader, writer)
+                writer.close()
+                await writer.wait_closed()
         except (TimeoutError, ConnectionError):
             writer.transport.abort()  # too slow, or gone: nothing more to say
-        else:
-            writer.close()
         finally:
             self._open -= 1
 

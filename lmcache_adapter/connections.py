@@ -49,7 +49,7 @@ def _write_everywhere(client: Client, key: str, nodes: int) -> None:
             result = InvalidArgument("replicas")
         if not isinstance(result, InvalidArgument) or replicas == 1:
             break
-        replicas = max(1, replicas // 2)  # above the master's --max-replicas: ask for fewer
+        replicas = max(1, replicas // 2)  # above the master's max_replicas: ask for fewer
     if isinstance(result, KVPoolError):
         raise result
     client.remove_many([key], force=True)

@@ -276,6 +276,7 @@ class MasterHandlers:
 
     def Heartbeat(self, request: pb.HeartbeatRequest, identity: Identity) -> Any:
         own_node(identity, request.node_id, "heartbeat")
+        _check_node_id(request.node_id)  # (kept: an insecure caller may name any)
         check_incarnation(request.incarnation)
         core = self.core
         self.driver.processes.heard(request.node_id, request.incarnation, core.clock())
@@ -300,6 +301,7 @@ class MasterHandlers:
     def Drain(self, request: pb.DrainRequest, identity: Identity) -> Any:
         core = self.core
         node_id = request.node_id
+        _check_node_id(node_id)
         if not core.state.config.rereplication_rate:
             raise CallRefused(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -817,6 +819,13 @@ def _wire(value: object) -> Any:
 def _unless_term_ended(answer: object) -> None:
     if answer is TERM_ENDED:
         raise CallRefused(grpc.StatusCode.UNAVAILABLE, "the master's term ended meanwhile: retry")
+
+
+def _check_node_id(node_id: str) -> None:
+    """CallRefused (INVALID_ARGUMENT) for a node id no node could have mounted under: the
+    master keeps the ids it hears of (their processes), so each is bounded as a key is."""
+    if (problem := key_problem(node_id)) is not None:
+        raise CallRefused(grpc.StatusCode.INVALID_ARGUMENT, f"node_id: {problem}")
 
 
 def _enum(kind: type[E], value: int, field: str) -> E:

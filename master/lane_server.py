@@ -14,8 +14,10 @@ once its announced size is reserved from ``request_memory``, which all connectio
 that does not fit waits, not read, until others give theirs back (first come, first served),
 so what frames still arriving hold is bounded whatever the number of connections. A
 connection that sent part of a frame and then nothing for ``read_timeout``, or
-whose answers have waited unread that long, is closed; so is one that has not sent its
-credentials within ``read_timeout``, and a client's connection with no
+whose answers have waited unread that long, is closed; so is one whose frame takes longer
+than twice ``read_timeout`` plus its size at ``FRAME_RATE_FLOOR`` to arrive (a byte every few
+seconds would otherwise hold it, and its reserved memory, for ever), one that has not
+proven who it is within ``read_timeout`` of connecting, and a client's connection with no
 call in flight and nothing heard for ``idle_timeout`` (clients connect again; a node's
 command stream may rightly stay quiet, and is not). Beyond ``max_connections`` a new
 connection is closed at once. A connection whose answers are not being read (its write
@@ -265,9 +267,14 @@ class LaneServer:
         log.warning("closed a lane connection", reason=why, peer=peer, unlogged_before=unlogged)
 
 
+#: The slowest a frame may arrive, beyond ``read_timeout`` (bytes a second): a large batch on a
+#: slow link still makes it, a peer trickling a byte at a time does not.
+FRAME_RATE_FLOOR = 1024 * 1024
+
 #: What the log says of a connection closed by the sweep, by reason.
 _OVERDUE = {
     "read_timeout": "it sent part of a frame and then nothing for {}s",
+    "slow_frame": "a frame of it took longer than twice {}s plus 1 s a MiB to arrive",
     "unread_answers": "its answers waited unread for {}s",
     "unauthenticated": "it sent no credentials for {}s",
     "unread_commands": "its node read none of its commands for a minute",
@@ -302,7 +309,11 @@ class _Connection(asyncio.Protocol):
         self.wanted = 0
         #: Something arrived since the last sweep, which then notes the time.
         self._heard = True
-        self._last_heard = time.monotonic()
+        self._last_heard = self._opened = time.monotonic()
+        #: Since when the frame still arriving has been (None: no part of one is here).
+        self._frame_since: float | None = None
+        #: Since when it has been closing, its last answers still to be sent (else None).
+        self._closing_since: float | None = None
 
     # ---- asyncio.Protocol
 
@@ -333,7 +344,12 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self._heard = True
         try:
-            frames = self._decoder.feed(data)
+            decoder = self._decoder
+            frames = decoder.feed(data)
+            if not decoder.pending:
+                self._frame_since = None
+            elif frames or self._frame_since is None:  # (a frame began in this chunk)
+                self._frame_since = time.monotonic()
             self._reserve_for_what_arrives()
             if self._held or self._paused_since is not None:
                 self._held.extend(frames)
@@ -367,6 +383,7 @@ class _Connection(asyncio.Protocol):
         """The lane reserved the request memory this connection waited for: read on."""
         self._reserved, self.wanted = self.wanted, 0
         self._heard = True  # (a partial frame's deadline starts again)
+        self._frame_since = time.monotonic()  # (the wait was the lane's, not the peer's)
         self._read_on()
 
     def _give_back_reserved(self) -> None:
@@ -387,6 +404,8 @@ class _Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._paused_since = None
         self._heard = True  # (a partial frame's deadline starts again)
+        if self._frame_since is not None:  # (the pause was the peer's reading, not sending)
+            self._frame_since = time.monotonic()
         try:
             while self._held and self._paused_since is None and self.transport is not None:
                 self._dispatch(self._held.popleft())
@@ -409,7 +428,11 @@ class _Connection(asyncio.Protocol):
             log.info("node session closed", node_id=stream.node_id)
 
     def close(self) -> None:
+        """Closes once what is still to be sent has gone; the sweep aborts it should that
+        not happen within the read timeout (a peer that reads nothing would hold it open)."""
         if self.transport is not None:
+            if self._closing_since is None:
+                self._closing_since = time.monotonic()
             self.transport.close()
 
     def abort(self) -> None:
@@ -430,6 +453,11 @@ class _Connection(asyncio.Protocol):
             self._heard = False
             self._last_heard = now
         lane = self.lane
+        if self._closing_since is not None:  # (its answers unread: a close never ends)
+            return "unread_answers" if now - self._closing_since > lane.read_timeout else None
+        if self.identity is None and now - self._opened > lane.read_timeout:
+            # (from its first byte, whatever it sends since: credentials are one small frame)
+            return "unauthenticated"
         if self._paused_since is not None:  # not reading: the silence is ours
             if self._stream is not None:  # (a node busy with its disk: given longer)
                 stalled = now - self._paused_since > NODE_STREAM_STALL
@@ -440,7 +468,11 @@ class _Connection(asyncio.Protocol):
             return None
         silent = now - self._last_heard
         if self._decoder.pending:
-            return "read_timeout" if silent > lane.read_timeout else None
+            if silent > lane.read_timeout:
+                return "read_timeout"
+            allowed = 2 * lane.read_timeout + self._decoder.announced / FRAME_RATE_FLOOR
+            since = self._frame_since
+            return "slow_frame" if since is not None and now - since > allowed else None
         if self.identity is None:  # (it has not proven who it is: no reason to keep it long)
             return "unauthenticated" if silent > lane.read_timeout else None
         if self._stream is None and not self._inflight and not self._held:

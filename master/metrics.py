@@ -64,7 +64,8 @@ LANE_SESSIONS = Counter(
 LANE_CLOSED = Counter(
     "kvpool_master_lane_connections_closed_total",
     "Metadata lane connections the master closed: bad_frame (oversized or unparseable), "
-    "read_timeout (part of a frame, then silence), unread_answers, idle, unauthenticated "
+    "read_timeout (part of a frame, then silence), slow_frame (a frame trickled in past its "
+    "deadline), unread_answers, idle, unauthenticated "
     "(no credentials within the read timeout), over_cap, unread_commands (a node's stream).",
     ["reason"],
 )

@@ -68,6 +68,10 @@ MAX_GATHERED = 4 << 20
 #: A refused write's payload up to this size is read and dropped, keeping the connection in
 #: step (its writer then learns why); a larger one ends the connection.
 DRAIN_LIMIT = 64 << 20
+#: The slowest a refused write's payload may arrive, beyond the io timeout (bytes a second).
+DRAIN_RATE_FLOOR = 1 << 20
+#: The slowest the answers gathered may leave, beyond the io timeout (bytes a second).
+SEND_RATE_FLOOR = 1 << 20
 
 _WRITE, _READ = int(frames.Op.WRITE), int(frames.Op.READ)
 _OK = frames.Status.OK
@@ -349,12 +353,15 @@ class CheckedConnection:
         if length > DRAIN_LIMIT:
             self._flush()  # (its writer learns why)
             raise Closed
+        # (one deadline for all of it: a byte every few seconds would hold the thread for
+        # as long as the payload is, and no capability is needed to be refused)
+        ends = time.monotonic() + self._io_timeout + length / DRAIN_RATE_FLOOR
         while length:
             buffered = min(self._end - self._start, length)
             self._start += buffered
             length -= buffered
             if length:
-                self._receive_more(1, self._io_timeout)
+                self._receive_more(1, max(ends - time.monotonic(), 0.0))
 
     def _write(
         self,
@@ -540,6 +547,9 @@ class CheckedConnection:
             self._waits.send(self._until(self._reads_end))
         else:
             self._waits.send(self._io_timeout)
+        # (one deadline for all of them: a peer that reads a little now and then, each time
+        # before a send's wait runs out, would hold the thread for as long as it liked)
+        ends = time.monotonic() + self._io_timeout + self._gathered / SEND_RATE_FLOOR
         while True:
             sent = connection.sendmsg(parts)
             done = 0
@@ -551,8 +561,10 @@ class CheckedConnection:
             del parts[:done]  # (rare: the kernel took part of it; the rest goes on)
             if sent:
                 parts[0] = memoryview(parts[0])[sent:]
-            if reads:
-                self._waits.send(self._until(self._reads_end))
+            left = ends - time.monotonic()
+            if left <= 0:
+                raise Closed
+            self._waits.send(min(left, self._until(self._reads_end)) if reads else left)
         parts.clear()
         self._gathered = 0
         counters = self._counters
@@ -583,8 +595,12 @@ class CheckedConnection:
         activity = self.activity
         if between:
             activity.waiting_since = time.monotonic()
-        #: Once a request has begun: when all of what is wanted must have come.
-        ends = None if between else time.monotonic() + self._io_timeout
+        #: Once a request has begun: when all of what is wanted must have come (``timeout``
+        #: given: within it, in all; a peer that trickles bytes in holds the thread no longer).
+        if between:
+            ends = None
+        else:
+            ends = time.monotonic() + (self._io_timeout if timeout is None else timeout)
         while self._end - self._start < wanted:
             got = -1
             if self._parts:
@@ -593,12 +609,7 @@ class CheckedConnection:
                 except BlockingIOError:
                     self._flush()
             if got < 0:
-                if timeout is not None:
-                    wait = timeout
-                elif ends is None:
-                    wait = self._idle_timeout
-                else:  # (a peer that trickles a header in holds its connection no longer)
-                    wait = max(ends - time.monotonic(), 0.0)
+                wait = self._idle_timeout if ends is None else max(ends - time.monotonic(), 0.0)
                 self._waits.receive(wait)
                 try:
                     got = connection.recv_into(view[self._end :])

@@ -22,6 +22,11 @@ from kvpool.security.caller import ANONYMOUS, CallerCredentials
 from kvpool.storage_node.commands import MAX_GROUP
 
 CONNECT_TIMEOUT = 2.0
+#: Commands waiting for (or running on) the asynchronous path at most before the stream is
+#: read no further: what the master sends meanwhile waits in its own buffers, where its
+#: back-pressure (the gRPC stream's too) sees it, rather than grow the node without bound
+#: while its disk is slow. Read again once half of them are done.
+BACKLOG_CAP = 32 * MAX_GROUP
 
 
 class SessionRefused(Exception):
@@ -132,6 +137,8 @@ class _CommandStream(asyncio.Protocol):
                         continue
                 self._unfinished += 1
                 self._backlog.put_nowait(command)
+            if self._unfinished >= BACKLOG_CAP and self._transport is not None:
+                self._transport.pause_reading()
         except Exception as error:  # a refusal, a frame that does not parse
             self._end(error)
 
@@ -170,6 +177,14 @@ class _CommandStream(asyncio.Protocol):
                 return
             finally:
                 self._unfinished -= len(group)
+                transport = self._transport
+                if (
+                    transport is not None
+                    and not transport.is_reading()
+                    and not transport.is_closing()
+                    and self._unfinished <= BACKLOG_CAP // 2
+                ):
+                    transport.resume_reading()
             for result in results:
                 self._answer(result)
 

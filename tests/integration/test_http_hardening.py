@@ -12,9 +12,11 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import closed_within, wait_until
+from prometheus_client import CollectorRegistry
 
 from kvpool.common.http_server import HealthServer
 
@@ -101,3 +103,55 @@ def test_a_master_serves_300_idle_connections_without_300_threads(cluster_factor
     assert get(port, "/healthz") == (200, b"ok\n")
     assert threads_of(pid) <= threads + 2, "a thread per connection"
     assert all(closed_within(peer, 15) for peer in peers), "closed after the request timeout"
+
+
+class SizedMetrics:
+    """A collector whose /metrics body is about ``size`` bytes (set between requests)."""
+
+    def __init__(self) -> None:
+        self.size = 0
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        yield GaugeMetricFamily("padding", "x" * self.size, value=0.0)  # (in its help text)
+
+
+def server_sockets(port: int) -> int:
+    """This process's TCP sockets on the server's side of ``port``, still established."""
+    wanted = f":{port:04X}"
+    count = 0
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[1].endswith(wanted) and fields[3] == "01":  # local port, ESTABLISHED
+                    count += 1
+    return count
+
+
+def test_an_answer_left_unread_does_not_keep_its_socket_open_past_the_timeout():
+    """(A close waits until what is still buffered has gone: with the answer unread it never
+    ended, and the server no longer counted the socket against its cap.) Answers of many
+    sizes, so that some end just within what the kernel and the transport take."""
+    metrics = SizedMetrics()
+    registry = CollectorRegistry()
+    registry.register(metrics)
+    server = HealthServer("127.0.0.1", 0, lambda: (True, ""), registry, timeout=0.5)
+    server.start()
+    peers = []
+    try:
+        for size in range(200_000, 4_000_000, 20_000):
+            metrics.size = size
+            peer = socket.create_connection(("127.0.0.1", server.port))
+            peer.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            peers.append(peer)  # and never read
+            time.sleep(0.02)
+        assert wait_until(lambda: server_sockets(server.port) == 0, 10), (
+            f"{server_sockets(server.port)} of {len(peers)} still open on the server's side"
+        )
+        assert server.open_connections == 0
+    finally:
+        for peer in peers:
+            peer.close()
+        server.stop()

@@ -521,6 +521,71 @@ def test_a_header_trickled_in_a_byte_at_a_time_holds_its_connection_no_longer_th
         assert server.stop()
 
 
+@contextlib.contextmanager
+def quick_server(segment: FakeSegment) -> Iterator[CheckedServer]:
+    server = CheckedServer(
+        [segment], lambda: NodeKeys(RING, 0, 0), host="127.0.0.1", io_timeout=1.0
+    )  # type: ignore[list-item]
+    server.start()
+    try:
+        yield server
+    finally:
+        assert server.stop()
+
+
+def test_a_refused_write_trickled_in_holds_its_connection_no_longer_than_its_deadline(segment):
+    """(Its payload is read and dropped to keep the stream in step; a byte now and then,
+    each within io_timeout, held the thread for as long as the payload was: no capability is
+    needed to be refused.)"""
+    forged = bytes(caps.SIZE)
+    length = 64 << 10  # drained within io_timeout + 1 s a MiB
+    with (
+        quick_server(segment) as server,
+        socket.create_connection(("127.0.0.1", server.port), timeout=5) as connection,
+    ):
+        connection.sendall(frames.encode_request(frames.Op.WRITE, 1, forged, 0, length))
+        started = time.monotonic()
+        with contextlib.suppress(OSError):
+            for _ in range(40):
+                connection.sendall(b"\x00")
+                time.sleep(0.3)
+        assert closed_within(connection, 5.0)
+        assert time.monotonic() - started < 5.0, "ended about io_timeout after it began"
+
+
+def test_a_reader_that_takes_its_answers_a_little_at_a_time_is_cut_off_at_a_deadline(segment):
+    """(Each send waited up to io_timeout afresh: a peer reading a few KiB just within it
+    held the node's thread for as long as it liked.)"""
+    data = random.Random(7).randbytes(len(segment.memory))
+    segment.memory[:] = data
+    read = grant(0, len(data), caps.Rights.READ, seconds=60)
+    piece = 64 << 10  # small reads: their answers are gathered, then sent 4 MiB at once
+    with quick_server(segment) as server, socket.socket() as connection:
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 << 10)
+        connection.settimeout(5)
+        connection.connect(("127.0.0.1", server.port))
+        connection.sendall(
+            b"".join(
+                frames.encode_request(frames.Op.READ, i, read, i % 64 * piece, piece)
+                for i in range(2 * len(data) // piece)  # (more than the kernel buffers)
+            )
+        )
+        stop = threading.Event()
+
+        def read_slowly() -> None:  # about 40 KB/s: far below the floor of 1 MiB/s
+            with contextlib.suppress(OSError):
+                while not stop.is_set() and connection.recv(4096):
+                    time.sleep(0.1)
+
+        reader = threading.Thread(target=read_slowly, daemon=True)
+        reader.start()
+        assert wait_until(lambda: server._connections, timeout=5)
+        # io_timeout + 4 s for 4 MiB at the floor, the linger, and slack
+        assert wait_until(lambda: not server._connections, timeout=12), "still served"
+        stop.set()
+        reader.join(timeout=10)
+
+
 def test_with_every_connection_taken_a_new_one_replaces_one_that_never_moved_a_byte(segment):
     server = CheckedServer(
         [segment], lambda: NodeKeys(RING, 0, 0), host="127.0.0.1", max_connections=2

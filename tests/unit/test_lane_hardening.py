@@ -10,8 +10,11 @@ sockets for peers.
 - A frame announcing more than the largest legal request is refused at its header: the
   connection is closed before its body is read. A node's reports have a smaller limit.
 - A connection that sends part of a frame and then nothing is closed after the read timeout;
-  one with no call in flight, after the idle timeout. A node's command stream, and a client
-  waiting for an answer, are not.
+  one whose frame trickles in, once it has taken twice the read timeout plus its size at
+  ``FRAME_RATE_FLOOR``; one that has not proven who it is by the read timeout after it
+  connected, whatever it sends meanwhile; one with no call in flight, after the idle
+  timeout. A node's command stream, and a client waiting for an answer, are not. A close
+  that cannot end (its answers unread) is made an abort after the read timeout.
 - Beyond the connection cap, a new connection is closed at once.
 - A connection whose answers are not being read is not read either; once they are, every
   request is answered, in order. Left unread for the read timeout, it is closed.
@@ -389,7 +392,8 @@ def test_a_node_session_from_credentials_not_of_that_node_is_refused(lanes, cred
 @pytest.mark.parametrize("proven", [False, True], ids=["its AUTH frame", "a request"])
 def test_a_partial_frame_then_silence_is_closed_after_the_read_timeout(lanes, proven):
     running = lanes(read_timeout=0.5)
-    before = closed_for("read_timeout")
+    reason = "read_timeout" if proven else "unauthenticated"  # (whichever says it first)
+    before = closed_for(reason)
     if proven:
         sock = running.client()
         frame = request(1, "Exists", pb.ExistsRequest(client_id="c", keys=["k"]))
@@ -400,18 +404,58 @@ def test_a_partial_frame_then_silence_is_closed_after_the_read_timeout(lanes, pr
     sent = time.monotonic()
     assert closed_within(sock, 5)
     assert time.monotonic() - sent >= 0.5
-    assert closed_for("read_timeout") == before + 1
+    assert closed_for(reason) == before + 1
 
 
-def test_a_slow_sender_that_keeps_sending_is_not_cut_off(lanes):
-    running = lanes(read_timeout=0.5)
+def test_a_frame_sent_in_pieces_is_read_when_it_arrives_within_its_deadline(lanes):
+    running = lanes(read_timeout=3.0)
     sock = running.client()
     frame = request(1, "Exists", pb.ExistsRequest(client_id="c", keys=["k"]))
-    for start in range(0, len(frame), 4):  # a piece every 0.3 s: longer than 0.5 s in all
-        sock.sendall(frame[start : start + 4])
+    step = -(-len(frame) // 5)
+    for start in range(0, len(frame), step):  # five pieces, 0.3 s apart
+        sock.sendall(frame[start : start + step])
         time.sleep(0.3)
     [answer] = read_frames(sock, 1)
     assert answer.status == lp.OK
+
+
+def trickle(sock: socket.socket, data: bytes, every: float) -> threading.Thread:
+    """Sends ``data`` a byte at a time, ``every`` seconds apart, until the peer closes."""
+
+    def run() -> None:
+        with contextlib.suppress(OSError):
+            for at in range(len(data)):
+                sock.sendall(data[at : at + 1])
+                time.sleep(every)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_frame_trickled_a_byte_at_a_time_is_closed_though_bytes_keep_coming(lanes):
+    """(Each byte within the read timeout of the last would hold the connection, and the
+    request memory its header reserved, for as long as the frame is: hours.)"""
+    running = lanes(read_timeout=0.5)
+    before = closed_for("slow_frame")
+    sock = running.client()
+    frame = request(1, "Exists", pb.ExistsRequest(client_id="c", keys=["k"] * 8))
+    started = time.monotonic()
+    sender = trickle(sock, frame, every=0.1)  # never silent for the read timeout
+    assert closed_within(sock, 5.0)
+    assert time.monotonic() - started < len(frame) * 0.1, "the frame was whole first"
+    assert closed_for("slow_frame") == before + 1
+    sender.join(timeout=10)
+
+
+def test_credentials_trickled_a_byte_at_a_time_are_closed_at_the_read_timeout(lanes):
+    running = lanes(read_timeout=0.5, idle_timeout=60)
+    before = closed_for("unauthenticated")
+    sock = connect(running.port)
+    sender = trickle(sock, lp.encode(1, lp.AUTH, running.credentials.client.encode()), 0.1)
+    assert closed_within(sock, 3.0)
+    assert closed_for("unauthenticated") == before + 1
+    sender.join(timeout=10)
 
 
 def test_a_client_connection_with_no_call_in_flight_is_closed_after_the_idle_timeout(lanes):
@@ -595,6 +639,25 @@ def test_a_client_that_never_reads_its_answers_is_closed_after_the_read_timeout(
     flood(sock, 4000)
     assert wait_until(lambda: running.connections() == 0, 5)
     assert sum(closed_for(reason) for reason in reasons) == before + 1
+    sock.close()
+
+
+def test_a_connection_closed_with_answers_still_unread_is_aborted_after_the_read_timeout(lanes):
+    """(A close waits until what is still to be sent has gone: closed idle with answers
+    the peer never read, below the mark that stops reading it, it stayed open for ever.)"""
+    running = lanes(read_timeout=0.5, idle_timeout=1.0)
+    before = closed_for("unread_answers")
+    sock = running.client(receive_buffer=4096)
+
+    def never_pause(lane: LaneServer) -> None:  # (so that only the close can end it)
+        [connection] = lane._connections
+        connection.transport.set_write_buffer_limits(high=1 << 30)
+
+    running.inspect(never_pause)
+    flood(sock, 4000)  # answers of some 16 MiB, unread
+    assert wait_until(lambda: running.inspect(client_side)[1] > 0, 10)
+    assert wait_until(lambda: running.connections() == 0, 8), "closed idle, never aborted"
+    assert closed_for("unread_answers") == before + 1
     sock.close()
 
 

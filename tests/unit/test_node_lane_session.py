@@ -196,3 +196,70 @@ def test_commands_waiting_back_to_back_that_group_run_together_and_answer_in_ord
         await server.wait_closed()
 
     asyncio.run(scenario())
+
+
+class _CountingCommands:
+    """``lane_session.pb`` with the commands the node parses counted (the rest as it is)."""
+
+    def __init__(self) -> None:
+        self.parsed = 0
+        counting = self
+
+        class NodeCommand:
+            @staticmethod
+            def FromString(body: bytes) -> pb.NodeCommand:
+                counting.parsed += 1
+                return pb.NodeCommand.FromString(body)
+
+        self.NodeCommand = NodeCommand
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(pb, name)
+
+
+def test_a_node_behind_on_its_commands_stops_reading_them_and_reads_on_once_it_catches_up(
+    monkeypatch,
+):
+    """(It read every command as it came: while its disk was slow, a backlog of commands the
+    master had given up on grew its memory without bound, and the master's back-pressure on
+    the stream never saw it.)"""
+    monkeypatch.setattr(lane_session, "BACKLOG_CAP", 16)
+    counting = _CountingCommands()
+    monkeypatch.setattr(lane_session, "pb", counting)
+    total = 30_000
+
+    async def scenario() -> None:
+        reports: asyncio.Queue[pb.NodeReport] = asyncio.Queue()
+        copy_may_finish = asyncio.Event()
+
+        async def run_commands(cs: list[pb.NodeCommand]) -> list[pb.CommandResult]:
+            if cs[0].WhichOneof("kind") == "copy":
+                await copy_may_finish.wait()
+            return [pb.CommandResult(command_id=c.command_id, ok=True) for c in cs]
+
+        sent = command(1, "copy") + command(2, "persist") * (total - 1)
+        server = await asyncio.start_server(stand_in_master(sent, reports), "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        node = asyncio.create_task(
+            lane_session.serve_commands(
+                "127.0.0.1",
+                port,
+                pb.NodeHello(node_id="n1"),
+                run_commands,
+                credentials=CallerCredentials(token=TOKEN),
+            )
+        )
+        assert (await asyncio.wait_for(reports.get(), 5)).hello.node_id == "n1"
+        await asyncio.sleep(0.5)  # every command has come, and the copy holds them all up
+        assert counting.parsed < total // 2, "it read on, its backlog growing"
+        copy_may_finish.set()
+        for _ in range(total):
+            await asyncio.wait_for(reports.get(), 10)
+        assert counting.parsed == total, "read on as it caught up"
+
+        node.cancel()
+        await asyncio.gather(node, return_exceptions=True)
+        server.close()
+        await server.wait_closed()
+
+    asyncio.run(scenario())
