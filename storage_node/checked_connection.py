@@ -33,6 +33,7 @@ from kvpool.common.log_throttle import LogThrottle
 from kvpool.common.logging import get_logger
 from kvpool.security import capabilities as caps
 from kvpool.storage_node.checked_seals import Seals
+from kvpool.storage_node.checked_writes import WrittenRanges
 from kvpool.storage_node.direct_writes import (
     BLOCK,
     BOUNCES,
@@ -121,8 +122,11 @@ class CheckedConnection:
         idle_timeout: float,
         stopping: Callable[[], bool],
         activity: Activity | None = None,
+        written: WrittenRanges | None = None,
     ) -> None:
+        """``written``: told of every write that lands (storage_node/checked_writes.py)."""
         self._connection = connection
+        self._written_ranges = written if written is not None else WrittenRanges()
         self.activity = activity or Activity()
         self._segments = segments
         self._keys = keys
@@ -183,6 +187,7 @@ class CheckedConnection:
         check, term, skew_ms = keys.ring.check, keys.term, keys.max_skew_ms
         buffer, view, memories = self._buffer, self._view, self._memory
         segment_of, clock, seals = self._segments.get, self._clock, self._seals
+        wrote = self._written_ranges.wrote
         connection, parts, reads = self._connection, self._parts, self._reads
         longest_ms, end, size = self._longest_ms, self._end, _REQUEST_SIZE
         start = self._start
@@ -222,6 +227,7 @@ class CheckedConnection:
                     if clock() > ends_at:
                         raise self._expired()
                     memory[offset : offset + length] = view[payload : payload + length]
+                    wrote(digest, grant_offset, grant_id, offset, offset + length)
                 finally:
                     seals.leave(digest, grant_offset, connection)
                 start = self._start = payload + length
@@ -284,6 +290,7 @@ class CheckedConnection:
             return
         try:
             self._write(segment, digest, offset, length, ends_at, (grant_offset, grant_id))
+            self._written_ranges.wrote(digest, grant_offset, grant_id, offset, offset + length)
         finally:
             # (left before the answer: its writer's commit, then the Persist, follow it)
             self._seals.leave(digest, grant_offset, connection)

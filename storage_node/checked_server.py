@@ -51,6 +51,7 @@ from kvpool.common.logging import get_logger
 from kvpool.security import capabilities as caps
 from kvpool.storage_node.checked_connection import Activity, CheckedConnection, Closed, Counters
 from kvpool.storage_node.checked_seals import Seals
+from kvpool.storage_node.checked_writes import WrittenRanges
 from kvpool.storage_node.segment import Segment
 
 log = get_logger("kvpool.node.checked")
@@ -108,6 +109,8 @@ class CheckedServer:
         seals: Seals | None = None,
     ) -> None:
         self.seals = seals or Seals(clock)
+        #: What landed under each write grant, until its object is recorded or forgotten.
+        self.written = WrittenRanges()
         self._counters = Counters(REQUESTS, BYTES)
         self._segments = {caps.segment_digest(s.segment_id): s for s in segments}
         self._keys = keys
@@ -218,6 +221,7 @@ class CheckedServer:
                 idle_timeout=self.idle_timeout,
                 stopping=lambda: self._stopping,
                 activity=activity,
+                written=self.written,
             ).serve()
         except (Closed, OSError):
             pass

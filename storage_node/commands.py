@@ -18,10 +18,13 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
+from kvpool.common.keys import shown_key
 from kvpool.common.status import Tier
 from kvpool.proto import master_pb2 as pb
+from kvpool.security import capabilities as caps
 from kvpool.storage_node import metrics
 from kvpool.storage_node.checked_seals import Seals
+from kvpool.storage_node.checked_writes import WrittenRanges
 from kvpool.storage_node.object_index import Entry
 from kvpool.storage_node.peer_copy import PeerCopier, PeerCopyFailed
 from kvpool.storage_node.segment import Segment
@@ -29,14 +32,22 @@ from kvpool.storage_node.segment import Segment
 
 class CommandExecutor:
     def __init__(
-        self, segments: list[Segment], peers: PeerCopier | None = None, seals: Seals | None = None
+        self,
+        segments: list[Segment],
+        peers: PeerCopier | None = None,
+        seals: Seals | None = None,
+        written: WrittenRanges | None = None,
     ) -> None:
         """``peers`` reads other nodes' objects (None: copies from other nodes fail);
         ``seals``: the checked stream's, told of every object recorded (its writer's grant
-        ends then) and forgotten."""
+        ends then) and forgotten. ``written``: where the segments hold several tenants'
+        objects, what the checked stream wrote under each grant: a Persist then records an
+        object only when its writer wrote every byte of it (storage_node/checked_writes.py);
+        None: the writer's word is taken."""
         self._segments = {s.segment_id: s for s in segments}
         self._peers = peers
         self._seals = seals
+        self._written = written
 
     def quick(self, command: pb.NodeCommand) -> bool:
         """Whether a command only touches memory (no disk sync, no bulk copy): such commands
@@ -115,6 +126,15 @@ class CommandExecutor:
             segment.segment_id, [(e.offset, e.generation) for e in entries]
         ):  # it is recorded)
             raise TimeoutError("a write under a recorded object's grant did not stop")
+        if self._written is not None:
+            digest = caps.segment_digest(segment.segment_id)
+            for e in entries:
+                if not self._written.proven(digest, e.offset, e.generation, e.size):
+                    raise PermissionError(
+                        f"object {shown_key(e.key)} was not written whole under its put's "
+                        "grant over the checked stream: not recorded (a segment that holds "
+                        "several tenants' objects records only bytes its writer wrote)"
+                    )
         return segment, entries
 
     def execute(self, command: pb.NodeCommand) -> pb.CommandResult:
@@ -136,6 +156,10 @@ class CommandExecutor:
                     segment.segment_id, [(e.offset, e.generation) for e in forgotten]
                 ):
                     raise TimeoutError("a transfer under a forgotten object's grant did not stop")
+                if self._written is not None:
+                    digest = caps.segment_digest(segment.segment_id)
+                    for e in forgotten:
+                        self._written.forget(digest, e.offset, e.generation)
                 segment.forget(forgotten)
             elif kind == "prepare":
                 prepare = command.prepare

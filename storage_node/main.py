@@ -339,6 +339,7 @@ async def _serve(
         checked=_checked_listener(args, host),
         tenant=args.tenant,
         mapping=not args.insecure,
+        prove_writes=_ucx_config(args) is not None,  # (UCX over shared memory only)
     )
     log.info(
         "node starting",

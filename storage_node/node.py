@@ -91,6 +91,7 @@ class StorageNode:
         checked: tuple[str, int, str] | None = None,
         tenant: str = "",
         mapping: bool = False,
+        prove_writes: bool = True,
     ) -> None:
         """``drain_timeout``: how long a node that stops keeps its memory for readers that
         hold leases; and, draining, how long it waits for its objects to be copied away.
@@ -98,7 +99,10 @@ class StorageNode:
         advertised host) of the checked stream (storage_node/checked_server.py); None: none.
         ``tenant``: the one tenant whose objects the segments hold ("": any tenant's).
         ``mapping``: hand the segments' files to clients of ``tenant`` holding the master's
-        map grant (storage_node/mapping_server.py)."""
+        map grant (storage_node/mapping_server.py). ``prove_writes``: with a checked stream
+        and no ``tenant``, record only objects whose writers wrote every byte over the stream
+        (storage_node/checked_writes.py); off where UCX is offered over TCP, which writes
+        unseen."""
         self.node_id = node_id
         self.credentials = credentials
         #: gRPC metadata of every call to the master: the node's token.
@@ -148,7 +152,12 @@ class StorageNode:
         if mapping and tenant:
             self.mapping = MappingServer(segments, lambda: self.capability_keys, tenant)
         seals = self.checked.seals if self.checked is not None else None
-        self._executor = CommandExecutor(segments, self._peers, seals)
+        # (a segment of one tenant holds nothing another could read; with UCX offered over
+        # TCP, its peers write where they like, unseen by the node: the operator's choice)
+        written = None
+        if self.checked is not None and prove_writes and not tenant:
+            written = self.checked.written
+        self._executor = CommandExecutor(segments, self._peers, seals, written)
 
     @property
     def ready(self) -> tuple[bool, str]:

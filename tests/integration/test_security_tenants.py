@@ -16,6 +16,7 @@ The rules, for a real secure cluster with client tokens of tenants ``a`` and ``b
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import grpc
@@ -241,3 +242,26 @@ def test_a_client_learns_only_totals_and_its_own_tenants_count_from_the_cluster_
             assert status.objects == own, "its own objects, not the cluster's"
         counts[tenant] = status.objects
     assert counts["a"] + counts["b"] <= admin.objects
+
+
+def test_a_put_committed_as_written_without_its_bytes_is_never_published(cluster, a):
+    """(Freed space keeps the bytes of what lay there. A client that reserved it, wrote
+    nothing and told the master it had, would have had those bytes, maybe another
+    tenant's, published as its own object, and read them back. On a node holding several
+    tenants' objects only what the writer wrote over the checked stream is recorded.)"""
+    left = b"bytes tenant A removed " * 500
+    a.put("left-behind", left)
+    a.remove("left-behind", force=True)
+    with Client(cluster.master_address, **cluster.client_credentials("b")) as b:
+        key = "claims-it-wrote"
+        reservation = b.reserve(key, len(left))
+        commit = pb.PutCommit(key=key, put_id=reservation.put_id, replica_ok=[True])
+        request = pb.PutEndRequest(client_id=b.client_id, commits=[commit])
+        ended = b._session.link.call("PutEnd", request, time.monotonic() + 10)
+        assert list(ended.statuses) != [KeyStatus.OK]
+        assert not_found(b.get_many([key])[0]), "published with bytes nobody wrote"
+        # a put that writes its bytes is recorded as ever, there and then
+        assert b.put(key, b"B wrote these") == 1
+        assert b.get(key) == b"B wrote these"
+        b.remove(key, force=True)
+    assert_a_objects_whole(cluster)

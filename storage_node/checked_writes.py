@@ -1,0 +1,109 @@
+"""What the checked stream wrote under each write grant, until its object is recorded.
+
+Why: freed space is not cleared (a removed object's bytes stay in the segment until written
+over), and a put's writer says itself, at PutEnd, which replicas it wrote. A client that
+reserved space where another tenant's removed object lay, wrote nothing and committed would
+have that tenant's bytes published under its own key, and read them back. On a segment that
+holds several tenants' objects the node therefore records an object only when its own
+writer wrote every byte of it, under its own grant, over the checked stream: the only way
+bytes reach such a segment on a secure node (mappings are handed out for a tenant's own
+segments only, and its UCX worker is offered over shared memory only).
+
+Keyed by the grant (segment digest, offset, generation), as the seals are
+(storage_node/checked_seals.py). **Bounded**: an entry goes when its object is recorded or
+forgotten; one whose object the master never names again goes after ``MAX_AGE``, and beyond
+``MAX_GRANTS`` entries the oldest go (their Persists then fail, as for a write not proven).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+#: Write grants followed at most at once.
+MAX_GRANTS = 65_536
+#: How long a grant's writes are followed without a Persist or Forget naming it (seconds):
+#: longer than any write grant runs.
+MAX_AGE = 3600.0
+
+_Grant = tuple[bytes, int, int]  # (segment digest, offset, generation)
+
+
+class WrittenRanges:
+    """Thread-safe: transfer threads note writes, the command thread asks and forgets."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        #: (segment digest, offset) -> generation -> [start, end) ranges written, in order
+        self._grants: dict[tuple[bytes, int], dict[int, list[tuple[int, int]]]] = {}
+        #: Every grant followed, oldest first, with when it was first written.
+        self._since: OrderedDict[_Grant, float] = OrderedDict()
+
+    def wrote(self, segment: bytes, offset: int, generation: int, start: int, end: int) -> None:
+        """Bytes [start, end) of the segment were written under the grant."""
+        with self._lock:
+            by_generation = self._grants.setdefault((segment, offset), {})
+            ranges = by_generation.get(generation)
+            if ranges is None:
+                self._prune()
+                by_generation = self._grants.setdefault((segment, offset), {})
+                ranges = by_generation[generation] = []
+                self._since[(segment, offset, generation)] = self._clock()
+            if ranges and ranges[-1][1] == start:  # (the next piece, as a rule: merged)
+                ranges[-1] = (ranges[-1][0], end)
+            else:
+                ranges.append((start, end))
+
+    def proven(self, segment: bytes, offset: int, generation: int, size: int) -> bool:
+        """Whether every byte of the object (``size`` bytes at ``offset``, of the grant's
+        generation) was written under its grant; the grant is no longer followed."""
+        with self._lock:
+            ranges = self._drop(segment, offset, generation)
+        if size == 0:
+            return True
+        if ranges is None:
+            return False
+        reached = offset
+        for start, end in sorted(ranges):
+            if start > reached:
+                return False  # (a gap: bytes nobody wrote under this grant)
+            reached = max(reached, end)
+        return reached >= offset + size
+
+    def forget(self, segment: bytes, offset: int, generation: int) -> None:
+        """The object (or its reservation) is gone: the writes of its grant, and of older
+        ones at its place, no longer matter."""
+        with self._lock:
+            by_generation = self._grants.get((segment, offset))
+            if by_generation is None:
+                return
+            for older in [g for g in by_generation if g <= generation]:
+                self._drop(segment, offset, older)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._since)
+
+    def _drop(self, segment: bytes, offset: int, generation: int) -> list[tuple[int, int]] | None:
+        """Stops following a grant; its ranges (callers hold the lock)."""
+        self._since.pop((segment, offset, generation), None)
+        by_generation = self._grants.get((segment, offset))
+        if by_generation is None:
+            return None
+        ranges = by_generation.pop(generation, None)
+        if not by_generation:
+            del self._grants[(segment, offset)]
+        return ranges
+
+    def _prune(self) -> None:
+        """Drops the oldest grants past MAX_AGE, and past MAX_GRANTS (callers hold the lock)."""
+        since = self._since
+        oldest_kept = self._clock() - MAX_AGE
+        while since:
+            (segment, offset, generation), first = next(iter(since.items()))
+            if len(since) < MAX_GRANTS and first >= oldest_kept:
+                break
+            self._drop(segment, offset, generation)
