@@ -99,4 +99,7 @@ def client_scope(identity: Identity, client_id: str) -> str:
         )
     if identity.insecure or not client_id:
         return client_id
-    return f"{identity.tenant}/{identity.name}:{client_id}"
+    # (the name's length first: a name may hold ":", and "svc" sending "prod:abc" must not
+    # be "svc:prod" sending "abc")
+    name = identity.name
+    return f"{identity.tenant}/{len(name)}.{name}:{client_id}"
