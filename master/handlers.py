@@ -732,6 +732,12 @@ class MasterHandlers:
         """A draining node's progress for its heartbeat's answer, worked out at most every
         DRAIN_PROGRESS_EVERY seconds (it reads every object of the node, on the event loop,
         and a node heartbeats every second or more often)."""
+        node = self.core.state.nodes.get(node_id)
+        if node is None or not node.draining:  # (cheap, and never a stale "draining")
+            # (nor a stale "not draining": reused after the node began, its answer would
+            # say the drain was refused, and the node would leave with its objects)
+            self._drain_progresses.pop(node_id, None)
+            return self.core.state.drain_progress(node_id)
         now = time.monotonic()
         cached = self._drain_progresses.get(node_id)
         if cached is not None and now - cached[0] < DRAIN_PROGRESS_EVERY:
