@@ -264,17 +264,21 @@ class DataPath:
                 for lane in self._lanes:  # (dropped by the thread that next takes it)
                     lane.stale.add(segment.segment_id)
                 self._unmap(segment.segment_id)
-            self._forget_replaced(segment)
+            self._forget_replaced(segment, known)
 
-    def _forget_replaced(self, segment: pb.Segment) -> None:
+    def _forget_replaced(self, segment: pb.Segment, known: pb.Segment | None) -> None:
         """A segment from a new process of its node (another worker address): the lanes'
         endpoints to the node's earlier processes, and the routes through them, go before
         their next use, rather than stay open for the client's life with every node restart
         (an endpoint is a connection). A transfer that still names such a segment connects
-        again, and fails as any transfer to a dead node does."""
+        again, and fails as any transfer to a dead node does. ``known``: what the segment's
+        id described before (a persistent segment keeps its id across restarts)."""
+        olders = list(self._descriptors.values())  # (a copy: other threads learn meanwhile)
+        if known is not None:
+            olders.append(known)
         replaced = [
             old
-            for old in self._descriptors.values()
+            for old in olders
             if old.node_id == segment.node_id and old.worker_address != segment.worker_address
         ]
         if not replaced:
@@ -289,6 +293,8 @@ class DataPath:
     def register(self, buffer: Any) -> ucp.MemoryRegion:
         """Registers caller memory once so transfers from or into it skip registration."""
         with self._lock:
+            if self._closed:
+                raise ClientClosed("the client is closed: make a new one")
             region = self.context.register(buffer)
             self._regions.append(region)
             return region
@@ -305,6 +311,8 @@ class DataPath:
                 self._changed.wait(left)
             if running & self._active:
                 log.warning("a transfer still runs: its buffer's registration is left in place")
+                return
+            if self._closed:  # (close() ran meanwhile: the context is gone, and UCX with it)
                 return
             region.close()
 

@@ -94,6 +94,10 @@ class MasterLink:
         self._resolver = LeaderResolver(target)
         self._lock = threading.Lock()
         self._channel: grpc.Channel | None = None
+        #: Calls running on each channel: one replaced while calls run on it is closed when
+        #: the last ends (closed at once, it would cancel them, and a call sent again after
+        #: that might run twice: a PutStart would find its own reservation).
+        self._channel_users: dict[grpc.Channel, int] = {}
         self._stub: master_pb2_grpc.MasterStub | None = None
         self._connected_to = ""
         #: Whether a master has ever answered this link (a refusal is then a restart).
@@ -121,7 +125,7 @@ class MasterLink:
                     f"({last_error}). Check that `kvpool master` runs there and is reachable, "
                     "or raise the client's timeout."
                 )
-            stub, leader = self._stub_for_leader(deadline)
+            stub, leader, channel = self._stub_for_leader(deadline)
             if stub is None:
                 last_error = "no leader elected yet"
                 self._resolver.failed(deadline=deadline)
@@ -161,6 +165,8 @@ class MasterLink:
                     hint = _leader_hint(error)
                     if code == lp.CANCELLED and stub is not self._stub and not self._closed:
                         continue  # (cancelled by that same replacement, mid-call)
+                finally:
+                    self._release_channel(channel)
                 if lane_failure is not None and code not in RETRYABLE:
                     self._lane_unreachable(leader, lane_failure)  # gRPC reached the master
                 lane_failure = None  # (else the master itself is away: try its lane again)
@@ -186,14 +192,14 @@ class MasterLink:
                     raise QuotaExceeded(f"master {leader} refused {method}: {details}")
                 if code == lp.FAILED_PRECONDITION and "not the leader" in details:
                     last_error = f"{leader}: {details}"
-                    self._resolver.failed(hint, deadline)
+                    self._resolver.failed(hint, deadline, tried=leader)
                 elif code in RETRYABLE:
                     last_error = f"{leader}: {name}: {details}"
                     failures += 1
                     busy = code == lp.RESOURCE_EXHAUSTED
                     if failures >= FAILURES_BEFORE_RESOLVING and not busy:
                         failures = 0
-                        self._resolver.failed(deadline=deadline)
+                        self._resolver.failed(deadline=deadline, tried=leader)
                         self._new_channel()
                 elif code == lp.INVALID_ARGUMENT:
                     raise InvalidArgument(f"master rejected {method}: {details}")
@@ -217,7 +223,7 @@ class MasterLink:
         self._refused.add(leader)
         if self._refused.issuperset(self.target.masters):
             return True
-        self._resolver.failed()  # the next master of the list, at once
+        self._resolver.failed(tried=leader)  # the next master of the list, at once
         return False
 
     def _lane(
@@ -245,6 +251,8 @@ class MasterLink:
             return None  # this call goes over gRPC, which reports what is wrong
         stale: list[LaneClient] = []
         with self._lock:
+            if self._closed:  # (closed while it asked: a lane made now would never close)
+                raise ClientClosed("the client is closed: make a new one")
             if not port:
                 self._lanes[leader] = time.monotonic() + LANE_RETRY_AFTER
                 return None
@@ -293,11 +301,17 @@ class MasterLink:
         with self._lock:
             self._connected_to = ""
 
-    def _stub_for_leader(self, deadline: float) -> tuple[master_pb2_grpc.MasterStub | None, str]:
+    def _stub_for_leader(
+        self, deadline: float
+    ) -> tuple[master_pb2_grpc.MasterStub | None, str, grpc.Channel | None]:
+        """The leader's stub, its address and its channel, counted as used until
+        ``_release_channel``; (None, "", None) while no leader is known."""
         leader = self._resolver.leader(deadline)
         with self._lock:
+            if self._closed:
+                raise ClientClosed("the client is closed: make a new one")
             if not leader:
-                return None, ""
+                return None, "", None
             if leader != self._connected_to or self._stub is None:
                 replaced = self._channel
                 try:  # (the TLS files are read again for each channel: they may be rotated)
@@ -314,9 +328,26 @@ class MasterLink:
                     raise InvalidArgument(f"cannot connect to master {leader}: {error}") from None
                 self._stub = master_pb2_grpc.MasterStub(self._channel)
                 self._connected_to = leader
-                if replaced is not None:
-                    replaced.close()  # (after the new one is in place: see ``call``)
-            return self._stub, leader
+                if replaced is not None and not self._channel_users.get(replaced):
+                    replaced.close()  # (else its last call closes it: _release_channel)
+            channel = self._channel
+            assert channel is not None
+            self._channel_users[channel] = self._channel_users.get(channel, 0) + 1
+            return self._stub, leader, channel
+
+    def _release_channel(self, channel: grpc.Channel | None) -> None:
+        """A call on ``channel`` ended: a channel replaced meanwhile closes with its last."""
+        if channel is None:
+            return
+        with self._lock:
+            left = self._channel_users[channel] - 1
+            if left:
+                self._channel_users[channel] = left
+                return
+            del self._channel_users[channel]
+            replaced = channel is not self._channel
+        if replaced:
+            channel.close()
 
 
 def _channel_closed(error: ValueError) -> bool:

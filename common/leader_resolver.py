@@ -56,14 +56,19 @@ class LeaderResolver:
                 self._current = found
             return self._current
 
-    def failed(self, hint: str = "", deadline: float | None = None) -> str:
-        """The current master refused or did not answer: picks another (``hint`` first)."""
+    def failed(self, hint: str = "", deadline: float | None = None, tried: str = "") -> str:
+        """The current master refused or did not answer: picks another (``hint`` first).
+        ``tried``: the master that failed; when another thread has moved on from it
+        meanwhile, the current one stands (two threads failing on the same master move on
+        once, not back to it)."""
         if not hint and self.target.etcd:
             found = self._ask_etcd(deadline)
             with self._lock:
                 self._current = found
                 return found
         with self._lock:
+            if tried and tried != self._current:
+                return self._current
             if hint:
                 self._current = hint
             elif len(self.target.masters) > 1:

@@ -59,3 +59,31 @@ def test_endpoints_to_a_replaced_node_process_are_closed(node_processes, data_pa
     assert "n1/dram-old" not in lane.routes
     data_path._route(lane, "n1/dram-new")  # (the new process is reached as before)
     data_path._give_lane_back(lane)
+
+
+def test_endpoints_to_a_replaced_process_go_when_its_segment_keeps_its_id(
+    node_processes, data_path
+):
+    """(A persistent segment keeps its id across restarts: its new descriptor took the old
+    one's place before the old process was looked for, which was then never found.)"""
+    (old_worker, old_region, _), (new_worker, new_region, _) = node_processes
+    data_path.learn([descriptor("n1/nvme-0", old_worker, old_region)])
+    lane = data_path._take_lane(time.monotonic() + 5)
+    data_path._route(lane, "n1/nvme-0")
+    data_path._give_lane_back(lane)
+    assert old_worker.address in lane.endpoints
+
+    data_path.learn([descriptor("n1/nvme-0", new_worker, new_region)])  # the same id, again
+    lane = data_path._take_lane(time.monotonic() + 5)
+    assert old_worker.address not in lane.endpoints, "closed before the lane's next use"
+    data_path._route(lane, "n1/nvme-0")
+    assert new_worker.address in lane.endpoints
+    data_path._give_lane_back(lane)
+
+
+def test_a_buffer_registered_after_close_is_refused(data_path):
+    from kvpool.errors import ClientClosed
+
+    data_path.close()
+    with pytest.raises(ClientClosed):
+        data_path.register(bytearray(4096))

@@ -133,3 +133,14 @@ def test_a_thread_that_knows_the_leader_is_not_held_up_by_a_slow_lookup():
         assert found.failed(hint="10.0.0.8:50051") == "10.0.0.8:50051"
         assert time.monotonic() - start < 0.5
         asking.join(5)
+
+
+def test_threads_failing_on_the_same_master_move_on_once_not_back_to_it():
+    """(Each failure moved to the next master: two threads failing on A together went to B
+    and straight back to A, the dead one, and each move replaced the gRPC channel.)"""
+    resolver = LeaderResolver(parse_master("a:1,b:2,c:3"))
+    assert resolver.leader() == "a:1"
+    assert resolver.failed(tried="a:1") == "b:2"
+    assert resolver.failed(tried="a:1") == "b:2", "the second failure on a:1 moves nothing"
+    assert resolver.failed(hint="c:3", tried="a:1") == "b:2"
+    assert resolver.failed(tried="b:2") == "c:3"
