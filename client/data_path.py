@@ -31,7 +31,9 @@ stream (``Segment.checked_address``) is reached over it rather than UCX whenever
 granted the transfer a capability (``Transfer.capability``; secure masters do): the node
 checks every transfer before a byte moves (transport/checked_stream.py). Such transfers are
 not merged with one another (each is one grant); requests to one node are pipelined instead.
-``checked_stream=False`` (or ``KVPOOL_CHECKED_STREAM=0`` in the environment) keeps UCX for them.
+``checked_stream=False`` (or ``KVPOOL_CHECKED_STREAM=0`` in the environment) keeps UCX for them
+(for puts, only into nodes that take the writer's word: of one tenant, or with UCX over TCP;
+storage_node/checked_writes.py).
 
 A transfer that fails for another reason than its deadline (the node's process exited, an
 endpoint cannot be created, the connection broke) marks its node unreachable for a few

@@ -131,6 +131,7 @@ class MasterLink:
                 self._resolver.failed(deadline=deadline)
             else:
                 try:
+                    remaining = max(deadline - time.monotonic(), 0.001)  # (after a lookup)
                     lane = None if lane_failure else self._lane(method, stub, leader, remaining)
                     if lane is not None:
                         response_type = LANE_RESPONSES[method]

@@ -321,6 +321,8 @@ class _Connection(asyncio.Protocol):
         assert isinstance(transport, asyncio.Transport)
         self.lane._handshaking.discard(transport)  # (a TLS one: its handshake is done)
         self.transport = transport
+        # (its credentials are due a read timeout after the handshake, which had its own)
+        self._last_heard = self._opened = time.monotonic()
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "?"
         lane = self.lane

@@ -124,9 +124,10 @@ class CheckedConnection:
         activity: Activity | None = None,
         written: WrittenRanges | None = None,
     ) -> None:
-        """``written``: told of every write that lands (storage_node/checked_writes.py)."""
+        """``written``: told of every write that lands, where the node follows them
+        (storage_node/checked_writes.py); None: nothing asks."""
         self._connection = connection
-        self._written_ranges = written if written is not None else WrittenRanges()
+        self._written_ranges = written
         self.activity = activity or Activity()
         self._segments = segments
         self._keys = keys
@@ -187,7 +188,7 @@ class CheckedConnection:
         check, term, skew_ms = keys.ring.check, keys.term, keys.max_skew_ms
         buffer, view, memories = self._buffer, self._view, self._memory
         segment_of, clock, seals = self._segments.get, self._clock, self._seals
-        wrote = self._written_ranges.wrote
+        wrote = self._written_ranges.wrote if self._written_ranges is not None else None
         connection, parts, reads = self._connection, self._parts, self._reads
         longest_ms, end, size = self._longest_ms, self._end, _REQUEST_SIZE
         start = self._start
@@ -227,7 +228,8 @@ class CheckedConnection:
                     if clock() > ends_at:
                         raise self._expired()
                     memory[offset : offset + length] = view[payload : payload + length]
-                    wrote(digest, grant_offset, grant_id, offset, offset + length)
+                    if wrote is not None:
+                        wrote(digest, grant_offset, grant_id, offset, offset + length)
                 finally:
                     seals.leave(digest, grant_offset, connection)
                 start = self._start = payload + length
@@ -290,7 +292,8 @@ class CheckedConnection:
             return
         try:
             self._write(segment, digest, offset, length, ends_at, (grant_offset, grant_id))
-            self._written_ranges.wrote(digest, grant_offset, grant_id, offset, offset + length)
+            if self._written_ranges is not None:
+                self._written_ranges.wrote(digest, grant_offset, grant_id, offset, offset + length)
         finally:
             # (left before the answer: its writer's commit, then the Persist, follow it)
             self._seals.leave(digest, grant_offset, connection)

@@ -107,10 +107,12 @@ class CheckedServer:
         io_timeout: float = 10.0,
         clock: Callable[[], float] = time.time,
         seals: Seals | None = None,
+        written: WrittenRanges | None = None,
     ) -> None:
         self.seals = seals or Seals(clock)
-        #: What landed under each write grant, until its object is recorded or forgotten.
-        self.written = WrittenRanges()
+        #: What landed under each write grant, until its object is recorded or forgotten
+        #: (None: nothing asks, on a node of one tenant or one offering UCX over TCP).
+        self.written = written
         self._counters = Counters(REQUESTS, BYTES)
         self._segments = {caps.segment_digest(s.segment_id): s for s in segments}
         self._keys = keys

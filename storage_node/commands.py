@@ -129,6 +129,8 @@ class CommandExecutor:
         if self._written is not None:
             digest = caps.segment_digest(segment.segment_id)
             for e in entries:
+                if segment.index.holds(e):
+                    continue  # (recorded already: a Persist sent again, as delivery may)
                 if not self._written.proven(digest, e.offset, e.generation, e.size):
                     raise PermissionError(
                         f"object {shown_key(e.key)} was not written whole under its put's "

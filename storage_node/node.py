@@ -38,6 +38,7 @@ from kvpool.security import capabilities as caps
 from kvpool.security.caller import ANONYMOUS, CallerCredentials
 from kvpool.storage_node import lane_session, metrics
 from kvpool.storage_node.checked_server import CheckedServer, NodeKeys
+from kvpool.storage_node.checked_writes import WrittenRanges
 from kvpool.storage_node.commands import CommandExecutor
 from kvpool.storage_node.mapping_server import MappingServer
 from kvpool.storage_node.peer_copy import PeerCopier
@@ -143,8 +144,11 @@ class StorageNode:
         self.checked_address = ""
         if checked is not None:
             listen, port, advertised = checked
+            # (a segment of one tenant holds nothing another could read; with UCX offered
+            # over TCP, its peers write where they like, unseen by the node: their choice)
+            written = WrittenRanges() if prove_writes and not tenant else None
             self.checked = CheckedServer(
-                segments, lambda: self.capability_keys, host=listen, port=port
+                segments, lambda: self.capability_keys, host=listen, port=port, written=written
             )
             self.checked_address = f"{advertised}:{self.checked.port}"
         self.tenant = tenant
@@ -152,11 +156,7 @@ class StorageNode:
         if mapping and tenant:
             self.mapping = MappingServer(segments, lambda: self.capability_keys, tenant)
         seals = self.checked.seals if self.checked is not None else None
-        # (a segment of one tenant holds nothing another could read; with UCX offered over
-        # TCP, its peers write where they like, unseen by the node: the operator's choice)
-        written = None
-        if self.checked is not None and prove_writes and not tenant:
-            written = self.checked.written
+        written = self.checked.written if self.checked is not None else None
         self._executor = CommandExecutor(segments, self._peers, seals, written)
 
     @property

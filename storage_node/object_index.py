@@ -107,6 +107,12 @@ class MemoryIndex:
         with self._lock:
             return list(self._entries.values())
 
+    def holds(self, entry: Entry) -> bool:
+        """Whether ``entry``'s object (its key, place and generation) is recorded."""
+        with self._lock:
+            current = self._entries.get(entry.key)
+            return current is not None and _same_object(current, entry)
+
     def confirm(self) -> None:
         """A master adopted what the segment reported, or had the node forget it: nothing
         recorded is in doubt any more."""

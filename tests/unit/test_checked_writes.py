@@ -60,3 +60,21 @@ def test_grants_nobody_names_again_go_by_age_and_by_count(monkeypatch):
         written.wrote(SEGMENT, offset, 1, offset, offset + 10)
     assert len(written) <= 8
     assert written.proven(SEGMENT, 128 + 19 * 64, 1, 10), "the newest are kept"
+
+
+def test_a_grant_written_in_more_disjoint_pieces_than_are_kept_proves_nothing(monkeypatch):
+    monkeypatch.setattr(checked_writes, "MAX_RANGES", 8)
+    written = WrittenRanges()
+    for start in range(0, 64 * 20, 64):  # 20 disjoint pieces, 32 bytes of every 64
+        written.wrote(SEGMENT, 0, 7, start, start + 32)
+    assert not written.proven(SEGMENT, 0, 7, 32)
+    for start in range(20 * 64, -1, -64):  # 21 pieces backwards, touching: merged, kept
+        written.wrote(SEGMENT, 0, 8, start, start + 64)
+    assert written.proven(SEGMENT, 0, 8, 21 * 64)
+
+
+def test_pieces_out_of_order_merge_and_prove_the_object():
+    written = WrittenRanges()
+    for start in reversed(range(0, 8192, 1024)):
+        written.wrote(SEGMENT, 0, 9, start, start + 1024)
+    assert written.proven(SEGMENT, 0, 9, 8192)

@@ -119,3 +119,22 @@ def test_a_persist_past_a_dram_segments_end_fails_and_records_nothing():
     finally:
         segment.close()
         context.close()
+
+
+def test_where_writes_are_proven_a_persist_sent_again_is_answered_as_before(segment):
+    """(A Persist the node ran and whose answer was lost with its stream is sent again when
+    the node's process connects again: its proof was spent the first time, and the second
+    run failed, and the master forgot a good object.)"""
+    from kvpool.security import capabilities as caps
+    from kvpool.storage_node.checked_writes import WrittenRanges
+
+    sid = segment.segment_id
+    proofs = WrittenRanges()
+    written(segment, 0, 70_000)
+    proofs.wrote(caps.segment_digest(sid), 0, 1, 0, 70_000)  # over the checked stream
+    executor = CommandExecutor([segment], written=proofs)
+    first = executor.execute(persist(1, sid, "k", 0, 70_000))
+    again = executor.execute(persist(1, sid, "k", 0, 70_000))
+    assert first.ok and again.ok, again.error
+    unwritten = executor.execute(persist(2, sid, "never-written", 100_000, 4096))
+    assert not unwritten.ok and "not written whole" in unwritten.error
