@@ -635,11 +635,16 @@ class MasterHandlers:
             tenant=identity.tenant,
         )
 
+        state = self.core.state
+        until = state.clock() + ttl_ms / 1000.0 + keys.max_skew_ms / 1000.0
+        noted = state.capabilities_until
+
         def grant(replica: PlacedReplica, size: int, grant_id: int) -> bytes:
             segment = replica.segment
-            return signed(
-                segment.segment_id, replica.address - segment.base_address, size, grant_id
-            )
+            segment_id = segment.segment_id
+            if noted.get(segment_id, 0.0) < until:  # (MasterState.capabilities_until)
+                noted[segment_id] = until
+            return signed(segment_id, replica.address - segment.base_address, size, grant_id)
 
         return grant
 

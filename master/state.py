@@ -191,6 +191,13 @@ class MasterState:
         #: this master granted space in them may still copy: segment id -> the last grant.
         #: Kept a write timeout, so that a remount in that time fences their space.
         self._dropped_grants: dict[str, float] = {}
+        #: segment id -> until when (this state's clock) a capability this master signed for
+        #: a range of it may run (the handlers note each). The node's seals, which end a
+        #: capability early, live in its process: a segment mounted again by a new process
+        #: under the same id (NVMe, --dram-shm) takes no new object until they have run out,
+        #: or a reader of a removed object could read what is put there next. Past ones go
+        #: at each tick.
+        self.capabilities_until: dict[str, float] = {}
         #: segment id -> when it went away (dropped, or restored from an earlier leader's
         #: record), oldest first, until it mounts again: its tombstones go at
         #: ``tombstones.MAX_AGE``.
@@ -305,6 +312,11 @@ class MasterState:
             self._drop_segments([existing.segment_id])
         segment = SegmentRecord(info, Allocator(info.size, self.config.alignment))
         granted_at = self._dropped_grants.pop(info.segment_id, None)
+        capabilities_end = self.capabilities_until.get(info.segment_id, 0.0)
+        if capabilities_end > now and not remount:
+            # (a new process: its seals are gone, and capabilities signed for the earlier one
+            # would reach whatever is put in the space they name; see capabilities_until)
+            segment.fenced_until = capabilities_end + FENCE_MARGIN
         if remount:
             # Writers granted space before the node last heard from a master, and those this
             # master granted itself until it let the segment go (declared its node dead)...
@@ -1081,6 +1093,10 @@ class MasterState:
         self._bury_dead_nodes(now, report)
         if self._away_since:
             self._age_out_tombstones(now)
+        if self.capabilities_until:
+            for segment_id, until in list(self.capabilities_until.items()):
+                if until <= now:
+                    del self.capabilities_until[segment_id]
         if self._dropped_grants:
             write_timeout = self.config.write_timeout
             for segment_id, granted_at in list(self._dropped_grants.items()):
@@ -1233,8 +1249,10 @@ class MasterState:
             if fenced:
                 return PutSlot(
                     KeyStatus.FENCED,
-                    message=f"space is fenced after a master change for {max(fenced) - now:.1f}"
-                    " s more (old writers may still be copying): retry shortly",
+                    message=f"space is fenced after a master change or a node restart for "
+                    f"{max(fenced) - now:.1f} s more (old writers may still be copying, or "
+                    "capabilities signed for the node's earlier process still run): retry "
+                    "shortly",
                 )
             return PutSlot(KeyStatus.NO_SPACE, message=self._no_space_message(size, options.tier))
         put_id = next(self._put_ids)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import random
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -13,8 +14,9 @@ import pytest
 from helpers import cluster_status, metric, wait_until
 
 from kvpool import Client
-from kvpool.errors import KVPoolError, ObjectNotFound
+from kvpool.errors import Fenced, KVPoolError, ObjectNotFound
 from kvpool.local_cluster import DEFAULT_TENANT
+from kvpool.proto import master_pb2 as pb
 from kvpool.storage_node.object_index import live_entries
 
 MiB = 1 << 20
@@ -279,3 +281,26 @@ def test_large_writes_go_past_the_page_cache_and_are_recorded_with_their_true_ch
         assert wait_until(lambda: cluster_status(client.master).objects == len(objects), 10)
         for key, value in objects.items():
             assert client.get(key, verify=True) == value, key
+
+
+def test_a_restarted_node_takes_no_new_object_while_its_old_process_capabilities_run(
+    cluster_factory, tmp_path
+):
+    """(The node's seals, which end a removed object's read capabilities early, lived in its
+    old process; its segment keeps its id. A reader that kept such a capability could read
+    whatever was put in that space next, until the capability ran out.)"""
+    cluster = cluster_factory(0, "64MiB")
+    node = cluster.add_node(extra=nvme_args(tmp_path / "nvme"))
+    with Client(cluster.master_address, timeout=3) as client:
+        assert client.put("read-then-removed", b"r" * 4096, tier="nvme") == 1
+        request = pb.GetReplicasRequest(
+            client_id=client.client_id, keys=["read-then-removed"], lease_ms=20_000
+        )
+        located = client._session.link.call("GetReplicas", request, time.monotonic() + 5)
+        assert located.objects[0].replicas[0].capability, "a read capability for 20 s"
+        client.remove("read-then-removed", force=True)
+        node.kill()
+        node.restart()
+        assert wait_until(lambda: cluster_status(client.master).nodes == 1, timeout=10)
+        with pytest.raises(Fenced, match="capabilities signed for the node's earlier process"):
+            client.put("put-next", b"n" * 4096, tier="nvme")
