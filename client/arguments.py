@@ -16,10 +16,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from kvpool.common.keys import shown_key
+from kvpool.common.limits import MAX_SECONDS
 from kvpool.errors import InvalidArgument
 
-#: The longest duration a call may carry: the wire's millisecond fields are 32-bit.
-MAX_SECONDS = (2**32 - 1) / 1000.0
 UINT32_MAX = 2**32 - 1
 UINT64_MAX = 2**64 - 1
 

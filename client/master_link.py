@@ -133,15 +133,14 @@ class MasterLink:
                 try:
                     remaining = max(deadline - time.monotonic(), 0.001)  # (after a lookup)
                     lane = None if lane_failure else self._lane(method, stub, leader, remaining)
+                    # (what asking for the lane took is not the call's to spend again)
+                    remaining = max(deadline - time.monotonic(), 0.001)
                     if lane is not None:
                         response_type = LANE_RESPONSES[method]
-                        # (what asking for the lane took is not the call's to spend again)
-                        remaining = max(deadline - time.monotonic(), 0.001)
                         answer = lane.call(method, request, response_type, remaining)
                         self._answered = True
                         return answer
                     _check_size(method, request)  # (the lane checks what it serializes)
-                    remaining = max(deadline - time.monotonic(), 0.001)
                     response = getattr(stub, method)(
                         request, timeout=remaining, metadata=self._metadata
                     )

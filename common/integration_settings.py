@@ -13,8 +13,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-#: The longest duration a setting may hold: the wire's millisecond fields are 32-bit.
-MAX_SECONDS = (2**32 - 1) / 1000.0
+from kvpool.common.limits import MAX_SECONDS
+
 #: Copies of an object a setting may ask for (the master has a lower limit of its own).
 MAX_REPLICAS = 2**32 - 1
 #: Bytes of UTF-8 a key prefix may take: the rest of the key (at most 1024 bytes) names the
@@ -93,7 +93,11 @@ def string_map(name: str, value: object) -> dict[str, str]:
     return dict(value)
 
 
-def credential_texts(settings: Mapping[str, Any], names: tuple[str, ...]) -> None:
+#: The settings that carry a caller's credentials, in ``CallerCredentials.resolve``'s order.
+CREDENTIALS = ("token", "tls_ca", "tls_cert", "tls_key")
+
+
+def credential_texts(settings: Mapping[str, Any], names: tuple[str, ...] = CREDENTIALS) -> None:
     """Each credential setting given (a token, certificate paths) is a non-empty string."""
     for name in names:
         value = settings.get(name)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+#: The longest duration a call may carry: the wire's millisecond fields are 32-bit.
+MAX_SECONDS = (2**32 - 1) / 1000.0
+
 #: Largest message kvpool sends or accepts, over gRPC (the master's server and the clients'
 #: channels) and over the metadata lane (a frame's body): a batch that needs more is refused
 #: and must be split, and a peer that sends more is broken or foreign.

@@ -105,8 +105,7 @@ class KVPoolL2AdapterConfig(L2AdapterConfigBase):
         super().__init__()
         self.master = resolve_master(master)
         check.credential_texts(
-            {"token": token, "tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key},
-            ("token", "tls_ca", "tls_cert", "tls_key"),
+            {"token": token, "tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key}
         )
         #: The credentials (checked: a malformed token or a missing file is a ValueError).
         self.credentials = CallerCredentials.resolve(token, tls_ca, tls_cert, tls_key)

@@ -458,7 +458,8 @@ class _Connection(asyncio.Protocol):
         if self._closing_since is not None:  # (its answers unread: a close never ends)
             return "unread_answers" if now - self._closing_since > lane.read_timeout else None
         if self.identity is None and now - self._opened > lane.read_timeout:
-            # (from its first byte, whatever it sends since: credentials are one small frame)
+            # (from its handshake, whatever it sends since: credentials are one small frame,
+            # and there is no reason to keep a connection long that has not proven who it is)
             return "unauthenticated"
         if self._paused_since is not None:  # not reading: the silence is ours
             if self._stream is not None:  # (a node busy with its disk: given longer)
@@ -475,8 +476,6 @@ class _Connection(asyncio.Protocol):
             allowed = 2 * lane.read_timeout + self._decoder.announced / FRAME_RATE_FLOOR
             since = self._frame_since
             return "slow_frame" if since is not None and now - since > allowed else None
-        if self.identity is None:  # (it has not proven who it is: no reason to keep it long)
-            return "unauthenticated" if silent > lane.read_timeout else None
         if self._stream is None and not self._inflight and not self._held:
             return "idle" if silent > lane.idle_timeout else None
         return None

@@ -102,7 +102,7 @@ class KVPoolHiCacheConfig:
             raise ValueError(
                 f"unknown kvpool HiCache setting(s) {sorted(unknown)}; known: {sorted(_KNOWN)}"
             )
-        check.credential_texts(extra, ("token", "tls_ca", "tls_cert", "tls_key"))
+        check.credential_texts(extra)
         replicas = check.replicas("replicas", extra.get("replicas", 0))
         key_prefix = check.key_prefix(
             "key_prefix", extra.get("key_prefix", DEFAULT_PREFIX), forbidden="@"

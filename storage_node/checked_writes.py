@@ -53,10 +53,10 @@ class WrittenRanges:
     def wrote(self, segment: bytes, offset: int, generation: int, start: int, end: int) -> None:
         """Bytes [start, end) of the segment were written under the grant."""
         with self._lock:
-            by_generation = self._grants.setdefault((segment, offset), {})
-            ranges = by_generation.get(generation)
+            by_generation = self._grants.get((segment, offset))
+            ranges = by_generation.get(generation) if by_generation is not None else None
             if ranges is None:
-                self._prune()
+                self._prune()  # (first: it may drop this place's other grants)
                 by_generation = self._grants.setdefault((segment, offset), {})
                 ranges = by_generation[generation] = []
                 self._since[(segment, offset, generation)] = self._clock()
@@ -69,7 +69,7 @@ class WrittenRanges:
             if len(ranges) > MAX_RANGES:
                 ranges[:] = _merged(ranges)
                 if len(ranges) > MAX_RANGES:
-                    by_generation[generation] = _UNPROVABLE
+                    self._grants[(segment, offset)][generation] = _UNPROVABLE
 
     def proven(self, segment: bytes, offset: int, generation: int, size: int) -> bool:
         """Whether every byte of the object (``size`` bytes at ``offset``, of the grant's

@@ -56,7 +56,7 @@ _BOOLS = {
     "metadata_lane": True,
     "enable_kv_events": False,
 }
-_STRINGS = ("token", "tls_ca", "tls_cert", "tls_key")
+_STRINGS = check.CREDENTIALS
 KNOWN = frozenset(
     {"master", "replicas", "key_prefix", "ucx_config", "locality", *_FLOATS, *_BOOLS, *_STRINGS}
 )
@@ -87,7 +87,7 @@ class KVPoolTierConfig:
             raise ValueError(
                 f"unknown kvpool tier setting(s) {sorted(unknown)}; known: {sorted(KNOWN)}\n" + HELP
             )
-        check.credential_texts(settings, _STRINGS)
+        check.credential_texts(settings)
         credentials = CallerCredentials.resolve(*(settings.get(name) for name in _STRINGS))
         replicas = check.replicas("replicas", settings.get("replicas", 0))
         prefix = check.key_prefix(

@@ -45,38 +45,26 @@ def descriptor(segment_id: str, worker: ucp.Worker, region: ucp.MemoryRegion) ->
     )
 
 
-def test_endpoints_to_a_replaced_node_process_are_closed(node_processes, data_path):
-    (old_worker, old_region, _), (new_worker, new_region, _) = node_processes
-    data_path.learn([descriptor("n1/dram-old", old_worker, old_region)])
-    lane = data_path._take_lane(time.monotonic() + 5)
-    data_path._route(lane, "n1/dram-old")
-    data_path._give_lane_back(lane)
-    assert old_worker.address in lane.endpoints
-
-    data_path.learn([descriptor("n1/dram-new", new_worker, new_region)])  # n1 restarted
-    lane = data_path._take_lane(time.monotonic() + 5)
-    assert old_worker.address not in lane.endpoints, "closed before the lane's next use"
-    assert "n1/dram-old" not in lane.routes
-    data_path._route(lane, "n1/dram-new")  # (the new process is reached as before)
-    data_path._give_lane_back(lane)
-
-
-def test_endpoints_to_a_replaced_process_go_when_its_segment_keeps_its_id(
-    node_processes, data_path
-):
+@pytest.mark.parametrize(
+    ("old_id", "new_id"),
+    [("n1/dram-old", "n1/dram-new"), ("n1/nvme-0", "n1/nvme-0")],
+    ids=["a new segment id (DRAM)", "the same id (NVMe, --dram-shm)"],
+)
+def test_endpoints_to_a_replaced_node_process_are_closed(node_processes, data_path, old_id, new_id):
     """(A persistent segment keeps its id across restarts: its new descriptor took the old
     one's place before the old process was looked for, which was then never found.)"""
     (old_worker, old_region, _), (new_worker, new_region, _) = node_processes
-    data_path.learn([descriptor("n1/nvme-0", old_worker, old_region)])
+    data_path.learn([descriptor(old_id, old_worker, old_region)])
     lane = data_path._take_lane(time.monotonic() + 5)
-    data_path._route(lane, "n1/nvme-0")
+    data_path._route(lane, old_id)
     data_path._give_lane_back(lane)
     assert old_worker.address in lane.endpoints
 
-    data_path.learn([descriptor("n1/nvme-0", new_worker, new_region)])  # the same id, again
+    data_path.learn([descriptor(new_id, new_worker, new_region)])  # n1 restarted
     lane = data_path._take_lane(time.monotonic() + 5)
     assert old_worker.address not in lane.endpoints, "closed before the lane's next use"
-    data_path._route(lane, "n1/nvme-0")
+    assert old_id not in lane.routes
+    data_path._route(lane, new_id)  # (the new process is reached as before)
     assert new_worker.address in lane.endpoints
     data_path._give_lane_back(lane)
 

@@ -10,6 +10,8 @@ connection opens with the node's credentials (an AUTH frame), then its hello.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from kvpool.common import lane_protocol as lp
@@ -54,6 +56,38 @@ def stand_in_master(commands: bytes, reports: asyncio.Queue[pb.NodeReport]) -> A
     return master
 
 
+@contextlib.asynccontextmanager
+async def serving(
+    sent: bytes,
+    reports: asyncio.Queue[pb.NodeReport],
+    run_commands: Callable[[list[pb.NodeCommand]], Awaitable[list[pb.CommandResult]]],
+    **options: Any,
+) -> AsyncIterator[None]:
+    """A stand-in master that sends ``sent``, and node n1 serving its commands over the lane
+    (``options``: ``serve_commands``'s ``run_now``, ``groups_with``); entered once the master
+    has the node's hello (taken from ``reports``), left with both stopped."""
+    server = await asyncio.start_server(stand_in_master(sent, reports), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    node = asyncio.create_task(
+        lane_session.serve_commands(
+            "127.0.0.1",
+            port,
+            pb.NodeHello(node_id="n1"),
+            run_commands,
+            credentials=CallerCredentials(token=TOKEN),
+            **options,
+        )
+    )
+    try:
+        assert (await asyncio.wait_for(reports.get(), 5)).hello.node_id == "n1"
+        yield
+    finally:
+        node.cancel()
+        await asyncio.gather(node, return_exceptions=True)
+        server.close()
+        await server.wait_closed()
+
+
 def test_memory_only_commands_are_answered_at_once_and_every_answer_keeps_its_place():
     async def scenario() -> None:
         reports: asyncio.Queue[pb.NodeReport] = asyncio.Queue()
@@ -71,33 +105,18 @@ def test_memory_only_commands_are_answered_at_once_and_every_answer_keeps_its_pl
                 await copy_may_finish.wait()
             return [pb.CommandResult(command_id=c.command_id, ok=True) for c in cs]
 
-        master = stand_in_master(
-            command(1, "forget") + command(2, "copy") + command(3, "forget"), reports
-        )
-        server = await asyncio.start_server(master, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        hello = pb.NodeHello(node_id="n1")
-        node = asyncio.create_task(
-            lane_session.serve_commands(
-                "127.0.0.1", port, hello, run_commands, run_now, CallerCredentials(token=TOKEN)
-            )
-        )
-        assert (await asyncio.wait_for(reports.get(), 5)).hello.node_id == "n1"
-        first = await asyncio.wait_for(reports.get(), 5)
-        assert first.result.command_id == 1
-        await asyncio.sleep(0.05)
-        assert reports.empty(), "3 waits behind the copy"
-        assert answered_at_once == [1]
+        sent = command(1, "forget") + command(2, "copy") + command(3, "forget")
+        async with serving(sent, reports, run_commands, run_now=run_now):
+            first = await asyncio.wait_for(reports.get(), 5)
+            assert first.result.command_id == 1
+            await asyncio.sleep(0.05)
+            assert reports.empty(), "3 waits behind the copy"
+            assert answered_at_once == [1]
 
-        copy_may_finish.set()
-        later = [(await asyncio.wait_for(reports.get(), 5)).result.command_id for _ in range(2)]
-        assert later == [2, 3]
-        assert answered_at_once == [1], "3 came while the copy was unfinished"
-
-        node.cancel()
-        await asyncio.gather(node, return_exceptions=True)
-        server.close()
-        await server.wait_closed()
+            copy_may_finish.set()
+            later = [(await asyncio.wait_for(reports.get(), 5)).result.command_id for _ in range(2)]
+            assert later == [2, 3]
+            assert answered_at_once == [1], "3 came while the copy was unfinished"
         await asyncio.sleep(0.05)  # the stand-in master sees the end of the stream
 
     asyncio.run(scenario())
@@ -171,29 +190,14 @@ def test_commands_waiting_back_to_back_that_group_run_together_and_answer_in_ord
 
         kinds = ["copy", "persist", "persist", "persist", "forget", "persist", "persist"]
         sent = b"".join(command(i + 1, kind) for i, kind in enumerate(kinds))
-        server = await asyncio.start_server(stand_in_master(sent, reports), "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        node = asyncio.create_task(
-            lane_session.serve_commands(
-                "127.0.0.1",
-                port,
-                pb.NodeHello(node_id="n1"),
-                run_commands,
-                credentials=CallerCredentials(token=TOKEN),
-                groups_with=persists_group,
-            )
-        )
-        assert (await asyncio.wait_for(reports.get(), 5)).hello.node_id == "n1"
-        await asyncio.sleep(0.05)  # every command has come, and waits behind the copy
-        copy_may_finish.set()
-        answers = [(await asyncio.wait_for(reports.get(), 5)).result.command_id for _ in range(7)]
-        assert answers == [1, 2, 3, 4, 5, 6, 7]
-        assert groups == [[1], [2, 3, 4], [5], [6, 7]]
-
-        node.cancel()
-        await asyncio.gather(node, return_exceptions=True)
-        server.close()
-        await server.wait_closed()
+        async with serving(sent, reports, run_commands, groups_with=persists_group):
+            await asyncio.sleep(0.05)  # every command has come, and waits behind the copy
+            copy_may_finish.set()
+            answers = [
+                (await asyncio.wait_for(reports.get(), 5)).result.command_id for _ in range(7)
+            ]
+            assert answers == [1, 2, 3, 4, 5, 6, 7]
+            assert groups == [[1], [2, 3, 4], [5], [6, 7]]
 
     asyncio.run(scenario())
 
@@ -238,28 +242,12 @@ def test_a_node_behind_on_its_commands_stops_reading_them_and_reads_on_once_it_c
             return [pb.CommandResult(command_id=c.command_id, ok=True) for c in cs]
 
         sent = command(1, "copy") + command(2, "persist") * (total - 1)
-        server = await asyncio.start_server(stand_in_master(sent, reports), "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        node = asyncio.create_task(
-            lane_session.serve_commands(
-                "127.0.0.1",
-                port,
-                pb.NodeHello(node_id="n1"),
-                run_commands,
-                credentials=CallerCredentials(token=TOKEN),
-            )
-        )
-        assert (await asyncio.wait_for(reports.get(), 5)).hello.node_id == "n1"
-        await asyncio.sleep(0.5)  # every command has come, and the copy holds them all up
-        assert counting.parsed < total // 2, "it read on, its backlog growing"
-        copy_may_finish.set()
-        for _ in range(total):
-            await asyncio.wait_for(reports.get(), 10)
-        assert counting.parsed == total, "read on as it caught up"
-
-        node.cancel()
-        await asyncio.gather(node, return_exceptions=True)
-        server.close()
-        await server.wait_closed()
+        async with serving(sent, reports, run_commands):
+            await asyncio.sleep(0.5)  # every command has come, and the copy holds them all up
+            assert counting.parsed < total // 2, "it read on, its backlog growing"
+            copy_may_finish.set()
+            for _ in range(total):
+                await asyncio.wait_for(reports.get(), 10)
+            assert counting.parsed == total, "read on as it caught up"
 
     asyncio.run(scenario())
