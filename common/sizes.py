@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS = {
@@ -43,8 +44,15 @@ def parse_size(text: str | int) -> int:
             "(B, KiB, MiB, GiB, TiB, or KB, MB, GB, TB), e.g. 4GiB"
         )
     number = match.group(1)
-    # (whole numbers exactly; a fraction as a float, which a number of 400 digits overflows)
-    size = int(number) * _UNITS[unit] if "." not in number else float(number) * _UNITS[unit]
+    whole = number.partition(".")[0].lstrip("0")
+    # (whole numbers exactly; a fraction as a float, which a number of 400 digits overflows;
+    # and none of more digits than the largest size has: Python reads at most 4,300)
+    if len(whole) > len(str(MAX_SIZE)):
+        size: float = math.inf
+    elif "." not in number:
+        size = int(number) * _UNITS[unit]
+    else:
+        size = float(number) * _UNITS[unit]
     if size > MAX_SIZE:
         shown = text if len(text) <= 40 else f"{text[:20]}...{text[-8:]}"
         raise ValueError(f"{shown!r} is too large a size: at most 16 EiB ({MAX_SIZE} bytes)")

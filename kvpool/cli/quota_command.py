@@ -136,7 +136,11 @@ def _value(name: str, size: bool, text: str) -> int | None:
         except ValueError as error:
             raise _Refused(f"--{name.replace('_', '-')}: {error}") from None
     digits = text.strip()
-    if not (digits.isascii() and digits.isdigit()) or int(digits) > MAX_QUOTA:
+    if (
+        not (digits.isascii() and digits.isdigit())
+        or len(digits.lstrip("0")) > len(str(MAX_QUOTA))  # (Python reads at most 4,300)
+        or int(digits) > MAX_QUOTA
+    ):
         raise _Refused(
             f"--{name.replace('_', '-')}: {text!r} is not a whole number from 0 to {MAX_QUOTA} "
             "(or 'none': unlimited)"

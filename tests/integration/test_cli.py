@@ -203,6 +203,8 @@ def test_bad_client_command_arguments_exit_2_with_one_line(args, message):
         ("--dram-bytes", "9" * 400, "too large a size"),
         ("--objects", "\u00b2", "is not a whole number from 0 to"),
         ("--objects", str(2**64), "is not a whole number from 0 to"),
+        ("--objects", "9" * 5000, "is not a whole number from 0 to"),
+        ("--dram-bytes", "9" * 5000, "too large a size"),
     ],
 )
 def test_quota_values_that_are_not_whole_numbers_the_master_counts_are_refused(

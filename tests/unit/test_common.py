@@ -35,6 +35,7 @@ def test_malformed_sizes_name_the_accepted_forms(text):
     ("text", "message"),
     [
         ("9" * 400, "too large a size"),  # (read as a float, it overflowed)
+        ("9" * 5000, "too large a size"),  # (Python refuses to read more than 4,300 digits)
         ("9" * 400 + ".5", "too large a size"),
         ("16EiB", "e.g. 4GiB"),
         ("18446744073709551616", "too large a size"),
@@ -45,6 +46,10 @@ def test_malformed_sizes_name_the_accepted_forms(text):
 def test_sizes_past_64_bits_or_of_fractional_bytes_are_refused(text, message):
     with pytest.raises(ValueError, match=message):
         parse_size(text)
+
+
+def test_leading_zeros_do_not_count_against_a_size_s_digits():
+    assert parse_size("0" * 30 + "4096") == 4096
 
 
 def test_sizes_format_for_people():
