@@ -3,8 +3,12 @@
 Every master of a cluster must sign with keys every storage node holds, so the keys live in
 a file the masters share (``--capability-key-file``; created, mode 0600, with one fresh key
 when absent; HA masters are given the same file, as they are the same credentials file).
-Nodes receive the keys over their authenticated session (MountSegment and Heartbeat
-answers: ``delivery``), never from the network otherwise.
+Nodes receive keys over their authenticated session (MountSegment and Heartbeat answers:
+``delivery``), never from the network otherwise, and **each node only its own**: keys
+derived from the file's for that node id (``caps.node_purpose``), which sign the
+capabilities and map grants for that node's segments alone. A node's keys let whoever holds
+them forge access to that node's bytes, which it holds anyway, and to no other node's: a
+node (or a stolen node token) reads no other node's objects.
 
 **Rotation** (``rotate``): a new key is added to the file and named current; the older keys
 stay (at most ``caps.MAX_KEYS`` in all, the oldest dropped), so capabilities they signed stay
@@ -19,12 +23,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvpool.common.file_writes import write_all
 from kvpool.proto import master_pb2 as pb
 from kvpool.security import capabilities as caps
+
+#: Nodes whose keys a master keeps made (past it they are made again as needed).
+MAX_NODE_RINGS = 1024
 
 
 class KeyFileError(ValueError):
@@ -82,8 +90,9 @@ def rotate(path: Path) -> KeyFile:
 
 
 def _write_new(path: Path, data: bytes, replace: Path | None = None) -> None:
-    temporary = path.with_name(f".{path.name}.new.{os.getpid()}")
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # (a name nobody can plant a file or link at beforehand, made mode 0600 by this call)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.new.", dir=path.parent)
+    temporary = Path(name)
     try:
         write_all(fd, data)
         os.fsync(fd)
@@ -112,6 +121,8 @@ class MasterKeys:
     #: When each key was first seen (keys of the file at start: long ago).
     _seen: dict[int, float] = field(default_factory=dict)
     _ring: caps.KeyRing = field(default_factory=caps.KeyRing)
+    #: Each node's keys (``for_node``), made again when the file's keys or the signing one change.
+    _node_rings: dict[str, caps.KeyRing] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._seen = {key_id: float("-inf") for key_id, _ in self.keys.keys}
@@ -131,6 +142,7 @@ class MasterKeys:
             self._seen[signing] = float("-inf")
         self.keys = keys
         self._ring = caps.KeyRing(keys.keys, current=signing)
+        self._node_rings.clear()
         self.tick(now)
 
     def tick(self, now: float) -> None:
@@ -140,15 +152,27 @@ class MasterKeys:
             self.activate_after
         ):
             self._ring.activate(wanted)
+            self._node_rings.clear()
 
     @property
     def ring(self) -> caps.KeyRing:
+        """The file's keys: never signs for a node itself (``for_node`` does)."""
         return self._ring
 
-    def delivery(self, term: int) -> pb.CapabilityKeys:
-        """What nodes get over their session: every key, the term, the skew allowance."""
+    def for_node(self, node_id: str) -> caps.KeyRing:
+        """The keys that sign for ``node_id``'s segments, the ones that node holds."""
+        ring = self._node_rings.get(node_id)
+        if ring is None:
+            if len(self._node_rings) >= MAX_NODE_RINGS:
+                self._node_rings.clear()  # (nodes that went: each is made again when needed)
+            ring = self._node_rings[node_id] = self._ring.derived(caps.node_purpose(node_id))
+        return ring
+
+    def delivery(self, term: int, node_id: str) -> pb.CapabilityKeys:
+        """What ``node_id`` gets over its session: its own keys, the term, the skew allowance."""
+        ring = self.for_node(node_id)
         return pb.CapabilityKeys(
-            keys=[pb.CapabilityKey(key_id=k, secret=s) for k, s in self.keys.keys],
+            keys=[pb.CapabilityKey(key_id=k, secret=ring.secret(k)) for k in ring.key_ids()],
             term=term,
             max_skew_ms=self.max_skew_ms,
         )

@@ -247,7 +247,7 @@ class MasterHandlers:
                     "says: report it again from its first part (continued unset)",
                 )
             response = pb.MountSegmentResponse(dropped_keys=dropped)
-            self._deliver_keys(response)
+            self._deliver_keys(response, info.node_id)
             return response
 
         if request.continued:
@@ -291,7 +291,7 @@ class MasterHandlers:
                 response.draining = True
                 response.drain_objects_left = progress.objects_left
                 response.drain_bytes_left = progress.bytes_left
-            self._deliver_keys(response)
+            self._deliver_keys(response, node_id)
             return response
 
         return self.driver.call(
@@ -628,12 +628,8 @@ class MasterHandlers:
         keys = self.capability_keys
         if keys is None:
             return None
-        signed = keys.ring.granter(
-            rights=rights,
-            expiry_ms=self.wall_ms() + ttl_ms,
-            term=self.core.state.epoch,
-            tenant=identity.tenant,
-        )
+        expiry_ms, term, tenant = self.wall_ms() + ttl_ms, self.core.state.epoch, identity.tenant
+        signers: dict[str, Callable[[str, int, int, int], bytes]] = {}  # (by node: its keys)
 
         state = self.core.state
         until = state.clock() + ttl_ms / 1000.0 + keys.max_skew_ms / 1000.0
@@ -644,6 +640,11 @@ class MasterHandlers:
             segment_id = segment.segment_id
             if noted.get(segment_id, 0.0) < until:  # (MasterState.capabilities_until)
                 noted[segment_id] = until
+            signed = signers.get(segment.node_id)
+            if signed is None:
+                signed = signers[segment.node_id] = keys.for_node(segment.node_id).granter(
+                    rights=rights, expiry_ms=expiry_ms, term=term, tenant=tenant
+                )
             return signed(segment_id, replica.address - segment.base_address, size, grant_id)
 
         return grant
@@ -655,7 +656,9 @@ class MasterHandlers:
         allowance). Only nodes get these: in their command stream."""
         keys = self.capability_keys
         assert keys is not None  # (the driver asks only where there are keys)
-        return keys.ring.grant(
+        source = command.source_segment
+        assert source is not None  # (asked only for copies from another node)
+        return keys.for_node(source.node_id).grant(
             segment_id=command.source_segment_id,
             offset=command.source.offset,
             length=max(command.source.size, 1),
@@ -666,11 +669,14 @@ class MasterHandlers:
             grant_id=command.source.generation,
         )
 
-    def _deliver_keys(self, response: pb.MountSegmentResponse | pb.HeartbeatResponse) -> None:
-        """Puts the capability keys in a node's answer (the node's authenticated session)."""
+    def _deliver_keys(
+        self, response: pb.MountSegmentResponse | pb.HeartbeatResponse, node_id: str
+    ) -> None:
+        """Puts ``node_id``'s capability keys in its answer (the node's authenticated
+        session): its own, which sign for its segments and no other node's."""
         keys = self.capability_keys
         if keys is not None:
-            response.capability_keys.CopyFrom(keys.delivery(self.core.state.epoch))
+            response.capability_keys.CopyFrom(keys.delivery(self.core.state.epoch, node_id))
 
     def _segment_for(self, info: SegmentInfo, identity: Identity) -> pb.Segment:
         """The segment as ``identity`` may see it: with the means to map it (and, on a
@@ -704,7 +710,7 @@ class MasterHandlers:
         message.CopyFrom(self._segment_pb(info))
         expiry_ms = now_ms + mapping_grants.GRANT_TTL_MS
         message.map_capability = mapping_grants.grant(
-            keys.ring,
+            keys.for_node(info.node_id),
             segment_id=info.segment_id,
             size=info.size,
             tenant=tenant,

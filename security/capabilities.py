@@ -33,7 +33,9 @@ capabilities (or accepts expired ones for longer): keep node clocks synchronised
 **Keys** are 32 random bytes with a 16-bit id; a ``KeyRing`` holds at most ``MAX_KEYS`` of
 them. Rotation: add the new key on every node, then make it current on the masters (grants
 use it from then on), then retire the old key once the last capability it signed has
-expired (plus the skew allowance).
+expired (plus the skew allowance). Masters hold the keys; each node holds keys derived from
+them for its own node id (``node_purpose``), and a master signs for a segment with its node's
+keys: what one node's keys sign, every other node refuses.
 
 **What a capability does not do**: it is a bearer token for its range and lifetime, not
 bound to the client that received it (UCX connections are not authenticated); anyone who
@@ -219,7 +221,12 @@ def _tag(secret: bytes, signed: bytes | memoryview) -> bytes:
     return outer.digest()[:TAG_SIZE]
 
 
-@functools.lru_cache(maxsize=2 * MAX_KEYS)
+def node_purpose(node_id: str) -> bytes:
+    """What a node's keys are derived for (``KeyRing.derived``): its node id."""
+    return b"kvpool node keys\0" + node_id.encode()
+
+
+@functools.lru_cache(maxsize=4096)  # (a master signs with every node's keys)
 def _keyed(secret: bytes) -> tuple[Any, Any]:
     """The HMAC-SHA256 states of ``secret`` (RFC 2104): inner after ``DOMAIN``, outer."""
     block = secret.ljust(hashlib.sha256().block_size, b"\0")

@@ -183,12 +183,13 @@ def _get_replicas_request(keys):
 
 
 def _grant_for_tenant(cluster, descriptor, tenant: str) -> bytes:
-    """A map grant signed with the cluster's real key, for another tenant."""
+    """A map grant signed with the cluster's real key (the segment's node's), for another
+    tenant."""
     from kvpool.master.capability_keys import read_key_file
-    from kvpool.security.capabilities import KeyRing
+    from kvpool.security.capabilities import KeyRing, node_purpose
 
     keys = read_key_file(cluster.run_dir / "capability-keys.json")
-    ring = KeyRing(keys.keys, current=keys.current)
+    ring = KeyRing(keys.keys, current=keys.current).derived(node_purpose(descriptor.node_id))
     capability = mapping_grants.grant(
         ring,
         segment_id=descriptor.segment_id,

@@ -14,7 +14,9 @@ holding a genuine node token of its own (node id ``evil``) or a second token of 
 - a node's answer to a command sent to another node does not count: a put whose node has
   not answered yet stays unanswered, however many answers an impostor sends;
 - two real node processes started with the same ``--node-id``: the second's log says the
-  node is "already attached", and puts and gets still work.
+  node is "already attached", and puts and gets still work;
+- the capability keys a node is given sign for its own segments only: what ``evil`` signs
+  with them for ``node0``'s segment, ``node0``'s checked stream refuses as forged.
 
 After each refusal, a put and a get of legitimate data still return the exact bytes.
 """
@@ -44,6 +46,7 @@ from kvpool.proto import master_pb2_grpc
 from kvpool.security.identity import Role
 from kvpool.security.tls import TlsFiles, client_ssl_context
 from kvpool.security.tokens import new_token
+from kvpool.transport import checked_frames as frames
 
 EVIL = "evil"
 EVIL_TOKEN, EVIL_RECORD = new_token(EVIL, Role.NODE, node_id=EVIL)
@@ -299,6 +302,40 @@ def test_an_answer_to_a_command_sent_to_another_node_does_not_count(
         stub.UnmountSegment(unmount, metadata=as_evil, timeout=10)
     assert outcome.get("put") == 1, outcome
     assert client.get("answered-by-node0") == value
+    assert_data_path_sound(cluster, client)
+
+
+def test_a_node_s_capability_keys_sign_for_no_other_node(cluster, stub, client, real_segment):
+    """A node holds the keys its checked stream verifies with. Were they the masters' own,
+    one node (or a stolen node token) could sign itself the right to read and overwrite
+    every other node's bytes, of every tenant."""
+    from kvpool.security import capabilities as caps
+
+    answer = stub.Heartbeat(
+        pb.HeartbeatRequest(node_id=EVIL), metadata=bearer(EVIL_TOKEN), timeout=10
+    )
+    delivered = [(k.key_id, k.secret) for k in answer.capability_keys.keys]
+    assert delivered, "a node gets keys to verify with"
+    ring = caps.KeyRing(delivered, current=delivered[-1][0])
+    forged = ring.grant(
+        segment_id=real_segment.segment_id,
+        offset=0,
+        length=VALUE_SIZE,
+        rights=caps.Rights.READ,
+        expiry_ms=int(time.time() * 1000) + 60_000,
+        term=answer.capability_keys.term,
+        tenant="default",
+    )
+    host, port = real_segment.checked_address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(frames.encode_request(frames.Op.READ, 1, forged, 0, VALUE_SIZE))
+        header = b""
+        while len(header) < frames.REPLY_SIZE:
+            chunk = sock.recv(frames.REPLY_SIZE - len(header))
+            assert chunk, "node0 closed the stream without an answer"
+            header += chunk
+    reply = frames.parse_reply(header)
+    assert reply.status == frames.Status.FORGED and reply.length == 0
     assert_data_path_sound(cluster, client)
 
 

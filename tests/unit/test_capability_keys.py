@@ -62,7 +62,7 @@ def test_a_rotated_key_signs_only_once_nodes_have_had_time_to_get_it(tmp_path):
     )
     new_file = rotate(path)
     keys.reload(new_file, now=100.0)
-    delivered = {k.key_id for k in keys.delivery(term=1).keys}
+    delivered = {k.key_id for k in keys.delivery(term=1, node_id="n").keys}
     assert delivered == {k for k, _ in new_file.keys}, "nodes get the new key at once"
     assert keys.ring.current == old, "grants still use the key every node holds"
     keys.tick(104.9)
@@ -78,3 +78,86 @@ def test_a_rotated_key_signs_only_once_nodes_have_had_time_to_get_it(tmp_path):
         length=64,
         rights=caps.Rights.READ,
     )  # (what the old key signed stays valid at a node holding the rotated file)
+
+
+def _node_ring(keys: MasterKeys, node_id: str) -> caps.KeyRing:
+    """The key ring a node builds from what the master delivers to it (able to sign too,
+    as a node that turned against the others would)."""
+    delivered = keys.delivery(term=1, node_id=node_id)
+    pairs = [(k.key_id, k.secret) for k in delivered.keys]
+    return caps.KeyRing(pairs, current=pairs[-1][0])
+
+
+def _read_grant(ring: caps.KeyRing, segment_id: str) -> bytes:
+    return ring.grant(
+        segment_id=segment_id,
+        offset=0,
+        length=1 << 20,
+        rights=caps.Rights.READ,
+        expiry_ms=2**40,
+        term=1,
+        tenant="t",
+    )
+
+
+def _verifies(ring: caps.KeyRing, capability: bytes, segment_id: str) -> bool:
+    try:
+        ring.verify(
+            capability,
+            now_ms=0,
+            segment=caps.segment_digest(segment_id),
+            offset=0,
+            length=1 << 20,
+            rights=caps.Rights.READ,
+        )
+    except caps.Forged:
+        return False
+    return True
+
+
+def test_each_node_gets_keys_of_its_own_that_sign_for_no_other_node(tmp_path):
+    """A node holds the keys it verifies with: were they the masters' own, one node (or a
+    stolen node token) could sign capabilities for every other node's segments and read
+    or overwrite every tenant's objects there."""
+    keys = MasterKeys(load_or_create(tmp_path / "keys.json"), activate_after=5.0)
+    node_a, node_b = _node_ring(keys, "node-a"), _node_ring(keys, "node-b")
+    file_secrets = {secret for _, secret in keys.keys.keys}
+    for ring in (node_a, node_b):
+        assert ring.key_ids() == keys.ring.key_ids()
+        assert not file_secrets & {ring.secret(k) for k in ring.key_ids()}
+
+    granted = _read_grant(keys.for_node("node-a"), "node-a/dram-1")
+    assert _verifies(node_a, granted, "node-a/dram-1"), "what the master signs for a node"
+    forged = _read_grant(node_a, "node-b/dram-1")  # node a signs for node b's segment
+    assert not _verifies(node_b, forged, "node-b/dram-1")
+    assert _verifies(node_b, _read_grant(keys.for_node("node-b"), "node-b/dram-1"), "node-b/dram-1")
+
+
+def test_a_rotated_key_signs_for_each_node_once_it_is_active(tmp_path):
+    path = tmp_path / "keys.json"
+    keys = MasterKeys(load_or_create(path), activate_after=5.0)
+    old = keys.for_node("n").current
+    new_file = rotate(path)
+    keys.reload(new_file, now=100.0)
+    assert keys.for_node("n").current == old
+    assert new_file.current in _node_ring(keys, "n").key_ids(), "nodes get the new key at once"
+    keys.tick(105.0)
+    assert keys.for_node("n").current == new_file.current
+    node = _node_ring(keys, "n")
+    assert _verifies(node, _read_grant(keys.for_node("n"), "n/s"), "n/s")
+
+
+def test_the_file_is_written_through_no_name_another_user_could_have_planted(tmp_path):
+    """The new file is made under a name chosen as it is created: a file or link planted
+    beforehand at a guessable name (``.NAME.new.PID``) is neither written through nor
+    renamed into place."""
+    path = tmp_path / "keys.json"
+    planted = tmp_path / f".keys.json.new.{os.getpid()}"
+    target = tmp_path / "target"
+    target.write_bytes(b"untouched")
+    planted.symlink_to(target)
+    load_or_create(path)
+    rotate(path)
+    assert target.read_bytes() == b"untouched"
+    assert not path.is_symlink() and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".keys")] == [planted.name]
