@@ -239,7 +239,9 @@ class DataPath:
         #: Mappings copies run through now, with how many; and those let go of meanwhile,
         #: released when their last copy ends.
         self._pins: dict[MappedSegment | SharedFile, int] = {}
-        self._release_later: set[MappedSegment | SharedFile] = set()
+        # Mappings let go while a copy ran through them, with how many times each was let
+        # go (the same mapping may be acquired again and let go again before the copy ends).
+        self._release_later: dict[MappedSegment | SharedFile, int] = {}
         self._reaper = Reaper(self._node_exited)
         self._copier = Copier(copy_threads)
         #: Nodes a transfer failed to reach lately (not by a deadline).
@@ -847,7 +849,8 @@ class DataPath:
         if mapped is not None:
             self._reaper.unwatch(mapped.pidfd)
             if mapped in self._pins:
-                self._release_later.add(mapped)  # copies still run through it
+                later = self._release_later
+                later[mapped] = later.get(mapped, 0) + 1  # copies still run through it
             else:
                 MAPPINGS.release(mapped)  # unmapped once no other client here uses it
 
@@ -857,8 +860,7 @@ class DataPath:
             self._pins[mapped] = count
             return
         del self._pins[mapped]
-        if mapped in self._release_later:
-            self._release_later.discard(mapped)
+        for _ in range(self._release_later.pop(mapped, 0)):
             MAPPINGS.release(mapped)
 
     def _forget_mapping(self, segment_id: str) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import ssl
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,8 @@ class CredentialsProblem(ValueError):
 
 @dataclass(frozen=True)
 class CallerCredentials:
-    token: str | None = None
+    #: Never in ``repr``: configs that hold credentials get printed, logged and dumped.
+    token: str | None = field(default=None, repr=False)
     tls: TlsFiles | None = None
 
     @classmethod
