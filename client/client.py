@@ -76,7 +76,9 @@ class Client:
     ``replicas`` is the number of copies a put asks for, each on another storage node (None:
     the master's ``--default-replicas``). Puts are best effort: where fewer nodes have room,
     fewer copies are stored, and ``put`` returns how many (never 0: then it raises).
-    ``timeout`` bounds every call, master round trips and transfers together. ``lease_ttl``
+    ``timeout`` bounds every call, master round trips and transfers together (a put whose
+    writes missed it still tells the master, within at most a second more, so that its key
+    is free for a put again at once). ``lease_ttl``
     asks for read leases of that many seconds (0: the master's default). ``checksum`` makes
     puts send a CRC-32C of their bytes, which ``get(..., verify=True)`` checks.
     ``prefer_local`` puts the first replica on a node of this host when one has room.
@@ -466,13 +468,13 @@ class Client:
         results: list[Any] = [None] * len(keys)
         valid = self._valid_keys(keys, results)
         located, lease_deadline = get_path.locate(self._session, keys, valid, results, deadline)
+        self._remember_leases(_located_keys(keys, located))  # (given back at close, even if cut)
         targets = {}
         for i, location in located.items():
             data, address = new_bytes(location.size)
             results[i] = data
             targets[i] = (address, location.size)
         get_path.read(self._session, keys, located, targets, results, deadline, lease_deadline)
-        self._remember_leases(_located_keys(keys, located))
         if verify:
             get_path.verify(keys, located, targets, results)
         return [bytes(r) if isinstance(r, bytearray) else r for r in results]
@@ -496,6 +498,7 @@ class Client:
         results: list[Any] = [None] * len(keys)
         valid = self._valid_keys(keys, results)
         located, lease_deadline = get_path.locate(self._session, keys, valid, results, deadline)
+        self._remember_leases(_located_keys(keys, located))  # (given back at close, even if cut)
         targets = {}
         for i, location in located.items():
             try:
@@ -513,7 +516,6 @@ class Client:
             results[i] = location.size
             targets[i] = (address, location.size)
         get_path.read(self._session, keys, located, targets, results, deadline, lease_deadline)
-        self._remember_leases(_located_keys(keys, located))
         if verify:
             get_path.verify(keys, located, targets, results)
         return results
@@ -695,6 +697,7 @@ class Client:
         asked = {i for i, result in enumerate(results) if result is None}
         valid = [i for i in self._valid_keys(keys, results) if i in asked]
         located, lease_deadline = get_path.locate(self._session, keys, valid, results, deadline)
+        self._remember_leases(_located_keys(keys, located))  # (given back at close, even if cut)
         targets: dict[int, tuple[int, int]] = {}
         pieces: dict[int, Sequence[tuple[int, int, int]]] = {}
         for i, location in located.items():
@@ -706,7 +709,6 @@ class Client:
         get_path.read(
             self._session, keys, located, targets, results, deadline, lease_deadline, pieces
         )
-        self._remember_leases(_located_keys(keys, located))
         if verify:
             get_path.verify(keys, located, targets, results, pieces)
         return results

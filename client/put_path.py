@@ -41,6 +41,11 @@ TIERS = {None: Tier.UNSPECIFIED, "any": Tier.UNSPECIFIED, "dram": Tier.DRAM, "nv
 #: Placements a put gets in all (the first included) while the nodes it is placed on cannot
 #: be reached: each one avoids every node that failed before it.
 PLACEMENTS = 3
+#: How long past the call's deadline a put still tells the master how its writes went (or
+#: gives its reservations back after an interrupt): else the reservation, and its key,
+#: stay held until the master's write timeout runs out, and a put of the same key again
+#: meanwhile is refused as already being written.
+SETTLE_WAIT = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +155,7 @@ def write_and_commit(
     ``slot``, ``errors`` and ``failures`` are then those of its last placement (or, when a
     placement was refused, ``errors`` says why)."""
     revoke_if_cancelled(session, puts)
-    write(session, puts, options.checksum)
+    write_or_give_back(session, puts, options.checksum)
     revoke_if_cancelled(session, puts)
     statuses = commit(session, puts, deadline)
     for _ in range(PLACEMENTS - 1):
@@ -174,7 +179,7 @@ def write_and_commit(
                 statuses[i] = refused
         written = [puts[i] for i in placed]
         revoke_if_cancelled(session, written)
-        write(session, written, options.checksum)
+        write_or_give_back(session, written, options.checksum)
         revoke_if_cancelled(session, written)
         for i, status in zip(placed, commit(session, written, deadline), strict=True):
             statuses[i] = status
@@ -272,10 +277,28 @@ def write(session: Session, puts: Sequence[PendingPut], checksum: bool) -> None:
             put.failures[replica_index] = error
 
 
+def write_or_give_back(session: Session, puts: Sequence[PendingPut], checksum: bool) -> None:
+    """``write``; interrupted (Ctrl-C, a signal handler's exception), it gives the
+    reservations back before raising. Nothing touches the caller's memory by then
+    (common/helper_threads.py), and the keys are free for a put again at once."""
+    try:
+        write(session, puts, checksum)
+    except BaseException:
+        if puts:
+            try:
+                revoke(session, puts, time.monotonic() + min(SETTLE_WAIT, session.timeout))
+            except Exception as error:  # (they run out by themselves at the write timeout)
+                log.debug("could not give reservations back", keys=len(puts), error=str(error))
+        raise
+
+
 def commit(session: Session, puts: Sequence[PendingPut], deadline: float) -> list[int]:
-    """PutEnd: reports which replicas were written; the master publishes what it can."""
+    """PutEnd: reports which replicas were written; the master publishes what it can. Sent
+    even when the call's deadline has passed (its writes then failed as timed out), with
+    ``SETTLE_WAIT`` to answer in."""
     if not puts:
         return []
+    deadline = max(deadline, time.monotonic() + min(SETTLE_WAIT, session.timeout))
     request = pb.PutEndRequest(client_id=session.client_id)
     add = request.commits.add  # in place: building each commit apart costs half as much again
     for put in puts:

@@ -249,13 +249,13 @@ def read_whole(client: Client, keys: Sequence[str], verify: bool) -> list[Any]:
     results: list[Any] = [None] * len(keys)
     valid = client._valid_keys(keys, results)
     located, lease_deadline = get_path.locate(session, keys, valid, results, deadline)
+    client._remember_leases([keys[i] for i in located])  # (given back at close, even if cut)
     targets = {}
     for i, location in located.items():
         data = torch.empty(location.size, dtype=torch.uint8)
         results[i] = data
         targets[i] = (data.data_ptr(), location.size)
     get_path.read(session, keys, located, targets, results, deadline, lease_deadline)
-    client._remember_leases([keys[i] for i in located])
     if verify:
         get_path.verify(keys, located, targets, results)
     return results

@@ -28,10 +28,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import Enum
 
+from kvpool.common.helper_threads import Helpers
 from kvpool.transport import checked_frames as frames
 from kvpool.transport.checked_socket import Waits
 
@@ -167,14 +168,18 @@ class CheckedStreams:
         if len(groups) == 1:
             self._run_group(jobs, groups[0], is_get, deadline, results)
             return
-        futures = [
-            self._pool.submit(self._run_group, jobs, group, is_get, deadline, results)
-            for group in groups
-        ]
-        # Every group ends before any error is raised (each by the deadline): one that
-        # failed must not leave the others moving bytes into memory the caller reuses.
-        wait(futures)
-        for future in futures:
+        # Every group ends before any error is raised (each by the deadline), an interrupt
+        # of the caller included: one that failed must not leave the others moving bytes
+        # into memory the caller reuses.
+        helpers = Helpers(self._pool)
+        try:
+            for group in groups:
+                helpers.submit(self._run_group, jobs, group, is_get, deadline, results)
+            helpers.wait()
+        except BaseException:
+            helpers.stop_and_wait()
+            raise
+        for future in helpers.futures:
             future.result()
 
     def _run_in_lanes(

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from kvpool.common.helper_threads import Helpers
+
 #: A copy checks its deadline before each piece of this size: a missed deadline stops it
 #: within one piece.
 PIECE = 4 << 20
@@ -43,8 +45,8 @@ class Copier:
 
     def run(self, copies: Sequence[Copy], deadline: float) -> list[bool]:
         """Copies everything it can start before ``deadline`` (time.monotonic); entry i is
-        False when copy i was not completed. Returns only once every helper has stopped
-        touching the memory."""
+        False when copy i was not completed. Returns, or raises (an interrupt included),
+        only once every helper has stopped touching the memory."""
         total = sum([copy.length for copy in copies])
         if self.threads == 1 or total < PARALLEL_MIN:
             return _run_alone(copies, deadline)
@@ -55,23 +57,30 @@ class Copier:
         ]
         done = [True] * len(copies)
         next_piece = itertools.count()  # next() is atomic under the GIL: a shared work queue
+        helpers = Helpers(self._pool()) if len(pieces) > 1 else None
 
         def work() -> None:
             for number in next_piece:
                 if number >= len(pieces):
                     return
                 index, target, source, length = pieces[number]
-                if time.monotonic() >= deadline:
+                if (helpers is not None and helpers.stopped) or time.monotonic() >= deadline:
                     done[index] = False
                     continue
                 ctypes.memmove(target, source, length)
 
-        helpers = []
-        if len(pieces) > 1:
-            pool = self._pool()
-            helpers = [pool.submit(work) for _ in range(min(self.threads, len(pieces)) - 1)]
-        work()
-        for helper in helpers:
+        if helpers is None:
+            work()
+            return done
+        try:
+            for _ in range(min(self.threads, len(pieces)) - 1):
+                helpers.submit(work)
+            work()
+            helpers.wait()
+        except BaseException:  # (an interrupt: raised once no helper touches the memory)
+            helpers.stop_and_wait()
+            raise
+        for helper in helpers.futures:
             helper.result()
         return done
 

@@ -29,9 +29,9 @@ import fcntl
 import os
 import threading
 import time
-from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 
+from kvpool.common.helper_threads import Helpers
 from kvpool.transport import ucp
 from kvpool.transport.direct_io import BouncePool, DirectFile, write_all
 from kvpool.transport.shared_memory import (
@@ -110,12 +110,17 @@ class SharedFile(HeldSegment):
             if not self._write_piece(offset, source, *pieces[0], deadline):
                 return False
         elif pieces:
-            running = [
-                _PIECE_WRITERS.submit(self._write_piece, offset, source, at, size, deadline)
-                for at, size in pieces
-            ]
-            futures.wait(running)  # (each piece is one bounded write: none touches memory after)
-            if not all([piece.result() for piece in running]):  # (raises a piece's error)
+            # (each piece is one bounded write: none reads the caller's memory after this,
+            # an interrupt of the caller included)
+            helpers = Helpers(_PIECE_WRITERS)
+            try:
+                for at, size in pieces:
+                    helpers.submit(self._write_piece, offset, source, at, size, deadline)
+                helpers.wait()
+            except BaseException:
+                helpers.stop_and_wait()
+                raise
+            if not all([piece.result() for piece in helpers.futures]):  # (a piece's error)
                 return False
         if end > tail_start:
             if time.monotonic() >= deadline:

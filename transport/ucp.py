@@ -239,25 +239,27 @@ class Worker:
         closed = ffi.new("ucp_ep_h[]", n)
         n_closed = ffi.new("size_t *")
         tainted = ffi.new("int *")
-        lib.kv_transfer(
-            self._handle,
-            self.efd,
-            int(is_get),
-            c_ops,
-            n,
-            timeout,
-            grace,
-            statuses,
-            closed,
-            n_closed,
-            tainted,
-        )
-        self.tainted = self.tainted or bool(tainted[0])
-        if n_closed[0]:
-            dead = {closed[i] for i in range(n_closed[0])}
-            for op in ops:
-                if op.endpoint.handle in dead:
-                    op.endpoint.mark_closed()
+        try:
+            lib.kv_transfer(
+                self._handle,
+                self.efd,
+                int(is_get),
+                c_ops,
+                n,
+                timeout,
+                grace,
+                statuses,
+                closed,
+                n_closed,
+                tainted,
+            )
+        finally:  # (an interrupt raised as the call returns must not skip what C reported)
+            self.tainted = self.tainted or bool(tainted[0])
+            if n_closed[0]:
+                dead = {closed[i] for i in range(n_closed[0])}
+                for op in ops:
+                    if op.endpoint.handle in dead:
+                        op.endpoint.mark_closed()
         return list(statuses)
 
     def progress_until(self, stop_fd: int) -> int:
