@@ -214,7 +214,8 @@ class LocalCluster:
         self.port = port
         self._own_run_dir = run_dir is None
         self.run_dir = Path(run_dir or tempfile.mkdtemp(prefix="kvpool-"))
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        # (private when made here: the logs may name keys, which are as sensitive as prompts)
+        self.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.env = {**os.environ, **(env or {})}
         self.log_format = log_format
         self.master: ManagedProcess | None = None
