@@ -230,6 +230,7 @@ class MasterHandlers:
             checked_address=s.checked_address,
             tenant=s.tenant,
             space_reserved=s.space_reserved,
+            incarnation=request.incarnation,
         )
         stored = [stored_from_pb(o) for o in request.objects]
         core = self.core

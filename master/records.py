@@ -39,6 +39,9 @@ class SegmentInfo:
     tenant: str = ""
     #: Its node allocated every block of its file on the disk: no Prepare before a write.
     space_reserved: bool = False
+    #: The node process that mounted it ("": a node that does not say). Memory that does not
+    #: persist goes with its process: a mount from another process of the node drops it.
+    incarnation: str = ""
 
 
 @dataclass(slots=True)

@@ -339,6 +339,8 @@ class MasterState:
         dropped = self._forget_all_refused(segment, refused)
         if more:
             self._await_parts(segment)
+        elif info.incarnation:  # (after the whole report: judged on what the master knew)
+            self._drop_earlier_processes_memory(node, info.incarnation)
         return dropped
 
     def report_more(
@@ -363,6 +365,8 @@ class MasterState:
             self._tombstones.report_over(info.segment_id)
         elif more:
             self._await_parts(segment)
+        if not more and node is not None and info.incarnation:
+            self._drop_earlier_processes_memory(node, info.incarnation)
         return dropped
 
     def _adopt_newest_first(
@@ -499,6 +503,24 @@ class MasterState:
         if node is not None and not node.segment_ids:
             self._node_gone(node)
         return lost, drain_until - now
+
+    def _drop_earlier_processes_memory(self, node: NodeRecord, incarnation: str) -> None:
+        """A new process of ``node`` mounts: the segments an earlier process mounted that do
+        not persist (DRAM) went with that process. Dropped now, not when the node goes
+        silent: the new process keeps the node alive, and under the node's id placement
+        would keep choosing memory that no longer exists (best effort puts with fewer
+        copies), count copies that are gone as replicas, and send their Forgets to a process
+        that never had them. (Persistent segments keep their ids: the new process mounts
+        them again, which replaces them.)"""
+        gone = [
+            segment_id
+            for segment_id in node.segment_ids
+            if (earlier := self.segments[segment_id].info).incarnation
+            and earlier.incarnation != incarnation
+            and not earlier.persistent
+        ]
+        if gone:
+            self._drop_segments(gone)
 
     def heartbeat(self, node_id: str, segment_ids: Iterable[str]) -> list[str]:
         """Records that a node is alive; returns the segments it must mount again."""

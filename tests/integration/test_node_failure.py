@@ -77,6 +77,29 @@ def test_the_master_drops_a_dead_nodes_objects_within_the_heartbeat_ttl(cluster_
         assert all(isinstance(r, bytes) for r in results if not isinstance(r, ObjectNotFound))
 
 
+def test_a_node_restarted_under_its_id_at_once_leaves_no_segment_of_its_earlier_process(
+    cluster_factory,
+):
+    """A crash and a restart within the node TTL (the master never declares the node dead):
+    the new process's mount drops the DRAM the killed one had (a new segment id in every
+    process). Left, puts of two replicas would often get one (placed in memory that no
+    longer exists), and copies there would still count as replicas."""
+    cluster = cluster_factory(2, "64MiB", master_args=["--node-ttl", "5"])
+    with Client(cluster.master_address, timeout=5) as client:
+        before = {f"before-{i}": os.urandom(8192) for i in range(10)}
+        assert client.put_many(list(before.items()), replicas=2) == [2] * 10
+        victim = cluster.nodes[1]
+        for _ in range(2):
+            victim.kill()
+            victim.restart()
+        segments = cluster_status(client.master).segments
+        assert len(segments) == 2, [s.segment_id for s in segments]
+        assert all(len(client.stat(key).replicas) == 1 for key in before), "gone copies"
+        assert client.get_many(list(before)) == list(before.values())
+        after = [(f"after-{i}", os.urandom(8192)) for i in range(20)]
+        assert client.put_many(after, replicas=2) == [2] * 20
+
+
 @pytest.mark.parametrize("path", ["checked stream", "ucx"])
 def test_a_stalled_node_gives_a_transfer_error_within_the_deadline(
     cluster_factory, monkeypatch, path

@@ -1232,7 +1232,11 @@ class MasterModel(RuleBasedStateMachine):
         base = 0x1000_0000 * (spec.index + 1) + 0x1_0000 * self.boots[node]
         info = segment_info(node, spec.size, spec.segment_id, base=base)
         return replace(
-            info, tier=spec.tier, persistent=spec.persistent, space_reserved=spec.space_reserved
+            info,
+            tier=spec.tier,
+            persistent=spec.persistent,
+            space_reserved=spec.space_reserved,
+            incarnation=f"{node}-process-{self.boots[node]}",  # (a new one at each restart)
         )
 
     def mount_node(self, node: str, layout: list[SegmentSpec]) -> None:
@@ -1367,6 +1371,12 @@ class MasterModel(RuleBasedStateMachine):
             event("a removed object back: " + ("restart" if silent is None else "known gap"))
             self.erased.discard(ident)
         self.nodes.setdefault(node, {})[spec.segment_id] = segment
+        for segment_id, earlier in list(self.nodes[node].items()):
+            if state.segments.get(segment_id) is not earlier:  # an earlier process's memory
+                assert not earlier.info.persistent and silent is None, segment_id
+                del self.nodes[node][segment_id]
+                self.segment_gone(earlier)
+                event("an earlier process's memory dropped at a new process's mount")
         self.node_seen[node] = self.now
         for key in dropped:  # the node forgets what was not adopted
             self.missed[spec.segment_id].pop(key, None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from dataclasses import replace
 
 import pytest
 from hypothesis import settings
@@ -46,9 +47,9 @@ from state_helpers import (
 )
 
 from kvpool.common.keys import MAX_KEY_BYTES, STORED_KEY_BYTES
-from kvpool.common.status import KeyStatus
+from kvpool.common.status import KeyStatus, Tier
 from kvpool.master.config import MasterConfig
-from kvpool.master.records import Commit, PutSlot
+from kvpool.master.records import Commit, PutOptions, PutSlot
 from kvpool.master.state import MasterState
 
 # ------------------------------------------------------------------ mounting segments
@@ -92,6 +93,45 @@ def test_remounting_a_changed_segment_under_the_same_id_drops_its_objects():
     assert usage(state, info.segment_id).info == changed
     assert used(state, info.segment_id) == 0
     assert state.snapshot().objects == 0
+
+
+def test_a_new_process_of_a_node_drops_the_memory_of_the_one_before():
+    """A node restarted under its id within the node TTL (a crash, an OOM kill): its new
+    process keeps the node alive, so only its mount can tell that the earlier process's
+    DRAM (a new id in every process) is gone. Left, placement would choose it, and copies
+    in it would count as replicas."""
+    state, _ = new_state()
+    old = replace(segment_info("n1", MiB, "n1/dram-old"), incarnation="process-1")
+    disk = replace(
+        segment_info("n1", MiB, "n1/nvme", base=0x90_0000), incarnation="process-1",
+        persistent=True, tier=Tier.NVME,
+    )  # fmt: skip
+    state.mount_segment(old)
+    state.mount_segment(disk)
+    mount(state, "n2")
+    publish(state, "k", replicas=2, options=PutOptions(replicas=2, tier=Tier.DRAM))
+    lost_before = state.counters.objects_lost
+
+    new = replace(segment_info("n1", MiB, "n1/dram-new", base=0xA0_0000), incarnation="process-2")
+    state.mount_segment(new)
+
+    assert set(state.nodes["n1"].segment_ids) == {"n1/dram-new", "n1/nvme"}, (
+        "the persistent segment stays: the new process mounts it again under its id"
+    )
+    assert segments_of(get(state, "k")) == ["n2/dram0"], "a gone copy is no replica"
+    assert state.counters.objects_lost == lost_before
+    for i in range(8):
+        assert "n1/dram-old" not in segments_of(publish(state, f"after-{i}", replicas=2))
+
+
+def test_a_mount_from_the_same_process_or_one_that_does_not_say_drops_nothing():
+    state, _ = new_state()
+    first = replace(segment_info("n1", MiB, "n1/dram-a"), incarnation="process-1")
+    state.mount_segment(first)
+    state.mount_segment(replace(segment_info("n1", MiB, "n1/dram-b", base=0x90_0000),
+                                incarnation="process-1"))  # fmt: skip
+    state.mount_segment(segment_info("n1", MiB, "n1/dram-c", base=0xA0_0000))
+    assert state.nodes["n1"].segment_ids == {"n1/dram-a", "n1/dram-b", "n1/dram-c"}
 
 
 def test_a_segment_can_move_to_another_node_under_the_same_id():
