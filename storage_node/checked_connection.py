@@ -22,6 +22,7 @@ waits for that (storage_node/checked_seals.py).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import socket
 import time
 from collections.abc import Callable, Generator
@@ -31,6 +32,7 @@ import google_crc32c
 
 from kvpool.common.log_throttle import LogThrottle
 from kvpool.common.logging import get_logger
+from kvpool.common.status import Tier
 from kvpool.security import capabilities as caps
 from kvpool.storage_node.checked_seals import Seals
 from kvpool.storage_node.checked_writes import WrittenRanges
@@ -140,6 +142,9 @@ class CheckedConnection:
         self._waits = Waits(connection)
         self._buffer = bytearray(BUFFER)
         self._view = memoryview(self._buffer)
+        #: The buffer's address, for copies that release the GIL (it is never resized).
+        self._pinned = (ctypes.c_char * BUFFER).from_buffer(self._buffer)
+        self._buffer_at = ctypes.addressof(self._pinned)
         self._start = 0  # (the first byte not handled yet)
         self._end = 0  # (after the last byte received)
         #: Answers not sent yet, in order; the reads among them (segment digest, grant
@@ -150,6 +155,9 @@ class CheckedConnection:
         self._reads_end = float("inf")
         self._read_bytes = 0
         self._memory: dict[bytes, memoryview] = {}
+        #: Where each NVMe segment is mapped: stores into it are copied with ``memmove``,
+        #: which releases the GIL (a store may wait for the disk: see ``_store``).
+        self._on_disk: dict[bytes, int] = {}
         self._longest_ms = int(seals.longest_grant * 1000)
         #: Writes done whose answers are not sent yet, and their bytes (counted then).
         self._writes = 0
@@ -189,6 +197,7 @@ class CheckedConnection:
         buffer, view, memories = self._buffer, self._view, self._memory
         segment_of, clock, seals = self._segments.get, self._clock, self._seals
         wrote = self._written_ranges.wrote if self._written_ranges is not None else None
+        on_disk, buffer_at, memmove = self._on_disk.get, self._buffer_at, ctypes.memmove
         connection, parts, reads = self._connection, self._parts, self._reads
         longest_ms, end, size = self._longest_ms, self._end, _REQUEST_SIZE
         start = self._start
@@ -227,7 +236,11 @@ class CheckedConnection:
                 try:
                     if clock() > ends_at:
                         raise self._expired()
-                    memory[offset : offset + length] = view[payload : payload + length]
+                    mapped_at = on_disk(digest)
+                    if mapped_at is None:  # (DRAM: a copy that never waits for a disk)
+                        memory[offset : offset + length] = view[payload : payload + length]
+                    else:
+                        memmove(mapped_at + offset, buffer_at + payload, length)
                     if wrote is not None:
                         wrote(digest, grant_offset, grant_id, offset, offset + length)
                 finally:
@@ -396,7 +409,7 @@ class CheckedConnection:
                 if self._clock() > ends_at:
                     raise self._expired()
                 start = self._start
-                target[:buffered] = self._view[start : start + buffered]
+                self._store(digest, target, offset, self._buffer_at + start, buffered)
                 self._start = start + buffered
             if buffered < length:
                 self._receive_into(target[buffered:], ends_at)
@@ -446,7 +459,7 @@ class CheckedConnection:
                 if self._clock() > ends_at:
                     raise self._expired()
                 if not (through_disk and direct.write(piece, at)):
-                    memory[at:upto] = piece
+                    self._store(digest, memory[at:upto], at, bounce.address, upto - at)
                 piece.release()
                 at = upto
         finally:
@@ -673,4 +686,21 @@ class CheckedConnection:
         memory = self._memory.get(digest)
         if memory is None:
             memory = self._memory[digest] = memoryview(segment.memory)
+            if segment.tier is Tier.NVME:
+                self._on_disk[digest] = ctypes.addressof(ctypes.c_char.from_buffer(memory))
         return memory
+
+    def _store(
+        self, digest: bytes, target: memoryview, offset: int, source: int, length: int
+    ) -> None:
+        """Copies ``length`` bytes at the address ``source`` into the segment at ``offset``
+        (``target``: the segment's view of them). Into an NVMe segment with ``memmove``,
+        which releases the GIL: a store into its mapping may wait for the disk (a page
+        read in, or ``page_mkwrite`` on a frozen or failing file system), and a copy
+        holding the GIL meanwhile would stop every thread of the node, its heartbeats and
+        its DRAM tier among them."""
+        mapped_at = self._on_disk.get(digest)
+        if mapped_at is None:
+            target[:length] = ucp.view_of(source, length)
+        else:
+            ctypes.memmove(mapped_at + offset, source, length)

@@ -42,6 +42,7 @@ the next reader maps them again.
 from __future__ import annotations
 
 import ctypes
+import errno
 import mmap
 import os
 import time
@@ -66,7 +67,7 @@ from kvpool.storage_node.disk_reservation import DiskTooSmall, reserve
 from kvpool.storage_node.group_commit import GroupCommit
 from kvpool.storage_node.object_index import DurableIndex, Entry, MemoryIndex
 from kvpool.transport import ucp
-from kvpool.transport.shared_memory import MADV_POPULATE_WRITE, boot_id
+from kvpool.transport.shared_memory import MADV_POPULATE_READ, MADV_POPULATE_WRITE, boot_id
 
 log = get_logger("kvpool.node.segment")
 
@@ -255,38 +256,43 @@ class Segment:
         self._check_bounds(target)
         source._check_bounds(Entry(target.key, source_offset, target.size, target.generation))
         self.prepare(target.offset, target.size)  # a full disk fails here, not as a SIGBUS
-        view = memoryview(self.memory)
-        into = view[target.offset : target.offset + target.size]
-        try:
-            if not source.read_direct(source_offset, into):
-                into[:] = memoryview(source.memory)[source_offset : source_offset + target.size]
-        finally:
-            into.release()
-            view.release()
+        into = self.region.address + target.offset
+        if not source.read_direct(source_offset, into, target.size):
+            # (either end may be NVMe: a copy that faults waits for the disk, GIL released)
+            ctypes.memmove(into, source.region.address + source_offset, target.size)
         crcs = self.record([target])
         if crcs:
             return crcs
         return [self.checksum(target.offset, target.size)]
 
-    def read_direct(self, offset: int, into: memoryview) -> bool:
-        """Copies ``len(into)`` bytes at ``offset`` into ``into`` with direct reads, when
-        this is an NVMe segment whose bytes there are not in the page cache (a read
+    def read_direct(self, offset: int, into: int, length: int) -> bool:
+        """Copies ``length`` bytes at ``offset`` to the address ``into`` with direct reads,
+        when this is an NVMe segment whose bytes there are not in the page cache (a read
         through the mapping would fault them in a page at a time); False, having copied
-        nothing, otherwise."""
-        with uncached_pieces(self.direct, self.region.address, offset, len(into)) as pieces:
+        nothing, otherwise. ``into`` may be another NVMe segment's mapping: the copy
+        (``memmove``) releases the GIL, so a store that waits for its disk stalls this
+        thread alone."""
+        with uncached_pieces(self.direct, self.region.address, offset, length) as pieces:
             if pieces is None:
                 return False
-            at = 0
+            at = into
             try:
                 for piece in pieces:
-                    into[at : at + len(piece)] = piece
-                    at += len(piece)
+                    size = len(piece)
+                    ctypes.memmove(at, ucp.address_of(piece, writable=False)[0], size)
+                    at += size
             except DirectReadRefused:
                 return False
         return True
 
     def checksum(self, offset: int, size: int) -> int:
-        return google_crc32c.value(ucp.view_of(self.region.address + offset, size))
+        """The CRC-32C of the bytes at ``offset``. The checksum holds the GIL, so on NVMe the
+        pages are faulted in first with it released (``_fault_in``): a read that waits for
+        the disk then stalls this thread alone, not every thread of the node."""
+        address = self.region.address + offset
+        if self._nvme:
+            _fault_in(address, size)
+        return google_crc32c.value(ucp.view_of(address, size))
 
     def stored_objects(self) -> list[pb.StoredObject]:
         """What to report when mounting: everything recorded here."""
@@ -307,9 +313,9 @@ class Segment:
         return objects
 
     def close(self) -> None:
-        self.region.close()
         if self.tier is Tier.NVME:
-            self.memory.flush()
+            _msync(self.region.address, self.size)
+        self.region.close()
         self.memory.close()
         self.index.close()
         if self.direct is not None:
@@ -320,7 +326,7 @@ class Segment:
 
     def _sync(self, offset: int, size: int) -> None:
         start = offset - offset % mmap.ALLOCATIONGRANULARITY
-        self.memory.flush(start, max(offset + size - start, 1))
+        _msync(self.region.address + start, max(offset + size - start, 1))
 
     def _unmap_pages(self, start: int, end: int) -> None:
         """Drops this process's mappings of the whole pages in [start, end), recorded and
@@ -469,6 +475,37 @@ def _prefault(memory: mmap.mmap) -> None:
 _sync_file_range = LIBC.sync_file_range
 _sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
 SYNC_FILE_RANGE_WRITE = 2
+
+
+_libc_msync = LIBC.msync
+_libc_msync.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+MS_SYNC = 4
+_madvise = LIBC.madvise
+_madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+
+
+def _msync(address: int, size: int) -> None:
+    """``msync(MS_SYNC)`` of the mapped range at ``address`` (page aligned): its dirty pages
+    written and made durable, as ``mmap.flush`` does, but with the GIL released (ctypes
+    releases it around a foreign call; ``mmap.flush`` holds it). A sync waits for the disk,
+    and a disk that hangs would otherwise stop every thread of the node, its heartbeats
+    and its DRAM tier among them, until the master declared it dead."""
+    if _libc_msync(address, size, MS_SYNC) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"msync: {os.strerror(error)}")
+
+
+def _fault_in(address: int, size: int) -> None:
+    """Faults the pages of a mapped file range in for reading, with the GIL released
+    (``MADV_POPULATE_READ``), so that what reads them next through the mapping holding the
+    GIL finds them in memory. A kernel without it (older than 5.14) leaves them to that
+    read. Raises OSError where a page cannot be read (an I/O error): a read through the
+    mapping would die of SIGBUS there."""
+    start = address - address % mmap.PAGESIZE
+    if _madvise(start, address + size - start, MADV_POPULATE_READ) != 0:
+        error = ctypes.get_errno()
+        if error not in (errno.EINVAL, errno.ENOSYS):
+            raise OSError(errno.EIO, f"the segment's bytes cannot be read: {os.strerror(error)}")
 
 
 def _start_writeback(fd: int, offset: int, size: int) -> None:

@@ -20,6 +20,7 @@ import google_crc32c
 import pytest
 from helpers import closed_within, wait_until
 
+from kvpool.common.status import Tier
 from kvpool.security import capabilities as caps
 from kvpool.storage_node.checked_seals import SEAL_LIFE, Seals
 from kvpool.storage_node.checked_server import CheckedServer, NodeKeys
@@ -38,6 +39,7 @@ class FakeSegment:
     segment_id: str
     memory: mmap.mmap
     direct: DirectWriter | None = None  # (DRAM: written through ``memory``)
+    tier: Tier = Tier.DRAM
 
     @property
     def size(self) -> int:
@@ -419,7 +421,7 @@ def nvme_server(tmp_path) -> Iterator[tuple[CheckedServer, FakeSegment]]:
     assert direct is not None, f"{tmp_path} takes no direct I/O"
     with open(path, "r+b") as file:
         memory = mmap.mmap(file.fileno(), 8 << 20)
-    segment = FakeSegment(SEGMENT, memory, direct)
+    segment = FakeSegment(SEGMENT, memory, direct, Tier.NVME)
     server = CheckedServer([segment], lambda: NodeKeys(RING, 0, 0), host="127.0.0.1")  # type: ignore[list-item]
     server.start()
     yield server, segment
