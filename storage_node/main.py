@@ -307,6 +307,15 @@ async def _serve(
                 count=len(segment.dropped_on_open),
                 keys=segment.dropped_on_open[:10],
             )
+        if segment.unreadable_on_open:
+            log.error(
+                "dropped objects the disk could not read on open: check the disk",
+                segment=segment.segment_id,
+                path=str(segment.path),
+                count=len(segment.unreadable_on_open),
+                keys=segment.unreadable_on_open[:10],
+                first_error=segment.read_error,
+            )
         damaged = getattr(segment.index, "damaged_records", 0)
         undecodable = getattr(segment.index, "undecodable_records", 0)
         if damaged or undecodable:

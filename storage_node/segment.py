@@ -85,6 +85,10 @@ class Segment:
     path: Path | None = None
     #: Entries dropped when the segment was reopened (torn records, corrupted bytes).
     dropped_on_open: list[str] = field(default_factory=list)
+    #: Entries dropped when the segment was reopened because their bytes could not be read
+    #: (a disk's I/O error), and the first such error.
+    unreadable_on_open: list[str] = field(default_factory=list)
+    read_error: str | None = None
     #: The backing file (memfd or data file), kept open: to allocate blocks ahead of writes,
     #: and for clients on this host to map (``shareable``).
     fd: int | None = None
@@ -444,24 +448,54 @@ def open_persistent_segment(
         direct=direct,
         space_reserved=reserved,
     )
-    segment.dropped_on_open = _verify(segment)
+    _verify(segment)
     return segment
 
 
-def _verify(segment: Segment) -> list[str]:
-    """Drops every recorded object whose bytes no longer match its checksum."""
-    bad = []
+#: Bytes read at a time when a reopened segment's objects are checked.
+VERIFY_PIECE = 4 << 20
+
+
+def _verify(segment: Segment) -> None:
+    """Drops every recorded object whose bytes no longer match its checksum
+    (``dropped_on_open``), or cannot be read (``unreadable_on_open``, ``read_error``).
+
+    The bytes are read with ``pread`` into memory, never through the mapping: a block the
+    disk cannot read is an ``OSError`` there, but a SIGBUS through the mapping, which would
+    kill the node at every start, silently, until someone deleted the whole segment. A read
+    that comes short (a data file shorter than its index says) counts as unreadable too."""
+    assert segment.fd is not None
+    damaged: list[Entry] = []
+    unreadable: list[Entry] = []
     for entry in segment.index.entries():
-        intact = (
-            entry.crc32c is not None
-            and entry.offset >= 0
-            and entry.offset + entry.size <= segment.size
-            and segment.checksum(entry.offset, entry.size) == entry.crc32c
-        )
-        if not intact:
-            bad.append(entry)
-    segment.index.delete(bad)
-    return [entry.key for entry in bad]
+        if entry.crc32c is None or entry.offset < 0 or entry.offset + entry.size > segment.size:
+            damaged.append(entry)
+            continue
+        try:
+            crc = _file_checksum(segment.fd, entry.offset, entry.size)
+        except OSError as error:
+            unreadable.append(entry)
+            if segment.read_error is None:
+                segment.read_error = f"{entry.key!r} at {entry.offset}+{entry.size}: {error}"
+            continue
+        if crc != entry.crc32c:
+            damaged.append(entry)
+    segment.index.delete(damaged + unreadable)
+    segment.dropped_on_open = [entry.key for entry in damaged]
+    segment.unreadable_on_open = [entry.key for entry in unreadable]
+
+
+def _file_checksum(fd: int, offset: int, size: int) -> int:
+    """The CRC-32C of ``size`` bytes of the file at ``offset``, read with ``pread``; raises
+    OSError where they cannot all be read."""
+    crc, at, end = 0, offset, offset + size
+    while at < end:
+        piece = os.pread(fd, min(VERIFY_PIECE, end - at), at)
+        if not piece:
+            raise OSError(errno.EIO, f"the data file ends at {at}, before {end}")
+        crc = google_crc32c.extend(crc, piece)
+        at += len(piece)
+    return crc
 
 
 def _prefault(memory: mmap.mmap) -> None:
