@@ -108,6 +108,8 @@ class Scan:
     #: How many of ``records`` (the first ones) lie above damage that intact records follow,
     #: or above a marker: the entries they leave live are unconfirmed.
     unconfirmed_before: int = 0
+    #: The format of the header read (1: the unsalted first one).
+    version: int = 1
 
 
 def header_slots(header: dict, salt: bytes) -> bytes:
@@ -167,7 +169,7 @@ def _read_header(data: bytes, path: Path) -> tuple[Scan, int]:
             damaged += 1  # this copy is lost (the other may hold); the open rewrites both
         elif found is None:
             identity = {k: v for k, v in header.items() if k not in ("format", "salt")}
-            found = Scan(identity, salt)
+            found = Scan(identity, salt, version=int(version or 1))
     if found is None:
         raise LogDamaged(
             f"{path} is damaged beyond repair: neither copy of its header can be read, so "

@@ -25,7 +25,10 @@ Compaction is the same atomic rewrite as on open (a new file, synced, renamed ov
 so a crash during it leaves one log or the other, each whole. It holds up the appends while
 it writes (a pass over the live entries, once per ``COMPACT_RATIO`` times as many appends); a
 file system with no room for the new file leaves the old log in place and the next try
-``COMPACT_AT`` bytes of appends later.
+``COMPACT_AT`` bytes of appends later. So does the compaction on open, where the old log is
+intact and of the current format (appends go on after its last record); a log that must be
+rewritten (damaged, or older) on a full disk stops the open with an error naming the log and
+the room it needs, so that a node whose disk filled up can be started again.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from kvpool.common.file_writes import write_all
 from kvpool.common.logging import get_logger
 from kvpool.storage_node import metrics, private_files
 from kvpool.storage_node.index_log import (
+    FORMAT,
     OP_DELETE,
     OP_PUT,
     SALT_BYTES,
@@ -150,8 +154,11 @@ class DurableIndex(MemoryIndex):
         try:
             self.header, self._salt = self._replay(header)
             #: Where the next record goes, and where the zeros written ahead end.
-            self._end = self._rewrite()
-            self._allocated = self._end + ROOM
+            try:
+                self._end = self._rewrite()
+                self._allocated = self._end + ROOM
+            except OSError as error:
+                self._end, self._allocated = self._keep_log(error)
             self._compact_after = self._end + max(COMPACT_AT, COMPACT_RATIO * self._end)
             self._fd = private_files.open_for_update(path)
             #: One record run at a time, and its entries in memory before the next (a
@@ -280,12 +287,49 @@ class DurableIndex(MemoryIndex):
         """Bytes of the log: its records and the zeros written ahead of them."""
         return self._allocated
 
+    def _keep_log(self, error: OSError) -> tuple[int, int]:
+        """After the compaction on open failed (no room for the new file, say): where the
+        next record goes and where the log's zeros end, appending after its last record as
+        though it had just been compacted, when that reads back the same (an intact log of
+        the current format; its records are all live or removals, which replay alike).
+        Otherwise an OSError that names the log and the room to free: a node whose disk is
+        full then says what to do, instead of only that it cannot open its storage."""
+        with contextlib.suppress(OSError):
+            os.unlink(self.path.with_name(self.path.name + TMP_SUFFIX))
+        sound = self._kept_end is not None
+        if sound:
+            assert self._kept_end is not None
+            log.warning(
+                "index log not compacted on open: appending after its last record",
+                path=str(self.path),
+                error=str(error),
+            )
+            return self._kept_end, max(self._kept_size, self._kept_end)
+        why = (
+            "the log is new"
+            if not self._kept_size
+            else "the log is damaged or of an older format, so it must be rewritten"
+        )
+        needed = self._kept_size + ROOM
+        raise OSError(
+            error.errno,
+            f"cannot write the index log {self.path} on open ({why}): "
+            f"{error.strerror or error}. It needs about {needed} bytes free on its file "
+            f"system: free that much in {self.path.parent}'s file system and start again",
+        ) from error
+
     def _replay(self, header: dict) -> tuple[dict, bytes]:
         self.damaged_records = self.undecodable_records = 0
+        #: What ``_keep_log`` needs: the end of the last record of an intact log of the
+        #: current format (None otherwise), and the file's size.
+        self._kept_end: int | None = None
         data = private_files.read_nofollow(self.path)
+        self._kept_size = len(data) if data else 0
         if not data:
             return header, os.urandom(SALT_BYTES)
         scan = read_log(data, self.path)
+        if not (scan.damaged or scan.undecodable) and scan.version == FORMAT and scan.salt:
+            self._kept_end = len(data.rstrip(b"\0"))  # (where the reader sees the log end)
         split = scan.unconfirmed_before
         for op, entry in scan.records[:split]:
             (super().put if op == OP_PUT else super().delete)([entry])

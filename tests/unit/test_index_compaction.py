@@ -94,3 +94,53 @@ def test_no_room_for_the_new_log_leaves_the_old_one_serving(path, monkeypatch):
     assert not path.with_name(path.name + object_index.TMP_SUFFIX).exists()
     index.close()
     assert live_entries(path) == live
+
+
+def no_room_for_new_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file system is full: a new file cannot be made (the log's own blocks stay)."""
+
+    def no_room(_: object) -> int:
+        raise OSError(28, os.strerror(28))
+
+    monkeypatch.setattr(object_index.private_files, "create_new", no_room)
+
+
+def test_a_full_disk_at_open_keeps_an_intact_log_and_appends_after_its_last_record(
+    path, monkeypatch
+):
+    index = DurableIndex(path, HEADER)
+    live = churn(index, 300)
+    index.close()
+    no_room_for_new_files(monkeypatch)
+
+    reopened = DurableIndex(path, HEADER)  # (the compaction on open has no room: it opens)
+
+    assert {e.key: e for e in reopened.entries()} == live
+    later = Entry("later", 1 << 20, 4096, 10_000, 7)
+    reopened.put([later])
+    gone = live.pop(next(iter(live)))
+    reopened.delete([gone])
+    reopened.close()
+    monkeypatch.undo()
+    assert live_entries(path) == {**live, "later": later}, "the appends read back"
+    assert {e.key for e in DurableIndex(path, HEADER).entries()} == {*live, "later"}
+
+
+def test_a_full_disk_at_open_with_a_damaged_log_names_the_log_and_the_room_to_free(
+    path, monkeypatch
+):
+    index = DurableIndex(path, HEADER)
+    churn(index, 300)
+    index.close()
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # (a record in the middle rots: the log must be rewritten)
+    path.write_bytes(data)
+    no_room_for_new_files(monkeypatch)
+
+    with pytest.raises(OSError) as refused:
+        DurableIndex(path, HEADER)
+
+    message = str(refused.value)
+    assert str(path) in message
+    assert "damaged" in message
+    assert f"about {len(data) + object_index.ROOM} bytes free" in message
