@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import socket
 import time
 from collections.abc import Callable, Generator
@@ -43,7 +44,7 @@ from kvpool.storage_node.direct_writes import (
     DirectWriter,
     uncached_pieces,
 )
-from kvpool.storage_node.metrics import DIRECT_READ_BYTES, DIRECT_WRITE_BYTES
+from kvpool.storage_node.metrics import DIRECT_READ_BYTES, DIRECT_WRITE_BYTES, DISK_ERRORS
 from kvpool.transport import checked_frames as frames
 from kvpool.transport import ucp
 from kvpool.transport.checked_socket import Waits
@@ -55,6 +56,34 @@ log = get_logger("kvpool.node.checked")
 #: Refusals are logged at a bounded rate (a peer chooses how many it causes); the
 #: ``kvpool_node_checked_requests_total`` counter counts every one.
 REFUSAL_LOGS = LogThrottle()
+DISK_ERROR_LOGS = LogThrottle()
+
+
+class _DiskFailed(Exception):
+    """An NVMe segment's disk failed a read: before any byte of its answer was sent, or
+    ``midway`` (the answer cannot be taken back: the connection ends)."""
+
+    def __init__(self, error: OSError, *, midway: bool) -> None:
+        super().__init__(f"the node's disk failed to read the object: {error}")
+        self.error = error
+        self.midway = midway
+
+
+def _disk_error(op: str, segment: Any, offset: int, length: int, error: OSError) -> None:
+    """Counts and logs (a few lines per 10 s) a transfer the segment's disk failed: the
+    object there may be unreadable, which the operator should hear of."""
+    DISK_ERRORS.labels(op).inc()
+    if (suppressed := DISK_ERROR_LOGS.allow(op)) is not None:
+        log.error(
+            "disk error on a checked transfer",
+            op=op,
+            segment=getattr(segment, "segment_id", "?"),
+            offset=offset,
+            length=length,
+            error=str(error),
+            suppressed=suppressed,
+        )
+
 
 #: Bytes moved per socket call into or out of a segment, and between two checks of the
 #: capability's expiry.
@@ -458,7 +487,12 @@ class CheckedConnection:
                 crc = google_crc32c.extend(crc, ucp.view_of(bounce.address, upto - at))
                 if self._clock() > ends_at:
                     raise self._expired()
-                if not (through_disk and direct.write(piece, at)):
+                try:
+                    written = through_disk and direct.write(piece, at)
+                except OSError as error:  # (its writer learns it as a connection ended)
+                    _disk_error("write", segment, offset, length, error)
+                    raise Closed from None
+                if not written:
                     self._store(digest, memory[at:upto], at, bounce.address, upto - at)
                 piece.release()
                 at = upto
@@ -502,14 +536,29 @@ class CheckedConnection:
         try:
             self._flush()  # (the answers before it)
             with uncached_pieces(direct, mapped_at, offset, length) as pieces:
-                if pieces is None or not self._send_pieces(request_id, pieces, length, ends_at):
+                try:
+                    sent = pieces is not None and self._send_pieces(
+                        request_id, pieces, length, ends_at
+                    )
+                except _DiskFailed as failed:
+                    _disk_error("read", segment, offset, length, failed.error)
+                    if failed.midway:
+                        raise Closed from None  # (its reader tries another replica)
+                    self._refuse(request_id, "read", frames.Status.DISK_ERROR, str(failed))
+                    return
+                if not sent:
                     connection, waits = self._connection, self._waits
                     waits.send(self._until(ends_at))
                     connection.sendall(frames.encode_reply(request_id, _OK, length))
                     at = 0
-                    while at < length:
-                        waits.send(self._until(ends_at))
-                        at += connection.send(source[at : min(length, at + CHUNK)])
+                    try:
+                        while at < length:
+                            waits.send(self._until(ends_at))
+                            at += connection.send(source[at : min(length, at + CHUNK)])
+                    except OSError as error:
+                        if error.errno == errno.EFAULT:  # (a page its disk could not read in)
+                            _disk_error("read", segment, offset, length, error)
+                        raise Closed from None
         finally:
             source.release()
             self._seals.leave(digest, grant_offset, self._connection)
@@ -533,19 +582,22 @@ class CheckedConnection:
             piece: memoryview | None = next(pieces)
         except DirectReadRefused:
             return False
-        except OSError:
-            raise Closed from None
+        except OSError as error:
+            raise _DiskFailed(error, midway=False) from None
         waits.send(self._until(ends_at))
         connection.sendall(frames.encode_reply(request_id, _OK, length))
-        try:
-            while piece is not None:
-                sent = 0
+        while piece is not None:
+            sent = 0
+            try:
                 while sent < len(piece):
                     waits.send(self._until(ends_at))
                     sent += connection.send(piece[sent:])
+            except OSError:
+                raise Closed from None  # (its reader left)
+            try:
                 piece = next(pieces, None)
-        except OSError:
-            raise Closed from None  # (a read that failed midway: its reader tries again)
+            except OSError as error:  # (its reader tries again, or another replica)
+                raise _DiskFailed(error, midway=True) from None
         DIRECT_READ_BYTES.inc(length)
         return True
 

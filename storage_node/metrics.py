@@ -45,6 +45,14 @@ DIRECT_READ_BYTES = Counter(
     "kvpool_node_direct_read_bytes_total",
     "Bytes of checked-stream reads of NVMe segments read past the page cache (not cached).",
 )
+DISK_ERRORS = Counter(
+    "kvpool_node_disk_errors_total",
+    "Checked-stream transfers that failed on an NVMe segment's disk (an I/O error), by "
+    "operation: a read is answered DISK_ERROR, a write ends its connection unanswered.",
+    ["op"],
+)
+for _op in ("read", "write"):
+    DISK_ERRORS.labels(_op)  # (exported from the start, at 0)
 STALE_RECORDS = Counter(
     "kvpool_node_stale_records_total",
     "Objects a Persist or copy asked to record that were not: the segment holds a newer "

@@ -71,6 +71,8 @@ class Status(IntEnum):
     #: A write grant for an object the node has recorded since: it is published, no more
     #: writes (a retried or late writer).
     SEALED = 19
+    #: The node's disk failed to read the bytes (an I/O error): read another replica.
+    DISK_ERROR = 20
 
 
 #: The reply status of each capability refusal.

@@ -416,9 +416,13 @@ class _Pipeline:
             if answered_id != request_id:
                 raise _Broken(Result(Outcome.UNREACHABLE, "answer out of step"))
             if status:
+                name = frames.Status(status).name
                 results[i] = Result(
                     Outcome.REFUSED,
-                    f"the storage node refused the transfer: {frames.Status(status).name}",
+                    f"the storage node's disk failed to read the object ({name}): another "
+                    "replica, if any, is read instead"
+                    if status == frames.Status.DISK_ERROR
+                    else f"the storage node refused the transfer: {name}",
                 )
                 if not is_get:  # (the node may close after it: send no more on it)
                     clean = False

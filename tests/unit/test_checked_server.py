@@ -9,12 +9,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import mmap
+import os
 import random
 import socket
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import google_crc32c
 import pytest
@@ -44,6 +46,11 @@ class FakeSegment:
     @property
     def size(self) -> int:
         return len(self.memory)
+
+    @property
+    def region(self) -> SimpleNamespace:
+        """Where ``memory`` is mapped (what the node's registered region says)."""
+        return SimpleNamespace(address=ctypes.addressof(ctypes.c_char.from_buffer(self.memory)))
 
 
 @pytest.fixture
@@ -619,3 +626,44 @@ def test_a_transfer_under_way_is_never_cut_off_for_a_new_connection():
         with socket.create_connection(("127.0.0.1", server.port), timeout=5) as late:
             assert closed_within(late, 2.0), "the new one is turned away"
         assert server.seals.busy(SEGMENT), "the read goes on"
+
+
+def test_a_read_the_disk_fails_is_answered_disk_error_and_the_connection_serves_on(nvme_server):
+    """An NVMe segment's bytes that its disk cannot read (an I/O error on the direct read
+    of bytes not in the page cache) are answered DISK_ERROR, counted and logged: the reader
+    tries another replica on the same connection, rather than seeing the node hang up as
+    if it had died."""
+    from kvpool.storage_node.metrics import DISK_ERRORS
+
+    server, segment = nvme_server
+    assert segment.direct is not None
+    length = 1 << 20  # (large: read past the page cache, its pages never touched)
+    before = DISK_ERRORS.labels("read")._value.get()
+    unreadable = os.open(os.devnull, os.O_WRONLY)  # (preads of it fail: EBADF, as EIO would)
+    saved = os.dup(segment.direct.fd)
+    os.dup2(unreadable, segment.direct.fd)
+    streams = CheckedStreams()
+    target = ctypes.create_string_buffer(length)
+    address = f"127.0.0.1:{server.port}"
+    capability = grant(0, length, caps.Rights.READ, seconds=30)
+    try:
+        [failed] = streams.run(
+            [Job(address, capability, 0, length, ctypes.addressof(target))],
+            is_get=True,
+            deadline=time.monotonic() + 10,
+        )
+        assert failed.outcome is Outcome.REFUSED
+        assert "disk failed to read" in failed.message and "DISK_ERROR" in failed.message
+        assert DISK_ERRORS.labels("read")._value.get() == before + 1
+        small = grant(0, 4096, caps.Rights.READ, seconds=30)
+        [fine] = streams.run(  # (small reads go through the mapping: the same connection)
+            [Job(address, small, 0, 4096, ctypes.addressof(target))],
+            is_get=True,
+            deadline=time.monotonic() + 10,
+        )
+        assert fine.outcome is Outcome.OK
+    finally:
+        os.dup2(saved, segment.direct.fd)
+        os.close(saved)
+        os.close(unreadable)
+        streams.close()
