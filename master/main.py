@@ -238,7 +238,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=integer(0, max_story_events),
         default=defaults.story_events,
         help="events of all keys kept for `kvpool story KEY` to tell, the last ones (a put is "
-        "three; 0: none; default %(default)s)",
+        "three; each holds its key and replicas, a few hundred bytes of the master's memory, "
+        "removed keys' too; 0: none; default %(default)s)",
     )
     parser.add_argument(
         "--quotas",
