@@ -110,6 +110,9 @@ class Scan:
     unconfirmed_before: int = 0
     #: The format of the header read (1: the unsalted first one).
     version: int = 1
+    #: Where the last intact record (or the header) ends: where an intact log is appended
+    #: to. (Not where the zeros after it begin: a record may end in zeros of its own.)
+    end: int = 0
 
 
 def header_slots(header: dict, salt: bytes) -> bytes:
@@ -183,6 +186,7 @@ def _read_header(data: bytes, path: Path) -> tuple[Scan, int]:
 def _read_entries(data: bytes, position: int, scan: Scan) -> None:
     end_of_log = len(data.rstrip(b"\0"))  # zeros after the last record: room, not records
     records = scan.records
+    scan.end = position
     #: Records before the last damage seen, until an intact record follows it.
     damage_after: int | None = None
     while position < end_of_log:
@@ -204,7 +208,7 @@ def _read_entries(data: bytes, position: int, scan: Scan) -> None:
                         scan.unconfirmed_before = damage_after
                         damage_after = None
                     records.append(record)
-                position = end
+                position = scan.end = end
                 continue
         scan.damaged += 1
         damage_after = len(records)

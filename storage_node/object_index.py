@@ -329,7 +329,7 @@ class DurableIndex(MemoryIndex):
             return header, os.urandom(SALT_BYTES)
         scan = read_log(data, self.path)
         if not (scan.damaged or scan.undecodable) and scan.version == FORMAT and scan.salt:
-            self._kept_end = len(data.rstrip(b"\0"))  # (where the reader sees the log end)
+            self._kept_end = scan.end  # (after the last record: a key may end in zeros)
         split = scan.unconfirmed_before
         for op, entry in scan.records[:split]:
             (super().put if op == OP_PUT else super().delete)([entry])

@@ -126,6 +126,30 @@ def test_a_full_disk_at_open_keeps_an_intact_log_and_appends_after_its_last_reco
     assert {e.key for e in DurableIndex(path, HEADER).entries()} == {*live, "later"}
 
 
+@pytest.mark.parametrize("append", [True, False], ids=["then appended to", "then closed"])
+def test_a_kept_log_whose_last_key_ends_in_zeros_keeps_that_record_whole(path, monkeypatch, append):
+    """Where the kept log goes on is where its last record ends, not where the zeros after
+    it begin: a key may end in NUL bytes, and its record would be cut (by the next append,
+    or by the truncation at close) and its object lost."""
+    index = DurableIndex(path, HEADER)
+    live = {"a": Entry("a", 0, 4096, 1, 5), "zeros\0\0": Entry("zeros\0\0", 4096, 4096, 2, 6)}
+    index.put(list(live.values()))
+    index.close()
+    no_room_for_new_files(monkeypatch)
+
+    reopened = DurableIndex(path, HEADER)
+    if append:
+        live["later"] = Entry("later", 8192, 4096, 3, 7)
+        reopened.put([live["later"]])
+    reopened.close()
+    monkeypatch.undo()
+
+    assert live_entries(path) == live
+    again = DurableIndex(path, HEADER)
+    assert again.damaged_records == 0 and not again.unconfirmed
+    again.close()
+
+
 def test_a_full_disk_at_open_with_a_damaged_log_names_the_log_and_the_room_to_free(
     path, monkeypatch
 ):
