@@ -267,6 +267,9 @@ class StorageNode:
             and known.term == delivered.term
             and known.max_skew_ms == delivered.max_skew_ms
             and known.ring.key_ids() == ids
+            # (the same ids may come with other secrets: a master of the previous version
+            # delivered its own keys, this one the node's)
+            and all(known.ring.secret(key.key_id) == key.secret for key in delivered.keys)
         ):
             return  # (the usual heartbeat: nothing new)
         try:

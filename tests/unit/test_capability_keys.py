@@ -161,3 +161,25 @@ def test_the_file_is_written_through_no_name_another_user_could_have_planted(tmp
     assert target.read_bytes() == b"untouched"
     assert not path.is_symlink() and stat.S_IMODE(path.stat().st_mode) == 0o600
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".keys")] == [planted.name]
+
+
+def test_a_node_takes_keys_of_the_same_ids_and_term_when_their_secrets_differ():
+    """A master of the previous version delivered its own keys; one of this version, in
+    the same term (a lone master restarted within the second its term is named after),
+    delivers the node's own under the same ids: the node must take them, or it refuses
+    every capability as forged."""
+    from types import SimpleNamespace
+
+    from kvpool.proto import master_pb2 as pb
+    from kvpool.storage_node.node import StorageNode
+
+    def answer(secret: bytes) -> pb.HeartbeatResponse:
+        keys = pb.CapabilityKeys(
+            keys=[pb.CapabilityKey(key_id=1, secret=secret)], term=7, max_skew_ms=1000
+        )
+        return pb.HeartbeatResponse(capability_keys=keys)
+
+    node = SimpleNamespace(capability_keys=None)
+    StorageNode._learn_keys(node, answer(b"a" * 32))  # type: ignore[arg-type]
+    StorageNode._learn_keys(node, answer(b"b" * 32))  # type: ignore[arg-type]
+    assert node.capability_keys.ring.secret(1) == b"b" * 32
