@@ -42,6 +42,10 @@ MAX_IDLE = 60.0
 RECEIVE_BUFFER = 64 * 1024
 
 
+#: The longest ``poll`` waits at once (milliseconds, a C int).
+POLL_MAX_MS = 2**31 - 1
+
+
 class LaneError(Exception):
     """A call over the lane failed with a gRPC status code (``lane_protocol`` numbers)."""
 
@@ -259,8 +263,9 @@ class _Connection:
         """Waits for the answer's first bytes before OpenSSL reads: a read that finds
         nothing yet costs OpenSSL a failed record read (and the kernel a read) on every
         call before it waits itself."""
-        if not self._poller.poll(math.ceil(_left(deadline) * 1000)):
-            raise TimeoutError
+        while not self._poller.poll(min(math.ceil(_left(deadline) * 1000), POLL_MAX_MS)):
+            if _left(deadline) <= 0:  # (else a wait longer than poll takes: wait on)
+                raise TimeoutError
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

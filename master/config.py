@@ -10,6 +10,12 @@ from kvpool.master.story import EVENTS, EVENTS_PER_KEY
 PLACEMENTS = ("random", "most-free")
 
 
+#: The longest a write or read grant may run: a storage node refuses capabilities that
+#: expire further ahead than it keeps their seals (``SEAL_LIFE`` in
+#: storage_node/checked_seals.py, 1800 s), less a margin for clocks and transfers.
+MAX_GRANT_SECONDS = 1500.0
+
+
 @dataclass(frozen=True, slots=True)
 class MasterConfig:
     #: Replicas per object when a put does not say.
@@ -89,6 +95,12 @@ class MasterConfig:
             value = getattr(self, name)
             if not (value > 0 and math.isfinite(value)):  # nan compares false: refused too
                 raise ValueError(f"{name} must be a positive finite number, got {value}")
+        for name in ("write_timeout", "max_lease_ttl"):  # (how long grants live)
+            if getattr(self, name) > MAX_GRANT_SECONDS:
+                raise ValueError(
+                    f"{name} must be at most {MAX_GRANT_SECONDS:g} s, got {getattr(self, name)}: "
+                    "storage nodes refuse capabilities that run further ahead"
+                )
         if self.lease_ttl > self.max_lease_ttl:
             raise ValueError(
                 f"lease_ttl must be at most max_lease_ttl ({self.max_lease_ttl}),"

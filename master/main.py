@@ -30,7 +30,7 @@ from kvpool.master.capability_keys import (
     load_or_create,
     read_key_file,
 )
-from kvpool.master.config import PLACEMENTS, MasterConfig
+from kvpool.master.config import MAX_GRANT_SECONDS, PLACEMENTS, MasterConfig
 from kvpool.master.core import MasterCore
 from kvpool.master.driver import CoreDriver
 from kvpool.master.election import DEFAULT_TTL, AlwaysLeader, Election
@@ -123,10 +123,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--write-timeout",
-        type=seconds(0),
+        type=seconds(0, MAX_GRANT_SECONDS),
         default=defaults.write_timeout,
         help="seconds a writer has to copy its bytes after PutStart (also the fence after a "
-        "master change)",
+        f"master change), at most {MAX_GRANT_SECONDS:g}",
     )
     parser.add_argument(
         "--reservation-timeout",

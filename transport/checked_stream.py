@@ -422,7 +422,13 @@ class _Pipeline:
                     f"the storage node's disk failed to read the object ({name}): another "
                     "replica, if any, is read instead"
                     if status == frames.Status.DISK_ERROR
-                    else f"the storage node refused the transfer: {name}",
+                    else f"the storage node refused the transfer: {name}"
+                    + (
+                        " (if it was granted just now, the node's clock and the master's "
+                        "differ by more than the allowance: check NTP)"
+                        if status == frames.Status.EXPIRED
+                        else ""
+                    ),
                 )
                 if not is_get:  # (the node may close after it: send no more on it)
                     clean = False

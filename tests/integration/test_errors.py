@@ -43,6 +43,19 @@ def test_getting_a_missing_key_raises_object_not_found(client):
         client.get_into("no-such-key", bytearray(10))
 
 
+def test_the_longest_timeout_a_client_takes_works_as_any_other(shared_cluster):
+    """``select.poll`` takes at most 2**31-1 ms (about 24.8 days): a longer timeout, which
+    the client accepts (up to MAX_SECONDS), raised OverflowError from deep inside."""
+    from kvpool.common.limits import MAX_SECONDS
+
+    with Client(shared_cluster.master_address, timeout=MAX_SECONDS) as patient:
+        with pytest.raises(ObjectNotFound):
+            patient.get("never-put")
+        patient.put("patiently", b"p")
+        assert patient.get("patiently") == b"p"
+        patient.remove("patiently", force=True)  # (its own read leased it)
+
+
 def test_removing_a_missing_key_raises_object_not_found(client):
     with pytest.raises(ObjectNotFound):
         client.remove("no-such-key")
