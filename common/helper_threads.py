@@ -21,8 +21,10 @@ from typing import Any
 
 
 class Helpers:
-    """Usage: ``try: submit(...) ...; own share; wait() except BaseException:
-    stop_and_wait(); raise``. ``stopped``: tells helpers that look at it to end early."""
+    """Usage: ``with Helpers(pool) as helpers: helpers.submit(...); own share``: leaving the
+    block waits for every helper (``wait``), or, when the block raised, for those that
+    started (``stop_and_wait``) before the exception goes on. ``stopped``: tells helpers
+    that look at it to end early."""
 
     def __init__(self, pool: futures.Executor) -> None:
         self._pool = pool
@@ -30,6 +32,15 @@ class Helpers:
         self._running = 0
         self.stopped = False
         self.futures: list[futures.Future[Any]] = []
+
+    def __enter__(self) -> Helpers:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if kind is None:
+            self.wait()
+        else:  # (an interrupt, or an error of the caller's own share: raised once none runs)
+            self.stop_and_wait()
 
     def submit(self, work: Callable[..., Any], *args: Any) -> None:
         self.futures.append(self._pool.submit(self._run, work, args))

@@ -171,14 +171,9 @@ class CheckedStreams:
         # Every group ends before any error is raised (each by the deadline), an interrupt
         # of the caller included: one that failed must not leave the others moving bytes
         # into memory the caller reuses.
-        helpers = Helpers(self._pool)
-        try:
+        with Helpers(self._pool) as helpers:
             for group in groups:
                 helpers.submit(self._run_group, jobs, group, is_get, deadline, results)
-            helpers.wait()
-        except BaseException:
-            helpers.stop_and_wait()
-            raise
         for future in helpers.futures:
             future.result()
 

@@ -72,14 +72,10 @@ class Copier:
         if helpers is None:
             work()
             return done
-        try:
+        with helpers:  # (an interrupt is raised once no helper touches the memory)
             for _ in range(min(self.threads, len(pieces)) - 1):
                 helpers.submit(work)
             work()
-            helpers.wait()
-        except BaseException:  # (an interrupt: raised once no helper touches the memory)
-            helpers.stop_and_wait()
-            raise
         for helper in helpers.futures:
             helper.result()
         return done
