@@ -394,14 +394,19 @@ class Tombstones:
         older one the report brought back lives on).
 
         ``in_parts``: the report was the first part of several; what was refused of the
-        segment until now is refused of every later part too, until ``report_over``."""
+        segment until now is refused of every later part too, until ``report_over``. A late
+        write of an object that went away with this very segment is not refused then: the
+        object is lost, not ended, and a later part may bring it back."""
         held = self._refusals(segment_id) if in_parts else None
         forgetting = self._forgetting.get(segment_id, {})
         kept: list[tuple[str, int]] = []
         removed: list[tuple[str, int]] = []
         for key, generation, lives in late:
             goes_away = (key, generation) not in forgetting and (
-                lives or self._away_elsewhere(segment_id, key, generation)
+                lives
+                or self._away_elsewhere(segment_id, key, generation)
+                # (a later part may report it here: adopted then, not refused)
+                or (in_parts and self.went_away(segment_id, key, generation))
             )
             (kept if goes_away else removed).append((key, generation))
         if segment_id in self._distrusted or self.record(segment_id) is not None:

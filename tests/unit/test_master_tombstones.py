@@ -13,6 +13,7 @@ from state_helpers import (
     declare_dead,
     new_state,
     publish,
+    put,
     remove,
     segment_info,
     stored,
@@ -20,7 +21,7 @@ from state_helpers import (
 
 from kvpool.common.status import KeyStatus
 from kvpool.master.core import MasterCore
-from kvpool.master.records import ForgetCommand, PutOptions, SegmentInfo
+from kvpool.master.records import Commit, ForgetCommand, PutOptions, SegmentInfo, StoredObject
 from kvpool.master.state import MasterState
 from kvpool.master.tombstones import MAX_AGE, RECORD_LIMIT, DurableRecord, Tombstones
 
@@ -384,3 +385,24 @@ def test_a_segment_that_comes_back_in_time_keeps_its_refusals_until_it_mounts():
 
     assert state.mount_segment(n1, [held], remount=True, silent=1.0) == ["gone"]
     assert "gone" not in state.objects
+
+
+def test_an_object_lost_with_its_segment_comes_back_in_any_part_of_its_report():
+    """A write the master stopped waiting for while its node was away is a late write at the
+    remount, and one of an object that ended stays out; but an object only lost with this
+    very segment has not ended: whichever part of the report brings it, it is adopted, as a
+    report in one part adopts it."""
+    state, clock, n1, n2 = two_nodes()
+    publish(state, "other", 4096, options=ON_N1)
+    other = stored(state, "other", n1.segment_id)
+    slot = put(state, "lost", 4096, options=ON_N1)
+    assert state.put_end([Commit("lost", slot.put_id, (True,), None)]) == [None]
+    [replica] = slot.replicas
+    lost = StoredObject("lost", replica.address - n1.base_address, 4096, slot.put_id, 0)
+    state.outbox.clear()  # (the node, paused, never answers its Persist)
+    declare_dead(state, clock, "n1", [n2])
+    assert "lost" not in state.objects
+
+    assert state.mount_segment(n1, [other], remount=True, silent=1.0, more=True) == []
+    assert state.report_more(n1, [lost], more=False) == []
+    assert state.objects["lost"].generation == slot.put_id
