@@ -43,7 +43,7 @@ from kvpool.master.records import (
     StoredObject,
     TickReport,
 )
-from kvpool.master.state import MasterState
+from kvpool.master.state import OWN_SILENCE_MIN, MasterState
 
 #: How long the master waits for a node to answer a command before counting it failed.
 COMMAND_TIMEOUT = 5.0
@@ -436,13 +436,21 @@ class MasterCore:
         self.state.quarantine(forget)
         return True
 
-    def tick(self, step: int | None = None) -> tuple[TickReport, Effects]:
+    def tick(self, step: int | None = None, *, late_by: float = 0.0) -> tuple[TickReport, Effects]:
         """The state's tick (timeouts, dead nodes and clients, frees, eviction; in steps of
-        ``step`` objects), and what it releases here: nothing waits for a dead node."""
+        ``step`` objects), and what it releases here: nothing waits for a dead node.
+        ``late_by``: how much later than planned it comes (``MasterState.tick``): the
+        master's own silence is no part of the nodes' time to report after an election
+        either."""
+        if late_by > OWN_SILENCE_MIN:
+            now = self.clock()
+            self._rebuild_until += late_by
+            if self._last_new_node is not None:
+                self._last_new_node = min(now, self._last_new_node + late_by)
         # (first: an object the tick ends, evicted say, must be noted for the nodes not
         # heard from, or it would come back with them)
         self._close_passed_window()
-        report = self.state.tick(step)
+        report = self.state.tick(step, late_by=late_by)
         answers: dict[int, Any] = {}
         for node_id in report.dead_nodes:
             self.delivery.discard(node_id)

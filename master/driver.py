@@ -275,10 +275,10 @@ class CoreDriver:
 
     # ---- time and terms
 
-    def tick(self, step: int | None) -> TickReport | None:
+    def tick(self, step: int | None, late_by: float = 0.0) -> TickReport | None:
         if self.core is None:
             return None
-        report, effects = self.core.tick(step)
+        report, effects = self.core.tick(step, late_by=late_by)
         self.carry_out(effects)
         return report
 

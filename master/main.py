@@ -47,7 +47,7 @@ from kvpool.master.security_config import (
     security_from_args,
 )
 from kvpool.master.service import MasterService
-from kvpool.master.state import MasterState
+from kvpool.master.state import OWN_SILENCE_MIN, MasterState
 from kvpool.master.tombstone_file import TombstoneFile, TombstoneFileError
 from kvpool.master.tombstone_store import TombstoneStore
 from kvpool.proto import master_pb2_grpc
@@ -488,12 +488,14 @@ async def serve(
     trim = _MemoryTrim()
     try:
         evicted = 0  # by the eviction pass under way, logged once it ends
+        due: float | None = None  # when this tick was planned
         while not stop.is_set():
             started = time.monotonic()
+            late_by = 0.0 if due is None else max(0.0, started - due)
             trim.maybe(started)
             if keys is not None and key_watch is not None:
                 key_watch.apply(keys, started)
-            report = _tick(driver, handlers, quotas)
+            report = _tick(driver, handlers, quotas, late_by)
             if report is not None:
                 evicted += report.objects_evicted
                 for space in report.passes_started:
@@ -501,11 +503,14 @@ async def serve(
                 if report.unfinished:
                     # Calls get at least as long as the step took before the next one: a put
                     # goes through the master three times (PutStart, PutEnd, its node's answer).
-                    await pause(stop, time.monotonic() - started)
+                    taken = time.monotonic() - started
+                    due = time.monotonic() + taken
+                    await pause(stop, taken)
                     continue
                 if evicted:
                     log.info("objects evicted", count=evicted)
                     evicted = 0
+            due = time.monotonic() + args.tick
             await pause(stop, args.tick)
     finally:
         log.info("master stopping")
@@ -582,17 +587,28 @@ def _new_state(config: MasterConfig, epoch: int, quotas: QuotaFile | None) -> Ma
 
 
 def _tick(
-    driver: CoreDriver, handlers: MasterHandlers, quotas: QuotaFile | None = None
+    driver: CoreDriver,
+    handlers: MasterHandlers,
+    quotas: QuotaFile | None = None,
+    late_by: float = 0.0,
 ) -> TickReport | None:
     """One tick of the core (its bulk jobs in steps of TICK_STEP objects); None on a standby.
-    The quotas file's quotas go to the core first when they changed (or the core is new)."""
+    The quotas file's quotas go to the core first when they changed (or the core is new).
+    ``late_by``: how much later than planned the tick comes (MasterState.tick)."""
     core = driver.core
     registry = handlers.registry
     if core is not None and quotas is not None:
         current = quotas.current()
         if core.state.quotas is not current:
             core.state.set_quotas(current)
-    report = driver.tick(TICK_STEP)
+    if late_by > OWN_SILENCE_MIN:
+        log.warning(
+            "the master did not run for a while (its process stopped, its host paused or its "
+            "loop blocked): silences of nodes and clients in that time are not held against "
+            "them",
+            seconds=round(late_by, 3),
+        )
+    report = driver.tick(TICK_STEP, late_by)
     if core is None or report is None:
         return None
     for node_id in report.dead_nodes:

@@ -152,6 +152,9 @@ MAX_NODE_SEGMENTS = 64
 #: no other node could take them), or until it answers one: without it, every put placed
 #: there would wait out the command timeout and fail, for as long as the node stays hung.
 SILENT_NODE_PAUSE = 30.0
+#: Seconds late a tick may come without counting as the master's own silence: ordinary
+#: scheduling on a busy loop (a later tick forgives, see ``tick``'s ``late_by``).
+OWN_SILENCE_MIN = 0.5
 
 
 class MasterState:
@@ -1094,9 +1097,16 @@ class MasterState:
 
     # ------------------------------------------------------------------ time
 
-    def tick(self, step: int | None = None) -> TickReport:
+    def tick(self, step: int | None = None, *, late_by: float = 0.0) -> TickReport:
         """Applies everything that is due: timeouts, dead nodes and clients, deferred frees,
         ended pins and leases, and eviction (or demotion) above the high watermark.
+
+        ``late_by``: how much later than planned this tick comes. Past ``OWN_SILENCE_MIN``
+        that is the master's own silence (its process was stopped, its host paused, its loop
+        blocked): it heard nothing meanwhile, and the heartbeats of that time may still wait
+        unread in its sockets. That time does not count against any node's or writer's
+        silence: a master paused past the node TTL would otherwise declare every node dead
+        as it resumes, and lose every object it held.
 
         ``step`` bounds the objects one call goes through in the jobs that come in bulk
         (None: no bound): buffers whose frees are due, leases that ended, and an eviction
@@ -1110,6 +1120,8 @@ class MasterState:
         now = self.clock()
         report = TickReport()
         budget = None if step is None else [step]
+        if late_by > OWN_SILENCE_MIN:
+            self._forgive_own_silence(now, late_by)
         self._reclaim_reservations(now, report)
         self._bury_dead_clients(now, report)
         self._bury_dead_nodes(now, report)
@@ -2345,6 +2357,15 @@ class MasterState:
         for segment_id in expired:
             del away_since[segment_id]
             self._tombstones.forget_segment(segment_id)
+
+    def _forgive_own_silence(self, now: float, seconds: float) -> None:
+        """Every node and writer is taken as heard from ``seconds`` later than it was (never
+        past now): ``seconds`` the master itself could hear nobody."""
+        for node in self.nodes.values():
+            node.last_seen = min(now, node.last_seen + seconds)
+        clients = self.clients
+        for client_id, seen in clients.items():
+            clients[client_id] = min(now, seen + seconds)
 
     def _bury_dead_clients(self, now: float, report: TickReport) -> None:
         silent_since = now - self.config.client_ttl

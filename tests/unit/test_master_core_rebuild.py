@@ -63,3 +63,20 @@ def test_a_new_leader_waits_for_the_nodes_etcd_lists_or_its_window():
     assert not core.accepting_clients()
     core.mount_segment(2, segment_info("n2", 1 << 20), [], True, 0.0)
     assert core.accepting_clients()
+
+
+def test_the_masters_own_silence_is_no_part_of_the_nodes_time_to_come_back():
+    """A new leader stopped (its process, its host) for most of its window heard no node
+    meanwhile: the window goes on for as long as it was stopped, as the tick that comes late
+    says."""
+    clock = FakeClock()
+    core = MasterCore(
+        MasterState(MasterConfig(), clock=clock), awaited_nodes={"n1"}, rebuild_window=5.0
+    )
+    clock.advance(4.0)
+    core.tick(late_by=3.8)  # (it planned to tick 0.2 s after it began)
+    clock.advance(4.0)
+    core.tick()
+    assert not core.accepting_clients(), "0.2 + 4.0 s of the 5 s window have passed"
+    core.mount_segment(1, segment_info("n1", 1 << 20), [], True, 0.0)
+    assert core.accepting_clients()

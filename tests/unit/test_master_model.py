@@ -125,7 +125,7 @@ from kvpool.master.records import (
     StoredObject,
     TickReport,
 )
-from kvpool.master.state import FENCE_MARGIN, MasterState
+from kvpool.master.state import FENCE_MARGIN, OWN_SILENCE_MIN, MasterState
 from kvpool.security.identity import split_key
 
 # Known gaps of master/state.py, each shown by an xfail test in test_master_fence.py or
@@ -378,7 +378,11 @@ class MasterModel(RuleBasedStateMachine):
         self.boots: Counter[str] = Counter()  # restarts of each node: new segment infos
         #: alive node -> its mounted segments (those the master must keep).
         self.nodes: dict[str, dict[str, SegmentRecord]] = {}
+        #: alive node -> when the master last heard from it, as the master counts a node's
+        #: silence (its own silences forgiven: ``master_stalls``); and when it really did
+        #: (what the fence must cover).
         self.node_seen: dict[str, float] = {}
+        self.node_contact: dict[str, float] = {}
         #: Every segment record the model met (so that ids of dropped ones stay unique).
         self.segment_records: list[SegmentRecord] = []
         #: clients that keep heartbeating, and when the master last heard of each writer.
@@ -631,11 +635,14 @@ class MasterModel(RuleBasedStateMachine):
     def writing(self, client: str) -> bool:
         return any(r.client == client and self.open(r) for r in self.reservations.values())
 
+    def heard_from(self, node: str) -> None:
+        self.node_seen[node] = self.node_contact[node] = self.now
+
     def heartbeat(self, silent_nodes=(), silent_clients=()) -> None:
         for node, segments in self.nodes.items():
             if node not in silent_nodes and node not in self.slow:
                 assert self.state.heartbeat(node, sorted(segments)) == [], f"{node} must remount"
-                self.node_seen[node] = self.now
+                self.heard_from(node)
         for client in self.alive_clients - set(silent_clients):
             self.state.client_heartbeat(client)
             if self.writing(client):  # the master tracks writers only
@@ -1028,14 +1035,24 @@ class MasterModel(RuleBasedStateMachine):
     # ------------------------------------------------------------------ time
 
     def pass_time(
-        self, seconds: float, silent_nodes=(), silent_clients=(), step: int | None = None
+        self,
+        seconds: float,
+        silent_nodes=(),
+        silent_clients=(),
+        step: int | None = None,
+        late_by: float = 0.0,
     ) -> TickReport:
         """``seconds`` pass, everyone alive (but the silent and the stalled) heartbeats, the
-        master ticks (``step``: as production does, a bounded part of its bulk jobs); the tick
-        must do exactly what the model expects (the watermarks hold once a tick finished)."""
+        master ticks (``step``: as production does, a bounded part of its bulk jobs; ``late_by``
+        seconds later than it planned); the tick must do exactly what the model expects (the
+        watermarks hold once a tick finished)."""
         self.clock.advance(seconds)
         self.heartbeat(silent_nodes, silent_clients)
         now = self.now
+        if late_by > OWN_SILENCE_MIN:  # (the master's own silence counts against nobody)
+            for seen in (self.node_seen, self.client_seen):
+                for who, when in seen.items():
+                    seen[who] = min(now, when + late_by)
         state = self.state
         reserved = {k: r for k, r in self.reservations.items() if self.open(r)}
         due = {
@@ -1053,9 +1070,9 @@ class MasterModel(RuleBasedStateMachine):
         counters = _counts(state)
 
         for node in dying_nodes & self.slow:  # writes into its segments go on unknown
-            self.add_hazards(node, self.node_seen[node], FENCE_COVERS_LATE_GRANTS)
+            self.add_hazards(node, self.node_contact[node], FENCE_COVERS_LATE_GRANTS)
 
-        report = state.tick(step)
+        report = state.tick(step, late_by=late_by)
 
         assert set(report.dead_clients) == dying_clients, (report.dead_clients, dying_clients)
         assert sorted(report.reservations_reclaimed) == sorted(reclaimed), report
@@ -1067,11 +1084,11 @@ class MasterModel(RuleBasedStateMachine):
         for node in dying_nodes:
             if node in self.slow:  # only stalled: it lives on, with what it holds
                 self.slow.discard(node)
-                self.orphans[node] = self.node_seen[node]
+                self.orphans[node] = self.node_contact[node]
                 event("a stalled node declared dead")
             for segment in self.nodes.pop(node).values():
                 self.segment_gone(segment)
-            del self.node_seen[node]
+            del self.node_seen[node], self.node_contact[node]
         moving = self.moving()  # what eviction had to leave alone
         commands = self.collect(copies="demotion")
         demoted = {c.source.key: c for c in commands if isinstance(c, CopyCommand)}
@@ -1249,7 +1266,7 @@ class MasterModel(RuleBasedStateMachine):
             assert self.state.mount_segment(self.info_of(node, spec)) == []
             segment = self.keep(self.state.segments[spec.segment_id])
             self.nodes.setdefault(node, {})[spec.segment_id] = segment
-        self.node_seen[node] = self.now
+        self.heard_from(node)
         self.collect()
 
     def bring_up(self, node: str, data) -> None:
@@ -1257,7 +1274,7 @@ class MasterModel(RuleBasedStateMachine):
         self.boots[node] += 1
         for spec in data.draw(st.permutations(self.layout[node]), label="segments in order"):
             self.remount(node, spec, data)
-        self.node_seen[node] = self.now
+        self.heard_from(node)
 
     def remount(self, node: str, spec: SegmentSpec, data, silent: float | None = None) -> None:
         """A node mounts a segment again with what its index holds: after a restart of its
@@ -1377,7 +1394,7 @@ class MasterModel(RuleBasedStateMachine):
                 del self.nodes[node][segment_id]
                 self.segment_gone(earlier)
                 event("an earlier process's memory dropped at a new process's mount")
-        self.node_seen[node] = self.now
+        self.heard_from(node)
         for key in dropped:  # the node forgets what was not adopted
             self.missed[spec.segment_id].pop(key, None)
         self.reset_disk(spec.segment_id, {i.key: i for i in stored if i.key not in dropped})
@@ -1606,7 +1623,7 @@ class MasterModel(RuleBasedStateMachine):
         self.missed.pop(segment_id, None)
         if not self.nodes[node]:
             del self.nodes[node]
-            del self.node_seen[node]
+            del self.node_seen[node], self.node_contact[node]
             del self.layout[node]
         self.segment_gone(segment)
         self.collect()
@@ -1667,7 +1684,7 @@ class MasterModel(RuleBasedStateMachine):
         if node in self.slow:
             assert asked == [], f"{node} asked to remount, though the master keeps its segments"
             self.slow.discard(node)
-            self.node_seen[node] = self.now
+            self.heard_from(node)
             return
         assert asked == segment_ids, f"{node} asked to remount {asked}, not all it has"
         silent = self.now - self.orphans[node]
@@ -1675,7 +1692,7 @@ class MasterModel(RuleBasedStateMachine):
             self.remount(node, spec, data, silent=silent)
         del self.orphans[node]
         assert self.state.heartbeat(node, segment_ids) == []
-        self.node_seen[node] = self.now
+        self.heard_from(node)
         event("a heartbeat asked a node to remount")
 
     @rule(data=st.data(), gap=st.sampled_from([0.0, 0.5, 2.0, 6.0]))
@@ -1720,7 +1737,7 @@ class MasterModel(RuleBasedStateMachine):
                 assert entry is not None and entry.generation == generation, (
                     f"model: {key} published in {segment_id}+{offset}, its node holds {entry}"
                 )
-        contact = {node: self.node_seen[node] for node in self.nodes}
+        contact = {node: self.node_contact[node] for node in self.nodes}
         for node in self.nodes:
             self.add_hazards(node, contact[node], FENCE_COVERS_LATE_GRANTS_AT_A_NEW_LEADER)
         contact.update(self.orphans)
@@ -1741,7 +1758,7 @@ class MasterModel(RuleBasedStateMachine):
         state.restore_tombstones(records)
         for reservation in self.reservations.values():
             reservation.ended = True
-        self.nodes, self.node_seen, self.slow = {}, {}, set()
+        self.nodes, self.node_seen, self.node_contact, self.slow = {}, {}, {}, set()
         self.sent, self.moves, self.committing, self.guards = {}, {}, {}, {}
         self.issued = set()
         self.open_leases, self.lease_periods = {}, 0
@@ -2280,6 +2297,19 @@ class MasterModel(RuleBasedStateMachine):
     @rule(seconds=st.sampled_from(STEPS))
     def time_passes(self, seconds):
         self.pass_time(seconds)
+
+    @rule(seconds=st.sampled_from([0.25, 0.75, 3.0, 40.0]), heard_first=st.booleans())
+    def master_stalls(self, seconds, heard_first):
+        """The master itself stops for ``seconds`` (its process or host paused, its loop
+        blocked) while everyone else goes on, and its next tick comes that much later than
+        planned: before the heartbeats that waited meanwhile are read, or after
+        (``heard_first``). Past OWN_SILENCE_MIN nobody is declared dead for the master's own
+        silence; leases, reservations and grants still end on time."""
+        everyone = () if heard_first else tuple(self.nodes)
+        writers = () if heard_first else tuple(self.alive_clients)
+        self.pass_time(seconds, everyone, writers, step=5, late_by=seconds)
+        if seconds > self.config.node_ttl and everyone:
+            event("a master stopped past the node TTL declared no node dead for it")
 
     @rule(seconds=st.sampled_from(STEPS), step=st.sampled_from([1, 2, 5]), through=st.booleans())
     def tick_in_steps(self, seconds, step, through):
