@@ -286,7 +286,9 @@ class MasterHandlers:
             self.driver.call(lambda call_id: core.drain(call_id, node_id), lambda _: None)
 
         def answer(remount: list[str]) -> pb.HeartbeatResponse:
-            response = pb.HeartbeatResponse(remount_segment_ids=remount)
+            response = pb.HeartbeatResponse(
+                remount_segment_ids=remount, master_time_ms=int(time.time() * 1000)
+            )
             progress = self._drain_progress(node_id) if core.state.draining_nodes else None
             if progress is not None and progress.draining:
                 response.draining = True

@@ -203,18 +203,20 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., segment_ids: _Optional[_Iterable[str]] = ..., incarnation: _Optional[str] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("remount_segment_ids", "draining", "drain_objects_left", "drain_bytes_left", "capability_keys")
+    __slots__ = ("remount_segment_ids", "draining", "drain_objects_left", "drain_bytes_left", "capability_keys", "master_time_ms")
     REMOUNT_SEGMENT_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     DRAIN_OBJECTS_LEFT_FIELD_NUMBER: _ClassVar[int]
     DRAIN_BYTES_LEFT_FIELD_NUMBER: _ClassVar[int]
     CAPABILITY_KEYS_FIELD_NUMBER: _ClassVar[int]
+    MASTER_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     remount_segment_ids: _containers.RepeatedScalarFieldContainer[str]
     draining: bool
     drain_objects_left: int
     drain_bytes_left: int
     capability_keys: CapabilityKeys
-    def __init__(self, remount_segment_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., drain_objects_left: _Optional[int] = ..., drain_bytes_left: _Optional[int] = ..., capability_keys: _Optional[_Union[CapabilityKeys, _Mapping]] = ...) -> None: ...
+    master_time_ms: int
+    def __init__(self, remount_segment_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., drain_objects_left: _Optional[int] = ..., drain_bytes_left: _Optional[int] = ..., capability_keys: _Optional[_Union[CapabilityKeys, _Mapping]] = ..., master_time_ms: _Optional[int] = ...) -> None: ...
 
 class PutStartRequest(_message.Message):
     __slots__ = ("client_id", "keys", "sizes", "replicas", "preferred_hosts", "pin", "pin_ttl_ms", "tier", "avoid_nodes", "mapped_segments")

@@ -74,6 +74,13 @@ SEGMENT_BYTES = Gauge(
 MOUNTED = Gauge(
     "kvpool_node_segments_mounted", "Segments the master currently knows about from this node."
 )
+CLOCK_OFFSET = Gauge(
+    "kvpool_node_clock_offset_seconds",
+    "This node's wall clock minus the master's, estimated at each heartbeat (capabilities "
+    "are checked against this node's clock: keep it within their allowed skew); NaN until "
+    "a master answered one.",
+)
+CLOCK_OFFSET.set(float("nan"))
 HEARTBEATS = Counter("kvpool_node_heartbeats_total", "Heartbeats the master answered.")
 HEARTBEAT_FAILURES = Counter(
     "kvpool_node_heartbeat_failures_total", "Heartbeats or mounts that failed or timed out."

@@ -39,6 +39,7 @@ from kvpool.security.caller import ANONYMOUS, CallerCredentials
 from kvpool.storage_node import lane_session, metrics
 from kvpool.storage_node.checked_server import CheckedServer, NodeKeys
 from kvpool.storage_node.checked_writes import WrittenRanges
+from kvpool.storage_node.clock_offset import ClockOffset
 from kvpool.storage_node.commands import CommandExecutor
 from kvpool.storage_node.mapping_server import MappingServer
 from kvpool.storage_node.peer_copy import PeerCopier
@@ -124,6 +125,7 @@ class StorageNode:
         self._worker_address = worker.address
         #: When a master last answered us (for the fence after a master change).
         self._last_contact = time.monotonic()
+        self._clock_offset = ClockOffset()
         self._progress = ucp.ProgressThread(worker)
         self._failures = 0
         self._peers = PeerCopier(context)
@@ -254,6 +256,31 @@ class StorageNode:
         self._leave.set()
         return True
 
+    def _compare_clocks(self, sent: float, received: float, master_time_ms: int) -> None:
+        """This node's wall clock against the master's (storage_node/clock_offset.py):
+        capabilities are checked against it."""
+        keys = self.capability_keys
+        allowed_ms = keys.max_skew_ms if keys is not None else caps.DEFAULT_MAX_SKEW_MS
+        estimate = self._clock_offset.heard(sent, received, master_time_ms, allowed_ms)
+        if estimate is None:
+            return
+        metrics.CLOCK_OFFSET.set(estimate.offset)
+        said = self._clock_offset.warn(time.monotonic())
+        if said == "too_far":
+            log.warning(
+                "this node's wall clock is far from the master's: capabilities it checks end "
+                "too early or start too late, and transfers are refused as EXPIRED; keep the "
+                "clocks of the cluster in sync (NTP, chrony)",
+                node_minus_master_s=round(estimate.offset, 3),
+                uncertainty_s=round(estimate.uncertainty, 3),
+                allowed_s=allowed_ms / 1000,
+            )
+        elif said == "back_in_range":
+            log.info(
+                "this node's wall clock agrees with the master's again",
+                node_minus_master_s=round(estimate.offset, 3),
+            )
+
     def _learn_keys(self, response: pb.MountSegmentResponse | pb.HeartbeatResponse) -> None:
         """Takes the capability keys a master's answer carries (over this node's
         authenticated session): the checked stream verifies with them from now on."""
@@ -361,6 +388,7 @@ class StorageNode:
                         objects=len(objects) - len(dropped),
                         dropped=len(dropped),
                     )
+            sent_at = time.time()
             response = await stub.Heartbeat(
                 pb.HeartbeatRequest(
                     node_id=self.node_id,
@@ -373,6 +401,7 @@ class StorageNode:
             )
             self._heard_drain(response)
             self._learn_keys(response)
+            self._compare_clocks(sent_at, time.time(), response.master_time_ms)
             if response.remount_segment_ids:
                 log.warning("master asks to remount", segments=list(response.remount_segment_ids))
                 self.mounted.difference_update(response.remount_segment_ids)

@@ -4,6 +4,7 @@ tiers; and nothing of the master's. Clients' transfers are one-sided: a get leav
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import urllib.request
@@ -213,3 +214,16 @@ def test_a_node_exports_no_master_metric(cluster_factory):
         "process-wide registry /metrics serves (as it once did through kvpool/cli/main.py "
         "importing kvpool.master.main for every subcommand)"
     )
+
+
+def test_a_node_compares_its_wall_clock_with_the_masters_at_each_heartbeat(cluster_factory):
+    """Capabilities are checked against the node's wall clock: each heartbeat's answer carries
+    the master's, and the node exports how far apart they are (one host here: about 0)."""
+    cluster = cluster_factory(1, "16MiB")
+    port = cluster.nodes[0].ready["http_port"]
+
+    def measured() -> bool:
+        return not math.isnan(Scrape(port).value("kvpool_node_clock_offset_seconds"))
+
+    assert wait_until(measured, timeout=10.0)
+    assert abs(Scrape(port).value("kvpool_node_clock_offset_seconds")) < 0.25
