@@ -324,11 +324,13 @@ class MasterCore:
     def unmount_segment(self, call_id: int, node_id: str, segment_id: str) -> Effects:
         return self._answer(call_id, self.state.unmount_segment(node_id, segment_id))
 
-    def heartbeat(self, call_id: int, node_id: str, segment_ids: Iterable[str]) -> Effects:
+    def heartbeat(
+        self, call_id: int, node_id: str, segment_ids: Iterable[str], incarnation: str = ""
+    ) -> Effects:
         if self._unknown_nodes and node_id not in self.state.nodes:
             self._last_new_node = self.clock()  # (it mounts at this answer)
             self._restarted = True
-        return self._answer(call_id, self.state.heartbeat(node_id, segment_ids))
+        return self._answer(call_id, self.state.heartbeat(node_id, segment_ids, incarnation))
 
     def node_connected(self, node_id: str, stream: object, incarnation: str) -> Effects:
         """A node opened its command stream: what it must get first goes out on it."""

@@ -298,7 +298,10 @@ class MasterHandlers:
             return response
 
         return self.driver.call(
-            lambda call_id: core.heartbeat(call_id, node_id, request.segment_ids), answer
+            lambda call_id: core.heartbeat(
+                call_id, node_id, request.segment_ids, request.incarnation
+            ),
+            answer,
         )
 
     def Drain(self, request: pb.DrainRequest, identity: Identity) -> Any:

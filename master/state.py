@@ -514,7 +514,7 @@ class MasterState:
         would keep choosing memory that no longer exists (best effort puts with fewer
         copies), count copies that are gone as replicas, and send their Forgets to a process
         that never had them. (Persistent segments keep their ids: the new process mounts
-        them again, which replaces them.)"""
+        them again, which replaces them, or its heartbeat leaves them out: ``heartbeat``.)"""
         gone = [
             segment_id
             for segment_id in node.segment_ids
@@ -525,13 +525,24 @@ class MasterState:
         if gone:
             self._drop_segments(gone)
 
-    def heartbeat(self, node_id: str, segment_ids: Iterable[str]) -> list[str]:
-        """Records that a node is alive; returns the segments it must mount again."""
+    def heartbeat(
+        self, node_id: str, segment_ids: Iterable[str], incarnation: str = ""
+    ) -> list[str]:
+        """Records that a node is alive; returns the segments it must mount again.
+
+        ``segment_ids`` are every segment the node process has (mounted or not yet), and
+        ``incarnation`` names the process: a segment an earlier process of the node mounted
+        that this one does not have (restarted without its ``--nvme``, or its disk would not
+        open) is gone, and dropped as a death drops it. Without this the new process keeps
+        the node alive and the master keeps placing objects in a segment nobody serves."""
         node = self.nodes.get(node_id)
+        listed = list(segment_ids)
         if node is not None:
             node.last_seen = self.clock()
+            if incarnation:
+                self._drop_earlier_processes_segments(node, incarnation, listed)
         known = node.segment_ids if node is not None else set()
-        missing = [s for s in segment_ids if s not in known]
+        missing = [s for s in listed if s not in known]
         if (
             node is not None
             and not missing
@@ -540,6 +551,22 @@ class MasterState:
         ):
             self._tombstones.heard(node_id)  # (every segment of it mounted and reported)
         return missing
+
+    def _drop_earlier_processes_segments(
+        self, node: NodeRecord, incarnation: str, listed: Sequence[str]
+    ) -> None:
+        """Drops the segments of ``node`` an earlier process mounted that process
+        ``incarnation`` does not list (``heartbeat``)."""
+        segments = self.segments
+        gone = [
+            segment_id
+            for segment_id in node.segment_ids
+            if segment_id not in listed
+            and (earlier := segments[segment_id].info.incarnation)
+            and earlier != incarnation
+        ]
+        if gone:
+            self._drop_segments(gone)
 
     def nodes_unheard(self, node_ids: Iterable[str]) -> None:
         """A new leader takes clients before these nodes remounted (its rebuild window

@@ -204,3 +204,29 @@ def read_again(client: Client, key: str, attempts: int = 3) -> bytes:
         except LeaseExpired:
             continue
     return client.get(key)
+
+
+def test_a_node_restarted_without_its_nvme_leaves_no_segment_nobody_serves(
+    cluster_factory, tmp_path
+):
+    """A node restarted under its id without its ``--nvme`` (within the node TTL: never
+    declared dead): its first heartbeat lists what the new process has, and the NVMe segment
+    the killed one mounted goes. Left, the master would go on placing objects there."""
+    cluster = cluster_factory(1, "64MiB", master_args=["--node-ttl", "30"])
+    disk = ["--nvme", str(tmp_path / "nvme"), "--nvme-size", "64MiB"]
+    node = cluster.add_node(extra=disk)
+    with Client(cluster.master_address, timeout=5) as client:
+        tiers = {s.tier for s in cluster_status(client.master).segments}
+        assert len(tiers) == 2, "DRAM and NVMe mounted"
+        node.kill()
+        at = node.argv.index("--nvme")
+        assert node.argv[at : at + 4] == disk
+        node.argv = node.argv[:at] + node.argv[at + 4 :]
+        node.restart()
+        mounted = lambda: [  # noqa: E731
+            s.segment_id for s in cluster_status(client.master).segments
+        ]
+        assert wait_until(lambda: len(mounted()) == 2, timeout=10.0), mounted()
+        assert len({s.tier for s in cluster_status(client.master).segments}) == 1
+        objects = [(f"k{i}", os.urandom(8192)) for i in range(20)]
+        assert client.put_many(objects, replicas=2) == [2] * 20

@@ -641,7 +641,10 @@ class MasterModel(RuleBasedStateMachine):
     def heartbeat(self, silent_nodes=(), silent_clients=()) -> None:
         for node, segments in self.nodes.items():
             if node not in silent_nodes and node not in self.slow:
-                assert self.state.heartbeat(node, sorted(segments)) == [], f"{node} must remount"
+                process = self.process_of(node)
+                assert self.state.heartbeat(node, sorted(segments), process) == [], (
+                    f"{node} must remount"
+                )
                 self.heard_from(node)
         for client in self.alive_clients - set(silent_clients):
             self.state.client_heartbeat(client)
@@ -1253,8 +1256,12 @@ class MasterModel(RuleBasedStateMachine):
             tier=spec.tier,
             persistent=spec.persistent,
             space_reserved=spec.space_reserved,
-            incarnation=f"{node}-process-{self.boots[node]}",  # (a new one at each restart)
+            incarnation=self.process_of(node),
         )
+
+    def process_of(self, node: str) -> str:
+        """The incarnation of ``node``'s process: a new one at each restart."""
+        return f"{node}-process-{self.boots[node]}"
 
     def mount_node(self, node: str, layout: list[SegmentSpec]) -> None:
         """A node with fresh segments (it recorded nothing)."""
@@ -1563,6 +1570,7 @@ class MasterModel(RuleBasedStateMachine):
         heard = sorted(set(self.nodes) - self.slow)  # (a stalled node cannot withdraw)
         events = ["dies"] if len(self.nodes) >= 2 else []
         events += ["restarts"] if self.nodes else []
+        events += ["restarts without a disk"] if self.with_a_disk_to_lose() else []
         events += ["unmounts"] if heard else []
         events += ["mounts"] if len(self.nodes) < len(NODES) else []
         what = data.draw(st.sampled_from(events))
@@ -1583,9 +1591,44 @@ class MasterModel(RuleBasedStateMachine):
             if data.draw(st.booleans(), label="declared dead first"):
                 self.node_dies(node)
             self.bring_up(node, data)
+        elif what == "restarts without a disk":
+            self.restart_without_a_disk(data)
         else:
             node = data.draw(st.sampled_from(heard))
             self.node_unmounts(node, data.draw(st.sampled_from(sorted(self.nodes[node]))))
+
+    def with_a_disk_to_lose(self) -> list[tuple[str, SegmentSpec]]:
+        """(node, persistent segment) of live nodes that have another segment too."""
+        return [
+            (node, spec)
+            for node in sorted(self.nodes)
+            if len(self.layout[node]) >= 2
+            for spec in self.layout[node]
+            if spec.persistent
+        ]
+
+    def restart_without_a_disk(self, data) -> None:
+        """A node restarts without one of its persistent segments (its ``--nvme`` left out,
+        or its disk would not open), maybe declared dead first: the new process's heartbeat
+        lists what it has, and the segment its earlier process mounted goes, as with a
+        death."""
+        node, spec = data.draw(st.sampled_from(self.with_a_disk_to_lose()), label="left out")
+        self.slow.discard(node)
+        if data.draw(st.booleans(), label="declared dead first"):
+            self.node_dies(node)
+        self.layout[node] = [s for s in self.layout[node] if s is not spec]
+        self.bring_up(node, data)
+        earlier = self.nodes[node].pop(spec.segment_id, None)
+        kept = [s.segment_id for s in self.layout[node]]
+        assert self.state.heartbeat(node, kept, self.process_of(node)) == []
+        assert spec.segment_id not in self.state.segments, "a segment nobody serves is kept"
+        assert self.state.nodes[node].segment_ids == set(kept)
+        if earlier is not None:
+            self.segment_gone(earlier)
+            event("a segment an earlier process mounted, left out by the new one, dropped")
+        self.reset_disk(spec.segment_id, {})
+        self.missed.pop(spec.segment_id, None)
+        self.collect()
 
     def node_dies(self, node: str) -> None:
         """A node stops heartbeating: after node_ttl the next tick drops it and its replicas."""
