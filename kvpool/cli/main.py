@@ -19,6 +19,7 @@ from kvpool.common import grpc_tuning
 grpc_tuning.apply()  # a kvpool process: its own gRPC settings, before anything imports grpc
 
 from kvpool.cli import (  # noqa: E402  (after the settings above)
+    capability_keys_command,
     client_commands,
     drain_command,
     quota_command,
@@ -51,6 +52,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     drain_command.add_commands(commands)
     token_command.add_commands(commands)
     quota_command.add_commands(commands)
+    capability_keys_command.add_commands(commands)
     return parser
 
 

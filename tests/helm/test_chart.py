@@ -222,6 +222,26 @@ def test_a_lone_master_keeps_its_tombstones_in_a_file_on_an_emptydir(
     assert "tombstones" not in {m["name"] for m in off.container("master")["volumeMounts"]}
 
 
+def test_ha_masters_share_a_capability_key_file_from_a_secret_when_one_is_named(
+    renders: dict[str, Render],
+) -> None:
+    """One key file for every master (kvpool capability-keys create), mounted whole so that a
+    rotated Secret reaches the running masters; without it each master makes its own."""
+    render = renders["ha-bundled-etcd"]
+    container = render.container("master")
+    path = parse_cli(container_argv(container)).capability_key_file
+    pod = _pod(render.get("Deployment", f"{render.fullname}-master"))
+    assert _secret_files(pod, container)[str(path)] == (
+        "kvpool-capability-keys",
+        "capability-keys.json",
+    )
+    assert not any("subPath" in m for m in container["volumeMounts"])
+    for name in ("default", "external-etcd"):
+        assert (
+            parse_cli(container_argv(renders[name].container("master"))).capability_key_file is None
+        )
+
+
 def test_single_master_statefulset_nodes(renders: dict[str, Render]) -> None:
     render = renders["single-master"]
     nodes = render.get("StatefulSet", f"{render.fullname}-node")

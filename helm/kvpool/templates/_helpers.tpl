@@ -323,6 +323,7 @@ credentials.json and new tokens reach the running processes, which re-read them.
 {{- define "kvpool.paths.credentials" -}}/etc/kvpool/credentials{{- end -}}
 {{- define "kvpool.paths.nodeTokens" -}}/etc/kvpool/node-tokens{{- end -}}
 {{- define "kvpool.paths.etcdTls" -}}/etc/kvpool/etcd-tls{{- end -}}
+{{- define "kvpool.paths.capabilityKeys" -}}/etc/kvpool/capability-keys{{- end -}}
 
 {{/* The Secret with the master's certificate (tls.crt, tls.key) and the CA (ca.crt). */}}
 {{- define "kvpool.tls.secretName" -}}
