@@ -42,6 +42,7 @@ from kvpool.master.records import (
     SegmentInfo,
     StoredObject,
     TickReport,
+    UnreadableReplica,
 )
 from kvpool.master.state import OWN_SILENCE_MIN, MasterState
 
@@ -325,12 +326,18 @@ class MasterCore:
         return self._answer(call_id, self.state.unmount_segment(node_id, segment_id))
 
     def heartbeat(
-        self, call_id: int, node_id: str, segment_ids: Iterable[str], incarnation: str = ""
+        self,
+        call_id: int,
+        node_id: str,
+        segment_ids: Iterable[str],
+        incarnation: str = "",
+        unreadable: Sequence[UnreadableReplica] = (),
     ) -> Effects:
         if self._unknown_nodes and node_id not in self.state.nodes:
             self._last_new_node = self.clock()  # (it mounts at this answer)
             self._restarted = True
-        return self._answer(call_id, self.state.heartbeat(node_id, segment_ids, incarnation))
+        remount = self.state.heartbeat(node_id, segment_ids, incarnation, unreadable)
+        return self._answer(call_id, remount)
 
     def node_connected(self, node_id: str, stream: object, incarnation: str) -> Effects:
         """A node opened its command stream: what it must get first goes out on it."""

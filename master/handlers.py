@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from kvpool.common.keys import key_problem, plainly_valid
+from kvpool.common.keys import STORED_KEY_BYTES, key_problem, plainly_valid
 from kvpool.common.status import KeyStatus, Pin, Tier
 from kvpool.master import metrics
 from kvpool.master.access import authorize, client_scope, key_prefix, own_node
@@ -40,8 +40,10 @@ from kvpool.master.records import (
     PutOptions,
     PutSlot,
     SegmentInfo,
+    UnreadableReplica,
     make,
 )
+from kvpool.master.state import MAX_UNREADABLE_REPORTS
 from kvpool.master.story_rpc import story_response
 from kvpool.proto import master_pb2 as pb
 from kvpool.security import capabilities as caps
@@ -297,9 +299,10 @@ class MasterHandlers:
             self._deliver_keys(response, node_id)
             return response
 
+        unreadable = _unreadable(request.unreadable)
         return self.driver.call(
             lambda call_id: core.heartbeat(
-                call_id, node_id, request.segment_ids, request.incarnation
+                call_id, node_id, request.segment_ids, request.incarnation, unreadable
             ),
             answer,
         )
@@ -790,6 +793,21 @@ COPY_TENANT = "kvpool:node-copy"
 
 #: The ``status`` label of each KeyStatus value.
 _STATUS_LABELS = {status.value: status.name.lower() for status in KeyStatus}
+
+
+def _unreadable(reported: Sequence[pb.UnreadableReplica]) -> list[UnreadableReplica]:
+    """A heartbeat's unreadable replicas, the first MAX_UNREADABLE_REPORTS, each checked (a
+    node's word is input: a malformed entry refuses the call)."""
+    taken = []
+    for item in reported[:MAX_UNREADABLE_REPORTS]:
+        problem = key_problem(item.key, STORED_KEY_BYTES)
+        if problem is not None or not 0 < len(item.segment_id) <= 256:
+            raise CallRefused(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"an unreadable replica's key or segment id is malformed: {problem or 'segment'}",
+            )
+        taken.append(UnreadableReplica(item.segment_id, item.key, item.offset, item.generation))
+    return taken
 
 
 def _totals(

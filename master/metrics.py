@@ -199,6 +199,10 @@ class StateCollector(Collector):
             ("replicas_copied", "Replicas copied between nodes (re-replication, drains)."),
             ("bytes_copied", "Bytes copied between nodes (re-replication, drains)."),
             ("replicas_trimmed", "Surplus replicas dropped (their node came back)."),
+            (
+                "replicas_unreadable",
+                "Replicas dropped because their node's disk could not read them.",
+            ),
         ):
             yield CounterMetricFamily(f"kvpool_{name}", help_text, value=getattr(counters, name))
         yield from _tenant_families(self.tenants, self.refusals)

@@ -196,6 +196,15 @@ class Commit(NamedTuple):
     crc32c: int | None = None
 
 
+class UnreadableReplica(NamedTuple):
+    """A replica a storage node's disk failed to read (``MasterState.heartbeat``)."""
+
+    segment_id: str
+    key: str
+    offset: int
+    generation: int
+
+
 @dataclass(frozen=True, slots=True)
 class PutOptions:
     """How a batch of puts wants its objects placed and kept."""
@@ -393,3 +402,5 @@ class Counters:
     bytes_copied: int = 0
     #: Surplus replicas dropped (a node came back with replicas copied meanwhile).
     replicas_trimmed: int = 0
+    #: Replicas dropped because their node's disk could not read them.
+    replicas_unreadable: int = 0

@@ -99,6 +99,7 @@ from kvpool.master.records import (
     SegmentUsage,
     StoredObject,
     TickReport,
+    UnreadableReplica,
     make,
 )
 from kvpool.master.replication import ReplicationQueue
@@ -152,6 +153,8 @@ MAX_NODE_SEGMENTS = 64
 #: no other node could take them), or until it answers one: without it, every put placed
 #: there would wait out the command timeout and fail, for as long as the node stays hung.
 SILENT_NODE_PAUSE = 30.0
+#: Unreadable replicas one heartbeat may report, at most (the rest: the next ones).
+MAX_UNREADABLE_REPORTS = 256
 #: Seconds late a tick may come without counting as the master's own silence: ordinary
 #: scheduling on a busy loop (a later tick forgives, see ``tick``'s ``late_by``).
 OWN_SILENCE_MIN = 0.5
@@ -526,7 +529,11 @@ class MasterState:
             self._drop_segments(gone)
 
     def heartbeat(
-        self, node_id: str, segment_ids: Iterable[str], incarnation: str = ""
+        self,
+        node_id: str,
+        segment_ids: Iterable[str],
+        incarnation: str = "",
+        unreadable: Sequence[UnreadableReplica] = (),
     ) -> list[str]:
         """Records that a node is alive; returns the segments it must mount again.
 
@@ -534,13 +541,18 @@ class MasterState:
         ``incarnation`` names the process: a segment an earlier process of the node mounted
         that this one does not have (restarted without its ``--nvme``, or its disk would not
         open) is gone, and dropped as a death drops it. Without this the new process keeps
-        the node alive and the master keeps placing objects in a segment nobody serves."""
+        the node alive and the master keeps placing objects in a segment nobody serves.
+
+        ``unreadable``: replicas in the node's segments its disk failed to read (a reader
+        got DISK_ERROR): see ``_unreadable``."""
         node = self.nodes.get(node_id)
         listed = list(segment_ids)
         if node is not None:
             node.last_seen = self.clock()
             if incarnation:
                 self._drop_earlier_processes_segments(node, incarnation, listed)
+            for item in unreadable[:MAX_UNREADABLE_REPORTS]:
+                self._unreadable(node, item)
         known = node.segment_ids if node is not None else set()
         missing = [s for s in listed if s not in known]
         if (
@@ -551,6 +563,37 @@ class MasterState:
         ):
             self._tombstones.heard(node_id)  # (every segment of it mounted and reported)
         return missing
+
+    def _unreadable(self, node: NodeRecord, item: UnreadableReplica) -> None:
+        """A replica of ``node`` its disk failed to read: left listed, every reader would try
+        it first and fail, and re-replication would count it as a copy. An object with other
+        replicas loses this one (and gets a copy elsewhere, when re-replication is on); one
+        with no other replica is lost, as with its node (a reader gets NOT_FOUND and puts it
+        again, rather than DISK_ERROR for good). Only a published object of that generation
+        with a replica at that place counts (the report may be late), and none being copied
+        (the copy may read this replica: reported again, it goes once the copy ended)."""
+        segment = self.segments.get(item.segment_id)
+        if segment is None or segment.node_id != node.node_id:
+            return
+        record = self.objects.get(item.key)
+        replica = Replica(item.segment_id, item.offset)
+        if (
+            record is None
+            or record.generation != item.generation
+            or record.state is not PUBLISHED
+            or record.moving
+            or replica not in record.replicas
+        ):
+            return
+        now = self.clock()
+        self.counters.replicas_unreadable += 1
+        if sum(r is not None for r in record.replicas) > 1:
+            self._release_replica(record, replica, now)
+            self._note((record.key, now, "replica_unreadable", record.put_id, replica))
+            self._replication_changed(record)
+            return
+        entry = (record.key, now, "unreadable", record.put_id, replica)
+        self._remove(record, now, entry, lost=True)
 
     def _drop_earlier_processes_segments(
         self, node: NodeRecord, incarnation: str, listed: Sequence[str]
@@ -2090,8 +2133,10 @@ class MasterState:
             return KeyStatus.HAS_LEASE
         return _OK
 
-    def _remove(self, record: ObjectRecord, now: float, entry: tuple[Any, ...]) -> None:
-        """``entry``: why, for the key's story."""
+    def _remove(
+        self, record: ObjectRecord, now: float, entry: tuple[Any, ...], *, lost: bool = False
+    ) -> None:
+        """``entry``: why, for the key's story; ``lost``: counted as lost, not removed."""
         if record.state is COMMITTED:
             self.resolved.append(CommitResult(record.key, record.put_id, KeyStatus.STALE_PUT))
         self._forget(record, entry)
@@ -2123,7 +2168,10 @@ class MasterState:
         # already belong to another object).
         record.moving.clear()
         record.unacked = NO_SEGMENTS
-        self.counters.objects_removed += 1
+        if lost:
+            self.counters.objects_lost += 1
+        else:
+            self.counters.objects_removed += 1
 
     def _release_replica(self, record: ObjectRecord, replica: Replica, now: float) -> None:
         """Takes one replica away from a published object that keeps others."""

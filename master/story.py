@@ -41,6 +41,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "superseded": ("put_id", "by_put_id"),  # a node reported a newer write of the key
     "evicted": ("put_id", "replicas"),
     "lost": ("put_id", "state", "segment"),  # its last replica went with its segment
+    "unreadable": ("put_id", "replica"),  # its node's disk failed to read its last replica
     # Replicas of a living object.
     "replica_adopted": ("put_id", "replica"),
     "persist_failed": ("put_id", "segment", "expired"),  # a node did not record it
@@ -53,6 +54,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "replicating": ("put_id", "source", "target"),  # a copy to another node began
     "replicated": ("put_id", "replica"),
     "replica_trimmed": ("put_id", "replica"),  # a surplus (its node came back)
+    "replica_unreadable": ("put_id", "replica"),  # its node's disk failed to read it
     "move_failed": ("put_id", "target", "reason"),
     "pin_ended": ("put_id",),
 }

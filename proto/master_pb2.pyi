@@ -191,16 +191,30 @@ class UnmountSegmentResponse(_message.Message):
     def __init__(self, objects_removed: _Optional[int] = ..., drain_ms: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("node_id", "segment_ids", "incarnation", "draining")
+    __slots__ = ("node_id", "segment_ids", "incarnation", "draining", "unreadable")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SEGMENT_IDS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    UNREADABLE_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     segment_ids: _containers.RepeatedScalarFieldContainer[str]
     incarnation: str
     draining: bool
-    def __init__(self, node_id: _Optional[str] = ..., segment_ids: _Optional[_Iterable[str]] = ..., incarnation: _Optional[str] = ..., draining: _Optional[bool] = ...) -> None: ...
+    unreadable: _containers.RepeatedCompositeFieldContainer[UnreadableReplica]
+    def __init__(self, node_id: _Optional[str] = ..., segment_ids: _Optional[_Iterable[str]] = ..., incarnation: _Optional[str] = ..., draining: _Optional[bool] = ..., unreadable: _Optional[_Iterable[_Union[UnreadableReplica, _Mapping]]] = ...) -> None: ...
+
+class UnreadableReplica(_message.Message):
+    __slots__ = ("segment_id", "key", "offset", "generation")
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    segment_id: str
+    key: str
+    offset: int
+    generation: int
+    def __init__(self, segment_id: _Optional[str] = ..., key: _Optional[str] = ..., offset: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("remount_segment_ids", "draining", "drain_objects_left", "drain_bytes_left", "capability_keys", "master_time_ms")

@@ -73,6 +73,9 @@ def _disk_error(op: str, segment: Any, offset: int, length: int, error: OSError)
     """Counts and logs (a few lines per 10 s) a transfer the segment's disk failed: the
     object there may be unreadable, which the operator should hear of."""
     DISK_ERRORS.labels(op).inc()
+    places = getattr(segment, "unreadable", None)  # (None: a test's stand-in segment)
+    if op == "read" and places is not None:  # (the master hears of it at the next heartbeat)
+        places.note(offset)
     if (suppressed := DISK_ERROR_LOGS.allow(op)) is not None:
         log.error(
             "disk error on a checked transfer",

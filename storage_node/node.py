@@ -41,6 +41,7 @@ from kvpool.storage_node.checked_server import CheckedServer, NodeKeys
 from kvpool.storage_node.checked_writes import WrittenRanges
 from kvpool.storage_node.clock_offset import ClockOffset
 from kvpool.storage_node.commands import CommandExecutor
+from kvpool.storage_node.index_log import Entry
 from kvpool.storage_node.mapping_server import MappingServer
 from kvpool.storage_node.peer_copy import PeerCopier
 from kvpool.storage_node.segment import Segment
@@ -256,6 +257,16 @@ class StorageNode:
         self._leave.set()
         return True
 
+    def _unreadable(self) -> list[tuple[Segment, list[Entry]]]:
+        """The objects whose reads failed on the disk since the last heartbeat, by segment
+        (storage_node/unreadable.py)."""
+        found = []
+        for segment in self.segments:
+            entries = segment.unreadable.take(segment.index.entries)
+            if entries:
+                found.append((segment, entries))
+        return found
+
     def _compare_clocks(self, sent: float, received: float, master_time_ms: int) -> None:
         """This node's wall clock against the master's (storage_node/clock_offset.py):
         capabilities are checked against it."""
@@ -389,16 +400,38 @@ class StorageNode:
                         dropped=len(dropped),
                     )
             sent_at = time.time()
-            response = await stub.Heartbeat(
-                pb.HeartbeatRequest(
-                    node_id=self.node_id,
-                    segment_ids=[s.segment_id for s in self.segments],
-                    incarnation=self.incarnation,
-                    draining=self._draining,
-                ),
-                timeout=RPC_TIMEOUT,
-                metadata=self._metadata,
-            )
+            unreadable = self._unreadable()
+            try:
+                response = await stub.Heartbeat(
+                    pb.HeartbeatRequest(
+                        node_id=self.node_id,
+                        segment_ids=[s.segment_id for s in self.segments],
+                        incarnation=self.incarnation,
+                        draining=self._draining,
+                        unreadable=[
+                            pb.UnreadableReplica(
+                                segment_id=segment.segment_id,
+                                key=entry.key,
+                                offset=entry.offset,
+                                generation=entry.generation,
+                            )
+                            for segment, entries in unreadable
+                            for entry in entries
+                        ],
+                    ),
+                    timeout=RPC_TIMEOUT,
+                    metadata=self._metadata,
+                )
+            except grpc.aio.AioRpcError:
+                for segment, entries in unreadable:  # (told at the next heartbeat instead)
+                    segment.unreadable.give_back(entries)
+                raise
+            if unreadable:
+                log.warning(
+                    "objects the disk could not read reported to the master, which stops "
+                    "listing these replicas",
+                    objects=[(s.segment_id, e.key) for s, entries in unreadable for e in entries],
+                )
             self._heard_drain(response)
             self._learn_keys(response)
             self._compare_clocks(sent_at, time.time(), response.master_time_ms)

@@ -66,6 +66,7 @@ from kvpool.storage_node.direct_writes import (
 from kvpool.storage_node.disk_reservation import DiskTooSmall, reserve
 from kvpool.storage_node.group_commit import GroupCommit
 from kvpool.storage_node.object_index import DurableIndex, Entry, MemoryIndex
+from kvpool.storage_node.unreadable import UnreadablePlaces
 from kvpool.transport import ucp
 from kvpool.transport.shared_memory import MADV_POPULATE_READ, MADV_POPULATE_WRITE, boot_id
 
@@ -104,6 +105,8 @@ class Segment:
     #: Bumped after every change of the index, so that the metrics count again only the
     #: segments that changed (counting walks the whole index).
     changes: int = 0
+    #: Where reads of it failed on the disk, for the master (storage_node/unreadable.py).
+    unreadable: UnreadablePlaces = field(default_factory=UnreadablePlaces)
 
     def __post_init__(self) -> None:
         #: Records that arrive while one is being made durable share the next commit.

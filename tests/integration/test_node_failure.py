@@ -230,3 +230,28 @@ def test_a_node_restarted_without_its_nvme_leaves_no_segment_nobody_serves(
         assert len({s.tier for s in cluster_status(client.master).segments}) == 1
         objects = [(f"k{i}", os.urandom(8192)) for i in range(20)]
         assert client.put_many(objects, replicas=2) == [2] * 20
+
+
+def test_an_object_its_nodes_disk_cannot_read_is_dropped_by_the_master(cluster_factory, tmp_path):
+    """The node's disk fails to read an object's bytes (here its data file ends before
+    them, which a read past the page cache sees as a disk's failure does): the reader gets
+    DISK_ERROR, the node tells the master at its next heartbeat, and the master stops
+    listing the replica: the object, with no other, is lost (NOT_FOUND, to be put again)
+    rather than an error to every reader for good."""
+    cluster = cluster_factory(0, "64MiB")
+    nvme = tmp_path / "nvme"
+    cluster.add_node(dram="0", extra=["--nvme", str(nvme), "--nvme-size", "64MiB"])
+    data = os.urandom(1 << 20)  # (large: read past the page cache, through direct I/O)
+    with Client(cluster.master_address, timeout=5, same_host_mapping=False) as client:
+        client.put("on-a-bad-disk", data)
+        assert client.get("on-a-bad-disk") == data
+        [data_file] = [p for p in nvme.rglob("*") if p.is_file() and p.stat().st_size >= 64 << 20]
+        with open(data_file, "r+b") as file:
+            os.posix_fadvise(file.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            file.truncate(0)
+        with pytest.raises(TransferError, match="DISK_ERROR"):
+            client.get("on-a-bad-disk")
+        assert wait_until(lambda: not client.exists("on-a-bad-disk"), timeout=5.0)
+        with pytest.raises(ObjectNotFound):
+            client.get("on-a-bad-disk")
+        assert cluster.nodes[0].alive()

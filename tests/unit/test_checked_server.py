@@ -15,7 +15,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import google_crc32c
@@ -27,6 +27,8 @@ from kvpool.security import capabilities as caps
 from kvpool.storage_node.checked_seals import SEAL_LIFE, Seals
 from kvpool.storage_node.checked_server import CheckedServer, NodeKeys
 from kvpool.storage_node.direct_writes import DirectWriter
+from kvpool.storage_node.index_log import Entry
+from kvpool.storage_node.unreadable import UnreadablePlaces
 from kvpool.transport import checked_frames as frames
 from kvpool.transport.checked_stream import CheckedStreams, Job, Outcome
 
@@ -42,6 +44,7 @@ class FakeSegment:
     memory: mmap.mmap
     direct: DirectWriter | None = None  # (DRAM: written through ``memory``)
     tier: Tier = Tier.DRAM
+    unreadable: UnreadablePlaces = field(default_factory=UnreadablePlaces)
 
     @property
     def size(self) -> int:
@@ -655,6 +658,11 @@ def test_a_read_the_disk_fails_is_answered_disk_error_and_the_connection_serves_
         assert failed.outcome is Outcome.REFUSED
         assert "disk failed to read" in failed.message and "DISK_ERROR" in failed.message
         assert DISK_ERRORS.labels("read")._value.get() == before + 1
+        there = Entry("unreadable", 0, length, 7)
+        elsewhere = Entry("fine", length, 4096, 8)
+        assert segment.unreadable.take(lambda: [there, elsewhere]) == [there], (
+            "noted for the next heartbeat"
+        )
         small = grant(0, 4096, caps.Rights.READ, seconds=30)
         [fine] = streams.run(  # (small reads go through the mapping: the same connection)
             [Job(address, small, 0, 4096, ctypes.addressof(target))],

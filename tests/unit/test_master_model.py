@@ -124,6 +124,7 @@ from kvpool.master.records import (
     SegmentRecord,
     StoredObject,
     TickReport,
+    UnreadableReplica,
 )
 from kvpool.master.state import FENCE_MARGIN, OWN_SILENCE_MIN, MasterState
 from kvpool.security.identity import split_key
@@ -2336,6 +2337,61 @@ class MasterModel(RuleBasedStateMachine):
         self.check_forgets(self.collect(), owed)
 
     # ------------------------------------------------------------------ time
+
+    def heard_replicas(self) -> list[tuple[str, str, Replica]]:
+        """(node, key, replica) of each published object's replica on a node that
+        heartbeats (not stalled)."""
+        state = self.state
+        return [
+            (state.segments[r.segment_id].node_id, key, r)
+            for key, record in sorted(state.objects.items())
+            if record.state is ObjectState.PUBLISHED
+            for r in record.replicas
+            if r is not None
+            and state.segments[r.segment_id].node_id in self.nodes
+            and state.segments[r.segment_id].node_id not in self.slow
+        ]
+
+    @precondition(lambda self: self.heard_replicas())
+    @rule(data=st.data())
+    def node_finds_a_replica_unreadable(self, data):
+        """A node's disk fails to read a replica (a reader got DISK_ERROR), and its next
+        heartbeat says so, maybe of an older generation (a late report): the master drops
+        that replica (the object keeps its others) or, its last, loses the object, and
+        forgets it on the node. Not while the object is being copied (the copy may read it:
+        the node reports it again)."""
+        node, key, replica = data.draw(st.sampled_from(self.heard_replicas()), label="replica")
+        state = self.state
+        record = state.objects[key]
+        late = data.draw(st.booleans(), label="late")
+        generation = record.generation - 1 if late else record.generation
+        others = [r for r in record.replicas if r is not None and r != replica]
+        ident = (key, record.put_id)
+        item = UnreadableReplica(replica.segment_id, key, replica.offset, generation)
+
+        process = self.process_of(node)
+        assert state.heartbeat(node, sorted(self.nodes[node]), process, [item]) == []
+        self.heard_from(node)
+
+        owed: set[tuple[str, str, int]] = set()
+        if late or record.moving:
+            assert state.objects.get(key) is record and replica in record.replicas
+        elif others:
+            assert state.objects.get(key) is record
+            assert record.replicas == others, record.replicas
+            owed = {(replica.segment_id, key, replica.offset)}
+            for guard in self.guards.values():  # (its leased bytes stay guarded, unowned)
+                if (guard.key, guard.put_id) == ident and (
+                    guard.buffer.segment_id,
+                    guard.buffer.offset,
+                ) == (replica.segment_id, replica.offset):
+                    guard.attached = False
+            event("an unreadable replica dropped")
+        else:
+            assert key not in state.objects
+            owed = self.removed(record, force=True)
+            event("an object lost with its only replica unreadable")
+        self.check_forgets(self.collect(), owed)
 
     @rule(seconds=st.sampled_from(STEPS))
     def time_passes(self, seconds):
