@@ -42,6 +42,7 @@ from kvpool.storage_node.direct_writes import (
     BOUNCES,
     DirectReadRefused,
     DirectWriter,
+    read_error,
     uncached_pieces,
 )
 from kvpool.storage_node.metrics import DIRECT_READ_BYTES, DIRECT_WRITE_BYTES, DISK_ERRORS
@@ -615,6 +616,26 @@ class CheckedConnection:
         if len(parts) >= MAX_PARTS or self._gathered >= MAX_GATHERED:
             self._flush()
 
+    def _find_unreadable(self, parts: list[Any]) -> None:
+        """A send of gathered answers failed on a page of an NVMe segment its disk could not
+        read in: which of the small reads among ``parts`` it was, asked of the disk one at a
+        time, each counted and noted as a failed read (only on this error path)."""
+        spans = [
+            (segment.region.address, segment)
+            for segment in self._segments.values()
+            if segment.direct is not None
+        ]
+        for part in parts:
+            if not isinstance(part, memoryview) or part.readonly or not part.nbytes:
+                continue  # (a header)
+            address = ctypes.addressof(ctypes.c_char.from_buffer(part))
+            for base, segment in spans:
+                if base <= address < base + segment.size:
+                    offset, length = address - base, part.nbytes
+                    error = read_error(segment.direct, offset, length)
+                    if error is not None:
+                        _disk_error("read", segment, offset, length, error)
+
     def _flush(self) -> None:
         """Sends the answers gathered, in one call as a rule; then their reads are done."""
         parts = self._parts
@@ -629,7 +650,12 @@ class CheckedConnection:
         # before a send's wait runs out, would hold the thread for as long as it liked)
         ends = time.monotonic() + self._io_timeout + self._gathered / SEND_RATE_FLOOR
         while True:
-            sent = connection.sendmsg(parts)
+            try:
+                sent = connection.sendmsg(parts)
+            except OSError as error:
+                if error.errno == errno.EFAULT:  # (a page the disk could not read in)
+                    self._find_unreadable(parts)
+                raise
             done = 0
             while done < len(parts) and sent >= len(parts[done]):
                 sent -= len(parts[done])

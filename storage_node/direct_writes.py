@@ -174,6 +174,27 @@ def read_pieces(
         view.release()
 
 
+def read_error(direct: DirectWriter, offset: int, length: int) -> OSError | None:
+    """What the disk says to a read of the ``length`` bytes at ``offset`` past the page
+    cache: its error, or None when they read (or the file system takes no direct reads).
+    For an error path (a send from the mapping failed): a buffer of its own, no bounce."""
+    start = offset - offset % BLOCK
+    stop = offset + length + (-(offset + length)) % BLOCK
+    bounce = Bounce(stop - start)
+    try:
+        for _ in read_pieces(direct, bounce, offset, length):
+            pass
+    except DirectReadRefused:
+        return None
+    except OSError as error:
+        # (without its traceback: held by the caller, it would keep this frame, and the
+        # caller's views of a segment's memory, in a cycle)
+        return error.with_traceback(None)
+    finally:
+        bounce.memory.close()
+    return None
+
+
 class DirectReadRefused(Exception):
     """The file system takes no direct reads: read another way (nothing was read)."""
 

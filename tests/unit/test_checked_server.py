@@ -675,3 +675,39 @@ def test_a_read_the_disk_fails_is_answered_disk_error_and_the_connection_serves_
         os.close(saved)
         os.close(unreadable)
         streams.close()
+
+
+def test_a_small_read_the_disk_cannot_page_in_is_counted_and_noted_for_the_master(nvme_server):
+    """Small reads go out from the mapping, gathered in one send: a page the kernel cannot
+    read in fails the whole send (EFAULT) and ends the connection, and which read it was is
+    asked of the disk, so that it is counted and its object reported like a large one's.
+    (A data file cut short stands in for the unreadable block, as in the reopen test; the
+    test never touches the mapping past the cut itself.)"""
+    from kvpool.storage_node.metrics import DISK_ERRORS
+
+    server, segment = nvme_server
+    before = DISK_ERRORS.labels("read")._value.get()
+    assert segment.direct is not None
+    os.ftruncate(segment.direct.fd, 0)
+    streams = CheckedStreams()
+    target = ctypes.create_string_buffer(4096)
+    try:
+        [failed] = streams.run(
+            [
+                Job(
+                    f"127.0.0.1:{server.port}",
+                    grant(8192, 4096, caps.Rights.READ, seconds=30),
+                    8192,
+                    4096,
+                    ctypes.addressof(target),
+                )
+            ],
+            is_get=True,
+            deadline=time.monotonic() + 10,
+        )
+        assert failed.outcome is not Outcome.OK
+        assert DISK_ERRORS.labels("read")._value.get() == before + 1
+        there = Entry("cut-off", 8192, 4096, 9)
+        assert segment.unreadable.take(lambda: [Entry("before", 0, 4096, 8), there]) == [there]
+    finally:
+        streams.close()
