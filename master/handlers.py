@@ -300,9 +300,13 @@ class MasterHandlers:
             return response
 
         unreadable = _unreadable(request.unreadable)
+        # (a process another one of the node has replaced, resumed from a pause, names no
+        # segment of the node gone: what it lacks, the live process may have)
+        replaced = self.driver.process_refusal(node_id, request.incarnation) is not None
+        incarnation = "" if replaced else request.incarnation
         return self.driver.call(
             lambda call_id: core.heartbeat(
-                call_id, node_id, request.segment_ids, request.incarnation, unreadable
+                call_id, node_id, request.segment_ids, incarnation, unreadable
             ),
             answer,
         )
@@ -796,18 +800,14 @@ _STATUS_LABELS = {status.value: status.name.lower() for status in KeyStatus}
 
 
 def _unreadable(reported: Sequence[pb.UnreadableReplica]) -> list[UnreadableReplica]:
-    """A heartbeat's unreadable replicas, the first MAX_UNREADABLE_REPORTS, each checked (a
-    node's word is input: a malformed entry refuses the call)."""
-    taken = []
-    for item in reported[:MAX_UNREADABLE_REPORTS]:
-        problem = key_problem(item.key, STORED_KEY_BYTES)
-        if problem is not None or not 0 < len(item.segment_id) <= 256:
-            raise CallRefused(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"an unreadable replica's key or segment id is malformed: {problem or 'segment'}",
-            )
-        taken.append(UnreadableReplica(item.segment_id, item.key, item.offset, item.generation))
-    return taken
+    """A heartbeat's unreadable replicas, the first MAX_UNREADABLE_REPORTS, those well
+    formed (a node's word is input; one malformed entry must not refuse the heartbeat, which
+    the node would send again and again until the master declared it dead)."""
+    return [
+        UnreadableReplica(item.segment_id, item.key, item.offset, item.generation)
+        for item in reported[:MAX_UNREADABLE_REPORTS]
+        if key_problem(item.key, STORED_KEY_BYTES) is None and key_problem(item.segment_id) is None
+    ]
 
 
 def _totals(

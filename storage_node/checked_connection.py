@@ -74,9 +74,6 @@ def _disk_error(op: str, segment: Any, offset: int, length: int, error: OSError)
     """Counts and logs (a few lines per 10 s) a transfer the segment's disk failed: the
     object there may be unreadable, which the operator should hear of."""
     DISK_ERRORS.labels(op).inc()
-    places = getattr(segment, "unreadable", None)  # (None: a test's stand-in segment)
-    if op == "read" and places is not None:  # (the master hears of it at the next heartbeat)
-        places.note(offset)
     if (suppressed := DISK_ERROR_LOGS.allow(op)) is not None:
         log.error(
             "disk error on a checked transfer",
@@ -334,7 +331,9 @@ class CheckedConnection:
         self.activity.admitted = True
         ends_at = (expiry_ms + keys.max_skew_ms) / 1000.0
         if not write:  # (small ones are gathered: the common case is _handle_buffered's)
-            self._read(request_id, digest, grant_offset, segment, offset, length, ends_at)
+            self._read(
+                request_id, digest, (grant_offset, grant_id), segment, offset, length, ends_at
+            )
             return
         try:
             self._write(segment, digest, offset, length, ends_at, (grant_offset, grant_id))
@@ -522,12 +521,14 @@ class CheckedConnection:
         self,
         request_id: int,
         digest: bytes,
-        grant_offset: int,
+        grant: tuple[int, int],
         segment: Any,
         offset: int,
         length: int,
         ends_at: float,
     ) -> None:
+        """``grant``: the object's offset and generation (the capability's)."""
+        grant_offset = grant[0]
         source = self._segment_memory(digest, segment)[offset : offset + length]
         if length <= SMALL:  # (sent with the others gathered; in flight until then)
             self._reads.append((digest, grant_offset))
@@ -546,6 +547,7 @@ class CheckedConnection:
                     )
                 except _DiskFailed as failed:
                     _disk_error("read", segment, offset, length, failed.error)
+                    segment.unreadable.note(*grant)  # (the master hears at the next heartbeat)
                     if failed.midway:
                         raise Closed from None  # (its reader tries another replica)
                     self._refuse(request_id, "read", frames.Status.DISK_ERROR, str(failed))
@@ -562,6 +564,7 @@ class CheckedConnection:
                     except OSError as error:
                         if error.errno == errno.EFAULT:  # (a page its disk could not read in)
                             _disk_error("read", segment, offset, length, error)
+                            segment.unreadable.note(*grant)
                         raise Closed from None
         finally:
             source.release()
@@ -621,20 +624,33 @@ class CheckedConnection:
         read in: which of the small reads among ``parts`` it was, asked of the disk one at a
         time, each counted and noted as a failed read (only on this error path)."""
         spans = [
-            (segment.region.address, segment)
-            for segment in self._segments.values()
+            (segment.region.address, digest, segment)
+            for digest, segment in self._segments.items()
             if segment.direct is not None
         ]
         for part in parts:
             if not isinstance(part, memoryview) or part.readonly or not part.nbytes:
                 continue  # (a header)
             address = ctypes.addressof(ctypes.c_char.from_buffer(part))
-            for base, segment in spans:
+            for base, digest, segment in spans:
                 if base <= address < base + segment.size:
                     offset, length = address - base, part.nbytes
                     error = read_error(segment.direct, offset, length)
                     if error is not None:
                         _disk_error("read", segment, offset, length, error)
+                        self._note_unreadable(digest, segment, offset)
+
+    def _note_unreadable(self, digest: bytes, segment: Any, offset: int) -> None:
+        """Notes the object a gathered read at ``offset`` was of: the read in flight on this
+        connection whose grant (the object's offset) starts nearest below it, with the
+        generation its grant named (the seals hold it until the read leaves)."""
+        starts = [at for d, at in self._reads if d == digest and at <= offset]
+        if not starts:
+            return
+        grant_offset = max(starts)
+        generation = self._seals.generation_in_flight(digest, grant_offset, self._connection)
+        if generation is not None:
+            segment.unreadable.note(grant_offset, generation)
 
     def _flush(self) -> None:
         """Sends the answers gathered, in one call as a rule; then their reads are done."""

@@ -97,6 +97,15 @@ class Seals:
                 running[_RUNNING] += 1
             return True
 
+    def generation_in_flight(
+        self, segment: bytes, offset: int, connection: socket.socket
+    ) -> int | None:
+        """The generation of the grant (at ``offset``) a transfer on ``connection`` runs
+        under (the oldest, if several), or None when none does."""
+        with self._lock:
+            running = self._active.get((segment, offset), {}).get(connection)
+            return None if running is None else running[_OLDEST]
+
     def leave(self, segment: bytes, offset: int, connection: socket.socket) -> None:
         """The transfer on ``connection`` touches the segment no more."""
         with self._lock:

@@ -215,6 +215,10 @@ class StorageNode:
             if leave.is_set():
                 break
             log.warning("looking for the leading master", was=leader, hint=hint or "(ask again)")
+            if not hint and not self._leaving(stop):
+                # (refused, or no leader named: asked again at once, a process refused for
+                # another of its node's spun, calling the master hundreds of times a second)
+                await pause(stop, self.heartbeat_interval)
             await asyncio.to_thread(self._resolver.failed, hint or "")
         if drain > 0:
             # Readers may still be copying out of objects leased before the unmount: keep the
@@ -400,7 +404,9 @@ class StorageNode:
                         dropped=len(dropped),
                     )
             sent_at = time.time()
-            unreadable = self._unreadable()
+            unreadable = []
+            if any(s.unreadable.any() for s in self.segments):  # (a pass over an index)
+                unreadable = await asyncio.to_thread(self._unreadable)
             try:
                 response = await stub.Heartbeat(
                     pb.HeartbeatRequest(

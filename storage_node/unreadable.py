@@ -2,10 +2,12 @@
 
 A reader that gets DISK_ERROR reads another replica, but the master would go on listing the
 bad one first to every reader, and count it as a copy for re-replication. So the checked
-stream notes where a read failed (``note``, from its connection's thread: a set's add), and
-the heartbeat loop turns the places into the objects recorded there (``take``: one pass over
-the index) and sends them. Bounded: a disk failing everywhere notes ``LIMIT`` places between
-two heartbeats, the rest at the next failed reads.
+stream notes the object a failed read was of (``note``, from its connection's thread: its
+offset and generation, as the read's capability named them), and the heartbeat loop finds
+the index's entries of exactly those (``take``: one pass over the index, off the event loop)
+and sends them. The generation matters: an object removed before the heartbeat and another
+written at its place must not be reported in its stead. Bounded: a disk failing everywhere
+notes ``LIMIT`` objects between two heartbeats, the rest at the next failed reads.
 """
 
 from __future__ import annotations
@@ -22,31 +24,27 @@ LIMIT = 256
 class UnreadablePlaces:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._offsets: set[int] = set()
+        self._noted: set[tuple[int, int]] = set()
 
-    def note(self, offset: int) -> None:
-        """A read at ``offset`` (an object's bytes) failed on the disk."""
+    def note(self, offset: int, generation: int) -> None:
+        """A read of the object at ``offset`` of ``generation`` failed on the disk."""
         with self._lock:
-            if len(self._offsets) < LIMIT:
-                self._offsets.add(offset)
+            if len(self._noted) < LIMIT:
+                self._noted.add((offset, generation))
+
+    def any(self) -> bool:
+        return bool(self._noted)
 
     def take(self, entries: Callable[[], Iterable[Entry]]) -> list[Entry]:
-        """The recorded objects (``entries``: the segment's index, read only when a place
-        was noted) whose bytes hold a place noted since the last call; the places are let
-        go."""
+        """The recorded objects (``entries``: the segment's index, read only when one was
+        noted) noted since the last call, by place and generation; let go once taken."""
         with self._lock:
-            offsets, self._offsets = self._offsets, set()
-        if not offsets:
+            noted, self._noted = self._noted, set()
+        if not noted:
             return []
-        starts = sorted(offsets)
-        found = []
-        for entry in entries():
-            end = entry.offset + max(entry.size, 1)
-            if any(entry.offset <= at < end for at in starts):
-                found.append(entry)
-        return found
+        return [entry for entry in entries() if (entry.offset, entry.generation) in noted]
 
     def give_back(self, entries: Iterable[Entry]) -> None:
         """``take``'s objects, not sent after all (the heartbeat failed): noted again."""
         for entry in entries:
-            self.note(entry.offset)
+            self.note(entry.offset, entry.generation)

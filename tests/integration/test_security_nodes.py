@@ -379,3 +379,54 @@ def test_puts_keep_working_beside_a_second_node_process_with_the_same_node_id(tw
         outcomes = client.put_many(list(values.items()))
         assert all(not isinstance(outcome, Exception) for outcome in outcomes), outcomes
         assert client.get_many(list(values)) == list(values.values())
+
+
+def test_a_replaced_node_process_that_resumes_takes_no_segment_from_its_replacement(tmp_path):
+    """node0's process is paused past the node TTL and declared dead; a new process of
+    node0 starts and mounts. When the old one resumes, it believes its segments mounted and
+    heartbeats at once, listing its own: it must not make the master drop the new process's
+    segments (those of "an earlier process"), whose objects would be lost."""
+    with LocalCluster(
+        1,
+        "64MiB",
+        run_dir=tmp_path,
+        tokens=[TWIN_RECORD],
+        master_args=["--node-ttl", "1.5"],
+    ) as cluster:
+        assert cluster.pki is not None
+        paused = cluster.nodes[0]
+        paused.signal(signal.SIGSTOP)
+        try:
+            argv = [
+                sys.executable, "-m", "kvpool.cli.main", "node", "--master",
+                cluster.master_address, "--dram", "64MiB", "--listen", "127.0.0.1",
+                "--http-port", "0", "--node-id", "node0", "--log-format", "json",
+            ]  # fmt: skip
+            env = {**cluster.env, "KVPOOL_TOKEN": TWIN_TOKEN, "KVPOOL_TLS_CA": str(cluster.pki.ca)}
+            env.pop("KVPOOL_TOKEN_FILE", None)
+            replacement = ManagedProcess("replacement", argv, cluster.run_dir, env)
+            with Client(cluster.master_address, **cluster.client_credentials()) as client:
+                assert wait_until(lambda: _puts(client, "on-the-replacement"), 30)
+                value = client.get("on-the-replacement")
+                paused.signal(signal.SIGCONT)
+                time.sleep(3.0)  # (its heartbeats: every second)
+                assert client.get("on-the-replacement") == value
+                log = replacement.log_path.read_text(errors="replace")
+                assert "master asks to remount" not in log, "its segment dropped for the old one"
+                assert "already attached" in paused.log_path.read_text(errors="replace")
+                tries = paused.log_path.read_text(errors="replace").count(
+                    "looking for the leading master"
+                )
+                assert tries <= 10, f"the refused process asked again {tries} times in 3 s"
+        finally:
+            paused.signal(signal.SIGCONT)
+            with contextlib.suppress(NameError):
+                replacement.stop()
+
+
+def _puts(client: Client, key: str) -> bool:
+    try:
+        client.put(key, os.urandom(VALUE_SIZE))
+    except Exception:  # (no node mounted yet: the replacement is still coming up)
+        return False
+    return True

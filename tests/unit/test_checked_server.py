@@ -648,7 +648,7 @@ def test_a_read_the_disk_fails_is_answered_disk_error_and_the_connection_serves_
     streams = CheckedStreams()
     target = ctypes.create_string_buffer(length)
     address = f"127.0.0.1:{server.port}"
-    capability = grant(0, length, caps.Rights.READ, seconds=30)
+    capability = grant(0, length, caps.Rights.READ, seconds=30, generation=7)
     try:
         [failed] = streams.run(
             [Job(address, capability, 0, length, ctypes.addressof(target))],
@@ -658,7 +658,7 @@ def test_a_read_the_disk_fails_is_answered_disk_error_and_the_connection_serves_
         assert failed.outcome is Outcome.REFUSED
         assert "disk failed to read" in failed.message and "DISK_ERROR" in failed.message
         assert DISK_ERRORS.labels("read")._value.get() == before + 1
-        there = Entry("unreadable", 0, length, 7)
+        there = Entry("unreadable", 0, length, 7)  # (the capability's offset and generation)
         elsewhere = Entry("fine", length, 4096, 8)
         assert segment.unreadable.take(lambda: [there, elsewhere]) == [there], (
             "noted for the next heartbeat"
@@ -696,7 +696,7 @@ def test_a_small_read_the_disk_cannot_page_in_is_counted_and_noted_for_the_maste
             [
                 Job(
                     f"127.0.0.1:{server.port}",
-                    grant(8192, 4096, caps.Rights.READ, seconds=30),
+                    grant(8192, 4096, caps.Rights.READ, seconds=30, generation=9),
                     8192,
                     4096,
                     ctypes.addressof(target),
