@@ -187,6 +187,8 @@ class MasterState:
         self.counters = Counters()
         #: client id -> last time it was heard from (while it holds reservations).
         self.clients: dict[str, float] = {}
+        #: When the master last forgave its own silence (``tick``'s ``late_by``).
+        self._forgiven_at: float | None = None
         #: Commands for storage nodes, to be sent by the I/O layer (which empties it).
         self.outbox: list[NodeCommand] = []
         #: PutEnds that were waiting for nodes and now have an answer (emptied by the I/O layer).
@@ -1181,7 +1183,9 @@ class MasterState:
         blocked): it heard nothing meanwhile, and the heartbeats of that time may still wait
         unread in its sockets. That time does not count against any node's or writer's
         silence: a master paused past the node TTL would otherwise declare every node dead
-        as it resumes, and lose every object it held.
+        as it resumes, and lose every object it held. At most once per node TTL of the
+        master's own running time: a loop late at every tick (saturated rather than stopped)
+        would otherwise forgive a dead node's silence for as long as it stays late.
 
         ``step`` bounds the objects one call goes through in the jobs that come in bulk
         (None: no bound): buffers whose frees are due, leases that ended, and an eviction
@@ -1195,8 +1199,11 @@ class MasterState:
         now = self.clock()
         report = TickReport()
         budget = None if step is None else [step]
-        if late_by > OWN_SILENCE_MIN:
+        if late_by > OWN_SILENCE_MIN and (
+            self._forgiven_at is None or now - late_by - self._forgiven_at >= self.config.node_ttl
+        ):
             self._forgive_own_silence(now, late_by)
+            self._forgiven_at = now
         self._reclaim_reservations(now, report)
         self._bury_dead_clients(now, report)
         self._bury_dead_nodes(now, report)

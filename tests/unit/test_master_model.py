@@ -384,6 +384,8 @@ class MasterModel(RuleBasedStateMachine):
         #: (what the fence must cover).
         self.node_seen: dict[str, float] = {}
         self.node_contact: dict[str, float] = {}
+        #: When the master last forgave its own silence (MasterState.tick's ``late_by``).
+        self.forgiven_at: float | None = None
         #: Every segment record the model met (so that ids of dropped ones stay unique).
         self.segment_records: list[SegmentRecord] = []
         #: clients that keep heartbeating, and when the master last heard of each writer.
@@ -1053,7 +1055,11 @@ class MasterModel(RuleBasedStateMachine):
         self.clock.advance(seconds)
         self.heartbeat(silent_nodes, silent_clients)
         now = self.now
-        if late_by > OWN_SILENCE_MIN:  # (the master's own silence counts against nobody)
+        if late_by > OWN_SILENCE_MIN and (  # (the master's own silence counts against
+            self.forgiven_at is None  # nobody, once per node TTL of its running time)
+            or now - late_by - self.forgiven_at >= self.config.node_ttl
+        ):
+            self.forgiven_at = now
             for seen in (self.node_seen, self.client_seen):
                 for who, when in seen.items():
                     seen[who] = min(now, when + late_by)
@@ -1798,6 +1804,7 @@ class MasterModel(RuleBasedStateMachine):
         self.state = state = MasterState(
             self.config, clock=self.clock, rng=random.Random(self.epoch), epoch=self.epoch
         )
+        self.forgiven_at = None
         self.term_began = self.now
         state.restore_tombstones(records)
         for reservation in self.reservations.values():
