@@ -360,13 +360,10 @@ def _status(client: Any, args: argparse.Namespace) -> int:
     console.print(tiers)
     used = sum(s.used for s in status.segments)
     capacity = sum(s.capacity for s in status.segments)
-    # (a client of a tenant is told per-tier totals, and its own tenant's objects and use)
-    totals = status.segments and all(s.segment_id.startswith("(") for s in status.segments)
-    whose = " by this tenant" if totals else ""
     console.print(
-        f"master {client.master}: {status.nodes} node(s), {status.objects} object(s){whose}, "
+        f"master {client.master}: {status.nodes} node(s), {status.objects} object(s), "
         f"{status.reservations} being written, {format_size(used)} of {format_size(capacity)} "
-        f"used{whose}, up {status.uptime_s:.0f}s"
+        f"used, up {status.uptime_s:.0f}s"
     )
     return 0
 
