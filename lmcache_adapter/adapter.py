@@ -408,11 +408,9 @@ class KVPoolL2Adapter(L2AdapterInterface):
             "master_reachable": health.reachable,
             "reason": health.reason,
             "storage_nodes": health.nodes,
-            # (as the master tells a client: its tenant's objects and use, the cluster's
-            # capacity)
-            "tenant_objects": health.objects,
+            "cluster_objects": health.objects,
             "cluster_capacity_bytes": health.capacity,
-            "tenant_used_bytes": health.used,
+            "cluster_used_bytes": health.used,
             "current_size_bytes": usage.total_bytes_used,
             "max_capacity_bytes": usage.total_capacity_bytes,
             "locked_keys": self._locks.locked_count(),

@@ -28,7 +28,7 @@ from kvpool.master.capability_keys import MasterKeys
 from kvpool.master.commands_pb import segment_to_pb, stored_from_pb
 from kvpool.master.core import TERM_ENDED, MasterCore
 from kvpool.master.driver import CallRefused, CoreDriver, Pending, check_incarnation
-from kvpool.master.quotas import InflightLimiter, TenantUsage
+from kvpool.master.quotas import InflightLimiter
 from kvpool.master.records import (
     ClusterSnapshot,
     Commit,
@@ -557,8 +557,7 @@ class MasterHandlers:
         state = self.core.state
         snapshot = state.snapshot()
         if identity.role is not Role.ADMIN and not identity.insecure:
-            usage = state.usage_of_tenant(identity.tenant)
-            return _totals(snapshot, state.published_count(key_prefix(identity)), usage)
+            return _totals(snapshot, state.published_count(key_prefix(identity)))
         response = pb.ClusterStatusResponse(
             objects=snapshot.objects,
             reservations=snapshot.reservations,
@@ -810,14 +809,9 @@ def _unreadable(reported: Sequence[pb.UnreadableReplica]) -> list[UnreadableRepl
     ]
 
 
-def _totals(
-    snapshot: ClusterSnapshot, objects: int, usage: TenantUsage | None
-) -> pb.ClusterStatusResponse:
-    """What a client of a tenant learns of the cluster: its own objects, how many nodes, the
-    capacity of each tier summed, and what its own tenant uses there (``usage``). Nothing
-    that moves with other tenants' puts (the cluster's use, the largest free buffer): polled,
-    it would tell the sizes of their puts (of their prompts) as they come. No segment, node
-    or host either."""
+def _totals(snapshot: ClusterSnapshot, objects: int) -> pb.ClusterStatusResponse:
+    """What a client of a tenant learns of the cluster: its own objects, how many nodes, and
+    capacity and use per tier, summed: no segment, node, host or other tenant's count."""
     response = pb.ClusterStatusResponse(
         objects=objects, nodes=snapshot.nodes, uptime_s=time.monotonic() - _STARTED
     )
@@ -825,13 +819,12 @@ def _totals(
     for s in snapshot.segments:
         total = tiers.get(s.info.tier)
         if total is None:
-            tier = Tier(s.info.tier)
             total = tiers[s.info.tier] = response.segments.add(
-                segment_id=f"(every {tier.name.lower()} segment)",
-                tier=s.info.tier,
-                used=usage.bytes_in(tier) if usage is not None else 0,
+                segment_id=f"(every {Tier(s.info.tier).name.lower()} segment)", tier=s.info.tier
             )
         total.capacity += s.capacity
+        total.used += s.used
+        total.largest_free = max(total.largest_free, s.largest_free)
     return response
 
 

@@ -1131,11 +1131,6 @@ class MasterState:
         """What each tenant holding something holds now (copies: for metrics)."""
         return {tenant: dataclasses.replace(usage) for tenant, usage in self._usage.items()}
 
-    def usage_of_tenant(self, tenant: str) -> TenantUsage | None:
-        """What ``tenant`` holds now (a copy), or None when it holds nothing."""
-        usage = self._usage.get(tenant)
-        return None if usage is None else dataclasses.replace(usage)
-
     def snapshot(self) -> ClusterSnapshot:
         usages = [
             SegmentUsage(
