@@ -15,7 +15,7 @@ from helpers import cluster_status, wait_until
 
 from kvpool import Client
 
-NODE_TTL = 1.5
+NODE_TTL = 3.0  # (a loaded CI machine may delay a heartbeat past a shorter one)
 
 
 def test_a_master_stopped_past_the_node_ttl_declares_no_node_dead_when_it_resumes(
@@ -28,7 +28,7 @@ def test_a_master_stopped_past_the_node_ttl_declares_no_node_dead_when_it_resume
         assert cluster_status(client.master).nodes == 2
 
         cluster.master.signal(signal.SIGSTOP)
-        time.sleep(3 * NODE_TTL)
+        time.sleep(2.5 * NODE_TTL)
         cluster.master.signal(signal.SIGCONT)
 
         assert wait_until(

@@ -391,7 +391,7 @@ def test_a_replaced_node_process_that_resumes_takes_no_segment_from_its_replacem
         "64MiB",
         run_dir=tmp_path,
         tokens=[TWIN_RECORD],
-        master_args=["--node-ttl", "1.5"],
+        master_args=["--node-ttl", "3"],  # (a loaded machine may delay a heartbeat 1.5 s)
     ) as cluster:
         assert cluster.pki is not None
         paused = cluster.nodes[0]
