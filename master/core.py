@@ -44,7 +44,7 @@ from kvpool.master.records import (
     TickReport,
     UnreadableReplica,
 )
-from kvpool.master.state import OWN_SILENCE_MIN, MasterState
+from kvpool.master.state import MasterState
 
 #: How long the master waits for a node to answer a command before counting it failed.
 COMMAND_TIMEOUT = 5.0
@@ -451,15 +451,16 @@ class MasterCore:
         ``late_by``: how much later than planned it comes (``MasterState.tick``): the
         master's own silence is no part of the nodes' time to report after an election
         either."""
-        if late_by > OWN_SILENCE_MIN:
-            now = self.clock()
-            self._rebuild_until += late_by
+        forgiven = self.state.forgive_own_silence(late_by) if late_by else 0.0
+        if forgiven:
+            self._rebuild_until += forgiven
             if self._last_new_node is not None:
-                self._last_new_node = min(now, self._last_new_node + late_by)
+                self._last_new_node = min(self.clock(), self._last_new_node + forgiven)
         # (first: an object the tick ends, evicted say, must be noted for the nodes not
         # heard from, or it would come back with them)
         self._close_passed_window()
-        report = self.state.tick(step, late_by=late_by)
+        report = self.state.tick(step)
+        report.silence_forgiven = forgiven
         answers: dict[int, Any] = {}
         for node_id in report.dead_nodes:
             self.delivery.discard(node_id)

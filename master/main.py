@@ -47,7 +47,7 @@ from kvpool.master.security_config import (
     security_from_args,
 )
 from kvpool.master.service import MasterService
-from kvpool.master.state import OWN_SILENCE_MIN, MasterState
+from kvpool.master.state import MasterState
 from kvpool.master.tombstone_file import TombstoneFile, TombstoneFileError
 from kvpool.master.tombstone_store import TombstoneStore
 from kvpool.proto import master_pb2_grpc
@@ -503,9 +503,9 @@ async def serve(
                 if report.unfinished:
                     # Calls get at least as long as the step took before the next one: a put
                     # goes through the master three times (PutStart, PutEnd, its node's answer).
-                    taken = time.monotonic() - started
-                    due = time.monotonic() + taken
-                    await pause(stop, taken)
+                    now = time.monotonic()
+                    due = now + (now - started)
+                    await pause(stop, now - started)
                     continue
                 if evicted:
                     log.info("objects evicted", count=evicted)
@@ -601,16 +601,16 @@ def _tick(
         current = quotas.current()
         if core.state.quotas is not current:
             core.state.set_quotas(current)
-    if late_by > OWN_SILENCE_MIN:
+    report = driver.tick(TICK_STEP, late_by)
+    if core is None or report is None:
+        return None
+    if report.silence_forgiven:
         log.warning(
             "the master did not run for a while (its process stopped, its host paused or its "
             "loop blocked): silences of nodes and clients in that time are not held against "
             "them",
-            seconds=round(late_by, 3),
+            seconds=round(report.silence_forgiven, 3),
         )
-    report = driver.tick(TICK_STEP, late_by)
-    if core is None or report is None:
-        return None
     for node_id in report.dead_nodes:
         if registry is not None:
             registry.node_gone(node_id)

@@ -376,6 +376,8 @@ class TickReport:
     #: The call's step ran out with work left (frees, ended leases, an eviction pass): call
     #: ``tick`` again soon to go on.
     unfinished: bool = False
+    #: Seconds of the master's own silence forgiven to nodes and writers (``late_by``).
+    silence_forgiven: float = 0.0
 
 
 @dataclass(slots=True)

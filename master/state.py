@@ -1173,7 +1173,8 @@ class MasterState:
         """Applies everything that is due: timeouts, dead nodes and clients, deferred frees,
         ended pins and leases, and eviction (or demotion) above the high watermark.
 
-        ``late_by``: how much later than planned this tick comes. Past ``OWN_SILENCE_MIN``
+        ``late_by``: how much later than planned this tick comes (``forgive_own_silence``
+        holds the rule). Past ``OWN_SILENCE_MIN``
         that is the master's own silence (its process was stopped, its host paused, its loop
         blocked): it heard nothing meanwhile, and the heartbeats of that time may still wait
         unread in its sockets. That time does not count against any node's or writer's
@@ -1194,11 +1195,8 @@ class MasterState:
         now = self.clock()
         report = TickReport()
         budget = None if step is None else [step]
-        if late_by > OWN_SILENCE_MIN and (
-            self._forgiven_at is None or now - late_by - self._forgiven_at >= self.config.node_ttl
-        ):
-            self._forgive_own_silence(now, late_by)
-            self._forgiven_at = now
+        if late_by:
+            report.silence_forgiven = self.forgive_own_silence(late_by)
         self._reclaim_reservations(now, report)
         self._bury_dead_clients(now, report)
         self._bury_dead_nodes(now, report)
@@ -2440,14 +2438,25 @@ class MasterState:
             del away_since[segment_id]
             self._tombstones.forget_segment(segment_id)
 
-    def _forgive_own_silence(self, now: float, seconds: float) -> None:
-        """Every node and writer is taken as heard from ``seconds`` later than it was (never
-        past now): ``seconds`` the master itself could hear nobody."""
+    def forgive_own_silence(self, late_by: float) -> float:
+        """The rule of ``tick``'s ``late_by`` (a tick that much later than planned): past
+        OWN_SILENCE_MIN, and at most once per node TTL of the master's own running time,
+        every node and writer is taken as heard from that much later than it was (never past
+        now). Returns the seconds forgiven (0: none); called by ``tick``, or first by the
+        core, which moves its rebuild window on by as much."""
+        now = self.clock()
+        if late_by <= OWN_SILENCE_MIN or (
+            self._forgiven_at is not None
+            and now - late_by - self._forgiven_at < self.config.node_ttl
+        ):
+            return 0.0
+        self._forgiven_at = now
         for node in self.nodes.values():
-            node.last_seen = min(now, node.last_seen + seconds)
+            node.last_seen = min(now, node.last_seen + late_by)
         clients = self.clients
         for client_id, seen in clients.items():
-            clients[client_id] = min(now, seen + seconds)
+            clients[client_id] = min(now, seen + late_by)
+        return late_by
 
     def _bury_dead_clients(self, now: float, report: TickReport) -> None:
         silent_since = now - self.config.client_ttl
@@ -2775,6 +2784,7 @@ EVENTS = (
     "forget_answered",
     "remove",
     "remove_prefix",
+    "forgive_own_silence",
     "tick",
 )
 

@@ -80,3 +80,17 @@ def test_the_masters_own_silence_is_no_part_of_the_nodes_time_to_come_back():
     assert not core.accepting_clients(), "0.2 + 4.0 s of the 5 s window have passed"
     core.mount_segment(1, segment_info("n1", 1 << 20), [], True, 0.0)
     assert core.accepting_clients()
+
+
+def test_a_loop_late_at_every_tick_does_not_hold_the_window_open():
+    """Saturated rather than stopped: each tick comes most of a second late. The window moves
+    on under the same rule that forgives the nodes (once per node TTL), or it would never
+    close while the load lasts."""
+    clock = FakeClock()
+    core = MasterCore(
+        MasterState(MasterConfig(), clock=clock), awaited_nodes={"n1"}, rebuild_window=5.0
+    )
+    for _ in range(12):
+        clock.advance(1.0)
+        core.tick(late_by=0.9)
+    assert core.accepting_clients(), "n1 never came: the window must have passed"
