@@ -55,7 +55,7 @@ import itertools
 import math
 import random
 from collections import Counter, OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -348,7 +348,7 @@ class MasterState:
         if more:
             self._await_parts(segment)
         elif info.incarnation:  # (after the whole report: judged on what the master knew)
-            self._drop_earlier_processes_memory(node, info.incarnation)
+            self._drop_earlier_processes(node, info.incarnation)
         return dropped
 
     def report_more(
@@ -374,7 +374,7 @@ class MasterState:
         elif more:
             self._await_parts(segment)
         if not more and node is not None and info.incarnation:
-            self._drop_earlier_processes_memory(node, info.incarnation)
+            self._drop_earlier_processes(node, info.incarnation)
         return dropped
 
     def _adopt_newest_first(
@@ -512,20 +512,25 @@ class MasterState:
             self._node_gone(node)
         return lost, drain_until - now
 
-    def _drop_earlier_processes_memory(self, node: NodeRecord, incarnation: str) -> None:
-        """A new process of ``node`` mounts: the segments an earlier process mounted that do
-        not persist (DRAM) went with that process. Dropped now, not when the node goes
+    def _drop_earlier_processes(
+        self, node: NodeRecord, incarnation: str, listed: Collection[str] | None = None
+    ) -> None:
+        """Process ``incarnation`` of ``node`` mounts (``listed`` None) or heartbeats
+        (``listed``: every segment it has): the segments an earlier process mounted that this
+        one does not have go, as a death drops them. At a mount those that do not persist
+        (DRAM went with that process); at a heartbeat those it does not list (restarted
+        without its ``--nvme``, or its disk would not open; persistent segments it has keep
+        their ids, and its mount of them replaces them). Dropped now, not when the node goes
         silent: the new process keeps the node alive, and under the node's id placement
-        would keep choosing memory that no longer exists (best effort puts with fewer
-        copies), count copies that are gone as replicas, and send their Forgets to a process
-        that never had them. (Persistent segments keep their ids: the new process mounts
-        them again, which replaces them, or its heartbeat leaves them out: ``heartbeat``.)"""
+        would keep choosing memory nobody serves (best effort puts with fewer copies), count
+        copies that are gone as replicas, and send their Forgets to a process that never had
+        them."""
         gone = [
             segment_id
             for segment_id in node.segment_ids
             if (earlier := self.segments[segment_id].info).incarnation
             and earlier.incarnation != incarnation
-            and not earlier.persistent
+            and (not earlier.persistent if listed is None else segment_id not in listed)
         ]
         if gone:
             self._drop_segments(gone)
@@ -552,7 +557,7 @@ class MasterState:
         if node is not None:
             node.last_seen = self.clock()
             if incarnation:
-                self._drop_earlier_processes_segments(node, incarnation, listed)
+                self._drop_earlier_processes(node, incarnation, set(listed))
             for item in unreadable[:MAX_UNREADABLE_REPORTS]:
                 self._unreadable(node, item)
         known = node.segment_ids if node is not None else set()
@@ -596,22 +601,6 @@ class MasterState:
             return
         entry = (record.key, now, "unreadable", record.put_id, replica)
         self._remove(record, now, entry, lost=True)
-
-    def _drop_earlier_processes_segments(
-        self, node: NodeRecord, incarnation: str, listed: Sequence[str]
-    ) -> None:
-        """Drops the segments of ``node`` an earlier process mounted that process
-        ``incarnation`` does not list (``heartbeat``)."""
-        segments = self.segments
-        gone = [
-            segment_id
-            for segment_id in node.segment_ids
-            if segment_id not in listed
-            and (earlier := segments[segment_id].info.incarnation)
-            and earlier != incarnation
-        ]
-        if gone:
-            self._drop_segments(gone)
 
     def nodes_unheard(self, node_ids: Iterable[str]) -> None:
         """A new leader takes clients before these nodes remounted (its rebuild window
