@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kvpool.cli.one_line_errors import Refused, one_line_errors
+
 
 def add_commands(commands: Any) -> None:
     keys = commands.add_parser(
@@ -36,51 +38,34 @@ def add_commands(commands: Any) -> None:
     show.set_defaults(run=_show)
 
 
-def _refusing(command: Any) -> Any:
-    def run(args: argparse.Namespace) -> int:
-        from kvpool.master.capability_keys import KeyFileError
+def _key_file_errors() -> tuple[type[Exception], ...]:
+    from kvpool.master.capability_keys import KeyFileError
 
-        try:
-            result: int = command(args)
-        except (KeyFileError, OSError) as error:
-            print(f"error: {error}", file=sys.stderr)
-            return 2
-        return result
-
-    return run
+    return (KeyFileError, OSError)
 
 
-@_refusing
+@one_line_errors(_key_file_errors)
 def _create(args: argparse.Namespace) -> int:
     from kvpool.master.capability_keys import load_or_create
 
     path: Path = args.file
     if path.exists():
-        print(
-            f"error: {path} exists: `kvpool capability-keys rotate {path}` adds a key to it",
-            file=sys.stderr,
-        )
-        return 2
+        raise Refused(f"{path} exists: `kvpool capability-keys rotate {path}` adds a key to it")
     keys = load_or_create(path)
     print(f"created {path} with key {keys.current}", file=sys.stderr)
     return 0
 
 
-def _missing(path: Path) -> bool:
-    if path.exists():
-        return False
-    print(
-        f"error: no file {path}: `kvpool capability-keys create {path}` makes one", file=sys.stderr
-    )
-    return True
+def _must_exist(path: Path) -> None:
+    if not path.exists():
+        raise Refused(f"no file {path}: `kvpool capability-keys create {path}` makes one")
 
 
-@_refusing
+@one_line_errors(_key_file_errors)
 def _rotate(args: argparse.Namespace) -> int:
     from kvpool.master.capability_keys import rotate
 
-    if _missing(args.file):
-        return 2
+    _must_exist(args.file)
     keys = rotate(args.file)
     kept = ", ".join(str(key_id) for key_id, _ in keys.keys)
     print(
@@ -91,12 +76,11 @@ def _rotate(args: argparse.Namespace) -> int:
     return 0
 
 
-@_refusing
+@one_line_errors(_key_file_errors)
 def _show(args: argparse.Namespace) -> int:
     from kvpool.master.capability_keys import read_key_file
 
-    if _missing(args.file):
-        return 2
+    _must_exist(args.file)
     keys = read_key_file(args.file)
     print(f"keys: {' '.join(str(key_id) for key_id, _ in keys.keys)}; current: {keys.current}")
     return 0

@@ -16,6 +16,8 @@ import os
 import sys
 from typing import Any
 
+from kvpool.cli.one_line_errors import Refused, one_line_errors
+
 #: The options of ``set``: (quota, is a size).
 #: The largest count or size a quota may name (what a 64-bit counter holds).
 MAX_QUOTA = 2**64 - 1
@@ -81,27 +83,15 @@ def add_commands(commands: Any) -> None:
     unset.set_defaults(run=_unset)
 
 
-class _Refused(Exception):
-    """A one-line error for the user: exit status 2."""
-
-
 def _path(args: argparse.Namespace) -> str:
     path: str | None = args.quotas or os.environ.get("KVPOOL_QUOTAS")
     if not path:
-        raise _Refused("no quotas file: give --quotas FILE or set KVPOOL_QUOTAS")
+        raise Refused("no quotas file: give --quotas FILE or set KVPOOL_QUOTAS")
     return path
 
 
-def _reporting_errors(command: Any) -> Any:
-    def run(args: argparse.Namespace) -> int:
-        try:
-            result: int = command(args)
-        except (_Refused, ValueError) as error:
-            print(f"error: {error}", file=sys.stderr)
-            return 2
-        return result
-
-    return run
+def _value_errors() -> tuple[type[Exception], ...]:
+    return (ValueError,)
 
 
 def _load(path: str, *, missing_ok: bool) -> Any:
@@ -122,7 +112,7 @@ def _save(path: str, quotas: Any) -> None:
     try:
         write_atomically(Path(path), content, mode=0o644)
     except OSError as error:
-        raise _Refused(f"cannot write quotas file {path}: {error.strerror}") from None
+        raise Refused(f"cannot write quotas file {path}: {error.strerror}") from None
 
 
 def _value(name: str, size: bool, text: str) -> int | None:
@@ -134,21 +124,21 @@ def _value(name: str, size: bool, text: str) -> int | None:
         try:
             return parse_size(text)
         except ValueError as error:
-            raise _Refused(f"--{name.replace('_', '-')}: {error}") from None
+            raise Refused(f"--{name.replace('_', '-')}: {error}") from None
     digits = text.strip()
     if (
         not (digits.isascii() and digits.isdigit())
         or len(digits.lstrip("0")) > len(str(MAX_QUOTA))  # (Python reads at most 4,300)
         or int(digits) > MAX_QUOTA
     ):
-        raise _Refused(
+        raise Refused(
             f"--{name.replace('_', '-')}: {text!r} is not a whole number from 0 to {MAX_QUOTA} "
             "(or 'none': unlimited)"
         )
     return int(digits)
 
 
-@_reporting_errors
+@one_line_errors(_value_errors)
 def _set(args: argparse.Namespace) -> int:
     import dataclasses
 
@@ -160,7 +150,7 @@ def _set(args: argparse.Namespace) -> int:
         if getattr(args, name) is not None
     }
     if not changes:
-        raise _Refused("give at least one quota to set (--objects, --dram-bytes, ...)")
+        raise Refused("give at least one quota to set (--objects, --dram-bytes, ...)")
     if args.default:
         quotas = dataclasses.replace(quotas, default=dataclasses.replace(quotas.default, **changes))
         whom = "the default quota"
@@ -178,7 +168,7 @@ def _set(args: argparse.Namespace) -> int:
     return 0
 
 
-@_reporting_errors
+@one_line_errors(_value_errors)
 def _show(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
@@ -208,12 +198,12 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
-@_reporting_errors
+@one_line_errors(_value_errors)
 def _unset(args: argparse.Namespace) -> int:
     path = _path(args)
     quotas = _load(path, missing_ok=False)
     if args.tenant not in quotas.tenants:
-        raise _Refused(f"tenant {args.tenant!r} is not listed in {path}: see `kvpool quota show`")
+        raise Refused(f"tenant {args.tenant!r} is not listed in {path}: see `kvpool quota show`")
     _save(path, quotas.without_tenant(args.tenant))
     print(f"tenant {args.tenant!r} now gets the default quota", file=sys.stderr)
     return 0

@@ -12,6 +12,8 @@ import os
 import sys
 from typing import Any
 
+from kvpool.cli.one_line_errors import Refused, one_line_errors
+
 ROLES = ("node", "client", "admin")
 
 
@@ -52,32 +54,20 @@ def add_commands(commands: Any) -> None:
     revoke.set_defaults(run=_revoke)
 
 
-class _Refused(Exception):
-    """A one-line error for the user: exit status 2."""
-
-
 def _credentials_path(args: argparse.Namespace) -> str:
     path: str | None = args.credentials or os.environ.get("KVPOOL_CREDENTIALS")
     if not path:
-        raise _Refused("no credentials file: give --credentials FILE or set KVPOOL_CREDENTIALS")
+        raise Refused("no credentials file: give --credentials FILE or set KVPOOL_CREDENTIALS")
     return path
 
 
-def _reporting_errors(command: Any) -> Any:
-    def run(args: argparse.Namespace) -> int:
-        from kvpool.security.tokens import CredentialError
+def _credential_errors() -> tuple[type[Exception], ...]:
+    from kvpool.security.tokens import CredentialError
 
-        try:
-            result: int = command(args)
-        except (_Refused, CredentialError) as error:
-            print(f"error: {error}", file=sys.stderr)
-            return 2
-        return result
-
-    return run
+    return (CredentialError,)
 
 
-@_reporting_errors
+@one_line_errors(_credential_errors)
 def _create(args: argparse.Namespace) -> int:
     from kvpool.security.identity import Role
     from kvpool.security.tokens import CredentialStore, new_token
@@ -101,7 +91,7 @@ def _create(args: argparse.Namespace) -> int:
     return 0
 
 
-@_reporting_errors
+@one_line_errors(_credential_errors)
 def _list(args: argparse.Namespace) -> int:
     import datetime
 
@@ -126,15 +116,13 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
-@_reporting_errors
+@one_line_errors(_credential_errors)
 def _revoke(args: argparse.Namespace) -> int:
     from kvpool.security.tokens import CredentialStore
 
     path = _credentials_path(args)
     removed = CredentialStore(path).revoke(args.token)
     if not removed:
-        raise _Refused(
-            f"no token with id or name {args.token!r} in {path}: see `kvpool token list`"
-        )
+        raise Refused(f"no token with id or name {args.token!r} in {path}: see `kvpool token list`")
     print(f"revoked {removed} token{'s' if removed > 1 else ''}", file=sys.stderr)
     return 0
