@@ -160,6 +160,16 @@ CLOSE_WAIT = 30.0
 #: progressed again, so that nothing it has in flight touches the caller's memory): short,
 #: so that a call ends close to its deadline (the chaos suite saw a get end 3.4 s late).
 LATE_GRACE = 0.2
+#: What a client that opts out of the checked stream is told by a node that serves it.
+_STREAM_ONLY = (
+    "A node that serves the checked stream takes transfers over it only (its UCX offers no "
+    "peer one-sided access): use the checked stream (do not set KVPOOL_CHECKED_STREAM=0), "
+    "or start the node with --ucx-tcp"
+)
+
+
+class _NoRemoteKey(Exception):
+    """The segment's node hands out no UCX remote key (``MemoryRegion.peer_rkey``)."""
 
 
 class _Lane:
@@ -720,12 +730,13 @@ class DataPath:
             why = str(error)
             if error.status == ucp.UCS_ERR_UNREACHABLE:
                 why += (
-                    ": no UCX transport of this client reaches the node's worker. A node "
-                    "that serves the checked stream offers UCX over shared memory only, to "
-                    "clients on its host: use the checked stream (do not set "
-                    "KVPOOL_CHECKED_STREAM=0), or start the node with --ucx-tcp"
+                    f": no UCX transport of this client reaches the node's worker. {_STREAM_ONLY}"
                 )
             failure = self._unreachable(segment_id, why)
+        except _NoRemoteKey:
+            failure = self._unreachable(
+                segment_id, f"the node takes no UCX transfers. {_STREAM_ONLY}"
+            )
         unroutable[node_id] = failure
         return failure
 
@@ -888,6 +899,8 @@ class DataPath:
         if route is not None and not route.endpoint.closed:
             return route
         descriptor = self._descriptors[segment_id]
+        if not descriptor.rkey:  # (a node that serves the checked stream: Segment.peer_rkey)
+            raise _NoRemoteKey
         endpoint = lane.endpoints.get(descriptor.worker_address)
         if endpoint is None or endpoint.closed:
             endpoint = self._connect(lane.worker, descriptor.worker_address)

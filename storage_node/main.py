@@ -293,7 +293,9 @@ async def _serve(
     http = _http_server(args, lambda: node.ready if node else (False, "opening segments"))
     http.start()
     try:
-        context = ucp.Context(_ucx_config(args))
+        config = _ucx_config(args)
+        stream_only = config is not None  # (no peer's one-sided RMA: docs/security.md)
+        context = ucp.Context(config, rma=not stream_only, active_messages=stream_only)
         worker = context.create_worker()
         segments = _open_segments(args, context, node_id)
     except BaseException:
@@ -383,9 +385,11 @@ def _checked_listener(args: argparse.Namespace, host: str) -> tuple[str, int, st
 
 def _ucx_config(args: argparse.Namespace) -> dict[str, str] | None:
     """The node's UCX transports: shared memory only (no peer elsewhere reaches its worker)
-    while the checked stream carries every transfer from other hosts, other nodes' copies
-    included; UCX's defaults with ``--ucx-tcp``, without the stream, or where the
-    environment names the transports (UCX_TLS)."""
+    while the checked stream carries every transfer, other nodes' copies included: its
+    context then serves no peer's RMA either (over shared memory UCP would run a same-host
+    peer's software RMA anywhere in the node, whatever the peer's tenant). UCX's defaults
+    (None) with ``--ucx-tcp``, without the stream, or where the environment names the
+    transports (UCX_TLS)."""
     if args.ucx_tcp or _checked_listener(args, "") is None or "UCX_TLS" in os.environ:
         return None
     return {"TLS": LOCAL_UCX_TRANSPORTS}

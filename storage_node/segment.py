@@ -133,7 +133,7 @@ class Segment:
             worker_address=worker_address,
             base_address=self.region.address,
             size=self.size,
-            rkey=self.region.rkey,
+            rkey=self.region.peer_rkey,
             # protoc's .pyi wants its own enum in an enum field; protobuf takes any int (the
             # wire values, which common.status's enums hold)
             tier=self.tier,  # type: ignore[arg-type]

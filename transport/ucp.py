@@ -100,6 +100,9 @@ class Context:
         _check("ucp_init", status)
         self._handle = out[0]
         self._closed = False
+        #: Whether peers' one-sided operations reach this context's memory (UCP runs a
+        #: peer's software RMA only on a context with the RMA feature).
+        self.serves_rma = rma
 
     @property
     def handle(self) -> Any:
@@ -127,7 +130,8 @@ class Context:
 
 
 class MemoryRegion:
-    """Registered memory: ``address`` .. ``address + length``; ``rkey`` lets peers reach it."""
+    """Registered memory: ``address`` .. ``address + length``; ``rkey`` lets peers reach it
+    (``peer_rkey``: b"" where no peer can, on a context that serves no RMA)."""
 
     def __init__(self, context: Context, memh: Any, address: int, length: int, owner: Any):
         self._context = context
@@ -149,6 +153,12 @@ class MemoryRegion:
             self._rkey = bytes(ffi.buffer(buf[0], size[0]))
             lib.kv_rkey_buffer_release(buf[0])
         return self._rkey
+
+    @property
+    def peer_rkey(self) -> bytes:
+        """What to hand peers: ``rkey``, or b"" when the context serves no peer's RMA (a
+        peer given a key would wait out its deadline on every transfer)."""
+        return self.rkey if self._context.serves_rma else b""
 
     def close(self) -> None:
         if self.memh is not None:

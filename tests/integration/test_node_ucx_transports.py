@@ -1,10 +1,12 @@
-"""A node that serves the checked stream offers its UCX worker over shared memory only.
+"""A node that serves the checked stream offers its UCX worker over shared memory only, and
+serves no peer's one-sided operations on it.
 
 UCX over TCP lets any peer that reaches a worker read and write its registered memory
-unchecked (docs/security.md). Every transfer from another host, other nodes' copies
-included, goes over the checked stream, so a node does not offer UCX over TCP unless told
-to (``--ucx-tcp``): a peer elsewhere cannot even make an endpoint to it. Clients on its host
-still use shared memory and CMA.
+unchecked (docs/security.md), and so does UCX over shared memory where it runs a peer's
+operations in software. Every transfer, other nodes' copies included, goes over the checked
+stream (clients on the node's host: the stream, or a mapping the node hands over), so a node
+does not offer UCX over TCP unless told to (``--ucx-tcp``): a peer elsewhere cannot even make
+an endpoint to it, and a peer on its host that makes one over shared memory reaches nothing.
 """
 
 from __future__ import annotations
@@ -25,14 +27,20 @@ def node_worker_address(cluster) -> bytes:
     """The worker address the master hands clients for node0's segment."""
     with Client(cluster.master_address, timeout=10) as client:
         client.put("probe", b"p" * 4096)
+    return located(cluster, "probe")[0].worker_address
+
+
+def located(cluster, key: str) -> tuple[pb.Segment, int]:
+    """The segment descriptor and replica address the master hands a client for ``key``."""
     with master_channel(cluster.master_address) as channel:
         stub = master_pb2_grpc.MasterStub(channel)
-        request = pb.GetReplicasRequest(client_id="probe", keys=["probe"])
+        request = pb.GetReplicasRequest(client_id="probe", keys=[key])
         answer = stub.GetReplicas(
             request, metadata=bearer(cluster.tenant_tokens["default"]), timeout=10
         )
     [segment] = answer.segments
-    return segment.worker_address
+    [location] = answer.objects
+    return segment, location.replicas[0].address
 
 
 def connects_over_tcp(worker_address: bytes) -> int:
@@ -76,3 +84,47 @@ def test_a_client_that_opts_out_of_the_checked_stream_is_told_what_to_do(
         pytest.raises(TransferError, match="--ucx-tcp"),
     ):
         opted_out.get("kept")
+
+
+def test_a_peer_on_the_nodes_host_reaches_none_of_its_memory_over_shared_memory(
+    cluster_factory,
+):
+    """Without CMA (the node is not dumpable), UCX over shared memory runs a peer's one-sided
+    operations in software on the node's own worker, at whatever address the peer names,
+    with a key the peer packs itself: any process on the host that reached the worker read
+    and wrote every tenant's objects. The node's UCX now serves no peer's RMA (and hands out
+    no remote key): the peer's get and put end unserved, the object unchanged."""
+    cluster = cluster_factory(1, "64MiB")
+    secret = os.urandom(4096)
+    with Client(cluster.master_address, timeout=10) as client:
+        client.put("secret", secret)
+    segment, address = located(cluster, "secret")
+    assert segment.rkey == b""
+    mine = bytearray(4096)
+    assert one_sided_over_shared_memory(segment, address, mine, is_get=True) != ucp.UCS_OK
+    assert bytes(mine) != secret
+    mine[:] = b"w" * len(mine)
+    assert one_sided_over_shared_memory(segment, address, mine, is_get=False) != ucp.UCS_OK
+    with Client(cluster.master_address, timeout=10) as client:
+        assert client.get("secret") == secret
+
+
+def one_sided_over_shared_memory(
+    segment: pb.Segment, address: int, mine: bytearray, *, is_get: bool
+) -> int:
+    """A get into (or put from) ``mine`` at ``address`` of the node, over UCX's shared memory
+    without CMA, with a remote key packed here; its status."""
+    context = ucp.Context({"TLS": "sysv,self"})
+    worker = ucp.Worker(context)
+    try:
+        endpoint = worker.connect(segment.worker_address)
+        assert not endpoint.uses_transport("cma")
+        region = context.register(mine)
+        forged = endpoint.unpack_rkey(region.rkey)  # (names no memory of the node)
+        local = ucp.address_of(mine, writable=True)[0]
+        op = ucp.Op(endpoint, forged, local, address, len(mine), region.memh)
+        [status] = worker.transfer([op], is_get=is_get, timeout=1.0, grace=0.5)
+        return status
+    finally:
+        if not worker.tainted:  # (a tainted worker is never touched again)
+            worker.close()
