@@ -83,6 +83,29 @@ def own_node(identity: Identity, node_id: str, what: str) -> None:
     )
 
 
+def own_segment(identity: Identity, segment_id: str) -> None:
+    """Refuses (PERMISSION_DENIED) a node's mount of a segment id that is not its own:
+    ``<its node id>/<name>``, as nodes name their segments (``name`` without a "/", so that
+    node "a" cannot take node "a/b"'s). Why: while a segment is away (its node declared
+    dead) the master keeps, by segment id, what the segment's next mount must refuse
+    (objects removed meanwhile, Forgets unanswered); a mount under the id by another node
+    would end that, and the segment's own node would bring the removed objects back."""
+    if identity.insecure:
+        return
+    owner, _, name = segment_id.rpartition("/")
+    if owner == identity.node_id and name:
+        return
+    metrics.labelled(metrics.AUTH_REFUSED, "other_node").inc()
+    raise CallRefused(
+        grpc.StatusCode.PERMISSION_DENIED,
+        f"{identity.describe()} may not mount segment {segment_id!r}: a node mounts only "
+        f"segment ids of its node id, '/' and a name without '/' "
+        f"({identity.node_id + '/NAME'!r}), as kvpool's nodes make them (a persistent "
+        "segment made under another node id is mounted by a node started with that "
+        "--node-id and its credentials)",
+    )
+
+
 #: The longest client id the master takes (``kvpool.Client`` makes 32 hex digits). The master
 #: keeps a writer's id with each of its reservations, and in the story of each key it puts.
 MAX_CLIENT_ID = 128

@@ -23,7 +23,7 @@ import grpc
 from kvpool.common.keys import STORED_KEY_BYTES, key_problem, plainly_valid
 from kvpool.common.status import KeyStatus, Pin, Tier
 from kvpool.master import metrics
-from kvpool.master.access import authorize, client_scope, key_prefix, own_node
+from kvpool.master.access import authorize, client_scope, key_prefix, own_node, own_segment
 from kvpool.master.capability_keys import MasterKeys
 from kvpool.master.commands_pb import segment_to_pb, stored_from_pb
 from kvpool.master.core import TERM_ENDED, MasterCore
@@ -169,6 +169,7 @@ class MasterHandlers:
                 "MountSegment needs segment_id, node_id, worker_address and size",
             )
         own_node(identity, s.node_id, "mount segments")
+        own_segment(identity, s.segment_id)
         try:
             check_worker_address(s.worker_address)
         except MalformedWorkerAddress as error:

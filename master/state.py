@@ -1737,10 +1737,13 @@ class MasterState:
             if existing.generation == item.generation and existing.size != item.size:
                 return False  # not a copy of this object
             if existing.generation < item.generation:  # superseded by a newer write
-                if self.issued_here(item.generation):
-                    # this master made that put and never published it over the object it
-                    # knows: a node reporting it is mistaken, or lying (it would take over
-                    # a key it was never given)
+                if not existing.adopted or self.issued_here(item.generation):
+                    # an object this master published itself is newer than any put another
+                    # master made (keys are written once: a later put of the key went
+                    # through this master), and a put this master made it never published
+                    # over the object it knows: a node reporting either is mistaken, or
+                    # lying (it would take over a key it was never given, with a
+                    # generation of a term ahead, say)
                     return False
                 self._remove(
                     existing,

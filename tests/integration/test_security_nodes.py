@@ -228,16 +228,25 @@ def test_a_node_may_not_mount_memory_another_node_registered(cluster, stub, clie
     assert_data_path_sound(cluster, client)
 
 
-def test_a_node_may_not_take_a_segment_id_another_node_mounted(cluster, stub, client, real_segment):
+@pytest.mark.parametrize(
+    "segment_id",
+    ["mounted", "node0/dram-while-node0-is-away", "evil/../node0/dram"],
+)
+def test_a_node_may_not_take_a_segment_id_of_another_node(
+    cluster, stub, client, real_segment, segment_id
+):
+    """A segment id is its node's id, "/", and a name without "/" (as nodes make them):
+    the master keeps what a segment's next mount must refuse (objects removed while its
+    node was away) by segment id, and a mount under it by another node would end that."""
+    if segment_id == "mounted":
+        segment_id = real_segment.segment_id
     before = cluster_view(stub, cluster)
-    mount = pb.MountSegmentRequest(
-        segment=evil_segment(segment_id=real_segment.segment_id), remount=True
-    )
+    mount = pb.MountSegmentRequest(segment=evil_segment(segment_id=segment_id), remount=True)
     details = refused(
         lambda: stub.MountSegment(mount, metadata=bearer(EVIL_TOKEN), timeout=10),
-        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.PERMISSION_DENIED,
     )
-    assert real_segment.segment_id in details and "node0" in details, details
+    assert repr(segment_id) in details and "'evil/NAME'" in details, details
     assert cluster_view(stub, cluster) == before
     assert_data_path_sound(cluster, client)
 

@@ -6,6 +6,8 @@ key over (readers sent to the reporting node, the real replicas forgotten). So:
 
 - a generation of this master's own term never supersedes a published object: the master
   made that put and never published it over the one it knows;
+- no generation supersedes an object this master published itself, of a term ahead
+  included: keys are written once, so a later put of the key went through this master;
 - a generation of a term too far ahead (EPOCHS_AHEAD) is refused outright: put ids go on
   from the largest adopted and would run out;
 - an older term's newer generation still supersedes (a node back late with a newer copy
@@ -44,6 +46,16 @@ def test_a_report_of_this_terms_generation_does_not_take_over_a_published_key():
 
     location = get(state, "k")
     assert location.status is KeyStatus.OK
+    assert state.objects["k"].generation == put_id
+    assert [p.segment.node_id for p in location.replicas] == ["n1"]
+
+
+def test_a_report_of_a_term_ahead_does_not_take_over_a_key_this_master_published():
+    # (the audit's attack: a node token, a term one hour ahead, within EPOCHS_AHEAD)
+    state, put_id = serving_state()
+    report(state, (EPOCH + 3600) << 32)
+
+    location = get(state, "k")
     assert state.objects["k"].generation == put_id
     assert [p.segment.node_id for p in location.replicas] == ["n1"]
 
