@@ -117,6 +117,9 @@ class MasterHandlers:
         #: The second Story calls are counted in (monotonic), and the time they took in it.
         self._story_window = 0.0
         self._story_spent = 0.0
+        #: What each tenant's Story calls took of this second (as many entries as tenants
+        #: called in it: tenants are the credential store's).
+        self._story_spent_by: dict[str, float] = {}
         #: Each tenant's calls not yet answered, held to its ``inflight`` quota.
         self.inflight = InflightLimiter()
         #: The keys this master signs capabilities with (None: it grants none).
@@ -584,21 +587,29 @@ class MasterHandlers:
 
     def Story(self, request: pb.StoryRequest, identity: Identity) -> pb.StoryResponse:
         # (a story scans the whole event ring on the event loop: every caller's Story calls
-        # together get STORY_BUDGET of each second, so that none can stall the others')
+        # together get STORY_BUDGET of each second, so that none can stall the others', and
+        # each tenant's STORY_SHARE of it, so that one tenant's cannot refuse everyone's)
         now = time.monotonic()
         if now - self._story_window >= 1.0:
             self._story_window, self._story_spent = now, 0.0
-        if self._story_spent >= STORY_BUDGET:
+            self._story_spent_by.clear()
+        tenant = identity.tenant
+        if (
+            self._story_spent >= STORY_BUDGET
+            or self._story_spent_by.get(tenant, 0.0) >= STORY_BUDGET * STORY_SHARE
+        ):
             raise CallRefused(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"Story calls may take {STORY_BUDGET:.0%} of the master's time, and have "
-                "this second: retry in a second",
+                f"Story calls may take {STORY_BUDGET:.0%} of the master's time, each tenant's "
+                f"{STORY_SHARE:.0%} of that, and have this second: retry in a second",
             )
         started = time.perf_counter()
         try:
             return story_response(self.core.state, key_prefix(identity) + request.key)
         finally:
-            self._story_spent += time.perf_counter() - started
+            spent = time.perf_counter() - started
+            self._story_spent += spent
+            self._story_spent_by[tenant] = self._story_spent_by.get(tenant, 0.0) + spent
 
     # ---- helpers
 
@@ -788,6 +799,8 @@ MAX_CACHED_GRANTS = 4096
 DRAIN_PROGRESS_EVERY = 2.0
 #: The share of each second that Story calls may take on the master's event loop.
 STORY_BUDGET = 0.1
+#: The most of STORY_BUDGET one tenant's Story calls take (admins are one tenant, "").
+STORY_SHARE = 0.25
 #: Segment messages kept per kind before those of segments gone are dropped.
 MAX_CACHED_SEGMENTS = 1024
 
