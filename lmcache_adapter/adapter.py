@@ -3,8 +3,11 @@
 What each LMCache call becomes:
 
 - ``submit_store_task``: one ``put_many`` on the store client (one master round trip to
-  reserve, the writes straight out of L1, one to commit). A key that already exists counts as
-  stored: objects are immutable and the key names the content.
+  reserve, the writes straight out of L1, one to commit), with a deadline counted from
+  submission: a store still queued then fails without starting, so that a stalled master
+  cannot keep LMCache's L1 objects (read-locked until the store reports) for longer than
+  ``store_timeout_s``. A key that already exists counts as stored: objects are immutable
+  and the key names the content.
 - ``submit_lookup_and_lock_task``: one ``GetReplicas`` with a lease; the lease is the lock,
   renewed until ``submit_unlock`` (see ``locks.py``).
 - ``submit_load_task``: one ``get_into_many`` on the load client, straight into L1, with a
@@ -51,6 +54,8 @@ from lmcache.v1.distributed.l2_adapters.base import (
 from lmcache.v1.memory_management import MemoryObj
 
 from kvpool import Client
+from kvpool.common.kept_errors import forget_tracebacks
+from kvpool.common.log_throttle import LogThrottle
 from kvpool.common.status import KeyStatus
 from kvpool.errors import ClientClosed, KVPoolError, ObjectExists, ObjectNotFound, ObjectNotReady
 from kvpool.lmcache.arena import L1Arena
@@ -67,6 +72,8 @@ logger = init_logger(__name__)
 
 #: A load with less time than this left is reported as misses without starting.
 MIN_LOAD_BUDGET = 0.001
+#: A store with less time than this left is reported failed without starting.
+MIN_STORE_BUDGET = 0.001
 #: Keys whose stored size the adapter remembers at most (about 200 bytes each).
 MAX_SIZES_KEPT = 1 << 18
 
@@ -92,6 +99,9 @@ class KVPoolL2Adapter(L2AdapterInterface):
         self._sizes_lock = threading.Lock()
         self._close_lock = threading.Lock()
         self._closed = False
+        #: Tasks whose deadline passed while queued: one line per kind now and then, not one
+        #: per task (a stalled master expires them by the thousand).
+        self._expired_log = LogThrottle(burst=1, interval=10.0)
         ucx = config.ucx_config or None
         with ExitStack() as undo:
             credentials = config.credentials
@@ -172,9 +182,10 @@ class KVPoolL2Adapter(L2AdapterInterface):
         _check_pairs(keys, objects)
         task_id = self._ids.next()
         keys, objects = list(keys), list(objects)
+        deadline = time.monotonic() + self.config.store_timeout_s
         self._store_worker.submit(
             Task(
-                run=lambda: self._run_store(task_id, keys, objects),
+                run=lambda: self._run_store(task_id, keys, objects, deadline),
                 cancel=lambda: self._stores.finish(task_id, L2StoreResult(False, 0)),
             )
         )
@@ -183,15 +194,28 @@ class KVPoolL2Adapter(L2AdapterInterface):
     def pop_completed_store_tasks(self) -> dict[L2TaskId, L2StoreResult]:
         return self._stores.pop_all()
 
-    def _run_store(self, task_id: int, keys: list[ObjectKey], objects: list[MemoryObj]) -> None:
+    def _run_store(
+        self, task_id: int, keys: list[ObjectKey], objects: list[MemoryObj], deadline: float
+    ) -> None:
+        budget = deadline - time.monotonic()
+        if keys and budget < MIN_STORE_BUDGET:
+            # Queued behind slower stores until its deadline passed: failed at once (LMCache
+            # keeps the chunks in L1), instead of adding another full timeout to the queue.
+            self.stats.count_store(len(keys), 0, len(keys), 0)
+            self._log_expired("store", len(keys))
+            self._stores.finish(task_id, L2StoreResult(False, 0))
+            return
         names = self._codec.encode_all(keys)
         buffers = [self._arena.buffer(obj) for obj in objects]
+        # Only this thread uses the store client, so its timeout can be the task's budget.
+        self._store_client.timeout = max(budget, MIN_STORE_BUDGET)
         # Entry i is key i's error, or its success (None or the replicas written).
         results: list[Any]
         try:
             results = self._store_client.put_many(list(zip(names, buffers, strict=True)))
         except KVPoolError as error:
             results = [error] * len(names)
+        forget_tracebacks(results)  # (else they pin L1 views in a cycle: common/kept_errors.py)
         stored_keys: list[ObjectKey] = []
         stored_sizes: list[int] = []
         failures: list[KVPoolError] = []
@@ -251,7 +275,10 @@ class KVPoolL2Adapter(L2AdapterInterface):
         names = self._codec.encode_all(keys)
         budget = deadline - time.monotonic()
         hits: list[int] = []
-        if names and budget > 0:
+        if names and budget <= 0:
+            self.stats.count_lookup(len(names), 0, failed=True)
+            self._log_expired("lookup", len(names))
+        elif names:
             try:
                 leased = self._control.lease(names, self.config.lock_ttl_s, budget)
             except KVPoolError as error:
@@ -292,6 +319,8 @@ class KVPoolL2Adapter(L2AdapterInterface):
         budget = deadline - time.monotonic()
         if not keys or budget < MIN_LOAD_BUDGET:
             self.stats.count_load(len(keys), 0, 0, timed_out=bool(keys))
+            if keys:
+                self._log_expired("load", len(keys))
             self._loads.finish(task_id, bitmap)
             return
         names = self._codec.encode_all(keys)
@@ -302,6 +331,7 @@ class KVPoolL2Adapter(L2AdapterInterface):
             results: list[Any] = self._load_client.get_into_many(names, buffers)
         except KVPoolError as error:
             results = [error] * len(names)
+        forget_tracebacks(results)
         hits: list[int] = []
         errors: list[KVPoolError] = []
         ghosts: list[tuple[ObjectKey, str]] = []
@@ -443,6 +473,19 @@ class KVPoolL2Adapter(L2AdapterInterface):
         return self._closed
 
     # ------------------------------------------------------------------ accounting
+
+    def _log_expired(self, kind: str, keys: int) -> None:
+        """A task whose deadline passed while it waited behind others (a stalled master or
+        storage node): says so, at most once per kind every 10 s."""
+        dropped = self._expired_log.allow(kind)
+        if dropped is not None:
+            logger.warning(
+                "kvpool L2 adapter: a %s task of %d key(s) waited past its deadline in the "
+                "queue and was not run%s",
+                kind,
+                keys,
+                f" ({dropped} more since the last such line)" if dropped else "",
+            )
 
     def _forget_ghosts(self, pairs: list[tuple[ObjectKey, str]]) -> None:
         """Keys this adapter stored that kvpool no longer has (lost with their storage node,

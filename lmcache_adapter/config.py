@@ -25,10 +25,12 @@ kvpool L2 adapter (plugin) adapter_params:
 - lock_ttl_s (float): read lease taken by lookup-and-lock and renewed until submit_unlock
   (default 30; the master grants no single lease longer than its max_lease_ttl, a
   MasterConfig setting that `kvpool master` has no flag for)
-- store_timeout_s (float): deadline of one store batch (default 10)
+- store_timeout_s (float): deadline of one store batch, counted from its submission: a
+  store still queued then fails without starting (default 10)
 - load_timeout_s (float): deadline of one load batch, counted from its submission: what
   has not arrived by then is reported as a miss (default 5)
-- lookup_timeout_s (float): deadline of one lookup-and-lock batch (default 2)
+- lookup_timeout_s (float): deadline of one lookup-and-lock batch, counted from its
+  submission (default 2)
 - control_timeout_s (float): deadline of delete, list_l2_keys and lease renewals (default 5)
 - health_timeout_s (float): deadline of the master probe behind report_status (default 1)
 - key_prefix (str): namespace of LMCache's keys in kvpool (default "lmcache/")

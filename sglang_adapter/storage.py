@@ -35,6 +35,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 )
 
 from kvpool import Client
+from kvpool.common.kept_errors import forget_tracebacks
 from kvpool.errors import KVPoolError, ObjectExists
 from kvpool.sglang.config import KVPoolHiCacheConfig
 from kvpool.sglang.keys import PageKeys
@@ -121,6 +122,7 @@ class KVPoolHiCacheStorage(HiCacheStorage):
         except (KVPoolError, RuntimeError) as error:
             logger.warning("kvpool: load of %d page(s): %s", len(keys), error)
             return [False] * len(keys)
+        forget_tracebacks(results)  # (per-key errors: see _put)
         hits = [_is_count(r) for r in results]  # entry i: page i's size, or its error
         if not all(hits):
             first = next(r for r, hit in zip(results, hits, strict=True) if not hit)
@@ -164,6 +166,7 @@ class KVPoolHiCacheStorage(HiCacheStorage):
         except (KVPoolError, RuntimeError) as error:
             logger.warning("kvpool: get of %d object(s): %s", len(keys), error)
             results = [error] * len(keys)
+        forget_tracebacks(results)  # (else they pin the targets in a cycle: see _put)
         hit = (_is_count(r) for r in results)
         return [(given if ok else None) for ok, (_, given) in zip(hit, targets, strict=True)]
 
@@ -239,6 +242,11 @@ class KVPoolHiCacheStorage(HiCacheStorage):
             results: list[Any] = self._store_client.put_parts_many(items)
         except (KVPoolError, RuntimeError) as error:
             results = [error] * len(items)
+        # Kept with their tracebacks, the errors would hold this frame (whose ``results``
+        # holds them: a cycle) and the client's, with views of the host pool and the cffi
+        # buffers exported from them; the garbage collector crashes on those
+        # (common/kept_errors.py).
+        forget_tracebacks(results)
         # entry i: the replicas written, or key i's error (ObjectExists: stored before)
         stored = [_is_count(r) or isinstance(r, ObjectExists) for r in results]
         if not all(stored):

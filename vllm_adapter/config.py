@@ -27,10 +27,13 @@ kvpool tier settings (keys of the secondary_tiers entry, beside "type" and "modu
 - key_prefix (str): namespace of this tier's keys in kvpool (default "vllm"); the rest of a
   key names the model, its KV layout and parallelism (vLLM's own FileMapper), so engines of
   the same model share chunks and others never read them
-- store_timeout_s (float): deadline of one store job (default 10)
+- store_timeout_s (float): deadline of one store job, counted from its submission: a job
+  still queued then fails without starting (default 10)
 - load_timeout_s (float): deadline of one load job, counted from its submission: a chunk not
   loaded by then fails its job and is recomputed (default 5)
-- lookup_timeout_s (float): deadline of one batch of lookups (default 2)
+- lookup_timeout_s (float): deadline of one request's batch of lookups; after a batch
+  failed as a whole (master unreachable), lookups miss without asking for this long
+  (default 2)
 - register_primary (bool): register the primary tier's memory with kvpool once, for zero
   copy (default true)
 - ucx_config (dict[str, str]): UCX settings without the UCX_ prefix, e.g. {"TLS": "tcp"}

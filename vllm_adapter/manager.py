@@ -9,10 +9,15 @@ out-of-tree tier, from its ``secondary_tiers`` entry::
 (``config.py`` lists every setting.) What each call becomes:
 
 - ``lookup``: vLLM's own ``AsyncLookupManager``: keys gathered during a scheduler step go to
-  kvpool as one ``exists_many`` batch on the lookup thread after the step (RETRY until then).
-  A hit takes a read lease, so the chunk is not evicted between the lookup and its load.
-- ``submit_store``: one ``put_many`` of the job's slots on the store thread. A key that is
-  already stored counts as stored: objects are immutable and the key names the content.
+  the lookup thread after the step (RETRY until then), which asks kvpool one ``exists_many``
+  per request of the step, one request after the other. A hit takes a read lease, so the
+  chunk is not evicted between the lookup and its load. After a batch failed as a whole
+  (master unreachable or silent), the next ``lookup_timeout_s`` of lookups are misses
+  without asking: else every request would wait out the timeout, in series, behind the
+  others.
+- ``submit_store``: one ``put_many`` of the job's slots on the store thread, with a deadline
+  counted from the submission (a job still queued then fails without starting). A key that
+  is already stored counts as stored: objects are immutable and the key names the content.
 - ``submit_load``: one ``get_into_many`` into the job's slots on the load thread, with a
   deadline counted from the submission. Chunks that arrived are the job's
   ``successful_keys``; the others are misses for the request (recomputed, never looked up
@@ -58,6 +63,7 @@ from vllm.v1.kv_offload.tiering.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvpool import Client
+from kvpool.common.log_throttle import LogThrottle
 from kvpool.errors import KVPoolError
 from kvpool.vllm import transfers
 from kvpool.vllm.config import KVPoolTierConfig
@@ -73,22 +79,54 @@ logger = init_logger(__name__)
 
 #: A load with less time than this left is answered as failed without starting.
 MIN_LOAD_BUDGET = 0.001
+#: Likewise a store.
+MIN_STORE_BUDGET = 0.001
 
 
 class KVPoolLookups(AsyncLookupManager):
-    """vLLM's asynchronous lookups, answered by one kvpool ``exists_many`` per batch."""
+    """vLLM's asynchronous lookups, answered by one kvpool ``exists_many`` per batch.
+
+    vLLM's lookup thread calls ``batch_lookup`` once per request, one request after the
+    other, and posts a step's answers only when all of its requests are done. A master that
+    cannot be reached costs each call the whole ``lookup_timeout_s``: asked anyway, the
+    requests of one step would wait that long times their number (and ``shutdown``, which
+    joins the thread, as long as the backlog). So after a batch fails as a whole, lookups
+    are misses without asking until ``lookup_timeout_s`` has passed (then one batch asks
+    again), and once the tier is shut down they are misses at once."""
 
     def __init__(self, tier: KVPoolTierManager, client: Client, tier_type: str) -> None:
         self._tier = tier
         self._client = client
+        #: Monotonic time before which lookups answer misses without asking kvpool (the
+        #: lookup thread's own: only it reads and writes it).
+        self._quiet_until = 0.0
+        self._missed_unasked = 0
         super().__init__(tier_type=tier_type)  # starts the lookup thread: set fields first
 
     def batch_lookup(self, keys: list[OffloadKey], req_context: ReqContext) -> Iterable[bool]:
+        if self._tier.closed:
+            return [False] * len(keys)
+        if time.monotonic() < self._quiet_until:
+            self._missed_unasked += len(keys)
+            self._tier.stats.count_lookup(len(keys), 0, failed=True)
+            return [False] * len(keys)
         names = [self._tier.name(key) for key in keys]
         try:
             found = self._client.exists_many(names)
         except KVPoolError as error:
-            logger.warning("kvpool tier: lookup of %d chunk(s): %s", len(names), error)
+            pause = self._tier.config.lookup_timeout_s
+            self._quiet_until = time.monotonic() + pause
+            logger.warning(
+                "kvpool tier: lookup of %d chunk(s): %s (%slookups miss for the next %g s "
+                "without asking)",
+                len(names),
+                error,
+                f"{self._missed_unasked} chunk(s) missed unasked before this; "
+                if self._missed_unasked
+                else "",
+                pause,
+            )
+            self._missed_unasked = 0
             self._tier.stats.count_lookup(len(names), 0, failed=True)
             return [False] * len(names)
         hits = [result is True for result in found]
@@ -136,6 +174,8 @@ class KVPoolTierManager(SecondaryTierManager):
         self._store_keys: dict[JobId, list[OffloadKey]] = {}
         self._load_keys: dict[JobId, list[OffloadKey]] = {}
         self._closed = False
+        #: Jobs whose deadline passed while queued: a line now and then, not one per job.
+        self._expired_log = LogThrottle(burst=1, interval=10.0)
         options = config.client_options()
         with ExitStack() as undo:
             self._store_client = Client(
@@ -209,9 +249,10 @@ class KVPoolTierManager(SecondaryTierManager):
             return
         if self._events is not None:
             self._store_keys[job_id] = keys
+        deadline = time.monotonic() + self.config.store_timeout_s
         self._stores.submit(
             Job(
-                run=lambda: self._run_store(job_id, keys, slots),
+                run=lambda: self._run_store(job_id, keys, slots, deadline),
                 cancel=lambda: JobResult(job_id=job_id, success=False),
             )
         )
@@ -241,7 +282,18 @@ class KVPoolTierManager(SecondaryTierManager):
         self._finished.finish(JobResult(job_id=job_id, success=False))
         return True
 
-    def _run_store(self, job_id: JobId, keys: list[OffloadKey], slots: list[int]) -> JobResult:
+    def _run_store(
+        self, job_id: JobId, keys: list[OffloadKey], slots: list[int], deadline: float
+    ) -> JobResult:
+        budget = deadline - time.monotonic()
+        if budget < MIN_STORE_BUDGET:
+            # Queued behind slower stores past its deadline: failed at once, so that
+            # drain_jobs waits at most store_timeout_s, not one timeout per queued job.
+            self.stats.count_store(0, 0, len(keys), 0)
+            self._log_expired("store", len(keys))
+            return JobResult(job_id=job_id, success=False)
+        # Only this thread uses the store client: its timeout can be this job's budget.
+        self._store_client.timeout = budget
         names = [self.name(key) for key in keys]
         outcome = transfers.store(self._store_client, names, [self._slots.slot(s) for s in slots])
         failed = len(outcome.errors)
@@ -266,6 +318,7 @@ class KVPoolTierManager(SecondaryTierManager):
         budget = deadline - time.monotonic()
         if budget < MIN_LOAD_BUDGET:
             self.stats.count_load(0, len(keys), 0, late=True)
+            self._log_expired("load", len(keys))
             return JobResult(job_id=job_id, success=False)
         # Only this thread uses the load client: its timeout can be this job's budget.
         self._load_client.timeout = budget
@@ -294,6 +347,19 @@ class KVPoolTierManager(SecondaryTierManager):
             transfer_time=outcome.seconds,
             transfer_bytes=outcome.bytes,
         )
+
+    def _log_expired(self, kind: str, chunks: int) -> None:
+        """A job whose deadline passed while it waited behind others (a stalled master or
+        storage node): says so, at most once per kind every 10 s."""
+        dropped = self._expired_log.allow(kind)
+        if dropped is not None:
+            logger.warning(
+                "kvpool tier: a %s job of %d chunk(s) waited past its deadline in the queue "
+                "and was not run%s",
+                kind,
+                chunks,
+                f" ({dropped} more since the last such line)" if dropped else "",
+            )
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         results = self._finished.take()

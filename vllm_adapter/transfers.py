@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from kvpool.common.kept_errors import forget_tracebacks
 from kvpool.errors import KVPoolError, ObjectExists
 
 if TYPE_CHECKING:
@@ -102,6 +103,7 @@ def store(client: Client, names: Sequence[str], buffers: Sequence[memoryview]) -
         results = client.put_many(list(zip(names, buffers, strict=True)))
     except KVPoolError as error:
         results = [error] * len(names)
+    forget_tracebacks(results)  # (they would pin views of the primary: common/kept_errors.py)
     for i, result in enumerate(results):
         if isinstance(result, ObjectExists):
             outcome.existing.append(i)  # objects are immutable and the key names the content
@@ -111,7 +113,6 @@ def store(client: Client, names: Sequence[str], buffers: Sequence[memoryview]) -
             outcome.new.append(i)
             outcome.bytes += len(buffers[i])
     outcome.seconds = time.monotonic() - started
-    _forget_tracebacks(outcome.errors)
     return outcome
 
 
@@ -125,6 +126,7 @@ def load(client: Client, names: Sequence[str], buffers: Sequence[memoryview]) ->
         results = client.get_into_many(names, buffers)
     except KVPoolError as error:
         results = [error] * len(names)
+    forget_tracebacks(results)
     for i, result in enumerate(results):
         if isinstance(result, KVPoolError):
             outcome.errors[i] = result
@@ -136,15 +138,4 @@ def load(client: Client, names: Sequence[str], buffers: Sequence[memoryview]) ->
             outcome.hits.append(i)
             outcome.bytes += result
     outcome.seconds = time.monotonic() - started
-    _forget_tracebacks(outcome.errors)
     return outcome
-
-
-def _forget_tracebacks(errors: dict[int, KVPoolError]) -> None:
-    """An error kept with its traceback keeps the frames of the failed call alive, and with
-    them views of the primary tier's memory, in reference cycles that only the garbage
-    collector frees, at any later time: possibly after vLLM unmapped that memory. The
-    messages are all the tier needs."""
-    for error in errors.values():
-        error.__traceback__ = None
-        error.__context__ = None

@@ -1,17 +1,22 @@
 """Loads against storage nodes that stall or die: misses within the deadline, never a hang,
 never wrong bytes, and never a write into L1 after the load returned (or the adapter closed).
+A master that stalls: stores fail by their deadline counted from submission, however many
+are queued, and batches failing as a whole never crash the process that runs the adapter.
 """
 
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
 from helpers import wait_until
-from lmcache_support import bits, load, object_keys, store
+from lmcache_support import bits, load, object_keys, store, wait_fd
 
 from kvpool.client.master_link import MasterLink
 from kvpool.lmcache import KeyCodec
@@ -23,6 +28,9 @@ SENTINEL = 0x5A
 #: node stalls transfers (shared-memory transports, and mapping the node's memory, would
 #: read it regardless).
 TCP_ONLY = {"TLS": "tcp"}
+HERE = Path(__file__).resolve().parent
+#: Runs an adapter in a process of its own (see its docstring).
+CHILD = HERE / "failing_batches_child.py"
 #: How much later than its deadline a load or close may end on a loaded machine: the tests
 #: tell "at the deadline" from "never" (a hang), not fast from slow.
 SLACK = 5.0
@@ -201,3 +209,61 @@ def test_a_node_dying_during_loads_gives_misses_not_hangs_or_wrong_bytes(
     assert all(duration < timeout + SLACK for _, duration, _, _ in rounds), "a load hung"
     for _, _, hits, _ in after:
         assert hits == [not victim for victim in on_victim]
+
+
+def test_batches_failing_as_a_whole_leave_nothing_that_crashes_the_garbage_collector(
+    cluster_factory, lmcache_env
+):
+    # A whole batch's error, kept once per key with its traceback, would hold the frames of
+    # the failed call: their L1 views and the cffi buffers exported from them, in a cycle
+    # that CPython's collector cannot clear ("memoryview has 1 exported buffer", then a
+    # segfault). The adapter runs in a child process, so a crash fails this test only.
+    cluster = cluster_factory(1, "64MiB")
+    cluster.master.signal(signal.SIGSTOP)  # every store and load now fails as a whole
+    try:
+        child = subprocess.run(
+            [sys.executable, "-X", "faulthandler", str(CHILD), cluster.master_address],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env={**lmcache_env, "PYTHONPATH": f"{HERE}:{HERE.parent}"},
+        )
+    finally:
+        cluster.master.signal(signal.SIGCONT)
+    output = child.stdout + child.stderr[-6000:]
+    assert child.returncode == 0, f"the adapter's process ended with {child.returncode}:\n{output}"
+    assert "survived" in child.stdout, output
+    assert "BufferError" not in child.stderr, output
+
+
+def test_queued_stores_fail_by_their_deadline_from_submission_under_a_stalled_master(
+    cluster_factory, make_adapter, arena
+):
+    # One worker runs stores in order. Each store's deadline counts from its submission, so
+    # N stores queued behind a stalled master all fail within store_timeout_s, not the last
+    # one after N of them (LMCache read-locks their L1 objects until they are answered).
+    timeout = 1.0
+    count = 8
+    cluster = cluster_factory(1, "64MiB")
+    adapter = make_adapter(master=cluster.master_address, store_timeout_s=timeout)
+    assert store(adapter, object_keys(1), arena.objs(1, MIB)).is_successful()
+    cluster.master.signal(signal.SIGSTOP)
+    try:
+        submitted = time.monotonic()
+        ids = [adapter.submit_store_task(object_keys(1), arena.objs(1, MIB)) for _ in range(count)]
+        answered: dict[int, tuple[float, bool]] = {}
+        while len(answered) < count and time.monotonic() - submitted < count * timeout + SLACK:
+            wait_fd(adapter.get_store_event_fd(), 0.2)
+            for task_id, result in adapter.pop_completed_store_tasks().items():
+                answered[task_id] = (time.monotonic() - submitted, result.is_successful())
+    finally:
+        cluster.master.signal(signal.SIGCONT)
+    assert sorted(answered) == sorted(ids), "a store went unanswered"
+    assert not any(ok for _, ok in answered.values()), "a store reached a stopped master"
+    slowest = max(seconds for seconds, _ in answered.values())
+    assert slowest < timeout + SLACK, f"answered after {sorted(answered.values())}"
+    assert adapter.report_status()["store_failures"] == count
+    # the master back, a store has its whole timeout again
+    arena.reset()  # (every store above was answered: their objects are free)
+    again = arena.objs(1, MIB)
+    assert wait_until(lambda: store(adapter, object_keys(1), again).is_successful(), 30.0)

@@ -1,10 +1,16 @@
 """A storage node that dies while SGLang loads pages from kvpool: its pages are misses, the
-others still hit, every hit holds the bytes stored, and no call blocks its caller."""
+others still hit, every hit holds the bytes stored, and no call blocks its caller. A master
+that stalls: calls failing as a whole never crash the engine's process."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import torch
 from helpers import wait_until
@@ -17,6 +23,9 @@ SENTINEL = -7.0
 #: How much later than its deadline a load may end on a loaded machine: the test tells "at
 #: the deadline" from "never" (a hang), not fast from slow.
 SLACK = 5.0
+HERE = Path(__file__).resolve().parent
+#: Runs a backend in a process of its own (see its docstring).
+CHILD = HERE / "failing_batches_child.py"
 
 
 def test_a_node_dying_during_loads_gives_misses_not_hangs_or_wrong_bytes(cluster_factory):
@@ -89,3 +98,31 @@ def test_a_node_dying_during_loads_gives_misses_not_hangs_or_wrong_bytes(cluster
         assert wait_until(lambda: backend.batch_exists(keys) == first_lost, timeout=20.0)
     finally:
         backend.close()
+
+
+def test_calls_failing_as_a_whole_leave_nothing_that_crashes_the_garbage_collector(
+    cluster_factory, tmp_path
+):
+    # A whole batch's error, kept once per key with its traceback, would hold the frames of
+    # the failed call: their views of the host pool (or of the caller's tensors) and the
+    # cffi buffers exported from them, in a cycle that CPython's collector cannot clear
+    # ("memoryview has 1 exported buffer", then a segfault). The backend runs in a child
+    # process, so a crash fails this test only.
+    cluster = cluster_factory(1, "64MiB")
+    cluster.master.signal(signal.SIGSTOP)  # every store and load now fails as a whole
+    root = HERE.parents[1]
+    try:
+        child = subprocess.run(
+            [sys.executable, "-X", "faulthandler", str(CHILD), cluster.master_address],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            cwd=root,
+            env={**os.environ, "PYTHONPATH": f"{HERE}:{root}", "TMPDIR": str(tmp_path)},
+        )
+    finally:
+        cluster.master.signal(signal.SIGCONT)
+    output = child.stdout + child.stderr[-6000:]
+    assert child.returncode == 0, f"the backend's process ended with {child.returncode}:\n{output}"
+    assert "survived" in child.stdout, output
+    assert "BufferError" not in child.stderr, output

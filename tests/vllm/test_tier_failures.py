@@ -1,14 +1,18 @@
 """Storage nodes that stall or die under the tier: loads become misses by their deadline,
 never a wrong byte in a slot reported loaded, never a write into the primary after the job
-was answered, and never a scheduler call that waits on the network.
+was answered, and never a scheduler call that waits on the network. A master that stalls:
+lookups and stores are answered within their timeouts however many are queued, shutdown
+does not wait out the queue, and failed jobs leave nothing that crashes the engine.
 """
 
 from __future__ import annotations
 
+import itertools
 import signal
 import time
 
 from helpers import wait_until
+from tier_driver import TIER, Tier, TierHost
 
 from kvpool import Client
 
@@ -130,3 +134,118 @@ def test_shutdown_during_a_stalled_load_returns_by_its_deadline(cluster_factory,
         assert closed["closed"] and closed["seconds"] < timeout + SLACK
     finally:
         node.kill()  # (a node resuming after its client went may abort: not under test)
+
+
+_requests = itertools.count()
+_jobs = itertools.count(100)
+
+
+def _verdict(tier, k: int) -> list[str]:
+    """A new request's lookup of chunk ``k``, then the request finished (its verdict is not
+    kept for the next one)."""
+    req_id = f"again-{next(_requests)}"
+    final = tier.lookup(keys=[k], req_id=req_id)["final"]
+    tier.request_finished(req_id=req_id)
+    return final
+
+
+def _steps(count: int, per_step: int) -> list[dict[str, list[int]]]:
+    """``count`` scheduler steps of ``per_step`` new requests, each with a chunk of its own."""
+    return [
+        {f"step{s}-req{r}": [1000 * (s + 1) + r] for r in range(per_step)} for s in range(count)
+    ]
+
+
+def test_lookups_of_many_requests_under_an_unreachable_master_wait_one_timeout_not_one_each(
+    cluster_factory, make_tier
+):
+    # vLLM's lookup thread asks for one request after the other and posts a step's answers
+    # when all are done: 12 requests asking a silent master in turn would wait 12 timeouts.
+    # After a lookup fails as a whole the tier answers misses without asking, for one
+    # timeout; then it asks again.
+    timeout = 1.0
+    cluster = cluster_factory(1, "64MiB")
+    tier = make_tier(master=cluster.master_address, lookup_timeout_s=timeout)
+    assert tier.run("store", 1, keys=[1], slots=[0])["success"]
+    assert _verdict(tier, 1) == ["HIT"]
+    cluster.master.signal(signal.SIGSTOP)
+    try:
+        answered = tier.lookup_steps(steps=_steps(3, 4))
+    finally:
+        cluster.master.signal(signal.SIGCONT)
+    assert list(answered["final"].values()) == [["MISS"]] * 12, answered
+    assert max(answered["seconds"].values()) < timeout + SLACK, answered["seconds"]
+    assert tier.stats()["stats"]["lookup_failures"] >= 1
+    # the master back, lookups ask kvpool again and find the chunk
+    assert wait_until(lambda: _verdict(tier, 1) == ["HIT"], timeout=30.0)
+
+
+def test_shutdown_with_lookups_queued_under_an_unreachable_master_does_not_wait_them_out(
+    cluster_factory, make_tier
+):
+    # Shutdown joins vLLM's lookup thread, which works through every queued request first:
+    # at most the lookup in flight may cost its timeout, the queued ones nothing.
+    timeout = 1.0
+    cluster = cluster_factory(1, "64MiB")
+    tier = make_tier(master=cluster.master_address, lookup_timeout_s=timeout)
+    cluster.master.signal(signal.SIGSTOP)
+    try:
+        tier.lookup_steps(steps=_steps(3, 4), wait=False)  # 12 requests queued, unanswered
+        closed = tier.shutdown()
+    finally:
+        cluster.master.signal(signal.SIGCONT)
+    assert closed["closed"] and closed["seconds"] < timeout + SLACK, closed
+
+
+def test_queued_store_jobs_fail_by_their_deadline_from_submission_under_a_stalled_master(
+    cluster_factory, make_tier
+):
+    # One thread runs store jobs in order. Each job's deadline counts from its submission, so
+    # jobs queued behind a stalled master all fail within store_timeout_s, and drain_jobs
+    # waits that long, not one timeout per queued job.
+    timeout = 1.0
+    count = 8
+    cluster = cluster_factory(1, "64MiB")
+    tier = make_tier(master=cluster.master_address, slots=count, store_timeout_s=timeout)
+    assert tier.run("store", 1, keys=[1], slots=[0])["success"]
+    cluster.master.signal(signal.SIGSTOP)
+    try:
+        jobs = list(range(10, 10 + count))
+        for job, slot in zip(jobs, range(count), strict=True):
+            assert tier.store(job_id=job, keys=[job], slots=[slot])["submit_s"] < PROMPT
+        drained = tier.drain()
+        results = tier.finished()["results"]
+    finally:
+        cluster.master.signal(signal.SIGCONT)
+    assert drained["seconds"] < timeout + SLACK, drained
+    assert sorted(r["job_id"] for r in results) == jobs
+    assert not any(r["success"] for r in results)
+    assert tier.stats()["stats"]["chunks_not_stored"] == count
+    # the master back, a store job has its whole timeout again
+    assert wait_until(lambda: tier.run("store", next(_jobs), keys=[2], slots=[0])["success"], 30.0)
+
+
+def test_jobs_failing_as_a_whole_leave_nothing_that_crashes_the_garbage_collector(
+    cluster_factory,
+):
+    # A whole batch's error, kept with its traceback, would hold the frames of the failed
+    # call: views of the primary tier and the cffi buffers exported from them, in a cycle
+    # that CPython's collector cannot clear ("memoryview has 1 exported buffer", then a
+    # segfault). A vLLM process of its own, so that a crash fails this test only.
+    cluster = cluster_factory(1, "64MiB")
+    host = TierHost()
+    try:
+        entry = {**TIER, "master": cluster.master_address, "store_timeout_s": 0.3}
+        tier = Tier(host, tier={**entry, "load_timeout_s": 0.3}, model="kvpool-test/collected")
+        cluster.master.signal(signal.SIGSTOP)  # every store and load now fails as a whole
+        try:
+            for job in range(5):
+                assert not tier.run("store", 2 * job, keys=[job], slots=[job])["success"]
+                assert not tier.run("load", 2 * job + 1, keys=[job], slots=[job])["success"]
+                assert host.call("collect")["collected"] >= 0
+        finally:
+            cluster.master.signal(signal.SIGCONT)
+        tier.shutdown()
+    finally:
+        host.close()
+    assert host.process.returncode == 0, f"the vLLM process ended with {host.process.returncode}"

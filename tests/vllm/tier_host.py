@@ -15,6 +15,7 @@ or ``{"ok": false, "error": TYPE, "message": ...}``). vLLM's logs go to stderr.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
@@ -193,6 +194,40 @@ class Host:
             final = [timed(tier.lookup, key(k), context).name for k in keys]
         return {"first": first, "final": final, "steps": steps, "longest_call_s": longest}
 
+    def op_lookup_steps(
+        self,
+        tier_id: int,
+        steps: list[dict[str, list[int]]],
+        wait: bool = True,
+        timeout: float = 60.0,
+    ) -> dict:
+        """Several requests per scheduler step, as the scheduler makes them: each step looks
+        up every key of its requests (request id -> keys) and ends; then, with ``wait``,
+        steps on until no request sees RETRY. Answers, per request, its final verdicts and
+        the seconds from the first step until they came."""
+        tier = self._tier(tier_id)
+        started = time.monotonic()
+        asked: dict[str, list[int]] = {}
+        for step in steps:
+            for req_id, keys in step.items():
+                for k in keys:
+                    tier.lookup(key(k), ReqContext(req_id=req_id))
+                asked[req_id] = keys
+            tier.on_schedule_end(STEP)
+        seconds: dict[str, float] = {}
+        final: dict[str, list[str]] = {}
+        while wait and len(final) < len(asked) and time.monotonic() - started < timeout:
+            for req_id, keys in asked.items():
+                if req_id in final:
+                    continue
+                verdicts = [tier.lookup(key(k), ReqContext(req_id=req_id)).name for k in keys]
+                if "RETRY" not in verdicts:
+                    final[req_id] = verdicts
+                    seconds[req_id] = time.monotonic() - started
+            tier.on_schedule_end(STEP)
+            time.sleep(0.005)
+        return {"final": final, "seconds": seconds}
+
     def op_lookup_again(self, tier_id: int, keys: list[int], req_id: str = "req") -> dict:
         """One lookup per key for a request, without a step in between (cached verdicts)."""
         tier = self._tier(tier_id)
@@ -271,6 +306,10 @@ class Host:
     def op_stats(self, tier_id: int) -> dict:
         tier = self._tier(tier_id)
         return {"stats": tier.stats.snapshot(), "pending_work": tier.has_pending_work()}
+
+    def op_collect(self) -> dict:
+        """A full garbage collection, as the engine's collector makes at some point."""
+        return {"collected": gc.collect()}
 
     def op_shutdown(self, tier_id: int) -> dict:
         """The engine's shutdown: the manager shuts the tier down, then the primary tier."""
