@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sortedcontainers import SortedList
+
 from kvpool.master.records import SegmentRecord
 
 
@@ -26,32 +28,79 @@ class _Held:
     buffers: list[int] = field(default_factory=list)
 
 
+@dataclass(slots=True)
+class _SegmentRanges:
+    """Every range held in one segment, by start: (start, end, Forget's token). Why: each
+    buffer freed while anything is held asks whether a held range overlaps it, and a node
+    slow to answer a burst of Forgets leaves thousands of ranges held; a scan of them all
+    per buffer made the release of a few such Forgets take the master's loop for tens of
+    seconds (long enough to declare its nodes dead)."""
+
+    segment: SegmentRecord
+    ranges: SortedList = field(default_factory=SortedList)
+    #: The longest range ever held here (how far before a buffer an overlapping range can
+    #: start).
+    longest: int = 0
+
+    def overlapping(self, start: int, end: int) -> int | None:
+        """The token of a held range overlapping ``start``..``end``, or None."""
+        ranges = self.ranges
+        i = ranges.bisect_left((end,))  # (those before it start before ``end``)
+        reach = start - self.longest
+        while i > 0:
+            i -= 1
+            held: tuple[int, int, int] = ranges[i]
+            held_start, held_end, token = held
+            if held_start < reach:
+                return None  # (nothing starting this early reaches ``start``)
+            if held_end > start:
+                return token
+        return None
+
+
 class Quarantine:
     def __init__(self) -> None:
         #: Forget command id -> what it holds out of use.
         self._held: dict[int, _Held] = {}
+        #: Segment id -> its held ranges (while it has any).
+        self._by_segment: dict[str, _SegmentRanges] = {}
 
     def add(self, token: int, segment: SegmentRecord, ranges: list[tuple[int, int]]) -> None:
         """Holds ``ranges`` of ``segment`` out of use until ``release(token)``; takes what is
         free in them now."""
         held = self._held[token] = _Held(segment, ranges)
+        index = self._by_segment.get(segment.segment_id)
+        if index is None or index.segment is not segment:
+            index = self._by_segment[segment.segment_id] = _SegmentRanges(segment)
+        for start, end in ranges:
+            index.ranges.add((start, end, token))
+            index.longest = max(index.longest, end - start)
         allocator = segment.allocator
-        for free_start, free_size in allocator.free_extents():
-            free_end = free_start + free_size
-            for start, end in ranges:
-                start, end = max(start, free_start), min(end, free_end)
-                if start < end and allocator.allocate_at(start, end - start):
-                    held.buffers.append(start)
+        # (both by offset: one sweep, not every range against every free extent)
+        extents = allocator.free_extents()
+        i = 0
+        for start, end in sorted(ranges):
+            while i < len(extents) and extents[i][0] + extents[i][1] <= start:
+                i += 1
+            j = i
+            while j < len(extents) and extents[j][0] < end:
+                free_start, free_size = extents[j]
+                low, high = max(start, free_start), min(end, free_start + free_size)
+                if low < high and allocator.allocate_at(low, high - low):
+                    held.buffers.append(low)
+                j += 1
 
     def claim(self, segment: SegmentRecord, offset: int) -> bool:
         """A buffer of ``segment`` at ``offset`` is being freed: True when the quarantine
         keeps it (it overlaps a held range) instead."""
-        end = offset + segment.allocator.size_of(offset)
-        for held in self._held.values():
-            if held.segment is segment and any(s < end and offset < e for s, e in held.ranges):
-                held.buffers.append(offset)
-                return True
-        return False
+        index = self._by_segment.get(segment.segment_id)
+        if index is None or index.segment is not segment:
+            return False
+        token = index.overlapping(offset, offset + segment.allocator.size_of(offset))
+        if token is None:
+            return False
+        self._held[token].buffers.append(offset)
+        return True
 
     def release(self, token: int) -> None:
         """The node answered: the space returns to the allocator (unless its segment went),
@@ -60,15 +109,25 @@ class Quarantine:
         held = self._held.pop(token, None)
         if held is None:
             return
+        segment = held.segment
+        index = self._by_segment.get(segment.segment_id)
+        if index is not None and index.segment is segment:
+            for start, end in held.ranges:
+                index.ranges.discard((start, end, token))
+            if not index.ranges:
+                del self._by_segment[segment.segment_id]
         for offset in held.buffers:
-            if not self.claim(held.segment, offset):
-                held.segment.allocator.free(offset)
+            if not self.claim(segment, offset):
+                segment.allocator.free(offset)
 
     def drop_segment(self, segment: SegmentRecord) -> None:
         """The segment went away: nothing of it is held any more (its node, were it to come
         back, reports what it holds, and the master adopts it or has it dropped)."""
         for token in [t for t, held in self._held.items() if held.segment is segment]:
             del self._held[token]
+        index = self._by_segment.get(segment.segment_id)
+        if index is not None and index.segment is segment:
+            del self._by_segment[segment.segment_id]
 
     def buffers(self) -> list[tuple[SegmentRecord, int]]:
         """Every buffer held (for validate())."""

@@ -220,6 +220,8 @@ class MasterState:
         #: (release_at, seq, segment, offset): buffers waiting to be freed. The record itself,
         #: not its id, so that a buffer of a dropped and remounted segment is never freed twice.
         self._deferred: list[tuple[float, int, SegmentRecord, int]] = []
+        #: While a PutStart runs: what comes free in each tier, for its NO_SPACE messages.
+        self._coming_free_by_tier: dict[Tier, str] | None = None
         #: command id -> (segment, offset, object, not before): targets of copies cancelled
         #: while their node may still be writing them; freed once it answers.
         self._parked: dict[int, tuple[SegmentRecord, int, ObjectRecord, float]] = {}
@@ -775,10 +777,14 @@ class MasterState:
         # (keys as the master holds them: behind their tenant's prefix)
         checked = plainly_valid(keys, STORED_KEY_BYTES)  # the common case, seen in one pass
         pools: dict[Tier, TierPool] = {}
-        slots = [
-            self._put_start_one(client_id, key, size, wanted, options, now, pools, checked)
-            for key, size in zip(keys, sizes, strict=True)
-        ]
+        self._coming_free_by_tier = {}
+        try:
+            slots = [
+                self._put_start_one(client_id, key, size, wanted, options, now, pools, checked)
+                for key, size in zip(keys, sizes, strict=True)
+            ]
+        finally:
+            self._coming_free_by_tier = None
         if client_id in self._reservations_of:
             self.clients[client_id] = now
         return slots
@@ -1642,9 +1648,21 @@ class MasterState:
             f"no segment{where} can hold {format_size(size)} ({size} bytes), even after evicting "
             f"what may be evicted: the largest free extent is {format_size(largest)} ({largest} "
             f"bytes); {format_size(free)} free of {format_size(capacity)} in "
-            f"{len(segments)} segments.{self._coming_free(segments)} Remove objects, add "
+            f"{len(segments)} segments.{self._coming_free_in(tier, segments)} Remove objects, add "
             "storage nodes, or store smaller objects."
         )
+
+    def _coming_free_in(self, tier: Tier, segments: list[SegmentRecord]) -> str:
+        """``_coming_free`` of a tier's segments, found once per PutStart: it walks every
+        buffer waiting, and a batch of keys that all find no space would walk them once per
+        key (a tenant's batch of refused keys held the master's loop for seconds)."""
+        cache = self._coming_free_by_tier
+        if cache is None:
+            return self._coming_free(segments)
+        found = cache.get(tier)
+        if found is None:
+            found = cache[tier] = self._coming_free(segments)
+        return found
 
     def _coming_free(self, segments: list[SegmentRecord]) -> str:
         """For a NO_SPACE message: the space of objects gone from ``segments`` that is not

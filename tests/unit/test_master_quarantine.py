@@ -110,3 +110,51 @@ def test_space_two_unanswered_forgets_name_stays_out_of_use_until_both_are_answe
     assert segment.allocator.allocate_at(0, 16 * KiB) is False, "still held by the second"
     quarantine.release(2)
     assert segment.allocator.allocate_at(0, 16 * KiB) is True, "both answered: back in use"
+
+
+def test_a_buffer_overlapping_any_held_range_is_kept_wherever_that_range_starts():
+    # (held ranges are found by start: a long one starting well before the buffer counts)
+    state = MasterState(MasterConfig(), clock=FakeClock())
+    state.mount_segment(segment_info("n1", 256 * KiB), [])
+    segment = state.segments[next(iter(state.segments))]
+    allocator = segment.allocator
+    quarantine = Quarantine()
+    for offset in (0, 96 * KiB, 112 * KiB, 128 * KiB):  # (in use: joins when freed)
+        assert allocator.allocate_at(offset, 16 * KiB)
+    quarantine.add(1, segment, [(0, 64 * KiB)])  # long, starting far before 48 KiB
+    quarantine.add(2, segment, [(i * KiB, (i + 4) * KiB) for i in range(64, 96, 4)])
+
+    assert quarantine.claim(segment, 0), "inside the long range"
+    assert not quarantine.claim(segment, 96 * KiB), "after every range"
+    quarantine.release(2)
+    assert allocator.allocate_at(64 * KiB, 32 * KiB), "the second's space came back whole"
+    assert not quarantine.claim(segment, 112 * KiB)
+    quarantine.release(1)
+    assert allocator.allocate_at(16 * KiB, 48 * KiB), "the free part of the first came back"
+    assert allocator.allocate_at(0, 16 * KiB), "and the buffer it kept"
+
+
+def test_releasing_many_forgets_of_many_objects_frees_every_buffer_once():
+    # (the audit's burst: Forgets of thousands of objects each, answered late; every buffer
+    # freed meanwhile asks the quarantine, and each release hands its buffers back)
+    state = MasterState(MasterConfig(), clock=FakeClock())
+    state.mount_segment(segment_info("n1", 64 << 20), [])
+    segment = state.segments[next(iter(state.segments))]
+    allocator = segment.allocator
+    quarantine = Quarantine()
+    size, count = 4 * KiB, 1024
+    for forget in range(4):
+        base = forget * count * size
+        for i in range(count):  # (half in use: they join the quarantine when freed)
+            if i % 2:
+                assert allocator.allocate_at(base + i * size, size)
+        quarantine.add(
+            forget, segment, [(base + i * size, base + (i + 1) * size) for i in range(count)]
+        )
+    for forget in range(4):
+        base = forget * count * size
+        assert all(quarantine.claim(segment, base + i * size) for i in range(1, count, 2))
+    for forget in range(4):
+        quarantine.release(forget)
+    assert len(quarantine) == 0 and quarantine.buffers() == []
+    assert allocator.free_extents() == [(0, 64 << 20)]

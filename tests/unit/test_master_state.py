@@ -316,6 +316,25 @@ def test_no_space_when_no_segment_can_hold_the_object_says_how_much_there_is():
     assert state.snapshot().reservations == 0
 
 
+def test_every_key_of_a_refused_batch_says_what_comes_free_found_once_per_batch(monkeypatch):
+    # (finding what comes free walks every buffer waiting: once per key, a tenant's batch of
+    # keys that cannot fit held the master's loop for seconds)
+    state, _ = new_state()
+    mount(state, "n1", 64 * KiB)
+    publish(state, "read", 48 * KiB)
+    assert get(state, "read", lease_ttl=10.0).status is KeyStatus.OK
+    assert remove(state, "read", force=True) is KeyStatus.OK  # its space waits for the lease
+    walks = []
+    walk = state._coming_free
+    monkeypatch.setattr(state, "_coming_free", lambda segments: walks.append(1) or walk(segments))
+
+    slots = state.put_start("c", [f"big{i}" for i in range(100)], [100 * KiB] * 100)
+
+    assert {slot.status for slot in slots} == {KeyStatus.NO_SPACE}
+    assert all("48.0 KiB more comes free" in slot.message for slot in slots)
+    assert len(walks) == 1
+
+
 def test_no_space_says_how_much_comes_free_once_readers_leases_on_removed_objects_end():
     state, clock = new_state()
     mount(state, "n1", 64 * KiB)
