@@ -8,12 +8,21 @@ which arrives first: a call without a token the cluster knows is refused here, i
 never read. (Where client certificates are required, TLS has checked the caller before any
 call; the handler still reads the identity the certificate names.)
 
+A call that passes is served as a client-streaming method, so that its request is read when
+the handler asks, with a deadline (``REQUEST_READ_TIMEOUT``: DEADLINE_EXCEEDED past it), and
+so that one identity's tenant has at most ``UNREAD_PER_TENANT`` calls whose request is still
+being read (RESOURCE_EXHAUSTED past it). Without both, a caller with a token could open calls
+and send their requests never whole: each holds what gRPC buffered of it, and a slot of the
+master's in-flight limit, for as long as the connection lives; a thousand such calls kept
+every other tenant's calls refused as the master's being saturated.
+
 A request that does not parse as its method's message is refused INVALID_ARGUMENT, saying so,
 where gRPC would answer UNKNOWN with the parser's exception.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -22,6 +31,12 @@ import grpc
 from kvpool.master.authenticator import Authenticator, bearer
 from kvpool.master.driver import CallRefused
 from kvpool.master.grpc_refusal import refuse, refusing_unread
+
+#: Seconds a call's request may take to arrive whole once the call is dispatched.
+REQUEST_READ_TIMEOUT = 10.0
+#: Calls of one tenant whose requests are still being read, at most (its clients' calls
+#: arrive whole at once: these are for many threads' calls arriving together).
+UNREAD_PER_TENANT = 64
 
 
 class Unparsed:
@@ -38,6 +53,8 @@ class RequestGuard(grpc.aio.ServerInterceptor):
         self.auth = auth
         #: Whether the token is checked here (with certificates required, TLS checked them).
         self.checks_tokens = not auth.insecure and not certificates_required
+        #: Tenant -> its calls dispatched whose request is not read yet (tenants with any).
+        self._unread: dict[str, int] = {}
 
     async def intercept_service(
         self,
@@ -56,16 +73,65 @@ class RequestGuard(grpc.aio.ServerInterceptor):
             )
         if handler.unary_unary is None:
             return handler
+        tenant = None
         if self.checks_tokens:
             try:
-                self.auth.from_token(bearer(handler_call_details.invocation_metadata or ()))
+                identity = self.auth.from_token(
+                    bearer(handler_call_details.invocation_metadata or ())
+                )
             except CallRefused as refused:
                 return refusing_unread(refused.code, refused.details, handler.response_serializer)
-        return grpc.unary_unary_rpc_method_handler(
-            _refusing_unparsed(handler.unary_unary, name),
+            tenant = identity.tenant
+            if self._unread.get(tenant, 0) >= UNREAD_PER_TENANT:
+                return refusing_unread(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"{name}: {UNREAD_PER_TENANT} calls of this tenant are still sending their "
+                    "requests: send each request whole, or retry with backoff",
+                    handler.response_serializer,
+                )
+            self._unread[tenant] = self._unread.get(tenant, 0) + 1
+        return grpc.stream_unary_rpc_method_handler(
+            self._read_in_time(_refusing_unparsed(handler.unary_unary, name), name, tenant),
             request_deserializer=_tolerant(handler.request_deserializer),
             response_serializer=handler.response_serializer,
         )
+
+    def _read_in_time(
+        self,
+        behavior: Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]],
+        name: str,
+        tenant: str | None,
+    ) -> Callable[[AsyncIterator[Any], grpc.aio.ServicerContext], Awaitable[Any]]:
+        """The unary ``behavior`` served as client-streaming: its one request read within
+        REQUEST_READ_TIMEOUT, counted among its tenant's unread calls until then."""
+
+        async def served(requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> Any:
+            try:
+                request = await asyncio.wait_for(anext(requests), REQUEST_READ_TIMEOUT)
+            except TimeoutError:
+                refuse(
+                    context,
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"{name}: the request did not arrive whole within "
+                    f"{REQUEST_READ_TIMEOUT:g} s of the call: send it at once",
+                )
+                return None
+            except StopAsyncIteration:
+                refuse(context, grpc.StatusCode.INVALID_ARGUMENT, f"{name}: no request came")
+                return None
+            finally:
+                if tenant is not None:
+                    self._read(tenant)
+            return await behavior(request, context)
+
+        return served
+
+    def _read(self, tenant: str) -> None:
+        left = self._unread[tenant] - 1
+        if left:
+            self._unread[tenant] = left
+        else:
+            del self._unread[tenant]
 
 
 def _tolerant(parse: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:

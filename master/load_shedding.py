@@ -44,15 +44,25 @@ class LoadShedder(grpc.aio.ServerInterceptor):
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
         method = handler_call_details.method
-        if handler is None or handler.unary_unary is None or method.endswith(EXEMPT_SUFFIX):
+        if handler is None or method.endswith(EXEMPT_SUFFIX):
+            return handler
+        # (a unary method comes as unary, or as client-streaming from the request guard,
+        # which reads its one request with a deadline: grpc_request_guard.py)
+        behavior = handler.unary_unary or handler.stream_unary
+        if behavior is None:
             return handler
         call_id = self.admit(method)
         if call_id is None:
             return refusing_unread(
                 grpc.StatusCode.RESOURCE_EXHAUSTED, self.refusal(), handler.response_serializer
             )
-        return grpc.unary_unary_rpc_method_handler(
-            self._counted(handler.unary_unary, call_id),
+        make = (
+            grpc.unary_unary_rpc_method_handler
+            if handler.unary_unary is not None
+            else grpc.stream_unary_rpc_method_handler
+        )
+        return make(
+            self._counted(behavior, call_id),
             request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer,
         )
