@@ -25,6 +25,7 @@ import contextlib
 import ctypes
 import errno
 import socket
+import threading
 import time
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
@@ -129,15 +130,46 @@ class Counters:
 
 
 class Activity:
-    """What the server weighs when it must make room for a new connection: since when it
-    has waited between requests (monotonic; None while it handles one), and whether a
-    transfer was ever admitted on it."""
+    """What the server weighs when it must make room for a new connection: when it opened
+    and since when it has waited between requests (monotonic; None while it handles one),
+    and whether a transfer was ever admitted on it.
 
-    __slots__ = ("admitted", "waiting_since")
+    A connection with no transfer ever admitted may be chosen to make room at any point of
+    a request, even midway through its header: nothing of a transfer runs on it, and a peer
+    without a capability that sent a byte of a header must not hold its place for the io
+    timeout (enough such connections would keep every new client out). ``admit`` and
+    ``evict`` decide under one lock which came first, so that a connection chosen to make
+    room admits no transfer, and one whose first transfer was admitted is not chosen
+    midway through it."""
+
+    __slots__ = ("_lock", "admitted", "evicted", "opened", "waiting_since")
 
     def __init__(self) -> None:
-        self.waiting_since: float | None = time.monotonic()
+        self.opened = time.monotonic()
+        self.waiting_since: float | None = self.opened
         self.admitted = False
+        self.evicted = False
+        self._lock = threading.Lock()
+
+    def admit(self) -> None:
+        """Marks the connection as one with a transfer: called once a request's capability
+        checked out, before the seals admit its first transfer (a peer needs a capability
+        to get here). Raises ``Closed`` if the server chose the connection to make room
+        already (it is being shut down): no transfer starts on it."""
+        with self._lock:
+            if self.evicted:
+                raise Closed
+            self.admitted = True
+
+    def evict(self) -> bool:
+        """Chooses the connection to make room for a new one (its thread is then shut down):
+        False, leaving it be, where it handles a request and a transfer was admitted on it
+        (a transfer may be under way: never cut off for a new connection)."""
+        with self._lock:
+            if self.admitted and self.waiting_since is None:
+                return False
+            self.evicted = True
+            return True
 
 
 class CheckedConnection:
@@ -230,6 +262,7 @@ class CheckedConnection:
         on_disk, buffer_at, memmove = self._on_disk.get, self._buffer_at, ctypes.memmove
         connection, parts, reads = self._connection, self._parts, self._reads
         longest_ms, end, size = self._longest_ms, self._end, _REQUEST_SIZE
+        activity = self.activity
         start = self._start
         while end - start >= size:
             magic, version, op, reserved, request_id, capability, offset, length = _unpack_request(
@@ -251,14 +284,12 @@ class CheckedConnection:
                 break
             digest, grant_offset, expiry_ms, grant_id = checked
             segment = segment_of(digest)
-            if (
-                segment is None
-                or offset + length > segment.size
-                or expiry_ms > now_ms + longest_ms
-                or not seals.admit(digest, grant_offset, grant_id, write, connection)
-            ):
+            if segment is None or offset + length > segment.size or expiry_ms > now_ms + longest_ms:
                 break  # (_handle checks it again, and says why it is refused)
-            self.activity.admitted = True
+            if not activity.admitted:
+                activity.admit()
+            if not seals.admit(digest, grant_offset, grant_id, write, connection):
+                break
             ends_at = (expiry_ms + skew_ms) / 1000.0
             memory = memories.get(digest) or self._segment_memory(digest, segment)
             if write:
@@ -324,11 +355,12 @@ class CheckedConnection:
             self._refused(request_id, write, length, frames.Status.EXPIRED, why)
             return
         connection = self._connection
+        if not self.activity.admitted:
+            self.activity.admit()
         if not self._seals.admit(digest, grant_offset, grant_id, write, connection):
             why = "its object was recorded: no more writes" if write else "its object is gone"
             self._refused(request_id, write, length, frames.Status.SEALED, why)
             return
-        self.activity.admitted = True
         ends_at = (expiry_ms + keys.max_skew_ms) / 1000.0
         if not write:  # (small ones are gathered: the common case is _handle_buffered's)
             self._read(

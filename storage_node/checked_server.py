@@ -28,11 +28,12 @@ header is answered and the connection closed. Every wait has a deadline (an idle
 is closed after ``idle_timeout``, a stalled transfer, or a request begun and not finished,
 after ``io_timeout``), connections are bounded (``max_connections``), and nothing a peer
 sends stops the listener. A peer cannot keep others out by holding every connection: when
-all are taken, a new one takes the place of the one waiting between requests the longest
-(one on which no transfer was ever admitted first, such as a peer without a valid
-capability), if it has waited ``EVICTABLE_IDLE`` at least; else the new one is closed. A
-transfer under way is never cut off for a new connection. Threads with blocking
-sockets: the copies release the GIL.
+all are taken, a new one takes the place of one on which no transfer was ever admitted
+(such as a peer's without a valid capability), waiting or midway through a header, open
+``EVICTABLE_IDLE`` at least; else of the one waiting between requests the longest (as
+long at least); else of the oldest with no transfer admitted, however new (``_victim``
+says why); else the new one is closed. A transfer under way is never cut off for a new
+connection. Threads with blocking sockets: the copies release the GIL.
 """
 
 from __future__ import annotations
@@ -64,8 +65,12 @@ log = get_logger("kvpool.node.checked")
 LINGER_S = 1.0
 #: Connections that failed for a reason no peer should cause, logged at a bounded rate.
 FAILURE_LOGS = LogThrottle(burst=10, interval=60.0)
-#: Seconds a connection must have been idle before a new one may take its place.
+#: Seconds a connection must have been idle (or open, if no transfer was ever admitted on
+#: it) before a new one takes its place in preference to any other (``_victim``).
 EVICTABLE_IDLE = 0.5
+#: Connections open at once, at most (``max_connections``): each holds a thread and a
+#: buffer of its own; when all are taken a new one replaces one of them (``_victim``).
+MAX_CONNECTIONS = 256
 
 REQUESTS = Counter(
     "kvpool_node_checked_requests_total",
@@ -102,7 +107,7 @@ class CheckedServer:
         *,
         host: str = "0.0.0.0",
         port: int = 0,
-        max_connections: int = 256,
+        max_connections: int = MAX_CONNECTIONS,
         idle_timeout: float = 120.0,
         io_timeout: float = 10.0,
         clock: Callable[[], float] = time.time,
@@ -198,16 +203,33 @@ class CheckedServer:
                 time.sleep(0.1)
 
     def _victim(self) -> socket.socket | None:
-        """The connection a new one replaces when all are taken (callers hold the lock):
-        the one waiting between requests longest (EVICTABLE_IDLE at least) among those on
-        which no transfer was ever admitted, else among all; None when there is none."""
+        """The connection a new one replaces when all are taken (callers hold the lock), the
+        first of: one on which no transfer was ever admitted, open EVICTABLE_IDLE at least,
+        whatever it is doing (waiting, or midway through a header: a peer without a
+        capability that sends a byte of a header and no more must not keep its place for
+        the io timeout); the one waiting between requests the longest (EVICTABLE_IDLE at
+        least); one on which no transfer was ever admitted, however new. Each kind the one
+        open (or waiting) longest first. The last kind is for a peer that reconnects as fast
+        as it can: turned away whenever none of its connections had aged, a new client would
+        get in only when first to a place as one aged; replacing the oldest instead, a new
+        connection stays until every one opened before it has been replaced, which takes the
+        peer as many connections as there are places within the client's first request.
+        None when there is none: a connection with a transfer admitted is never chosen while
+        it handles a request (``Activity.evict``), so a transfer under way is never cut off
+        for a new connection."""
         latest = time.monotonic() - EVICTABLE_IDLE
-        idle = {
-            connection: (activity.admitted, since)
-            for connection, activity in self._connections.items()
-            if (since := activity.waiting_since) is not None and since <= latest
-        }
-        return min(idle, key=idle.__getitem__) if idle else None
+        candidates = []
+        for connection, activity in self._connections.items():
+            if not activity.admitted:
+                rank = 0 if activity.opened <= latest else 2
+                candidates.append((rank, activity.opened, connection, activity))
+            elif (since := activity.waiting_since) is not None and since <= latest:
+                candidates.append((1, since, connection, activity))
+        candidates.sort(key=lambda candidate: candidate[:2])
+        for _, _, connection, activity in candidates:
+            if activity.evict():  # (else its first transfer was admitted just now)
+                return connection
+        return None
 
     def _serve(self, connection: socket.socket, activity: Activity) -> None:
         try:

@@ -11,10 +11,12 @@ back through a legitimate get), and the node serves on.
 from __future__ import annotations
 
 import os
+import selectors
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,6 +27,7 @@ from helpers import wait_until
 from kvpool import Client
 from kvpool.local_cluster import LocalCluster
 from kvpool.proto import master_pb2 as pb
+from kvpool.storage_node.checked_server import MAX_CONNECTIONS
 from kvpool.transport import checked_frames as frames
 
 WRITE_TIMEOUT_S = 1.0
@@ -383,6 +386,96 @@ def test_crafted_frames_are_refused_or_dropped_and_the_node_serves_on(client, fr
         assert answer == b"", "half a header: the end of stream, unanswered"
     assert client.get(key) == data
     assert_node_serves(client)
+
+
+# ---- a peer that holds the node's connections
+
+
+class Squatters:
+    """A peer without a capability that holds every connection the node takes, and more:
+    ``count`` connections that each sent one byte of a request header and nothing after it,
+    each one the node closes opened again at once (one thread, as fast as it can)."""
+
+    def __init__(self, address: str, count: int) -> None:
+        host, _, port = address.rpartition(":")
+        self.address = (host, int(port))
+        self.count = count
+        self.reopened = 0
+        self._selector = selectors.DefaultSelector()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._hold, daemon=True)
+
+    def __enter__(self) -> Squatters:
+        for _ in range(self.count):
+            self._open()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        for key in list(self._selector.get_map().values()):
+            key.data.close()
+        self._selector.close()
+
+    def _open(self) -> None:
+        try:
+            connection = socket.create_connection(self.address, timeout=2)
+            connection.sendall(frames.REQUEST_MAGIC[:1])
+        except OSError:
+            return  # (the listener's backlog is full: the next round tries again)
+        connection.setblocking(False)
+        self._selector.register(connection, selectors.EVENT_READ, connection)
+
+    def _hold(self) -> None:
+        while not self._stop.is_set():
+            for key, _ in self._selector.select(0.05):
+                connection = key.data
+                try:
+                    if connection.recv(4096):
+                        continue  # (an answer? none is due: half a header)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    pass
+                self._selector.unregister(connection)
+                connection.close()
+            while len(self._selector.get_map()) < self.count and not self._stop.is_set():
+                self._open()
+                self.reopened += 1
+
+
+def test_connections_each_with_part_of_a_header_keep_no_new_client_out(cluster, client):
+    """A peer that only connects, every connection the node takes (and more) each with a
+    byte of a request header, reopened as soon as the node closes one, does not keep out a
+    client that connects after it: a connection on which no transfer was ever admitted
+    gives its place to a new one, midway through a header too, and a new client's first
+    request is admitted before the peer has replaced every connection opened before it.
+    (A connection midway through a header was taken as one handling a request, never to be
+    replaced: such a peer turned away 462 of 463 new clients' gets.)"""
+    key = unique("squatted")
+    data = os.urandom(4096)
+    client.put(key, data)
+    _, segment = locate(client, key)
+    with Squatters(segment.checked_address, MAX_CONNECTIONS + 16) as squatters:
+        time.sleep(1.0)  # (every place taken, each older than EVICTABLE_IDLE)
+        for round_ in range(3):
+            started = time.monotonic()
+            # (within a timeout shorter than the node's io timeout: no waiting the peer out)
+            with Client(
+                cluster.master_address,
+                timeout=5,
+                same_host_mapping=False,
+                **cluster.client_credentials("default"),
+            ) as newcomer:
+                assert newcomer.get(key) == data
+                newcomer.put(f"{key}-{round_}", data)
+                assert newcomer.get(f"{key}-{round_}") == data
+            assert time.monotonic() - started < 5
+        assert squatters.reopened > 0, "the peer was at it all along"
+    assert_node_serves(client)
+    for name in (key, *(f"{key}-{round_}" for round_ in range(3))):
+        client.remove(name, force=True)
 
 
 # ---- a paused writer

@@ -24,6 +24,7 @@ from helpers import closed_within, wait_until
 
 from kvpool.common.status import Tier
 from kvpool.security import capabilities as caps
+from kvpool.storage_node.checked_connection import Activity, Closed
 from kvpool.storage_node.checked_seals import SEAL_LIFE, Seals
 from kvpool.storage_node.checked_server import CheckedServer, NodeKeys
 from kvpool.storage_node.direct_writes import DirectWriter
@@ -629,6 +630,25 @@ def test_a_transfer_under_way_is_never_cut_off_for_a_new_connection():
         with socket.create_connection(("127.0.0.1", server.port), timeout=5) as late:
             assert closed_within(late, 2.0), "the new one is turned away"
         assert server.seals.busy(SEGMENT), "the read goes on"
+
+
+def test_a_connection_replaced_midway_starts_no_transfer_and_one_handling_a_transfer_stays():
+    """A connection on which no transfer was ever admitted may be replaced at any point of a
+    request (a peer without a capability that sent part of a header must not keep its
+    place). Its first transfer's admission and the choice to replace it are made under one
+    lock: replaced first, it admits no transfer; admitted first, it is not replaced while it
+    handles the request, only once it waits between requests again."""
+    replaced = Activity()
+    replaced.waiting_since = None  # (midway through a header)
+    assert replaced.evict()
+    with pytest.raises(Closed):
+        replaced.admit()
+    busy = Activity()
+    busy.waiting_since = None
+    busy.admit()
+    assert not busy.evict(), "a transfer may be under way"
+    busy.waiting_since = time.monotonic()
+    assert busy.evict()
 
 
 def test_a_read_the_disk_fails_is_answered_disk_error_and_the_connection_serves_on(nvme_server):
