@@ -6,16 +6,19 @@ import argparse
 import asyncio
 import dataclasses
 import os
+import resource
 import socket
 import time
 from pathlib import Path
 
 import grpc
 
+from kvpool.common import grpc_tuning
 from kvpool.common import lane_protocol as lp
 from kvpool.common.aio import pause
 from kvpool.common.cli_numbers import integer, port, real, seconds, size
 from kvpool.common.gc_tuning import tune_for_server
+from kvpool.common.http_server import MAX_CONNECTIONS as HTTP_MAX_CONNECTIONS
 from kvpool.common.http_server import HealthServer
 from kvpool.common.limits import GRPC_SERVER_MESSAGE_OPTIONS
 from kvpool.common.logging import LOG_FORMATS, configure_logging, get_logger
@@ -36,6 +39,7 @@ from kvpool.master.driver import CoreDriver
 from kvpool.master.election import DEFAULT_TTL, AlwaysLeader, Election
 from kvpool.master.grpc_request_guard import RequestGuard
 from kvpool.master.handlers import MasterHandlers
+from kvpool.master.lane_server import MAX_CONNECTIONS as LANE_MAX_CONNECTIONS
 from kvpool.master.lane_server import REQUEST_MEMORY, LaneServer
 from kvpool.master.leader_gate import LeaderGate
 from kvpool.master.load_shedding import LoadShedder
@@ -317,6 +321,7 @@ def run(args: argparse.Namespace) -> int:
         keys = _capability_keys(args, config) if security.secure else None
         if keys is not None:
             config = dataclasses.replace(config, capability_skew=keys.max_skew_ms / 1000.0)
+        connection_options = grpc_connection_options(args)
     except ValueError as error:
         log.error("bad configuration", error=str(error))
         return 2
@@ -327,7 +332,7 @@ def run(args: argparse.Namespace) -> int:
             host=args.host,
         )
     try:
-        asyncio.run(serve(args, config, security, quotas, keys))
+        asyncio.run(serve(args, config, security, quotas, keys, connection_options))
     except (CannotListen, TombstoneFileError) as error:
         log.error("cannot start", error=str(error))
         return 2
@@ -336,6 +341,33 @@ def run(args: argparse.Namespace) -> int:
 
 class CannotListen(Exception):
     """A port this master was told to serve on is taken (or not ours to bind)."""
+
+
+def grpc_connection_options(args: argparse.Namespace) -> list[tuple[str, int]]:
+    """The gRPC server's bounds on its connections (grpc_tuning.server_connection_options),
+    its cap counting what this master's lane and HTTP side door may hold, as they are
+    descriptors too; logged, with a warning where the descriptor limit is too low for all
+    of them (their caps are then worth less: raise it). ValueError for an override that is
+    not a number."""
+    others = (LANE_MAX_CONNECTIONS if args.lane_port >= 0 else 0) + HTTP_MAX_CONNECTIONS
+    options = grpc_tuning.server_connection_options(others)
+    named = dict(options)
+    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    needed = others + grpc_tuning.RESERVED_DESCRIPTORS + grpc_tuning.MIN_CONNECTIONS
+    if limit != resource.RLIM_INFINITY and limit < needed:
+        log.warning(
+            "the descriptor limit is lower than the master's connection caps need: raise it "
+            "(ulimit -n, LimitNOFILE=, the container's nofile)",
+            limit=limit,
+            needed=needed,
+        )
+    log.info(
+        "gRPC connections bounded",
+        max_connections=named["grpc.max_allowed_incoming_connections"],
+        handshake_timeout_ms=named["grpc.server_handshake_timeout_ms"],
+        idle_ms=named["grpc.max_connection_idle_ms"],
+    )
+    return options
 
 
 def _cannot_listen(what: str, host: str, port: int, flag: str, error: object) -> CannotListen:
@@ -351,7 +383,12 @@ async def serve(
     security: MasterSecurity,
     quotas: QuotaFile | None = None,
     keys: MasterKeys | None = None,
+    connection_options: list[tuple[str, int]] | None = None,
 ) -> None:
+    """``connection_options``: the gRPC server's bounds on its connections
+    (``grpc_connection_options``, as ``run`` read them)."""
+    if connection_options is None:
+        connection_options = grpc_connection_options(args)
     stop = stop_event_on_signals(asyncio.get_running_loop())
     leadership: Election | AlwaysLeader
     if args.etcd:
@@ -398,6 +435,9 @@ async def serve(
             # a node's command stream among them, within about 40 s
             ("grpc.keepalive_time_ms", 30_000),
             ("grpc.keepalive_timeout_ms", 10_000),
+            # a peer without a token must not hold connections until the master runs out of
+            # descriptors: a cap, and a deadline on handshakes and on connections left idle
+            *connection_options,
         ],
         # The shedder is outermost: it counts a call only once the others let it through
         # (their refusals never reach a handler that would release it).
