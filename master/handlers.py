@@ -114,11 +114,10 @@ class MasterHandlers:
         self.same_host = SameHostPolicy()
         #: node id -> (when, its drain progress then) for heartbeats' answers.
         self._drain_progresses: dict[str, tuple[float, DrainProgress | None]] = {}
-        #: The second Story calls are counted in (monotonic), and the time they took in it.
+        #: The second Story calls are counted in (monotonic).
         self._story_window = 0.0
-        self._story_spent = 0.0
         #: What each tenant's Story calls took of this second (as many entries as tenants
-        #: called in it: tenants are the credential store's).
+        #: called in it: tenants are the credential store's); their sum is all callers'.
         self._story_spent_by: dict[str, float] = {}
         #: Each tenant's calls not yet answered, held to its ``inflight`` quota.
         self.inflight = InflightLimiter()
@@ -591,12 +590,13 @@ class MasterHandlers:
         # each tenant's STORY_SHARE of it, so that one tenant's cannot refuse everyone's)
         now = time.monotonic()
         if now - self._story_window >= 1.0:
-            self._story_window, self._story_spent = now, 0.0
+            self._story_window = now
             self._story_spent_by.clear()
         tenant = identity.tenant
+        spent_by = self._story_spent_by
         if (
-            self._story_spent >= STORY_BUDGET
-            or self._story_spent_by.get(tenant, 0.0) >= STORY_BUDGET * STORY_SHARE
+            sum(spent_by.values()) >= STORY_BUDGET
+            or spent_by.get(tenant, 0.0) >= STORY_BUDGET * STORY_SHARE
         ):
             raise CallRefused(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -607,9 +607,7 @@ class MasterHandlers:
         try:
             return story_response(self.core.state, key_prefix(identity) + request.key)
         finally:
-            spent = time.perf_counter() - started
-            self._story_spent += spent
-            self._story_spent_by[tenant] = self._story_spent_by.get(tenant, 0.0) + spent
+            spent_by[tenant] = spent_by.get(tenant, 0.0) + time.perf_counter() - started
 
     # ---- helpers
 
