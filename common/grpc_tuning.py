@@ -115,11 +115,19 @@ def server_connection_options(other_connections: int) -> list[tuple[str, int]]:
 
 
 def connection_cap(other_connections: int) -> int:
-    """MAX_CONNECTIONS, or fewer where the descriptor limit (the soft RLIMIT_NOFILE, as the
-    master starts) leaves less once ``other_connections`` and RESERVED_DESCRIPTORS are
-    counted; MIN_CONNECTIONS at the least."""
+    """MAX_CONNECTIONS, or fewer where the descriptor limit leaves less (``descriptor_room``);
+    MIN_CONNECTIONS at the least."""
+    room = descriptor_room(other_connections)
+    if room is None:
+        return MAX_CONNECTIONS
+    return max(MIN_CONNECTIONS, min(MAX_CONNECTIONS, room))
+
+
+def descriptor_room(other_connections: int) -> int | None:
+    """The descriptors the limit (the soft RLIMIT_NOFILE, as the master starts) leaves for
+    gRPC's connections once ``other_connections`` and RESERVED_DESCRIPTORS are counted;
+    None where there is no limit."""
     limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     if limit == resource.RLIM_INFINITY:
-        return MAX_CONNECTIONS
-    room = limit - other_connections - RESERVED_DESCRIPTORS
-    return max(MIN_CONNECTIONS, min(MAX_CONNECTIONS, room))
+        return None
+    return limit - other_connections - RESERVED_DESCRIPTORS

@@ -332,7 +332,9 @@ def run(args: argparse.Namespace) -> int:
             host=args.host,
         )
     try:
-        asyncio.run(serve(args, config, security, quotas, keys, connection_options))
+        asyncio.run(
+            serve(args, config, security, quotas, keys, connection_options=connection_options)
+        )
     except (CannotListen, TombstoneFileError) as error:
         log.error("cannot start", error=str(error))
         return 2
@@ -352,14 +354,13 @@ def grpc_connection_options(args: argparse.Namespace) -> list[tuple[str, int]]:
     others = (LANE_MAX_CONNECTIONS if args.lane_port >= 0 else 0) + HTTP_MAX_CONNECTIONS
     options = grpc_tuning.server_connection_options(others)
     named = dict(options)
-    limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    needed = others + grpc_tuning.RESERVED_DESCRIPTORS + grpc_tuning.MIN_CONNECTIONS
-    if limit != resource.RLIM_INFINITY and limit < needed:
+    room = grpc_tuning.descriptor_room(others)
+    if room is not None and room < grpc_tuning.MIN_CONNECTIONS:
         log.warning(
             "the descriptor limit is lower than the master's connection caps need: raise it "
             "(ulimit -n, LimitNOFILE=, the container's nofile)",
-            limit=limit,
-            needed=needed,
+            limit=resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+            needed=others + grpc_tuning.RESERVED_DESCRIPTORS + grpc_tuning.MIN_CONNECTIONS,
         )
     log.info(
         "gRPC connections bounded",
@@ -383,12 +384,11 @@ async def serve(
     security: MasterSecurity,
     quotas: QuotaFile | None = None,
     keys: MasterKeys | None = None,
-    connection_options: list[tuple[str, int]] | None = None,
+    *,
+    connection_options: list[tuple[str, int]],
 ) -> None:
     """``connection_options``: the gRPC server's bounds on its connections
     (``grpc_connection_options``, as ``run`` read them)."""
-    if connection_options is None:
-        connection_options = grpc_connection_options(args)
     stop = stop_event_on_signals(asyncio.get_running_loop())
     leadership: Election | AlwaysLeader
     if args.etcd:
