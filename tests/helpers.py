@@ -159,3 +159,30 @@ def ucx_worker_address() -> bytes:
         context = ucp.Context({"TLS": "tcp,cma"})
         _live_workers.extend([context, ucp.Worker(context)])
     return _live_workers[1].address
+
+
+def survives_a_stopped_master(
+    cluster: Any, script: Any, env: dict[str, str], cwd: Any = None
+) -> None:
+    """Runs ``script`` (given the master's address) in a process of its own while the master
+    is stopped (every call of the script then fails as a whole), and asserts the process
+    lived: exit 0, ``survived`` printed, no ``BufferError`` (the collector's, before a
+    segfault). A crash ends that process only, and fails the calling test."""
+    import signal
+
+    cluster.master.signal(signal.SIGSTOP)
+    try:
+        child = subprocess.run(
+            [sys.executable, "-X", "faulthandler", str(script), cluster.master_address],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            cwd=cwd,
+            env=env,
+        )
+    finally:
+        cluster.master.signal(signal.SIGCONT)
+    output = child.stdout + child.stderr[-6000:]
+    assert child.returncode == 0, f"{script.name} ended with {child.returncode}:\n{output}"
+    assert "survived" in child.stdout, output
+    assert "BufferError" not in child.stderr, output

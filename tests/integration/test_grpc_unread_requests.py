@@ -14,9 +14,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import grpc
 import pytest
+from helpers import bearer
 
 from kvpool.local_cluster import LocalCluster
 from kvpool.master.grpc_request_guard import REQUEST_READ_TIMEOUT, UNREAD_PER_TENANT
@@ -39,7 +41,18 @@ def channel(cluster: LocalCluster) -> grpc.aio.Channel:
 
 
 def token_of(cluster: LocalCluster, tenant: str) -> tuple[tuple[str, str], ...]:
-    return (("authorization", f"Bearer {cluster.tenant_tokens[tenant]}"),)
+    return bearer(cluster.tenant_tokens[tenant])
+
+
+def exists(ch: grpc.aio.Channel, streaming: bool = False) -> Any:
+    """Exists on ``ch``, called as gRPC's unary call, or as a client stream (``streaming``:
+    its request sent as the caller's iterator yields it)."""
+    make = ch.stream_unary if streaming else ch.unary_unary
+    return make(
+        EXISTS,
+        request_serializer=pb.ExistsRequest.SerializeToString,
+        response_deserializer=pb.ExistsResponse.FromString,
+    )
 
 
 async def never_sent() -> AsyncIterator[pb.ExistsRequest]:
@@ -51,11 +64,7 @@ async def never_sent() -> AsyncIterator[pb.ExistsRequest]:
 def test_a_call_whose_request_never_arrives_ends_within_the_read_timeout(cluster):
     async def run() -> tuple[grpc.StatusCode, float]:
         async with channel(cluster) as ch:
-            call = ch.stream_unary(
-                EXISTS,
-                request_serializer=pb.ExistsRequest.SerializeToString,
-                response_deserializer=pb.ExistsResponse.FromString,
-            )
+            call = exists(ch, streaming=True)
             started = time.monotonic()
             with pytest.raises(grpc.aio.AioRpcError) as ended:
                 await call(
@@ -71,11 +80,7 @@ def test_a_call_whose_request_never_arrives_ends_within_the_read_timeout(cluster
 def test_one_tenant_s_unsent_requests_leave_other_tenants_served(cluster):
     async def run() -> tuple[grpc.StatusCode, pb.ExistsResponse]:
         async with channel(cluster) as ch:
-            call = ch.stream_unary(
-                EXISTS,
-                request_serializer=pb.ExistsRequest.SerializeToString,
-                response_deserializer=pb.ExistsResponse.FromString,
-            )
+            call = exists(ch, streaming=True)
             held = [
                 asyncio.ensure_future(call(never_sent(), metadata=token_of(cluster, "a")))
                 for _ in range(UNREAD_PER_TENANT)
@@ -83,16 +88,12 @@ def test_one_tenant_s_unsent_requests_leave_other_tenants_served(cluster):
             await asyncio.sleep(1.0)  # (every one dispatched, its request awaited)
             try:
                 with pytest.raises(grpc.aio.AioRpcError) as refused:
-                    await ch.unary_unary(
-                        EXISTS,
-                        request_serializer=pb.ExistsRequest.SerializeToString,
-                        response_deserializer=pb.ExistsResponse.FromString,
-                    )(pb.ExistsRequest(keys=["k"]), metadata=token_of(cluster, "a"), timeout=5)
-                other = await ch.unary_unary(
-                    EXISTS,
-                    request_serializer=pb.ExistsRequest.SerializeToString,
-                    response_deserializer=pb.ExistsResponse.FromString,
-                )(pb.ExistsRequest(keys=["k"]), metadata=token_of(cluster, "b"), timeout=5)
+                    await exists(ch)(
+                        pb.ExistsRequest(keys=["k"]), metadata=token_of(cluster, "a"), timeout=5
+                    )
+                other = await exists(ch)(
+                    pb.ExistsRequest(keys=["k"]), metadata=token_of(cluster, "b"), timeout=5
+                )
             finally:
                 for call_held in held:
                     call_held.cancel()

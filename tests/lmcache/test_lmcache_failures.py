@@ -7,15 +7,13 @@ are queued, and batches failing as a whole never crash the process that runs the
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import wait_until
+from helpers import survives_a_stopped_master, wait_until
 from lmcache_support import bits, load, object_keys, store, wait_fd
 
 from kvpool.client.master_link import MasterLink
@@ -219,21 +217,8 @@ def test_batches_failing_as_a_whole_leave_nothing_that_crashes_the_garbage_colle
     # that CPython's collector cannot clear ("memoryview has 1 exported buffer", then a
     # segfault). The adapter runs in a child process, so a crash fails this test only.
     cluster = cluster_factory(1, "64MiB")
-    cluster.master.signal(signal.SIGSTOP)  # every store and load now fails as a whole
-    try:
-        child = subprocess.run(
-            [sys.executable, "-X", "faulthandler", str(CHILD), cluster.master_address],
-            capture_output=True,
-            text=True,
-            timeout=180,
-            env={**lmcache_env, "PYTHONPATH": f"{HERE}:{HERE.parent}"},
-        )
-    finally:
-        cluster.master.signal(signal.SIGCONT)
-    output = child.stdout + child.stderr[-6000:]
-    assert child.returncode == 0, f"the adapter's process ended with {child.returncode}:\n{output}"
-    assert "survived" in child.stdout, output
-    assert "BufferError" not in child.stderr, output
+    env = {**lmcache_env, "PYTHONPATH": f"{HERE}:{HERE.parent}"}
+    survives_a_stopped_master(cluster, CHILD, env)
 
 
 def test_queued_stores_fail_by_their_deadline_from_submission_under_a_stalled_master(

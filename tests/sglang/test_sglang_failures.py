@@ -5,15 +5,12 @@ that stalls: calls failing as a whole never crash the engine's process."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import torch
-from helpers import wait_until
+from helpers import survives_a_stopped_master, wait_until
 from sglang_support import attach, hashes, storage_config
 
 from bench.sglang_host_pool import MHAHostPool, page_indices
@@ -109,20 +106,6 @@ def test_calls_failing_as_a_whole_leave_nothing_that_crashes_the_garbage_collect
     # ("memoryview has 1 exported buffer", then a segfault). The backend runs in a child
     # process, so a crash fails this test only.
     cluster = cluster_factory(1, "64MiB")
-    cluster.master.signal(signal.SIGSTOP)  # every store and load now fails as a whole
     root = HERE.parents[1]
-    try:
-        child = subprocess.run(
-            [sys.executable, "-X", "faulthandler", str(CHILD), cluster.master_address],
-            capture_output=True,
-            text=True,
-            timeout=180,
-            cwd=root,
-            env={**os.environ, "PYTHONPATH": f"{HERE}:{root}", "TMPDIR": str(tmp_path)},
-        )
-    finally:
-        cluster.master.signal(signal.SIGCONT)
-    output = child.stdout + child.stderr[-6000:]
-    assert child.returncode == 0, f"the backend's process ended with {child.returncode}:\n{output}"
-    assert "survived" in child.stdout, output
-    assert "BufferError" not in child.stderr, output
+    env = {**os.environ, "PYTHONPATH": f"{HERE}:{root}", "TMPDIR": str(tmp_path)}
+    survives_a_stopped_master(cluster, CHILD, env, cwd=root)
