@@ -69,8 +69,8 @@ class Quarantine:
         """Holds ``ranges`` of ``segment`` out of use until ``release(token)``; takes what is
         free in them now."""
         held = self._held[token] = _Held(segment, ranges)
-        index = self._by_segment.get(segment.segment_id)
-        if index is None or index.segment is not segment:
+        index = self._ranges_of(segment)
+        if index is None:
             index = self._by_segment[segment.segment_id] = _SegmentRanges(segment)
         for start, end in ranges:
             index.ranges.add((start, end, token))
@@ -93,8 +93,8 @@ class Quarantine:
     def claim(self, segment: SegmentRecord, offset: int) -> bool:
         """A buffer of ``segment`` at ``offset`` is being freed: True when the quarantine
         keeps it (it overlaps a held range) instead."""
-        index = self._by_segment.get(segment.segment_id)
-        if index is None or index.segment is not segment:
+        index = self._ranges_of(segment)
+        if index is None:
             return False
         token = index.overlapping(offset, offset + segment.allocator.size_of(offset))
         if token is None:
@@ -110,8 +110,8 @@ class Quarantine:
         if held is None:
             return
         segment = held.segment
-        index = self._by_segment.get(segment.segment_id)
-        if index is not None and index.segment is segment:
+        index = self._ranges_of(segment)
+        if index is not None:
             for start, end in held.ranges:
                 index.ranges.discard((start, end, token))
             if not index.ranges:
@@ -125,9 +125,13 @@ class Quarantine:
         back, reports what it holds, and the master adopts it or has it dropped)."""
         for token in [t for t, held in self._held.items() if held.segment is segment]:
             del self._held[token]
-        index = self._by_segment.get(segment.segment_id)
-        if index is not None and index.segment is segment:
+        if self._ranges_of(segment) is not None:
             del self._by_segment[segment.segment_id]
+
+    def _ranges_of(self, segment: SegmentRecord) -> _SegmentRanges | None:
+        """The ranges held in ``segment`` (not in an earlier record of its id), if any."""
+        index = self._by_segment.get(segment.segment_id)
+        return index if index is not None and index.segment is segment else None
 
     def buffers(self) -> list[tuple[SegmentRecord, int]]:
         """Every buffer held (for validate())."""
