@@ -38,12 +38,14 @@ from kvpool.client.types import (
     PrefixRemoval,
     RegisteredRegion,
     StoryEvent,
+    add_removals,
     cluster_status,
     key_page,
     object_info,
     prefix_removal,
     story_event,
 )
+from kvpool.common import lane_protocol as lp
 from kvpool.common.keys import key_problem, plainly_valid, shown_key
 from kvpool.common.logging import get_logger
 from kvpool.common.master_address import parse_master
@@ -393,8 +395,16 @@ class Client:
         pieces: Mapping[int, Sequence[tuple[int, int]]] | None = None,
     ) -> list[Any]:
         """Reserves, writes and commits ``pairs[i]`` for each i of ``sources`` (its bytes,
-        or with ``pieces`` the buffers they gather); fills ``results`` and returns it."""
+        or with ``pieces`` the buffers they gather); fills ``results`` and returns it. A
+        batch larger than one master call takes goes in parts of that size, each reserved,
+        written and committed before the next is reserved (a reservation is to be written
+        within the master's write window, which a whole large batch could outlast)."""
         order = list(sources)
+        if len(order) > lp.MAX_BATCH_KEYS:
+            for start in range(0, len(order), lp.MAX_BATCH_KEYS):
+                part = {i: sources[i] for i in order[start : start + lp.MAX_BATCH_KEYS]}
+                self._store(pairs, part, results, options, deadline, pieces)
+            return results
         keys = [pairs[i][0] for i in order]
         sizes = [sources[i][1] for i in order]
         puts = []
@@ -583,15 +593,27 @@ class Client:
         """Removes every object whose key starts with ``prefix``; says what was kept and why."""
         if not arguments.text("prefix", prefix):
             raise InvalidArgument("an empty prefix would remove everything: use remove_all()")
-        force = arguments.flag("force", force)
-        request = pb.RemovePrefixRequest(prefix=prefix, force=force)
-        return prefix_removal(self._call("RemovePrefix", request))
+        return self._remove_pages(prefix, arguments.flag("force", force))
 
     def remove_all(self, *, force: bool = False) -> PrefixRemoval:
         """Removes every object (leased ones and those being written only with ``force``)."""
-        force = arguments.flag("force", force)
-        request = pb.RemovePrefixRequest(prefix="", force=force)
-        return prefix_removal(self._call("RemovePrefix", request))
+        return self._remove_pages("", arguments.flag("force", force))
+
+    def _remove_pages(self, prefix: str, force: bool) -> PrefixRemoval:
+        """RemovePrefix page after page (the master removes a bounded number of objects per
+        call, so that one removal never holds it long), each page with its own deadline;
+        the pages' counts added up. Objects put meanwhile under a page already passed stay."""
+        total = PrefixRemoval(0, 0, 0)
+        start_after = ""
+        while True:
+            request = pb.RemovePrefixRequest(prefix=prefix, force=force, start_after=start_after)
+            page = self._call("RemovePrefix", request)
+            total = add_removals(total, prefix_removal(page))
+            following = page.next_start_after
+            # (a cursor that does not move on would be a broken master: stop, not loop)
+            if not following or following <= start_after or cancelled():
+                return total
+            start_after = following
 
     # ------------------------------------------------------------------ listing and status
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import grpc
 
+from kvpool.client import batch_split
 from kvpool.client.lane_client import LaneClient, LaneError
 from kvpool.common import lane_protocol as lp
 from kvpool.common.leader_resolver import LEADER_METADATA, LeaderResolver
@@ -107,9 +108,15 @@ class MasterLink:
         self._closed = False
 
     def call(self, method: str, request: Any, deadline: float) -> Any:
-        """Calls ``method`` on the leader until it answers or ``deadline`` (monotonic) passes."""
+        """Calls ``method`` on the leader until it answers or ``deadline`` (monotonic) passes.
+        A per-key request larger than the master takes goes as several calls, answered as
+        one (``batch_split``)."""
         if self._closed:
             raise ClientClosed("the client is closed: make a new one")
+        if batch_split.too_many_keys(method, request):
+            return batch_split.call_in_parts(
+                method, request, lambda part: self.call(method, part, deadline)
+            )
         backoff = FIRST_BACKOFF
         last_error = "no attempt made"
         failures = 0

@@ -167,6 +167,11 @@ def prefix_removal(removal: pb.RemovePrefixResponse) -> PrefixRemoval:
     return PrefixRemoval(removal.removed, removal.leased, removal.not_ready)
 
 
+def add_removals(a: PrefixRemoval, b: PrefixRemoval) -> PrefixRemoval:
+    """Two pages of one removal, counted together."""
+    return PrefixRemoval(a.removed + b.removed, a.leased + b.leased, a.not_ready + b.not_ready)
+
+
 def segment_status(segment: pb.SegmentStatus) -> SegmentStatus:
     return SegmentStatus(
         segment_id=segment.segment_id,

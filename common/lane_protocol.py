@@ -39,8 +39,10 @@ if TYPE_CHECKING:
 HEADER = struct.Struct("<IIBB")  # body length, call id, method, status
 
 #: Keys one call carries at most (the master refuses more: master/handlers.py's MAX_BATCH,
-#: which a test holds equal to this).
-MAX_BATCH_KEYS = 65536
+#: which a test holds equal to this). Each call runs on the master's event loop between
+#: every other, so this bounds how long one holds the rest; the client cuts larger batches
+#: into calls of this size (client/batch_split.py), and a node its mount report.
+MAX_BATCH_KEYS = 4096
 #: What a request spends per key besides the key itself, at most: the key's tag and length,
 #: its size or put id (a varint of up to 10 bytes), and in a PutCommit the message's own tag
 #: and length, put id, CRC and one flag per replica.

@@ -21,7 +21,7 @@ GRPC_MESSAGE_OPTIONS = (
 #: its largest: tests/unit/test_lane_hardening.py builds it and holds it under this). gRPC
 #: reads a request whole before the master sees it, so this bounds what each call in flight
 #: may make the master hold.
-GRPC_REQUEST_LIMIT = 96 * 1024 * 1024
+GRPC_REQUEST_LIMIT = 6 * 1024 * 1024
 
 #: The master's gRPC server options: requests up to GRPC_REQUEST_LIMIT, answers up to
 #: MESSAGE_LIMIT (a client's channel reads answers that large).

@@ -284,8 +284,11 @@ class MasterCore:
         """Answers once the nodes dropped what it removed (see ``_removal``)."""
         return self._removal(call_id, self.state.remove(keys, force))
 
-    def remove_prefix(self, call_id: int, prefix: str, force: bool) -> Effects:
-        return self._removal(call_id, self.state.remove_prefix(prefix, force))
+    def remove_prefix(
+        self, call_id: int, prefix: str, force: bool, start_after: str = ""
+    ) -> Effects:
+        """One page of a prefix removal (``MasterState.remove_prefix``)."""
+        return self._removal(call_id, self.state.remove_prefix(prefix, force, start_after))
 
     def client_heartbeat(self, call_id: int, client_id: str) -> Effects:
         self.state.client_heartbeat(client_id)

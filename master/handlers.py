@@ -52,7 +52,9 @@ from kvpool.security.identity import Identity, Role, tenant_problem
 from kvpool.security.mapping_grants import SameHostPolicy
 from kvpool.transport.worker_address import MalformedWorkerAddress, check_worker_address
 
-MAX_BATCH = 65536
+#: Keys one call may carry (see lane_protocol.MAX_BATCH_KEYS: larger batches are split by
+#: the client).
+MAX_BATCH = 4096
 #: Largest object and segment a request may name: far beyond any machine, yet small enough
 #: that no offset arithmetic on them overflows what the wire carries.
 MAX_OBJECT_SIZE = 1 << 48
@@ -496,17 +498,24 @@ class MasterHandlers:
         return self.driver.call(lambda call_id: core.remove(call_id, keys, request.force), answer)
 
     def RemovePrefix(self, request: pb.RemovePrefixRequest, identity: Identity) -> Any:
-        prefix = key_prefix(identity) + request.prefix
+        scope = key_prefix(identity)
+        prefix = scope + request.prefix
+        start_after = scope + request.start_after if request.start_after else ""
         core = self.core
+        cut = len(scope)
 
         def answer(result: PrefixRemoval) -> pb.RemovePrefixResponse:
             _unless_term_ended(result)
             return pb.RemovePrefixResponse(
-                removed=result.removed, leased=result.leased, not_ready=result.not_ready
+                removed=result.removed,
+                leased=result.leased,
+                not_ready=result.not_ready,
+                next_start_after=result.next_start_after[cut:],
             )
 
         return self.driver.call(
-            lambda call_id: core.remove_prefix(call_id, prefix, request.force), answer
+            lambda call_id: core.remove_prefix(call_id, prefix, request.force, start_after),
+            answer,
         )
 
     def ClientHeartbeat(self, request: pb.ClientHeartbeatRequest, identity: Identity) -> Any:

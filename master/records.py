@@ -327,6 +327,8 @@ class PrefixRemoval:
     removed: int
     leased: int
     not_ready: int
+    #: Where the next page starts (its keys come strictly after this); "" after the last.
+    next_start_after: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -133,6 +133,10 @@ GENERATIONS_END = (1 << 64) - (1 << 40)
 #: The most keys one ListKeys answer holds, whatever the caller asks (the rest: the next
 #: page): the listing runs on the master's event loop, between every other call.
 MAX_LIST_PAGE = 10_000
+#: The most published objects one RemovePrefix call removes (the rest: the next call, from
+#: where this one stopped): a removal runs on the master's event loop too, and costs more per
+#: key than a listing (each removed replica's space is freed and its node told).
+MAX_REMOVAL_PAGE = 4096
 #: How many epochs ahead of this master's a reported generation's may be: a lone master's
 #: epoch is its start time in seconds, and its clock may have gone back (a day here).
 EPOCHS_AHEAD = 86_400
@@ -1030,27 +1034,43 @@ class MasterState:
             statuses.append(status)
         return statuses
 
-    def remove_prefix(self, prefix: str, force: bool = False) -> PrefixRemoval:
-        """Removes every object whose key starts with ``prefix`` ("" removes all), under the
-        same rules as ``remove``; says how many were removed and why others were kept."""
+    def remove_prefix(
+        self, prefix: str, force: bool = False, start_after: str = "", most: int = 0
+    ) -> PrefixRemoval:
+        """Removes the objects whose key starts with ``prefix`` ("" removes all), under the
+        same rules as ``remove``, one page at a time: at most ``most`` published keys after
+        ``start_after`` (``MAX_REMOVAL_PAGE`` at most, so that one call holds the event loop
+        no longer than a batch does). Says how many were removed, why others were kept, and
+        the key to go on after ("" when this was the last page, which also takes the
+        objects being written)."""
         now = self.clock()
+        most = min(most or MAX_REMOVAL_PAGE, MAX_REMOVAL_PAGE)
+        lower = max(prefix, start_after)
+        include_lower = not start_after or lower != start_after  # start_after is exclusive
         published = list(
-            itertools.takewhile(
-                lambda k: k.startswith(prefix), self._published_keys.irange(minimum=prefix)
+            itertools.islice(
+                itertools.takewhile(
+                    lambda k: k.startswith(prefix),
+                    self._published_keys.irange(minimum=lower, inclusive=(include_lower, True)),
+                ),
+                most,
             )
         )
-        tenant = tenant_of(prefix)
-        # (a tenant's call looks at that tenant's objects only, not at every tenant's)
-        candidates = (
-            self._tenant_objects.get(tenant, _NO_OBJECTS).values()
-            if tenant
-            else self.objects.values()
-        )
-        unpublished = [
-            r.key
-            for r in candidates
-            if r.state is not ObjectState.PUBLISHED and r.key.startswith(prefix)
-        ]
+        more = len(published) == most and self._has_key_after(published[-1], prefix)
+        unpublished: list[str] = []
+        if not more:
+            tenant = tenant_of(prefix)
+            # (a tenant's call looks at that tenant's objects only, not at every tenant's)
+            candidates = (
+                self._tenant_objects.get(tenant, _NO_OBJECTS).values()
+                if tenant
+                else self.objects.values()
+            )
+            unpublished = [
+                r.key
+                for r in candidates
+                if r.state is not ObjectState.PUBLISHED and r.key.startswith(prefix)
+            ]
         removed = leased = not_ready = 0
         for key in published + unpublished:
             record = self.objects[key]
@@ -1064,7 +1084,7 @@ class MasterState:
                 leased += 1
             else:
                 not_ready += 1
-        return PrefixRemoval(removed, leased, not_ready)
+        return PrefixRemoval(removed, leased, not_ready, published[-1] if more else "")
 
     def stat(self, key: str) -> ObjectInfo:
         record = self.objects.get(key)

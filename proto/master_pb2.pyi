@@ -403,24 +403,28 @@ class RemoveResponse(_message.Message):
     def __init__(self, statuses: _Optional[_Iterable[_Union[KeyStatus, str]]] = ...) -> None: ...
 
 class RemovePrefixRequest(_message.Message):
-    __slots__ = ("client_id", "prefix", "force")
+    __slots__ = ("client_id", "prefix", "force", "start_after")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     PREFIX_FIELD_NUMBER: _ClassVar[int]
     FORCE_FIELD_NUMBER: _ClassVar[int]
+    START_AFTER_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     prefix: str
     force: bool
-    def __init__(self, client_id: _Optional[str] = ..., prefix: _Optional[str] = ..., force: _Optional[bool] = ...) -> None: ...
+    start_after: str
+    def __init__(self, client_id: _Optional[str] = ..., prefix: _Optional[str] = ..., force: _Optional[bool] = ..., start_after: _Optional[str] = ...) -> None: ...
 
 class RemovePrefixResponse(_message.Message):
-    __slots__ = ("removed", "leased", "not_ready")
+    __slots__ = ("removed", "leased", "not_ready", "next_start_after")
     REMOVED_FIELD_NUMBER: _ClassVar[int]
     LEASED_FIELD_NUMBER: _ClassVar[int]
     NOT_READY_FIELD_NUMBER: _ClassVar[int]
+    NEXT_START_AFTER_FIELD_NUMBER: _ClassVar[int]
     removed: int
     leased: int
     not_ready: int
-    def __init__(self, removed: _Optional[int] = ..., leased: _Optional[int] = ..., not_ready: _Optional[int] = ...) -> None: ...
+    next_start_after: str
+    def __init__(self, removed: _Optional[int] = ..., leased: _Optional[int] = ..., not_ready: _Optional[int] = ..., next_start_after: _Optional[str] = ...) -> None: ...
 
 class StatRequest(_message.Message):
     __slots__ = ("key",)

@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 from helpers import cluster_status
 
-from kvpool import Client
+from kvpool import Client, PrefixRemoval
+from kvpool.common import lane_protocol as lp
 from kvpool.errors import KVPoolError, ObjectHasLease
+from kvpool.master.state import MAX_REMOVAL_PAGE
 
 SIZES = [1, 4096, 1 << 20, 32 << 20, 200 << 20]
 
@@ -98,6 +100,36 @@ def test_batches_answer_per_key_in_order(client):
     assert client.get_into_many(keys, buffers) == [len(v) for v in values]
     assert [bytes(b) for b in buffers] == values
     assert client.remove_many([*keys, missing], force=True)[:5] == [None] * 5
+
+
+def test_a_batch_larger_than_the_master_takes_in_one_call_works_as_one(client):
+    """The master takes at most ``MAX_BATCH_KEYS`` keys per call (it runs each call between
+    every other); a larger batch is the client's to split, and answers per key in order."""
+    prefix = unique("big") + "/"
+    count = lp.MAX_BATCH_KEYS + 5
+    keys = [f"{prefix}{i:06d}" for i in range(count)]
+    values = [i.to_bytes(4, "little") * 4 for i in range(count)]
+    missing = unique("missing")
+
+    assert client.put_many(list(zip(keys, values, strict=True))) == [1] * count
+    assert client.get_many([*keys, missing])[:count] == values
+    assert client.exists_many([missing, *keys]) == [False] + [True] * count
+    halves = [keys[: count // 2], keys[count // 2 :]]
+    assert client.remove_many(halves[0], force=True) == [None] * len(halves[0])
+    removal = client.remove_prefix(prefix, force=True)  # over pages of the master's
+    assert removal == PrefixRemoval(removed=len(halves[1]), leased=0, not_ready=0)
+    assert client.list_keys(prefix).keys == []
+
+
+def test_a_prefix_removal_of_more_than_a_page_removes_them_all(client):
+    prefix = unique("pages") + "/"
+    keys = [f"{prefix}{i:06d}" for i in range(MAX_REMOVAL_PAGE + 3)]
+    assert client.put_many([(k, b"v") for k in keys]) == [1] * len(keys)
+    client.exists(keys[7])  # leased: kept, and the removal goes on past it
+
+    assert client.remove_prefix(prefix) == PrefixRemoval(len(keys) - 1, leased=1, not_ready=0)
+    assert client.list_keys(prefix).keys == [keys[7]]
+    client.remove(keys[7], force=True)
 
 
 def test_exists_and_remove(client):

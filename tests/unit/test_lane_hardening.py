@@ -503,7 +503,7 @@ def test_a_node_stream_and_a_call_waiting_for_it_outlive_the_idle_timeout(lanes)
 # ---- request memory
 
 #: A large frame: more than half the smallest request memory a lane may have.
-LARGE = 40 << 20
+LARGE = lp.REQUEST_LIMIT * 3 // 4  # (two do not fit in REQUEST_LIMIT, a small call does)
 
 
 def large_frame(call_id: int) -> bytes:
@@ -537,7 +537,9 @@ def test_a_large_frame_beyond_the_request_memory_waits_unread_and_small_calls_go
     assert wait_until(lambda: running.inspect(lambda lane: len(lane._waiting)) == 1, 5)
     assert memory_waits() == waits + 1
     time.sleep(0.5)
-    assert second_sends.is_alive(), "the master read the second frame"
+    # (the kernel's socket buffers may take the whole frame: the lane's own state says it
+    # was left unread)
+    assert running.inspect(lambda lane: len(lane._waiting)) == 1, "the master read the second"
     assert running.inspect(lambda lane: lane.reserved) == LARGE
     assert exists(small).status == lp.OK, "a small call waits for nothing"
 

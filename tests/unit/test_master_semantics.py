@@ -37,7 +37,7 @@ from state_helpers import (
 
 from kvpool.common.status import KeyStatus, Pin
 from kvpool.master.records import PrefixRemoval, PutOptions, StoredObject, TickReport
-from kvpool.master.state import MasterState
+from kvpool.master.state import MAX_REMOVAL_PAGE, MasterState
 
 OK = KeyStatus.OK
 
@@ -1057,6 +1057,43 @@ def test_remove_prefix_of_the_empty_string_removes_everything():
     snapshot = state.snapshot()
     assert (snapshot.objects, snapshot.reservations) == (0, 0)
     assert state.remove_prefix("") == PrefixRemoval(0, 0, 0)
+
+
+def test_remove_prefix_goes_page_by_page_and_the_last_page_takes_the_reservations():
+    """A removal takes at most ``most`` published keys per call and says where to go on;
+    leased keys are passed over (the cursor moves past them), and the objects being written
+    are looked at on the last page only."""
+    state, _ = new_state()
+    mount(state, "n1")
+    for key in ("p/1", "p/2", "p/3", "p/4", "p/5", "q/1"):
+        publish(state, key, 1)
+    get(state, "p/2", lease_ttl=30)
+    put(state, "p/reserved", 1, client="writer")
+
+    first = state.remove_prefix("p/", most=2)
+    assert first == PrefixRemoval(removed=1, leased=1, not_ready=0, next_start_after="p/2")
+    second = state.remove_prefix("p/", start_after=first.next_start_after, most=2)
+    assert second == PrefixRemoval(removed=2, leased=0, not_ready=0, next_start_after="p/4")
+    last = state.remove_prefix("p/", start_after=second.next_start_after, most=2)
+    assert last == PrefixRemoval(removed=1, leased=0, not_ready=1, next_start_after="")
+
+    assert published(state) == {"p/2", "q/1"}
+    assert state.stat("p/reserved").state == "reserved"
+
+
+def test_remove_prefix_takes_at_most_a_page_whatever_the_caller_asks():
+    state, _ = new_state()
+    mount(state, "n1", size=1 << 30)
+    count = MAX_REMOVAL_PAGE + 3
+    for i in range(count):
+        publish(state, f"k/{i:06d}", 1)
+
+    first = state.remove_prefix("k/", most=10 * MAX_REMOVAL_PAGE)
+    assert first.removed == MAX_REMOVAL_PAGE
+    assert first.next_start_after == f"k/{MAX_REMOVAL_PAGE - 1:06d}"
+    rest = state.remove_prefix("k/", start_after=first.next_start_after)
+    assert rest == PrefixRemoval(removed=3, leased=0, not_ready=0)
+    assert published(state) == set()
 
 
 def test_stat_reports_everything_the_master_knows_about_an_object():

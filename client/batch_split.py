@@ -1,0 +1,88 @@
+"""Batches larger than the master takes in one call, sent as several calls and answered as one.
+
+The master refuses a call of more than ``lp.MAX_BATCH_KEYS`` keys: each call runs on its event
+loop between every other, and a bound on its keys bounds how long it holds the rest. A caller
+of ``put_many`` or ``get_many`` should not have to know that number: the client cuts each
+per-key request into parts that size, calls the master once per part (in order, each within
+the call's deadline) and joins the answers, entry i still answering key i.
+
+Only the per-key calls are cut: the request's per-key fields are sliced together, the other
+fields go with every part. The answers join per-key lists in order; segments are told once
+each; a timeout measured from when the request was sent (a write window, a lease) is the
+shortest of the parts', so that it holds for every part's keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from kvpool.common import lane_protocol as lp
+from kvpool.proto import master_pb2 as pb
+
+#: Per method: the request's per-key fields (sliced together), and the response's per-key
+#: field (joined in order).
+PER_KEY: dict[str, tuple[tuple[str, ...], str]] = {
+    "PutStart": (("keys", "sizes"), "slots"),
+    "PutEnd": (("commits",), "statuses"),
+    "PutRevoke": (("keys", "put_ids"), "statuses"),
+    "GetReplicas": (("keys",), "objects"),
+    "Exists": (("keys",), "statuses"),
+    "Remove": (("keys",), "statuses"),
+    "ReleaseLeases": (("keys",), ""),
+}
+
+
+def too_many_keys(method: str, request: Any, most: int = lp.MAX_BATCH_KEYS) -> bool:
+    """Whether ``request`` carries more keys than the master takes in one call."""
+    fields = PER_KEY.get(method)
+    return fields is not None and len(getattr(request, fields[0][0])) > most
+
+
+def call_in_parts(
+    method: str,
+    request: Any,
+    call: Callable[[Any], Any],
+    most: int = lp.MAX_BATCH_KEYS,
+) -> Any:
+    """``call(part)`` for each part of ``request`` of at most ``most`` keys, in order; the
+    answers joined into one response of ``method``'s type."""
+    answers = [call(part) for part in _parts(method, request, most)]
+    return _joined(method, answers)
+
+
+def _parts(method: str, request: Any, most: int) -> Iterator[Any]:
+    fields, _ = PER_KEY[method]
+    count = len(getattr(request, fields[0]))
+    shell = type(request)()  # the fields every part carries
+    shell.CopyFrom(request)
+    for name in fields:
+        del getattr(shell, name)[:]
+    for start in range(0, count, most):
+        part = type(request)()
+        part.CopyFrom(shell)
+        for name in fields:
+            getattr(part, name).extend(getattr(request, name)[start : start + most])
+        yield part
+
+
+def _joined(method: str, answers: list[Any]) -> Any:
+    _, per_key = PER_KEY[method]
+    response = type(answers[0])()
+    if method == "ReleaseLeases":
+        response.released = sum(a.released for a in answers)
+        return response
+    for answer in answers:
+        getattr(response, per_key).extend(getattr(answer, per_key))
+    if method in ("PutStart", "GetReplicas"):
+        told: dict[str, pb.Segment] = {}
+        for answer in answers:
+            for segment in answer.segments:
+                told[segment.segment_id] = segment  # (the latest word on each)
+        response.segments.extend(told.values())
+    if method == "PutStart":
+        windows = [a.write_timeout_ms for a in answers if a.write_timeout_ms]
+        response.write_timeout_ms = min(windows) if windows else 0
+    if method == "GetReplicas":
+        response.lease_ms = min(a.lease_ms for a in answers)
+    return response
