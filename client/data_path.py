@@ -130,12 +130,15 @@ class Transfer:
 @dataclass(frozen=True, slots=True)
 class Failure:
     """Why one transfer did not complete: it ran out of time (``timed_out``), or its node
-    (``node_id``) could not be reached (``unreachable``), or (neither) it was refused."""
+    (``node_id``) could not be reached (``unreachable``), or it was cut off on a connection
+    that was made (``interrupted``: its replica there removed or moved meanwhile, or the
+    node went away mid-answer), or (none of these) it was refused."""
 
     message: str
     timed_out: bool = False
     node_id: str = ""
     unreachable: bool = False
+    interrupted: bool = False
 
     def __str__(self) -> str:
         return self.message
@@ -476,6 +479,14 @@ class DataPath:
             elif result.outcome is Outcome.UNREACHABLE:
                 self._streams.forget(job.address)
                 errors.append(self._unreachable(segment_id, result.message))
+            elif result.outcome is Outcome.INTERRUPTED:
+                errors.append(
+                    Failure(
+                        f"transfer with segment {segment_id} was cut off: {result.message}",
+                        node_id=node_id,
+                        interrupted=True,
+                    )
+                )
             else:
                 errors.append(
                     Failure(f"transfer with segment {segment_id} failed: {result.message}")

@@ -12,7 +12,7 @@ can only end early: bytes whose transfer may have outlived the lease are discard
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
 from kvpool.client.cancellation import checkpoint
@@ -74,15 +74,70 @@ def locate(
 def read(
     session: Session,
     keys: Sequence[str],
-    located: Mapping[int, pb.ObjectLocation],
+    located: MutableMapping[int, pb.ObjectLocation],
     targets: Targets,
     results: list[Any],
     deadline: float,
     lease_deadline: float,
     pieces: Pieces | None = None,
+    *,
+    again: bool = True,
 ) -> None:
     """Copies each located object into its target (or, for those in ``pieces``, the pieces
-    of it named there); errors replace results[i]."""
+    of it named there); errors replace results[i].
+
+    An object whose every replica tried was cut off (``Failure.interrupted``: removed or
+    moved away while it was read, a demotion to NVMe say) is located again once and read
+    from where it is now (``again``); ``located`` then holds its new location."""
+    before = {i: results[i] for i in targets}  # (what a read that goes through leaves)
+    interrupted = _read_once(
+        session, keys, located, targets, results, deadline, lease_deadline, pieces
+    )
+    if time.monotonic() > lease_deadline:
+        for i in targets:
+            if i not in interrupted and not isinstance(results[i], KVPoolError):
+                results[i] = _lease_expired(keys[i])
+    if not interrupted or not again or time.monotonic() >= deadline:
+        return
+    order = sorted(interrupted)
+    sizes = {i: located[i].size for i in order}
+    now_at, new_lease_deadline = locate(session, keys, order, results, deadline)
+    again_targets = {}
+    for i, location in now_at.items():
+        if location.size != sizes[i]:  # (removed, then put again: another object)
+            results[i] = TransferError(
+                f"{keys[i]!r} was removed and put again while it was read: read it again",
+                key=keys[i],
+            )
+            continue
+        located[i] = location
+        results[i] = before[i]
+        again_targets[i] = targets[i]
+    read(
+        session,
+        keys,
+        located,
+        again_targets,
+        results,
+        deadline,
+        new_lease_deadline,
+        pieces,
+        again=False,
+    )
+
+
+def _read_once(
+    session: Session,
+    keys: Sequence[str],
+    located: Mapping[int, pb.ObjectLocation],
+    targets: Targets,
+    results: list[Any],
+    deadline: float,
+    lease_deadline: float,
+    pieces: Pieces | None,
+) -> set[int]:
+    """Reads each object from its replicas in turn until one answers; returns the objects
+    that failed on every replica tried, at least once cut off."""
     candidates = {i: by_nearness(session, located[i].replicas) for i in targets}
     failures: dict[int, list[Failure]] = {}  # (made for the objects that fail only)
     pending = [i for i in targets if targets[i][1] > 0]
@@ -126,10 +181,11 @@ def read(
             else:
                 results[i] = _unreadable(keys[i], len(candidates[i]), failures[i])
         pending = retry
-    if time.monotonic() > lease_deadline:
-        for i in targets:
-            if not isinstance(results[i], KVPoolError):
-                results[i] = _lease_expired(keys[i])
+    return {
+        i
+        for i, failed in failures.items()
+        if isinstance(results[i], TransferError) and any(f.interrupted for f in failed)
+    }
 
 
 def _by_object(

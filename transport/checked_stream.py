@@ -75,7 +75,13 @@ class Outcome(Enum):
     OK = "ok"
     REFUSED = "refused"
     TIMED_OUT = "timed out"
+    #: No connection could be made: the node is down or out of reach.
     UNREACHABLE = "unreachable"
+    #: Cut off on a connection that was made: the node sealed the range (its replica there
+    #: was removed or moved away: it ends a read in flight by closing the connection, and
+    #: refuses one not begun), or it went away mid-answer. Not a sign the node is out of
+    #: reach; the object may be elsewhere now.
+    INTERRUPTED = "interrupted"
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,6 +256,8 @@ class CheckedStreams:
                 result = Result(
                     Outcome.REFUSED, "the storage node ended the connection after a refused write"
                 )
+            elif result.outcome is Outcome.UNREACHABLE:  # (it was reached: this one was made)
+                result = Result(Outcome.INTERRUPTED, result.message)
             for i in indexes:
                 if results[i] is _PENDING:
                     results[i] = result
@@ -412,6 +420,13 @@ class _Pipeline:
                 raise _Broken(Result(Outcome.UNREACHABLE, "answer out of step"))
             if status:
                 name = frames.Status(status).name
+                if status == frames.Status.SEALED and is_get:
+                    results[i] = Result(
+                        Outcome.INTERRUPTED,
+                        "the storage node refused the transfer: SEALED (its replica there was "
+                        "removed or moved away meanwhile)",
+                    )
+                    continue
                 results[i] = Result(
                     Outcome.REFUSED,
                     f"the storage node's disk failed to read the object ({name}): another "
