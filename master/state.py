@@ -1031,6 +1031,8 @@ class MasterState:
                 self._remove(
                     record, now, (record.key, now, "removed", record.put_id, record.state, force)
                 )
+            elif record is None:  # (lost with its nodes, or on a node not heard from yet)
+                self._tombstones.ended_unknown(key)
             statuses.append(status)
         return statuses
 
@@ -1071,6 +1073,12 @@ class MasterState:
                 for r in candidates
                 if r.state is not ObjectState.PUBLISHED and r.key.startswith(prefix)
             ]
+            # what this master cannot list must not come back either: objects lost with
+            # their nodes, and whatever nodes not heard from since the election hold
+            for key in self._tombstones.lost_keys(prefix):
+                if key not in self.objects:
+                    self._tombstones.ended_unknown(key)
+            self._tombstones.distrust_unheard()
         removed = leased = not_ready = 0
         for key in published + unpublished:
             record = self.objects[key]

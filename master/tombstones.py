@@ -79,6 +79,9 @@ RECORD_BYTES = 768 << 10
 _PER_KEY_BYTES = 26
 
 
+#: A generation above any (what ``ended_unknown`` ends: all of them).
+ALL_GENERATIONS = (1 << 64) - 1
+
 #: What begins the entry of a node (rather than a segment): no segment id has it.
 NODE_PREFIX = "node:"
 
@@ -207,6 +210,28 @@ class Tombstones:
     def awaits(self, node_id: str) -> bool:
         """Whether the node's entry waits for ``heard`` (asked at every heartbeat)."""
         return bool(self._node_entries) and node_entry(node_id) in self._node_entries
+
+    def ended_unknown(self, key: str) -> None:
+        """A key the master holds no object of was removed: every generation of it that went
+        away with a segment, or that a node not heard from may hold, is gone for good (a
+        lost object, whose nodes are away, would otherwise come back with them)."""
+        if self._unheard or key in self._away_in:
+            self.ended(key, ALL_GENERATIONS)
+
+    def lost_keys(self, prefix: str) -> list[str]:
+        """The keys starting with ``prefix`` of which a replica went away (a walk over all
+        of them: for a prefix removal's last page)."""
+        return [key for key in self._away_in if key.startswith(prefix)]
+
+    def distrust_unheard(self) -> None:
+        """A removal reached keys no one here can list: those that nodes not heard from may
+        hold. Their mounts then adopt only objects the master holds (losing a cached object
+        is allowed, bringing back a removed one is not)."""
+        for entry in self._unheard:
+            if entry not in self._distrusted:
+                self._drop(entry)
+                self._distrusted.add(entry)
+                self._changed.add(entry)
 
     def ended(self, key: str, generation: int) -> None:
         """The object (``generation`` of ``key``) is gone for good: its replicas that went

@@ -93,6 +93,7 @@ import random
 import sys
 import zlib
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 import pytest
@@ -624,6 +625,18 @@ class MasterModel(RuleBasedStateMachine):
                     until = self.lease_until[ident]
                     self.guards[guard_key] = Guard("lease", *ident, move.target, until, False)
         return forgets
+
+    def lost_ones_end(self, keys: Iterable[str]) -> None:
+        """A removal of keys the master holds no object of ends what of them went away with
+        a node (lost until it comes back): each such generation may be kept out from then
+        on (master/tombstones.py, ``ended_unknown``)."""
+        away = self.state._tombstones._away
+        for key in keys:
+            if key in self.state.objects:
+                continue
+            generations = [held[key] for held in away.values() if key in held]
+            if generations:
+                self.ended_once.add((key, max(generations)))
 
     def expected_removal(self, key: str, force: bool) -> KeyStatus:
         record = self.state.objects.get(key)
@@ -2311,6 +2324,7 @@ class MasterModel(RuleBasedStateMachine):
         expected = [self.expected_removal(key, force) for key in keys]
         records = [self.state.objects.get(key) for key in keys]
 
+        self.lost_ones_end(keys)
         statuses = self.state.remove(keys, force)
 
         assert statuses == expected, (keys, force)
@@ -2325,6 +2339,7 @@ class MasterModel(RuleBasedStateMachine):
     def remove_prefix(self, prefix, force):
         matching = {k: r for k, r in self.state.objects.items() if k.startswith(prefix)}
         expected = {k: self.expected_removal(k, force) for k in matching}
+        self.lost_ones_end(k for k in self.state._tombstones.lost_keys(prefix))
 
         result = self.state.remove_prefix(prefix, force)
 

@@ -60,6 +60,31 @@ def test_an_object_lost_with_its_node_comes_back_with_it():
     assert state.objects["only-on-n1"].generation == held.generation
 
 
+def test_a_removal_of_an_object_lost_with_its_node_sticks_when_the_node_returns():
+    """Found by the HA audit (2026-12-06): remove() of a lost object answered NOT_FOUND and
+    changed nothing, and the object came back with its node."""
+    state, clock, n1, n2 = two_nodes()
+    publish(state, "lost", 4096, options=ON_N1)
+    held = stored(state, "lost", n1.segment_id)
+    declare_dead(state, clock, "n1", [n2])
+
+    assert remove(state, "lost") is KeyStatus.NOT_FOUND  # (nothing the master can reach)
+    assert state.mount_segment(n1, [held], remount=True, silent=1.0) == ["lost"], "refused"
+    assert "lost" not in state.objects
+
+
+def test_a_prefix_removal_reaches_objects_lost_with_their_node():
+    state, clock, n1, n2 = two_nodes()
+    publish(state, "p/lost", 4096, options=ON_N1)
+    publish(state, "q/lost", 4096, options=ON_N1)
+    held = [stored(state, key, n1.segment_id) for key in ("p/lost", "q/lost")]
+    declare_dead(state, clock, "n1", [n2])
+
+    state.remove_prefix("p/")
+    assert state.mount_segment(n1, held, remount=True, silent=1.0) == ["p/lost"]
+    assert "q/lost" in state.objects, "a lost object outside the prefix comes back"
+
+
 def test_an_object_whose_forget_went_unanswered_is_not_adopted_again():
     state, clock, n1, n2 = two_nodes()
     publish(state, "k", 4096, options=ON_N1)
@@ -286,6 +311,42 @@ def test_a_removal_reaches_a_node_the_new_leader_has_not_heard_from():
     assert core.remove(2, ["k"], False).answers.get(2, [KeyStatus.OK]) == [KeyStatus.OK]
 
     assert core.mount_segment(3, n2, on_n2, True, 0.0).answers[3] == ["k"], "refused"
+    assert "k" not in core.state.objects
+
+
+def test_a_removal_of_a_key_the_new_leader_never_heard_of_reaches_an_unheard_node():
+    """Found by the HA audit (2026-12-06): the object lived on n2 only; the new leader,
+    past its window without n2, answered its removal NOT_FOUND and adopted it from n2."""
+    state, _, n1, n2 = two_nodes()
+    publish(
+        state,
+        "only-n2",
+        4096,
+        options=PutOptions(replicas=1, preferred_hosts=("n2.cluster.local",)),
+    )
+    on_n2 = [stored(state, "only-n2", n2.segment_id)]
+    successor, clock = new_state()
+    core = MasterCore(successor, awaited_nodes=["n1", "n2"], rebuild_window=10.0)
+    core.mount_segment(1, n1, [], True, 0.0)
+    clock.advance(10.0)
+    assert core.accepting_clients()
+
+    effects = core.remove(2, ["only-n2"], False)
+    assert effects.answers[2] == [KeyStatus.NOT_FOUND]
+    assert effects.durable == {"node:n2"}, "written before the removal answers"
+    assert core.mount_segment(3, n2, on_n2, True, 0.0).answers[3] == ["only-n2"], "refused"
+
+
+def test_a_prefix_removal_while_a_node_is_unheard_distrusts_what_it_holds():
+    """No one here can list what an unheard node holds: its mount then adopts only objects
+    the master holds (a cached object lost, no removed one back)."""
+    core, _, _, n2, on_n2 = leader_past_its_window_without_n2()
+    effects = core.remove_prefix(2, "", True)
+    assert "node:n2" in effects.durable
+    record = core.state.durable_record("node:n2")
+    assert record is not None and record.distrusted
+
+    assert core.mount_segment(3, n2, on_n2, True, 0.0).answers[3] == ["k"]
     assert "k" not in core.state.objects
 
 
