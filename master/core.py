@@ -157,6 +157,8 @@ class MasterCore:
         self.barrier = ForgetBarrier()
         self._awaited_nodes = set(awaited_nodes or ())
         self._rebuild_until = self.clock() + rebuild_window
+        #: Awaited nodes the rebuild window closed without (``take_nodes_not_heard``).
+        self._not_heard: set[str] = set()
         #: Every awaited node was heard from, and one still reports a segment in parts.
         self._awaiting_reports = False
         #: Nodes unknown (see __init__): when a new node was last seen; whether one came back
@@ -219,7 +221,15 @@ class MasterCore:
             unheard = self._awaited_nodes - self.state.nodes.keys()
             if unheard:
                 self.state.nodes_unheard(unheard)
+                self._not_heard |= unheard
             self._awaited_nodes = set()
+
+    def take_nodes_not_heard(self) -> set[str]:
+        """The awaited nodes the rebuild window closed without, each once: away from now on
+        as far as the cluster's list of nodes goes (master/election.py), so that the next
+        leader does not wait for them."""
+        taken, self._not_heard = self._not_heard, set()
+        return taken
 
     def put_start(
         self,

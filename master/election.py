@@ -10,6 +10,12 @@ No split brain: a leader serves only while its lease is surely alive, i.e. until
 after it last *sent* a successful renewal, minus a safety margin. When renewals fail (etcd
 down, network cut) it stops serving before the lease can expire and another master be
 elected, then campaigns again.
+
+The storage nodes of the cluster are listed in etcd too (``registered_nodes``), so that a new
+leader knows whom to wait for before it answers clients from an index rebuilt from the nodes,
+and which nodes are away (declared dead, or gone after unmounting their segments): those may
+come back holding objects removed meanwhile, and a new leader refuses what ends while they are
+away (master/tombstones.py, "Nodes a new leader has not heard from") without waiting for them.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import aetcd
@@ -25,6 +32,7 @@ import aetcd
 from kvpool.common.aio import pause
 from kvpool.common.leader_resolver import leader_key
 from kvpool.common.logging import get_logger
+from kvpool.master.tombstones import MAX_AGE
 from kvpool.security.etcd_tls import TlsEtcdClient
 from kvpool.security.tls import TlsFiles
 
@@ -32,6 +40,34 @@ log = get_logger("kvpool.election")
 
 DEFAULT_TTL = 2
 ETCD_ERRORS = (aetcd.ClientError, ConnectionError, OSError, asyncio.TimeoutError)
+#: The largest value the masters keep in etcd: what etcd takes in one request by default
+#: (``--max-request-bytes``, 1.5 MiB); a tombstone piece is well under it (its keys at most
+#: tombstones.RECORD_BYTES).
+ETCD_VALUE_BYTES = 3 << 19
+#: Keys and values one read of a range asks etcd for at most (tombstone_store.py pages its
+#: reads by this many keys).
+ETCD_PAGE_KEYS = 32
+#: The largest answer the masters' etcd channel takes: a page of the largest values, and
+#: room for their keys. gRPC's default, 4 MiB, is passed by a few large tombstone records
+#: read at once: then no master could ever begin a term.
+ETCD_RECEIVE_LIMIT = ETCD_PAGE_KEYS * ETCD_VALUE_BYTES + (4 << 20)
+
+#: A node's registration in etcd: a node that serves (a new leader waits for it), or one that
+#: went away (declared dead, or it unmounted all its segments) at a time, ``AWAY`` followed
+#: by the Unix time in whole seconds.
+LIVE = b""
+AWAY = b"away:"
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterNodes:
+    """The storage nodes etcd lists for a new leader."""
+
+    #: Nodes that were serving: waited for in the rebuild window.
+    live: set[str] = field(default_factory=set)
+    #: Nodes away (for less than tombstones.MAX_AGE): not waited for, but they may come
+    #: back holding objects that end meanwhile.
+    away: set[str] = field(default_factory=set)
 
 
 class AlwaysLeader:
@@ -73,7 +109,11 @@ class Election:
         self.is_leader = False
         self._valid_until = 0.0
         self._client: aetcd.Client | None = None
-        self._registered: set[str] = set()
+        #: node id -> its registration in etcd, as this term read or wrote it; and those to
+        #: write (``_write_nodes``, one task at a time).
+        self._registered: dict[str, bytes] = {}
+        self._wanted: dict[str, bytes] = {}
+        self._writer: asyncio.Future[None] | None = None
         self._tasks: set[asyncio.Future[None]] = set()
         #: Where this cluster's keys live in etcd.
         self.cluster_prefix = leader_key(cluster).rsplit(b"/", 1)[0]
@@ -88,42 +128,108 @@ class Election:
         """True while we lead and our lease is surely alive."""
         return self.is_leader and time.monotonic() < self._valid_until - self.margin
 
-    # The storage nodes of the cluster are listed in etcd, so that a new leader knows whom to
-    # wait for before it answers clients from an index rebuilt from the nodes.
+    # The storage nodes of the cluster are listed in etcd (see the module's docstring). What
+    # this term learns is written by one task, in order, each write guarded by the leader key
+    # (a deposed leader changes nothing), retried while it fails; a node counts as written
+    # only once etcd took it.
 
     def node_seen(self, node_id: str) -> None:
-        if node_id not in self._registered and self._client is not None:
-            self._registered.add(node_id)
-            self._spawn(self._put_node(node_id))
+        """The node mounts a segment: it serves."""
+        self._want(node_id, LIVE)
 
     def node_gone(self, node_id: str) -> None:
-        if self._client is not None:
-            self._registered.discard(node_id)
-            self._spawn(self._delete_node(node_id))
+        """The node was declared dead, or unmounted its last segment: it is away (it may
+        come back, a paused process or a node with its disk, holding what it held)."""
+        self._want(node_id, AWAY + b"%d" % int(time.time()))
 
-    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+    def _want(self, node_id: str, value: bytes) -> None:
+        if self._client is None or not self.is_leader:
+            return
+        current = self._wanted.get(node_id, self._registered.get(node_id))
+        if current == value or (
+            current is not None and current.startswith(AWAY) and value.startswith(AWAY)
+        ):
+            return  # (away since then already: the first time counts, for MAX_AGE)
+        self._wanted[node_id] = value
+        if self._writer is None or self._writer.done():
+            self._writer = self._spawn(self._write_nodes(self._client))
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> asyncio.Future[None]:
         task = asyncio.ensure_future(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
-    async def registered_nodes(self) -> set[str]:
-        if self._client is None:
-            return set()
-        try:
-            entries = await self._client.get_prefix(self._nodes_prefix)
-        except ETCD_ERRORS:
-            return set()
-        nodes = {kv.key[len(self._nodes_prefix) :].decode() for kv in entries}
-        self._registered = set(nodes)
+    async def registered_nodes(self) -> ClusterNodes:
+        """The nodes etcd lists, for a new term (its writes of them start from this).
+        Registrations away for longer than MAX_AGE are deleted. Raises one of ETCD_ERRORS
+        when etcd cannot be read: a leader that does not know the nodes must not serve."""
+        client = self._client
+        if client is None:
+            raise ConnectionError("no etcd client")
+        prefix = self._nodes_prefix
+        entries = await asyncio.wait_for(client.get_prefix(prefix), max(1, self.ttl))
+        nodes = ClusterNodes()
+        registered: dict[str, bytes] = {}
+        expired: list[bytes] = []
+        now = time.time()
+        for kv in entries:
+            node_id = kv.key[len(prefix) :].decode(errors="replace")
+            value = bytes(kv.value)
+            if value.startswith(AWAY):
+                try:
+                    since = float(value[len(AWAY) :])
+                except ValueError:
+                    since = now  # (unreadable: away, from now on)
+                if now - since > MAX_AGE:
+                    expired.append(kv.key)
+                    continue
+                nodes.away.add(node_id)
+            else:
+                nodes.live.add(node_id)
+            registered[node_id] = value
+        self._registered = registered
+        self._wanted = {}
+        for key in expired:
+            with contextlib.suppress(*ETCD_ERRORS):
+                await asyncio.wait_for(self._guarded(client, client.transactions.delete(key)), 1)
         return nodes
 
-    async def _put_node(self, node_id: str) -> None:
-        with contextlib.suppress(*ETCD_ERRORS):
-            await self._client.put(self._nodes_prefix + node_id.encode(), b"")  # type: ignore[union-attr]
+    async def _guarded(self, client: aetcd.Client, op: Any) -> bool:
+        """Runs ``op`` if this master holds the leader key; whether it did."""
+        leading = client.transactions.value(self.key) == self.address.encode()
+        succeeded, _ = await client.transaction(compare=[leading], success=[op], failure=[])
+        return bool(succeeded)
 
-    async def _delete_node(self, node_id: str) -> None:
-        with contextlib.suppress(*ETCD_ERRORS):
-            await self._client.delete(self._nodes_prefix + node_id.encode())  # type: ignore[union-attr]
+    async def _write_nodes(self, client: aetcd.Client) -> None:
+        """Writes the registrations wanted, while this term lasts."""
+        failing = False
+        transactions = client.transactions
+        while self._wanted and self._client is client and self.is_leader:
+            node_id, value = next(iter(self._wanted.items()))
+            put = transactions.put(self._nodes_prefix + node_id.encode(), value)
+            try:
+                leading = await asyncio.wait_for(self._guarded(client, put), max(1, self.ttl))
+            except Exception as error:  # (etcd's, or its client closed as the term ended)
+                if self._client is not client or not self.is_leader:
+                    return
+                if not failing:
+                    log.warning(
+                        "a node's registration not written to etcd; retrying",
+                        node=node_id,
+                        error=str(error) or type(error).__name__,
+                    )
+                failing = True
+                await asyncio.sleep(self.ttl / 4)
+                continue
+            if not leading:
+                return  # (the next term reads etcd afresh)
+            if failing:
+                log.info("nodes' registrations written to etcd again")
+                failing = False
+            self._registered[node_id] = value
+            if self._wanted.get(node_id) == value:
+                del self._wanted[node_id]
 
     async def run(
         self,
@@ -139,16 +245,21 @@ class Election:
             attempt += 1
             host, _, port = endpoint.rpartition(":")
             timeout = max(1, self.ttl // 2)
+            options = {"grpc.max_receive_message_length": ETCD_RECEIVE_LIMIT}
             client = (
-                TlsEtcdClient(host, int(port), timeout=timeout, tls=self.tls)
+                TlsEtcdClient(host, int(port), timeout=timeout, tls=self.tls, options=options)
                 if self.tls is not None
-                else aetcd.Client(host, int(port), timeout=timeout)
+                else aetcd.Client(host, int(port), timeout=timeout, options=options)
             )
             self._client = client
             try:
                 await self._campaign(client, stop, on_elected, on_lost)
             except ETCD_ERRORS as error:
-                log.warning("etcd unreachable", endpoint=endpoint, error=str(error))
+                log.warning(
+                    "etcd unreachable, or a call to it failed",
+                    endpoint=endpoint,
+                    error=str(error) or type(error).__name__,
+                )
             except Exception as error:  # (a bug where a term begins or ends: campaign on,
                 # rather than sit a standby for good with nobody told)
                 log.error("election round failed; campaigning again", error=repr(error))

@@ -10,6 +10,7 @@ import resource
 import socket
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -36,7 +37,7 @@ from kvpool.master.capability_keys import (
 from kvpool.master.config import MAX_GRANT_SECONDS, PLACEMENTS, MasterConfig
 from kvpool.master.core import MasterCore
 from kvpool.master.driver import CoreDriver
-from kvpool.master.election import DEFAULT_TTL, AlwaysLeader, Election
+from kvpool.master.election import DEFAULT_TTL, ETCD_ERRORS, AlwaysLeader, Election
 from kvpool.master.grpc_request_guard import RequestGuard
 from kvpool.master.handlers import MasterHandlers
 from kvpool.master.lane_server import MAX_CONNECTIONS as LANE_MAX_CONNECTIONS
@@ -498,16 +499,36 @@ async def serve(
         )
 
         async def elected(epoch: int) -> None:
-            nodes = await election.registered_nodes()
-            tombstones = await records.load()  # (raises: the term is given up)
+            # (either read failing raises: the term is given up, and campaigned for again)
+            try:
+                nodes = await election.registered_nodes()
+            except ETCD_ERRORS as error:
+                log.error(
+                    "the term cannot begin: the storage nodes listed in etcd could not be read",
+                    error=str(error) or type(error).__name__,
+                )
+                raise
+            try:
+                tombstones = await records.load()
+            except ETCD_ERRORS as error:
+                log.error(
+                    "the term cannot begin: the tombstone records in etcd could not be read",
+                    error=str(error) or type(error).__name__,
+                )
+                raise
             log.info(
                 "rebuilding the index from the nodes",
-                expected_nodes=sorted(nodes),
+                expected_nodes=sorted(nodes.live),
+                away_nodes=sorted(nodes.away),
                 tombstone_records=len(tombstones),
             )
             state = _new_state(config, epoch, quotas)
             state.restore_tombstones(tombstones)
-            driver.reset(MasterCore(state, awaited_nodes=nodes, rebuild_window=config.node_ttl))
+            if nodes.away:  # (not waited for: what ends from now on is refused at their return)
+                state.nodes_unheard(nodes.away)
+            driver.reset(
+                MasterCore(state, awaited_nodes=nodes.live, rebuild_window=config.node_ttl)
+            )
 
         async def lost() -> None:
             driver.reset(None)
@@ -526,6 +547,7 @@ async def serve(
     )
     write_ready_file(args.ready_file, grpc_port=port, lane_port=lane.port, http_port=http.port)
     trim = _MemoryTrim()
+    leaving = _NodesLeaving()
     try:
         evicted = 0  # by the eviction pass under way, logged once it ends
         due: float | None = None  # when this tick was planned
@@ -535,7 +557,7 @@ async def serve(
             trim.maybe(started)
             if keys is not None and key_watch is not None:
                 key_watch.apply(keys, started)
-            report = _tick(driver, handlers, quotas, late_by)
+            report = _tick(driver, handlers, quotas, late_by, leaving)
             if report is not None:
                 evicted += report.objects_evicted
                 for space in report.passes_started:
@@ -619,6 +641,32 @@ class _KeyFileWatch:
         keys.tick(now)
 
 
+class _NodesLeaving:
+    """Tells the cluster's registry (master/election.py) of each node that leaves the core:
+    declared dead, or gone once it unmounted its last segment (it shut down, drained, was
+    scaled down), and of each the rebuild window of a new term closed without. Each is away
+    from then on: a later leader does not wait for it, and refuses what ended while it was
+    away should it come back with its segments (a paused process, a node with its disk)."""
+
+    def __init__(self) -> None:
+        self._core: MasterCore | None = None
+        self._nodes: set[str] = set()
+
+    def check(self, core: MasterCore, registry: Any) -> None:
+        """After a tick: the nodes gone from the core's state since the last one."""
+        nodes = core.state.nodes
+        if core is not self._core:  # (a new term: its nodes are those that mount)
+            self._core, self._nodes = core, set()
+        if self._nodes or nodes:
+            current = set(nodes)
+            for node_id in self._nodes - current:
+                registry.node_gone(node_id)
+            self._nodes = current
+        for node_id in core.take_nodes_not_heard():
+            if node_id not in nodes:
+                registry.node_gone(node_id)
+
+
 def _new_state(config: MasterConfig, epoch: int, quotas: QuotaFile | None) -> MasterState:
     state = MasterState(config, clock=time.monotonic, epoch=epoch)
     if quotas is not None:
@@ -631,10 +679,12 @@ def _tick(
     handlers: MasterHandlers,
     quotas: QuotaFile | None = None,
     late_by: float = 0.0,
+    leaving: _NodesLeaving | None = None,
 ) -> TickReport | None:
     """One tick of the core (its bulk jobs in steps of TICK_STEP objects); None on a standby.
     The quotas file's quotas go to the core first when they changed (or the core is new).
-    ``late_by``: how much later than planned the tick comes (MasterState.tick)."""
+    ``late_by``: how much later than planned the tick comes (MasterState.tick).
+    ``leaving``: tells the registry (an Election's) of the nodes that left."""
     core = driver.core
     registry = handlers.registry
     if core is not None and quotas is not None:
@@ -651,9 +701,11 @@ def _tick(
             "them",
             seconds=round(report.silence_forgiven, 3),
         )
-    for node_id in report.dead_nodes:
-        if registry is not None:
+    if registry is not None:
+        for node_id in report.dead_nodes:
             registry.node_gone(node_id)
+        if leaving is not None:
+            leaving.check(core, registry)
     if report.reservations_reclaimed:
         log.info("reservations reclaimed", keys=len(report.reservations_reclaimed))
     if report.dead_clients:

@@ -25,8 +25,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import aetcd
+from aetcd import rpc
+from aetcd.utils import prefix_range_end
+
 from kvpool.common.logging import get_logger
-from kvpool.master.election import ETCD_ERRORS
+from kvpool.master.election import ETCD_ERRORS, ETCD_PAGE_KEYS
 from kvpool.master.record_writer import WRITE_TIMEOUT, RecordOf, RecordWriter
 from kvpool.master.tombstone_format import (
     BUCKETS,
@@ -52,6 +56,36 @@ OPS_PER_TRANSACTION = 64
 #: all its pieces, holds at most tombstones.RECORD_BYTES). A segment's puts and deletes (at
 #: most BUCKETS + 1) go in one transaction, so that a reader never sees half of a change.
 BYTES_PER_TRANSACTION = 1 << 20
+
+
+async def read_prefix(client: Any, prefix: bytes, revision: int = 0) -> tuple[list[Any], int]:
+    """Every key and value under ``prefix`` (at ``revision``, 0: the latest) and the revision
+    read, in pages of ETCD_PAGE_KEYS keys at most: the records may hold far more than one
+    answer takes (each RECORD_BYTES, and a cluster may keep many). A page etcd's answer is
+    too large for (a client with a smaller receive limit than the masters') is asked again
+    in halves. Raises one of ETCD_ERRORS."""
+    await asyncio.wait_for(client.connect(), WRITE_TIMEOUT)
+    end = prefix_range_end(prefix)
+    start = prefix
+    limit = ETCD_PAGE_KEYS
+    found: list[Any] = []
+    while True:
+        request = rpc.RangeRequest(key=start, range_end=end, limit=limit, revision=revision)
+        try:
+            response = await asyncio.wait_for(
+                client.kvstub.Range(request, timeout=WRITE_TIMEOUT, metadata=client.metadata),
+                WRITE_TIMEOUT,
+            )
+        except rpc.AioRpcError as error:
+            if error.code() is rpc.StatusCode.RESOURCE_EXHAUSTED and limit > 1:
+                limit //= 2
+                continue
+            raise aetcd.ClientError(f"{error.code().name}: {error.details()}") from error
+        revision = revision or response.header.revision
+        found.extend(response.kvs)
+        if not response.more or not response.kvs:
+            return found, revision
+        start = response.kvs[-1].key + b"\0"
 
 
 class TombstoneStore(RecordWriter):
@@ -83,15 +117,16 @@ class TombstoneStore(RecordWriter):
     # ---- a term
 
     async def load(self) -> dict[str, DurableRecord]:
-        """Every record an earlier leader kept (those past MAX_AGE deleted instead).
+        """Every record an earlier leader kept (those past MAX_AGE deleted instead), read in
+        pages (``read_prefix``: together they may be far larger than one answer of etcd).
         Raises one of ETCD_ERRORS when etcd cannot be read: a leader must not serve without
         them."""
         client = self._client()
         if client is None:
             raise ConnectionError("no etcd client")
         prefix = self._cluster_prefix
-        pieces = await asyncio.wait_for(client.get_prefix(prefix + PIECES), WRITE_TIMEOUT)
-        wholes = await asyncio.wait_for(client.get_prefix(prefix + WHOLE), WRITE_TIMEOUT)
+        pieces, revision = await read_prefix(client, prefix + PIECES)
+        wholes, _ = await read_prefix(client, prefix + WHOLE, revision)
         #: segment id -> (when written, what it holds: None for a marker), and the keys.
         found: dict[str, list[tuple[float, DurableRecord | None]]] = {}
         keys: dict[str, list[bytes]] = {}

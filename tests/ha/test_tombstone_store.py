@@ -8,8 +8,11 @@ them a marker that keeps them from adopting what the pieces refuse."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
+from kvpool import Client
+from kvpool.common.leader_resolver import leader_key
 from kvpool.etcd_process import EtcdProcess
 from kvpool.local_cluster import LocalCluster
 from kvpool.master.record_writer import FAILURES_BEFORE_DEGRADED
@@ -25,7 +28,7 @@ from kvpool.master.tombstone_format import (
     whole_key,
 )
 from kvpool.master.tombstone_store import TombstoneStore
-from kvpool.master.tombstones import MAX_AGE, DurableRecord
+from kvpool.master.tombstones import MAX_AGE, RECORD_BYTES, RECORD_LIMIT, DurableRecord
 from kvpool.security.etcd_tls import etcd_client
 
 LEADER_KEY = b"kvpool/test/leader"
@@ -198,3 +201,67 @@ def test_a_record_whose_pieces_are_all_old_is_deleted_when_read(etcd):
         return loaded, len(await client.get_prefix(prefix + PIECES))
 
     assert in_etcd(etcd, scenario) == ({}, 0)
+
+
+def big_record(segment: int) -> DurableRecord:
+    """A record as large as the writer keeps one (RECORD_LIMIT keys, near RECORD_BYTES)."""
+    length = RECORD_BYTES // RECORD_LIMIT // 2 - 16  # (tombstones.py counts each byte twice)
+    keys = {f"seg{segment}/{i:06d}".ljust(length, "k"): (5 << 32) + i for i in range(RECORD_LIMIT)}
+    return DurableRecord(False, keys)
+
+
+def test_records_beyond_one_answer_of_etcd_are_read_in_pages(etcd):
+    """More than gRPC's default 4 MiB of records (each as large as tombstones.py makes one),
+    read by a client with that default: every record comes back (a page too large for the
+    client is asked for again in halves), whole records of older masters and pieces alike.
+    A master once read them in one answer, failed, and no master could begin a term."""
+    prefix = PREFIX + b"/large"
+    wholes = {f"old-node{i}/dram-{i}": big_record(i) for i in range(12)}
+    pieces = {f"node{i}/dram-{i}": big_record(100 + i) for i in range(4)}
+
+    async def scenario(client) -> dict:
+        now = time.time()
+        for segment_id, record in wholes.items():
+            await client.put(whole_key(prefix, segment_id), encode(record, now))
+        leader_key = prefix + b"/leader"
+        await client.put(leader_key, ME.encode())
+        store = TombstoneStore(lambda: client, prefix, leader_key, lambda: ME)
+        store.begin(pieces.get)
+        assert await written(store, set(pieces))
+        store.end()
+        return await TombstoneStore(lambda: client, prefix, leader_key, lambda: ME).load()
+
+    stored = sum(len(encode(record, 0.0)) for record in wholes.values())
+    stored += sum(len(encode(p, 0.0)) for r in pieces.values() for p in split(r).values())
+    assert stored > 5 << 20  # (past 4 MiB, the wholes alone too)
+    assert in_etcd(etcd, scenario) == wholes | pieces
+
+
+def test_masters_lead_and_serve_over_records_beyond_one_answer_of_etcd(etcd, ha_cluster):
+    """Records past gRPC's default 4 MiB in the etcd of a cluster about to start: a master
+    reads them all, leads and serves (once, none could: every term's start failed)."""
+    prefix = leader_key("test0").rsplit(b"/", 1)[0]  # (the cluster ha_cluster starts first)
+    records = {f"node{i}/dram-{i}": big_record(i) for i in range(12)}
+
+    async def scenario(client) -> None:
+        leader = prefix + b"/leader"
+        await client.put(leader, ME.encode())  # (as an earlier leader wrote them)
+        store = TombstoneStore(lambda: client, prefix, leader, lambda: ME)
+        store.begin(records.get)
+        assert await written(store, set(records))
+        store.end()
+        await client.delete(leader)
+
+    in_etcd(etcd, scenario)
+    cluster = ha_cluster(masters=2, nodes=1)
+    with Client(cluster.master_address, timeout=30) as client:
+        client.put("after/large-records", b"served")
+        assert client.get("after/large-records") == b"served"
+    leader = cluster.leader()
+    assert leader is not None
+    terms = [
+        json.loads(line)
+        for line in leader.log_path.read_text().splitlines()
+        if "rebuilding the index" in line
+    ]
+    assert [term["tombstone_records"] for term in terms] == [len(records)]
