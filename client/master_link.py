@@ -105,6 +105,8 @@ class MasterLink:
         self._answered = False
         #: Directly given masters that refused a connection while none had answered yet.
         self._refused: set[str] = set()
+        #: Leaders named by standbys that failed the TLS check (each logged once).
+        self._hints_untrusted: set[str] = set()
         self._closed = False
 
     def call(self, method: str, request: Any, deadline: float) -> Any:
@@ -119,6 +121,7 @@ class MasterLink:
             )
         backoff = FIRST_BACKOFF
         last_error = "no attempt made"
+        not_proven = ""  # (a hinted leader's failed TLS check: said at the deadline)
         failures = 0
         #: The lane could not be connected to: this attempt goes over gRPC, which tells
         #: whether the master is down (then the lane is tried again) or only its lane is
@@ -127,6 +130,8 @@ class MasterLink:
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                if not_proven and not_proven != last_error:
+                    last_error += f"; before that, {not_proven}"
                 raise MasterUnavailable(
                     f"master {self.address} did not answer {method} before the deadline "
                     f"({last_error}). Check that `kvpool master` runs there and is reachable, "
@@ -183,13 +188,9 @@ class MasterLink:
                 name = _CODE_NAMES.get(code, str(code))
                 if code not in RETRYABLE:
                     self._answered = True
-                if code == lp.UNAVAILABLE and _untrusted(details):
-                    ca = self.credentials.tls.ca if self.credentials.tls else None
-                    raise MasterUnavailable(
-                        f"master {leader} did not prove who it is: its certificate is not "
-                        f"signed by the CA this client trusts ({ca or 'none given'}). Give the "
-                        "CA of the master's certificate (tls_ca=, KVPOOL_TLS_CA or --tls-ca)"
-                    )
+                problem = _tls_problem(details) if code == lp.UNAVAILABLE else ""
+                if problem and not self._resolver.hinted(leader):  # no retry fixes that
+                    raise MasterUnavailable(self._not_proven(leader, problem))
                 if code == lp.UNAVAILABLE and self._nothing_listens(leader, details):
                     refused = ", ".join(sorted(self._refused))
                     raise MasterUnavailable(
@@ -200,7 +201,23 @@ class MasterLink:
                 if code == lp.RESOURCE_EXHAUSTED and details.startswith(QUOTA_REFUSAL):
                     # the tenant's own calls fill its quota: retrying would only add to them
                     raise QuotaExceeded(f"master {leader} refused {method}: {details}")
-                if code == lp.FAILED_PRECONDITION and "not the leader" in details:
+                if problem:
+                    # The leader a standby named did not prove who it is at the address it
+                    # advertises: back to the masters as given, which did (a hint never
+                    # holds a link for good).
+                    last_error = not_proven = self._not_proven(leader, problem)
+                    if leader not in self._hints_untrusted:
+                        self._hints_untrusted.add(leader)
+                        log.warning(
+                            "the leader a standby named did not prove who it is; going back "
+                            "to the masters as given",
+                            master=leader,
+                            given=str(self.target),
+                            error=last_error,
+                        )
+                    self._resolver.failed(deadline=deadline, tried=leader)
+                    self._new_channel()
+                elif code == lp.FAILED_PRECONDITION and "not the leader" in details:
                     last_error = f"{leader}: {details}"
                     self._resolver.failed(hint, deadline, tried=leader)
                 elif code in RETRYABLE:
@@ -223,6 +240,31 @@ class MasterLink:
                 self.retries += 1
             time.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
             backoff = min(backoff * 2, MAX_BACKOFF)
+
+    def _not_proven(self, leader: str, problem: str) -> str:
+        """What to tell a caller whose master at ``leader`` failed the TLS check ``problem``
+        (``_tls_problem``)."""
+        how = (
+            "a standby master named it as the leader"
+            if self._resolver.hinted(leader)
+            else "the address this client was given"
+        )
+        if problem == HOSTNAME_MISMATCH:
+            return (
+                f"master {leader} did not prove who it is: its certificate does not name "
+                f"{host_of(leader)} ({how}). The master's certificate must name every address "
+                "its callers dial: the one they are given and, with several masters, the one "
+                "each master advertises (--advertise; the Helm chart's masters advertise "
+                "<pod>.<release>-kvpool-master-headless.<namespace>.svc, which its "
+                "certificate must name as *.<release>-kvpool-master-headless.<namespace>.svc: "
+                "docs/kubernetes.md)"
+            )
+        ca = self.credentials.tls.ca if self.credentials.tls else None
+        return (
+            f"master {leader} did not prove who it is: its certificate is not signed by the "
+            f"CA this client trusts ({ca or 'none given'}; {how}). Give the CA of the "
+            "master's certificate (tls_ca=, KVPOOL_TLS_CA or --tls-ca)"
+        )
 
     def _nothing_listens(self, leader: str, details: str) -> bool:
         """Whether ``leader`` refusing a connection means that no master is to be waited for:
@@ -374,10 +416,23 @@ def _check_size(method: str, request: Any) -> None:
         raise InvalidArgument(lp.too_large(method, size))
 
 
-def _untrusted(details: str) -> bool:
-    """Whether a connection failed because the master's certificate is not trusted here: no
-    retry fixes that."""
-    return "CERTIFICATE_VERIFY_FAILED" in details or "certificate verify failed" in details
+#: ``_tls_problem``'s answers: the master's certificate is not signed by a CA trusted here, or
+#: it is, but does not name the address dialled.
+UNTRUSTED_CA = "untrusted"
+HOSTNAME_MISMATCH = "hostname"
+
+
+def _tls_problem(details: str) -> str:
+    """Why a connection failed the TLS check of the master's certificate ("" where it did
+    not): UNTRUSTED_CA or HOSTNAME_MISMATCH. gRPC reports a name the certificate lacks as a
+    "Hostname Verification Check failed" (C-core's own check, after OpenSSL's chain check),
+    Python's ssl as "Hostname mismatch" within "certificate verify failed"."""
+    lowered = details.lower()
+    if "hostname verification" in lowered or "hostname mismatch" in lowered:
+        return HOSTNAME_MISMATCH
+    if "certificate_verify_failed" in lowered or "certificate verify failed" in lowered:
+        return UNTRUSTED_CA
+    return ""
 
 
 def _leader_hint(error: grpc.RpcError) -> str:

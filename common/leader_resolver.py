@@ -3,6 +3,12 @@
 With one master there is nothing to find. With a list, a standby's refusal names the leader
 (its hint is taken), else the next one is tried. With etcd, the leader key is read through
 etcd's JSON gateway (plain HTTP: clients need no etcd library). Thread-safe.
+
+A hint is only a hint: a leader named by a standby that then fails (it does not answer, it
+went away, or its certificate does not name the address it advertises) sends the caller back
+to the addresses it was given, never leaves it stuck on the hint. Given one address (a
+Kubernetes Service in front of every master), that address is tried again, and reaches the
+leader, or a standby that names the leader of now.
 """
 
 from __future__ import annotations
@@ -69,12 +75,27 @@ class LeaderResolver:
         with self._lock:
             if tried and tried != self._current:
                 return self._current
+            masters = self.target.masters
             if hint:
                 self._current = hint
-            elif len(self.target.masters) > 1:
-                self._index = (self._index + 1) % len(self.target.masters)
-                self._current = self.target.masters[self._index]
+                if hint in masters:  # (a listed master: the list goes on from there)
+                    self._index = masters.index(hint)
+            elif masters and self._current not in masters:
+                # a hinted leader failed: back to the masters as given, the next of them
+                # (with one, a Service, that one: it reaches the leader of now, or a standby
+                # that names it)
+                self._index = (self._index + 1) % len(masters)
+                self._current = masters[self._index]
+            elif len(masters) > 1:
+                self._index = (self._index + 1) % len(masters)
+                self._current = masters[self._index]
             return self._current
+
+    def hinted(self, address: str) -> bool:
+        """Whether ``address`` is a leader a standby named rather than a master as given (a
+        failure there is the hint's, and ``failed`` goes back to those given). Never where
+        etcd names the leader: there is nothing else to go back to."""
+        return bool(address) and not self.target.etcd and address not in self.target.masters
 
     def _ask_etcd(self, deadline: float | None) -> str:
         """The leader key's value as the first etcd endpoint that answers has it ("" when

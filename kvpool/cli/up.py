@@ -22,7 +22,7 @@ import threading
 from pathlib import Path
 
 from kvpool.common.sizes import parse_size
-from kvpool.local_cluster import ClusterError, LocalCluster
+from kvpool.local_cluster import ClusterError, LocalCluster, ManagedProcess
 from kvpool.security.tls import write_atomically
 
 
@@ -79,9 +79,15 @@ def run(args: argparse.Namespace) -> int:
         return 1
     _write_env_files(cluster, run_dir)
     _announce(cluster, args, run_dir)
+    left: set[str] = set()  # nodes drained (`kvpool drain`) that left: the rest serve on
     try:
         while not stop.wait(0.5):
-            dead = [p.name for p in [cluster.master, *cluster.nodes] if p and not p.alive()]
+            for node in cluster.nodes:
+                if node.name not in left and _drained_and_left(node):
+                    left.add(node.name)
+                    print(f"{node.name} was drained and left; the others serve on", flush=True)
+            watched = [cluster.master, *(n for n in cluster.nodes if n.name not in left)]
+            dead = [p.name for p in watched if p and not p.alive()]
             if dead:
                 print(f"error: {', '.join(dead)} exited; stopping\n{cluster.logs()}", flush=True)
                 return 1
@@ -90,6 +96,23 @@ def run(args: argparse.Namespace) -> int:
         _stop(cluster, run_dir)
     print("stopped", flush=True)
     return 0
+
+
+#: What a storage node logs when it leaves after a drain (storage_node/node.py): it drained,
+#: or its drain's deadline passed.
+DRAIN_ENDS = ("drained: leaving", "drain deadline passed: leaving")
+
+
+def _drained_and_left(node: ManagedProcess) -> bool:
+    """Whether ``node`` exited as a drain ends, on purpose (`kvpool drain`): with status 0,
+    after logging that it leaves drained."""
+    if node.alive() or node.popen.returncode != 0:
+        return False
+    try:
+        text = node.log_path.read_text(errors="replace")
+    except OSError:
+        return False
+    return any(end in text for end in DRAIN_ENDS)
 
 
 def _announce(cluster: LocalCluster, args: argparse.Namespace, run_dir: Path) -> None:

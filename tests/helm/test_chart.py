@@ -124,7 +124,11 @@ def test_lint_reports_schema_violations() -> None:
 def test_renders(renders: dict[str, Render], value_set: str) -> None:
     render = renders[value_set]
     kinds = {o["kind"] for o in render.objects}
-    assert {"Deployment", "Service", "ServiceAccount"} <= kinds
+    assert {"Service", "ServiceAccount"} <= kinds
+    # one master: a Deployment; several: a StatefulSet (a DNS name per master)
+    assert _workload(render, "master")["kind"] == (
+        "StatefulSet" if render.values["master"]["replicas"] > 1 else "Deployment"
+    )
     assert kinds & {"DaemonSet", "StatefulSet"}
     for obj in render.objects:
         assert obj["metadata"]["namespace"] == render.namespace or obj["kind"] == "Namespace"
@@ -230,7 +234,7 @@ def test_ha_masters_share_a_capability_key_file_from_a_secret_when_one_is_named(
     render = renders["ha-bundled-etcd"]
     container = render.container("master")
     path = parse_cli(container_argv(container)).capability_key_file
-    pod = _pod(render.get("Deployment", f"{render.fullname}-master"))
+    pod = _pod(render.get("StatefulSet", f"{render.fullname}-master"))
     assert _secret_files(pod, container)[str(path)] == (
         "kvpool-capability-keys",
         "capability-keys.json",
@@ -260,7 +264,7 @@ def test_single_master_statefulset_nodes(renders: dict[str, Render]) -> None:
 
 def test_ha_masters_with_bundled_etcd(renders: dict[str, Render]) -> None:
     render = renders["ha-bundled-etcd"]
-    assert render.get("Deployment", f"{render.fullname}-master")["spec"]["replicas"] == 3
+    assert render.get("StatefulSet", f"{render.fullname}-master")["spec"]["replicas"] == 3
     etcd = render.get("StatefulSet", f"{render.fullname}-etcd")
     assert etcd["spec"]["replicas"] == 3
     assert etcd["spec"]["podManagementPolicy"] == "Parallel"
@@ -292,8 +296,125 @@ def test_ha_masters_with_external_etcd(renders: dict[str, Render]) -> None:
     args = parse_cli(container_argv(render.container("master")))
     assert args.etcd == ",".join(render.values["etcd"]["external"]["endpoints"])
     assert args.cluster == render.fullname  # default cluster name: the release's full name
-    master = render.get("Deployment", f"{render.fullname}-master")
-    assert master["spec"]["strategy"]["type"] == "RollingUpdate"
+    master = render.get("StatefulSet", f"{render.fullname}-master")
+    assert master["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+
+
+HA_VALUE_SETS = ("ha-bundled-etcd", "external-etcd", "cert-manager-mtls", "insecure-dev")
+
+
+def _names(pattern: str, host: str) -> bool:
+    """Whether a certificate's DNS name ``pattern`` (``*.`` standing for one label) names
+    ``host``, as TLS hostname verification matches it."""
+    if pattern.startswith("*."):
+        label, _, rest = host.partition(".")
+        return bool(label) and rest == pattern[2:]
+    return pattern == host
+
+
+@pytest.mark.parametrize("ha_set", HA_VALUE_SETS)
+def test_ha_masters_advertise_a_name_of_their_own_that_the_certificate_carries(
+    renders: dict[str, Render], ha_set: str
+) -> None:
+    """(The masters advertised their pod IP, which no certificate named: a caller a standby
+    sent to the leader failed TLS hostname verification there, for good.)"""
+    render = renders[ha_set]
+    name, ns = render.fullname, render.namespace
+    masters = render.get("StatefulSet", f"{name}-master")
+    headless = render.get("Service", f"{name}-master-headless")
+    assert masters["spec"]["serviceName"] == headless["metadata"]["name"]
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["publishNotReadyAddresses"] is True  # (a starting master resolves)
+    assert "http" not in {p["name"] for p in headless["spec"]["ports"]}  # (scraped once)
+    container = render.container("master")
+    env = {e["name"]: e for e in container["env"]}
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert "POD_IP" not in env  # (an IPv6 pod IP would have needed brackets, too)
+    advertise = parse_cli(container_argv(container)).advertise
+    pod = f"{name}-master-1"  # (what Kubernetes substitutes for $(POD_NAME))
+    address = advertise.replace("<POD_NAME>", pod)  # (container_argv writes $(POD_NAME) so)
+    assert address == f"{pod}.{name}-master-headless.{ns}.svc:50051"
+    assert resolve_master(address) == address  # a master address clients and nodes accept
+    certificates = [
+        c for c in render.of_kind("Certificate") if c["metadata"]["name"] == f"{name}-master"
+    ]
+    if certificates:  # cert-manager: the certificate names every master pod, and the Service
+        host = address.rpartition(":")[0]
+        (certificate,) = certificates
+        assert any(_names(n, host) for n in certificate["spec"]["dnsNames"]), host
+        assert any(_names(n, f"{host}.cluster.local") for n in certificate["spec"]["dnsNames"])
+        assert not any(
+            _names(n, f"{pod}.{name}-etcd-headless.{ns}.svc")
+            for n in certificate["spec"]["dnsNames"]
+        )  # (only the masters' domain)
+
+
+def test_one_master_advertises_nothing_and_needs_no_headless_service(
+    renders: dict[str, Render], render: Renderer
+) -> None:
+    single = renders["default"]
+    assert parse_cli(container_argv(single.container("master"))).advertise is None
+    assert "master-headless" not in {s["metadata"]["name"] for s in single.of_kind("Service")}
+    values = {"tls": {"certManager": {"enabled": True, "issuerRef": {"name": "ca"}}}}
+    objects = [d for p, t in render(values).items() if p.endswith(".yaml") for d in _docs(t)]
+    (certificate,) = [o for o in objects if o["kind"] == "Certificate"]
+    assert not any(n.startswith("*.") for n in certificate["spec"]["dnsNames"])
+
+
+@pytest.mark.parametrize("ha_set", HA_VALUE_SETS)
+def test_ha_masters_can_be_rolled_and_drained(renders: dict[str, Render], ha_set: str) -> None:
+    """(Only the leader was ready, the standbys answering 503 on /readyz: a rolling update
+    waited forever for a new pod to turn ready, and the PodDisruptionBudget never allowed an
+    eviction.) A master is ready while it serves, as leader or standby; callers the Service
+    sends to a standby are told where the leader is."""
+    from kvpool.common.http_server import HealthServer
+
+    render = renders[ha_set]
+    master = render.values["master"]
+    masters = _workload(render, "master")
+    assert masters["kind"] == "StatefulSet"
+    assert masters["spec"]["updateStrategy"] == {"type": "RollingUpdate"}
+    probe = render.container("master")["readinessProbe"]["httpGet"]
+    # What a standby answers there: it is ready (and /readyz, the leader's own, is not).
+    standby = HealthServer("127.0.0.1", 0, readiness=lambda: (False, "standby; the leader is x"))
+    standby.start()
+    try:
+        import urllib.error
+        import urllib.request
+
+        url = f"http://127.0.0.1:{standby.port}"
+        with urllib.request.urlopen(url + probe["path"], timeout=5) as answer:
+            assert answer.status == 200
+        with pytest.raises(urllib.error.HTTPError, match="503"):
+            urllib.request.urlopen(url + "/readyz", timeout=5)
+    finally:
+        standby.stop()
+    # Every master ready: the budget allows an eviction (the Kubernetes disruption
+    # controller's disruptionsAllowed = currentHealthy - desiredHealthy).
+    budget = render.get("PodDisruptionBudget", f"{render.fullname}-master")["spec"]
+    healthy = master["replicas"]
+    assert healthy - (master["replicas"] - budget["maxUnavailable"]) >= 1
+
+
+def test_masters_read_a_quotas_file_from_a_secret_when_one_is_named(
+    renders: dict[str, Render], render_release: Callable[[dict[str, Any]], Render]
+) -> None:
+    """(The chart had no way to give the master --quotas: no value, no volume, a read-only
+    root filesystem.) The Secret is mounted whole, so that an update reaches the masters."""
+    for render in (
+        renders["ha-bundled-etcd"],
+        render_release({"auth": {"quotasSecret": "q"}}),
+        render_release({"auth": {"quotasSecret": "q", "insecure": True}}),
+    ):
+        container = render.container("master")
+        path = str(parse_cli(container_argv(container)).quotas)
+        assert path == "/etc/kvpool/quotas/quotas.json"
+        files = _secret_files(_pod(_workload(render, "master")), container)
+        secret = render.values["auth"]["quotasSecret"]
+        assert files[path] == (secret, "quotas.json")
+        assert not any("subPath" in m for m in container["volumeMounts"])
+    for name in ("default", "external-etcd"):
+        assert parse_cli(container_argv(renders[name].container("master"))).quotas is None
 
 
 def test_nvme_through_a_claim_per_statefulset_pod(renders: dict[str, Render]) -> None:
@@ -539,7 +660,10 @@ def test_probes_hit_the_health_endpoints(renders: dict[str, Render], value_set: 
     for component in ("master", "node"):
         container = render.container(component)
         assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
-        assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+        # several masters: a standby is ready too (/readyz is the leader's alone)
+        ha = component == "master" and render.values["master"]["replicas"] > 1
+        path = "/healthz" if ha else "/readyz"
+        assert container["readinessProbe"]["httpGet"] == {"path": path, "port": "http"}
     assert render.container("node")["startupProbe"]["httpGet"]["path"] == "/healthz"
 
 
@@ -855,7 +979,10 @@ def test_service_monitor_scrapes_master_and_nodes(renders: dict[str, Render]) ->
             service_labels.get(expression["key"]) in expression["values"]
         )
 
-    scraped = {s["metadata"]["name"] for s in render.of_kind("Service") if selected(s)}
+    def scraped_through(service: dict[str, Any]) -> bool:  # (the endpoints' port: "http")
+        return selected(service) and "http" in {p["name"] for p in service["spec"]["ports"]}
+
+    scraped = {s["metadata"]["name"] for s in render.of_kind("Service") if scraped_through(s)}
     assert scraped == {f"{render.fullname}-master", f"{render.fullname}-node"}
     (endpoint,) = spec["endpoints"]
     assert endpoint["path"] == "/metrics"
@@ -945,6 +1072,8 @@ def _file_source(files: dict[str, tuple[str, str]], path: str) -> tuple[str, str
 
 
 PATH_FLAGS = (
+    "--quotas",
+    "--capability-key-file",
     "--tls-cert",
     "--tls-key",
     "--tls-client-ca",
@@ -1069,6 +1198,9 @@ def test_cert_manager_certificates(renders: dict[str, Render]) -> None:
         f"{service}.{ns}",
         f"{service}.{ns}.svc",
         f"{service}.{ns}.svc.cluster.local",
+        # several masters: every master pod, as each advertises itself when it leads
+        f"*.{name}-master-headless.{ns}.svc",
+        f"*.{name}-master-headless.{ns}.svc.cluster.local",
         "kvpool.example.com",
     ]
     assert "server auth" in master_cert["usages"]

@@ -21,6 +21,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from helpers import sourced
 
 from kvpool.local_cluster import LocalCluster
 
@@ -79,6 +80,56 @@ def test_kvpool_up_prints_every_endpoint_and_keeps_its_logs_after_ctrl_c():
             process.wait()
         if logs is not None:
             shutil.rmtree(logs, ignore_errors=True)
+
+
+def test_kvpool_up_serves_on_when_a_node_is_drained_and_leaves(tmp_path):
+    """(A drained node leaves, with status 0; `kvpool up` took any exit for a crash and
+    stopped the whole cluster.)"""
+    run_dir = tmp_path / "up"
+    process = subprocess.Popen(
+        [
+            *KVPOOL,
+            "up",
+            "--nodes",
+            "2",
+            "--dram",
+            "16MiB",
+            "--port",
+            "0",
+            "--run-dir",
+            str(run_dir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        started = read_until(process, "Ctrl-C")
+        assert "Ctrl-C" in started, started
+        env = os.environ | sourced(run_dir / "admin.env")
+        drained = subprocess.run(
+            [*KVPOOL, "drain", "node0", "--wait", "30"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert drained.returncode == 0, drained.stdout + drained.stderr
+        said = read_until(process, "serve on", timeout=30)
+        assert "node0 was drained and left; the others serve on" in said, said
+        time.sleep(1.5)  # (three rounds of its watch)
+        assert process.poll() is None, process.communicate(timeout=5)[0]
+        status = subprocess.run(
+            [*KVPOOL, "status"], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert status.returncode == 0 and "1 node(s)" in status.stdout, status.stdout
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=60)
+        assert process.returncode == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
 
 
 def put_starts(http_port: int) -> float:

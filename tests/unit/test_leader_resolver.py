@@ -144,3 +144,30 @@ def test_threads_failing_on_the_same_master_move_on_once_not_back_to_it():
     assert resolver.failed(tried="a:1") == "b:2", "the second failure on a:1 moves nothing"
     assert resolver.failed(hint="c:3", tried="a:1") == "b:2"
     assert resolver.failed(tried="b:2") == "c:3"
+
+
+def test_a_hinted_leader_that_fails_sends_the_caller_back_to_the_address_given():
+    """(A standby's hint was kept for good: behind one Service address, a caller whose hinted
+    leader could not be reached, or did not prove who it is there, retried it forever.)"""
+    resolver = LeaderResolver(parse_master("kv-master.ns.svc:50051"))
+    assert resolver.failed(hint="10.1.2.3:50051") == "10.1.2.3:50051"
+    assert resolver.hinted("10.1.2.3:50051")
+    assert not resolver.hinted("kv-master.ns.svc:50051")
+    assert resolver.failed(tried="10.1.2.3:50051") == "kv-master.ns.svc:50051"
+    assert resolver.leader() == "kv-master.ns.svc:50051"
+    # and a hint again after that is followed again
+    assert resolver.failed(hint="10.1.2.4:50051") == "10.1.2.4:50051"
+    assert resolver.failed() == "kv-master.ns.svc:50051"  # (a node: no ``tried``)
+
+
+def test_a_failed_hint_goes_on_down_the_list_of_masters():
+    resolver = LeaderResolver(parse_master("a:1,b:2,c:3"))
+    assert resolver.failed(hint="x:9", tried="a:1") == "x:9"
+    assert resolver.failed(tried="x:9") == "b:2", "the master after the one that named x:9"
+    assert resolver.failed(hint="c:3", tried="b:2") == "c:3"
+    assert not resolver.hinted("c:3")  # a listed master: the list goes on from it
+    assert resolver.failed(tried="c:3") == "a:1"
+
+
+def test_where_etcd_names_the_leader_nothing_is_a_hint():
+    assert not resolver("127.0.0.1:1").hinted("10.0.0.7:50051")

@@ -20,6 +20,7 @@ StatefulSet pod names, the controller-revision-hash label) stays within Kubernet
 {{- end -}}
 
 {{- define "kvpool.master.fullname" -}}{{ include "kvpool.fullname" . }}-master{{- end -}}
+{{- define "kvpool.master.headless" -}}{{ include "kvpool.fullname" . }}-master-headless{{- end -}}
 {{- define "kvpool.node.fullname" -}}{{ include "kvpool.fullname" . }}-node{{- end -}}
 {{- define "kvpool.etcd.fullname" -}}{{ include "kvpool.fullname" . }}-etcd{{- end -}}
 {{- define "kvpool.etcd.headless" -}}{{ include "kvpool.fullname" . }}-etcd-headless{{- end -}}
@@ -91,11 +92,21 @@ capabilities:
 {{- end -}}
 
 {{/*
+With several masters, the domain of the headless Service that gives each master pod (a
+StatefulSet pod) a DNS name of its own, <pod>.<this domain>: what a master advertises as the
+leader's address, and what the master's certificate names (as *.<this domain>).
+*/}}
+{{- define "kvpool.master.podDomain" -}}
+{{- printf "%s.%s.svc" (include "kvpool.master.headless" .) .Release.Namespace -}}
+{{- end -}}
+
+{{/*
 Where storage nodes find the master: with several masters and auth.insecure, through etcd
 (etcd://HOST:PORT,.../CLUSTER), so they follow a failover at once instead of waiting for the
 Service to notice it; else the Service. A secure cluster's etcd requires client certificates,
-which only the masters hold: its nodes go through the Service (which routes to the leader only,
-the standbys being unready), whose name the master's certificate carries.
+which only the masters hold: its nodes go through the Service, whose name the master's
+certificate carries. The Service routes to every master, leader and standbys (all of them are
+ready): a standby names the leader, <pod>.<master.podDomain>, which the certificate names too.
 */}}
 {{- define "kvpool.nodeMasterAddress" -}}
 {{- if and (include "kvpool.ha" .) (not (include "kvpool.secure" .)) -}}
@@ -324,6 +335,7 @@ credentials.json and new tokens reach the running processes, which re-read them.
 {{- define "kvpool.paths.nodeTokens" -}}/etc/kvpool/node-tokens{{- end -}}
 {{- define "kvpool.paths.etcdTls" -}}/etc/kvpool/etcd-tls{{- end -}}
 {{- define "kvpool.paths.capabilityKeys" -}}/etc/kvpool/capability-keys{{- end -}}
+{{- define "kvpool.paths.quotas" -}}/etc/kvpool/quotas{{- end -}}
 
 {{/* The Secret with the master's certificate (tls.crt, tls.key) and the CA (ca.crt). */}}
 {{- define "kvpool.tls.secretName" -}}
