@@ -225,7 +225,7 @@ class MasterState:
         #: not its id, so that a buffer of a dropped and remounted segment is never freed twice.
         self._deferred: list[tuple[float, int, SegmentRecord, int]] = []
         #: While a PutStart runs: what comes free in each tier, for its NO_SPACE messages.
-        self._coming_free_by_tier: dict[Tier, str] | None = None
+        self._coming_free_by_tier: dict[tuple[Tier, str], str] | None = None
         #: command id -> (segment, offset, object, not before): targets of copies cancelled
         #: while their node may still be writing them; freed once it answers.
         self._parked: dict[int, tuple[SegmentRecord, int, ObjectRecord, float]] = {}
@@ -1386,7 +1386,10 @@ class MasterState:
                     "capabilities signed for the node's earlier process still run): retry "
                     "shortly",
                 )
-            return PutSlot(KeyStatus.NO_SPACE, message=self._no_space_message(size, options.tier))
+            return PutSlot(
+                KeyStatus.NO_SPACE,
+                message=self._no_space_message(size, options.tier, tenant_of(key)),
+            )
         put_id = next(self._put_ids)
         if self._own_floor is None:
             self._own_floor = put_id
@@ -1653,11 +1656,21 @@ class MasterState:
             replicas.append(make(Replica, (segment.segment_id, offset)))
         return replicas
 
-    def _no_space_message(self, size: int, tier: Tier = Tier.UNSPECIFIED) -> str:
+    def _no_space_message(self, size: int, tier: Tier = Tier.UNSPECIFIED, tenant: str = "") -> str:
+        """Why nothing could be placed, in the terms of the segments that may hold the
+        tenant's objects (of others, it says nothing: not even how much they hold)."""
         segments = [
             s for s in self.segments.values() if tier is Tier.UNSPECIFIED or s.info.tier is tier
         ]
         where = "" if tier is Tier.UNSPECIFIED else f" in the {tier.name} tier"
+        admitting = [s for s in segments if _admits(s, tenant)]
+        if segments and not admitting:
+            return (
+                f"no storage node{where} takes tenant {tenant!r}'s objects: each serves "
+                "another tenant only (`kvpool node --tenant`). Start a node for this tenant "
+                "(--tenant " + repr(tenant) + "), or one without --tenant"
+            )
+        segments = admitting
         if not segments and tier is Tier.NVME:
             return (
                 f"no storage node has mounted a segment{where} yet: start one with "
@@ -1676,20 +1689,21 @@ class MasterState:
             f"no segment{where} can hold {format_size(size)} ({size} bytes), even after evicting "
             f"what may be evicted: the largest free extent is {format_size(largest)} ({largest} "
             f"bytes); {format_size(free)} free of {format_size(capacity)} in "
-            f"{len(segments)} segments.{self._coming_free_in(tier, segments)} Remove objects, add "
+            f"{len(segments)} segments.{self._coming_free_in(tier, tenant, segments)} Remove "
+            "objects, add "
             "storage nodes, or store smaller objects."
         )
 
-    def _coming_free_in(self, tier: Tier, segments: list[SegmentRecord]) -> str:
+    def _coming_free_in(self, tier: Tier, tenant: str, segments: list[SegmentRecord]) -> str:
         """``_coming_free`` of a tier's segments, found once per PutStart: it walks every
         buffer waiting, and a batch of keys that all find no space would walk them once per
         key (a tenant's batch of refused keys held the master's loop for seconds)."""
         cache = self._coming_free_by_tier
         if cache is None:
             return self._coming_free(segments)
-        found = cache.get(tier)
+        found = cache.get((tier, tenant))
         if found is None:
-            found = cache[tier] = self._coming_free(segments)
+            found = cache[tier, tenant] = self._coming_free(segments)
         return found
 
     def _coming_free(self, segments: list[SegmentRecord]) -> str:

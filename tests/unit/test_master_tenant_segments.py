@@ -36,8 +36,22 @@ def test_a_tenant_s_segment_takes_its_objects_and_no_other_tenant_s():
 def test_another_tenant_finds_no_space_where_every_segment_is_one_tenant_s():
     state, _ = _state()
     _mount(state, "of-a", tenant="a")
-    assert put(state, "b/k", 4 * KiB).status is KeyStatus.NO_SPACE
+    refused = put(state, "b/k", 4 * KiB)
+    assert refused.status is KeyStatus.NO_SPACE
+    # it says why, and nothing of tenant a's segments (not their name, not their space)
+    assert "no storage node takes tenant 'b'" in refused.message
+    assert "--tenant" in refused.message
+    assert "'a'" not in refused.message and "MiB" not in refused.message
     assert put(state, "a/k", 4 * KiB).status is KeyStatus.OK
+
+
+def test_a_no_space_message_counts_the_segments_that_take_the_tenant_only():
+    state, _ = _state()
+    _mount(state, "of-a", tenant="a", size=64 * MiB)
+    _mount(state, "shared", size=1 * MiB)
+    refused = put(state, "b/big", 2 * MiB)
+    assert refused.status is KeyStatus.NO_SPACE
+    assert "of 1.0 MiB in 1 segments" in refused.message, refused.message
 
 
 def test_a_copy_after_a_node_died_never_goes_to_another_tenant_s_segment():
