@@ -108,6 +108,9 @@ class AsyncClient:
         if self._closed:
             return
         self._closed = True
+        if self._client._session.forked:  # a fork child's copy: its threads never ran here
+            self._client.close()
+            return
         future = asyncio.get_running_loop().run_in_executor(None, self._close)
         try:
             await asyncio.shield(future)
@@ -314,6 +317,9 @@ class AsyncClient:
         CancelledError through."""
         if self._closed:
             raise ClientClosed("this AsyncClient is closed: make a new one")
+        # (in a fork child, the pool's threads are the parent's: a call handed to them would
+        # wait for ever)
+        self._client._session.check_process()
         loop = asyncio.get_running_loop()
         scope = CancelScope()
         started = self._threads.submit(run_in_scope, scope, call)

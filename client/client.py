@@ -30,7 +30,7 @@ from kvpool.client.master_link import MasterLink
 from kvpool.client.outcomes import error_for
 from kvpool.client.put_path import PendingPut, WriteOptions
 from kvpool.client.reservation import Reservation
-from kvpool.client.session import Session
+from kvpool.client.session import Session, ucx_config_after_fork
 from kvpool.client.types import (
     ClusterStatus,
     KeyPage,
@@ -67,7 +67,9 @@ FENCE_RETRY = 0.1
 
 
 class Client:
-    """A kvpool client. Use one per process and close it (or use ``with``).
+    """A kvpool client. Use one per process and close it (or use ``with``). A client belongs
+    to the process that made it: after ``fork()``, make a new one in the child (there, calls
+    on the parent's raise ClientForked, and its connections are left to the parent).
 
     Thread-safe: threads share one client, and their calls overlap rather than queue (each
     master call on a connection of its own, each transfer on a UCX worker of its own, copies
@@ -122,6 +124,7 @@ class Client:
         try:
             target = parse_master(master)
             credentials = CallerCredentials.resolve(token, tls_ca, tls_cert, tls_key)
+            credentials.refuse_plaintext_token((*target.masters, *target.etcd))
         except ValueError as error:
             raise InvalidArgument(str(error)) from None
         _check_replicas(replicas)
@@ -144,7 +147,11 @@ class Client:
         self.prefer_local = prefer_local
         self._session = Session(
             MasterLink(target, use_lane=metadata_lane, credentials=credentials),
-            DataPath(ucx_config, same_host_mapping=same_host_mapping, copy_threads=copy_threads),
+            DataPath(
+                ucx_config_after_fork(ucx_config),
+                same_host_mapping=same_host_mapping,
+                copy_threads=copy_threads,
+            ),
             timeout,
             lease_ttl,
         )
@@ -180,6 +187,8 @@ class Client:
         of its connections and mapped memory."""
         if not self._closed:
             self._closed = True
+            if self._session.forked:  # a fork child's copy: the parent's, left alone
+                return
             try:
                 self._release_leases()
             finally:
@@ -576,8 +585,9 @@ class Client:
         else:
             fields = {"no_lease": True}
         found = _found(self._keyed_call("Exists", keys, **fields), keys)
-        if lease:
-            self._remember_leases(keys)  # (a key it holds no lease on is given back harmlessly)
+        if lease:  # (given back at close: the keys found, each leased; never an invalid one)
+            leased = keys if found.count(True) == len(found) else _leased_keys(keys, found)
+            self._remember_leases(leased)
         return found
 
     def remove_many(self, keys: Sequence[str], *, force: bool = False) -> list[KVPoolError | None]:
@@ -881,6 +891,11 @@ def _found(statuses: list[Any], keys: Sequence[str]) -> list[bool | KVPoolError]
         s if isinstance(s, KVPoolError) else error_for(s, k) if s == refused else s == ok
         for s, k in zip(statuses, keys, strict=True)
     ]
+
+
+def _leased_keys(keys: Sequence[str], found: Sequence[Any]) -> list[str]:
+    """The keys an Exists found (and leased), of those it asked about."""
+    return [key for key, f in zip(keys, found, strict=True) if f is True]
 
 
 def _located_keys(keys: Sequence[str], located: Mapping[int, Any]) -> Sequence[str]:

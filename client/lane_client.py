@@ -6,6 +6,11 @@ Every wait is bounded by the caller's deadline; a connection that timed out or b
 closed, never reused (a late answer must not be read as the next call's). The master closes
 connections idle for minutes: an idle connection is used again only within ``MAX_IDLE``
 seconds and while the master has not closed it (else a new one is made, unseen by the caller).
+
+A fork child never uses its parent's connections: it would send on the parent's stream, and
+either process could read the other's answer. The child's copies of the idle ones are closed
+as it starts (its descriptors only: the parent's connection stays open, and TLS says no
+goodbye on it), and its calls connect anew.
 """
 
 from __future__ import annotations
@@ -13,11 +18,13 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import os
 import select
 import socket
 import ssl
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from google.protobuf.message import DecodeError
@@ -65,6 +72,7 @@ class LaneClient:
         self._idle: list[_Connection] = []
         self._lock = threading.Lock()
         self._closed = False
+        _LIVE.add(self)
 
     def call(
         self, method: str, request: Message, response_type: type[Message], timeout: float
@@ -93,6 +101,13 @@ class LaneClient:
             idle, self._idle = self._idle, []
         for connection in idle:
             connection.close()
+
+    def _after_fork_in_child(self) -> None:
+        """Lets go of the parent's idle connections (see the module docstring)."""
+        self._lock = threading.Lock()  # (another thread may have held it at fork)
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            connection.close()  # (this process's descriptor; no TLS close_notify is sent)
 
     def _take(self, deadline: float) -> _Connection:
         while True:
@@ -270,6 +285,18 @@ class _Connection:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self._sock.close()
+
+
+#: The lane clients of this process, for ``_after_fork_in_child``.
+_LIVE: weakref.WeakSet[LaneClient] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for lane in list(_LIVE):
+        lane._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _openssl(sock: socket.socket) -> Any:

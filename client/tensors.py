@@ -243,6 +243,7 @@ def put_tensors(
 def read_whole(client: Client, keys: Sequence[str], verify: bool) -> list[Any]:
     """Each object whole, in a new uint8 tensor of its size (or the error for it), in one
     master round trip: ``get_many``, with tensors in place of ``bytes``."""
+    verify = arguments.flag("verify", verify)
     torch = _torch()
     session = client._session
     deadline = time.monotonic() + client.timeout
@@ -263,6 +264,7 @@ def read_whole(client: Client, keys: Sequence[str], verify: bool) -> list[Any]:
 
 def get_tensors(client: Client, keys: Sequence[str], verify: bool = False) -> list[Any]:
     """Entry i is key i's tensor (dtype and shape as put) or its error; no copy."""
+    keys = arguments.key_list("get_tensors", keys, "get_tensor(key)")
     results = read_whole(client, keys, verify)
     for i, data in enumerate(results):
         if isinstance(data, KVPoolError):
@@ -285,6 +287,7 @@ def get_tensor_into(client: Client, key: str, tensor: Any, verify: bool = False)
             key=key,
         )
     check_buffer_tensor(tensor, "the target tensor")
+    verify = arguments.flag("verify", verify)
     [data] = read_whole(client, [key], verify)
     if isinstance(data, KVPoolError):
         raise data

@@ -22,6 +22,12 @@ class ClientClosed(KVPoolError, RuntimeError):
     """The client (or the adapter over it) was closed: make a new one."""
 
 
+class ClientForked(ClientClosed):
+    """A client made before ``fork()`` was used in the child process. Its connections, threads
+    and mappings are the parent's (calls from both would share one stream and read each
+    other's answers), so the child may not use it: make a new client in the child."""
+
+
 class InvalidKey(KVPoolError, ValueError):
     """The key is empty, longer than 1024 bytes of UTF-8, or not valid UTF-8."""
 

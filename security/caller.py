@@ -3,21 +3,30 @@
 Clients, storage nodes and the CLI take them the way their users expect: arguments first,
 then the environment (``KVPOOL_TOKEN`` or ``KVPOOL_TOKEN_FILE``, ``KVPOOL_TLS_CA``,
 ``KVPOOL_TLS_CERT``, ``KVPOOL_TLS_KEY``). A CA makes every connection to the master TLS;
-without one they are plaintext (a loopback master, or one started ``--insecure``).
+without one they are plaintext (a loopback master, or one started ``--insecure``). A token
+never goes out in plaintext beyond loopback: a token without a CA, for a master (or etcd)
+on another host, is refused (PlaintextToken) before anything is sent.
 """
 
 from __future__ import annotations
 
 import os
 import ssl
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
 
-from kvpool.security.tls import TlsFiles, client_ssl_context, grpc_channel_credentials
+from kvpool.common.loopback import is_loopback
+from kvpool.common.master_address import host_of
+from kvpool.security.tls import (
+    TlsConfigError,
+    TlsFiles,
+    client_ssl_context,
+    grpc_channel_credentials,
+)
 from kvpool.security.tokens import token_from, token_problem
 
 ENV_TLS_CA = "KVPOOL_TLS_CA"
@@ -27,6 +36,11 @@ ENV_TLS_KEY = "KVPOOL_TLS_KEY"
 
 class CredentialsProblem(ValueError):
     """The credentials given cannot be used as they are (a malformed token, a missing file)."""
+
+
+class PlaintextToken(CredentialsProblem, TlsConfigError):
+    """A token would cross the network readable: no CA (so no TLS) for a master or etcd
+    beyond loopback. (A TlsConfigError too: what a channel that cannot be made raises.)"""
 
 
 @dataclass(frozen=True)
@@ -85,6 +99,21 @@ class CallerCredentials:
                 raise CredentialsProblem(str(error)) from None
         return cls(token, tls)
 
+    def refuse_plaintext_token(self, addresses: Iterable[str]) -> None:
+        """PlaintextToken when this token would go out unencrypted to one of ``addresses``
+        (HOST:PORT) that is not this host's loopback: a token, and no CA. Without a token
+        (a master started ``--insecure``), or with a CA, nothing is refused."""
+        if self.token is None or self.tls is not None:
+            return
+        remote = [address for address in addresses if not is_loopback(host_of(address))]
+        if remote:
+            raise PlaintextToken(
+                f"a token but no CA for {', '.join(remote)}, beyond loopback: without TLS "
+                "the token would cross the network readable. Give --tls-ca / KVPOOL_TLS_CA "
+                "(tls_ca= in Python), the CA of the master's certificate; for a master "
+                "started --insecure, give no token"
+            )
+
     def client_arguments(self) -> dict[str, Any]:
         """``kvpool.Client`` keyword arguments that give these same credentials."""
         tls = self.tls
@@ -101,6 +130,8 @@ class CallerCredentials:
         return (("authorization", f"Bearer {self.token}"),) if self.token else ()
 
     def channel(self, target: str, options: Sequence[tuple[str, Any]]) -> grpc.Channel:
+        """A channel to ``target``; PlaintextToken where the token would go out readable."""
+        self.refuse_plaintext_token([target])
         if self.tls is None:
             return grpc.insecure_channel(target, options=options)
         return grpc.secure_channel(target, grpc_channel_credentials(self.tls), options=options)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kvpool.cli.shown import cell, line, message, printable
 from kvpool.common import cli_numbers
 from kvpool.common.file_writes import write_all
 from kvpool.common.keys import shown_key
@@ -182,10 +183,10 @@ def _with_client(command: Callable[[Any, argparse.Namespace], int]) -> Callable[
             ) as client:
                 return command(client, args)
         except (InvalidArgument, InvalidKey) as error:  # bad input, as argparse's own: 2
-            print(f"error: {error}", file=sys.stderr)
+            print(f"error: {message(error)}", file=sys.stderr)
             return 2
-        except KVPoolError as error:
-            print(f"error: {error}", file=sys.stderr)
+        except KVPoolError as error:  # (its message may quote the master's, which may be odd)
+            print(f"error: {message(error)}", file=sys.stderr)
             return 1
         except BrokenPipeError:  # (the output went to a reader that stopped, as `head` does)
             with contextlib.suppress(OSError):
@@ -193,7 +194,7 @@ def _with_client(command: Callable[[Any, argparse.Namespace], int]) -> Callable[
             return 1
         except Exception as error:  # a bug: one line, not a traceback from deep inside
             print(
-                f"error: {type(error).__name__}: {error} (unexpected: please report it)",
+                f"error: {type(error).__name__}: {message(error)} (unexpected: please report it)",
                 file=sys.stderr,
             )
             return 1
@@ -259,7 +260,7 @@ def _ls(client: Any, args: argparse.Namespace) -> int:
         for key, size in zip(page.keys, page.sizes, strict=True):
             if args.limit and shown >= args.limit:
                 break
-            table.add_row(key, format_size(size))
+            table.add_row(cell(key), format_size(size))  # (keys are data, never markup)
             shown += 1
         if not page.next_start_after or (args.limit and shown >= args.limit):
             break
@@ -317,7 +318,7 @@ def _rm(client: Any, args: argparse.Namespace) -> int:
             )
             failed += 1
         else:
-            print(f"error: {result}", file=sys.stderr)
+            print(f"error: {message(result)}", file=sys.stderr)
             failed += 1
     return 1 if failed else 0
 
@@ -331,10 +332,10 @@ def _status(client: Any, args: argparse.Namespace) -> int:
     for s in sorted(status.segments, key=lambda s: s.segment_id):
         use = f"{100 * s.used / s.capacity:.1f}%" if s.capacity else "-"
         tier = {1: "dram", 2: "nvme"}.get(s.tier, "?")
-        table.add_row(
-            s.segment_id,
-            s.node_id,
-            s.host,
+        table.add_row(  # (what nodes call themselves: data, never markup)
+            cell(s.segment_id),
+            cell(s.node_id),
+            cell(s.host),
             tier,
             format_size(s.used),
             format_size(s.capacity),
@@ -361,9 +362,11 @@ def _status(client: Any, args: argparse.Namespace) -> int:
     used = sum(s.used for s in status.segments)
     capacity = sum(s.capacity for s in status.segments)
     console.print(
-        f"master {client.master}: {status.nodes} node(s), {status.objects} object(s), "
-        f"{status.reservations} being written, {format_size(used)} of {format_size(capacity)} "
-        f"used, up {status.uptime_s:.0f}s"
+        line(
+            f"master {printable(client.master)}: {status.nodes} node(s), {status.objects} "
+            f"object(s), {status.reservations} being written, {format_size(used)} of "
+            f"{format_size(capacity)} used, up {status.uptime_s:.0f}s"
+        )
     )
     return 0
 
@@ -376,23 +379,23 @@ def _stat(client: Any, args: argparse.Namespace) -> int:
     pins = {0: "none", 1: "soft", 2: "hard"}
     tiers = {1: "dram", 2: "nvme"}
     console = Console()
-    console.print(f"key      {args.key}")
-    console.print(f"size     {format_size(info.size)} ({info.size} bytes)")
-    console.print(f"state    {info.state}")
-    console.print(f"lease    {info.lease_remaining_ms / 1000:.1f}s left")
+    console.print(line(f"key      {printable(args.key)}"))
+    console.print(line(f"size     {format_size(info.size)} ({info.size} bytes)"))
+    console.print(line(f"state    {printable(info.state)}"))
+    console.print(line(f"lease    {info.lease_remaining_ms / 1000:.1f}s left"))
     pin = pins.get(info.pin, "?")
     if info.pin == 1:
         pin += f" ({info.pin_remaining_ms / 1000:.0f}s left)"
-    console.print(f"pin      {pin}")
-    console.print(f"crc32c    {'-' if info.crc32c is None else f'{info.crc32c:#010x}'}")
-    console.print(f"age      {info.age_ms / 1000:.1f}s, idle {info.idle_ms / 1000:.1f}s")
+    console.print(line(f"pin      {pin}"))
+    console.print(line(f"crc32c    {'-' if info.crc32c is None else f'{info.crc32c:#010x}'}"))
+    console.print(line(f"age      {info.age_ms / 1000:.1f}s, idle {info.idle_ms / 1000:.1f}s"))
     table = Table("replica", "segment", "node", "host", "tier", "address")
     for i, replica in enumerate(info.replicas):
         table.add_row(
             str(i),
-            replica.segment_id,
-            replica.node_id,
-            replica.host,
+            cell(replica.segment_id),
+            cell(replica.node_id),
+            cell(replica.host),
             tiers.get(replica.tier, "?"),
             f"{replica.address:#x}",
         )
@@ -421,7 +424,7 @@ def _story(client: Any, args: argparse.Namespace) -> int:
     for event in events:
         at = datetime.fromtimestamp(now - event.age_s).isoformat(" ", timespec="milliseconds")
         names = sorted(event.details, key=lambda name: (name != "put_id", name))
-        details = "  ".join(f"{name}={event.details[name]}" for name in names)
-        table.add_row(at, f"{event.age_s:.1f}s", event.event, details)
+        details = "  ".join(f"{printable(name)}={printable(event.details[name])}" for name in names)
+        table.add_row(at, f"{event.age_s:.1f}s", cell(event.event), line(details))
     Console().print(table)
     return 0

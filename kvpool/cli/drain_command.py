@@ -15,6 +15,7 @@ import sys
 import time
 from typing import Any
 
+from kvpool.cli.shown import message, printable
 from kvpool.common import cli_numbers
 from kvpool.common.sizes import format_size
 from kvpool.errors import KVPoolError
@@ -54,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
         credentials = CallerCredentials.resolve(
             args.token, args.tls_ca, args.tls_cert, args.tls_key
         )
+        credentials.refuse_plaintext_token((*target.masters, *target.etcd))
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -73,14 +75,14 @@ def run(args: argparse.Namespace) -> int:
                 answer = link.call("Drain", request, time.monotonic() + args.timeout)
             except KVPoolError as error:
                 if asked and "NOT_FOUND" in str(error):
-                    print(f"node {args.node_id} drained and left", file=sys.stderr)
+                    print(f"node {printable(args.node_id)} drained and left", file=sys.stderr)
                     return 0
-                print(f"error: {error}", file=sys.stderr)
+                print(f"error: {message(error)}", file=sys.stderr)
                 return 1
             left = (answer.objects_left, answer.bytes_left)
             if not asked or left != shown:
                 print(
-                    f"node {args.node_id} draining: {answer.objects_left} object(s) "
+                    f"node {printable(args.node_id)} draining: {answer.objects_left} object(s) "
                     f"({format_size(answer.bytes_left)}) left to copy to "
                     f"{answer.live_nodes} other node(s)",
                     file=sys.stderr,
@@ -90,8 +92,9 @@ def run(args: argparse.Namespace) -> int:
             if time.monotonic() >= end:
                 if args.wait > 0:
                     print(
-                        f"error: node {args.node_id} has not left after {args.wait:g}s: it "
-                        "leaves once nothing is left to copy, or at its --drain-timeout",
+                        f"error: node {printable(args.node_id)} has not left after "
+                        f"{args.wait:g}s: it leaves once nothing is left to copy, or at its "
+                        "--drain-timeout",
                         file=sys.stderr,
                     )
                     return 1

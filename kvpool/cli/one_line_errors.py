@@ -7,6 +7,8 @@ import argparse
 import sys
 from collections.abc import Callable
 
+from kvpool.cli.shown import message
+
 Command = Callable[[argparse.Namespace], int]
 
 
@@ -28,7 +30,7 @@ def one_line_errors(
             except Exception as error:
                 if not isinstance(error, (Refused, *errors())):
                     raise
-                print(f"error: {error}", file=sys.stderr)
+                print(f"error: {message(error)}", file=sys.stderr)
                 return 2
 
         return run

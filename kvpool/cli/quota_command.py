@@ -17,6 +17,7 @@ import sys
 from typing import Any
 
 from kvpool.cli.one_line_errors import Refused, one_line_errors
+from kvpool.cli.shown import cell
 
 #: The options of ``set``: (quota, is a size).
 #: The largest count or size a quota may name (what a 64-bit counter holds).
@@ -171,7 +172,6 @@ def _set(args: argparse.Namespace) -> int:
 @one_line_errors(_value_errors)
 def _show(args: argparse.Namespace) -> int:
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
 
     from kvpool.common.sizes import format_size
@@ -190,7 +190,7 @@ def _show(args: argparse.Namespace) -> int:
         for name, size in QUOTA_OPTIONS:
             value = getattr(quota, name)
             cells.append("-" if value is None else format_size(value) if size else str(value))
-        table.add_row(escape(tenant), *cells)
+        table.add_row(cell(tenant), *cells)
     console = Console(soft_wrap=True)
     console.width = max(console.width, 132)  # (a row per tenant: never wrapped in a pipe)
     console.print(table)

@@ -13,6 +13,7 @@ import sys
 from typing import Any
 
 from kvpool.cli.one_line_errors import Refused, one_line_errors
+from kvpool.cli.shown import cell
 
 ROLES = ("node", "client", "admin")
 
@@ -103,14 +104,13 @@ def _list(args: argparse.Namespace) -> int:
         print(f"no tokens in {path}", file=sys.stderr)
         return 0
     from rich.console import Console
-    from rich.markup import escape
     from rich.table import Table
 
     table = Table("id", "name", "role", "tenant", "node id", "created", box=None)
     for record in records:
         created = datetime.datetime.fromtimestamp(record.created).astimezone()
         cells = (record.token_id, record.name, record.role.value, record.tenant, record.node_id)
-        table.add_row(*map(escape, cells), created.isoformat(timespec="seconds"))
+        table.add_row(*map(cell, cells), created.isoformat(timespec="seconds"))
     Console(soft_wrap=True).print(table)
     print(f"{len(records)} token(s)", file=sys.stderr)
     return 0

@@ -242,6 +242,53 @@ def test_a_master_whose_port_is_taken_says_which_and_exits(flag):
     assert f"Pick another port with {flag}" in err and "Traceback" not in err
 
 
+#: Keys a peer could choose that Rich would take for markup or an emoji, or that carry
+#: what a terminal obeys (an escape sequence, a newline faking a row, a bidi override).
+ODD_KEYS = {
+    "odd/x[/]": b"odd/x[/]",
+    "odd/[link=http://example.com]hidden[/link]": b"odd/[link=http://example.com]hidden[/link]",
+    "odd/[bold red]loud": b"odd/[bold red]loud",
+    "odd/:smile:": b"odd/:smile:",
+    "odd/esc\x1b]0;retitled\x07": rb"'odd/esc\x1b]0;retitled\x07'",
+    "odd/two\nrows": rb"'odd/two\nrows'",
+    "odd/bidi\u202egnp.exe": rb"'odd/bidi\u202egnp.exe'",
+}
+
+
+def test_keys_and_what_peers_say_are_shown_as_data_never_as_markup_or_escapes(up):
+    _, master = up
+    for key in ODD_KEYS:
+        stored = kvpool("put", key, "--value", "v", master=master)
+        assert stored.returncode == 0, stored.stderr
+    listing = kvpool("ls", "--prefix", "odd/", master=master)
+    assert listing.returncode == 0, listing.stderr
+    assert b"Traceback" not in listing.stderr and b"MarkupError" not in listing.stderr
+    assert listing.stdout.count(b"\n") == len(ODD_KEYS) + 1, "a header, then one row per key"
+    assert b"7 key(s)" in listing.stderr
+    for shown in ODD_KEYS.values():
+        assert shown in listing.stdout, (shown, listing.stdout)
+    # an admin lists every tenant's keys (TENANT/KEY): from the whole listing, theirs
+    everything = kvpool("ls", master=master, role="admin")
+    assert everything.returncode == 0, everything.stderr
+    assert b"MarkupError" not in everything.stderr
+    for shown in ODD_KEYS.values():
+        assert shown.lstrip(b"'") in everything.stdout, (shown, everything.stdout)
+    for output in (listing.stdout, everything.stdout):
+        assert b"\x1b" not in output and b"\x07" not in output, "no raw escape sequence"
+        assert "\u202e".encode() not in output, "no raw bidi override"
+        assert "😄".encode() not in output, "no emoji made of a key"
+    for key, shown in ODD_KEYS.items():
+        stat = kvpool("stat", key, master=master)
+        assert stat.returncode == 0, stat.stderr
+        assert b"key      " + shown + b"\n" in stat.stdout, stat.stdout
+        assert b"\x1b" not in stat.stdout
+        story = kvpool("story", key, master=master)
+        assert story.returncode == 0, story.stderr
+        assert b"published" in story.stdout and b"\x1b" not in story.stdout
+    removed = kvpool("rm", "--prefix", "odd/", master=master)
+    assert removed.returncode == 0 and b"removed 7 object(s)" in removed.stderr
+
+
 def test_ctrl_c_stops_kvpool_up_cleanly(up):
     process, _ = up
     process.send_signal(signal.SIGINT)

@@ -11,6 +11,7 @@ import pytest
 from helpers import cluster_status
 
 from kvpool import Client
+from kvpool.common import lane_protocol as lp
 from kvpool.errors import (
     BufferTooSmall,
     InvalidArgument,
@@ -164,14 +165,12 @@ def test_numbers_past_their_wire_fields_are_refused_naming_the_argument(client):
         client.list_keys(limit=-1)
 
 
-def test_a_batch_larger_than_the_master_reads_says_to_split_it(client):
-    # 80 MB of keys: beyond the largest request the master reads (lane_protocol's
-    # REQUEST_LIMIT), which it would drop unread; no retry can help
-    keys = [f"{i:08d}".ljust(1000, "k") for i in range(80_000)]
-    start = time.monotonic()
-    with pytest.raises(InvalidArgument, match="split the batch"):
-        client.exists_many(keys)
-    assert time.monotonic() - start < 2.0, "refused before sending, not after retries"
+def test_a_batch_of_more_keys_than_one_call_takes_is_split_and_answered_per_key(client):
+    # 20 MB of keys: more than one call may carry (lane_protocol's MAX_BATCH_KEYS, and its
+    # REQUEST_LIMIT in bytes); the client sends them in parts and answers each key
+    keys = [f"{i:08d}".ljust(1000, "k") for i in range(20_000)]
+    assert len(keys) > 4 * lp.MAX_BATCH_KEYS
+    assert client.exists_many(keys) == [False] * len(keys)
 
 
 def test_bad_ucx_settings_raise_invalid_argument_naming_them():
@@ -324,3 +323,74 @@ def test_client_arguments_of_the_wrong_type_are_refused_naming_them(arguments, m
     arguments = {"master": "127.0.0.1:1", **arguments}
     with pytest.raises(InvalidArgument, match=message):
         Client(arguments.pop("master"), **arguments)
+
+
+@pytest.mark.parametrize("key", [["a"], {}, b"bytes", None])
+def test_exists_of_a_key_that_is_not_a_str_is_invalid_key_and_leases_nothing(client, key):
+    with pytest.raises(InvalidKey, match="keys are str"):
+        client.exists(key)
+    valid = f"exists-{uuid.uuid4().hex}"
+    client.put(valid, b"x")
+    found = client.exists_many([valid, key, "never-put-" + valid])
+    assert found[0] is True and isinstance(found[1], InvalidKey) and found[2] is False
+    assert valid in client._leased and "never-put-" + valid not in client._leased
+
+
+def test_tensor_reads_check_their_keys_and_flags(client):
+    pytest.importorskip("torch")
+    with pytest.raises(InvalidArgument, match="a list of keys, not one str: for one key"):
+        client.get_tensors("tg")
+    with pytest.raises(InvalidArgument, match="verify must be True or False"):
+        client.get_tensors([f"t-{uuid.uuid4().hex}"], verify="yes")
+    with pytest.raises(InvalidArgument, match="verify must be True or False"):
+        client.get_tensor(f"t-{uuid.uuid4().hex}", verify=1)
+    with pytest.raises(InvalidArgument, match="takes a list of keys"):
+        client.get_tensors(5)
+    import torch
+
+    keys = [f"t-{uuid.uuid4().hex}" for _ in range(2)]
+    client.put_tensors([(k, torch.arange(4) + i) for i, k in enumerate(keys)])
+    got = client.get_tensors(k for k in keys)  # (any iterable of keys, as get_many)
+    assert [t.tolist() for t in got] == [[0, 1, 2, 3], [1, 2, 3, 4]]
+
+
+# ---------------------------------------------------------------- reservations step by step
+
+
+def test_a_committed_reservation_can_be_neither_revoked_nor_written(client):
+    key = f"res-{uuid.uuid4().hex}"
+    reservation = client.reserve(key, 4)
+    reservation.write(b"abcd")
+    replicas = reservation.commit()
+    assert replicas >= 1 and reservation.commit() == replicas  # (again: the same answer)
+    with pytest.raises(InvalidArgument, match="was committed, and the object is published"):
+        reservation.revoke()
+    with pytest.raises(InvalidArgument, match="was committed"):
+        reservation.write(b"wxyz")
+    assert client.get(key) == b"abcd"
+
+
+def test_a_revoked_reservation_can_be_neither_written_nor_committed(client):
+    key = f"res-{uuid.uuid4().hex}"
+    reservation = client.reserve(key, 4)
+    reservation.revoke()
+    reservation.revoke()  # (again: nothing more to give up)
+    with pytest.raises(InvalidArgument, match="was revoked"):
+        reservation.write(b"abcd")
+    with pytest.raises(InvalidArgument, match="was revoked"):
+        reservation.commit()
+    with pytest.raises(ObjectNotFound):
+        client.get(key)
+    again = client.reserve(key, 4)  # (the key is free)
+    again.write(b"abcd")
+    again.commit()
+    assert client.get(key) == b"abcd"
+
+
+def test_an_empty_reservation_commits_without_a_write(client):
+    key = f"res-{uuid.uuid4().hex}"
+    assert client.reserve(key, 0).commit() >= 1
+    assert client.get(key) == b""
+    assert client.stat(key).state == "published"
+    with pytest.raises(InvalidArgument, match=r"write 'res-.*' before committing it"):
+        client.reserve(f"res-{uuid.uuid4().hex}", 4).commit()
