@@ -24,7 +24,7 @@ from typing import Any
 
 from kvpool.client import arguments, get_path, put_path
 from kvpool.client.buffers import new_bytes, readable_address, writable_address
-from kvpool.client.cancellation import cancelled
+from kvpool.client.cancellation import cancelled, checkpoint
 from kvpool.client.data_path import DataPath
 from kvpool.client.master_link import MasterLink
 from kvpool.client.outcomes import error_for
@@ -411,6 +411,7 @@ class Client:
         order = list(sources)
         if len(order) > lp.MAX_BATCH_KEYS:
             for start in range(0, len(order), lp.MAX_BATCH_KEYS):
+                checkpoint()  # (a cancelled put reserves no further part)
                 part = {i: sources[i] for i in order[start : start + lp.MAX_BATCH_KEYS]}
                 self._store(pairs, part, results, options, deadline, pieces)
             return results

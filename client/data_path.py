@@ -480,6 +480,7 @@ class DataPath:
                 self._streams.forget(job.address)
                 errors.append(self._unreachable(segment_id, result.message))
             elif result.outcome is Outcome.INTERRUPTED:
+                self._streams.forget(job.address)  # (its idle connections may be dead too)
                 errors.append(
                     Failure(
                         f"transfer with segment {segment_id} was cut off: {result.message}",

@@ -1032,7 +1032,7 @@ class MasterState:
                     record, now, (record.key, now, "removed", record.put_id, record.state, force)
                 )
             elif record is None:  # (lost with its nodes, or on a node not heard from yet)
-                self._tombstones.ended_unknown(key)
+                self._tombstones.ended_unknown(key, self._issued_so_far())
             statuses.append(status)
         return statuses
 
@@ -1075,9 +1075,10 @@ class MasterState:
             ]
             # what this master cannot list must not come back either: objects lost with
             # their nodes, and whatever nodes not heard from since the election hold
+            issued = self._issued_so_far()
             for key in self._tombstones.lost_keys(prefix):
                 if key not in self.objects:
-                    self._tombstones.ended_unknown(key)
+                    self._tombstones.ended_unknown(key, issued)
             self._tombstones.distrust_unheard()
         removed = leased = not_ready = 0
         for key in published + unpublished:
@@ -2452,6 +2453,13 @@ class MasterState:
                 self._note(loss)
             self._replication_changed(record)
         return 0
+
+    def _issued_so_far(self) -> int:
+        """The newest generation this master has issued or adopted (every later put's is
+        larger)."""
+        following = next(self._put_ids)
+        self._put_ids = itertools.count(following)  # (drawn, and put back)
+        return following - 1
 
     def _has_key_after(self, key: str, prefix: str) -> bool:
         for following in self._published_keys.irange(minimum=key, inclusive=(False, True)):

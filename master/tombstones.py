@@ -79,9 +79,6 @@ RECORD_BYTES = 768 << 10
 _PER_KEY_BYTES = 26
 
 
-#: A generation above any (what ``ended_unknown`` ends: all of them).
-ALL_GENERATIONS = (1 << 64) - 1
-
 #: What begins the entry of a node (rather than a segment): no segment id has it.
 NODE_PREFIX = "node:"
 
@@ -211,12 +208,14 @@ class Tombstones:
         """Whether the node's entry waits for ``heard`` (asked at every heartbeat)."""
         return bool(self._node_entries) and node_entry(node_id) in self._node_entries
 
-    def ended_unknown(self, key: str) -> None:
-        """A key the master holds no object of was removed: every generation of it that went
-        away with a segment, or that a node not heard from may hold, is gone for good (a
-        lost object, whose nodes are away, would otherwise come back with them)."""
+    def ended_unknown(self, key: str, issued: int) -> None:
+        """A key the master holds no object of was removed: every generation of it up to
+        ``issued`` (the newest this master has issued or adopted: whatever went away with a
+        segment, or a node not heard from may hold, is older) is gone for good (a lost
+        object, whose nodes are away, would otherwise come back with them). A put of the key
+        after the removal is newer, and is not refused."""
         if self._unheard or key in self._away_in:
-            self.ended(key, ALL_GENERATIONS)
+            self.ended(key, issued)
 
     def lost_keys(self, prefix: str) -> list[str]:
         """The keys starting with ``prefix`` of which a replica went away (a walk over all

@@ -256,7 +256,9 @@ class CheckedStreams:
                 result = Result(
                     Outcome.REFUSED, "the storage node ended the connection after a refused write"
                 )
-            elif result.outcome is Outcome.UNREACHABLE:  # (it was reached: this one was made)
+            elif result.outcome is Outcome.UNREACHABLE and is_get:
+                # (a read: the node ends one whose range it forgets by closing; a write cut
+                # off stays UNREACHABLE, so that its put is placed on other nodes)
                 result = Result(Outcome.INTERRUPTED, result.message)
             for i in indexes:
                 if results[i] is _PENDING:

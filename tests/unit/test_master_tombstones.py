@@ -325,7 +325,7 @@ def test_a_removal_of_a_key_the_new_leader_never_heard_of_reaches_an_unheard_nod
         options=PutOptions(replicas=1, preferred_hosts=("n2.cluster.local",)),
     )
     on_n2 = [stored(state, "only-n2", n2.segment_id)]
-    successor, clock = new_state()
+    successor, clock = new_state(epoch=1)  # (a later term: etcd's revision, larger)
     core = MasterCore(successor, awaited_nodes=["n1", "n2"], rebuild_window=10.0)
     core.mount_segment(1, n1, [], True, 0.0)
     clock.advance(10.0)
@@ -335,6 +335,25 @@ def test_a_removal_of_a_key_the_new_leader_never_heard_of_reaches_an_unheard_nod
     assert effects.answers[2] == [KeyStatus.NOT_FOUND]
     assert effects.durable == {"node:n2"}, "written before the removal answers"
     assert core.mount_segment(3, n2, on_n2, True, 0.0).answers[3] == ["only-n2"], "refused"
+
+
+def test_a_put_after_such_a_removal_is_not_refused_when_its_node_mounts_again():
+    """A removal ends the generations issued until then, not later ones (found by review:
+    ending every generation refused a later, legitimate put of the key at its node's next
+    mount)."""
+    state, clock = new_state()
+    n1, n2 = segment_info("n1", MiB), segment_info("n2", MiB)
+    core = MasterCore(state, awaited_nodes=["n1", "n2"], rebuild_window=10.0)
+    core.mount_segment(1, n1, [], True, 0.0)
+    clock.advance(10.0)
+    assert core.remove(2, ["x"], False).answers[2] == [KeyStatus.NOT_FOUND]  # n2 unheard
+    core.mount_segment(3, n2, [], False, 0.0)
+    publish(state, "x", 4096, options=PutOptions(replicas=1, preferred_hosts=("n2.cluster.local",)))
+    held = [stored(state, "x", n2.segment_id)]
+    declare_dead(state, clock, "n2", [n1])  # (before the heartbeat that reconciles n2)
+
+    assert core.mount_segment(4, n2, held, True, 0.0).answers[4] == []
+    assert "x" in state.objects
 
 
 def test_a_prefix_removal_while_a_node_is_unheard_distrusts_what_it_holds():
