@@ -24,7 +24,14 @@ class Helpers:
     """Usage: ``with Helpers(pool) as helpers: helpers.submit(...); own share``: leaving the
     block waits for every helper (``wait``), or, when the block raised, for those that
     started (``stop_and_wait``) before the exception goes on. ``stopped``: tells helpers
-    that look at it to end early."""
+    that look at it to end early.
+
+    An interrupt can land as ``__exit__`` is entered, before it waits (Python runs signal
+    handlers at a function's entry too): it would leave the block with helpers running.
+    So the block goes inside ``try: ... except BaseException: helpers.stop_and_wait();
+    raise``, which waits for them then. (tests/integration/test_interrupted_calls.py, which
+    interrupts reads at random points, twice saw bytes written into a buffer after the call
+    had raised: this window is the one found that allows it.)"""
 
     def __init__(self, pool: futures.Executor) -> None:
         self._pool = pool

@@ -177,9 +177,14 @@ class CheckedStreams:
         # Every group ends before any error is raised (each by the deadline), an interrupt
         # of the caller included: one that failed must not leave the others moving bytes
         # into memory the caller reuses.
-        with Helpers(self._pool) as helpers:
-            for group in groups:
-                helpers.submit(self._run_group, jobs, group, is_get, deadline, results)
+        helpers = Helpers(self._pool)
+        try:
+            with helpers:
+                for group in groups:
+                    helpers.submit(self._run_group, jobs, group, is_get, deadline, results)
+        except BaseException:
+            helpers.stop_and_wait()  # (see Helpers: an interrupt as the block ended)
+            raise
         for future in helpers.futures:
             future.result()
 

@@ -72,10 +72,14 @@ class Copier:
         if helpers is None:
             work()
             return done
-        with helpers:  # (an interrupt is raised once no helper touches the memory)
-            for _ in range(min(self.threads, len(pieces)) - 1):
-                helpers.submit(work)
-            work()
+        try:
+            with helpers:  # (an interrupt is raised once no helper touches the memory)
+                for _ in range(min(self.threads, len(pieces)) - 1):
+                    helpers.submit(work)
+                work()
+        except BaseException:
+            helpers.stop_and_wait()  # (see Helpers: an interrupt as the block ended)
+            raise
         for helper in helpers.futures:
             helper.result()
         return done

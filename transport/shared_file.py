@@ -112,9 +112,14 @@ class SharedFile(HeldSegment):
         elif pieces:
             # (each piece is one bounded write: none reads the caller's memory after this,
             # an interrupt of the caller included)
-            with Helpers(_PIECE_WRITERS) as helpers:
-                for at, size in pieces:
-                    helpers.submit(self._write_piece, offset, source, at, size, deadline)
+            helpers = Helpers(_PIECE_WRITERS)
+            try:
+                with helpers:
+                    for at, size in pieces:
+                        helpers.submit(self._write_piece, offset, source, at, size, deadline)
+            except BaseException:
+                helpers.stop_and_wait()  # (see Helpers: an interrupt as the block ended)
+                raise
             if not all([piece.result() for piece in helpers.futures]):  # (a piece's error)
                 return False
         if end > tail_start:

@@ -81,7 +81,7 @@ def test_reported_objects_are_checked_before_they_are_adopted(master):
         (pb.PutStartRequest(client_id="c", keys=["k"], sizes=[10], pin=7), "pin must be one of"),
         (pb.PutStartRequest(client_id="c", keys=["k"], sizes=[10], tier=9), "tier must be one of"),
         (pb.PutStartRequest(client_id="c", keys=["k"], sizes=[1 << 60]), "at most"),
-        (pb.GetReplicasRequest(client_id="c", keys=["x" * (10 << 20)]), "characters"),
+        (pb.GetReplicasRequest(client_id="c", keys=["x" * (1 << 20)]), "characters"),
         (
             pb.GetReplicasRequest(client_id="c", keys=["k"], mapped_segments=["s"] * 1025),
             "mapped_segments names at most 1024",
