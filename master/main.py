@@ -9,8 +9,9 @@ import os
 import resource
 import socket
 import time
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -500,22 +501,10 @@ async def serve(
 
         async def elected(epoch: int) -> None:
             # (either read failing raises: the term is given up, and campaigned for again)
-            try:
-                nodes = await election.registered_nodes()
-            except ETCD_ERRORS as error:
-                log.error(
-                    "the term cannot begin: the storage nodes listed in etcd could not be read",
-                    error=str(error) or type(error).__name__,
-                )
-                raise
-            try:
-                tombstones = await records.load()
-            except ETCD_ERRORS as error:
-                log.error(
-                    "the term cannot begin: the tombstone records in etcd could not be read",
-                    error=str(error) or type(error).__name__,
-                )
-                raise
+            nodes = await _read_for_term(
+                "the storage nodes listed in etcd", election.registered_nodes()
+            )
+            tombstones = await _read_for_term("the tombstone records in etcd", records.load())
             log.info(
                 "rebuilding the index from the nodes",
                 expected_nodes=sorted(nodes.live),
@@ -639,6 +628,22 @@ class _KeyFileWatch:
                 log.info("capability keys read again", key_ids=keys.ring.key_ids())
             self._stamp = stamp
         keys.tick(now)
+
+
+T = TypeVar("T")
+
+
+async def _read_for_term(what: str, read: Awaitable[T]) -> T:
+    """What a new term reads from etcd before it begins; a failure is logged, naming
+    ``what``, and raised (the term is given up)."""
+    try:
+        return await read
+    except ETCD_ERRORS as error:
+        log.error(
+            f"the term cannot begin: {what} could not be read",
+            error=str(error) or type(error).__name__,
+        )
+        raise
 
 
 class _NodesLeaving:

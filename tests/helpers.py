@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import select
+import signal
 import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 
 def holders(client: Any, key: str) -> set[str]:
@@ -186,3 +191,53 @@ def survives_a_stopped_master(
     assert child.returncode == 0, f"{script.name} ended with {child.returncode}:\n{output}"
     assert "survived" in child.stdout, output
     assert "BufferError" not in child.stderr, output
+
+
+#: How long a fork child of ``in_fork_child`` may take.
+CHILD_TIMEOUT = 60.0
+
+
+def in_fork_child(work: Callable[[], str]) -> str:
+    """Runs ``work`` in a fork child and returns what it returned (or how it failed)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never back into pytest
+        status = 0
+        try:
+            os.close(read_end)
+            try:
+                answer = work()
+            except BaseException as error:
+                answer = f"child raised {type(error).__name__}: {error}"
+            os.write(write_end, answer.encode())
+        except BaseException:
+            status = 1
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    answer = b""
+    deadline = time.monotonic() + CHILD_TIMEOUT
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([read_end], [], [], max(left, 0))
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+                pytest.fail(f"the fork child did not finish in {CHILD_TIMEOUT}s (it hangs)")
+            chunk = os.read(read_end, 65536)
+            if not chunk:
+                break
+            answer += chunk
+    finally:
+        os.close(read_end)
+        os.waitpid(pid, 0)
+    return answer.decode()
+
+
+def rebuilt_terms(master: Any) -> list[dict[str, Any]]:
+    """The "rebuilding the index" lines a master's JSON log holds, one per term it began."""
+    return [
+        json.loads(line)
+        for line in master.log_path.read_text().splitlines()
+        if "rebuilding the index" in line
+    ]

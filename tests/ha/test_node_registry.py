@@ -8,13 +8,12 @@ cluster whose node leaves gracefully."""
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 import time
 
 import aetcd
 import pytest
-from helpers import wait_until
+from helpers import rebuilt_terms, wait_until
 
 from kvpool import Client
 from kvpool.common.status import Tier
@@ -219,10 +218,6 @@ def test_a_node_that_left_gracefully_is_not_waited_for_by_the_next_leader(etcd, 
         assert served_after(client, began, 60) < node_ttl / 2, "the next leader waited for it"
     leader = cluster.leader()
     assert leader is not None
-    terms = [
-        json.loads(line)
-        for line in leader.log_path.read_text().splitlines()
-        if "rebuilding the index" in line
-    ]
+    terms = rebuilt_terms(leader)
     assert terms[-1]["away_nodes"] == [left]
     assert terms[-1]["expected_nodes"] == [stays.ready["node_id"]]

@@ -50,14 +50,7 @@ def test_an_object_removed_while_its_node_was_away_stays_removed_at_a_new_leader
         finally:
             away.signal(signal.SIGCONT)
         cluster.wait_for_leader(timeout=60)
-        assert wait_until(
-            lambda: all(away_id in holders(client, key) for key in kept), timeout=60
-        ), "the node that was away did not bring back what it holds"
-
-        assert client.exists_many(list(removed), lease=False) == [False] * len(removed)
-        assert not client.list_keys("removed/").keys
-        for key, value in kept.items():
-            assert client.get(key) == value
+        back_without_the_removed(client, away_id, kept, removed)
 
 
 def test_an_object_removed_at_a_new_leader_stays_removed_when_a_node_dead_before_returns(
@@ -99,10 +92,17 @@ def test_an_object_removed_at_a_new_leader_stays_removed_when_a_node_dead_before
             away.signal(signal.SIGCONT)
 
         # The node comes back, reporting everything its index lists, the removed objects too.
-        assert wait_until(
-            lambda: all(away_id in holders(client, key) for key in kept), timeout=60
-        ), "the node that was away did not bring back what it holds"
-        assert client.exists_many(list(removed), lease=False) == [False] * len(removed)
-        assert not client.list_keys("removed/").keys
-        for key, value in kept.items():
-            assert client.get(key) == value
+        back_without_the_removed(client, away_id, kept, removed)
+
+
+def back_without_the_removed(
+    client: Client, away_id: str, kept: dict[str, bytes], removed: dict[str, bytes]
+) -> None:
+    """The node that was away brought back what it holds, but for the removed objects."""
+    assert wait_until(lambda: all(away_id in holders(client, key) for key in kept), timeout=60), (
+        "the node that was away did not bring back what it holds"
+    )
+    assert client.exists_many(list(removed), lease=False) == [False] * len(removed)
+    assert not client.list_keys("removed/").keys
+    for key, value in kept.items():
+        assert client.get(key) == value

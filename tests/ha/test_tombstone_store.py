@@ -8,8 +8,9 @@ them a marker that keeps them from adopting what the pieces refuse."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
+
+from helpers import rebuilt_terms
 
 from kvpool import Client
 from kvpool.common.leader_resolver import leader_key
@@ -259,9 +260,5 @@ def test_masters_lead_and_serve_over_records_beyond_one_answer_of_etcd(etcd, ha_
         assert client.get("after/large-records") == b"served"
     leader = cluster.leader()
     assert leader is not None
-    terms = [
-        json.loads(line)
-        for line in leader.log_path.read_text().splitlines()
-        if "rebuilding the index" in line
-    ]
+    terms = rebuilt_terms(leader)
     assert [term["tombstone_records"] for term in terms] == [len(records)]

@@ -7,56 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import os
-import select
-import signal
 import time
 import uuid
 from collections.abc import Callable
 
 import pytest
+from helpers import in_fork_child
 
 from kvpool import Client
 from kvpool.aio import AsyncClient
 from kvpool.errors import ClientClosed, ClientForked
-
-CHILD_TIMEOUT = 60.0
-
-
-def in_child(work: Callable[[], str]) -> str:
-    """Runs ``work`` in a fork child and returns what it returned (or how it failed)."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: never back into pytest
-        status = 0
-        try:
-            os.close(read_end)
-            try:
-                answer = work()
-            except BaseException as error:
-                answer = f"child raised {type(error).__name__}: {error}"
-            os.write(write_end, answer.encode())
-        except BaseException:
-            status = 1
-        finally:
-            os._exit(status)
-    os.close(write_end)
-    answer = b""
-    deadline = time.monotonic() + CHILD_TIMEOUT
-    try:
-        while True:
-            left = deadline - time.monotonic()
-            ready, _, _ = select.select([read_end], [], [], max(left, 0))
-            if not ready:
-                os.kill(pid, signal.SIGKILL)
-                pytest.fail(f"the fork child did not finish in {CHILD_TIMEOUT}s (it hangs)")
-            chunk = os.read(read_end, 65536)
-            if not chunk:
-                break
-            answer += chunk
-    finally:
-        os.close(read_end)
-        os.waitpid(pid, 0)
-    return answer.decode()
 
 
 def refused(call: Callable[[], object]) -> str:
@@ -106,7 +66,7 @@ def test_a_fork_child_cannot_use_its_parents_client_and_the_parent_keeps_working
             lines.append(f"after close -> {refused(lambda: client.get(f'{prefix}/child'))}")
             return "\n".join(lines)
 
-        answers = in_child(child).splitlines()
+        answers = in_fork_child(child).splitlines()
         assert len(answers) == 14, answers
         parent = os.getpid()
         for answer in answers:
@@ -172,7 +132,7 @@ def test_a_new_client_made_in_the_fork_child_works(shared_cluster):
                 fresh.put(f"{prefix}/from-child", value[::-1])
                 return "ok"
 
-        assert in_child(child) == "ok"
+        assert in_fork_child(child) == "ok"
         assert client.get(f"{prefix}/from-child") == value[::-1]
         assert client.get(f"{prefix}/from-parent") == value
         client.remove_prefix(prefix, force=True)
@@ -199,7 +159,7 @@ def test_an_async_client_in_a_fork_child_raises_rather_than_waiting_for_ever(sha
 
                 return asyncio.run(use())
 
-            answer = in_child(child)
+            answer = in_fork_child(child)
             assert answer.startswith("ClientForked: "), answer
             assert await client.get(key) == b"v"
             await client.remove(key, force=True)

@@ -14,35 +14,14 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable
 
 import pytest
+from helpers import in_fork_child
 
 from kvpool.client import session as session_module
 from kvpool.client.lane_client import LaneClient, _Connection
 from kvpool.client.session import Session, ucx_config_after_fork
 from kvpool.errors import ClientClosed, ClientForked
-
-
-def in_child(work: Callable[[], str]) -> str:
-    """``work()``'s answer, run in a fork child."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(read_end)
-            try:
-                answer = work()
-            except BaseException as error:
-                answer = f"child raised {type(error).__name__}: {error}"
-            os.write(write_end, answer.encode())
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as answers:
-        answer = answers.read().decode()
-    os.waitpid(pid, 0)
-    return answer
 
 
 class Fake:
@@ -85,7 +64,7 @@ def test_a_session_is_abandoned_in_a_fork_child_and_left_alone_in_the_parent():
         answers.append(f"forked: {session.forked}")
         return "\n".join(answers)
 
-    answers = in_child(child).splitlines()
+    answers = in_fork_child(child).splitlines()
     assert len(answers) == 7, answers
     for answer in answers[:5]:
         assert answer.startswith(f"this Client was made in process {parent} before fork()")
@@ -111,7 +90,7 @@ def test_a_lane_clients_idle_connections_are_let_go_of_in_a_fork_child_only():
         closed = ours.fileno() == -1
         return f"idle={len(lane._idle)} closed={closed}"
 
-    assert in_child(child) == "idle=0 closed=True"
+    assert in_fork_child(child) == "idle=0 closed=True"
     # the parent's connection is its own as before: still pooled, still open both ways
     assert lane._idle == [connection] and connection.reusable()
     ours.sendall(b"ping")
@@ -141,4 +120,4 @@ def test_a_new_client_in_a_fork_child_of_a_client_process_skips_ucxs_registratio
     monkeypatch.setattr(session_module, "_forked_after_sessions", False)
     assert ucx_config_after_fork(given) == given, "not a fork child: as given"
     Session(Fake(), Fake(), timeout=1.0)  # type: ignore[arg-type]  # (a client was made)
-    assert in_child(lambda: repr(ucx_config_after_fork(given))) == repr(expected)
+    assert in_fork_child(lambda: repr(ucx_config_after_fork(given))) == repr(expected)
