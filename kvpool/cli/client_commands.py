@@ -328,6 +328,46 @@ def _status(client: Any, args: argparse.Namespace) -> int:
     from rich.table import Table
 
     status = client.cluster_status()
+    console = Console()
+    # A client of one tenant gets use per tier summed, no segment, and no count of objects
+    # per tier (which would be every tenant's): its rows name no node.
+    per_segment = any(s.node_id for s in status.segments)
+    if per_segment:
+        console.print(_segment_table(status))
+    columns = ("tier", "segments", "used", "capacity", "use")
+    tiers = Table(*columns, "objects") if per_segment else Table(*columns)
+    for wire_tier, name in ((1, "dram"), (2, "nvme")):
+        segments = [s for s in status.segments if s.tier == wire_tier]
+        if segments:
+            used = sum(s.used for s in segments)
+            capacity = sum(s.capacity for s in segments)
+            row = [
+                name,
+                str(len(segments)) if per_segment else "-",
+                format_size(used),
+                format_size(capacity),
+                f"{100 * used / capacity:.1f}%" if capacity else "-",
+            ]
+            if per_segment:
+                row.append(str(sum(s.objects for s in segments)))
+            tiers.add_row(*row)
+    console.print(tiers)
+    used = sum(s.used for s in status.segments)
+    capacity = sum(s.capacity for s in status.segments)
+    whose = "" if per_segment else " of this tenant"
+    console.print(
+        line(
+            f"master {printable(client.master)}: {status.nodes} node(s), {status.objects} "
+            f"object(s){whose}, {status.reservations} being written, {format_size(used)} of "
+            f"{format_size(capacity)} used, up {status.uptime_s:.0f}s"
+        )
+    )
+    return 0
+
+
+def _segment_table(status: Any) -> Any:
+    from rich.table import Table
+
     table = Table("segment", "node", "host", "tier", "used", "capacity", "use", "objects")
     for s in sorted(status.segments, key=lambda s: s.segment_id):
         use = f"{100 * s.used / s.capacity:.1f}%" if s.capacity else "-"
@@ -342,33 +382,7 @@ def _status(client: Any, args: argparse.Namespace) -> int:
             use,
             str(s.objects),
         )
-    console = Console()
-    console.print(table)
-    tiers = Table("tier", "segments", "used", "capacity", "use", "objects")
-    for wire_tier, name in ((1, "dram"), (2, "nvme")):
-        segments = [s for s in status.segments if s.tier == wire_tier]
-        if segments:
-            used = sum(s.used for s in segments)
-            capacity = sum(s.capacity for s in segments)
-            tiers.add_row(
-                name,
-                str(len(segments)),
-                format_size(used),
-                format_size(capacity),
-                f"{100 * used / capacity:.1f}%" if capacity else "-",
-                str(sum(s.objects for s in segments)),
-            )
-    console.print(tiers)
-    used = sum(s.used for s in status.segments)
-    capacity = sum(s.capacity for s in status.segments)
-    console.print(
-        line(
-            f"master {printable(client.master)}: {status.nodes} node(s), {status.objects} "
-            f"object(s), {status.reservations} being written, {format_size(used)} of "
-            f"{format_size(capacity)} used, up {status.uptime_s:.0f}s"
-        )
-    )
-    return 0
+    return table
 
 
 def _stat(client: Any, args: argparse.Namespace) -> int:

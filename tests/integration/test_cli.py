@@ -95,8 +95,10 @@ def test_put_get_ls_rm_status_against_kvpool_up(up, tmp_path):
     assert b"greeting" not in kvpool("ls", "--prefix", "bl", master=master).stdout
 
     totals = kvpool("status", master=master)  # a client of one tenant: totals, its objects
-    assert totals.returncode == 0 and b"3 object(s)" in totals.stdout, totals.stdout
+    assert totals.returncode == 0 and b"3 object(s) of this tenant" in totals.stdout
     assert b"node0" not in totals.stdout, "no topology for a tenant's client"
+    assert b"objects" not in totals.stdout, "no count per tier (it would be every tenant's)"
+    assert b"dram" in totals.stdout
     status = kvpool("status", master=master, role="admin")
     assert status.returncode == 0
     assert b"2 node(s), 3 object(s)" in status.stdout
