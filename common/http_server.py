@@ -1,5 +1,10 @@
 """The small HTTP side door every kvpool process opens: /healthz, /readyz and /metrics.
 
+``/readyz`` answers the process's readiness check. ``/readyz?role=any`` answers the
+``any_role`` check where the process has one (a master with leader election: ready as leader,
+or as a standby that can campaign), else the same as ``/readyz``; ``role=leader`` is
+``/readyz`` itself, and another role is a 400. Any other query field is ignored.
+
 A thread of its own runs an event loop that serves every connection: probes and Prometheus
 scrapes keep answering when the process's main event loop is busy, and a peer that opens
 connections and sends nothing costs a socket, never a thread. What peers can hold is bounded:
@@ -16,6 +21,7 @@ import socket
 import threading
 from collections.abc import Callable
 from http import HTTPStatus
+from urllib.parse import parse_qs
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from prometheus_client.registry import CollectorRegistry
@@ -33,6 +39,8 @@ REQUEST_TIMEOUT = 5.0
 MAX_CONNECTIONS = 512
 #: Bytes a request line and its headers may take.
 HEAD_LIMIT = 8192
+#: Fields a query string may name (more: a 400).
+QUERY_FIELDS = 16
 #: Seconds ``stop`` waits for the HTTP thread to end.
 STOP_TIMEOUT = 5.0
 
@@ -47,15 +55,18 @@ class HealthServer:
         readiness: ReadinessCheck,
         registry: CollectorRegistry = REGISTRY,
         *,
+        any_role: ReadinessCheck | None = None,
         timeout: float = REQUEST_TIMEOUT,
         max_connections: int = MAX_CONNECTIONS,
     ) -> None:
+        """``any_role``: what ``/readyz?role=any`` answers (None: the same as ``/readyz``)."""
         if not timeout > 0 or max_connections < 1:
             raise ValueError(
                 f"the HTTP server needs a positive timeout and at least one connection, got "
                 f"{timeout} and {max_connections}"
             )
         self._readiness = readiness
+        self._any_role = any_role or readiness
         self._registry = registry
         self._timeout = timeout
         self._max_connections = max_connections
@@ -137,7 +148,7 @@ class HealthServer:
             elif method not in ("GET", "HEAD"):
                 code, body, content_type = 405, b"only GET and HEAD\n", TEXT
             else:
-                code, body, content_type = self._answer(parts[1].split("?", 1)[0])
+                code, body, content_type = self._answer(parts[1])
         status = HTTPStatus(code)
         writer.write(
             f"HTTP/1.1 {code} {status.phrase}\r\nContent-Type: {content_type}\r\n"
@@ -147,12 +158,16 @@ class HealthServer:
             writer.write(body)
         await writer.drain()
 
-    def _answer(self, path: str) -> tuple[int, bytes, str]:
+    def _answer(self, target: str) -> tuple[int, bytes, str]:
+        path, _, query = target.partition("?")
         try:
             if path == "/healthz":
                 return 200, b"ok\n", TEXT
             if path == "/readyz":
-                ready, reason = self._readiness()
+                role = _role(query)
+                if role is None:
+                    return 400, b"role: leader (the default) or any\n", TEXT
+                ready, reason = (self._any_role if role == "any" else self._readiness)()
                 body = (reason or ("ready" if ready else "not ready")).encode() + b"\n"
                 return (200 if ready else 503), body, TEXT
             if path == "/metrics":
@@ -161,3 +176,15 @@ class HealthServer:
             log.error("an HTTP answer failed", path=path, error=f"{type(error).__name__}: {error}")
             return 500, f"{type(error).__name__}: {error}\n".encode(), TEXT
         return 404, b"not found: try /healthz, /readyz or /metrics\n", TEXT
+
+
+def _role(query: str) -> str | None:
+    """The role ``/readyz`` is asked about: "leader" (none named) or "any"; None for another
+    role, several, or a query of more than QUERY_FIELDS fields."""
+    try:
+        roles = parse_qs(query, keep_blank_values=True, max_num_fields=QUERY_FIELDS).get(
+            "role", ["leader"]
+        )
+    except ValueError:
+        return None
+    return roles[0] if len(roles) == 1 and roles[0] in ("leader", "any") else None

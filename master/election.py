@@ -11,6 +11,10 @@ after it last *sent* a successful renewal, minus a safety margin. When renewals 
 down, network cut) it stops serving before the lease can expire and another master be
 elected, then campaigns again.
 
+A standby can take over only while etcd answers it: ``in_touch`` says whether it did within
+``contact_window`` seconds (the lease TTL, at least), and since when it has not (the masters'
+``/readyz?role=any``, the readiness probe of several masters in the Helm chart).
+
 The storage nodes of the cluster are listed in etcd too (``registered_nodes``), so that a new
 leader knows whom to wait for before it answers clients from an index rebuilt from the nodes,
 and which nodes are away (declared dead, or gone after unmounting their segments): those may
@@ -25,6 +29,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import aetcd
@@ -104,6 +109,16 @@ class Election:
         self.address = address
         self.ttl = ttl
         self.margin = ttl / 4
+        #: Seconds one call to etcd may take.
+        self.call_timeout = max(1, ttl // 2)
+        #: A master is in touch with etcd (it can campaign) while etcd answered it within this
+        #: many seconds: the lease TTL, or longer where a round that goes well can leave a
+        #: longer gap between answers (a pause of TTL/4, then a call that takes its timeout).
+        self.contact_window = max(float(ttl), ttl / 4 + self.call_timeout)
+        #: When etcd last answered (time.monotonic()), None before it first did; and why the
+        #: last round failed, "" when etcd answered since. (Read by the HTTP thread.)
+        self._answered_at: float | None = None
+        self._etcd_error = ""
         #: Who leads, as far as we know ("" when nobody does); ourselves when we do.
         self.leader = ""
         self.is_leader = False
@@ -127,6 +142,27 @@ class Election:
     def serving(self) -> bool:
         """True while we lead and our lease is surely alive."""
         return self.is_leader and time.monotonic() < self._valid_until - self.margin
+
+    def in_touch(self) -> tuple[bool, str]:
+        """Whether etcd answered within ``contact_window`` seconds (judged on
+        time.monotonic(), as ``serving`` is), i.e. this master can campaign; and, when it
+        did not, since when. Safe to call from another thread."""
+        answered, error = self._answered_at, self._etcd_error
+        now = time.monotonic()
+        if answered is not None and now - answered < self.contact_window:
+            return True, ""
+        why = f": {error}" if error else ""
+        if answered is None:
+            return False, f"etcd not reached yet{why}"
+        since = datetime.fromtimestamp(time.time() - (now - answered), UTC)
+        return False, (
+            f"etcd unreachable since {since.strftime('%Y-%m-%dT%H:%M:%SZ')} "
+            f"({now - answered:.1f} s){why}"
+        )
+
+    def _answered(self) -> None:
+        self._answered_at = time.monotonic()
+        self._etcd_error = ""
 
     # The storage nodes of the cluster are listed in etcd (see the module's docstring). What
     # this term learns is written by one task, in order, each write guarded by the leader key
@@ -244,7 +280,7 @@ class Election:
             endpoint = self.endpoints[attempt % len(self.endpoints)]
             attempt += 1
             host, _, port = endpoint.rpartition(":")
-            timeout = max(1, self.ttl // 2)
+            timeout = self.call_timeout
             options = {"grpc.max_receive_message_length": ETCD_RECEIVE_LIMIT}
             client = (
                 TlsEtcdClient(host, int(port), timeout=timeout, tls=self.tls, options=options)
@@ -255,6 +291,7 @@ class Election:
             try:
                 await self._campaign(client, stop, on_elected, on_lost)
             except ETCD_ERRORS as error:
+                self._etcd_error = _short(str(error) or type(error).__name__)
                 log.warning(
                     "etcd unreachable, or a call to it failed",
                     endpoint=endpoint,
@@ -262,6 +299,7 @@ class Election:
                 )
             except Exception as error:  # (a bug where a term begins or ends: campaign on,
                 # rather than sit a standby for good with nobody told)
+                self._etcd_error = _short(f"election round failed: {error!r}")
                 log.error("election round failed; campaigning again", error=repr(error))
             finally:
                 if self.is_leader:
@@ -284,13 +322,16 @@ class Election:
         while not stop.is_set():
             sent = time.monotonic()
             lease = await client.lease(self.ttl)
+            self._answered()
             won, responses = await client.transaction(
                 compare=[client.transactions.create(self.key) == 0],
                 success=[client.transactions.put(self.key, self.address.encode(), lease=lease)],
                 failure=[client.transactions.get(self.key)],
             )
+            self._answered()
             if not won:
                 await lease.revoke()
+                self._answered()
                 current = responses[0][0][0].decode() if responses and responses[0] else ""
                 if current != self.leader:
                     log.info("following a leader", leader=current or "(none)")
@@ -320,7 +361,15 @@ class Election:
                 response = await asyncio.wait_for(lease.refresh(), self.ttl / 3)
             except ETCD_ERRORS:
                 response = None
+            if response is not None:
+                self._answered()
             if response is not None and response.TTL > 0:
                 self._valid_until = sent + response.TTL
             elif time.monotonic() >= self._valid_until - self.margin:
                 return  # stop serving before the lease can expire under us
+
+
+def _short(reason: str, limit: int = 200) -> str:
+    """``reason`` on one line, at most ``limit`` characters (it ends up in a probe's answer)."""
+    line = " ".join(reason.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."

@@ -478,8 +478,21 @@ async def serve(
             return True, "leading" if args.etcd else "serving"
         return False, f"standby; the leader is {leadership.leader or '(none yet)'}"
 
+    def ready_in_any_role() -> tuple[bool, str]:
+        """/readyz?role=any, the readiness probe of several masters: the leader, or a
+        standby that can campaign (etcd answers it); not one cut off from etcd, which could
+        never take over."""
+        if leadership.serving() or not isinstance(leadership, Election):
+            return readiness()
+        in_touch, why = leadership.in_touch()
+        if in_touch:
+            return True, f"standby; the leader is {leadership.leader or '(none yet)'}"
+        return False, f"standby; {why}"
+
     try:
-        http = HealthServer(args.host, args.http_port, readiness=readiness)
+        http = HealthServer(
+            args.host, args.http_port, readiness=readiness, any_role=ready_in_any_role
+        )
     except OSError as error:
         await lane.stop()
         await server.stop(0)

@@ -365,8 +365,12 @@ def test_one_master_advertises_nothing_and_needs_no_headless_service(
 def test_ha_masters_can_be_rolled_and_drained(renders: dict[str, Render], ha_set: str) -> None:
     """(Only the leader was ready, the standbys answering 503 on /readyz: a rolling update
     waited forever for a new pod to turn ready, and the PodDisruptionBudget never allowed an
-    eviction.) A master is ready while it serves, as leader or standby; callers the Service
-    sends to a standby are told where the leader is."""
+    eviction.) A master is ready while it could lead, as leader or as a standby that etcd
+    answers; callers the Service sends to a standby are told where the leader is. (A standby
+    cut off from etcd was ready too, on /healthz: it is not.)"""
+    import urllib.error
+    import urllib.request
+
     from kvpool.common.http_server import HealthServer
 
     render = renders[ha_set]
@@ -375,18 +379,31 @@ def test_ha_masters_can_be_rolled_and_drained(renders: dict[str, Render], ha_set
     assert masters["kind"] == "StatefulSet"
     assert masters["spec"]["updateStrategy"] == {"type": "RollingUpdate"}
     probe = render.container("master")["readinessProbe"]["httpGet"]
-    # What a standby answers there: it is ready (and /readyz, the leader's own, is not).
-    standby = HealthServer("127.0.0.1", 0, readiness=lambda: (False, "standby; the leader is x"))
+    # What a standby answers there (master/main.py's checks, whose session state
+    # tests/ha/test_readiness.py drives with a real etcd): ready while etcd answers it, not
+    # once it cannot campaign; and /readyz, the leader's own, is 503 either way.
+    in_touch = [True]
+
+    def any_role() -> tuple[bool, str]:
+        if in_touch[0]:
+            return True, "standby; the leader is x"
+        return False, "standby; etcd unreachable since ..."
+
+    standby = HealthServer(
+        "127.0.0.1", 0, readiness=lambda: (False, "standby; the leader is x"), any_role=any_role
+    )
     standby.start()
     try:
-        import urllib.error
-        import urllib.request
-
         url = f"http://127.0.0.1:{standby.port}"
         with urllib.request.urlopen(url + probe["path"], timeout=5) as answer:
             assert answer.status == 200
         with pytest.raises(urllib.error.HTTPError, match="503"):
             urllib.request.urlopen(url + "/readyz", timeout=5)
+        in_touch[0] = False
+        with pytest.raises(urllib.error.HTTPError, match="503"):
+            urllib.request.urlopen(url + probe["path"], timeout=5)
+        with urllib.request.urlopen(url + "/healthz", timeout=5) as answer:
+            assert answer.status == 200  # (alive all the same: liveness restarts nothing)
     finally:
         standby.stop()
     # Every master ready: the budget allows an eviction (the Kubernetes disruption
@@ -660,9 +677,9 @@ def test_probes_hit_the_health_endpoints(renders: dict[str, Render], value_set: 
     for component in ("master", "node"):
         container = render.container(component)
         assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
-        # several masters: a standby is ready too (/readyz is the leader's alone)
+        # several masters: a standby that can campaign is ready too (/readyz is the leader's)
         ha = component == "master" and render.values["master"]["replicas"] > 1
-        path = "/healthz" if ha else "/readyz"
+        path = "/readyz?role=any" if ha else "/readyz"
         assert container["readinessProbe"]["httpGet"] == {"path": path, "port": "http"}
     assert render.container("node")["startupProbe"]["httpGet"]["path"] == "/healthz"
 
