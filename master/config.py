@@ -45,6 +45,10 @@ class MasterConfig:
     soft_pin_ttl: float = 1800.0
     #: Most objects one put may evict to make room for itself before it reports NO_SPACE.
     max_evictions_per_put: int = 4096
+    #: Objects the master holds at most (published and being written, every tenant
+    #: together), for its memory's sake; a put beyond evicts the least recently used (None:
+    #: no bound; ``kvpool master`` sets one from its memory, ``--max-objects``).
+    max_objects: int | None = None
     #: A node silent for this long is declared dead and its replicas dropped (seconds).
     node_ttl: float = 5.0
     #: Page size of ListKeys when the request does not say.
@@ -77,6 +81,8 @@ class MasterConfig:
     capability_skew: float | None = None
 
     def __post_init__(self) -> None:
+        if self.max_objects is not None and self.max_objects < 1:
+            raise ValueError(f"max_objects must be at least 1, got {self.max_objects}")
         if not 0.0 < self.high_watermark <= 1.0:
             raise ValueError(f"high_watermark must be in (0, 1], got {self.high_watermark}")
         if not 0.0 <= self.eviction_ratio < self.high_watermark:

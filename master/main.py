@@ -24,6 +24,7 @@ from kvpool.common.http_server import MAX_CONNECTIONS as HTTP_MAX_CONNECTIONS
 from kvpool.common.http_server import HealthServer
 from kvpool.common.limits import GRPC_SERVER_MESSAGE_OPTIONS
 from kvpool.common.logging import LOG_FORMATS, configure_logging, get_logger
+from kvpool.common.memory_limit import memory_limit
 from kvpool.common.memory_trim import TrimRule, malloc_trim, resident_bytes
 from kvpool.common.process import stop_event_on_signals, write_ready_file
 from kvpool.common.sizes import format_size, parse_size
@@ -67,6 +68,10 @@ log = get_logger("kvpool.master")
 #: calls waiting meanwhile are answered between steps. Chosen by bench/full_store.py's put
 #: latency percentiles (docs/benchmarks.md, "Bulk work in steps").
 TICK_STEP = 64
+#: The master's memory counted per object for the default ``--max-objects``: several times
+#: what one costs it (records, indexes, its share of the story ring; docs/reliability.md,
+#: "The master's object table"), so that the table stays well within the memory.
+MEMORY_PER_OBJECT = 4096
 #: What the nodes copy between them at most, by default, to make good lost replicas: a
 #: fraction of what one node's network carries, so that clients keep the rest.
 DEFAULT_REREPLICATION_RATE = "256MiB"
@@ -240,6 +245,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "broken one (for debugging: costs CPU in proportion to the objects held)",
     )
     parser.add_argument(
+        "--max-objects",
+        type=integer(1, 10**10),
+        default=None,
+        help="objects the master holds at most, every tenant's together; a put beyond evicts "
+        "the least recently used (fairly, with --quotas). Bounds the master's memory whatever "
+        "the objects' sizes (default: its memory limit, the cgroup's where lower, over "
+        f"{MEMORY_PER_OBJECT // 1024} KiB)",
+    )
+    parser.add_argument(
         "--story-events",
         type=integer(0, max_story_events),
         default=defaults.story_events,
@@ -301,6 +315,7 @@ def config_from_args(args: argparse.Namespace) -> MasterConfig:
         soft_pin_ttl=args.soft_pin_ttl,
         validate_each_event=args.debug_validate,
         story_events=args.story_events,
+        max_objects=args.max_objects or max(1, memory_limit() // MEMORY_PER_OBJECT),
         rereplication_rate=float(args.rereplication_rate),
         rereplication_copies=args.rereplication_copies,
     )

@@ -1370,6 +1370,14 @@ class MasterState:
             refused = self._put_refusal(key, size, wanted, options.tier)
             if refused is not None:
                 return PutSlot(KeyStatus.QUOTA_EXCEEDED, message=refused)
+        cap = self.config.max_objects
+        if cap is not None and len(self.objects) >= cap and not self._room_in_table(cap, now, key):
+            return PutSlot(
+                KeyStatus.NO_SPACE,
+                message=f"the master holds its most objects ({cap}, --max-objects) and may "
+                "evict none of them (leased, being written or moving): retry shortly, remove "
+                "objects, or give the master more memory and a higher --max-objects",
+            )
         replicas = self._place(key, size, wanted, options, now, pools)
         if not replicas:
             fenced = [s.fenced_until for s in self.segments.values() if s.fenced_until > now]
@@ -2791,11 +2799,7 @@ class MasterState:
                     and self.segments[replica.segment_id].info.tier is Tier.DRAM
                     and self._try_demote(record, replica)
                 ):
-                    entry = (record.key, now, "evicted", record.put_id, tuple(record.replicas))
-                    self._forget(record, entry)
-                    self._send_forgets(record)
-                    self._release(record.replicas, self._reuse_after(record, now))
-                    self.counters.evictions += 1
+                    self._evict_whole(record, now)
                     evicted += 1
                 else:
                     skipped.add(record.key)
@@ -2805,6 +2809,64 @@ class MasterState:
                     budget[0] -= 1
                     if budget[0] <= 0:
                         return evicted
+
+    def _evict_whole(self, record: ObjectRecord, now: float) -> None:
+        """Evicts a published object: every replica forgotten at its node, its space freed."""
+        entry = (record.key, now, "evicted", record.put_id, tuple(record.replicas))
+        self._forget(record, entry)
+        self._send_forgets(record)
+        self._release(record.replicas, self._reuse_after(record, now))
+        self.counters.evictions += 1
+
+    def _room_in_table(self, cap: int, now: float, key: str) -> bool:
+        """Makes room for one more object in a table holding ``cap`` (``max_objects``):
+        evicts published objects in LRU order, whole, leaving leased and moving ones, at most
+        ``max_evictions_per_put`` (looking at four times as many). With quotas, fairly: only
+        objects of ``key``'s tenant and of tenants holding more than an equal split of the
+        table may go. True if it did."""
+        spare = self._spare_in_table(cap, tenant_of(key))
+        budget = self.config.max_evictions_per_put
+        looked = 0  # (candidates looked at: a table of leased objects is not scanned whole)
+        skipped: set[str] = set()
+        while len(self.objects) >= cap and budget > 0:
+            victims: list[ObjectRecord] = []
+            wanted = min(64, budget, len(self.objects) - cap + 1)
+            for candidate in self._lru.candidates():  # (not changed while iterating)
+                if candidate in skipped:
+                    continue
+                looked += 1
+                if looked > 4 * self.config.max_evictions_per_put:
+                    break
+                record = self.objects[candidate]
+                if record.lease_until > now or record.moving or (spare and spare(candidate)):
+                    skipped.add(candidate)
+                    continue
+                victims.append(record)
+                if len(victims) == wanted:
+                    break
+            if not victims:
+                break
+            for record in victims:
+                self._evict_whole(record, now)
+            budget -= len(victims)
+        return len(self.objects) < cap
+
+    def _spare_in_table(self, cap: int, tenant: str) -> Callable[[str], bool] | None:
+        """With quotas, which objects an eviction for room in the table must leave alone:
+        those of every other tenant holding no more than an equal split of ``cap`` among the
+        tenants holding objects. None without quotas: plain LRU."""
+        if self.quotas is None:
+            return None
+        usages = self._usage
+        holders = {t for t, u in usages.items() if u.objects} | {tenant}
+        share = cap // len(holders)
+
+        def spare(key: str) -> bool:
+            owner = tenant_of(key)
+            usage = usages.get(owner)
+            return owner != tenant and (usage is None or usage.objects <= share)
+
+        return spare
 
     def _replica_in(
         self, record: ObjectRecord, segment: SegmentRecord | None, tier: Tier | None

@@ -18,6 +18,7 @@ from kvpool.common.gc_tuning import tune_for_server
 from kvpool.common.http_server import HealthServer
 from kvpool.common.logging import LOG_FORMATS, configure_logging, get_logger
 from kvpool.common.master_address import MasterTarget, parse_master
+from kvpool.common.memory_limit import memory_limit
 from kvpool.common.process import not_dumpable, stop_event_on_signals, write_ready_file
 from kvpool.common.sizes import format_size, parse_size
 from kvpool.security.identity import tenant_problem
@@ -252,17 +253,6 @@ def _storage_problem(args: argparse.Namespace) -> str | None:
     if args.node_id is not None and len(args.node_id) > MAX_NODE_ID:
         return f"--node-id is {len(args.node_id)} characters long; at most {MAX_NODE_ID}"
     return None
-
-
-def memory_limit() -> int:
-    """The memory this process may use: the machine's, or its cgroup's limit when lower."""
-    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    try:
-        with open("/sys/fs/cgroup/memory.max", "rb") as file:
-            text = file.read(32).strip()
-    except OSError:
-        return physical
-    return min(physical, int(text)) if text.isdigit() else physical  # else "max": none
 
 
 def node_id_of(args: argparse.Namespace) -> str:

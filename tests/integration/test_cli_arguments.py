@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from kvpool import Client
+from kvpool.common.memory_limit import memory_limit
 from kvpool.local_cluster import ManagedProcess
-from kvpool.storage_node.main import memory_limit
 
 KVPOOL = [sys.executable, "-m", "kvpool.cli.main"]
 FREE_PORTS = ["--port", "0", "--lane-port", "0", "--http-port", "0"]

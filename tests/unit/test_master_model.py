@@ -169,7 +169,8 @@ CONFIG = MasterConfig(
 #: most free nodes first; eviction from a lower watermark and further down (a fifth of a small
 #: segment is one object); both, with two replicas by default and no promotion on reads; no
 #: eviction but to make room, and a fence longer than a lease and than the node TTL (so that a
-#: node declared dead while it lived remounts fenced).
+#: node declared dead while it lived remounts fenced); a table of few objects, whose puts evict
+#: for room in it (``max_objects``).
 CONFIGS = {
     "default": CONFIG,
     "most-free": replace(CONFIG, placement="most-free"),
@@ -182,6 +183,7 @@ CONFIGS = {
         default_replicas=2,
         promote_on_hit=False,
     ),
+    "a table of five objects": replace(CONFIG, max_objects=5),
     "full watermark, long fence, short lease and node TTL": replace(
         CONFIG,
         high_watermark=1.0,
@@ -1910,6 +1912,13 @@ class MasterModel(RuleBasedStateMachine):
                 assert "retry" in slot.message and not slot.replicas and not slot.put_id, slot
                 event("a put FENCED")
                 continue
+            if slot.status is KeyStatus.NO_SPACE and "--max-objects" in slot.message:
+                # The table is full and nothing in it may be evicted (max_objects).
+                assert len(state.objects) >= (self.config.max_objects or math.inf), slot
+                left = [r.key for r in state.objects.values() if self.evictable(r, moving)]
+                assert not left, f"{key}: the table is full although {left} could be evicted"
+                event("a put refused: the object table is full")
+                continue
             if slot.status is KeyStatus.NO_SPACE:
                 assert not fenced, f"{key}: NO_SPACE while {fenced} are fenced: FENCED expected"
                 if i == len(keys) - 1:  # later keys of the batch did not change the pool since
@@ -1963,6 +1972,8 @@ class MasterModel(RuleBasedStateMachine):
         # unpinned before soft-pinned, never a leased, hard-pinned, moving or unpublished one.
         evicted, victims = self.victims(before, {})
         assert len(evicted) == state.counters.evictions - evictions
+        if self.config.max_objects is not None:  # (a new term may adopt more than it holds)
+            assert len(state.objects) <= max(self.config.max_objects, len(before))
         assert all(self.evictable(r, moving) for r, _ in victims), [r.key for r, _ in victims]
         touched = {id(record) for record, _ in victims}
         kept = [
