@@ -17,7 +17,6 @@ request head of ``HEAD_LIMIT`` bytes. One request per connection: every answer s
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 from collections.abc import Callable
 from http import HTTPStatus
@@ -26,6 +25,7 @@ from urllib.parse import parse_qs
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from prometheus_client.registry import CollectorRegistry
 
+from kvpool.common.listen_address import listening_socket
 from kvpool.common.logging import get_logger
 
 log = get_logger("kvpool.http")
@@ -72,7 +72,7 @@ class HealthServer:
         self._max_connections = max_connections
         self._open = 0
         #: Bound here, so that a port in use raises OSError to the caller.
-        self._socket = socket.create_server((host, port))
+        self._socket = listening_socket(host, port)
         self._loop = asyncio.new_event_loop()
         self._stopping = asyncio.Event()
         self._thread = threading.Thread(target=self._serve, name="http", daemon=True)

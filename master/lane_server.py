@@ -42,6 +42,7 @@ import grpc
 from google.protobuf.message import Message
 
 from kvpool.common import lane_protocol as lp
+from kvpool.common.listen_address import bare, listening_socket
 from kvpool.common.logging import get_logger
 from kvpool.common.tcp_keepalive import keep_alive
 from kvpool.common.tls_transport import TlsTransport
@@ -133,11 +134,10 @@ class LaneServer:
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
         if self.tls is None:
-            self._server = await loop.create_server(lambda: _Connection(self), host, port)
+            self._server = await loop.create_server(lambda: _Connection(self), bare(host), port)
             self.port = self._server.sockets[0].getsockname()[1]
         else:  # TLS by OpenSSL on the socket itself (common/tls_transport.py says why)
-            family = socket.AF_INET6 if ":" in host else socket.AF_INET
-            listener = socket.create_server((host, port), family=family, backlog=1024)
+            listener = listening_socket(host, port, backlog=1024)
             listener.setblocking(False)
             self._listener = listener
             self.port = listener.getsockname()[1]

@@ -23,6 +23,7 @@ from kvpool.common.gc_tuning import tune_for_server
 from kvpool.common.http_server import MAX_CONNECTIONS as HTTP_MAX_CONNECTIONS
 from kvpool.common.http_server import HealthServer
 from kvpool.common.limits import GRPC_SERVER_MESSAGE_OPTIONS
+from kvpool.common.listen_address import bare, host_port
 from kvpool.common.logging import LOG_FORMATS, configure_logging, get_logger
 from kvpool.common.memory_limit import memory_limit
 from kvpool.common.memory_trim import TrimRule, malloc_trim, resident_bytes
@@ -462,7 +463,7 @@ async def serve(
     )
     master_pb2_grpc.add_MasterServicer_to_server(service, server)
     try:
-        address = f"{args.host}:{args.port}"
+        address = host_port(args.host, args.port)
         if security.grpc_credentials is not None:
             port = server.add_secure_port(address, security.grpc_credentials)
         else:
@@ -486,7 +487,7 @@ async def serve(
                 "the metadata lane", args.host, args.lane_port, "--lane-port", reason
             ) from None
     await server.start()
-    advertise = args.advertise or f"{_reachable_host(args.host)}:{port}"
+    advertise = args.advertise or host_port(_reachable_host(args.host), port)
 
     def readiness() -> tuple[bool, str]:
         if leadership.serving():
@@ -776,4 +777,4 @@ def etcd_endpoints(etcd: str, tls: TlsFiles | None) -> list[str]:
 
 
 def _reachable_host(bound: str) -> str:
-    return socket.gethostname() if bound in ("0.0.0.0", "::", "") else bound
+    return socket.gethostname() if bare(bound) in ("0.0.0.0", "::", "") else bound

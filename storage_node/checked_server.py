@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter
 
+from kvpool.common.listen_address import listening_socket
 from kvpool.common.log_throttle import LogThrottle
 from kvpool.common.logging import get_logger
 from kvpool.security import capabilities as caps
@@ -130,7 +131,7 @@ class CheckedServer:
         self._connections: dict[socket.socket, Activity] = {}
         self._threads: set[threading.Thread] = set()
         self._stopping = False
-        self._listener = socket.create_server((host, port), backlog=128)
+        self._listener = listening_socket(host, port, backlog=128)
         self.port: int = self._listener.getsockname()[1]
         self._acceptor = threading.Thread(
             target=self._accept_loop, name="kvpool-checked-accept", daemon=True

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from kvpool.common.cli_numbers import MAX_SECONDS, port, seconds, size
 from kvpool.common.gc_tuning import tune_for_server
 from kvpool.common.http_server import HealthServer
+from kvpool.common.listen_address import bare
 from kvpool.common.logging import LOG_FORMATS, configure_logging, get_logger
 from kvpool.common.master_address import MasterTarget, parse_master
 from kvpool.common.memory_limit import memory_limit
@@ -369,7 +370,7 @@ def _checked_listener(args: argparse.Namespace, host: str) -> tuple[str, int, st
     (``--data-port -1``, or an insecure node: its master grants no capabilities)."""
     if args.data_port < 0 or args.insecure:
         return None
-    wildcard = args.listen in ("0.0.0.0", "::", "")
+    wildcard = bare(args.listen) in ("0.0.0.0", "::", "")
     return args.listen, args.data_port, args.data_advertise or (host if wildcard else args.listen)
 
 

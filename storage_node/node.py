@@ -29,6 +29,7 @@ from kvpool.common import lane_protocol as lp
 from kvpool.common.aio import pause
 from kvpool.common.leader_resolver import LEADER_METADATA, LeaderResolver
 from kvpool.common.limits import GRPC_MESSAGE_OPTIONS
+from kvpool.common.listen_address import host_port
 from kvpool.common.log_throttle import LogThrottle
 from kvpool.common.logging import get_logger
 from kvpool.common.master_address import MasterTarget, host_of
@@ -153,7 +154,7 @@ class StorageNode:
             self.checked = CheckedServer(
                 segments, lambda: self.capability_keys, host=listen, port=port, written=written
             )
-            self.checked_address = f"{advertised}:{self.checked.port}"
+            self.checked_address = host_port(advertised, self.checked.port)
         self.tenant = tenant
         self.mapping: MappingServer | None = None
         if mapping and tenant:
