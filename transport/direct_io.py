@@ -60,6 +60,11 @@ class BouncePool:
         with self._lock:
             self._free.append(bounce)
 
+    def after_fork_in_child(self) -> None:
+        """Another thread of the parent may have held the lock at the fork (never let go
+        here); the buffers it had taken stay taken."""
+        self._lock = threading.Lock()
+
 
 class DirectFile:
     """A file opened for direct I/O. ``usable`` turns False, for good, the first time the

@@ -57,6 +57,17 @@ PARALLEL_PIECES = 4
 _PIECE_WRITERS = ThreadPoolExecutor(PARALLEL_PIECES, thread_name_prefix="kvpool-file-write")
 
 
+def _after_fork_in_child() -> None:
+    """A fork child gets a pool of its own: the parent's threads did not survive the fork,
+    yet its pool may count them idle and never start one for the child's pieces."""
+    global _PIECE_WRITERS
+    _PIECE_WRITERS = ThreadPoolExecutor(PARALLEL_PIECES, thread_name_prefix="kvpool-file-write")
+    BOUNCES.after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class SharedFile(HeldSegment):
     """A node's NVMe segment file, held open in this process for writes: ``direct`` for
     whole blocks, ``plain_fd`` for the rest. ``Mappings`` keeps it as it keeps mappings."""

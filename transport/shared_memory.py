@@ -380,9 +380,19 @@ class Mappings:
                 del self._current[mapped.origin]
         mapped.close()
 
+    def after_fork_in_child(self) -> None:
+        """A fork child's clients map afresh: another thread of the parent may have held the
+        lock at the fork (it would never be let go here), and the parent's mappings belong
+        to its clients, which the child may not use (``ClientForked``). Those stay mapped in
+        the child, unused, until it exits: unmapping them could pull memory from under a
+        view the child still holds."""
+        self._lock = threading.Lock()
+        self._current = {}
+
 
 #: This process's mappings (clients share them).
 MAPPINGS = Mappings()
+os.register_at_fork(after_in_child=MAPPINGS.after_fork_in_child)
 
 
 class Reaper:

@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable
 
 import pytest
-from helpers import in_fork_child
+from helpers import in_fork_child, metric
 
 from kvpool import Client
 from kvpool.aio import AsyncClient
 from kvpool.errors import ClientClosed, ClientForked
+from kvpool.security.identity import Role
+from kvpool.security.tokens import new_token
+from kvpool.transport.shared_memory import MAPPINGS
 
 
 def refused(call: Callable[[], object]) -> str:
@@ -136,6 +140,69 @@ def test_a_new_client_made_in_the_fork_child_works(shared_cluster):
         assert client.get(f"{prefix}/from-child") == value[::-1]
         assert client.get(f"{prefix}/from-parent") == value
         client.remove_prefix(prefix, force=True)
+
+
+def test_a_new_client_in_a_fork_child_works_while_a_parent_thread_held_the_mappings(
+    shared_cluster,
+):
+    """Another thread of the parent held the process's shared mappings (its lock) when the
+    process forked: the child's new client maps afresh rather than waiting for ever."""
+    prefix = f"fork-held-{uuid.uuid4().hex[:8]}"
+    value = os.urandom(100_000)
+    with Client(shared_cluster.master_address, timeout=10) as client:
+        client.put(f"{prefix}/from-parent", value)
+        held, release = threading.Event(), threading.Event()
+
+        def holder() -> None:
+            with MAPPINGS._lock:  # (as a client's acquire or release does for a moment)
+                held.set()
+                release.wait(30)
+
+        thread = threading.Thread(target=holder)
+        thread.start()
+        assert held.wait(5)
+        try:
+
+            def child() -> str:
+                with Client(shared_cluster.master_address, timeout=10) as fresh:
+                    return "ok" if fresh.get(f"{prefix}/from-parent") == value else "wrong bytes"
+
+            assert in_fork_child(child) == "ok"
+        finally:
+            release.set()
+            thread.join()
+        assert client.get(f"{prefix}/from-parent") == value
+        client.remove_prefix(prefix, force=True)
+
+
+def test_a_fork_child_writes_an_nvme_file_itself_after_its_parent_did(cluster_factory, tmp_path):
+    """A same-host client writes large objects into an NVMe segment's file on threads the
+    process shares: the parent's did not survive the fork, and the child gets its own."""
+    mapper = new_token("mapper", Role.CLIENT, tenant="a")
+    cluster = cluster_factory(
+        0, same_host=False, tokens=(mapper[1],), master_args=["--same-host-clients", "mapper"]
+    )
+    node = cluster.add_node(
+        "64MiB", extra=["--tenant", "a", "--nvme", str(tmp_path / "nvme"), "--nvme-size", "1GiB"]
+    )
+    received = lambda: metric(node.ready["http_port"], "kvpool_node_direct_write_bytes_total")  # noqa: E731
+    value = os.urandom(24 << 20)  # (several pieces: written side by side)
+
+    def client() -> Client:
+        return Client(cluster.master_address, token=mapper[0], tls_ca=str(cluster.pki.ca))
+
+    with client() as parent:
+        parent.put("from-parent", value, tier="nvme")
+        assert received() == 0, "the parent wrote the file itself"
+
+        def child() -> str:
+            with client() as fresh:
+                fresh.put("from-child", value[::-1], tier="nvme")
+                return "ok" if fresh.get("from-child") == value[::-1] else "wrong bytes"
+
+        assert in_fork_child(child) == "ok"
+        assert parent.get("from-child") == value[::-1]
+        assert received() == 0, "so did the child"
 
 
 def test_an_async_client_in_a_fork_child_raises_rather_than_waiting_for_ever(shared_cluster):
