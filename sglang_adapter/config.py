@@ -30,7 +30,9 @@ kvpool HiCache storage backend, settings in --hicache-storage-backend-extra-conf
 - load_timeout_s (float): deadline of one batch_get_v1 and of one batch_exists: what has
   not arrived by then is a miss (default 5)
 - store_timeout_s (float): deadline of one batch_set_v1 (default 10)
-- key_prefix (str): namespace of SGLang's pages in kvpool (default "sglang/")
+- key_prefix (str): namespace of SGLang's pages in kvpool (default "sglang/"); keys name
+  the model by its --model-path string: a different checkpoint served from the same path
+  needs a key_prefix of its own
 - register_host_pool (bool): register SGLang's host KV pool with UCX once (default true)
 - ucx_config (dict[str, str]): UCX settings without the UCX_ prefix, e.g. {"TLS": "tcp"}
 - same_host_mapping (bool): map the memory of storage nodes on this host and copy directly

@@ -18,12 +18,22 @@ controller moves pages through:
 Stores and loads each have their own kvpool client (their own UCX worker): SGLang's backup
 thread never holds up a prefetch. The host pool is registered with both once. ``get``,
 ``set`` and their batch forms (SGLang's older interface) move one caller buffer per key.
+
+While the engine starts, one ``exists_many`` of a probe key checks its credentials: a token
+the master refuses fails the start (a ``ValueError``), where it would otherwise fail every
+call; a master that does not answer is logged and the engine starts (it finds the cluster
+once it is up). A master that cannot be reached costs every call its whole timeout, so after
+a lookup or load failed as a whole for that reason, lookups and loads miss without asking
+for ``load_timeout_s``; after a store whose every page failed for it, stores are skipped
+(not stored) for ``store_timeout_s``. Then one call asks again. Warnings go through a
+throttle: one line per kind of failure every ``LOG_INTERVAL`` seconds at most.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import Any
@@ -36,12 +46,23 @@ from sglang.srt.mem_cache.hicache_storage import (
 
 from kvpool import Client
 from kvpool.common.kept_errors import forget_tracebacks
-from kvpool.errors import KVPoolError, ObjectExists
+from kvpool.common.log_throttle import LogThrottle
+from kvpool.errors import (
+    KVPoolError,
+    MasterUnavailable,
+    NotAuthenticated,
+    ObjectExists,
+    PermissionDenied,
+)
 from kvpool.sglang.config import KVPoolHiCacheConfig
 from kvpool.sglang.keys import PageKeys
 from kvpool.sglang.pages import HostPages, byte_view
 
 logger = logging.getLogger(__name__)
+
+#: At most one warning per kind of failure this often (seconds); the next one let through
+#: says how many were dropped.
+LOG_INTERVAL = 30.0
 
 
 class KVPoolHiCacheStorage(HiCacheStorage):
@@ -55,6 +76,12 @@ class KVPoolHiCacheStorage(HiCacheStorage):
         self._pages: HostPages | None = None
         self._closed = False
         self._close_lock = threading.Lock()
+        #: Monotonic times before which lookups and loads (stores) answer misses (not
+        #: stored) without asking kvpool: the master did not answer the last one that asked.
+        #: (Set and read by SGLang's threads without a lock: a race costs one extra ask.)
+        self._loads_quiet_until = 0.0
+        self._stores_quiet_until = 0.0
+        self._log = LogThrottle(burst=1, interval=LOG_INTERVAL)
         common: dict[str, Any] = {
             "ucx_config": settings.ucx_config or None,
             "same_host_mapping": settings.same_host_mapping,
@@ -76,7 +103,33 @@ class KVPoolHiCacheStorage(HiCacheStorage):
                 lease_ttl=settings.load_timeout_s,
                 **common,
             )
+            undo.callback(self._load_client.close)
+            self._check_credentials()
             undo.pop_all()
+
+    def _check_credentials(self) -> None:
+        """One cheap authenticated call (a probe key's ``exists``, no lease), within
+        ``load_timeout_s``: credentials the master refuses fail the engine's start; a
+        master that does not answer is logged, and lookups and loads start quiet."""
+        probe = self._keys.namespace + "kvpool-credentials-probe"
+        try:
+            self._load_client.exists_many([probe], lease=False)
+        except (NotAuthenticated, PermissionDenied) as error:
+            raise ValueError(
+                f"kvpool: the master {self.settings.master} refuses this engine's credentials "
+                f"({error}). Give the backend a valid client token of the tenant whose pages it "
+                'shares: "token" in --hicache-storage-backend-extra-config (the token or '
+                '"@/path/to/file"), else $KVPOOL_TOKEN or $KVPOOL_TOKEN_FILE.'
+            ) from None
+        except KVPoolError as error:
+            if isinstance(error, MasterUnavailable):
+                self._loads_quiet_until = time.monotonic() + self.settings.load_timeout_s
+            logger.warning(
+                "kvpool: could not check this engine's credentials while it starts (%s); "
+                "starting anyway: lookups and loads miss, and stores fail, until the master "
+                "answers",
+                error,
+            )
 
     # ------------------------------------------------------------------ host pool
 
@@ -94,12 +147,12 @@ class KVPoolHiCacheStorage(HiCacheStorage):
     def batch_exists(
         self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None
     ) -> int:
-        if not keys or self._closed:
+        if not keys or self._closed or self._loads_quiet():
             return 0
         try:
             found = self._load_client.exists_many(self._keys.names(keys))
         except (KVPoolError, RuntimeError) as error:  # RuntimeError: closed meanwhile
-            logger.warning("kvpool: lookup of %d page(s): %s", len(keys), error)
+            self._load_failed("lookup", len(keys), error)
             return 0
         for i, hit in enumerate(found):
             if hit is not True:
@@ -113,14 +166,14 @@ class KVPoolHiCacheStorage(HiCacheStorage):
         extra_info: HiCacheStorageExtraInfo | None = None,
     ) -> list[bool]:
         pieces = self._host_pages().pieces(len(keys), host_indices)
-        if self._closed or not keys:
+        if self._closed or not keys or self._loads_quiet():
             return [False] * len(keys)
         try:
             results = self._load_client.get_into_parts_many(
                 list(zip(self._keys.names(keys), pieces, strict=True))
             )
         except (KVPoolError, RuntimeError) as error:
-            logger.warning("kvpool: load of %d page(s): %s", len(keys), error)
+            self._load_failed("load", len(keys), error)
             return [False] * len(keys)
         forget_tracebacks(results)  # (per-key errors: see _put)
         hits = [_is_count(r) for r in results]  # entry i: page i's size, or its error
@@ -138,7 +191,7 @@ class KVPoolHiCacheStorage(HiCacheStorage):
         extra_info: HiCacheStorageExtraInfo | None = None,
     ) -> list[bool]:
         pieces = self._host_pages().pieces(len(keys), host_indices)
-        if self._closed or not keys:
+        if self._closed or not keys or self._stores_quiet():
             return [False] * len(keys)
         return self._put(list(zip(self._keys.names(keys), pieces, strict=True)))
 
@@ -153,7 +206,7 @@ class KVPoolHiCacheStorage(HiCacheStorage):
         self, keys: list[str], target_locations: Any = None, target_sizes: Any = None
     ) -> list[Any]:
         targets = _targets(keys, target_locations, target_sizes)
-        if self._closed or not keys:
+        if self._closed or not keys or self._loads_quiet():
             return [None] * len(keys)
         results: list[Any]
         try:
@@ -164,7 +217,7 @@ class KVPoolHiCacheStorage(HiCacheStorage):
                 ]
             )
         except (KVPoolError, RuntimeError) as error:
-            logger.warning("kvpool: get of %d object(s): %s", len(keys), error)
+            self._load_failed("get", len(keys), error)
             results = [error] * len(keys)
         forget_tracebacks(results)  # (else they pin the targets in a cycle: see _put)
         hit = (_is_count(r) for r in results)
@@ -187,7 +240,7 @@ class KVPoolHiCacheStorage(HiCacheStorage):
         target_sizes: Any = None,
     ) -> bool:
         sources = _targets(keys, values if values is not None else target_locations, target_sizes)
-        if self._closed or not keys:
+        if self._closed or not keys or self._stores_quiet():
             return False
         names = self._keys.names(keys)
         return all(self._put([(n, [view]) for n, (view, _) in zip(names, sources, strict=True)]))
@@ -249,15 +302,67 @@ class KVPoolHiCacheStorage(HiCacheStorage):
         forget_tracebacks(results)
         # entry i: the replicas written, or key i's error (ObjectExists: stored before)
         stored = [_is_count(r) or isinstance(r, ObjectExists) for r in results]
-        if not all(stored):
-            first = next(r for r, ok in zip(results, stored, strict=True) if not ok)
-            logger.warning(
+        if all(stored):
+            return stored
+        first = next(r for r, ok in zip(results, stored, strict=True) if not ok)
+        if all(isinstance(r, MasterUnavailable) for r in results):
+            pause = self.settings.store_timeout_s
+            self._stores_quiet_until = time.monotonic() + pause
+            self._warn(
+                ("store", "unreachable"),
+                "kvpool: %d page(s) not stored: %s (stores are skipped for the next %g s "
+                "without asking)",
+                len(items),
+                first,
+                pause,
+            )
+        else:
+            self._warn(
+                ("store", type(first).__name__),
                 "kvpool: %d of %d page(s) not stored, first: %s",
                 stored.count(False),
                 len(items),
                 first,
             )
         return stored
+
+    def _loads_quiet(self) -> bool:
+        """Whether lookups and loads answer misses without asking (the master did not answer
+        the last one that asked, less than ``load_timeout_s`` ago)."""
+        return time.monotonic() < self._loads_quiet_until
+
+    def _stores_quiet(self) -> bool:
+        return time.monotonic() < self._stores_quiet_until
+
+    def _load_failed(self, kind: str, count: int, error: Exception) -> None:
+        """A lookup or load that failed as a whole: a master that did not answer makes the
+        next ``load_timeout_s`` of them quiet; a warning, throttled."""
+        if isinstance(error, MasterUnavailable):
+            pause = self.settings.load_timeout_s
+            self._loads_quiet_until = time.monotonic() + pause
+            self._warn(
+                ("load", "unreachable"),
+                "kvpool: %s of %d page(s): %s (lookups and loads miss for the next %g s "
+                "without asking)",
+                kind,
+                count,
+                error,
+                pause,
+            )
+        elif not self._closed:  # (a RuntimeError of a client closed meanwhile: said nothing)
+            self._warn(
+                (kind, type(error).__name__), "kvpool: %s of %d page(s): %s", kind, count, error
+            )
+
+    def _warn(self, key: tuple[str, str], message: str, *args: Any) -> None:
+        """``message``, unless one of the same ``key`` went out less than ``LOG_INTERVAL``
+        ago (then counted, and said with the next one)."""
+        dropped = self._log.allow(key)
+        if dropped is None:
+            return
+        if dropped:
+            message += f" ({dropped} more such line(s) since the last one)"
+        logger.warning(message, *args)
 
 
 def _is_count(result: object) -> bool:

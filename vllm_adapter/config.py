@@ -25,8 +25,9 @@ kvpool tier settings (keys of the secondary_tiers entry, beside "type" and "modu
 - replicas (int): copies per stored chunk, on distinct storage nodes (default 0: the
   master's default)
 - key_prefix (str): namespace of this tier's keys in kvpool (default "vllm"); the rest of a
-  key names the model, its KV layout and parallelism (vLLM's own FileMapper), so engines of
-  the same model share chunks and others never read them
+  key names the model (its --model string), its KV layout, chunk size and parallelism
+  (vLLM's own FileMapper), so engines of the same model share chunks and others never read
+  them; another checkpoint served under the same --model string needs its own key_prefix
 - store_timeout_s (float): deadline of one store job, counted from its submission: a job
   still queued then fails without starting (default 10)
 - load_timeout_s (float): deadline of one load job, counted from its submission: a chunk not

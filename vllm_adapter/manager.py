@@ -8,6 +8,9 @@ out-of-tree tier, from its ``secondary_tiers`` entry::
 
 (``config.py`` lists every setting.) What each call becomes:
 
+- construction: one ``exists_many`` of a probe key, so that credentials the master refuses
+  fail the engine's start (a ``ValueError``); a master that does not answer is logged, and
+  the engine starts.
 - ``lookup``: vLLM's own ``AsyncLookupManager``: keys gathered during a scheduler step go to
   the lookup thread after the step (RETRY until then), which asks kvpool one ``exists_many``
   per request of the step, one request after the other. A hit takes a read lease, so the
@@ -28,9 +31,11 @@ out-of-tree tier, from its ``secondary_tiers`` entry::
   the running ones, and only then lets go of kvpool: after it returns nothing touches the
   primary tier's memory.
 
-Keys are vLLM's own file names for chunks (``FileMapper``: model, KV layout, parallelism,
-block hash, group) under ``key_prefix``: two engines of the same model and layout share
-chunks through kvpool, engines of anything else never read them.
+Keys are vLLM's own file names for chunks (``FileMapper``: model, KV layout, chunk size,
+parallelism, block hash, group) under ``key_prefix``: two engines of the same model and
+layout share chunks through kvpool, engines of anything else never read them. The model is
+its name as vLLM was given it (a path or a Hugging Face id), not its weights: another
+checkpoint served under the same name needs a ``key_prefix`` of its own.
 """
 
 from __future__ import annotations
@@ -64,7 +69,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvpool import Client
 from kvpool.common.log_throttle import LogThrottle
-from kvpool.errors import KVPoolError
+from kvpool.errors import KVPoolError, NotAuthenticated, PermissionDenied
 from kvpool.vllm import transfers
 from kvpool.vllm.config import KVPoolTierConfig
 from kvpool.vllm.jobs import Finished, Job, Worker
@@ -166,8 +171,13 @@ class KVPoolTierManager(SecondaryTierManager):
                 )
         # (KVPoolCPUTieringSpec's chunks follow a CPU engine's block layout: kept apart.)
         namespace = config.key_prefix + getattr(offloading_spec, "kvpool_key_namespace", "")
+        # (blocks_per_file: a chunk of 4 blocks is other bytes than a chunk of 1 ending with
+        # the same block hash, as vLLM's own file-system tier keys them apart)
         self._names = FileMapper.from_offloading_spec(
-            namespace, offloading_spec, parallel_agnostic=True
+            namespace,
+            offloading_spec,
+            blocks_per_file=offloading_spec.blocks_per_chunk,
+            parallel_agnostic=True,
         )
         self._slots = PrimarySlots(primary_kv_view)
         #: Keys of in-flight store jobs (events only) and load jobs (scheduler thread only).
@@ -195,6 +205,7 @@ class KVPoolTierManager(SecondaryTierManager):
             undo.callback(self._load_client.close)
             self._lookup_client = Client(config.master, timeout=config.lookup_timeout_s, **options)
             undo.callback(self._lookup_client.close)
+            self._check_credentials(tier_type)
             undo.callback(self._slots.unregister)  # (also what a failed registration did)
             if config.register_primary:
                 self._slots.register_with([self._store_client, self._load_client])
@@ -214,6 +225,29 @@ class KVPoolTierManager(SecondaryTierManager):
             " (registered for zero copy)" if self._slots.registered else "",
             self._names.base_path,
         )
+
+    def _check_credentials(self, tier_type: str) -> None:
+        """One cheap authenticated call while the engine starts: credentials the master
+        refuses fail the start (else every lookup, store and load would fail, each with a
+        warning); a master that does not answer is only logged (engines start while the
+        cluster is down, and find it once it is up)."""
+        probe = f"{self._names.base_path}/kvpool-credentials-probe"
+        try:
+            self._lookup_client.exists_many([probe], lease=False)
+        except (NotAuthenticated, PermissionDenied) as error:
+            raise ValueError(
+                f"kvpool tier {tier_type}: the master {self.config.master} refuses this "
+                f"engine's credentials ({error}). Give the tier a valid client token of the "
+                'tenant whose chunks it shares: "token" in its secondary_tiers entry (the '
+                'token or "@/path/to/file"), else $KVPOOL_TOKEN or $KVPOOL_TOKEN_FILE.'
+            ) from None
+        except KVPoolError as error:
+            logger.warning(
+                "kvpool tier %s: could not check the engine's credentials while it starts "
+                "(%s); starting anyway: lookups miss and stores fail until the master answers",
+                tier_type,
+                error,
+            )
 
     def name(self, key: OffloadKey) -> str:
         """The kvpool key of a chunk."""

@@ -15,6 +15,8 @@ from bench.sglang_host_pool import PAGE_LAYOUTS, MHAHostPool, MLAHostPool, page_
 from kvpool import Client
 
 SENTINEL = -7.0
+#: A well-formed client token that no cluster knows (as a revoked one).
+UNKNOWN_TOKEN = "kvp1.0123456789ab.SECRETsecretSECRETsecretSECRETsecret42"
 
 
 def mha_pool(layout: str = "page_first", dtype: torch.dtype = torch.bfloat16) -> MHAHostPool:
@@ -48,6 +50,23 @@ def test_an_unknown_setting_is_refused_with_the_known_ones(sg_cluster):
     config = storage_config(sg_cluster.master_address, params={"load_timeout": 3})
     with pytest.raises(ValueError, match=r"unknown kvpool HiCache setting.*load_timeout_s"):
         StorageBackendFactory.create_backend("dynamic", config, mha_pool())
+
+
+def test_a_token_the_master_refuses_fails_the_start_with_what_to_fix(sg_cluster):
+    # (else the engine would start, and every lookup, store and load fail with a warning)
+    params = {"token": UNKNOWN_TOKEN, "tls_ca": sg_cluster.client_credentials()["tls_ca"]}
+    config = storage_config(sg_cluster.master_address, params=params)
+    with pytest.raises(ValueError, match="refuses this engine's credentials") as failure:
+        StorageBackendFactory.create_backend("dynamic", config, mha_pool())
+    message = str(failure.value)
+    assert "not one this cluster knows" in message  # (the master's reason)
+    assert '"token"' in message and "$KVPOOL_TOKEN" in message
+
+
+def test_with_the_master_down_the_backend_starts_and_misses(make_backend):
+    # (nothing listens there: engines must start while the cluster is down)
+    backend = make_backend(master="127.0.0.1:1")
+    assert backend.batch_exists(hashes(2)) == 0
 
 
 @pytest.mark.parametrize("layout", PAGE_LAYOUTS)

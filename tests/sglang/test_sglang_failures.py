@@ -1,10 +1,13 @@
 """A storage node that dies while SGLang loads pages from kvpool: its pages are misses, the
 others still hit, every hit holds the bytes stored, and no call blocks its caller. A master
-that stalls: calls failing as a whole never crash the engine's process."""
+that stalls: calls failing as a whole never crash the engine's process, and a run of calls
+waits one timeout, not one each."""
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -109,3 +112,47 @@ def test_calls_failing_as_a_whole_leave_nothing_that_crashes_the_garbage_collect
     root = HERE.parents[1]
     env = {**os.environ, "PYTHONPATH": f"{HERE}:{root}", "TMPDIR": str(tmp_path)}
     survives_a_stopped_master(cluster, CHILD, env, cwd=root)
+
+
+def test_calls_under_a_stopped_master_wait_one_timeout_not_one_each(cluster_factory, caplog):
+    # SGLang's prefetch and backup threads call again and again: each call asking a silent
+    # master would wait its whole timeout and log a warning. After one fails for that reason
+    # the backend answers the calls of the next timeout without asking, then asks again.
+    cluster = cluster_factory(1, "64MiB")
+    timeout = 1.0
+    calls = 12
+    pool = MHAHostPool(16, 4, 2, 2, 64)
+    params = {"load_timeout_s": timeout, "store_timeout_s": timeout}
+    backend = attach(storage_config(cluster.master_address, params=params), pool)
+    try:
+        keys = hashes(4)
+        assert backend.batch_set_v1(keys, page_indices([0, 1, 2, 3], 4)) == [True] * 4
+        targets = page_indices([4, 5, 6, 7], 4)
+        cluster.master.signal(signal.SIGSTOP)
+        try:
+            with caplog.at_level(logging.WARNING, logger="kvpool"):
+                started = time.monotonic()
+                for _ in range(calls):
+                    assert backend.batch_exists(keys) == 0
+                    assert backend.batch_get_v1(keys, targets) == [False] * 4
+                loads_s = time.monotonic() - started
+                started = time.monotonic()
+                for _ in range(calls):
+                    assert backend.batch_set_v1(hashes(4), targets) == [False] * 4
+                stores_s = time.monotonic() - started
+        finally:
+            cluster.master.signal(signal.SIGCONT)
+        assert loads_s < timeout + SLACK < calls * timeout, loads_s
+        assert stores_s < timeout + SLACK < calls * timeout, stores_s
+        lines = [r.getMessage() for r in caplog.records if r.name.startswith("kvpool.sglang")]
+        assert 2 <= len(lines) <= 4, lines  # (one per kind, and maybe one more on a slow box)
+        assert any("lookups and loads miss for the next 1 s without asking" in m for m in lines)
+        assert any("stores are skipped for the next 1 s without asking" in m for m in lines)
+        # the master back, the calls ask kvpool again
+        assert wait_until(lambda: backend.batch_exists(keys) == 4, timeout=30.0)
+        assert wait_until(
+            lambda: backend.batch_set_v1(hashes(1), page_indices([8], 4)) == [True], timeout=30.0
+        )
+        assert backend.batch_get_v1(keys, targets) == [True] * 4
+    finally:
+        backend.close()

@@ -12,6 +12,9 @@ from tier_driver import TIER, HostError
 
 from kvpool import Client
 
+#: A well-formed client token that no cluster knows (as a revoked one).
+UNKNOWN_TOKEN = "kvp1.0123456789ab.SECRETsecretSECRETsecretSECRETsecret42"
+
 
 def test_vllm_finds_the_tier_class_by_its_module_path(host):
     found = host.call("tier_class", tier=TIER)
@@ -77,4 +80,24 @@ def test_without_credentials_a_secure_cluster_stores_nothing_and_loads_nothing(m
     tier = make_tier(unset_env=unset, store_timeout_s=2, lookup_timeout_s=1)
     tier.fill(slots=[0], seed=1)
     assert not tier.run("store", 1, keys=[1], slots=[0])["success"]
+    assert tier.lookup(keys=[1])["final"] == ["MISS"]
+
+
+def test_a_token_the_master_refuses_fails_the_engine_start_with_what_to_fix(
+    make_tier, tier_cluster
+):
+    # (else the engine would start, and every lookup, store and load fail with a warning)
+    tls_ca = tier_cluster.client_credentials()["tls_ca"]
+    with pytest.raises(HostError) as failure:
+        make_tier(token=UNKNOWN_TOKEN, tls_ca=tls_ca)
+    assert failure.value.kind == "ValueError"
+    message = failure.value.message
+    assert "refuses this engine's credentials" in message
+    assert "not one this cluster knows" in message  # (the master's reason)
+    assert '"token"' in message and "$KVPOOL_TOKEN" in message
+
+
+def test_with_the_master_down_the_engine_starts_and_misses(make_tier):
+    # (nothing listens there: engines must start while the cluster is down)
+    tier = make_tier(master="127.0.0.1:1", lookup_timeout_s=1)
     assert tier.lookup(keys=[1])["final"] == ["MISS"]

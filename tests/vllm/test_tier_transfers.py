@@ -96,6 +96,34 @@ def test_an_engine_of_another_model_never_reads_them(make_tier):
     assert not other.run("load", 1, keys=[1], slots=[0])["success"]
 
 
+def test_engines_of_another_chunk_size_keep_their_own_chunks(make_tier, tier_cluster):
+    # vLLM keys a chunk by the hash of its last block: a chunk of 4 blocks and a chunk of 1
+    # ending with the same block are other bytes, so they are other kvpool objects (the same
+    # key would make one engine lose its hits, or load the other's bytes)
+    block = 16 * 1024
+    one = make_tier(slot_bytes=block)
+    four = make_tier(slot_bytes=block, blocks_per_chunk=4)
+    assert (one.info["chunk_bytes"], four.info["chunk_bytes"]) == (block, 4 * block)
+    (name_one,) = one.names(keys=[7])["names"]
+    (name_four,) = four.names(keys=[7])["names"]
+    assert name_one != name_four
+    # the names are vLLM's own (as its file-system tier makes them); those of chunks of one
+    # block, all this tier made before, stay as they were
+    assert one.file_names(keys=[7])["names"] == [name_one]
+    assert four.file_names(keys=[7], blocks_per_file=4)["names"] == [name_four]
+    digests = {"one": one.fill(slots=[0], seed=1)["digests"]}
+    digests["four"] = four.fill(slots=[0], seed=2)["digests"]
+    assert one.run("store", 1, keys=[7], slots=[0])["success"]
+    assert four.run("store", 1, keys=[7], slots=[0])["success"]
+    for tier, name in ((one, "one"), (four, "four")):
+        assert tier.lookup(keys=[7], req_id=f"read-{name}")["final"] == ["HIT"]
+        tier.set(slots=[1], byte=0)
+        assert tier.run("load", 2, keys=[7], slots=[1])["success"]
+        assert tier.digest(slots=[1])["digests"] == digests[name]
+    with Client(tier_cluster.master_address) as client:
+        assert (client.stat(name_one).size, client.stat(name_four).size) == (block, 4 * block)
+
+
 def test_a_load_of_a_missing_chunk_fails_and_the_request_stops_asking(make_tier):
     tier = make_tier()
     tier.set(slots=[0], byte=0x5A)

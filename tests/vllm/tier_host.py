@@ -44,6 +44,7 @@ from vllm.v1.kv_offload.config import (  # noqa: E402
     OffloadingParallelConfig,
 )
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory  # noqa: E402
+from vllm.v1.kv_offload.file_mapper import FileMapper  # noqa: E402
 from vllm.v1.kv_offload.tiering.base import JobResult, TransferJob  # noqa: E402
 from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory  # noqa: E402
 
@@ -77,21 +78,24 @@ class Host:
         model: str = "kvpool-test/tiny",
         kv_events: bool = False,
         unset_env: tuple[str, ...] = (),
+        blocks_per_chunk: int = 1,
     ) -> dict:
         """vLLM's own path from configuration to tier: spec factory, ``get_manager``.
-        ``unset_env``: variables missing from the environment while the tier is built."""
+        ``slot_bytes``: the bytes of one engine block, ``blocks_per_chunk`` of which make
+        a primary slot (a chunk). ``unset_env``: variables missing from the environment
+        while the tier is built."""
         config = OffloadingConfig(
             groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("l0",), group_id=0),),
             worker_kv_bytes_per_block=slot_bytes,
             enable_kv_cache_events=kv_events,
             extra_config={
                 "spec_name": "TieringOffloadingSpec",
-                "cpu_bytes_to_use": slots * slot_bytes,
+                "cpu_bytes_to_use": slots * slot_bytes * blocks_per_chunk,
                 "secondary_tiers": [dict(tier)],
             },
             engine_id=f"kvpool-test-{os.getpid()}-{self.next_id}",
             model=OffloadingModelConfig(name=model, dtype="bfloat16"),
-            cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
+            cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=blocks_per_chunk),
             parallel=OffloadingParallelConfig(
                 rank=0,
                 world_size=1,
@@ -129,6 +133,7 @@ class Host:
             "cache_hit_source": str(tier_obj.cache_hit_source.value),
             "slots": array.shape[0],
             "slot_bytes": tier_obj.block_size_bytes,
+            "chunk_bytes": array.shape[1],
             "seconds": seconds,
         }
 
@@ -168,6 +173,13 @@ class Host:
 
     def op_names(self, tier_id: int, keys: list[int]) -> dict:
         return {"names": [self._tier(tier_id).name(key(k)) for k in keys]}
+
+    def op_file_names(self, tier_id: int, keys: list[int], **mapper: Any) -> dict:
+        """vLLM's own ``FileMapper`` names of ``keys`` under the tier's spec and the default
+        ``vllm`` prefix, ``mapper`` being the rest of its arguments."""
+        spec = self.engines[tier_id][0]
+        names = FileMapper.from_offloading_spec("vllm", spec, parallel_agnostic=True, **mapper)
+        return {"names": [names.get_file_name(key(k)) for k in keys]}
 
     def op_lookup(
         self, tier_id: int, keys: list[int], req_id: str = "req", timeout: float = 10.0
