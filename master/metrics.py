@@ -192,6 +192,11 @@ class StateCollector(Collector):
             ("nodes_died", "Storage nodes declared dead after missing heartbeats."),
             ("clients_died", "Clients declared dead (their reservations were revoked)."),
             ("evictions", "Objects evicted to make room (LRU)."),
+            (
+                "evictions_for_table",
+                "Of those, evicted because the master held --max-objects, not for space: "
+                "raise the master's memory and --max-objects if storage has room.",
+            ),
             ("demotions", "Replicas moved from DRAM to NVMe on their node instead of evicted."),
             ("promotions", "Objects copied from NVMe to DRAM on their node after a hit."),
             ("objects_adopted", "Replicas re-adopted from what storage nodes reported."),

@@ -397,6 +397,8 @@ class Counters:
     nodes_died: int = 0
     clients_died: int = 0
     evictions: int = 0
+    #: Of those, evicted for room in the object table (``max_objects``), not for space.
+    evictions_for_table: int = 0
     demotions: int = 0
     promotions: int = 0
     lease_expiries: int = 0

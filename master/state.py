@@ -2848,6 +2848,7 @@ class MasterState:
                 break
             for record in victims:
                 self._evict_whole(record, now)
+            self.counters.evictions_for_table += len(victims)
             budget -= len(victims)
         return len(self.objects) < cap
 
