@@ -73,6 +73,8 @@ TICK_STEP = 64
 #: what one costs it (records, indexes, its share of the story ring; docs/reliability.md,
 #: "The master's object table"), so that the table stays well within the memory.
 MEMORY_PER_OBJECT = 4096
+#: Seconds between two copies of every tenant's usage for the metrics.
+TENANT_METRICS_EVERY = 1.0
 #: What the nodes copy between them at most, by default, to make good lost replicas: a
 #: fraction of what one node's network carries, so that clients keep the rest.
 DEFAULT_REREPLICATION_RATE = "256MiB"
@@ -721,9 +723,9 @@ def _tick(
     ``leaving``: tells the registry (an Election's) of the nodes that left."""
     core = driver.core
     registry = handlers.registry
-    if core is not None and quotas is not None:
-        current = quotas.current()
-        if core.state.quotas is not current:
+    if quotas is not None:
+        current = quotas.current()  # (a standby reads it too: it begins its term with it)
+        if core is not None and core.state.quotas is not current:
             core.state.set_quotas(current)
     report = driver.tick(TICK_STEP, late_by)
     if core is None or report is None:
@@ -759,7 +761,11 @@ def _tick(
     refusals = dict(state.quota_refusals)
     for tenant, count in handlers.inflight.refusals.items():
         refusals[tenant, "inflight"] = count
-    metrics.STATE.publish_tenants(state.tenant_usage(), refusals)
+    now = time.monotonic()
+    if now - metrics.STATE.tenants_published_at >= TENANT_METRICS_EVERY:
+        # (a copy of every tenant's usage: once a second, not every tick, with many tenants)
+        metrics.STATE.publish_tenants(state.tenant_usage(), refusals)
+        metrics.STATE.tenants_published_at = now
     return report
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -116,6 +117,8 @@ class StateCollector(Collector):
         self.counters: Counters | None = None
         self.tenants: dict[str, TenantUsage] = {}
         self.refusals: dict[tuple[str, str], int] = {}
+        #: When ``tenants`` was last published (time.monotonic()).
+        self.tenants_published_at = -math.inf
 
     def publish(self, snapshot: ClusterSnapshot, counters: Counters) -> None:
         self.snapshot = snapshot

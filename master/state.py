@@ -942,12 +942,19 @@ class MasterState:
             return 0
         released = 0
         find = self.objects.get
+        now = self.clock()
         for key in keys:
             record = find(key)
             if record is not None and record.lease_client == client_id:
                 record.lease_until = record.others_until
                 record.lease_client = ""
                 released += 1
+                if record.lease_open and record.lease_until <= now:
+                    # It ends now: its tenant's leases quota counts it out now, not when the
+                    # lease would have run out (its entry in _lease_ends is skipped then).
+                    record.lease_open = False
+                    self.counters.lease_expiries += 1
+                    self._lease_ended(record)
         return released
 
     def quarantine(self, forget: ForgetCommand) -> None:
@@ -1153,7 +1160,10 @@ class MasterState:
 
     def tenant_usage(self) -> dict[str, TenantUsage]:
         """What each tenant holding something holds now (copies: for metrics)."""
-        return {tenant: dataclasses.replace(usage) for tenant, usage in self._usage.items()}
+        return {  # (each field named: dataclasses.replace costs several times as much)
+            tenant: TenantUsage(u.objects, u.reserved_bytes, u.dram_bytes, u.nvme_bytes, u.leases)
+            for tenant, u in self._usage.items()
+        }
 
     def snapshot(self) -> ClusterSnapshot:
         usages = [
@@ -1366,10 +1376,14 @@ class MasterState:
         if existing is not None:
             what = "exists" if existing.state is ObjectState.PUBLISHED else "is being written"
             return PutSlot(KeyStatus.ALREADY_EXISTS, message=f"object {key!r} {what}")
+        over_nvme = False
         if self._put_quotas:
             refused = self._put_refusal(key, size, wanted, options.tier)
             if refused is not None:
                 return PutSlot(KeyStatus.QUOTA_EXCEEDED, message=refused)
+            if options.tier is _ANY and not self._within_bytes(key, size, wanted, _NVME):
+                options = dataclasses.replace(options, tier=_DRAM)  # (NVMe: over its quota)
+                over_nvme = True
         cap = self.config.max_objects
         if cap is not None and len(self.objects) >= cap and not self._room_in_table(cap, now, key):
             return PutSlot(
@@ -1379,6 +1393,9 @@ class MasterState:
                 "objects, or give the master more memory and a higher --max-objects",
             )
         replicas = self._place(key, size, wanted, options, now, pools)
+        if not replicas and over_nvme:  # (NVMe, where it would have gone, is over quota)
+            refused = self._put_refusal(key, size, wanted, _NVME)
+            return PutSlot(KeyStatus.QUOTA_EXCEEDED, message=refused or "")
         if not replicas:
             fenced = [s.fenced_until for s in self.segments.values() if s.fenced_until > now]
             if fenced and max(fenced) == math.inf:
@@ -1456,16 +1473,32 @@ class MasterState:
         if reserved is not None and usage.reserved_bytes + size > reserved:
             return self._refused(tenant, "reserved_bytes", reserved, usage.reserved_bytes, size)
         if tier is Tier.UNSPECIFIED:
-            tier = Tier.DRAM
-        limit = quota.bytes_limit(tier)
-        if limit is not None:
-            alignment = self.config.alignment  # (as the allocator rounds each buffer)
-            need = ((max(size, 1) + alignment - 1) & ~(alignment - 1)) * wanted
+            tier = Tier.DRAM  # (and NVMe, its fallback, only within quota: _put_start_one)
+        if not self._within_bytes(key, size, wanted, tier):
+            limit = quota.bytes_limit(tier)
+            assert limit is not None
+            name = "nvme_bytes" if tier is Tier.NVME else "dram_bytes"
             held = usage.bytes_in(tier)
-            if held + need > limit:
-                name = "nvme_bytes" if tier is Tier.NVME else "dram_bytes"
-                return self._refused(tenant, name, limit, held, need)
+            return self._refused(tenant, name, limit, held, self._need(size) * wanted)
         return None
+
+    def _need(self, size: int) -> int:
+        """The bytes a buffer of ``size`` takes (as the allocator rounds each one)."""
+        alignment = self.config.alignment
+        return (max(size, 1) + alignment - 1) & ~(alignment - 1)
+
+    def _within_bytes(self, key: str, size: int, replicas: int, tier: Tier) -> bool:
+        """Whether ``replicas`` more buffers of ``size`` in ``tier`` keep ``key``'s tenant
+        within its quota of that tier's bytes (True without quotas)."""
+        if self.quotas is None:
+            return True
+        tenant = tenant_of(key)
+        limit = self.quotas.of(tenant).bytes_limit(tier)
+        if limit is None:
+            return True
+        usage = self._usage.get(tenant)
+        held = usage.bytes_in(tier) if usage is not None else 0
+        return held + self._need(size) * replicas <= limit
 
     def _refused(self, tenant: str, quota: str, limit: int, held: int, asked: int = 1) -> str:
         self.quota_refusals[tenant, quota] += 1
@@ -1892,6 +1925,8 @@ class MasterState:
         node = self.nodes.get(self.segments[source.segment_id].node_id)
         if node is None or node.draining:
             return
+        if self._put_quotas and not self._within_bytes(record.key, record.size, 1, _DRAM):
+            return  # (its tenant's DRAM quota is reached: read from NVMe)
         for segment_id in sorted(node.segment_ids):  # deterministic order
             target = self.segments[segment_id]
             allocator = target.allocator
@@ -1910,6 +1945,8 @@ class MasterState:
         node = self.nodes.get(self.segments[source.segment_id].node_id)
         if node is None or record.moving or node.draining:
             return False
+        if self._put_quotas and not self._within_bytes(record.key, record.size, 1, _NVME):
+            return False  # (evicted instead: its tenant's NVMe quota is reached)
         for segment_id in sorted(node.segment_ids):  # deterministic order
             target = self.segments[segment_id]
             if (
@@ -2855,8 +2892,11 @@ class MasterState:
     def _spare_in_table(self, cap: int, tenant: str) -> Callable[[str], bool] | None:
         """With quotas, which objects an eviction for room in the table must leave alone:
         those of every other tenant holding no more than an equal split of ``cap`` among the
-        tenants holding objects. None without quotas: plain LRU."""
-        if self.quotas is None:
+        tenants holding objects, or no more than it is guaranteed in each tier it has a
+        guarantee for (``guaranteed_dram_bytes``...: fair eviction keeps those, whatever the
+        reason to evict). None without quotas: plain LRU."""
+        quotas = self.quotas
+        if quotas is None:
             return None
         usages = self._usage
         holders = {t for t, u in usages.items() if u.objects} | {tenant}
@@ -2864,8 +2904,15 @@ class MasterState:
 
         def spare(key: str) -> bool:
             owner = tenant_of(key)
+            if owner == tenant:
+                return False
             usage = usages.get(owner)
-            return owner != tenant and (usage is None or usage.objects <= share)
+            if usage is None or usage.objects <= share:
+                return True
+            quota = quotas.of(owner)
+            guarantees = [(t, quota.guaranteed(t)) for t in (_DRAM, _NVME)]
+            kept = [usage.bytes_in(t) <= g for t, g in guarantees if g is not None]
+            return bool(kept) and all(kept)
 
         return spare
 

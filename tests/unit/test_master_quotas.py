@@ -35,6 +35,7 @@ from state_helpers import (
 
 from kvpool.common import lane_protocol as lp
 from kvpool.common.status import KeyStatus, Tier
+from kvpool.master import main as master_main
 from kvpool.master import metrics
 from kvpool.master.authenticator import Authenticator
 from kvpool.master.config import MasterConfig
@@ -468,3 +469,66 @@ def test_tenant_metrics_name_the_largest_tenants_and_sum_the_rest():
         if s.name.endswith("_total")
     }
     assert refused == {("t099", "objects"): 2, ("other", "leases"): 7}
+
+
+# --------------------------------------------------------- quotas on every path to a tier
+
+
+def test_a_put_that_asks_no_tier_goes_to_nvme_only_within_its_nvme_quota():
+    state, _ = quota_state(limits(a=TenantQuota(nvme_bytes=8 * KiB)))
+    mount_nvme(state, "n1", 4 * MiB)  # (no DRAM: a put that asks no tier lands on NVMe)
+    for key in ("a/k1", "a/k2"):
+        assert put(state, key, 4 * KiB).status is KeyStatus.OK
+    message = refused(put(state, "a/k3", 4 * KiB))
+    assert "nvme_bytes quota of 8.0 KiB" in message
+    assert state.usage("a").nvme_bytes == 8 * KiB
+
+
+def test_a_tenant_over_its_nvme_quota_is_evicted_from_dram_rather_than_demoted():
+    state, _ = quota_state(limits(a=TenantQuota(nvme_bytes=0)))
+    mount(state, "n1", 64 * KiB)
+    mount_nvme(state, "n1", 4 * MiB)
+    for i in range(15):
+        publish(state, f"a/{i}", 4 * KiB, options=PutOptions(tier=Tier.DRAM))
+    state.tick()
+    assert state.counters.demotions == 0 and state.counters.evictions > 0
+    assert state.usage("a").nvme_bytes == 0
+
+
+def test_a_reader_that_lets_go_of_its_leases_frees_its_tenants_leases_quota_at_once():
+    state, _ = quota_state(limits(a=TenantQuota(leases=1)))
+    mount(state, "n1", 4 * MiB)
+    for key in ("a/k1", "a/k2"):
+        publish(state, key)
+    [held], _ = state.get_replicas(["a/k1"], 60, client_id="reader-1")
+    assert held.status is KeyStatus.OK
+    assert state.release_leases("reader-1", ["a/k1"]) == 1  # (the reader closed)
+    assert state.usage("a").leases == 0
+    [read], _ = state.get_replicas(["a/k2"], 60, client_id="reader-2")
+    assert read.status is KeyStatus.OK, "not held to the first reader's lease any more"
+
+
+def test_a_standby_follows_the_quotas_file_so_a_new_leader_begins_with_the_last_good(tmp_path):
+    path = tmp_path / "quotas.json"
+    path.write_text(json.dumps({"version": 1, "tenants": {"a": {"objects": 8}}}))
+    quotas_file = QuotaFile(path, check_interval=0)
+    driver = CoreDriver(None)  # a standby: no core
+    handlers = MasterHandlers(driver)
+    path.write_text(json.dumps({"version": 1, "tenants": {"a": {"objects": 3}}}))
+    master_main._tick(driver, handlers, quotas_file)
+    path.write_text("{a broken edit")
+    master_main._tick(driver, handlers, quotas_file)
+    state = master_main._new_state(MasterConfig(), 2, quotas_file)  # elected now
+    assert state.quotas is not None and state.quotas.of("a").objects == 3
+
+
+def test_a_full_object_table_spares_a_tenant_within_its_guaranteed_bytes():
+    quotas = limits(b=TenantQuota(guaranteed_dram_bytes=512 * KiB))
+    state, _ = quota_state(quotas, config=dataclasses.replace(CHECKED, max_objects=8))
+    mount(state, "n1", 64 * MiB)
+    for i in range(6):
+        publish(state, f"b/{i}")
+    for i in range(20):
+        publish(state, f"a/{i}")
+    assert sum(key.startswith("b/") for key in state.objects) == 6
+    assert len(state.objects) == 8
