@@ -26,9 +26,16 @@ so a crash during it leaves one log or the other, each whole. It holds up the ap
 it writes (a pass over the live entries, once per ``COMPACT_RATIO`` times as many appends); a
 file system with no room for the new file leaves the old log in place and the next try
 ``COMPACT_AT`` bytes of appends later. So does the compaction on open, where the old log is
-intact and of the current format (appends go on after its last record); a log that must be
-rewritten (damaged, or older) on a full disk stops the open with an error naming the log and
-the room it needs, so that a node whose disk filled up can be started again.
+intact and of the current format (appends go on after its last record), or its only damage
+is a torn last record (a crash mid-append: that record is zeroed first); a log that must be
+rewritten (damaged elsewhere, or older) on a full disk stops the open with an error naming
+the log and the room it needs, so that a node whose disk filled up can be started again.
+
+An append that finds no room left takes more (zeros) first, and counts it as room only once
+written: on a full disk it fails there, before any record, and the next append tries again.
+A removal is written only for a put the log holds (or, after an append that failed and could
+not be undone, may hold): the removal of an object whose put never reached the log (a full
+disk failed it) then needs no room either.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ from kvpool.storage_node.index_log import (
     SALT_BYTES,
     UNCONFIRMED_ABOVE,
     Entry,
+    Scan,
     encode,
     frame,
     header_slots,
@@ -168,25 +176,46 @@ class DurableIndex(MemoryIndex):
             #: Removals taken in memory whose records the log did not take (it could not be
             #: written: ``delete_now_or_later``); they go ahead of the next records written.
             self._pending: list[bytes] = []
+            #: The places (key, offset, generation) of puts an append failed to write whole
+            #: that it could not undo: the log may hold them, so their removal is recorded.
+            self._doubtful: set[tuple[str, int, int]] = set()
         except BaseException:
-            os.close(self._holder)
+            self._holder.close()
             raise
 
     def put(self, entries: Iterable[Entry]) -> list[Entry]:
         with self._appending:
             with self._lock:  # (one writer at a time: the node's commands, in order)
                 kept = self._newer(entries)
-            self._write_after_pending([encode(OP_PUT, e) for e in kept])
+            self._write_after_pending([encode(OP_PUT, e) for e in kept], puts=kept)
             kept = super().put(kept)
             self._compact_if_long()
         return kept
 
     def delete(self, entries: Iterable[Entry]) -> None:
-        entries = list(entries)
+        """Removes ``entries``, durably: a record for each the log may hold (``_logged``);
+        one it never took (its put failed, or it was removed already) is removed with no
+        write at all, so that a full disk does not fail the removal of nothing."""
         with self._appending:
-            self._write_after_pending([encode(OP_DELETE, e) for e in entries])
-            super().delete(entries)
+            logged = self._logged(entries)
+            self._write_after_pending([encode(OP_DELETE, e) for e in logged])
+            self._doubtful.difference_update(_place(e) for e in logged)
+            super().delete(logged)
             self._compact_if_long()
+
+    def _logged(self, entries: Iterable[Entry]) -> list[Entry]:
+        """Those of ``entries`` whose put the log holds or may hold: recorded (the same key,
+        place and generation), or written by an append that failed and could not be undone
+        (``_doubtful``). Callers hold ``_appending``."""
+        doubtful = self._doubtful
+        with self._lock:
+            held = self._entries
+            return [
+                e
+                for e in entries
+                if ((current := held.get(e.key)) is not None and _same_object(current, e))
+                or (doubtful and _place(e) in doubtful)
+            ]
 
     def delete_now_or_later(self, entries: Iterable[Entry]) -> bool:
         """Removes ``entries`` from memory at once, and from the log now if it can be
@@ -194,10 +223,11 @@ class DurableIndex(MemoryIndex):
         For removals that must not wait on the disk: those a master ordered at a mount, which
         the node may not refuse (an unwritable log must not stop it serving its other
         segments). False when they wait: a restart before they are written finds them again."""
-        entries = list(entries)
         with self._appending:
-            super().delete(entries)
-            self._pending.extend(encode(OP_DELETE, e) for e in entries)
+            logged = self._logged(entries)
+            super().delete(logged)
+            self._pending.extend(encode(OP_DELETE, e) for e in logged)
+            self._doubtful.difference_update(_place(e) for e in logged)  # (pending now)
             return self._try_pending()
 
     def write_pending(self) -> bool:
@@ -220,15 +250,15 @@ class DurableIndex(MemoryIndex):
             return False
         return True
 
-    def _write_after_pending(self, bodies: list[bytes]) -> None:
+    def _write_after_pending(self, bodies: list[bytes], puts: Iterable[Entry] = ()) -> None:
         """Writes the removals waiting, then ``bodies`` (in that order: a later put of a key
-        comes after its removal)."""
+        comes after its removal); ``puts``: the entries whose put records ``bodies`` hold."""
         pending = self._pending
         if pending:
-            self._write(pending + bodies)
+            self._write(pending + bodies, puts)
             pending.clear()
         else:
-            self._write(bodies)
+            self._write(bodies, puts)
 
     def close(self) -> None:
         try:
@@ -236,18 +266,42 @@ class DurableIndex(MemoryIndex):
             os.fsync(self._fd)
         finally:
             os.close(self._fd)
-            os.close(self._holder)
+            self._holder.close()
 
-    def _write(self, bodies: list[bytes]) -> None:
+    def _write(self, bodies: list[bytes], puts: Iterable[Entry] = ()) -> None:
+        """Appends ``bodies``, durably, or raises OSError having appended none of them.
+        Where the log has no room left for them, it takes more first: zeros written ahead,
+        counted as room only once written (a full disk fails here, before any record). A
+        record write or sync that fails is undone (zeros over it) where it can be; where it
+        cannot, the entries of ``puts`` may be in the log after all (``_doubtful``)."""
         if not bodies:
             return
         records = b"".join(frame(body, self._salt) for body in bodies)
-        if self._end + len(records) > self._allocated:
-            self._allocated = self._end + len(records) + ROOM
-            write_all(self._fd, bytes(self._allocated - self._end), self._end)
-        write_all(self._fd, records, self._end)
-        self._end += len(records)
-        os.fdatasync(self._fd)
+        start = self._end
+        if start + len(records) > self._allocated:
+            self._grow(start + len(records) + ROOM)
+        try:
+            write_all(self._fd, records, start)
+            os.fdatasync(self._fd)
+        except OSError:
+            try:
+                write_all(self._fd, bytes(len(records)), start)
+                os.fdatasync(self._fd)
+            except OSError:
+                self._doubtful.update(_place(e) for e in puts)
+            raise
+        self._end = start + len(records)
+
+    def _grow(self, allocated: int) -> None:
+        """Writes zeros up to ``allocated``; the room is what was written, even when the
+        write fails part way (no space left, say), and never more."""
+        try:
+            write_all(self._fd, bytes(allocated - self._end), self._end)
+        except OSError:
+            with contextlib.suppress(OSError):  # (zeros that did land are room too)
+                self._allocated = max(self._allocated, os.fstat(self._fd).st_size)
+            raise
+        self._allocated = allocated
 
     def confirm(self) -> None:
         """A master adopted what the segment reported, or had the node forget it: the log is
@@ -280,6 +334,7 @@ class DurableIndex(MemoryIndex):
         self._compact_after = end + max(COMPACT_AT, COMPACT_RATIO * end)
         self.compactions += 1
         self._pending.clear()  # (the live entries written are those left after them)
+        self._doubtful.clear()  # (the old log, which may hold them, is gone)
         metrics.INDEX_COMPACTIONS.inc()
 
     @property
@@ -292,19 +347,27 @@ class DurableIndex(MemoryIndex):
         next record goes and where the log's zeros end, appending after its last record as
         though it had just been compacted, when that reads back the same (an intact log of
         the current format; its records are all live or removals, which replay alike).
-        Otherwise an OSError that names the log and the room to free: a node whose disk is
-        full then says what to do, instead of only that it cannot open its storage."""
+        A log whose only damage is its last record, torn (a crash while it was appended,
+        which never returned), is kept too: that record is zeroed, so the next appends
+        overwrite it. Otherwise an OSError that names the log and the room to free: a node
+        whose disk is full then says what to do, instead of only that it cannot open its
+        storage."""
         with contextlib.suppress(OSError):
             os.unlink(self.path.with_name(self.path.name + TMP_SUFFIX))
-        sound = self._kept_end is not None
-        if sound:
-            assert self._kept_end is not None
+        kept_end = self._kept_end
+        if kept_end is not None and self._torn_end > kept_end:
+            try:  # the torn record goes: left, it would be damage that later records follow
+                self._zero(kept_end, self._torn_end)
+            except OSError as zeroing:
+                log.warning("index log's torn end not cut", path=str(self.path), error=str(zeroing))
+                kept_end = None
+        if kept_end is not None:
             log.warning(
                 "index log not compacted on open: appending after its last record",
                 path=str(self.path),
                 error=str(error),
             )
-            return self._kept_end, max(self._kept_size, self._kept_end)
+            return kept_end, max(self._kept_size, kept_end)
         why = (
             "the log is new"
             if not self._kept_size
@@ -318,18 +381,32 @@ class DurableIndex(MemoryIndex):
             f"system: free that much in {self.path.parent}'s file system and start again",
         ) from error
 
+    def _zero(self, start: int, end: int) -> None:
+        """Overwrites [start, end) of the log with zeros, durably (in place: no new room)."""
+        fd = private_files.open_for_update(self.path)
+        try:
+            write_all(fd, bytes(end - start), start)
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+
     def _replay(self, header: dict) -> tuple[dict, bytes]:
         self.damaged_records = self.undecodable_records = 0
         #: What ``_keep_log`` needs: the end of the last record of an intact log of the
-        #: current format (None otherwise), and the file's size.
+        #: current format, or of one whose only damage is a torn last record (None
+        #: otherwise), and the file's size.
         self._kept_end: int | None = None
+        self._torn_end = 0
         data = private_files.read_nofollow(self.path)
         self._kept_size = len(data) if data else 0
         if not data:
             return header, os.urandom(SALT_BYTES)
         scan = read_log(data, self.path)
-        if not (scan.damaged or scan.undecodable) and scan.version == FORMAT and scan.salt:
+        current = scan.version == FORMAT and scan.salt and not scan.undecodable
+        if current and (not scan.damaged or _torn_tail_only(data, scan, self.path)):
             self._kept_end = scan.end  # (after the last record: a key may end in zeros)
+            #: Where the bytes of a torn last record end (zeros from there on).
+            self._torn_end = len(data.rstrip(b"\0")) if scan.damaged else 0
         split = scan.unconfirmed_before
         for op, entry in scan.records[:split]:
             (super().put if op == OP_PUT else super().delete)([entry])
@@ -387,6 +464,18 @@ def recorded(held: Entry | None, entry: Entry) -> bool:
     """Whether ``entry`` takes the place of ``held``, the entry of its key so far: unless it
     is an older generation (generations grow across the master's terms)."""
     return held is None or entry.generation >= held.generation
+
+
+def _torn_tail_only(data: bytes, scan: Scan, path: Path) -> bool:
+    """Whether the damage ``scan`` found in ``data`` all lies after its last intact record:
+    the log read up to there alone is whole (undecodable records never lie after it)."""
+    ahead = read_log(data[: scan.end], path)
+    return not (ahead.damaged or ahead.undecodable)
+
+
+def _place(entry: Entry) -> tuple[str, int, int]:
+    """What names one put of a key in ``DurableIndex._doubtful``."""
+    return entry.key, entry.offset, entry.generation
 
 
 def _same_object(a: Entry, b: Entry) -> bool:

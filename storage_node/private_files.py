@@ -6,7 +6,7 @@ that passes the same test: a real directory (not a symbolic link), owned by the 
 writable by no other user (``check_private_directory``). There no other user can plant a name
 ahead of the node; every open of an index file refuses a symbolic link besides (O_NOFOLLOW),
 a temporary file is created anew (O_EXCL), and one process at a time holds a segment (an
-exclusive ``flock``).
+exclusive ``flock`` of its directory: ``hold_exclusively``).
 """
 
 from __future__ import annotations
@@ -115,24 +115,80 @@ def sync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def hold_exclusively(path: Path, what: Path) -> int:
-    """Takes the lock file ``path`` (created if missing), which guards ``what``, for this
-    process until the descriptor returned is closed (or the process ends); SegmentInUse when
-    another process holds it. The holder's pid is written in it, for the message."""
+class Holder:
+    """A segment held by this process (``hold_exclusively``) until ``close``."""
+
+    def __init__(self, fds: list[int]) -> None:
+        self._fds = fds
+
+    def close(self) -> None:
+        while self._fds:
+            os.close(self._fds.pop())
+
+
+def hold_exclusively(path: Path, what: Path) -> Holder:
+    """Takes the segment whose file ``what`` is, for this process until the holder returned
+    is closed (or the process ends); SegmentInUse when another process holds it.
+
+    The lock is an exclusive ``flock`` of the segment's directory, ``what``'s own (private):
+    a lock file beside the files could be removed while its holder runs (a stale lock, as
+    an operator or a cleanup script would take it), and the next node would then take the
+    segment too, each rewriting the other's log. A directory cannot be removed while it
+    holds the segment's files. (A flock belongs to one open of its file: a second open in
+    this same process is refused too.) The lock file ``path`` (created if missing) is taken
+    as well, as kvpool did before, so that a node of an earlier version refuses it while
+    this one runs; the holder's pid is written in it, for the message. A file system that
+    cannot lock a directory (NFS emulates flock with locks of files open for writing) has
+    the lock file alone."""
+    directory = what.parent
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600)
+        held = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW)
     except OSError as error:
-        raise _refused(path, error) from None
+        raise _refused(directory, error) from None
+    fds = [held]
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SegmentInUse(f"{what} is in use by another process{_pid_in(path)}") from None
+        except OSError as error:
+            if error.errno not in _NO_DIRECTORY_LOCKS:
+                raise
+            os.close(fds.pop())  # (the lock file alone, then)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o600)
+        except OSError as error:
+            raise _refused(path, error) from None
+        fds.append(fd)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise SegmentInUse(f"{what} is in use by another process{_pid_in(path)}") from None
+        os.ftruncate(fd, 0)
+        write_all(fd, str(os.getpid()).encode(), 0)
+    except BaseException:
+        Holder(fds).close()
+        raise
+    return Holder(fds)
+
+
+#: What ``flock`` of a directory fails with where its file system cannot lock one.
+_NO_DIRECTORY_LOCKS = (errno.EBADF, errno.ENOLCK, errno.EINVAL, errno.EOPNOTSUPP)
+
+
+def _pid_in(path: Path) -> str:
+    """The pid the lock file ``path`` names, as the message shows it ("" if unknown)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW)
+    except OSError:
+        return ""
+    try:
         holder = os.pread(fd, 16, 0).strip()
+    except OSError:
+        return ""
+    finally:
         os.close(fd)
-        by = f" (pid {int(holder)})" if holder.isdigit() else ""
-        raise SegmentInUse(f"{what} is in use by another process{by}") from None
-    os.ftruncate(fd, 0)
-    write_all(fd, str(os.getpid()).encode(), 0)
-    return fd
+    return f" (pid {int(holder)})" if holder.isdigit() else ""
 
 
 def _refused(path: Path, error: OSError) -> OSError | UnsafeLocation:

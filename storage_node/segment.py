@@ -53,6 +53,7 @@ from pathlib import Path
 
 import google_crc32c
 
+from kvpool.common.file_writes import write_all
 from kvpool.common.libc import LIBC
 from kvpool.common.logging import get_logger
 from kvpool.common.status import Tier
@@ -259,18 +260,43 @@ class Segment:
 
     def copy_from(self, source: Segment, source_offset: int, target: Entry) -> list[int]:
         """Copies an object from another segment of this node into ``target`` and records
-        it there (a demotion to NVMe or a promotion to DRAM)."""
+        it there (a demotion to NVMe or a promotion to DRAM).
+
+        Into NVMe, the bytes are written to the file (``pwrite``), not stored through its
+        mapping: a file cut short under the node (truncated by someone) or a disk that fails
+        is then an OSError, a failed copy (the object stays where it was), where a store
+        into the mapping would kill the node with SIGBUS. A file found shorter than the
+        segment is refused outright (a write would lengthen it again, over a hole)."""
         self._check_bounds(target)
         source._check_bounds(Entry(target.key, source_offset, target.size, target.generation))
+        if self._nvme and self.fd is not None:
+            self._check_file_whole()
         self.prepare(target.offset, target.size)  # a full disk fails here, not as a SIGBUS
         into = self.region.address + target.offset
-        if not source.read_direct(source_offset, into, target.size):
+        if self._nvme and self.fd is not None:
+            if not source.read_direct(source_offset, into, target.size):
+                # (the GIL released: a write that waits for the disk stalls this thread alone)
+                view = ucp.view_of(source.region.address + source_offset, target.size)
+                write_all(self.fd, view, target.offset)
+        elif not source.read_direct(source_offset, into, target.size):
             # (either end may be NVMe: a copy that faults waits for the disk, GIL released)
             ctypes.memmove(into, source.region.address + source_offset, target.size)
         crcs = self.record([target])
         if crcs:
             return crcs
         return [self.checksum(target.offset, target.size)]
+
+    def _check_file_whole(self) -> None:
+        """OSError unless the segment's file still spans the whole segment."""
+        assert self.fd is not None
+        length = os.fstat(self.fd).st_size
+        if length < self.size:
+            raise OSError(
+                errno.EIO,
+                f"the data file of segment {self.segment_id} ({self.path}) is {length} bytes, "
+                f"not {self.size}: it was cut short under the node, and nothing is written "
+                "into it (restart the node to check what it still holds)",
+            )
 
     def read_direct(self, offset: int, into: int, length: int) -> bool:
         """Copies ``length`` bytes at ``offset`` to the address ``into`` with direct reads,
