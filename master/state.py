@@ -157,6 +157,10 @@ MAX_NODE_SEGMENTS = 64
 #: no other node could take them), or until it answers one: without it, every put placed
 #: there would wait out the command timeout and fail, for as long as the node stays hung.
 SILENT_NODE_PAUSE = 30.0
+#: Seconds an NVMe segment whose node failed a demotion into it takes no more demotions (its
+#: disk fails writes, or its file was cut short): the watermark evicts instead, rather than
+#: trying the same copy again at every tick.
+DEMOTION_PAUSE = 10.0
 #: Unreadable replicas one heartbeat may report, at most (the rest: the next ones).
 MAX_UNREADABLE_REPORTS = 256
 #: Seconds late a tick may come without counting as the master's own silence: ordinary
@@ -260,6 +264,9 @@ class MasterState:
         #: wait (a hung disk, say, while its heartbeats go on). Such a node gets new objects
         #: only when no other node has room, and no copies, until then or until it answers.
         self._silent_until: dict[str, float] = {}
+        #: segment id -> until when it takes no demotion (``DEMOTION_PAUSE``); at most one
+        #: entry per NVMe segment, dropped once past.
+        self._demotions_paused: dict[str, float] = {}
         #: Nodes draining now (placement skips them; their objects are copied away).
         self._draining = 0
         self._seq = itertools.count()
@@ -1947,7 +1954,12 @@ class MasterState:
             return False
         if self._put_quotas and not self._within_bytes(record.key, record.size, 1, _NVME):
             return False  # (evicted instead: its tenant's NVMe quota is reached)
+        paused = self._demotions_paused
         for segment_id in sorted(node.segment_ids):  # deterministic order
+            if paused and segment_id in paused:
+                if paused[segment_id] > self.clock():
+                    continue  # (its node failed a demotion there lately)
+                del paused[segment_id]
             target = self.segments[segment_id]
             if (
                 target.info.tier is Tier.NVME
@@ -2004,6 +2016,8 @@ class MasterState:
             else:
                 why = "target segment gone" if target is None else "object or source gone"
             self._note((record.key, now, "move_failed", record.put_id, move.target, why))
+            if move.demotion and not ok and how == "answered" and target is not None:
+                self._demotions_paused[target.segment_id] = now + DEMOTION_PAUSE
             if move.replication and self.objects.get(record.key) is record:
                 self._replication.look_again(record.key, now)
             if target is not None:

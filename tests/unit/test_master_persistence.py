@@ -51,7 +51,7 @@ from kvpool.master.records import (
     StoredObject,
     TickReport,
 )
-from kvpool.master.state import MasterState
+from kvpool.master.state import DEMOTION_PAUSE, MasterState
 
 OK = KeyStatus.OK
 DRAM = PutOptions(tier=Tier.DRAM)
@@ -789,8 +789,20 @@ def test_a_failed_demotion_keeps_the_dram_replica_frees_the_nvme_bytes_and_is_tr
     assert state.segments["n1/dram0"].leaving == 0
     assert tiers_of(get(state, "k00")) == [Tier.DRAM]
     assert state.counters.demotions == 0
-    pass_time(state, clock, CONFIG.lease_ttl)
+    pass_time(state, clock, DEMOTION_PAUSE)
     assert [c.source.key for c in only(sent(state), CopyCommand)] == ["k01", "k02"]
+
+
+def test_after_a_failed_demotion_its_segment_takes_none_for_a_while_and_the_watermark_evicts():
+    """A node whose disk fails the copy (or whose file was cut short) is not asked the same
+    copy again at every tick: the watermark is kept by evicting meanwhile."""
+    state, clock = new_state(NO_PROMOTION)
+    for copy in demote_two(state, clock):
+        state.command_done(copy.command_id, False)
+
+    report = pass_time(state, clock, 1)
+    assert only(sent(state), CopyCommand) == [], "no demotion into the failing segment"
+    assert report.objects_evicted == 2 and not published(state) & {"k00", "k01"}
 
 
 def test_without_nvme_room_on_its_node_an_object_above_the_watermark_is_evicted():
