@@ -1257,6 +1257,8 @@ class MasterState:
         self._count_ended_leases(now, budget)
         if budget is None or budget[0] > 0:
             report.objects_evicted = self._evict_above_watermark(now, budget, report)
+        if self.config.max_objects is not None and (budget is None or budget[0] > 0):
+            self._trim_table(now, budget)
         if self._replication.enabled:
             self._rereplicate(now, budget)
         report.unfinished = budget is not None and budget[0] <= 0
@@ -1392,17 +1394,15 @@ class MasterState:
                 options = dataclasses.replace(options, tier=_DRAM)  # (NVMe: over its quota)
                 over_nvme = True
         cap = self.config.max_objects
-        if cap is not None and len(self.objects) >= cap and not self._room_in_table(cap, now, key):
+        if cap is not None and len(self.objects) >= cap and not self._room_in_table(now, key):
             return PutSlot(
                 KeyStatus.NO_SPACE,
                 message=f"the master holds its most objects ({cap}, --max-objects) and may "
-                "evict none of them (leased, being written or moving): retry shortly, remove "
-                "objects, or give the master more memory and a higher --max-objects",
+                "evict none of them (leased, being written or moving, or, with quotas, other "
+                "tenants' within their share of the table): retry shortly, remove objects, or "
+                "give the master more memory and a higher --max-objects",
             )
         replicas = self._place(key, size, wanted, options, now, pools)
-        if not replicas and over_nvme:  # (NVMe, where it would have gone, is over quota)
-            refused = self._put_refusal(key, size, wanted, _NVME)
-            return PutSlot(KeyStatus.QUOTA_EXCEEDED, message=refused or "")
         if not replicas:
             fenced = [s.fenced_until for s in self.segments.values() if s.fenced_until > now]
             if fenced and max(fenced) == math.inf:
@@ -1419,6 +1419,9 @@ class MasterState:
                     "capabilities signed for the node's earlier process still run): retry "
                     "shortly",
                 )
+            if over_nvme:  # (NVMe, where it would have gone, is over its quota)
+                refused = self._put_refusal(key, size, wanted, _NVME)
+                return PutSlot(KeyStatus.QUOTA_EXCEEDED, message=refused or "")
             return PutSlot(
                 KeyStatus.NO_SPACE,
                 message=self._no_space_message(size, options.tier, tenant_of(key)),
@@ -2869,19 +2872,35 @@ class MasterState:
         self._release(record.replicas, self._reuse_after(record, now))
         self.counters.evictions += 1
 
-    def _room_in_table(self, cap: int, now: float, key: str) -> bool:
-        """Makes room for one more object in a table holding ``cap`` (``max_objects``):
-        evicts published objects in LRU order, whole, leaving leased and moving ones, at most
-        ``max_evictions_per_put`` (looking at four times as many). With quotas, fairly: only
-        objects of ``key``'s tenant and of tenants holding more than an equal split of the
-        table may go. True if it did."""
-        spare = self._spare_in_table(cap, tenant_of(key))
-        budget = self.config.max_evictions_per_put
+    def _room_in_table(self, now: float, key: str) -> bool:
+        """Makes room for one more object in a table holding ``max_objects`` or more:
+        evicts one published object, the least recently used that may
+        go (``_evict_for_table``). A table over the bound (a new leader adopts whatever the
+        nodes hold) is brought down to it by ``tick``, in steps. True if it did."""
+        return self._evict_for_table(len(self.objects) - 1, now, tenant_of(key), None) > 0
+
+    def _trim_table(self, now: float, budget: list[int] | None) -> None:
+        """Brings a table holding more than ``max_objects`` down to it (``tick``, in steps)."""
+        cap = self.config.max_objects
+        if cap is not None and len(self.objects) > cap:
+            self._evict_for_table(cap, now, None, budget)
+
+    def _evict_for_table(
+        self, goal: int, now: float, tenant: str | None, budget: list[int] | None
+    ) -> int:
+        """Evicts published objects, whole, in LRU order until the table holds ``goal``,
+        leaving leased and moving ones; at most ``max_evictions_per_put`` (looking at four
+        times as many), and ``budget`` (a tick's). With quotas, fairly: another tenant's
+        objects (than ``tenant``'s, whose put it is; None: the tick's) go only while it holds
+        more than an equal split of the table. Returns the objects evicted."""
+        spare = self._spare_in_table(tenant)
+        left = self.config.max_evictions_per_put
         looked = 0  # (candidates looked at: a table of leased objects is not scanned whole)
+        evicted = 0
         skipped: set[str] = set()
-        while len(self.objects) >= cap and budget > 0:
+        while len(self.objects) > goal and left > 0:
             victims: list[ObjectRecord] = []
-            wanted = min(64, budget, len(self.objects) - cap + 1)
+            wanted = min(64, left, len(self.objects) - goal)
             for candidate in self._lru.candidates():  # (not changed while iterating)
                 if candidate in skipped:
                     continue
@@ -2898,35 +2917,31 @@ class MasterState:
             if not victims:
                 break
             for record in victims:
+                if _spent(budget):
+                    return evicted
                 self._evict_whole(record, now)
-            self.counters.evictions_for_table += len(victims)
-            budget -= len(victims)
-        return len(self.objects) < cap
+                self.counters.evictions_for_table += 1
+                evicted += 1
+            left -= len(victims)
+        return evicted
 
-    def _spare_in_table(self, cap: int, tenant: str) -> Callable[[str], bool] | None:
+    def _spare_in_table(self, tenant: str | None) -> Callable[[str], bool] | None:
         """With quotas, which objects an eviction for room in the table must leave alone:
-        those of every other tenant holding no more than an equal split of ``cap`` among the
-        tenants holding objects, or no more than it is guaranteed in each tier it has a
-        guarantee for (``guaranteed_dram_bytes``...: fair eviction keeps those, whatever the
-        reason to evict). None without quotas: plain LRU."""
-        quotas = self.quotas
-        if quotas is None:
+        those of every other tenant holding no more than an equal split of the table among
+        the tenants holding something (by count: byte guarantees keep bytes, and a tenant
+        of tiny objects within them could otherwise hold the whole table). None without
+        quotas: plain LRU."""
+        if self.quotas is None:
             return None
         usages = self._usage
-        holders = {t for t, u in usages.items() if u.objects} | {tenant}
-        share = cap // len(holders)
+        cap = self.config.max_objects or len(self.objects)
+        # (tenants holding anything: O(1), where counting those with objects would be a scan)
+        share = cap // max(1, len(usages) + (tenant is not None and tenant not in usages))
 
         def spare(key: str) -> bool:
             owner = tenant_of(key)
-            if owner == tenant:
-                return False
             usage = usages.get(owner)
-            if usage is None or usage.objects <= share:
-                return True
-            quota = quotas.of(owner)
-            guarantees = [(t, quota.guaranteed(t)) for t in (_DRAM, _NVME)]
-            kept = [usage.bytes_in(t) <= g for t, g in guarantees if g is not None]
-            return bool(kept) and all(kept)
+            return owner != tenant and (usage is None or usage.objects <= share)
 
         return spare
 

@@ -84,6 +84,25 @@ def test_with_quotas_a_flood_of_small_objects_leaves_another_tenant_within_half_
     ]
 
 
+def test_a_table_found_over_the_bound_takes_puts_and_is_brought_down_at_the_ticks():
+    """A new leader adopts whatever the nodes hold, or the bound was lowered: each put
+    evicts one object for itself, and the ticks evict the rest in steps."""
+    state, _ = new_state(dataclasses.replace(TABLE, max_objects=None))
+    mount(state, "n1", 64 * MiB)
+    for i in range(200):
+        publish(state, f"t/{i:03}")
+    state.config = dataclasses.replace(state.config, max_objects=50)
+
+    assert put(state, "t/new").status is KeyStatus.OK
+    assert len(state.objects) == 200 and "t/000" not in state.objects
+    state.tick(step=64)
+    assert len(state.objects) == 200 - 64
+    while len(state.objects) > 50:
+        state.tick(step=64)
+    assert len(state.objects) == 50 and "t/new" in state.objects
+    assert state.counters.evictions_for_table == 151
+
+
 def test_without_a_bound_the_table_grows_as_space_allows():
     state, _ = new_state(dataclasses.replace(TABLE, max_objects=None))
     mount(state, "n1", 64 * MiB)

@@ -522,13 +522,23 @@ def test_a_standby_follows_the_quotas_file_so_a_new_leader_begins_with_the_last_
     assert state.quotas is not None and state.quotas.of("a").objects == 3
 
 
-def test_a_full_object_table_spares_a_tenant_within_its_guaranteed_bytes():
-    quotas = limits(b=TenantQuota(guaranteed_dram_bytes=512 * KiB))
+def test_a_byte_guarantee_does_not_let_a_tenant_of_tiny_objects_hold_the_whole_object_table():
+    quotas = limits(b=TenantQuota(guaranteed_dram_bytes=64 * MiB))
     state, _ = quota_state(quotas, config=dataclasses.replace(CHECKED, max_objects=8))
     mount(state, "n1", 64 * MiB)
-    for i in range(6):
-        publish(state, f"b/{i}")
-    for i in range(20):
-        publish(state, f"a/{i}")
-    assert sum(key.startswith("b/") for key in state.objects) == 6
-    assert len(state.objects) == 8
+    for i in range(8):
+        publish(state, f"b/{i}", 64)  # the whole table, far within b's guaranteed bytes
+    for i in range(4):
+        assert put(state, f"a/{i}", 64).status is KeyStatus.OK, "b is over half the table"
+    assert sum(key.startswith("b/") for key in state.objects) == 4
+    refused_put = put(state, "a/more", 64)
+    assert refused_put.status is KeyStatus.NO_SPACE, "b is down to its half: a evicts no more"
+    assert "within their share of the table" in refused_put.message
+
+
+def test_a_tier_less_put_at_the_nvme_quota_is_fenced_not_refused_while_dram_is_fenced():
+    state, clock = quota_state(limits(a=TenantQuota(nvme_bytes=0)))
+    mount(state, "n1", 4 * MiB)
+    mount_nvme(state, "n1", 4 * MiB)
+    state.segments["n1/dram0"].fenced_until = clock() + 5  # (as after a master change)
+    assert put(state, "a/k", 4 * KiB).status is KeyStatus.FENCED, "the client retries FENCED"
