@@ -331,11 +331,26 @@ class MasterHandlers:
             )
 
         def answer(progress: DrainProgress | None) -> pb.DrainResponse:
+            lost = core.state.left_with_losses.get(node_id)
+            if progress is None and lost:
+                raise CallRefused(
+                    grpc.StatusCode.DATA_LOSS,
+                    f"storage node {node_id!r} left its drain with {lost} object(s) not copied "
+                    "away (its --drain-timeout passed: did the other nodes have room?); those "
+                    "it alone held are lost",
+                )
             if progress is None:
                 raise CallRefused(
                     grpc.StatusCode.NOT_FOUND,
                     f"no storage node {node_id!r} has a segment mounted here: `kvpool status` "
                     "lists the nodes",
+                )
+            if not progress.draining:
+                raise CallRefused(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"no other storage node takes objects (the others are draining, or there "
+                    f"are none): draining {node_id!r} could copy nothing away. Start another "
+                    "node first, or stop this one (its objects go with it)",
                 )
             return pb.DrainResponse(
                 objects_left=progress.objects_left,

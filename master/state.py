@@ -157,6 +157,8 @@ MAX_NODE_SEGMENTS = 64
 #: no other node could take them), or until it answers one: without it, every put placed
 #: there would wait out the command timeout and fail, for as long as the node stays hung.
 SILENT_NODE_PAUSE = 30.0
+#: Nodes remembered (the latest) to have left a drain with objects lost (``left_with_losses``).
+MAX_LEFT_WITH_LOSSES = 1024
 #: Seconds an NVMe segment whose node failed a demotion into it takes no more demotions (its
 #: disk fails writes, or its file was cut short): the watermark evicts instead, rather than
 #: trying the same copy again at every tick.
@@ -264,6 +266,10 @@ class MasterState:
         #: wait (a hung disk, say, while its heartbeats go on). Such a node gets new objects
         #: only when no other node has room, and no copies, until then or until it answers.
         self._silent_until: dict[str, float] = {}
+        #: node id -> objects lost when it left draining, its drain deadline passed (for
+        #: ``kvpool drain`` to tell, rather than "drained and left"); the latest
+        #: ``MAX_LEFT_WITH_LOSSES`` nodes, forgotten when the node mounts again.
+        self.left_with_losses: dict[str, int] = {}
         #: segment id -> until when it takes no demotion (``DEMOTION_PAUSE``); at most one
         #: entry per NVMe segment, dropped once past.
         self._demotions_paused: dict[str, float] = {}
@@ -319,6 +325,7 @@ class MasterState:
         node = self.nodes.get(info.node_id)
         if node is None:
             node = self.nodes[info.node_id] = NodeRecord(info.node_id, info.host, now)
+            self.left_with_losses.pop(info.node_id, None)  # (back: a new story)
             for key in self._replication.under:  # a node to copy them to, maybe
                 self._replication.look_at(key)
         node.last_seen = now
@@ -519,8 +526,14 @@ class MasterState:
         for parked, _, _, not_before in self._parked.values():
             if parked is segment:
                 drain_until = max(drain_until, not_before)
-        lost = self._drop_segments([segment_id])
         node = self.nodes.get(node_id)
+        draining = node is not None and node.draining
+        lost = self._drop_segments([segment_id])
+        if draining and lost:  # (its drain deadline passed before all was copied away)
+            left = self.left_with_losses
+            left[node_id] = left.pop(node_id, 0) + lost
+            while len(left) > MAX_LEFT_WITH_LOSSES:
+                del left[next(iter(left))]
         if node is not None and not node.segment_ids:
             self._node_gone(node)
         return lost, drain_until - now
@@ -707,11 +720,15 @@ class MasterState:
         """Drains a node: nothing new is placed there from now on (puts, copies), and each
         of its objects gets a replica on another node (at the re-replication rate) if it
         has fewer elsewhere than it should (``ObjectRecord.wanted``, at most the other
-        nodes). Draining again only reports progress. None for a node not known."""
+        nodes). Draining again only reports progress. None for a node not known; a progress
+        that is not ``draining`` when no other node takes objects (the drain is refused: it
+        could copy nothing away)."""
         node = self.nodes.get(node_id)
         if node is None:
             return None
         if not node.draining:
+            if not any(not n.draining and n is not node for n in self.nodes.values()):
+                return DrainProgress(False, 0, 0, 0)
             node.draining = True
             self._draining += 1
             self._note_drained(node)
@@ -735,7 +752,8 @@ class MasterState:
         for key in self._keys_on(node):
             record = self.objects[key]
             if record.state is ObjectState.PUBLISHED:
-                need = min(record.wanted, others)
+                # (at least one: the last replica is never drained away, whatever is left)
+                need = max(1, min(record.wanted, others))
                 if len(self._healthy_nodes(record)) >= need:
                     continue
             left += 1
@@ -2030,8 +2048,8 @@ class MasterState:
                     return
                 self._abandon_copy(target, record, move.target.offset, ok, how == "expired")
             return
-        if record.crc32c is None:
-            record.crc32c = crc32c
+        # (a copy's checksum is of whatever its source held: an object its writer gave none
+        # keeps none, so that verify=True says it cannot check it rather than vouch for it)
         record.replicas.append(move.target)
         target.lru.add(record.key, record.pin)
         if move.replication:

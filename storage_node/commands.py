@@ -26,7 +26,7 @@ from kvpool.storage_node import metrics
 from kvpool.storage_node.checked_seals import Seals
 from kvpool.storage_node.checked_writes import WrittenRanges
 from kvpool.storage_node.object_index import Entry
-from kvpool.storage_node.peer_copy import PeerCopier, PeerCopyFailed
+from kvpool.storage_node.peer_copy import PEER_COPY_FAILURES, PeerCopier, PeerCopyFailed
 from kvpool.storage_node.segment import Segment
 
 
@@ -214,6 +214,7 @@ class CommandExecutor:
         )
         crc = target.checksum(entry.offset, entry.size)
         if copy.source.HasField("crc32c") and crc != copy.source.crc32c:
+            PEER_COPY_FAILURES.inc()
             raise PeerCopyFailed(
                 f"the bytes of {entry.key!r} read from node {source.node_id} do not match its "
                 f"checksum ({crc:#010x}, expected {copy.source.crc32c:#010x}): not recorded"

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
             try:
                 answer = link.call("Drain", request, time.monotonic() + args.timeout)
             except KVPoolError as error:
-                if asked and "NOT_FOUND" in str(error):
+                if asked and "NOT_FOUND" in str(error):  # (a loss is DATA_LOSS: below)
                     print(f"node {printable(args.node_id)} drained and left", file=sys.stderr)
                     return 0
                 print(f"error: {message(error)}", file=sys.stderr)

@@ -40,6 +40,7 @@ def test_a_node_that_begins_to_drain_is_answered_draining_at_once(monkeypatch):
     state, _ = new_state()
     mount(state, "n1")
     mount(state, "n2")
+    mount(state, "n3")  # (a node that takes copies while n1 and n2 drain)
     publish(state, "k", 4096)
     handlers = MasterHandlers(CoreDriver(MasterCore(state)))
     now = [100.0]

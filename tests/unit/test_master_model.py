@@ -1047,7 +1047,7 @@ class MasterModel(RuleBasedStateMachine):
         else:
             assert record.replicas == [*replicas, target]
             assert self.state.counters.promotions == counters[1] + 1
-        assert record.crc32c == (crcs[0] if crc_before is None and crcs else crc_before)
+        assert record.crc32c == crc_before, "a copy's checksum is not the object's"
         self.complete[ident].add(move.target.place())
         self.added_at[ident, id(move.target.segment)] = next(self.uses)
         if self.leased(*ident):

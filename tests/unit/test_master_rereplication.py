@@ -217,6 +217,54 @@ def test_a_draining_node_takes_nothing_new_and_its_objects_are_copied_away():
     assert state.drain("nobody") is None
 
 
+def test_the_last_node_taking_objects_is_not_drained_and_no_last_replica_counts_as_drained():
+    """A drain of the only node, or of the last node not draining, could copy nothing away:
+    refused (not ``draining``). Objects whose other replicas are all on draining nodes are
+    not drained: the last replica is never counted as copied away."""
+    state, _ = cluster(nodes=1)
+    publish(state, "alone", 64 * KiB)
+    refused = state.drain("n0")
+    assert refused is not None and not refused.draining and refused.live_nodes == 0
+    assert not state.nodes["n0"].draining
+
+    state, _ = cluster(nodes=2)
+    publish(state, "both", 64 * KiB, replicas=2)
+    first = state.drain("n0")
+    assert first is not None and first.draining and first.objects_left == 0, "n1 holds it"
+    second = state.drain("n1")
+    assert second is not None and not second.draining, "n0 is draining: nowhere to copy to"
+
+
+def test_an_object_on_draining_nodes_only_is_left_to_copy():
+    state, _ = cluster(nodes=3)
+    publish(
+        state,
+        "pair",
+        64 * KiB,
+        replicas=2,
+        options=PutOptions(replicas=2, preferred_hosts=("n0.cluster.local", "n1.cluster.local")),
+    )
+    assert sorted(nodes_of(get(state, "pair"))) == ["n0", "n1"]
+    state.drain("n0")
+    progress = state.drain("n1")
+    assert progress is not None and progress.draining and progress.objects_left == 1
+
+
+def test_a_node_that_leaves_its_drain_with_objects_not_copied_is_remembered_for_kvpool_drain():
+    """Its drain deadline passed (no room elsewhere, say) and it unmounted: ``kvpool drain``
+    then says what was lost (DATA_LOSS) rather than "drained and left"; a node that left
+    with everything copied, or mounts again, is not remembered so."""
+    state, _ = cluster(nodes=2)
+    for i in range(3):
+        publish(state, f"k{i}", 64 * KiB, options=PutOptions(preferred_hosts=("n0.cluster.local",)))
+    assert state.drain("n0").objects_left == 3
+    lost, _ = state.unmount_segment("n0", "n0/dram0")  # (at its deadline, nothing copied)
+    assert lost == 3
+    assert state.drain("n0") is None and state.left_with_losses == {"n0": 3}
+    mount(state, "n0", 4 * MiB)
+    assert state.left_with_losses == {}
+
+
 def test_off_nothing_is_copied():
     state, clock = cluster(3, replace(CONFIG, rereplication_rate=0.0))
     slot = publish(state, "k", 64 * KiB, replicas=2)
