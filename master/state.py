@@ -159,6 +159,8 @@ MAX_NODE_SEGMENTS = 64
 SILENT_NODE_PAUSE = 30.0
 #: Nodes remembered (the latest) to have left a drain with objects lost (``left_with_losses``).
 MAX_LEFT_WITH_LOSSES = 1024
+#: Objects whose last copy failed remembered with its source (``_copy_failed_from``), at most.
+MAX_COPY_FAILURES_KEPT = 65536
 #: Seconds an NVMe segment whose node failed a demotion into it takes no more demotions (its
 #: disk fails writes, or its file was cut short): the watermark evicts instead, rather than
 #: trying the same copy again at every tick.
@@ -270,6 +272,10 @@ class MasterState:
         #: ``kvpool drain`` to tell, rather than "drained and left"); the latest
         #: ``MAX_LEFT_WITH_LOSSES`` nodes, forgotten when the node mounts again.
         self.left_with_losses: dict[str, int] = {}
+        #: key -> the source replica its last copy between nodes failed to read from: the
+        #: next copy reads another where it has one (``_start_replica_copy``). The latest
+        #: ``MAX_COPY_FAILURES_KEPT``; dropped once a copy of the key succeeds.
+        self._copy_failed_from: dict[str, Replica] = {}
         #: segment id -> until when it takes no demotion (``DEMOTION_PAUSE``); at most one
         #: entry per NVMe segment, dropped once past.
         self._demotions_paused: dict[str, float] = {}
@@ -2041,6 +2047,12 @@ class MasterState:
                 self._demotions_paused[target.segment_id] = now + DEMOTION_PAUSE
             if move.replication and self.objects.get(record.key) is record:
                 self._replication.look_again(record.key, now)
+                if not ok and how == "answered":
+                    failed = self._copy_failed_from
+                    failed.pop(record.key, None)
+                    failed[record.key] = move.source
+                    if len(failed) > MAX_COPY_FAILURES_KEPT:
+                        del failed[next(iter(failed))]
             if target is not None:
                 self._disown(target, move.target.offset)
                 if how == "cancelled":  # its node may still be writing there
@@ -2053,6 +2065,7 @@ class MasterState:
         record.replicas.append(move.target)
         target.lru.add(record.key, record.pin)
         if move.replication:
+            self._copy_failed_from.pop(record.key, None)
             self._note((record.key, now, "replicated", record.put_id, move.target))
             self.counters.replicas_copied += 1
             self.counters.bytes_copied += record.size
@@ -2166,8 +2179,13 @@ class MasterState:
         """Copies ``record`` to a node that holds none of it and takes new objects, into a
         segment with room below the high watermark (of its source's tier, else the other);
         False when there is none. The copy reads a replica on a node that is not draining,
-        if there is one."""
+        if there is one, but not the one the last copy of it failed to read from where it
+        has another (its bytes may not match the object's checksum: the same copy would fail
+        for ever, while a draining node holding a good one leaves with it)."""
         replicas = [r for r in record.replicas if r is not None]
+        failed = self._copy_failed_from.get(record.key)
+        if failed is not None and len(replicas) > 1:  # (another source, a draining one too)
+            replicas = [r for r in replicas if r != failed] or replicas
         source = next(
             (r for r in replicas if self.segments[r.segment_id].node_id in healthy), replicas[0]
         )

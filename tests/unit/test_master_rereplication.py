@@ -170,6 +170,29 @@ def test_a_failed_copy_is_tried_again_and_a_removed_objects_copy_changes_nothing
     assert len(get(state, "k").replicas) == 2
 
 
+def test_a_copy_that_failed_to_read_its_source_reads_another_even_on_a_draining_node():
+    """The live node's replica is corrupt (its bytes fail the object's checksum at the
+    target): copying from it again would fail for ever while the draining node leaves with
+    the good one. The next copy reads the draining node's."""
+    state, clock = cluster(nodes=3)
+    both = PutOptions(replicas=2, preferred_hosts=("n0.cluster.local", "n2.cluster.local"))
+    publish(state, "k", 64 * KiB, replicas=2, options=both)
+    assert sorted(nodes_of(get(state, "k"))) == ["n0", "n2"]
+    state.outbox.clear()
+    state.drain("n2")
+    state.tick()
+    [first] = copies(state)
+    assert (first.node_id, first.source_segment_id) == ("n1", "n0/dram0"), "a live source first"
+    answer(state, [first], ok=False)
+    clock.advance(2.5)
+    state.tick()
+    [again] = copies(state)
+    assert (again.node_id, again.source_segment_id) == ("n1", "n2/dram0")
+    answer(state, [again])
+    assert sorted(nodes_of(get(state, "k"))) == ["n0", "n1", "n2"]
+    assert state.drain_progress("n2").objects_left == 0
+
+
 def test_a_node_that_comes_back_has_its_surplus_replica_trimmed():
     state, clock = cluster()
     slot = publish(state, "k", 64 * KiB, replicas=2)
