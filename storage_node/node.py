@@ -354,9 +354,12 @@ class StorageNode:
                 log.info("drain progress", objects_left=left[0], bytes_left=left[1])
             self._drain_left = left
             self._drained = left[0] == 0
-        elif self._draining:  # asked, and refused: this master copies nothing between nodes
+        elif self._draining:  # asked, and refused: nowhere to copy to, or no copies at all
             if not self._drained:
-                log.warning("the master copies no objects between nodes: leaving undrained")
+                log.warning(
+                    "the master drains no objects off this node (it copies none between nodes, "
+                    "or no other node takes them): leaving undrained"
+                )
             self._drained = True
 
     async def _sync_with_master(self, stub: master_pb2_grpc.MasterStub) -> str | None:
