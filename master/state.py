@@ -536,10 +536,7 @@ class MasterState:
         draining = node is not None and node.draining
         lost = self._drop_segments([segment_id])
         if draining and lost:  # (its drain deadline passed before all was copied away)
-            left = self.left_with_losses
-            left[node_id] = left.pop(node_id, 0) + lost
-            while len(left) > MAX_LEFT_WITH_LOSSES:
-                del left[next(iter(left))]
+            self._remember_loss(node_id, lost)
         if node is not None and not node.segment_ids:
             self._node_gone(node)
         return lost, drain_until - now
@@ -765,6 +762,13 @@ class MasterState:
             left += 1
             left_bytes += record.size
         return DrainProgress(True, left, left_bytes, others)
+
+    def _remember_loss(self, node_id: str, lost: int) -> None:
+        """A draining node left (at its deadline) or died with ``lost`` objects only it held."""
+        left = self.left_with_losses
+        left[node_id] = left.pop(node_id, 0) + lost
+        while len(left) > MAX_LEFT_WITH_LOSSES:
+            del left[next(iter(left))]
 
     def _keys_on(self, node: NodeRecord) -> set[str]:
         keys: set[str] = set()
@@ -1282,7 +1286,7 @@ class MasterState:
         if budget is None or budget[0] > 0:
             report.objects_evicted = self._evict_above_watermark(now, budget, report)
         if self.config.max_objects is not None and (budget is None or budget[0] > 0):
-            self._trim_table(now, budget)
+            report.objects_evicted += self._trim_table(now, budget)
         if self._replication.enabled:
             self._rereplicate(now, budget)
         report.unfinished = budget is not None and budget[0] <= 0
@@ -1317,6 +1321,8 @@ class MasterState:
                 usage.reserved_bytes -= record.size
             if to is GONE:
                 del self.objects[key]
+                if self._copy_failed_from:
+                    self._copy_failed_from.pop(key, None)
                 table = self._tenant_objects[tenant]
                 del table[bare]
                 if not table:
@@ -2631,8 +2637,20 @@ class MasterState:
         dead = [n for n in self.nodes.values() if n.last_seen < silent_since]
         if not dead:
             return
+        gone = {n.node_id for n in dead}
+        # Draining nodes that died: what only they held is lost (for `kvpool drain` to say).
+        losses = {
+            n.node_id: sum(
+                1 for key in self._keys_on(n) if self._nodes_of(self.objects[key]) <= gone
+            )
+            for n in dead
+            if n.draining
+        }
         # (all at once: a commit on two dead nodes is answered by neither)
         report.objects_lost += self._drop_segments([s for n in dead for s in n.segment_ids])
+        for node_id, lost in losses.items():
+            if lost:
+                self._remember_loss(node_id, lost)
         for node in dead:
             report.dead_nodes.append(node.node_id)
             self._node_gone(node)
@@ -2915,21 +2933,25 @@ class MasterState:
         nodes hold) is brought down to it by ``tick``, in steps. True if it did."""
         return self._evict_for_table(len(self.objects) - 1, now, tenant_of(key), None) > 0
 
-    def _trim_table(self, now: float, budget: list[int] | None) -> None:
-        """Brings a table holding more than ``max_objects`` down to it (``tick``, in steps)."""
+    def _trim_table(self, now: float, budget: list[int] | None) -> int:
+        """Brings a table holding more than ``max_objects`` down to it (``tick``, in steps,
+        each object looked at counted): in plain LRU order, whatever the tenants' shares,
+        since the bound is the master's memory. Returns the objects evicted."""
         cap = self.config.max_objects
-        if cap is not None and len(self.objects) > cap:
-            self._evict_for_table(cap, now, None, budget)
+        if cap is None or len(self.objects) <= cap:
+            return 0
+        return self._evict_for_table(cap, now, None, budget)
 
     def _evict_for_table(
         self, goal: int, now: float, tenant: str | None, budget: list[int] | None
     ) -> int:
         """Evicts published objects, whole, in LRU order until the table holds ``goal``,
         leaving leased and moving ones; at most ``max_evictions_per_put`` (looking at four
-        times as many), and ``budget`` (a tick's). With quotas, fairly: another tenant's
-        objects (than ``tenant``'s, whose put it is; None: the tick's) go only while it holds
-        more than an equal split of the table. Returns the objects evicted."""
-        spare = self._spare_in_table(tenant)
+        times as many), and ``budget`` (a tick's: each object passed over or evicted).
+        With quotas, for a put of ``tenant``'s (None: the tick's, plain LRU), fairly: another
+        tenant's objects go only while it holds more than an equal split of the table.
+        Returns the objects evicted."""
+        spare = self._spare_in_table(tenant) if tenant is not None else None
         left = self.config.max_evictions_per_put
         looked = 0  # (candidates looked at: a table of leased objects is not scanned whole)
         evicted = 0
@@ -2946,6 +2968,8 @@ class MasterState:
                 record = self.objects[candidate]
                 if record.lease_until > now or record.moving or (spare and spare(candidate)):
                     skipped.add(candidate)
+                    if _spent(budget):  # (one passed over costs a tick's step as one evicted)
+                        break
                     continue
                 victims.append(record)
                 if len(victims) == wanted:
@@ -2961,7 +2985,7 @@ class MasterState:
             left -= len(victims)
         return evicted
 
-    def _spare_in_table(self, tenant: str | None) -> Callable[[str], bool] | None:
+    def _spare_in_table(self, tenant: str) -> Callable[[str], bool] | None:
         """With quotas, which objects an eviction for room in the table must leave alone:
         those of every other tenant holding no more than an equal split of the table among
         the tenants holding something (by count: byte guarantees keep bytes, and a tenant
@@ -2972,7 +2996,7 @@ class MasterState:
         usages = self._usage
         cap = self.config.max_objects or len(self.objects)
         # (tenants holding anything: O(1), where counting those with objects would be a scan)
-        share = cap // max(1, len(usages) + (tenant is not None and tenant not in usages))
+        share = cap // max(1, len(usages) + (tenant not in usages))
 
         def spare(key: str) -> bool:
             owner = tenant_of(key)

@@ -95,12 +95,29 @@ def test_a_table_found_over_the_bound_takes_puts_and_is_brought_down_at_the_tick
 
     assert put(state, "t/new").status is KeyStatus.OK
     assert len(state.objects) == 200 and "t/000" not in state.objects
-    state.tick(step=64)
-    assert len(state.objects) == 200 - 64
+    report = state.tick(step=64)
+    assert len(state.objects) == 200 - 64, "a step's budget"
+    assert report.objects_evicted == 64
     while len(state.objects) > 50:
         state.tick(step=64)
     assert len(state.objects) == 50 and "t/new" in state.objects
     assert state.counters.evictions_for_table == 151
+
+
+def test_a_table_over_the_bound_is_trimmed_in_lru_order_whatever_the_tenants_shares():
+    """The bound is the master's memory: many small tenants holding the oldest objects (each
+    within an equal split) do not hold the trim up."""
+    state, _ = new_state(dataclasses.replace(TABLE, max_objects=None))
+    state.set_quotas(Quotas())
+    mount(state, "n1", 64 * MiB)
+    for i in range(30):
+        publish(state, f"small{i}/k")
+    for i in range(30):
+        publish(state, f"big/{i}")
+    state.config = dataclasses.replace(state.config, max_objects=40)
+    while len(state.objects) > 40:
+        assert state.tick(step=16).objects_evicted > 0
+    assert sum(k.startswith("small") for k in state.objects) == 10
 
 
 def test_without_a_bound_the_table_grows_as_space_allows():

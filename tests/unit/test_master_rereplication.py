@@ -288,6 +288,27 @@ def test_a_node_that_leaves_its_drain_with_objects_not_copied_is_remembered_for_
     assert state.left_with_losses == {}
 
 
+def test_a_draining_node_that_dies_is_remembered_with_what_only_it_held():
+    state, clock = cluster(nodes=2)
+    for i in range(3):
+        publish(state, f"k{i}", 64 * KiB, options=PutOptions(preferred_hosts=("n0.cluster.local",)))
+    publish(state, "both", 64 * KiB, replicas=2)
+    assert state.drain("n0").objects_left == 3
+    kill(state, clock, "n0")
+    assert state.drain("n0") is None and state.left_with_losses == {"n0": 3}
+
+
+def test_what_a_failed_copy_remembers_of_its_source_goes_with_the_object():
+    state, clock = cluster()
+    publish(state, "k", 64 * KiB, replicas=2)
+    state.outbox.clear()
+    kill(state, clock, min(nodes_of(get(state, "k"))))
+    answer(state, copies(state), ok=False)
+    assert "k" in state._copy_failed_from
+    assert remove(state, "k", force=True) is KeyStatus.OK
+    assert "k" not in state._copy_failed_from
+
+
 def test_off_nothing_is_copied():
     state, clock = cluster(3, replace(CONFIG, rereplication_rate=0.0))
     slot = publish(state, "k", 64 * KiB, replicas=2)
