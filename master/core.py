@@ -364,7 +364,13 @@ class MasterCore:
         self.delivery.disconnected(node_id, stream)
 
     def node_answered(
-        self, node_id: str, command_id: int, ok: bool, crc32c: Sequence[int] = ()
+        self,
+        node_id: str,
+        command_id: int,
+        ok: bool,
+        crc32c: Sequence[int] = (),
+        *,
+        source_corrupt: bool = False,
     ) -> Effects:
         """A node's answer to a command; one it was not sent (or already answered) changes
         nothing."""
@@ -386,7 +392,7 @@ class MasterCore:
             effects = self._flush()
             effects.answers.update(answers)
             return effects
-        self.state.command_done(command_id, ok, crc32c)
+        self.state.command_done(command_id, ok, crc32c, source_corrupt=source_corrupt)
         return self._flush()
 
     # ------------------------------------------------------------------ time

@@ -263,7 +263,13 @@ class CoreDriver:
             if not result.ok and result.error:
                 log.warning("a node command failed", node_id=stream.node_id, error=result.error)
             self.carry_out(
-                core.node_answered(stream.node_id, result.command_id, result.ok, result.crc32c)
+                core.node_answered(
+                    stream.node_id,
+                    result.command_id,
+                    result.ok,
+                    result.crc32c,
+                    source_corrupt=result.source_corrupt,
+                )
             )
         return True
 

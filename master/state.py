@@ -640,10 +640,13 @@ class MasterState:
         """Whether a Persist or Copy command still waits for its node's answer."""
         return command_id in self._awaiting
 
-    def command_done(self, command_id: int, ok: bool, crc32c: Sequence[int] = ()) -> None:
+    def command_done(
+        self, command_id: int, ok: bool, crc32c: Sequence[int] = (), *, source_corrupt: bool = False
+    ) -> None:
         """A node answered a Persist or Copy command (``ok`` False: it failed and wrote
-        nothing). Finished commits land in ``resolved``."""
-        self._answered(command_id, ok, crc32c, expired=False)
+        nothing; ``source_corrupt``: a copy's source bytes failed the object's checksum).
+        Finished commits land in ``resolved``."""
+        self._answered(command_id, ok, crc32c, expired=False, source_corrupt=source_corrupt)
 
     def command_expired(self, command_id: int) -> None:
         """The I/O layer gave up waiting for a node's answer. The command counts as failed, but
@@ -651,7 +654,14 @@ class MasterState:
         ``reclaim_delay``."""
         self._answered(command_id, False, (), expired=True)
 
-    def _answered(self, command_id: int, ok: bool, crc32c: Sequence[int], expired: bool) -> None:
+    def _answered(
+        self,
+        command_id: int,
+        ok: bool,
+        crc32c: Sequence[int],
+        expired: bool,
+        source_corrupt: bool = False,
+    ) -> None:
         segment_id, records = self._awaiting.pop(command_id, ("", ()))
         if expired and records:
             segment = self.segments.get(segment_id)
@@ -669,7 +679,8 @@ class MasterState:
         for i, record in enumerate(records):
             if record.moving and command_id in record.moving:
                 crc = crc32c[0] if crc32c else None
-                self._move_done(record, command_id, ok, crc, "expired" if expired else "answered")
+                how = "expired" if expired else "corrupt" if source_corrupt else "answered"
+                self._move_done(record, command_id, ok, crc, how)
             elif record.state is committed and segment_id in record.unacked:
                 if not ok and not expired and self._persist_pending(record, segment_id):
                     continue  # a retried commit's Persist failed; the other one decides
@@ -2033,8 +2044,9 @@ class MasterState:
     def _move_done(
         self, record: ObjectRecord, command_id: int, ok: bool, crc32c: int | None, how: str
     ) -> None:
-        """A copy ended: ``how`` is "answered" (by its node), "expired" (the I/O layer gave up
-        on the answer) or "cancelled" (a segment of its went away while it ran)."""
+        """A copy ended: ``how`` is "answered" (by its node), "corrupt" (answered: the
+        source's bytes failed the object's checksum), "expired" (the I/O layer gave up on the
+        answer) or "cancelled" (a segment of its went away while it ran)."""
         move = record.moving.pop(command_id)
         self._replication.ended(command_id)
         source_segment = self.segments.get(move.source.segment_id)
@@ -2045,7 +2057,9 @@ class MasterState:
         now = self.clock()
         if not ok or not alive or target is None:
             if not ok:
-                why = "failed" if how == "answered" else how
+                why = (
+                    "failed" if how == "answered" else "source corrupt" if how == "corrupt" else how
+                )
             else:
                 why = "target segment gone" if target is None else "object or source gone"
             self._note((record.key, now, "move_failed", record.put_id, move.target, why))
@@ -2053,12 +2067,14 @@ class MasterState:
                 self._demotions_paused[target.segment_id] = now + DEMOTION_PAUSE
             if move.replication and self.objects.get(record.key) is record:
                 self._replication.look_again(record.key, now)
-                if not ok and how == "answered":
+                if not ok and how in ("answered", "corrupt"):
                     failed = self._copy_failed_from
                     failed.pop(record.key, None)
                     failed[record.key] = move.source
                     if len(failed) > MAX_COPY_FAILURES_KEPT:
                         del failed[next(iter(failed))]
+                if how == "corrupt" and alive:
+                    self._drop_corrupt_source(record, move.source, now)
             if target is not None:
                 self._disown(target, move.target.offset)
                 if how == "cancelled":  # its node may still be writing there
@@ -2084,6 +2100,21 @@ class MasterState:
             self.counters.demotions += 1
         else:
             self.counters.promotions += 1
+
+    def _drop_corrupt_source(self, record: ObjectRecord, source: Replica, now: float) -> None:
+        """A copy's target found ``source``'s bytes failing the object's checksum: the replica
+        goes where the object has another (readers would get wrong bytes from it, and copies
+        would fail on it), and the object gets a copy elsewhere. Its only replica stays (the
+        word of one node, the target, is not enough to end an object), as does one another
+        copy may be reading."""
+        if record.state is not PUBLISHED or record.moving:
+            return
+        if sum(r is not None for r in record.replicas) < 2:
+            return
+        self.counters.replicas_unreadable += 1
+        self._release_replica(record, source, now)
+        self._note((record.key, now, "replica_corrupt", record.put_id, source))
+        self._replication_changed(record)
 
     def _abandon_copy(
         self,

@@ -55,6 +55,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "replicated": ("put_id", "replica"),
     "replica_trimmed": ("put_id", "replica"),  # a surplus (its node came back)
     "replica_unreadable": ("put_id", "replica"),  # its node's disk failed to read it
+    "replica_corrupt": ("put_id", "replica"),  # a copy found its bytes failing the checksum
     "move_failed": ("put_id", "target", "reason"),
     "pin_ended": ("put_id",),
 }

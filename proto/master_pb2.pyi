@@ -574,16 +574,18 @@ class NodeHello(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class CommandResult(_message.Message):
-    __slots__ = ("command_id", "ok", "error", "crc32c")
+    __slots__ = ("command_id", "ok", "error", "crc32c", "source_corrupt")
     COMMAND_ID_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
     CRC32C_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_CORRUPT_FIELD_NUMBER: _ClassVar[int]
     command_id: int
     ok: bool
     error: str
     crc32c: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, command_id: _Optional[int] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., crc32c: _Optional[_Iterable[int]] = ...) -> None: ...
+    source_corrupt: bool
+    def __init__(self, command_id: _Optional[int] = ..., ok: _Optional[bool] = ..., error: _Optional[str] = ..., crc32c: _Optional[_Iterable[int]] = ..., source_corrupt: _Optional[bool] = ...) -> None: ...
 
 class ClientHeartbeatRequest(_message.Message):
     __slots__ = ("client_id",)

@@ -26,7 +26,12 @@ from kvpool.storage_node import metrics
 from kvpool.storage_node.checked_seals import Seals
 from kvpool.storage_node.checked_writes import WrittenRanges
 from kvpool.storage_node.object_index import Entry
-from kvpool.storage_node.peer_copy import PEER_COPY_FAILURES, PeerCopier, PeerCopyFailed
+from kvpool.storage_node.peer_copy import (
+    PEER_COPY_FAILURES,
+    PeerCopier,
+    PeerCopyFailed,
+    SourceCorrupt,
+)
 from kvpool.storage_node.segment import Segment
 
 
@@ -215,7 +220,7 @@ class CommandExecutor:
         crc = target.checksum(entry.offset, entry.size)
         if copy.source.HasField("crc32c") and crc != copy.source.crc32c:
             PEER_COPY_FAILURES.inc()
-            raise PeerCopyFailed(
+            raise SourceCorrupt(
                 f"the bytes of {entry.key!r} read from node {source.node_id} do not match its "
                 f"checksum ({crc:#010x}, expected {copy.source.crc32c:#010x}): not recorded"
             )
@@ -239,6 +244,7 @@ MAX_GROUP = 32
 def _failed(result: pb.CommandResult, error: Exception) -> None:
     result.ok = False
     result.error = f"{type(error).__name__}: {error}"
+    result.source_corrupt = isinstance(error, SourceCorrupt)
 
 
 def _entry(message: pb.StoredObject) -> Entry:

@@ -54,6 +54,11 @@ class PeerCopyFailed(RuntimeError):
     """The bytes could not be read from the peer: nothing was recorded."""
 
 
+class SourceCorrupt(PeerCopyFailed):
+    """The bytes read from the peer do not match the object's checksum: nothing was recorded,
+    and the master is told (``CommandResult.source_corrupt``)."""
+
+
 @dataclass
 class _Peer:
     endpoint: ucp.Endpoint

@@ -193,6 +193,41 @@ def test_a_copy_that_failed_to_read_its_source_reads_another_even_on_a_draining_
     assert state.drain_progress("n2").objects_left == 0
 
 
+def test_a_source_whose_bytes_fail_the_checksum_at_a_copy_stops_being_a_replica():
+    """The target found the live node's replica corrupt: that replica goes (readers would get
+    wrong bytes), the object is copied from the good one (a draining node's), and an object
+    with no other replica keeps its only one (one node's word does not end an object)."""
+    state, clock = cluster(nodes=3)
+    both = PutOptions(replicas=2, preferred_hosts=("n0.cluster.local", "n2.cluster.local"))
+    publish(state, "k", 64 * KiB, replicas=2, options=both, crc32c=0xC0FFEE)
+    state.outbox.clear()
+    state.drain("n2")
+    state.tick()
+    [first] = copies(state)
+    assert first.source_segment_id == "n0/dram0"
+    state.command_done(first.command_id, False, source_corrupt=True)
+    assert nodes_of(get(state, "k")) == ["n2"], "n0's corrupt replica is no replica"
+    assert state.counters.replicas_unreadable == 1
+    assert any(e.event == "replica_corrupt" for e in state.story("k"))
+    clock.advance(2.5)
+    state.tick()
+    again = copies(state)  # (two live replicas wanted, none left: n0 and n1 get one)
+    assert {c.source_segment_id for c in again} == {"n2/dram0"}
+    answer(state, again)
+    assert sorted(nodes_of(get(state, "k"))) == ["n0", "n1", "n2"]
+
+
+def test_the_only_replica_stays_whatever_a_copy_of_it_reports():
+    state, clock = cluster(nodes=3)
+    pair = PutOptions(replicas=2, preferred_hosts=("n0.cluster.local", "n1.cluster.local"))
+    publish(state, "k", 64 * KiB, replicas=2, options=pair, crc32c=0xC0FFEE)
+    state.outbox.clear()
+    kill(state, clock, "n1")
+    [copy] = copies(state)
+    state.command_done(copy.command_id, False, source_corrupt=True)
+    assert nodes_of(get(state, "k")) == ["n0"]
+
+
 def test_a_node_that_comes_back_has_its_surplus_replica_trimmed():
     state, clock = cluster()
     slot = publish(state, "k", 64 * KiB, replicas=2)
