@@ -500,12 +500,11 @@ async def serve(
         """/readyz?role=any, the readiness probe of several masters: the leader, or a
         standby that can campaign (etcd answers it); not one cut off from etcd, which could
         never take over."""
-        if leadership.serving() or not isinstance(leadership, Election):
-            return readiness()
-        in_touch, why = leadership.in_touch()
-        if in_touch:
-            return True, f"standby; the leader is {leadership.leader or '(none yet)'}"
-        return False, f"standby; {why}"
+        ready, why = readiness()
+        if ready or not isinstance(leadership, Election):
+            return ready, why
+        in_touch, cut_off = leadership.in_touch()
+        return (True, why) if in_touch else (False, f"standby; {cut_off}")
 
     try:
         http = HealthServer(

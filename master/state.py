@@ -622,14 +622,23 @@ class MasterState:
         ):
             return
         now = self.clock()
-        self.counters.replicas_unreadable += 1
         if sum(r is not None for r in record.replicas) > 1:
-            self._release_replica(record, replica, now)
-            self._note((record.key, now, "replica_unreadable", record.put_id, replica))
-            self._replication_changed(record)
+            self._drop_bad_replica(record, replica, now, "replica_unreadable")
             return
+        self.counters.replicas_unreadable += 1
         entry = (record.key, now, "unreadable", record.put_id, replica)
         self._remove(record, now, entry, lost=True)
+
+    def _drop_bad_replica(
+        self, record: ObjectRecord, replica: Replica, now: float, event: str
+    ) -> None:
+        """A replica that cannot serve the object (its disk failed to read it, or its bytes
+        failed the checksum) goes, and the object gets a copy elsewhere; ``event`` names why
+        in the key's story. Counted as unreadable."""
+        self.counters.replicas_unreadable += 1
+        self._release_replica(record, replica, now)
+        self._note((record.key, now, event, record.put_id, replica))
+        self._replication_changed(record)
 
     def nodes_unheard(self, node_ids: Iterable[str]) -> None:
         """A new leader takes clients before these nodes remounted (its rebuild window
@@ -2111,10 +2120,7 @@ class MasterState:
             return
         if sum(r is not None for r in record.replicas) < 2:
             return
-        self.counters.replicas_unreadable += 1
-        self._release_replica(record, source, now)
-        self._note((record.key, now, "replica_corrupt", record.put_id, source))
-        self._replication_changed(record)
+        self._drop_bad_replica(record, source, now, "replica_corrupt")
 
     def _abandon_copy(
         self,
