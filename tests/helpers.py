@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import select
@@ -241,3 +242,19 @@ def rebuilt_terms(master: Any) -> list[dict[str, Any]]:
         for line in master.log_path.read_text().splitlines()
         if "rebuilding the index" in line
     ]
+
+
+def fill_disk(path: str | os.PathLike[str]) -> None:
+    """Writes ``path`` until its file system has no block left (another process filling the
+    disk under a node)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for chunk in (1 << 20, 4096, 512):
+            try:
+                while True:
+                    os.write(fd, bytes(chunk))
+            except OSError as error:
+                assert error.errno == errno.ENOSPC, error
+        os.fsync(fd)
+    finally:
+        os.close(fd)

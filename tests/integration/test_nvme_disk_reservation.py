@@ -13,12 +13,11 @@
 
 from __future__ import annotations
 
-import errno
 import os
 from pathlib import Path
 
 import pytest
-from helpers import metric
+from helpers import fill_disk, metric
 
 from kvpool import Client
 from kvpool.local_cluster import ClusterError
@@ -51,21 +50,6 @@ def _client(cluster, token: str) -> Client:
     return Client(cluster.master_address, token=token, tls_ca=str(cluster.pki.ca), timeout=30)
 
 
-def _fill(path: Path) -> None:
-    """Writes ``path`` until its file system has no block left."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        for chunk in (MiB, 4096):
-            try:
-                while True:
-                    os.write(fd, bytes(chunk))
-            except OSError as error:
-                assert error.errno == errno.ENOSPC, error
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def test_a_node_whose_disk_cannot_hold_its_segment_does_not_start_and_says_why(
     cluster_factory, small_disk
 ):
@@ -90,7 +74,7 @@ def test_puts_land_after_another_process_fills_the_disk_and_no_prepare_is_sent(
     node = cluster.add_node(extra=_node_args(small_disk / "nvme", "32MiB"))
     [data_file] = (small_disk / "nvme").rglob("segment.data")
     assert data_file.stat().st_blocks * 512 >= 32 * MiB, "every block allocated at start"
-    _fill(small_disk / "hog")
+    fill_disk(small_disk / "hog")
     room = os.statvfs(small_disk)
     assert room.f_bavail * room.f_frsize < MiB, "the disk is full"
 

@@ -27,7 +27,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import cluster_status, wait_until
+from helpers import cluster_status, fill_disk, wait_until
 
 from kvpool import Client
 from kvpool.errors import KVPoolError
@@ -38,21 +38,6 @@ from kvpool.storage_node.private_files import make_private_directory
 MiB = 1 << 20
 HEADER = {"segment_id": "n1/nvme-0001", "size": 1 << 30, "tier": "nvme"}
 LONG = "x" * 900  # (keys that fill the log's room in about a thousand records)
-
-
-def _fill(path: Path) -> None:
-    """Writes ``path`` until its file system has no block left."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        for chunk in (MiB, 4096, 512):
-            try:
-                while True:
-                    os.write(fd, bytes(chunk))
-            except OSError as error:
-                assert error.errno == errno.ENOSPC, error
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _entry(n: int) -> Entry:
@@ -171,7 +156,7 @@ def test_a_log_whose_last_append_was_torn_by_a_crash_is_kept_on_a_full_disk(smal
     )
     assert [_entry(n).key for n in range(20)] == sorted(live_entries(path))
     torn_end = _torn(path, _entry(19))
-    _fill(small_disk / "hog")
+    fill_disk(small_disk / "hog")
 
     reopened = DurableIndex(path, HEADER)
     assert sorted(e.key for e in reopened.entries()) == sorted(_entry(n).key for n in range(20))
@@ -199,7 +184,7 @@ def test_damage_before_the_last_record_still_needs_the_log_rewritten(small_disk)
     data = bytearray(path.read_bytes())
     data[len(data) // 2 + 3000] ^= 0xFF  # inside a record in the middle
     path.write_bytes(bytes(data))
-    _fill(small_disk / "hog")
+    fill_disk(small_disk / "hog")
 
     with pytest.raises(OSError, match="the log is damaged or of an older format") as refused:
         DurableIndex(path, HEADER)
@@ -220,7 +205,7 @@ def test_a_put_that_fails_for_room_in_the_log_gives_its_space_back_on_a_full_dis
 ):
     cluster = cluster_factory(0, "64MiB")
     node = cluster.add_node(extra=["--nvme", str(small_disk / "nvme"), "--nvme-size", "32MiB"])
-    _fill(small_disk / "hog")
+    fill_disk(small_disk / "hog")
     with Client(cluster.master_address, timeout=30) as client:
         for n in range(5000):  # until the log's room is spent
             try:

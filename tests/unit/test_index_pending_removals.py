@@ -6,40 +6,17 @@ next records the log takes (or when the node tries again), in order. Found by th
 
 from __future__ import annotations
 
-import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from index_helpers import HEADER, entry, immutable, log_path
 
-from kvpool.storage_node.index_log import Entry
 from kvpool.storage_node.object_index import DurableIndex, live_entries
-from kvpool.storage_node.private_files import make_private_directory
-
-HEADER = {"segment_id": "n1/nvme-0001", "size": 1 << 30, "tier": "nvme"}
 
 
 @pytest.fixture
 def path(tmp_path: Path) -> Path:
-    return make_private_directory(tmp_path / "segment") / "segment.index"
-
-
-@contextmanager
-def immutable(path: Path) -> Iterator[None]:
-    """``chattr +i`` on the log: no write reaches it, root's included (the suite runs as
-    root, on a file system that has the attribute)."""
-    done = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True)
-    if done.returncode:
-        pytest.fail(f"chattr +i is needed (root, ext4 or XFS): {done.stderr.strip()}")
-    try:
-        yield
-    finally:
-        subprocess.run(["chattr", "-i", str(path)], check=True)
-
-
-def entry(key: str, generation: int, offset: int = 0) -> Entry:
-    return Entry(key, offset, 4096, generation, 7)
+    return log_path(tmp_path)
 
 
 def test_removals_an_unwritable_log_did_not_take_leave_memory_and_are_written_later(path):

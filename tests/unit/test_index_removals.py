@@ -11,39 +11,17 @@ have left its records in the log: their removals are written, as for recorded pu
 
 from __future__ import annotations
 
-import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from index_helpers import HEADER, entry, immutable, log_path
 
-from kvpool.storage_node.index_log import Entry
 from kvpool.storage_node.object_index import DurableIndex, live_entries
-from kvpool.storage_node.private_files import make_private_directory
-
-HEADER = {"segment_id": "n1/nvme-0001", "size": 1 << 30, "tier": "nvme"}
 
 
 @pytest.fixture
 def path(tmp_path: Path) -> Path:
-    return make_private_directory(tmp_path / "segment") / "segment.index"
-
-
-@contextmanager
-def immutable(path: Path) -> Iterator[None]:
-    """``chattr +i`` on the log: no write reaches it (the suite runs as root, on ext4)."""
-    done = subprocess.run(["chattr", "+i", str(path)], capture_output=True, text=True)
-    if done.returncode:
-        pytest.fail(f"chattr +i is needed (root, ext4 or XFS): {done.stderr.strip()}")
-    try:
-        yield
-    finally:
-        subprocess.run(["chattr", "-i", str(path)], check=True)
-
-
-def entry(key: str, generation: int, offset: int = 0) -> Entry:
-    return Entry(key, offset, 4096, generation, 7)
+    return log_path(tmp_path)
 
 
 def test_removals_of_puts_the_log_never_took_succeed_on_a_log_that_takes_nothing(path):

@@ -12,39 +12,23 @@ every byte at which the last append could have stopped is tried."""
 
 from __future__ import annotations
 
-import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from index_helpers import HEADER, immutable, log_path
 
 from kvpool.storage_node.index_log import FRAME, OP_PUT, Entry, encode
 from kvpool.storage_node.object_index import DurableIndex, live_entries
-from kvpool.storage_node.private_files import make_private_directory
 
-HEADER = {"segment_id": "n1/nvme-0001", "size": 1 << 30, "tier": "nvme"}
 ENTRIES = [Entry(f"key-{n}", 4096 * n, 4096, n + 1, 7) for n in range(4)]
 LATER = Entry("later", 1 << 20, 4096, 9, 7)
-
-
-@contextmanager
-def nothing_created_in(directory: Path) -> Iterator[None]:
-    """``chattr +i`` on ``directory``: no file can be made in it (the suite runs as root)."""
-    done = subprocess.run(["chattr", "+i", str(directory)], capture_output=True, text=True)
-    if done.returncode:
-        pytest.fail(f"chattr +i is needed (root, ext4 or XFS): {done.stderr.strip()}")
-    try:
-        yield
-    finally:
-        subprocess.run(["chattr", "-i", str(directory)], check=True)
 
 
 @pytest.fixture(scope="module")
 def crashed_log(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     """A log as a node killed after its appends leaves it: its records, then the zeros
     written ahead of them."""
-    path = make_private_directory(tmp_path_factory.mktemp("log") / "segment") / "segment.index"
+    path = log_path(tmp_path_factory.mktemp("log"))
     index = DurableIndex(path, HEADER)
     index.put(ENTRIES)
     data = path.read_bytes()
@@ -59,7 +43,7 @@ def _last_record(data: bytes) -> tuple[int, int]:
 
 @pytest.fixture
 def path(tmp_path: Path) -> Path:
-    path = make_private_directory(tmp_path / "segment") / "segment.index"
+    path = log_path(tmp_path)
     DurableIndex(path, HEADER).close()  # (its lock file made ahead)
     return path
 
@@ -70,7 +54,7 @@ def test_a_torn_last_append_is_cut_off_where_the_log_cannot_be_rewritten(path, c
     for torn in range(1, len(record)):  # every byte the append could have stopped after
         # (a second append of the record, torn: over the zeros after the last one)
         path.write_bytes(crashed_log[:end] + record[:torn] + crashed_log[end + torn :])
-        with nothing_created_in(path.parent):
+        with immutable(path.parent):
             index = DurableIndex(path, HEADER)
             assert [e.key for e in index.entries()] == [e.key for e in ENTRIES], torn
             assert index.damaged_records == 1 and index.unconfirmed == set(), torn
@@ -89,7 +73,7 @@ def test_damage_before_the_last_intact_record_still_needs_the_rewrite(path, cras
         damaged = bytearray(crashed_log)
         damaged[at] ^= 0x5A
         path.write_bytes(bytes(damaged))
-        with nothing_created_in(path.parent), pytest.raises(OSError, match="damaged"):
+        with immutable(path.parent), pytest.raises(OSError, match="damaged"):
             DurableIndex(path, HEADER)
         assert path.read_bytes() == bytes(damaged), "left as it was"
     assert sorted(live_entries(path)) == [e.key for e in ENTRIES if e.key != "key-2"]
