@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -238,4 +239,37 @@ def test_a_put_that_fails_for_room_in_the_log_gives_its_space_back_on_a_full_dis
         for key, value in values.items():
             assert client.put(key, value, tier="nvme") == 1, key
         assert all(client.get(key) == value for key, value in values.items())
+    assert node.alive()
+
+
+def test_a_removal_the_full_log_could_not_record_takes_effect_once_room_returns(
+    cluster_factory, small_disk
+):
+    """A removal of a published object needs a record in the log: on a full disk the node
+    answers its Forget with a failure, and the space stays out of use (the node still lists
+    the object). The master sends the Forget again until the node can write it: once the
+    operator frees the disk, the space returns with no remount."""
+    cluster = cluster_factory(0, "64MiB")
+    node = cluster.add_node(extra=["--nvme", str(small_disk / "nvme"), "--nvme-size", "32MiB"])
+    with Client(cluster.master_address, timeout=30) as client:
+        value = os.urandom(MiB)
+        assert client.put("kept", value, tier="nvme") == 1
+        fill_disk(small_disk / "hog")
+        for fillers in (f"k{n:05d}-{LONG}" for n in range(5000)), (f"{n:04d}" for n in range(9999)):
+            for filler in fillers:  # until the log's room is spent, to the last record of a
+                try:  # key as long as "kept"
+                    client.put(filler, b"v" * 64, tier="nvme")
+                except KVPoolError:
+                    break
+            else:
+                pytest.fail("the index log never ran out of room")
+        full = _nvme_segment(client)
+
+        client.remove("kept")
+        time.sleep(3)  # (the Forget failed, and was sent again, at least once)
+        assert _nvme_segment(client).used >= full.used - 1024, "quarantined, not reused"
+
+        os.unlink(small_disk / "hog")  # the operator frees the disk
+        assert wait_until(lambda: _nvme_segment(client).used < full.used - MiB // 2, timeout=40)
+        assert not client.exists("kept")
     assert node.alive()

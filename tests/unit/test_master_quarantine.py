@@ -73,6 +73,50 @@ def test_a_silent_node_s_forget_quarantines_its_space_and_writers_go_elsewhere()
     assert slot.status is KeyStatus.OK, "the space is back in use"
 
 
+def test_a_forget_the_node_failed_is_sent_again_until_it_succeeds_and_frees_the_space():
+    """A node that cannot write its index log (a full disk) answers a Forget with a failure:
+    the space stays quarantined, and the master sends the Forget again, backing off, until
+    the node confirms it (before, it was never sent again: the space was lost until the
+    node remounted)."""
+    core, clock = one_node_core()
+    publish(core, "old")
+    effects = core.remove(10, ["old"], False)
+    [forget] = [c for c in effects.transmit if isinstance(c, ForgetCommand)]
+
+    effects = core.node_answered("n1", forget.command_id, False)  # disk full
+    assert any("sent again later" in note for note, _ in effects.notes)
+    clock.advance(1.0)
+    effects = core.timers()
+    assert effects.answers[10] == [KeyStatus.OK], "the removal answers after its wait"
+    assert forget in effects.transmit, "sent again after FORGET_RETRY_FIRST"
+    assert core.state._quarantine, "its space stays out of use meanwhile"
+
+    core.node_answered("n1", forget.command_id, False)  # still full: waits twice as long
+    clock.advance(1.5)
+    assert forget not in core.timers().transmit
+    clock.advance(0.5)
+    assert forget in core.timers().transmit
+    assert core.next_deadline() is None or core.next_deadline() > clock()
+
+    core.node_answered("n1", forget.command_id, True)  # room again
+    core.state.validate()
+    assert not core.state._quarantine
+    clock.advance(60.0)
+    assert forget not in core.timers().transmit, "nothing more once it succeeded"
+    [slot], _ = put(core, 30, "reuses")
+    assert slot.status is KeyStatus.OK
+
+
+def test_a_failed_forget_of_a_segment_that_went_is_not_sent_again():
+    core, clock = one_node_core()
+    publish(core, "old")
+    [forget] = [c for c in core.remove(10, ["old"], False).transmit if isinstance(c, ForgetCommand)]
+    core.node_answered("n1", forget.command_id, False)
+    core.unmount_segment(11, "n1", "n1/dram0")
+    clock.advance(1.0)
+    assert forget not in core.timers().transmit
+
+
 def test_a_buffer_freed_later_inside_quarantined_space_stays_out_of_use():
     """A leased object's replica dropped by force: its space is freed when the lease ends,
     which may come after the Forget was quarantined: it joins the quarantine then."""
