@@ -1444,7 +1444,8 @@ class MasterState:
                 options = dataclasses.replace(options, tier=_DRAM)  # (NVMe: over its quota)
                 over_nvme = True
         cap = self.config.max_objects
-        if cap is not None and len(self.objects) >= cap and not self._room_in_table(now, key):
+        table_full = cap is not None and len(self.objects) >= cap
+        if table_full and not self._room_in_table(now, key):
             return PutSlot(
                 KeyStatus.NO_SPACE,
                 message=f"the master holds its most objects ({cap}, --max-objects) and may "
@@ -1476,6 +1477,10 @@ class MasterState:
                 KeyStatus.NO_SPACE,
                 message=self._no_space_message(size, options.tier, tenant_of(key)),
             )
+        if table_full and cap is not None and len(self.objects) >= cap:
+            # (only now: a put refused for space must not have cost an object; and placing
+            # it may have evicted for space already)
+            self._evict_for_table(len(self.objects) - 1, now, tenant_of(key), None)
         put_id = next(self._put_ids)
         if self._own_floor is None:
             self._own_floor = put_id
@@ -2964,11 +2969,14 @@ class MasterState:
         self.counters.evictions += 1
 
     def _room_in_table(self, now: float, key: str) -> bool:
-        """Makes room for one more object in a table holding ``max_objects`` or more:
-        evicts one published object, the least recently used that may
-        go (``_evict_for_table``). A table over the bound (a new leader adopts whatever the
-        nodes hold) is brought down to it by ``tick``, in steps. True if it did."""
-        return self._evict_for_table(len(self.objects) - 1, now, tenant_of(key), None) > 0
+        """Whether a put of ``key`` into a table holding ``max_objects`` or more may evict
+        one published object for its room (``_evict_for_table``, which the put calls once it
+        has its space). A table over the bound (a new leader adopts whatever the nodes hold)
+        is brought down to it by ``tick``, in steps."""
+        return (
+            self._evict_for_table(len(self.objects) - 1, now, tenant_of(key), None, dry_run=True)
+            > 0
+        )
 
     def _trim_table(self, now: float, budget: list[int] | None) -> int:
         """Brings a table holding more than ``max_objects`` down to it (``tick``, in steps,
@@ -2980,14 +2988,20 @@ class MasterState:
         return self._evict_for_table(cap, now, None, budget)
 
     def _evict_for_table(
-        self, goal: int, now: float, tenant: str | None, budget: list[int] | None
+        self,
+        goal: int,
+        now: float,
+        tenant: str | None,
+        budget: list[int] | None,
+        *,
+        dry_run: bool = False,
     ) -> int:
         """Evicts published objects, whole, in LRU order until the table holds ``goal``,
         leaving leased and moving ones; at most ``max_evictions_per_put`` (looking at four
         times as many), and ``budget`` (a tick's: each object passed over or evicted).
         With quotas, for a put of ``tenant``'s (None: the tick's, plain LRU), fairly: another
         tenant's objects go only while it holds more than an equal split of the table.
-        Returns the objects evicted."""
+        Returns the objects evicted (``dry_run``: 1 if one could be, evicting nothing)."""
         spare = self._spare_in_table(tenant) if tenant is not None else None
         left = self.config.max_evictions_per_put
         looked = 0  # (candidates looked at: a table of leased objects is not scanned whole)
@@ -3008,6 +3022,8 @@ class MasterState:
                     if _spent(budget):  # (one passed over costs a tick's step as one evicted)
                         break
                     continue
+                if dry_run:
+                    return 1
                 victims.append(record)
                 if len(victims) == wanted:
                     break

@@ -69,6 +69,18 @@ def test_leased_and_unpublished_objects_stay_and_a_put_is_refused_when_none_may_
     assert set(state.objects) == {"t/leased", "t/writing", "t/newer", "t/next"}
 
 
+def test_a_put_refused_for_space_costs_a_full_table_no_object():
+    state, _ = new_state(TABLE)
+    mount(state, "n1", 64 * MiB)
+    for i in range(4):
+        publish(state, f"t/{i}")
+
+    refused = put(state, "t/huge", size=128 * MiB)
+    assert refused.status is KeyStatus.NO_SPACE
+    assert sorted(state.objects) == ["t/0", "t/1", "t/2", "t/3"], "nothing evicted for it"
+    assert state.counters.evictions_for_table == 0
+
+
 def test_with_quotas_a_flood_of_small_objects_leaves_another_tenant_within_half_the_table():
     state, _ = new_state(dataclasses.replace(TABLE, max_objects=8))
     state.set_quotas(Quotas())
