@@ -74,6 +74,9 @@ def _joined(method: str, answers: list[Any]) -> Any:
         return response
     for answer in answers:
         getattr(response, per_key).extend(getattr(answer, per_key))
+    if method == "PutEnd" and any(a.messages for a in answers):  # (sent only when any has one)
+        for answer in answers:
+            response.messages.extend(answer.messages or [""] * len(answer.statuses))
     if method in ("PutStart", "GetReplicas"):
         told: dict[str, pb.Segment] = {}
         for answer in answers:

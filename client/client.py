@@ -434,7 +434,7 @@ class Client:
             if status == ok:
                 results[put.index] = put.replicas_written
             else:
-                results[put.index] = error_for(status, put.key, "; ".join(filter(None, put.errors)))
+                results[put.index] = error_for(status, put.key, put.why_not_published)
         return results
 
     def reserve(self, key: str, size: int, **options: Any) -> Reservation:

@@ -88,10 +88,17 @@ class PendingPut:
     write_deadline: float  # monotonic: no byte may be written after this
     crc32c: int | None = None
     errors: list[str] = field(default_factory=list)  # per replica: '' when written
+    #: Why the master could not publish it, where it says more than the status (PutEnd).
+    unpublished: str = ""
     failures: list[Failure | None] = field(default_factory=list)  # per replica: None when written
     #: (address, length) of each buffer an object gathered from several is made of, in order
     #: (``Client.put_parts``); None: the bytes are ``source``'s alone.
     pieces: Sequence[tuple[int, int]] | None = None
+
+    @property
+    def why_not_published(self) -> str:
+        """What the writer and the master know of why it was not published."""
+        return "; ".join(filter(None, [*self.errors, self.unpublished]))
 
     @property
     def replicas_written(self) -> int:
@@ -178,6 +185,8 @@ def write_and_commit(
             else:
                 statuses[i] = refused
         written = [puts[i] for i in placed]
+        for put in written:
+            put.unpublished = ""  # (of its earlier placement)
         revoke_if_cancelled(session, written)
         write_or_give_back(session, written, options.checksum)
         revoke_if_cancelled(session, written)
@@ -307,7 +316,11 @@ def commit(session: Session, puts: Sequence[PendingPut], deadline: float) -> lis
             add(key=put.key, put_id=put.slot.put_id, replica_ok=ok)
         else:
             add(key=put.key, put_id=put.slot.put_id, replica_ok=ok, crc32c=put.crc32c)
-    return list(session.link.call("PutEnd", request, deadline).statuses)
+    response = session.link.call("PutEnd", request, deadline)
+    if response.messages:
+        for put, message in zip(puts, response.messages, strict=False):
+            put.unpublished = message
+    return list(response.statuses)
 
 
 def revoke_if_cancelled(session: Session, puts: Sequence[PendingPut]) -> None:

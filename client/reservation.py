@@ -98,4 +98,4 @@ class Reservation:
 
     def _raise_unless_ok(self, status: int) -> None:
         if status != KeyStatus.OK:
-            raise error_for(status, self.key, "; ".join(filter(None, self._put.errors)))
+            raise error_for(status, self.key, self._put.why_not_published)

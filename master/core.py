@@ -35,6 +35,7 @@ from kvpool.master.delivery import BOUND_TO_PROCESS, CommandDelivery
 from kvpool.master.forget_barrier import ForgetBarrier
 from kvpool.master.records import (
     Commit,
+    ExplainedStatuses,
     ForgetCommand,
     NodeCommand,
     PutOptions,
@@ -92,11 +93,18 @@ class Effects:
 class _PutEndCall:
     """A PutEnd waiting for its objects' nodes: ``statuses`` fills in as they answer."""
 
-    __slots__ = ("left", "statuses")
+    __slots__ = ("left", "messages", "statuses")
 
     def __init__(self, statuses: list[KeyStatus | None]) -> None:
         self.statuses = statuses
         self.left = statuses.count(None)
+        #: index -> why, for the keys whose answer says more than its status.
+        self.messages: dict[int, str] | None = None
+
+    def answer(self) -> list[KeyStatus | None]:
+        if self.messages is None:
+            return self.statuses
+        return ExplainedStatuses(self.statuses, self.messages)
 
 
 @dataclass(slots=True)
@@ -380,9 +388,10 @@ class MasterCore:
         crc32c: Sequence[int] = (),
         *,
         source_corrupt: bool = False,
+        error: str = "",
     ) -> Effects:
-        """A node's answer to a command; one it was not sent (or already answered) changes
-        nothing."""
+        """A node's answer to a command (``error``: why it failed, in the node's words); one
+        it was not sent (or already answered) changes nothing."""
         command = self.delivery.answered(node_id, command_id)
         if command is None:
             effects = Effects()
@@ -406,7 +415,7 @@ class MasterCore:
             effects = self._flush()
             effects.answers.update(answers)
             return effects
-        self.state.command_done(command_id, ok, crc32c, source_corrupt=source_corrupt)
+        self.state.command_done(command_id, ok, crc32c, source_corrupt=source_corrupt, error=error)
         return self._flush()
 
     # ------------------------------------------------------------------ time
@@ -582,10 +591,14 @@ class MasterCore:
                     if call is None or call.statuses[index] is not None:
                         continue
                     call.statuses[index] = result.status
+                    if result.message:
+                        if call.messages is None:
+                            call.messages = {}
+                        call.messages[index] = result.message
                     call.left -= 1
                     if not call.left:
                         del self._put_ends[call_id]
-                        answers[call_id] = call.statuses
+                        answers[call_id] = call.answer()
             state.resolved.clear()
         if state.durable_changed:
             effects.durable = state.durable_changes()

@@ -269,6 +269,7 @@ class CoreDriver:
                     result.ok,
                     result.crc32c,
                     source_corrupt=result.source_corrupt,
+                    error=result.error,
                 )
             )
         return True

@@ -34,6 +34,7 @@ from kvpool.master.records import (
     Commit,
     CopyCommand,
     DrainProgress,
+    ExplainedStatuses,
     Location,
     PlacedReplica,
     PrefixRemoval,
@@ -431,7 +432,15 @@ class MasterHandlers:
             for c in request.commits
         ]
         core = self.core
-        answer = _statuses("PutEnd", pb.PutEndResponse)
+        statuses = _statuses("PutEnd", pb.PutEndResponse)
+
+        def answer(result: list[KeyStatus]) -> pb.PutEndResponse:
+            response: pb.PutEndResponse = statuses(result)
+            if isinstance(result, ExplainedStatuses):
+                why = result.messages
+                response.messages.extend([why.get(i, "") for i in range(len(result))])
+            return response
+
         return self.driver.call(lambda call_id: core.put_end(call_id, commits), answer)
 
     def PutRevoke(self, request: pb.PutRevokeRequest, identity: Identity) -> Any:

@@ -7,6 +7,7 @@ dataclasses, at less than half the cost to create.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, NamedTuple
@@ -287,12 +288,25 @@ class PrepareCommand:
 NodeCommand = PersistCommand | ForgetCommand | CopyCommand | PrepareCommand
 
 
+class ExplainedStatuses(list[Any]):
+    """A PutEnd's answer (one KeyStatus per key, as a plain list answers) where some keys'
+    statuses come with why (``messages``: index -> message): a node could not record them."""
+
+    __slots__ = ("messages",)
+
+    def __init__(self, statuses: Iterable[Any], messages: dict[int, str]) -> None:
+        super().__init__(statuses)
+        self.messages = messages
+
+
 class CommitResult(NamedTuple):
     """A PutEnd that waited for its nodes has an answer."""
 
     key: str
     put_id: int
     status: KeyStatus
+    #: Why, where the status alone does not say (a node could not record it: its error).
+    message: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -159,6 +159,10 @@ MAX_NODE_SEGMENTS = 64
 SILENT_NODE_PAUSE = 30.0
 #: Nodes remembered (the latest) to have left a drain with objects lost (``left_with_losses``).
 MAX_LEFT_WITH_LOSSES = 1024
+#: Committing objects whose node's failure to record them is kept for their answer, at most.
+MAX_PERSIST_ERRORS = 4096
+#: The most of a node's error message passed on to a writer.
+MAX_ERROR_CHARS = 200
 #: Objects whose last copy failed remembered with its source (``_copy_failed_from``), at most.
 MAX_COPY_FAILURES_KEPT = 65536
 #: Seconds an NVMe segment whose node failed a demotion into it takes no more demotions (its
@@ -205,6 +209,9 @@ class MasterState:
         self.outbox: list[NodeCommand] = []
         #: PutEnds that were waiting for nodes and now have an answer (emptied by the I/O layer).
         self.resolved: list[CommitResult] = []
+        #: key -> (put id, why) of a committing object a node failed to record, until its
+        #: commit is answered; bounded (``MAX_PERSIST_ERRORS``): it only adds to an answer.
+        self._persist_errors: dict[str, tuple[int, str]] = {}
         self._published_keys = KeyIndex()
         self._lru = LruIndex()
         #: Segments let go of (their node declared dead, unmounted, replaced) while writers
@@ -650,12 +657,20 @@ class MasterState:
         return command_id in self._awaiting
 
     def command_done(
-        self, command_id: int, ok: bool, crc32c: Sequence[int] = (), *, source_corrupt: bool = False
+        self,
+        command_id: int,
+        ok: bool,
+        crc32c: Sequence[int] = (),
+        *,
+        source_corrupt: bool = False,
+        error: str = "",
     ) -> None:
         """A node answered a Persist or Copy command (``ok`` False: it failed and wrote
-        nothing; ``source_corrupt``: a copy's source bytes failed the object's checksum).
-        Finished commits land in ``resolved``."""
-        self._answered(command_id, ok, crc32c, expired=False, source_corrupt=source_corrupt)
+        nothing, for ``error``; ``source_corrupt``: a copy's source bytes failed the
+        object's checksum). Finished commits land in ``resolved``."""
+        self._answered(
+            command_id, ok, crc32c, expired=False, source_corrupt=source_corrupt, error=error
+        )
 
     def command_expired(self, command_id: int) -> None:
         """The I/O layer gave up waiting for a node's answer. The command counts as failed, but
@@ -670,6 +685,7 @@ class MasterState:
         crc32c: Sequence[int],
         expired: bool,
         source_corrupt: bool = False,
+        error: str = "",
     ) -> None:
         segment_id, records = self._awaiting.pop(command_id, ("", ()))
         if expired and records:
@@ -704,9 +720,28 @@ class MasterState:
                     self._note(
                         (record.key, now, "persist_failed", record.put_id, segment_id, expired)
                     )
+                    self._persist_failed(record, segment_id, expired, error)
                 self._persist_done(record, segment_id, ok)
             elif (ok or expired) and i < len(persisted):
                 self._forget_unheld(segment_id, record, persisted[i])
+
+    def _persist_failed(
+        self, record: ObjectRecord, segment_id: str, expired: bool, error: str
+    ) -> None:
+        """Keeps why a node did not record ``record``, for its commit's answer."""
+        segment = self.segments.get(segment_id)
+        node = segment.node_id if segment is not None else segment_id
+        if expired:
+            why = f"storage node {node!r} did not answer in time"
+        else:
+            why = f"storage node {node!r} could not record it: {error[:MAX_ERROR_CHARS] or '?'}"
+        errors = self._persist_errors
+        held = errors.get(record.key)
+        if held is not None and held[0] == record.put_id:
+            why = f"{held[1]}; {why}"[: 2 * MAX_ERROR_CHARS]
+        elif len(errors) >= MAX_PERSIST_ERRORS:
+            del errors[next(iter(errors))]
+        errors[record.key] = (record.put_id, why)
 
     def _persist_pending(self, record: ObjectRecord, segment_id: str) -> bool:
         """Whether another Persist of ``record`` to ``segment_id`` still waits for its answer
@@ -1638,9 +1673,12 @@ class MasterState:
         if None in replicas:  # (a replica lost meanwhile; else the list is kept as it is)
             replicas = [r for r in replicas if r is not None]
         now = self.clock()
+        why = self._persist_errors.pop(record.key, None) if self._persist_errors else None
         if not replicas:
             self._transition(record, GONE, (record.key, now, "not_recorded", record.put_id))
-            self.resolved.append(CommitResult(record.key, record.put_id, KeyStatus.NO_REPLICA))
+            message = why[1] if why is not None and why[0] == record.put_id else ""
+            no_replica = CommitResult(record.key, record.put_id, KeyStatus.NO_REPLICA, message)
+            self.resolved.append(no_replica)
             return
         record.replicas = replicas
         entry = (record.key, now, "published", record.put_id, tuple(replicas))
@@ -1651,7 +1689,7 @@ class MasterState:
         if record.pin is _SOFT:
             heapq.heappush(self._pin_ends, (record.pin_until, next(self._seq), record))
         self.counters.puts_published += 1
-        self.resolved.append(make(CommitResult, (record.key, record.put_id, _OK)))
+        self.resolved.append(make(CommitResult, (record.key, record.put_id, _OK, "")))
         if self._draining or len(replicas) != record.wanted:  # (a replica not written, ...)
             self._replication_changed(record)
 

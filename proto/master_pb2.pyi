@@ -299,10 +299,12 @@ class PutEndRequest(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., commits: _Optional[_Iterable[_Union[PutCommit, _Mapping]]] = ...) -> None: ...
 
 class PutEndResponse(_message.Message):
-    __slots__ = ("statuses",)
+    __slots__ = ("statuses", "messages")
     STATUSES_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
     statuses: _containers.RepeatedScalarFieldContainer[KeyStatus]
-    def __init__(self, statuses: _Optional[_Iterable[_Union[KeyStatus, str]]] = ...) -> None: ...
+    messages: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, statuses: _Optional[_Iterable[_Union[KeyStatus, str]]] = ..., messages: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PutRevokeRequest(_message.Message):
     __slots__ = ("client_id", "keys", "put_ids")

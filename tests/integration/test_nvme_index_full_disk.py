@@ -211,11 +211,15 @@ def test_a_put_that_fails_for_room_in_the_log_gives_its_space_back_on_a_full_dis
         for n in range(5000):  # until the log's room is spent
             try:
                 client.put(f"k{n:05d}-{LONG}", b"v" * 64, tier="nvme")
-            except KVPoolError:
+            except KVPoolError as error:
+                refused = error
                 break
         else:
             pytest.fail("the index log never ran out of room")
         held = _nvme_segment(client)
+        # the writer hears why: the node's words, through the master
+        assert "storage node 'node0' could not record it" in str(refused), refused
+        assert "No space left on device" in str(refused), refused
 
         landed = 0  # (a block the file system frees meanwhile may take a record or two)
         for n in range(8):  # the client retries: 8 MiB of puts that fail

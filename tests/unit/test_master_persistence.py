@@ -240,10 +240,16 @@ def test_a_persist_the_master_gave_up_waiting_for_is_dropped_and_its_node_told_t
 def test_when_every_node_fails_its_persist_the_commit_is_no_replica_and_the_space_free():
     state, _, slot, persists = committed_on_a_and_b()
 
-    for command in persists.values():
-        state.command_done(command.command_id, False)  # failed, or the I/O layer gave up
+    full = "OSError: [Errno 28] No space left on device"
+    state.command_done(persists["a"].command_id, False, error=full)
+    state.command_done(persists["b"].command_id, False, error="x" * 10_000)
 
-    assert settled(state) == [CommitResult("k", slot.put_id, KeyStatus.NO_REPLICA)]
+    [result] = settled(state)
+    assert result[:3] == ("k", slot.put_id, KeyStatus.NO_REPLICA)
+    # the writer hears why, from each node (a node's words bounded)
+    assert result.message.startswith(f"storage node 'a' could not record it: {full}; ")
+    assert "storage node 'b' could not record it: xxx" in result.message
+    assert len(result.message) <= 400
     assert exists(state, "k") is KeyStatus.NOT_FOUND
     assert used(state, "a/dram0") == used(state, "b/dram0") == 0
     assert put(state, "k").status is OK, "the key is free again"
