@@ -33,6 +33,7 @@ from kvpool.common.status import KeyStatus
 from kvpool.master.command_batching import merge_forgets
 from kvpool.master.delivery import BOUND_TO_PROCESS, CommandDelivery
 from kvpool.master.forget_barrier import ForgetBarrier
+from kvpool.master.forget_retries import ForgetRetries
 from kvpool.master.records import (
     Commit,
     ExplainedStatuses,
@@ -51,11 +52,6 @@ from kvpool.master.state import MasterState
 COMMAND_TIMEOUT = 5.0
 #: How long a PutStart or a removal waits for nodes to confirm their Forgets.
 FORGET_WAIT = 1.0
-#: A Forget its node answered it could not carry out (its index log could not be written: a
-#: full disk, say) is sent again after this long, then twice as long each time, up to
-#: ``FORGET_RETRY_MAX``: its space stays quarantined until the node confirms it.
-FORGET_RETRY_FIRST = 1.0
-FORGET_RETRY_MAX = 30.0
 #: A master that does not know which nodes exist (a lone master that just started) and finds
 #: that some held objects before it started takes clients once no new node has come for this
 #: long (nodes heartbeat every second and remount at the first answer), or once its rebuild
@@ -199,10 +195,8 @@ class MasterCore:
         #: waits for them too. By Forget id: its node and the (key, generation)s it named.
         self._trims: dict[tuple[str, int], list[int]] = {}
         self._trimmed: dict[int, tuple[str, list[tuple[str, int]]]] = {}
-        #: (when, id, Forget) of Forgets a node failed to carry out, to send again; and how
-        #: many times each failed (at most one entry per Forget, so bounded as they are).
-        self._forget_retries: list[tuple[float, int, ForgetCommand]] = []
-        self._forget_failures: dict[int, int] = {}
+        #: Forgets a node failed to carry out, to send again (forget_retries.py).
+        self._forget_retries = ForgetRetries()
 
     # ------------------------------------------------------------------ clients
 
@@ -401,19 +395,19 @@ class MasterCore:
         self.state.node_answered(node_id)  # (it is not silent, if it was)
         if isinstance(command, ForgetCommand):
             if not ok:  # (a transfer did not stop, its log is unwritable: it still lists it)
-                failures = self._forget_failures.get(command_id, 0) + 1
-                self._forget_failures[command_id] = failures
-                delay = min(FORGET_RETRY_FIRST * 2 ** (failures - 1), FORGET_RETRY_MAX)
-                heapq.heappush(self._forget_retries, (self.clock() + delay, command_id, command))
+                segment = self.state.segments.get(command.segment_id)
+                self._forget_retries.failed(command, segment, self.clock())
                 effects = Effects()
                 note = "a node could not forget: its space stays quarantined, sent again later"
-                fields = {"node_id": node_id, "command": command_id, "retry_in_s": delay}
-                effects.notes.append((note, fields))
+                effects.notes.append((note, {"node_id": node_id, "command": command_id}))
                 return effects  # (as if unanswered: forget_wait quarantines the space)
             answers: dict[int, Any] = {}
             self._forget_answered(command_id, answers)
             effects = self._flush()
             effects.answers.update(answers)
+            if self._forget_retries:
+                again = self._forget_retries.succeeded(command, self.state.segments.get)
+                effects.transmit.extend(f for f in again if self.delivery.send(f))
             return effects
         self.state.command_done(command_id, ok, crc32c, source_corrupt=source_corrupt, error=error)
         return self._flush()
@@ -424,14 +418,12 @@ class MasterCore:
         """When ``timers`` has something to do next (None: nothing waits)."""
         # (Asked after every event: no list built, no generator.)
         first = None
-        for heap in (
-            self._command_deadlines,
-            self._call_deadlines,
-            self._forget_deadlines,
-            self._forget_retries,
-        ):
+        for heap in (self._command_deadlines, self._call_deadlines, self._forget_deadlines):
             if heap and (first is None or heap[0][0] < first):
                 first = heap[0][0]
+        retry = self._forget_retries.next_deadline()
+        if retry is not None and (first is None or retry < first):
+            first = retry
         return first
 
     def timers(self) -> Effects:
@@ -463,14 +455,9 @@ class MasterCore:
                 late.append(command_id)
         effects = self._flush()
         effects.answers.update(answers)
-        retries = self._forget_retries
-        while retries and retries[0][0] <= now:
-            _, command_id, forget = heapq.heappop(retries)
-            segment = state.segments.get(forget.segment_id)
-            if segment is None or segment.node_id != forget.node_id:
-                self._forget_failures.pop(command_id, None)  # (its space went with it)
-            elif self.delivery.send(forget):
-                effects.transmit.append(forget)
+        for probe in self._forget_retries.due(now, state.segments.get):
+            if self.delivery.send(probe):
+                effects.transmit.append(probe)
         if expired:
             note = "storage nodes did not answer in time: no new objects go to them for a while"
             effects.notes.append((note, {"commands": expired}))
@@ -519,6 +506,7 @@ class MasterCore:
         answers: dict[int, Any] = {}
         for node_id in report.dead_nodes:
             self.delivery.discard(node_id)
+            self._forget_retries.node_gone(node_id)
             for command_id in self.barrier.node_gone(node_id):
                 self.state.forget_overdue(command_id)  # (answered now without it)
                 self._forget_answered(command_id, answers, released=True)
@@ -679,8 +667,6 @@ class MasterCore:
         self, command_id: int, answers: dict[int, Any], released: bool = False
     ) -> None:
         self._forgets.pop(command_id, None)
-        if self._forget_failures:
-            self._forget_failures.pop(command_id, None)
         if self._trimmed:
             self._forget_done(command_id)
         if not released:

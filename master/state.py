@@ -733,8 +733,9 @@ class MasterState:
         node = segment.node_id if segment is not None else segment_id
         if expired:
             why = f"storage node {node!r} did not answer in time"
-        else:
-            why = f"storage node {node!r} could not record it: {error[:MAX_ERROR_CHARS] or '?'}"
+        else:  # (a node's words, shown to a writer: bounded, and printable only)
+            said = "".join(c if c.isprintable() else "?" for c in error[:MAX_ERROR_CHARS])
+            why = f"storage node {node!r} could not record it: {said or '?'}"
         errors = self._persist_errors
         held = errors.get(record.key)
         if held is not None and held[0] == record.put_id:
@@ -742,6 +743,14 @@ class MasterState:
         elif len(errors) >= MAX_PERSIST_ERRORS:
             del errors[next(iter(errors))]
         errors[record.key] = (record.put_id, why)
+
+    def _why_not_recorded(self, record: ObjectRecord) -> str:
+        """Takes what ``_persist_failed`` kept for ``record``'s commit ('' if nothing)."""
+        held = self._persist_errors.get(record.key)
+        if held is None or held[0] != record.put_id:
+            return ""
+        del self._persist_errors[record.key]
+        return held[1]
 
     def _persist_pending(self, record: ObjectRecord, segment_id: str) -> bool:
         """Whether another Persist of ``record`` to ``segment_id`` still waits for its answer
@@ -1673,11 +1682,10 @@ class MasterState:
         if None in replicas:  # (a replica lost meanwhile; else the list is kept as it is)
             replicas = [r for r in replicas if r is not None]
         now = self.clock()
-        why = self._persist_errors.pop(record.key, None) if self._persist_errors else None
+        why = self._why_not_recorded(record) if self._persist_errors else ""
         if not replicas:
             self._transition(record, GONE, (record.key, now, "not_recorded", record.put_id))
-            message = why[1] if why is not None and why[0] == record.put_id else ""
-            no_replica = CommitResult(record.key, record.put_id, KeyStatus.NO_REPLICA, message)
+            no_replica = CommitResult(record.key, record.put_id, KeyStatus.NO_REPLICA, why)
             self.resolved.append(no_replica)
             return
         record.replicas = replicas
@@ -2471,6 +2479,8 @@ class MasterState:
                 self.counters.lease_expiries += 1
                 record.lease_open = False
         self._transition(record, GONE, entry)
+        if self._persist_errors and record.state is ObjectState.COMMITTED:
+            self._why_not_recorded(record)  # (its commit ends another way)
         if record.state is PUBLISHED:
             self._published_keys.remove(record.key)
             self._lru.discard(record.key)
@@ -2629,7 +2639,8 @@ class MasterState:
             record.replicas = [r for r in record.replicas if r is not None]
         if self.objects.get(key) is record and not any(r is not None for r in record.replicas):
             if record.state is ObjectState.COMMITTED:
-                self.resolved.append(CommitResult(key, record.put_id, KeyStatus.NO_REPLICA))
+                why = self._why_not_recorded(record) if self._persist_errors else ""
+                self.resolved.append(CommitResult(key, record.put_id, KeyStatus.NO_REPLICA, why))
             self._forget(record, (key, now, "lost", record.put_id, record.state, held_in[-1]))
             return 1
         if record.replicas != replicas:  # (not when only a copy's target was here)

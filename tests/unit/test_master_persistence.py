@@ -255,6 +255,24 @@ def test_when_every_node_fails_its_persist_the_commit_is_no_replica_and_the_spac
     assert put(state, "k").status is OK, "the key is free again"
 
 
+def test_why_a_node_failed_is_kept_only_while_its_commit_waits():
+    state, _, _, persists = committed_on_a_and_b()
+    state.command_done(persists["a"].command_id, False, error="disk \x1b[31mfull\n")
+    assert remove(state, "k", force=True) is OK  # the commit ends another way
+
+    assert [r.status for r in settled(state)] == [KeyStatus.STALE_PUT]
+    assert state._persist_errors == {}, "nothing kept for an answer given"
+
+    # a node dying with the last replica: the writer hears what the other node said
+    state, clock, _, persists = committed_on_a_and_b()
+    state.command_done(persists["a"].command_id, False, error="disk \x1b[31mfull\n")
+    pass_time(state, clock, CONFIG.node_ttl + 1, "b")
+    [result] = settled(state)
+    assert result.status is KeyStatus.NO_REPLICA
+    assert result.message == "storage node 'a' could not record it: disk ?[31mfull?"
+    assert state._persist_errors == {}
+
+
 def test_a_retried_put_end_of_a_committed_object_waits_again_and_resends_the_persist():
     state, _ = new_state()
     mount(state, "a")

@@ -107,6 +107,59 @@ def test_a_forget_the_node_failed_is_sent_again_until_it_succeeds_and_frees_the_
     assert slot.status is KeyStatus.OK
 
 
+def test_a_segment_s_failed_forgets_are_probed_one_at_a_time_and_sent_together_after():
+    """A full disk fails every Forget of the segment alike: one of them goes again as a
+    probe, and once it succeeds the others go at once (not a command per Forget every few
+    seconds for as long as the disk stays full)."""
+    core, clock = one_node_core()
+    for key in ("a", "b", "c"):
+        publish(core, key)
+    forgets = [  # (one removal each: one Forget each)
+        c
+        for n, key in enumerate(("a", "b", "c"))
+        for c in core.remove(10 + n, [key], False).transmit
+        if isinstance(c, ForgetCommand)
+    ]
+    assert len(forgets) == 3
+    for forget in forgets:
+        core.node_answered("n1", forget.command_id, False)
+
+    clock.advance(1.0)
+    [probe] = [c for c in core.timers().transmit if isinstance(c, ForgetCommand)]
+    core.node_answered("n1", probe.command_id, False)
+    clock.advance(1.0)
+    assert not [c for c in core.timers().transmit if isinstance(c, ForgetCommand)], "2 s now"
+    clock.advance(1.0)
+    [probe] = [c for c in core.timers().transmit if isinstance(c, ForgetCommand)]
+
+    effects = core.node_answered("n1", probe.command_id, True)
+    rest = [c for c in effects.transmit if isinstance(c, ForgetCommand)]
+    assert sorted(c.command_id for c in [probe, *rest]) == sorted(c.command_id for c in forgets)
+    for forget in rest:
+        core.node_answered("n1", forget.command_id, True)
+    core.state.validate()
+    assert not core.state._quarantine and not core._forget_retries
+    assert core._forget_retries.next_deadline() is None
+
+
+def test_a_failed_forget_is_not_sent_again_to_a_segment_mounted_anew_under_its_id():
+    """A node restarted (a new process, a new mapping) mounts the segment again under the
+    same id: the mount reconciles what it holds itself. The old mount's Forget, sent after
+    that, could name an object copied since to the same place and generation."""
+    core, clock = one_node_core()
+    publish(core, "old")
+    [forget] = [c for c in core.remove(10, ["old"], False).transmit if isinstance(c, ForgetCommand)]
+    core.node_answered("n1", forget.command_id, False)
+    before = core.state.segments["n1/dram0"]
+
+    core.mount_segment(11, segment_info("n1", 64 * KiB, base=0x20_0000), [], True, 0.0)
+    core.node_connected("n1", "stream 2", "process 2")
+    assert core.state.segments["n1/dram0"] is not before, "(a new record for the new mount)"
+    clock.advance(60.0)
+    assert forget not in core.timers().transmit
+    assert not core._forget_retries
+
+
 def test_a_failed_forget_of_a_segment_that_went_is_not_sent_again():
     core, clock = one_node_core()
     publish(core, "old")
