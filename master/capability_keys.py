@@ -30,6 +30,7 @@ from pathlib import Path
 from kvpool.common.file_writes import write_all
 from kvpool.proto import master_pb2 as pb
 from kvpool.security import capabilities as caps
+from kvpool.security.tls import keep_owner_and_mode
 
 #: Nodes whose keys a master keeps made (past it they are made again as needed).
 MAX_NODE_RINGS = 1024
@@ -56,17 +57,29 @@ def _encode(keys: KeyFile) -> bytes:
 
 
 def read_key_file(path: Path) -> KeyFile:
+    """The keys of the file; KeyFileError whatever is wrong with it (an ``int(1e400)``
+    OverflowError or deeply nested JSON's RecursionError too: a master re-reads the file
+    while it serves, and must keep its keys rather than stop)."""
     try:
         body = json.loads(path.read_bytes())
         keys = tuple((int(k["id"]), bytes.fromhex(k["secret"])) for k in body["keys"])
         current = int(body["current"])
         caps.KeyRing(keys, current=current)  # (checks ids, sizes, count and current)
-    except (OSError, ValueError, KeyError, TypeError) as error:
+    except Exception as error:
         raise KeyFileError(
-            f"capability key file {path}: {error}. Remove it to start with a fresh key (every "
-            "node and master must then get the new file), or restore it"
+            f"capability key file {path}: {_problem(error)}. Remove it to start with a fresh "
+            "key (every node and master must then get the new file), or restore it"
         ) from None
     return KeyFile(keys, current)
+
+
+def _problem(error: Exception) -> str:
+    """What was wrong with the file, said so a person can fix it."""
+    if isinstance(error, RecursionError):
+        return "it is nested too deeply to read"
+    if isinstance(error, OSError | ValueError | KeyError | TypeError):
+        return str(error)
+    return f"{type(error).__name__}: {error}"
 
 
 def load_or_create(path: Path) -> KeyFile:
@@ -74,18 +87,30 @@ def load_or_create(path: Path) -> KeyFile:
     Masters starting together agree: the file is created whole or not at all (link(2))."""
     if not path.exists():
         fresh = KeyFile(((1, caps.KeyRing.new_secret()),), 1)
-        _write_new(path, _encode(fresh))
+        try:
+            _write_new(path, _encode(fresh))
+        except OSError as error:  # (a one-line error at a master's start, no traceback)
+            raise KeyFileError(
+                f"cannot create capability key file {path}: {error.strerror or error}"
+            ) from None
     return read_key_file(path)
 
 
 def rotate(path: Path) -> KeyFile:
     """Adds a new key to ``path`` and names it current (the oldest goes when the file holds
-    ``caps.MAX_KEYS``); masters sign with it once every node has it."""
-    old = read_key_file(path)
-    key_id = (max(k for k, _ in old.keys) % caps.MAX_KEY_ID) + 1
-    kept = [k for k in old.keys if k[0] != key_id][-(caps.MAX_KEYS - 1) :]
-    new = KeyFile((*kept, (key_id, caps.KeyRing.new_secret())), key_id)
-    _write_new(path, _encode(new), replace=path)
+    ``caps.MAX_KEYS``); masters sign with it once every node has it. The file's lock is held
+    from the read to the write: two rotations at once add two keys, not one of them."""
+    from kvpool.security.file_lock import exclusive_change
+
+    def cannot(error: OSError) -> KeyFileError:
+        return KeyFileError(f"cannot lock capability key file {path}: {error.strerror}")
+
+    with exclusive_change(path, cannot):
+        old = read_key_file(path)
+        key_id = (max(k for k, _ in old.keys) % caps.MAX_KEY_ID) + 1
+        kept = [k for k in old.keys if k[0] != key_id][-(caps.MAX_KEYS - 1) :]
+        new = KeyFile((*kept, (key_id, caps.KeyRing.new_secret())), key_id)
+        _write_new(path, _encode(new), replace=path)
     return new
 
 
@@ -94,11 +119,13 @@ def _write_new(path: Path, data: bytes, replace: Path | None = None) -> None:
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.new.", dir=path.parent)
     temporary = Path(name)
     try:
-        write_all(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
+        try:
+            if replace is not None:  # (a rotation run by root keeps the masters' file theirs)
+                keep_owner_and_mode(fd, os.stat(replace), replace)
+            write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         if replace is not None:
             os.replace(temporary, replace)
         else:

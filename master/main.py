@@ -32,7 +32,6 @@ from kvpool.common.sizes import format_size, parse_size
 from kvpool.master import metrics
 from kvpool.master.capability_keys import (
     KeyFile,
-    KeyFileError,
     MasterKeys,
     load_or_create,
     read_key_file,
@@ -652,8 +651,8 @@ class _KeyFileWatch:
         if stamp is not None and stamp != self._stamp and self.path is not None:
             try:
                 keys.reload(read_key_file(self.path), now)
-            except (KeyFileError, ValueError) as error:
-                log.error("capability key file not taken", error=str(error))
+            except Exception as error:  # (in the serving loop: keep the keys, never stop)
+                log.error("capability key file not taken", error=str(error) or repr(error))
             else:
                 log.info("capability keys read again", key_ids=keys.ring.key_ids())
             self._stamp = stamp

@@ -48,14 +48,23 @@ def _read(path: Path) -> tuple[bytes, os.stat_result]:
 
 
 def _parse(data: bytes, path: Path) -> Quotas:
+    """The quotas of the file's bytes; QuotaFileError whatever is wrong with them: anything
+    else (a RecursionError of deeply nested JSON, an OverflowError) would crash a start, or
+    escape ``QuotaFile.current`` into the master's serving loop."""
     try:
         content = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as error:
+    except RecursionError:
+        raise QuotaFileError(f"quotas file {path} is not JSON: nested too deeply to read") from None
+    except Exception as error:
         raise QuotaFileError(f"quotas file {path} is not JSON: {error}") from None
     try:
         return Quotas.from_json(content, f"quotas file {path}")
     except ValueError as error:
         raise QuotaFileError(str(error)) from None
+    except Exception as error:
+        raise QuotaFileError(
+            f"quotas file {path} is not a usable quotas file: {type(error).__name__}: {error}"
+        ) from None
 
 
 def _signature(stat: os.stat_result) -> tuple[int, int, int]:
@@ -76,7 +85,8 @@ class QuotaFile:
         self._checked = time.monotonic()
 
     def current(self) -> Quotas:
-        """The quotas in force: the file's if it changed and is good, else the last good."""
+        """The quotas in force: the file's if it changed and is good, else the last good
+        (whatever went wrong reading it: this runs in the master's serving loop)."""
         now = time.monotonic()
         if now - self._checked < self._check_interval:
             return self.quotas
@@ -90,7 +100,7 @@ class QuotaFile:
         try:
             data, stat = _read(self.path)
             quotas = _parse(data, self.path)
-        except QuotaFileError as error:
+        except Exception as error:  # (never into the serving loop that asked)
             log.warning(
                 "quotas file unusable; still using the quotas read from it before",
                 path=str(self.path),

@@ -15,6 +15,7 @@ build gRPC credentials: a command that only needs an ``ssl`` context does not lo
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import ssl
 import tempfile
@@ -23,6 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from stat import S_IMODE
 from typing import TYPE_CHECKING, Any
 
 from cryptography.exceptions import UnsupportedAlgorithm
@@ -226,11 +228,21 @@ class _Reloading:
 
 def write_atomically(path: Path, data: bytes, mode: int = 0o600) -> None:
     """Writes ``path`` whole or not at all: a reader sees the old file or the new one, never
-    a part (a temporary file in the same folder, flushed to disk, renamed over it)."""
+    a part (a temporary file in the same folder, flushed to disk, renamed over it). A new file
+    gets ``mode``; one that replaces a file keeps that file's owner, group and mode
+    (``keep_owner_and_mode``): ``sudo kvpool token revoke`` must leave the credentials file
+    readable by the service that owns it, or that service keeps the tokens it read before."""
     path = Path(path)
+    try:
+        old: os.stat_result | None = os.stat(path)
+    except FileNotFoundError:
+        old = None
     descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        os.fchmod(descriptor, mode)
+        if old is None:
+            os.fchmod(descriptor, mode)
+        else:
+            keep_owner_and_mode(descriptor, old, path)
         with os.fdopen(descriptor, "wb") as file:
             file.write(data)
             file.flush()
@@ -246,6 +258,24 @@ def write_atomically(path: Path, data: bytes, mode: int = 0o600) -> None:
             os.fsync(directory)
         finally:
             os.close(directory)
+
+
+def keep_owner_and_mode(descriptor: int, old: os.stat_result, path: Path) -> None:
+    """Gives the new copy (``descriptor``) of ``path`` the owner, group and mode of the file it
+    replaces (``old``). PermissionError, saying whom to run as, when the owner cannot be
+    kept: a copy its owner might not be able to read is never put in place."""
+    new = os.fstat(descriptor)
+    if (new.st_uid, new.st_gid) != (old.st_uid, old.st_gid):
+        try:
+            os.fchown(descriptor, old.st_uid, old.st_gid)
+        except PermissionError:
+            raise PermissionError(
+                errno.EPERM,
+                f"{path} belongs to uid {old.st_uid} (group {old.st_gid}) and a copy written by "
+                f"uid {os.geteuid()} cannot be given to them, so they might not read it: run "
+                "this as that user (or root)",
+            ) from None
+    os.fchmod(descriptor, S_IMODE(old.st_mode))  # (after fchown, which may clear bits)
 
 
 # --- gRPC ---------------------------------------------------------------------------------

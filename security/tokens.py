@@ -27,6 +27,7 @@ from typing import Any
 
 from kvpool.common.keys import key_problem
 from kvpool.common.logging import get_logger
+from kvpool.security.file_lock import LOCK_SUFFIX, exclusive_change
 from kvpool.security.identity import Identity, Role, name_problem, tenant_problem
 from kvpool.security.tls import write_atomically
 
@@ -45,6 +46,9 @@ MAX_TOKENS = 100_000
 CACHE_SIZE = 4096
 #: How often (seconds) the store looks at its file again, at most.
 CHECK_INTERVAL = 1.0
+#: The latest ``created`` a record may have (Unix time; the end of year 9998): any later, or
+#: not finite, and it is no time a listing could show.
+MAX_CREATED = 253_370_764_800.0
 
 
 class CredentialError(ValueError):
@@ -149,13 +153,23 @@ class TokenRecord:
             raise CredentialError(f"token id {token_id!r} is not 12 hex digits")
         if not isinstance(digest, str) or not DIGEST_PATTERN.fullmatch(digest):
             raise CredentialError(f"token {token_id}: its digest is not 64 hex digits")
-        if not isinstance(created, int | float) or isinstance(created, bool):
-            raise CredentialError(f"token {token_id}: 'created' is not a number")
+        if (problem := _created_problem(created)) is not None:
+            raise CredentialError(f"token {token_id}: {problem}")
         if not isinstance(tenant, str) or not isinstance(node_id, str):
             raise CredentialError(f"token {token_id}: tenant and node id are strings")
         if (problem := identity_problem(name, role, tenant, node_id)) is not None:
             raise CredentialError(f"token {token_id}: {problem}")
         return cls(token_id, digest, name, Role(role), tenant, node_id, float(created))
+
+
+def _created_problem(created: object) -> str | None:
+    """Why ``created`` is not a time of the file, or None: a number from 0 to MAX_CREATED
+    (an edited 1e300 or NaN would pass a type check and crash ``kvpool token list``)."""
+    if not isinstance(created, int | float) or isinstance(created, bool):
+        return "'created' is not a number"
+    if not 0 <= created <= MAX_CREATED:  # (NaN too: no comparison with it holds)
+        return f"'created' ({repr(created)[:24]}) is not a time from 0 to {MAX_CREATED:.0f}"
+    return None
 
 
 def new_token(
@@ -171,11 +185,35 @@ def new_token(
     return f"{TOKEN_PREFIX}.{token_id}.{secret}", record
 
 
+def _json_problem(error: Exception) -> str:
+    """What ``json.loads`` found wrong, said so a person can fix it."""
+    if isinstance(error, RecursionError):
+        return "it is nested too deeply to read"
+    return str(error) or type(error).__name__
+
+
 def _parse_file(data: bytes, path: Path) -> dict[str, TokenRecord]:
+    """The records of a credentials file; CredentialError, whatever is wrong with it: a
+    RecursionError (deeply nested JSON) or OverflowError escaping here would reach the
+    master's event loop, or crash its start."""
     try:
         content = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise CredentialError(f"credentials file {path} is not JSON: {error}") from None
+    except Exception as error:  # (RecursionError too: any file must get a clear answer)
+        raise CredentialError(
+            f"credentials file {path} is not JSON: {_json_problem(error)}"
+        ) from None
+    try:
+        return _records_of(content, path)
+    except CredentialError:
+        raise
+    except Exception as error:
+        raise CredentialError(
+            f"credentials file {path} is not a usable credentials file: "
+            f"{type(error).__name__}: {error}"
+        ) from None
+
+
+def _records_of(content: Any, path: Path) -> dict[str, TokenRecord]:
     if not isinstance(content, dict) or not isinstance(content.get("tokens"), list):
         raise CredentialError(
             f"credentials file {path} is not a kvpool credentials file (no 'tokens' list); "
@@ -244,20 +282,21 @@ class CredentialStore:
     def create(path: str | Path) -> CredentialStore:
         """A new, empty credentials file (readable by its owner only); never overwrites."""
         path = Path(path)
-        content = json.dumps({"version": FILE_VERSION, "tokens": []}).encode()
-        try:
-            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            raise CredentialError(f"credentials file {path} exists already") from None
-        except OSError as error:
-            raise CredentialError(
-                f"cannot create credentials file {path}: {error.strerror}"
-            ) from None
-        with os.fdopen(descriptor, "wb") as file:
-            file.write(content)
-            file.flush()
-            os.fsync(file.fileno())
+        with exclusive_change(path, _cannot("create", path)):
+            _write_empty(path)
         return CredentialStore(path)
+
+    @staticmethod
+    def open_or_create(path: str | Path) -> tuple[CredentialStore, bool]:
+        """The store of ``path``, made empty first when missing, and whether it was made:
+        of several ``kvpool token create`` on a new file at once, one makes it, the others
+        use it (never "exists already", never a file read half written)."""
+        path = Path(path)
+        with exclusive_change(path, _cannot("create", path)):
+            made = not path.exists()
+            if made:
+                _write_empty(path)
+        return CredentialStore(path), made
 
     def _read(self) -> tuple[bytes, os.stat_result]:
         with self.path.open("rb") as file:
@@ -279,7 +318,7 @@ class CredentialStore:
             try:
                 data, stat = self._read()
                 records = _parse_file(data, self.path)
-            except (OSError, CredentialError) as error:
+            except Exception as error:  # (never into the caller: it is every call's check)
                 log.warning(
                     "credentials file unusable; still using the tokens read from it before",
                     path=str(self.path),
@@ -356,8 +395,10 @@ class CredentialStore:
         return removed
 
     def _change(self, change: Callable[[dict[str, TokenRecord]], None]) -> None:
-        """Applies ``change`` to the file as it is now and writes it back whole."""
-        with self._lock:
+        """Applies ``change`` to the file as it is now and writes it back whole, holding the
+        file's lock (``exclusive_change``) from the read to the write: a threading lock alone
+        let another process's change, read before ours was written, write ours away."""
+        with self._lock, exclusive_change(self.path, _cannot("lock", self.path)):
             try:
                 data, _ = self._read()
             except OSError as error:
@@ -381,6 +422,33 @@ class CredentialStore:
                     f"cannot write credentials file {self.path}: {error.strerror}"
                 ) from None
             self._install(records, _signature(stat))
+
+
+def _cannot(doing: str, path: Path) -> Callable[[OSError], CredentialError]:
+    """What ``exclusive_change`` raises when the lock of ``path`` cannot be taken."""
+
+    def error(problem: OSError) -> CredentialError:
+        return CredentialError(
+            f"cannot {doing} credentials file {path} (its lock {path.name}{LOCK_SUFFIX}): "
+            f"{problem.strerror}"
+        )
+
+    return error
+
+
+def _write_empty(path: Path) -> None:
+    """A new credentials file of no tokens, mode 0600; CredentialError when one is there."""
+    content = json.dumps({"version": FILE_VERSION, "tokens": []}).encode()
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise CredentialError(f"credentials file {path} exists already") from None
+    except OSError as error:
+        raise CredentialError(f"cannot create credentials file {path}: {error.strerror}") from None
+    with os.fdopen(descriptor, "wb") as file:
+        file.write(content)
+        file.flush()
+        os.fsync(file.fileno())
 
 
 def _read_token_file(path: str, where: str) -> str:

@@ -11,9 +11,11 @@ imported (quotas.py, quota_file.py), and only when a command runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from kvpool.cli.one_line_errors import Refused, one_line_errors
@@ -104,6 +106,21 @@ def _load(path: str, *, missing_ok: bool) -> Any:
     return read_quotas(path)
 
 
+@contextlib.contextmanager
+def _changing(path: str) -> Iterator[None]:
+    """Held from reading the file to writing it back (``exclusive_change``, a lock beside
+    it): two ``kvpool quota set`` at once must both land, not the last one alone."""
+    from pathlib import Path
+
+    from kvpool.security.file_lock import exclusive_change
+
+    def cannot(error: OSError) -> Refused:
+        return Refused(f"cannot lock quotas file {path} (its lock {path}.lock): {error.strerror}")
+
+    with exclusive_change(Path(path), cannot):
+        yield
+
+
 def _save(path: str, quotas: Any) -> None:
     from pathlib import Path
 
@@ -141,10 +158,7 @@ def _value(name: str, size: bool, text: str) -> int | None:
 
 @one_line_errors(_value_errors)
 def _set(args: argparse.Namespace) -> int:
-    import dataclasses
-
     path = _path(args)
-    quotas = _load(path, missing_ok=True)
     changes = {
         name: _value(name, size, getattr(args, name))
         for name, size in QUOTA_OPTIONS
@@ -152,6 +166,18 @@ def _set(args: argparse.Namespace) -> int:
     }
     if not changes:
         raise Refused("give at least one quota to set (--objects, --dram-bytes, ...)")
+    with _changing(path):
+        whom = _apply(path, args, changes)
+    shown = ", ".join(f"{name}={'unlimited' if v is None else v}" for name, v in changes.items())
+    print(f"{whom}: {shown} (in {path})", file=sys.stderr)
+    return 0
+
+
+def _apply(path: str, args: argparse.Namespace, changes: dict[str, int | None]) -> str:
+    """Sets ``changes`` in the file as it is now (the caller holds its lock); whose they are."""
+    import dataclasses
+
+    quotas = _load(path, missing_ok=True)
     if args.default:
         quotas = dataclasses.replace(quotas, default=dataclasses.replace(quotas.default, **changes))
         whom = "the default quota"
@@ -164,9 +190,7 @@ def _set(args: argparse.Namespace) -> int:
         quotas = quotas.with_tenant(args.tenant, quota)
         whom = f"tenant {args.tenant!r}"
     _save(path, quotas)
-    shown = ", ".join(f"{name}={'unlimited' if v is None else v}" for name, v in changes.items())
-    print(f"{whom}: {shown} (in {path})", file=sys.stderr)
-    return 0
+    return whom
 
 
 @one_line_errors(_value_errors)
@@ -201,9 +225,12 @@ def _show(args: argparse.Namespace) -> int:
 @one_line_errors(_value_errors)
 def _unset(args: argparse.Namespace) -> int:
     path = _path(args)
-    quotas = _load(path, missing_ok=False)
-    if args.tenant not in quotas.tenants:
-        raise Refused(f"tenant {args.tenant!r} is not listed in {path}: see `kvpool quota show`")
-    _save(path, quotas.without_tenant(args.tenant))
+    with _changing(path):
+        quotas = _load(path, missing_ok=False)
+        if args.tenant not in quotas.tenants:
+            raise Refused(
+                f"tenant {args.tenant!r} is not listed in {path}: see `kvpool quota show`"
+            )
+        _save(path, quotas.without_tenant(args.tenant))
     print(f"tenant {args.tenant!r} now gets the default quota", file=sys.stderr)
     return 0

@@ -75,11 +75,9 @@ def _create(args: argparse.Namespace) -> int:
 
     path = _credentials_path(args)
     token, record = new_token(args.name, Role(args.role), args.tenant, args.node_id)
-    if not os.path.exists(path):
-        store = CredentialStore.create(path)
+    store, made = CredentialStore.open_or_create(path)  # (several at once: one makes it)
+    if made:
         print(f"created credentials file {path}", file=sys.stderr)
-    else:
-        store = CredentialStore(path)
     store.add(record)
     print(token)
     sys.stdout.flush()
@@ -92,10 +90,19 @@ def _create(args: argparse.Namespace) -> int:
     return 0
 
 
-@one_line_errors(_credential_errors)
-def _list(args: argparse.Namespace) -> int:
+def _shown_time(created: float) -> str:
+    """``created`` as a local date and time; the number itself where it is none (the file
+    is checked when read, but a listing must never crash on what it shows)."""
     import datetime
 
+    try:
+        return datetime.datetime.fromtimestamp(created).astimezone().isoformat(timespec="seconds")
+    except (OverflowError, OSError, ValueError):
+        return repr(created)
+
+
+@one_line_errors(_credential_errors)
+def _list(args: argparse.Namespace) -> int:
     from kvpool.security.tokens import CredentialStore
 
     path = _credentials_path(args)
@@ -108,9 +115,8 @@ def _list(args: argparse.Namespace) -> int:
 
     table = Table("id", "name", "role", "tenant", "node id", "created", box=None)
     for record in records:
-        created = datetime.datetime.fromtimestamp(record.created).astimezone()
         cells = (record.token_id, record.name, record.role.value, record.tenant, record.node_id)
-        table.add_row(*map(cell, cells), created.isoformat(timespec="seconds"))
+        table.add_row(*map(cell, cells), _shown_time(record.created))
     Console(soft_wrap=True).print(table)
     print(f"{len(records)} token(s)", file=sys.stderr)
     return 0
