@@ -15,12 +15,20 @@ One exception: a connection refused at a master address given directly, by a lin
 master has answered yet, fails at once. Nothing listens there, and waiting out the deadline
 (seconds) would only delay the same error: the address is wrong or the master is not started.
 Once a master has answered, a refusal means one restarting, and the call waits for it.
+
+Likewise a client certificate the master refuses (expired, not yet valid, of another CA): the
+master closes every TLS handshake, and no retry fixes that. A certificate out of its dates by
+this host's clock is refused before connecting; one the master refused with a TLS alert (the
+metadata lane), or whose handshakes it kept closing on a link it never answered (gRPC), fails
+the call saying that the master probably refused the certificate.
 """
 
 from __future__ import annotations
 
+import datetime
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -67,6 +75,17 @@ FIRST_BACKOFF = 0.01
 MAX_BACKOFF = 0.5
 #: Consecutive failures to reach a master before asking where the leader is now.
 FAILURES_BEFORE_RESOLVING = 2
+#: TLS handshakes the master closed, one after another on a link no master has answered,
+#: before a client that presents a certificate is told at once that the master refused it
+#: (a master restarting refuses the connection instead: it is waited for).
+CLOSED_HANDSHAKES_BEFORE_GIVING_UP = 4
+#: The TLS alerts a master sends about a client certificate it refuses (OpenSSL's names,
+#: "_" as " "): of a CA it does not trust, expired or not yet valid, or otherwise bad.
+CERTIFICATE_ALERTS = ("unknown ca", "certificate expired", "bad certificate", "certificate unknown")
+#: How far out of its validity dates a client certificate must be, by this host's clock,
+#: to be refused here before connecting: the master checks with its own clock, which may be
+#: a little behind or ahead (a certificate just made, or just expired, is left to it).
+CLOCK_LEEWAY = datetime.timedelta(minutes=5)
 
 
 class MasterLink:
@@ -123,6 +142,7 @@ class MasterLink:
         last_error = "no attempt made"
         not_proven = ""  # (a hinted leader's failed TLS check: said at the deadline)
         failures = 0
+        closed_handshakes = 0  # (consecutive: see CLOSED_HANDSHAKES_BEFORE_GIVING_UP)
         #: The lane could not be connected to: this attempt goes over gRPC, which tells
         #: whether the master is down (then the lane is tried again) or only its lane is
         #: out of reach (a firewall, a Service without the port: gRPC for a while).
@@ -132,11 +152,7 @@ class MasterLink:
             if remaining <= 0:
                 if not_proven and not_proven != last_error:
                     last_error += f"; before that, {not_proven}"
-                raise MasterUnavailable(
-                    f"master {self.address} did not answer {method} before the deadline "
-                    f"({last_error}). Check that `kvpool master` runs there and is reachable, "
-                    "or raise the client's timeout."
-                )
+                raise MasterUnavailable(self._deadline_passed(method, last_error))
             stub, leader, channel = self._stub_for_leader(deadline)
             if stub is None:
                 last_error = "no leader elected yet"
@@ -191,6 +207,11 @@ class MasterLink:
                 problem = _tls_problem(details) if code == lp.UNAVAILABLE else ""
                 if problem and not self._resolver.hinted(leader):  # no retry fixes that
                     raise MasterUnavailable(self._not_proven(leader, problem))
+                if code == lp.UNAVAILABLE and self._certificate_alert(details):
+                    raise MasterUnavailable(
+                        f"master {leader} did not answer {method}: "
+                        f"{self._handshake_closed_hint()} ({name}: {details})"
+                    )
                 if code == lp.UNAVAILABLE and self._nothing_listens(leader, details):
                     refused = ", ".join(sorted(self._refused))
                     raise MasterUnavailable(
@@ -223,6 +244,13 @@ class MasterLink:
                 elif code in RETRYABLE:
                     last_error = f"{leader}: {name}: {details}"
                     failures += 1
+                    closed = code == lp.UNAVAILABLE and _handshake_closed(details)
+                    closed_handshakes = closed_handshakes + 1 if closed else 0
+                    if self._certificate_refused(closed_handshakes):
+                        raise MasterUnavailable(
+                            f"master {leader} did not answer {method}: "
+                            f"{self._handshake_closed_hint()} ({name}: {details})"
+                        )
                     busy = code == lp.RESOURCE_EXHAUSTED
                     if failures >= FAILURES_BEFORE_RESOLVING and not busy:
                         failures = 0
@@ -265,6 +293,57 @@ class MasterLink:
             f"CA this client trusts ({ca or 'none given'}; {how}). Give the CA of the "
             "master's certificate (tls_ca=, KVPOOL_TLS_CA or --tls-ca)"
         )
+
+    def _deadline_passed(self, method: str, last_error: str) -> str:
+        """What a call that ran out of time is told: where the last failure was a TLS
+        handshake the master closed, the likely cause (a client certificate it refused, or
+        none where it requires one), else that the master may not run or be reachable."""
+        said = f"master {self.address} did not answer {method} before the deadline ({last_error})"
+        if _handshake_closed(last_error):
+            return f"{said}: {self._handshake_closed_hint()}."
+        return (
+            f"{said}. Check that `kvpool master` runs there and is reachable, or raise the "
+            "client's timeout."
+        )
+
+    def _handshake_closed_hint(self) -> str:
+        """Why a master closes the TLS handshake, for this client: with a certificate, it
+        probably refused it; without one, it probably requires one (--require-client-cert)."""
+        cert = self.credentials.tls.cert if self.credentials.tls else None
+        if cert is None:
+            return (
+                "the master closed the connection in the TLS handshake: it probably requires "
+                "a client certificate (--require-client-cert) and this client gave none. Give "
+                "one signed by the master's --tls-client-ca (tls_cert= and tls_key=, "
+                "KVPOOL_TLS_CERT and KVPOOL_TLS_KEY, or --tls-cert and --tls-key)"
+            )
+        return (
+            "the master closed the connection in the TLS handshake: it probably refused this "
+            f"client's certificate {cert}. Check its validity dates (`openssl x509 -noout "
+            f"-dates -in {cert}`) and that the CA of the master's --tls-client-ca signed it"
+        )
+
+    def _certificate_refused(self, closed_handshakes: int) -> bool:
+        """Whether the master has refused this client's certificate beyond doubt: it closed
+        CLOSED_HANDSHAKES_BEFORE_GIVING_UP handshakes in a row, and never answered this link
+        (no retry fixes a refused certificate: waiting out the deadline only hides why)."""
+        tls = self.credentials.tls
+        return (
+            tls is not None
+            and tls.cert is not None
+            and not self._answered
+            and closed_handshakes >= CLOSED_HANDSHAKES_BEFORE_GIVING_UP
+        )
+
+    def _certificate_alert(self, details: str) -> bool:
+        """Whether the master refused this client's certificate in so many words: a TLS alert
+        about it (the metadata lane checks a certificate it is given even where it does not
+        require one; Python's ssl reports the alert, where gRPC only sees the socket close)."""
+        tls = self.credentials.tls
+        if tls is None or tls.cert is None:
+            return False
+        lowered = details.lower().replace("_", " ")
+        return "alert" in lowered and any(alert in lowered for alert in CERTIFICATE_ALERTS)
 
     def _nothing_listens(self, leader: str, details: str) -> bool:
         """Whether ``leader`` refusing a connection means that no master is to be waited for:
@@ -367,6 +446,7 @@ class MasterLink:
             if leader != self._connected_to or self._stub is None:
                 replaced = self._channel
                 try:  # (the TLS files are read again for each channel: they may be rotated)
+                    _check_certificate_dates(self.credentials)
                     self._channel = self.credentials.channel(
                         leader,
                         options=[
@@ -400,6 +480,56 @@ class MasterLink:
             replaced = channel is not self._channel
         if replaced:
             channel.close()
+
+
+def _handshake_closed(details: str) -> bool:
+    """Whether gRPC's ``details`` say the master closed the connection as it was being made
+    (in the TLS handshake): "failed to connect to all addresses; ... Socket closed", or
+    "Secure read failed (Socket closed)". Under TLS 1.3 a master that refuses the client's
+    certificate (or requires one and got none) does so after the client's side of the
+    handshake is done, and the alert that says why is not what gRPC reports."""
+    lowered = details.lower()
+    return "socket closed" in lowered and any(
+        sign in lowered for sign in ("secure read failed", "handshake", "failed to connect")
+    )
+
+
+def _check_certificate_dates(credentials: CallerCredentials) -> None:
+    """TlsConfigError when the client certificate is expired or not yet valid by this host's
+    clock (beyond CLOCK_LEEWAY): the master would close every handshake, and the caller
+    would learn only that it did not answer."""
+    cert = credentials.tls.cert if credentials.tls else None
+    if cert is None:
+        return
+    problem = certificate_dates_problem(cert, datetime.datetime.now(datetime.UTC))
+    if problem:
+        raise TlsConfigError(problem)
+
+
+def certificate_dates_problem(path: Path, now: datetime.datetime) -> str:
+    """What is wrong with the validity dates of the certificate in ``path`` at ``now``
+    (beyond CLOCK_LEEWAY), or "". A file that does not parse is left to the TLS checks,
+    which say so."""
+    from cryptography import x509
+
+    try:
+        certificate = x509.load_pem_x509_certificate(path.read_bytes())
+    except (OSError, ValueError):
+        return ""
+    start, end = certificate.not_valid_before_utc, certificate.not_valid_after_utc
+    dates = f"valid from {start:%Y-%m-%d %H:%M:%S} to {end:%Y-%m-%d %H:%M:%S} UTC"
+    now_said = f"it is {now:%Y-%m-%d %H:%M:%S} UTC here"
+    if now > end + CLOCK_LEEWAY:
+        return (
+            f"the client certificate {path} has expired ({dates}; {now_said}), so the master "
+            "would refuse it: give a current one (or check this host's clock)"
+        )
+    if now < start - CLOCK_LEEWAY:
+        return (
+            f"the client certificate {path} is not valid yet ({dates}; {now_said}), so the "
+            "master would refuse it: wait until then, or check this host's clock"
+        )
+    return ""
 
 
 def _channel_closed(error: ValueError) -> bool:

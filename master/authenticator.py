@@ -64,8 +64,9 @@ class Authenticator:
             )
         raise _refused(
             "missing",
-            "no credentials: pass a token (KVPOOL_TOKEN, or Client(token=...)) or a client "
-            "certificate with a kvpool identity",
+            "no credentials: no token was given and no client certificate was received. Pass "
+            "a token (KVPOOL_TOKEN, --token, or Client(token=...)); a client certificate "
+            "proves an identity only where the master runs with --require-client-cert",
         )
 
     def revoked(self, token: str) -> bool:

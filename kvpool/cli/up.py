@@ -9,21 +9,43 @@ certificate, and the tokens it makes (an admin's, a client's of tenant ``default
 written, with the master's address and the CA, to ``client.env`` and ``admin.env`` in the
 run folder (readable by this user only): ``source`` one to talk to the cluster.
 ``--insecure`` runs it without.
+
+A run folder given again (``--run-dir``, kept after exit) starts a fresh cluster there: the
+throwaway CA, credentials and env files an earlier ``kvpool up`` left are replaced (they
+belong to a cluster that is gone), the logs go on in the same files, and anything else in it
+(an NVMe segment left by a crash) is left alone. ``kvpool-up.lock`` marks a folder as one
+``kvpool up`` runs in: a second one at the same time is refused, as is a folder whose
+credentials some other tool made. Errors are one ``error:`` line on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
+import os
 import shlex
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 from pathlib import Path
+from typing import IO
 
 from kvpool.common.sizes import parse_size
 from kvpool.local_cluster import ClusterError, LocalCluster, ManagedProcess
 from kvpool.security.tls import write_atomically
+from kvpool.security.tokens import CredentialError
+
+#: Kept open (locked) by the `kvpool up` that runs in a folder; marks it as one `kvpool up` made.
+LOCK_FILE = "kvpool-up.lock"
+#: What an earlier `kvpool up` made in its run folder for its throwaway cluster only: a new
+#: run replaces it (the cluster it served is gone, and its CA may have expired).
+THROWAWAY = ("credentials.json", "capability-keys.json", "client.env", "admin.env", "pki")
+
+
+class RunDirError(Exception):
+    """The run folder cannot be used; the message says why and what to do."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,16 +76,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.nodes < 1:
-        print("error: --nodes must be at least 1", flush=True)
-        return 2
+        return _error("--nodes must be at least 1", 2)
     for flag, size in (("--dram", args.dram), ("--nvme-size", args.nvme_size)):
         try:
             if size is not None:
                 parse_size(size)
         except ValueError as error:
-            print(f"error: {flag}: {error}", flush=True)
-            return 2
-    run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="kvpool-up-"))
+            return _error(f"{flag}: {error}", 2)
+    try:
+        run_dir = (
+            Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="kvpool-up-"))
+        )
+        lock = _claim_run_dir(run_dir)
+    except (OSError, RunDirError) as error:
+        return _error(str(error), 1)
+    try:
+        return _serve(args, run_dir)
+    finally:
+        lock.close()
+
+
+def _error(message: str, code: int) -> int:
+    """Says ``message`` as an ``error:`` line on stderr; ``code`` is the exit status."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    return code
+
+
+def _serve(args: argparse.Namespace, run_dir: Path) -> int:
+    """Starts the cluster in ``run_dir`` and serves until Ctrl-C (or a process exits)."""
+    nvme_dirs = [run_dir / f"node{i}-nvme" for i in range(args.nodes)] if args.nvme_size else []
     cluster = LocalCluster(0, args.dram, port=args.port, run_dir=run_dir, secure=not args.insecure)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -71,13 +112,17 @@ def run(args: argparse.Namespace) -> int:
     try:
         cluster.start()
         for i in range(args.nodes):
-            nvme = ["--nvme", str(run_dir / f"node{i}-nvme"), "--nvme-size", args.nvme_size]
-            cluster.add_node(extra=nvme if args.nvme_size else ())
+            nvme = ["--nvme", str(nvme_dirs[i]), "--nvme-size", args.nvme_size] if nvme_dirs else []
+            cluster.add_node(extra=nvme)
+        _write_env_files(cluster, run_dir)
     except ClusterError as error:
-        print(f"error: the cluster did not start:\n{error}", flush=True)
-        _stop(cluster, run_dir)
+        _error(f"the cluster did not start:\n{error}", 1)
+        _stop(cluster, run_dir, nvme_dirs)
         return 1
-    _write_env_files(cluster, run_dir)
+    except (OSError, CredentialError) as error:
+        _error(f"the cluster did not start: {error}", 1)
+        _stop(cluster, run_dir, nvme_dirs)
+        return 1
     _announce(cluster, args, run_dir)
     left: set[str] = set()  # nodes drained (`kvpool drain`) that left: the rest serve on
     try:
@@ -89,13 +134,79 @@ def run(args: argparse.Namespace) -> int:
             watched = [cluster.master, *(n for n in cluster.nodes if n.name not in left)]
             dead = [p.name for p in watched if p and not p.alive()]
             if dead:
-                print(f"error: {', '.join(dead)} exited; stopping\n{cluster.logs()}", flush=True)
-                return 1
+                return _error(f"{', '.join(dead)} exited; stopping\n{cluster.logs()}", 1)
     finally:
         print("stopping the cluster...", flush=True)
-        _stop(cluster, run_dir)
+        _stop(cluster, run_dir, nvme_dirs)
     print("stopped", flush=True)
     return 0
+
+
+def _claim_run_dir(run_dir: Path) -> IO[str]:
+    """Makes ``run_dir`` this run's (made if missing, readable by this user only): locks its
+    LOCK_FILE for as long as the file returned stays open, and clears what an earlier
+    `kvpool up` left of its throwaway cluster. RunDirError when another `kvpool up` runs
+    there, or when the folder holds credentials `kvpool up` did not make (never replaced:
+    they may be someone's real ones); OSError when the folder cannot be made or written."""
+    try:
+        run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except FileExistsError:
+        raise RunDirError(f"--run-dir {run_dir} is a file, not a folder: give a folder") from None
+    except OSError as error:
+        raise RunDirError(
+            f"cannot make the run folder {run_dir} (--run-dir): {error.strerror or error}"
+        ) from None
+    ours = (run_dir / LOCK_FILE).exists() or _left_by_earlier_up(run_dir)
+    if not ours and (run_dir / "credentials.json").exists():
+        raise RunDirError(
+            f"{run_dir} holds a credentials.json that `kvpool up` did not make: kvpool up "
+            "makes throwaway credentials of its own in its run folder (--run-dir), so give "
+            "it a new or empty folder"
+        )
+    lock = _lock(run_dir / LOCK_FILE)
+    _clear_throwaway(run_dir)
+    return lock
+
+
+def _left_by_earlier_up(run_dir: Path) -> bool:
+    """Whether ``run_dir`` is the folder of a `kvpool up` from before LOCK_FILE: its env
+    files beside its throwaway CA."""
+    return (run_dir / "admin.env").exists() and (run_dir / "pki" / "ca.key").exists()
+
+
+def _lock(path: Path) -> IO[str]:
+    """``path`` opened and locked (flock: released when this process ends, however it ends),
+    with this process's id in it; RunDirError naming the holder when another has it."""
+    try:
+        file = open(path, "a+")  # noqa: SIM115 (held open for the whole run)
+    except OSError as error:
+        raise RunDirError(f"cannot use the run folder {path.parent}: {error.strerror}") from None
+    try:
+        fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        file.seek(0)
+        holder = file.read().strip() or "?"
+        file.close()
+        raise RunDirError(
+            f"another `kvpool up` (pid {holder}) runs in {path.parent}: stop it first (Ctrl-C), "
+            "or give this one another --run-dir"
+        ) from None
+    file.truncate(0)
+    file.write(f"{os.getpid()}\n")
+    file.flush()
+    return file
+
+
+def _clear_throwaway(run_dir: Path) -> None:
+    """Removes the CA, credentials and env files an earlier `kvpool up` made in ``run_dir``
+    (see THROWAWAY): the new cluster makes its own, and a stale credentials file would stop
+    it. Logs, the master's tombstones and NVMe segments stay."""
+    for name in THROWAWAY:
+        path = run_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
 
 
 #: What a storage node logs when it leaves after a drain (storage_node/node.py): it drained,
@@ -153,9 +264,11 @@ def _write_env_files(cluster: LocalCluster, run_dir: Path) -> None:
         write_atomically(run_dir / name, ("\n".join(lines) + "\n").encode())
 
 
-def _stop(cluster: LocalCluster, run_dir: Path) -> None:
-    """Stops every process; removes the NVMe segments' files, keeps the logs."""
+def _stop(cluster: LocalCluster, run_dir: Path, nvme_dirs: list[Path]) -> None:
+    """Stops every process; removes the NVMe segments this run gave its nodes (--nvme-size:
+    removed at exit), keeps the logs. Other NVMe folders in ``run_dir`` (an earlier run's,
+    left by a crash) are not this run's to remove."""
     cluster.stop()
-    for nvme in run_dir.glob("node*-nvme"):
+    for nvme in nvme_dirs:
         shutil.rmtree(nvme, ignore_errors=True)
     print(f"logs kept in {run_dir}", flush=True)

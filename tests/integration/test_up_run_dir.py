@@ -1,0 +1,106 @@
+"""`kvpool up --run-dir D` keeps D after exit, so running it again there is the natural next
+step: it starts a fresh cluster (new throwaway CA and tokens, the env files rewritten) and
+leaves what is not its throwaway credentials alone. A second `kvpool up` in a folder one
+runs in, a folder whose credentials another tool made, a run folder that is a file or cannot
+be made: each is refused with one `error:` line on stderr and exit status 1, no traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from helpers import sourced
+
+KVPOOL = [sys.executable, "-m", "kvpool.cli.main"]
+UP = [*KVPOOL, "up", "--nodes", "1", "--dram", "16MiB", "--port", "0"]
+
+
+def start_up(run_dir: Path) -> tuple[subprocess.Popen[str], str]:
+    """A `kvpool up` in ``run_dir``, once it says it serves; and what it said."""
+    process = subprocess.Popen(
+        [*UP, "--run-dir", str(run_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    said = []
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        line = process.stdout.readline() if process.stdout else ""
+        if not line:
+            break
+        said.append(line)
+        if "Ctrl-C stops the cluster" in line:
+            return process, "".join(said)
+    process.kill()
+    _, errors = process.communicate(timeout=30)
+    raise AssertionError(f"kvpool up did not start:\n{''.join(said)}\n{errors}")
+
+
+def stop_up(process: subprocess.Popen[str]) -> None:
+    process.send_signal(signal.SIGINT)
+    _, errors = process.communicate(timeout=60)
+    assert process.returncode == 0, errors
+
+
+def refusal(*args: str) -> str:
+    """The one error line of a `kvpool up` that must refuse to start (exit status 1)."""
+    done = subprocess.run([*UP, *args], capture_output=True, text=True, timeout=90)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr + done.stdout, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, done.stderr
+    assert "error:" not in done.stdout, "errors go to stderr"
+    return errors[0]
+
+
+def admin_status(run_dir: Path) -> subprocess.CompletedProcess[str]:
+    env = os.environ | sourced(run_dir / "admin.env")
+    env.pop("KVPOOL_TOKEN_FILE", None)
+    return subprocess.run([*KVPOOL, "status"], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_kvpool_up_runs_again_in_the_run_dir_it_kept(tmp_path):
+    run_dir = tmp_path / "up"
+    first, _ = start_up(run_dir)
+    first_env = sourced(run_dir / "admin.env")
+    stop_up(first)
+    left_behind = run_dir / "node5-nvme" / "segment"  # (as a crashed run would leave it)
+    left_behind.parent.mkdir()
+    left_behind.write_bytes(b"kept")
+
+    second, said = start_up(run_dir)
+    try:
+        assert f"logs in {run_dir}" in said, said
+        status = admin_status(run_dir)
+        assert status.returncode == 0 and "1 node(s)" in status.stdout, status.stderr
+        assert sourced(run_dir / "admin.env")["KVPOOL_TOKEN"] != first_env["KVPOOL_TOKEN"]
+        line = refusal("--run-dir", str(run_dir))  # while the second one runs there
+        assert "another `kvpool up`" in line and str(second.pid) in line, line
+        assert admin_status(run_dir).returncode == 0, "the refused one left the running one be"
+    finally:
+        if second.poll() is None:
+            stop_up(second)
+    assert left_behind.read_bytes() == b"kept", "what is not its own, kvpool up leaves alone"
+    assert (run_dir / "master.log").read_text().count('"master started"') == 2, "logs go on"
+
+
+def test_kvpool_up_leaves_credentials_it_did_not_make_alone(tmp_path):
+    credentials = tmp_path / "credentials.json"
+    credentials.write_text('{"version": 1, "tokens": []}')
+    line = refusal("--run-dir", str(tmp_path))
+    assert "credentials.json" in line and "did not make" in line, line
+    assert credentials.read_text() == '{"version": 1, "tokens": []}'
+
+
+def test_kvpool_up_refuses_a_run_dir_it_cannot_make_in_one_line(tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    assert "is a file, not a folder" in refusal("--run-dir", str(a_file))
+    line = refusal("--run-dir", str(a_file / "below"))
+    assert "cannot make the run folder" in line, line
