@@ -10,6 +10,7 @@ from kvpool.errors import (
     InvalidKey,
     KVPoolError,
     NoSpace,
+    ObjectBeingWritten,
     ObjectExists,
     ObjectHasLease,
     ObjectNotFound,
@@ -47,7 +48,7 @@ def error_for(status: int, key: str, message: str = "") -> KVPoolError:
         case KeyStatus.ALREADY_EXISTS:
             # (the master's message says which of the two: it would only repeat the key)
             if "being written" in message:
-                return ObjectExists(
+                return ObjectBeingWritten(
                     f"object {shown} is already being written by another put: objects "
                     "are immutable; use another key, or remove it (force=True) and put again",
                     key=key,

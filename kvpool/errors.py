@@ -51,6 +51,12 @@ class ObjectExists(KVPoolError):
     """A put of a key that is published or being written: objects are immutable."""
 
 
+class ObjectBeingWritten(ObjectExists):
+    """A put of a key that another put is still writing. Unlike a published object, this
+    one may never be: if that other put fails, the key stays absent. An ``ObjectExists``
+    still (older callers catch that), but not proof that the object is stored."""
+
+
 class NoSpace(KVPoolError):
     """No segment can hold the object, even after eviction."""
 

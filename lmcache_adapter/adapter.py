@@ -7,9 +7,13 @@ What each LMCache call becomes:
   submission: a store still queued then fails without starting, so that a stalled master
   cannot keep LMCache's L1 objects (read-locked until the store reports) for longer than
   ``store_timeout_s``. A key that already exists counts as stored: objects are immutable
-  and the key names the content.
+  and the key names the content. A key that another put is still writing does not: that
+  write may yet fail (``ObjectBeingWritten``).
 - ``submit_lookup_and_lock_task``: one ``GetReplicas`` with a lease; the lease is the lock,
-  renewed until ``submit_unlock`` (see ``locks.py``).
+  renewed until ``submit_unlock`` and given back then (see ``locks.py``). Only a key the
+  master answers NOT_FOUND is gone; one refused a lease (a tenant's leases quota) is a
+  failed lookup of a chunk that is still there. A key that is no valid kvpool key (too
+  long, not UTF-8) is a miss, never sent.
 - ``submit_load_task``: one ``get_into_many`` on the load client, straight into L1, with a
   deadline counted from submission: whatever has not arrived by then is a miss. When the call
   returns, kvpool guarantees no transfer still writes into the buffers.
@@ -22,9 +26,14 @@ built, so that the first load is as fast as later ones (``connections.py``).
 
 Stores, lookups and loads each run on their own worker thread, and stores and loads on their
 own kvpool client (so their own UCX worker): a long store never delays a prefetch. The three
-event fds are distinct, and every result is handed out once. ``close`` stops accepting work,
-cancels queued tasks without touching their buffers, waits for the running ones (bounded by
-their deadlines), and only then releases UCX: after it returns nothing writes into L1.
+event fds are distinct, and every result is handed out once. A stalled master must not cost
+a call and a log line per queued task: a task left with less than ``MIN_BUDGET_SHARE`` of its
+timeout is not started, tasks starting just after a call the master did not answer fail at
+once (``stall.py``), and failures are logged once per kind and error every 10 s.
+
+``close`` stops accepting work, cancels queued tasks without touching their buffers, waits
+for the running ones (bounded by their deadlines), gives back the lock leases, and only then
+releases UCX: after it returns nothing writes into L1.
 """
 
 from __future__ import annotations
@@ -55,16 +64,25 @@ from lmcache.v1.memory_management import MemoryObj
 
 from kvpool import Client
 from kvpool.common.kept_errors import forget_tracebacks
+from kvpool.common.keys import key_problem, plainly_valid
 from kvpool.common.log_throttle import LogThrottle
 from kvpool.common.status import KeyStatus
-from kvpool.errors import ClientClosed, KVPoolError, ObjectExists, ObjectNotFound, ObjectNotReady
+from kvpool.errors import (
+    ClientClosed,
+    KVPoolError,
+    ObjectBeingWritten,
+    ObjectExists,
+    ObjectNotFound,
+    ObjectNotReady,
+)
 from kvpool.lmcache.arena import L1Arena
 from kvpool.lmcache.config import KVPoolL2AdapterConfig
 from kvpool.lmcache.connections import open_connections
-from kvpool.lmcache.control import ControlPlane
+from kvpool.lmcache.control import ControlPlane, Leased
 from kvpool.lmcache.health import Health, HealthProbe
 from kvpool.lmcache.keys import KeyCodec
 from kvpool.lmcache.locks import LockTable
+from kvpool.lmcache.stall import MasterStall
 from kvpool.lmcache.stats import Stats
 from kvpool.lmcache.tasks import Completions, Task, TaskIds, Worker
 
@@ -74,6 +92,12 @@ logger = init_logger(__name__)
 MIN_LOAD_BUDGET = 0.001
 #: A store with less time than this left is reported failed without starting.
 MIN_STORE_BUDGET = 0.001
+#: A store or lookup left with less than this share of its timeout when its turn comes
+#: (queued behind calls to a stalled master) is failed without starting: its call would
+#: only wait out the rest of its deadline.
+MIN_BUDGET_SHARE = 0.25
+#: Lookup statuses that are plain misses; any other (a quota) fails the lookup.
+MISSES = frozenset({KeyStatus.NOT_FOUND, KeyStatus.NOT_READY, KeyStatus.INVALID_KEY})
 #: Keys whose stored size the adapter remembers at most (about 200 bytes each).
 MAX_SIZES_KEPT = 1 << 18
 
@@ -102,11 +126,14 @@ class KVPoolL2Adapter(L2AdapterInterface):
         #: Tasks whose deadline passed while queued: one line per kind now and then, not one
         #: per task (a stalled master expires them by the thousand).
         self._expired_log = LogThrottle(burst=1, interval=10.0)
+        #: Failed tasks: one line per kind and error class every 10 s, with the count dropped.
+        self._failure_log = LogThrottle(burst=1, interval=10.0)
+        #: Keys that are no valid kvpool key: said once per model name (and kind).
+        self._invalid_log = LogThrottle(burst=1, interval=3600.0)
+        self._stall = MasterStall()
         ucx = config.ucx_config or None
         with ExitStack() as undo:
             credentials = config.credentials
-            self._control = ControlPlane(config.master, config.metadata_lane, credentials)
-            undo.callback(self._control.close)
             self._store_client = Client(
                 config.master,
                 replicas=config.replicas or None,  # 0 in the config: the master's default
@@ -129,6 +156,12 @@ class KVPoolL2Adapter(L2AdapterInterface):
                 **credentials.client_arguments(),
             )
             undo.callback(self._load_client.close)
+            # Lock leases under the load client's id: the master gives back only the lease
+            # of the client that leased last, and a load re-leases what a lookup locked.
+            self._control = ControlPlane(
+                config.master, config.metadata_lane, credentials, self._load_client.client_id
+            )
+            undo.callback(self._control.close)
             self._arena = L1Arena.of(l1_memory_desc)
             if config.register_l1 and l1_memory_desc is not None:
                 self._arena.register_with(
@@ -198,11 +231,13 @@ class KVPoolL2Adapter(L2AdapterInterface):
         self, task_id: int, keys: list[ObjectKey], objects: list[MemoryObj], deadline: float
     ) -> None:
         budget = deadline - time.monotonic()
-        if keys and budget < MIN_STORE_BUDGET:
-            # Queued behind slower stores until its deadline passed: failed at once (LMCache
-            # keeps the chunks in L1), instead of adding another full timeout to the queue.
+        skip = self._skip_reason(budget, self.config.store_timeout_s, MIN_STORE_BUDGET)
+        if keys and skip:
+            # Queued behind slower stores until (nearly) its deadline, or the master just did
+            # not answer: failed at once (LMCache keeps the chunks in L1), instead of adding
+            # another pointless call to the queue.
             self.stats.count_store(len(keys), 0, len(keys), 0)
-            self._log_expired("store", len(keys))
+            self._log_expired("store", len(keys), skip)
             self._stores.finish(task_id, L2StoreResult(False, 0))
             return
         names = self._codec.encode_all(keys)
@@ -216,11 +251,12 @@ class KVPoolL2Adapter(L2AdapterInterface):
         except KVPoolError as error:
             results = [error] * len(names)
         forget_tracebacks(results)  # (else they pin L1 views in a cycle: common/kept_errors.py)
+        self._stall.note(results, budget)
         stored_keys: list[ObjectKey] = []
         stored_sizes: list[int] = []
         failures: list[KVPoolError] = []
         for key, name, buffer, result in zip(keys, names, buffers, results, strict=True):
-            if isinstance(result, ObjectExists):
+            if isinstance(result, ObjectExists) and not isinstance(result, ObjectBeingWritten):
                 continue  # stored before (here or by another instance): same key, same bytes
             if isinstance(result, KVPoolError):
                 failures.append(result)
@@ -236,11 +272,8 @@ class KVPoolL2Adapter(L2AdapterInterface):
         written = sum(stored_sizes)
         self.stats.count_store(len(keys), len(stored_keys), len(failures), written)
         if failures:
-            logger.warning(
-                "kvpool L2 adapter: %d of %d chunk(s) not stored, first: %s",
-                len(failures),
-                len(keys),
-                failures[0],
+            self._log_failure(
+                "store", failures[0], f"{len(failures)} of {len(keys)} chunk(s) not stored"
             )
         if stored_keys:
             self._notify_keys_stored(stored_keys, stored_sizes)
@@ -273,26 +306,49 @@ class KVPoolL2Adapter(L2AdapterInterface):
     def _run_lookup(self, task_id: int, keys: list[ObjectKey], deadline: float) -> None:
         bitmap = Bitmap(len(keys))
         names = self._codec.encode_all(keys)
+        self._warn_invalid("lookup", keys, names)
         budget = deadline - time.monotonic()
-        hits: list[int] = []
-        if names and budget <= 0:
+        skip = self._skip_reason(budget, self.config.lookup_timeout_s, 0.0)
+        if names and skip:
             self.stats.count_lookup(len(names), 0, failed=True)
-            self._log_expired("lookup", len(names))
+            self._log_expired("lookup", len(names), skip)
         elif names:
             try:
-                leased = self._control.lease(names, self.config.lock_ttl_s, budget)
+                # (invalid keys are misses the master is never asked about: control.py)
+                leased = self._locks.lease_and_lock(names, budget)
             except KVPoolError as error:
-                logger.warning("kvpool L2 adapter: lookup of %d key(s): %s", len(names), error)
+                self._stall.note([error], budget)
+                self._log_failure("lookup", error, f"lookup of {len(names)} key(s)")
                 self.stats.count_lookup(len(names), 0, failed=True)
             else:
-                hits = [i for i, size in enumerate(leased.sizes) if size is not None]
-                self._locks.lock([names[i] for i in hits], leased.until)
-                bitmap.batched_set(hits)
-                self._forget_ghosts(
-                    [(keys[i], names[i]) for i, s in enumerate(leased.sizes) if s is None]
-                )
-                self.stats.count_lookup(len(names), len(hits))
+                self._lookup_found(keys, names, leased, bitmap)
         self._lookups.finish(task_id, bitmap)
+
+    def _lookup_found(
+        self, keys: list[ObjectKey], names: list[str], leased: Leased, bitmap: Bitmap
+    ) -> None:
+        """Sets the hits (already locked), forgets chunks the master says are gone, and
+        counts a lookup whose keys the master refused to lease (a tenant's leases quota) as
+        failed: those chunks are still there, not gone."""
+        hits = [i for i, size in enumerate(leased.sizes) if size is not None]
+        bitmap.batched_set(hits)
+        self._forget_ghosts([(keys[i], names[i]) for i in range(len(names)) if leased.gone(i)])
+        refused = [
+            i
+            for i, size in enumerate(leased.sizes)
+            if size is None and leased.statuses and leased.statuses[i] not in MISSES
+        ]
+        if refused:
+            status = _status_name(leased.statuses[refused[0]])
+            name = names[refused[0]]
+            error = KVPoolError(f"the master answered {status} for {name!r}", key=name)
+            self._log_failure(
+                f"lookup {status}",
+                error,
+                f"{len(refused)} of {len(names)} key(s) refused a lease, so missed (they "
+                "may still exist)",
+            )
+        self.stats.count_lookup(len(names), len(hits), failed=bool(refused))
 
     # ------------------------------------------------------------------ load
 
@@ -317,10 +373,11 @@ class KVPoolL2Adapter(L2AdapterInterface):
     ) -> None:
         bitmap = Bitmap(len(keys))
         budget = deadline - time.monotonic()
-        if not keys or budget < MIN_LOAD_BUDGET:
+        skip = "deadline" if budget < MIN_LOAD_BUDGET else "stall" if self._stall.stalled() else ""
+        if not keys or skip:
             self.stats.count_load(len(keys), 0, 0, timed_out=bool(keys))
             if keys:
-                self._log_expired("load", len(keys))
+                self._log_expired("load", len(keys), skip)
             self._loads.finish(task_id, bitmap)
             return
         names = self._codec.encode_all(keys)
@@ -332,6 +389,7 @@ class KVPoolL2Adapter(L2AdapterInterface):
         except KVPoolError as error:
             results = [error] * len(names)
         forget_tracebacks(results)
+        self._stall.note(results, budget)
         hits: list[int] = []
         errors: list[KVPoolError] = []
         ghosts: list[tuple[ObjectKey, str]] = []
@@ -348,12 +406,9 @@ class KVPoolL2Adapter(L2AdapterInterface):
         timed_out = time.monotonic() >= deadline
         self.stats.count_load(len(keys), len(hits), sum(len(buffers[i]) for i in hits), timed_out)
         if errors:
-            logger.warning(
-                "kvpool L2 adapter: %d of %d chunk(s) not loaded%s, first: %s",
-                len(errors),
-                len(keys),
-                " (deadline passed)" if timed_out else "",
-                errors[0],
+            late = " (deadline passed)" if timed_out else ""
+            self._log_failure(
+                "load", errors[0], f"{len(errors)} of {len(keys)} chunk(s) not loaded{late}"
             )
         self._forget_ghosts(ghosts)
         if hits:
@@ -365,6 +420,7 @@ class KVPoolL2Adapter(L2AdapterInterface):
     def delete(self, keys: list[ObjectKey]) -> None:
         """Removes ``keys`` from kvpool, except those this adapter holds locked (in use)."""
         names = self._codec.encode_all(keys)
+        self._warn_invalid("delete", keys, names)  # (never sent: control.py)
         chosen = [(k, n) for k, n in zip(keys, names, strict=True) if not self._locks.is_locked(n)]
         if not chosen or self._closed:
             return
@@ -373,7 +429,7 @@ class KVPoolL2Adapter(L2AdapterInterface):
                 [n for _, n in chosen], self.config.control_timeout_s, force=True
             )
         except (KVPoolError, ValueError) as error:  # (closed meanwhile: ClientClosed)
-            logger.warning("kvpool L2 adapter: delete of %d key(s): %s", len(chosen), error)
+            self._log_failure("delete", error, f"delete of {len(chosen)} key(s)")
             return
         removed = [p for p, status in zip(chosen, statuses, strict=True) if status == KeyStatus.OK]
         vanished = [
@@ -474,18 +530,52 @@ class KVPoolL2Adapter(L2AdapterInterface):
 
     # ------------------------------------------------------------------ accounting
 
-    def _log_expired(self, kind: str, keys: int) -> None:
-        """A task whose deadline passed while it waited behind others (a stalled master or
-        storage node): says so, at most once per kind every 10 s."""
-        dropped = self._expired_log.allow(kind)
+    def _skip_reason(self, budget: float, timeout: float, least: float) -> str:
+        """Why a store or lookup with ``budget`` seconds left is not started ("": it is):
+        "deadline" when it waited in the queue until less than ``MIN_BUDGET_SHARE`` of its
+        ``timeout`` (or ``least``) is left, "stall" just after the master did not answer."""
+        if budget <= least or budget < MIN_BUDGET_SHARE * timeout:
+            return "deadline"
+        return "stall" if self._stall.stalled() else ""
+
+    def _log_expired(self, kind: str, keys: int, reason: str = "deadline") -> None:
+        """A task not run: it waited (nearly) to its deadline behind others (a stalled master
+        or storage node), or the master had just failed to answer. Says so, at most once
+        per kind and reason every 10 s."""
+        dropped = self._expired_log.allow((kind, reason))
+        if dropped is None:
+            return
+        why = (
+            "was not run: the master did not answer a call just before"
+            if reason == "stall"
+            else "waited (nearly) to its deadline in the queue and was not run"
+        )
+        more = f" ({dropped} more since the last such line)" if dropped else ""
+        logger.warning("kvpool L2 adapter: a %s task of %d key(s) %s%s", kind, keys, why, more)
+
+    def _log_failure(self, kind: str, error: Exception, what: str) -> None:
+        """A failed task: at most one line per kind and error class every 10 s (a master or
+        node away fails every task, each with the same error), with the count dropped."""
+        dropped = self._failure_log.allow((kind, type(error).__name__))
         if dropped is not None:
-            logger.warning(
-                "kvpool L2 adapter: a %s task of %d key(s) waited past its deadline in the "
-                "queue and was not run%s",
-                kind,
-                keys,
-                f" ({dropped} more since the last such line)" if dropped else "",
-            )
+            more = f" ({dropped} more since the last such line)" if dropped else ""
+            logger.warning("kvpool L2 adapter: %s, first: %s%s", what, error, more)
+
+    def _warn_invalid(self, kind: str, keys: list[ObjectKey], names: list[str]) -> None:
+        """Keys that are no valid kvpool key (over 1024 bytes, lone surrogates) are misses
+        the master is never asked about: said once per model name, not per call."""
+        if plainly_valid(names):
+            return
+        for key, name in zip(keys, names, strict=True):
+            problem = key_problem(name)
+            if problem is not None and self._invalid_log.allow((kind, key.model_name)) is not None:
+                logger.warning(
+                    "kvpool L2 adapter: %s of keys of model %a: not kvpool keys (%s); they "
+                    "always miss",
+                    kind,
+                    key.model_name[:100],
+                    problem,
+                )
 
     def _forget_ghosts(self, pairs: list[tuple[ObjectKey, str]]) -> None:
         """Keys this adapter stored that kvpool no longer has (lost with their storage node,
@@ -504,6 +594,13 @@ class KVPoolL2Adapter(L2AdapterInterface):
                     sizes.append(size or 0)
         if keys:
             self._notify_keys_deleted(keys, sizes)
+
+
+def _status_name(status: int) -> str:
+    try:
+        return KeyStatus(status).name
+    except ValueError:
+        return f"status {status}"
 
 
 def _check_pairs(keys: list[ObjectKey], objects: list[MemoryObj]) -> None:

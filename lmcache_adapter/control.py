@@ -8,7 +8,15 @@ health probe within a second, while a delete may wait longer.
 Lookup-and-lock is ``GetReplicas`` with a lease: one round trip per batch, and the lease is
 the lock (a leased object is neither evicted nor removed without force). ``kvpool.Client``
 has no public call that only takes leases, so this talks to the master through the client's
-``MasterLink`` directly.
+``MasterLink`` directly. ``release`` (``ReleaseLeases``) ends the leases early, at unlock.
+
+The master ends only the lease of the client that leased an object last, so the control
+plane leases under the load client's id (``client_id``): a load of a locked chunk then
+renews that same lease instead of taking it over, and one release ends both.
+
+Keys that are no valid kvpool key (over 1024 bytes of UTF-8, lone surrogates) are never
+sent: the master would refuse the whole batch for one of them (and protobuf cannot even
+encode a lone surrogate). They answer ``INVALID_KEY`` here, as the master would per key.
 """
 
 from __future__ import annotations
@@ -19,18 +27,40 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvpool.client.master_link import MasterLink
+from kvpool.common.keys import key_problem, plainly_valid
 from kvpool.common.status import KeyStatus
+from kvpool.errors import KVPoolError
 from kvpool.proto import master_pb2 as pb
 from kvpool.security.caller import CallerCredentials
+
+#: Statuses of a lease that mean the object is not there to hold: nothing to renew, and a
+#: chunk this adapter stored is gone. Any other non-OK status (a tenant's leases quota
+#: reached, a write in progress, a status this client does not know) says nothing of that.
+GONE = frozenset({KeyStatus.NOT_FOUND, KeyStatus.INVALID_KEY})
 
 
 @dataclass(frozen=True, slots=True)
 class Leased:
-    """Outcome of a lease batch: the size of each leased key (None: absent) and the moment,
-    on this process's monotonic clock, before which every lease surely still holds."""
+    """Outcome of a lease batch: the size of each leased key (None: not leased), the moment,
+    on this process's monotonic clock, before which every lease surely still holds, and each
+    key's KeyStatus as a number (empty: every None size was NOT_FOUND)."""
 
     sizes: list[int | None]
     until: float
+    statuses: Sequence[int] = ()
+
+    def gone(self, index: int) -> bool:
+        """Whether key ``index`` is surely not in kvpool (not merely refused a lease)."""
+        if not self.statuses:
+            return self.sizes[index] is None
+        return self.statuses[index] in GONE
+
+
+def valid_indexes(keys: Sequence[str]) -> list[int]:
+    """Indexes of the keys the master would take (all of them, nearly always: checked fast)."""
+    if plainly_valid(keys):
+        return list(range(len(keys)))
+    return [i for i, key in enumerate(keys) if key_problem(key) is None]
 
 
 class ControlPlane:
@@ -39,39 +69,70 @@ class ControlPlane:
         master: str,
         metadata_lane: bool = True,
         credentials: CallerCredentials | None = None,
+        client_id: str | None = None,
     ) -> None:
         self.master = master
-        self.client_id = f"lmcache-{uuid.uuid4().hex}"
+        self.client_id = client_id or f"lmcache-{uuid.uuid4().hex}"
         self._link = MasterLink(master, use_lane=metadata_lane, credentials=credentials)
 
     def lease(self, keys: Sequence[str], ttl: float, timeout: float) -> Leased:
-        """Leases every existing key for ``ttl`` seconds (one round trip); raises
-        ``MasterUnavailable`` when the master does not answer within ``timeout``."""
+        """Leases every existing key for ``ttl`` seconds (one round trip, none when no key is
+        valid); raises ``MasterUnavailable`` when the master does not answer within
+        ``timeout``."""
         sent_at = time.monotonic()
+        valid = valid_indexes(keys)
+        sizes: list[int | None] = [None] * len(keys)
+        statuses: list[int] = [KeyStatus.INVALID_KEY] * len(keys)
+        if not valid:
+            return Leased(sizes, sent_at + ttl, statuses)
         response = self._link.call(
             "GetReplicas",
             pb.GetReplicasRequest(
-                client_id=self.client_id, keys=list(keys), lease_ms=max(1, int(ttl * 1000))
+                client_id=self.client_id,
+                keys=[keys[i] for i in valid],
+                lease_ms=max(1, int(ttl * 1000)),
             ),
             sent_at + timeout,
         )
-        sizes = [
-            location.size if location.status == KeyStatus.OK else None
-            for location in response.objects
-        ]
+        if len(response.objects) != len(valid):
+            raise KVPoolError(f"the master answered {len(response.objects)} of {len(valid)} keys")
+        for i, location in zip(valid, response.objects, strict=True):
+            statuses[i] = location.status
+            sizes[i] = location.size if location.status == KeyStatus.OK else None
         # The master counts the lease from the request's arrival, so counting it from
         # before sending can only end our estimate early, never late.
-        return Leased(sizes, sent_at + response.lease_ms / 1000.0)
+        return Leased(sizes, sent_at + response.lease_ms / 1000.0, statuses)
+
+    def release(self, keys: Sequence[str], timeout: float) -> int:
+        """Ends this client's leases on ``keys`` now (``ReleaseLeases``), instead of when
+        they run out: unlocked chunks count against the tenant's leases quota and are kept
+        from eviction until then. Returns how many leases ended."""
+        valid = [keys[i] for i in valid_indexes(keys)]
+        if not valid:
+            return 0
+        response = self._link.call(
+            "ReleaseLeases",
+            pb.ReleaseLeasesRequest(client_id=self.client_id, keys=valid),
+            time.monotonic() + timeout,
+        )
+        return int(response.released)
 
     def remove(self, keys: Sequence[str], timeout: float, *, force: bool) -> list[int]:
         """Each key's KeyStatus as a number (a newer master's status this one does not know
-        stays a number, and is neither removed nor missing)."""
+        stays a number, and is neither removed nor missing). Invalid keys are INVALID_KEY,
+        unsent."""
+        statuses: list[int] = [KeyStatus.INVALID_KEY] * len(keys)
+        valid = valid_indexes(keys)
+        if not valid:
+            return statuses
         response = self._link.call(
             "Remove",
-            pb.RemoveRequest(client_id=self.client_id, keys=list(keys), force=force),
+            pb.RemoveRequest(client_id=self.client_id, keys=[keys[i] for i in valid], force=force),
             time.monotonic() + timeout,
         )
-        return list(response.statuses)
+        for i, status in zip(valid, response.statuses, strict=True):
+            statuses[i] = status
+        return statuses
 
     def list_keys(
         self, prefix: str, limit: int, start_after: str, timeout: float

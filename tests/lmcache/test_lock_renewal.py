@@ -15,6 +15,7 @@ import pytest
 from google.protobuf.message import DecodeError
 from helpers import wait_until
 
+from kvpool.common.status import KeyStatus
 from kvpool.errors import ClientClosed
 from kvpool.lmcache.control import Leased
 from kvpool.lmcache.locks import LockTable
@@ -78,3 +79,60 @@ def test_a_closed_client_ends_the_renewals():
     assert wait_until(lambda: not table.alive(), timeout=10)
     assert control.calls == 1
     table.stop()
+
+
+class RefusingControl(FailingControl):
+    """Refuses the first renewals for the tenant's leases quota (the object is still
+    there), then grants them; records the keys given back."""
+
+    def __init__(self, refusals: int) -> None:
+        super().__init__([])
+        self.refusals = refusals
+        self.granted = 0
+        self.released: list[str] = []
+
+    def lease(self, keys, ttl, timeout) -> Leased:
+        with self.lock:
+            self.calls += 1
+            if self.refusals:
+                self.refusals -= 1
+                until = time.monotonic() + ttl
+                return Leased([None] * len(keys), until, [KeyStatus.QUOTA_EXCEEDED] * len(keys))
+            self.granted += 1
+        return Leased([4096] * len(keys), time.monotonic() + ttl, [KeyStatus.OK] * len(keys))
+
+    def release(self, keys, timeout) -> int:
+        with self.lock:
+            self.released.extend(keys)
+        return len(keys)
+
+
+def test_a_renewal_refused_for_a_quota_is_retried_not_given_up():
+    # Only NOT_FOUND means the object is gone; a refused lease is retried until granted.
+    control = RefusingControl(refusals=2)
+    table = LockTable(control, ttl=0.4, timeout=1.0)
+    try:
+        table.lock(["k"], time.monotonic() + 0.4)
+        assert wait_until(lambda: control.granted >= 2, timeout=10)
+        assert table.renewal_failures == 2
+    finally:
+        table.stop()
+
+
+def test_the_last_unlock_gives_the_lease_back_and_stop_gives_back_the_rest():
+    control = RefusingControl(refusals=0)
+    table = LockTable(control, ttl=30.0, timeout=1.0)
+    try:
+        until = time.monotonic() + 30
+        table.lock(["a", "b", "c"], until)
+        table.lock(["a"], until)
+        table.unlock(["a", "b"])  # a: one lock left
+        assert wait_until(lambda: control.released == ["b"], timeout=5)
+        table.unlock(["a"])
+        assert wait_until(lambda: control.released == ["b", "a"], timeout=5)
+        table.unlock(["a"])  # not locked: nothing to give back again
+        time.sleep(0.2)
+        assert control.released == ["b", "a"]
+    finally:
+        table.stop()
+    assert control.released == ["b", "a", "c"]  # c was still locked
