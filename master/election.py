@@ -59,9 +59,11 @@ ETCD_RECEIVE_LIMIT = ETCD_PAGE_KEYS * ETCD_VALUE_BYTES + (4 << 20)
 
 #: A node's registration in etcd: a node that serves (a new leader waits for it), or one that
 #: went away (declared dead, or it unmounted all its segments) at a time, ``AWAY`` followed
-#: by the Unix time in whole seconds.
+#: by the Unix time in whole seconds, and ``LOST`` and a count where it left a drain with
+#: objects it alone held (a new leader answers ``kvpool drain`` with DATA_LOSS for it).
 LIVE = b""
 AWAY = b"away:"
+LOST = b":lost="
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +75,8 @@ class ClusterNodes:
     #: Nodes away (for less than tombstones.MAX_AGE): not waited for, but they may come
     #: back holding objects that end meanwhile.
     away: set[str] = field(default_factory=set)
+    #: Nodes away that left a drain with objects lost (how many).
+    lost: dict[str, int] = field(default_factory=dict)
 
 
 class AlwaysLeader:
@@ -86,7 +90,7 @@ class AlwaysLeader:
     def node_seen(self, node_id: str) -> None:
         pass
 
-    def node_gone(self, node_id: str) -> None:
+    def node_gone(self, node_id: str, lost: int = 0) -> None:
         pass
 
 
@@ -173,17 +177,22 @@ class Election:
         """The node mounts a segment: it serves."""
         self._want(node_id, LIVE)
 
-    def node_gone(self, node_id: str) -> None:
+    def node_gone(self, node_id: str, lost: int = 0) -> None:
         """The node was declared dead, or unmounted its last segment: it is away (it may
-        come back, a paused process or a node with its disk, holding what it held)."""
-        self._want(node_id, AWAY + b"%d" % int(time.time()))
+        come back, a paused process or a node with its disk, holding what it held).
+        ``lost``: the objects it alone held that its drain did not copy away."""
+        value = AWAY + b"%d" % int(time.time())
+        self._want(node_id, value + LOST + b"%d" % lost if lost > 0 else value)
 
     def _want(self, node_id: str, value: bytes) -> None:
         if self._client is None or not self.is_leader:
             return
         current = self._wanted.get(node_id, self._registered.get(node_id))
         if current == value or (
-            current is not None and current.startswith(AWAY) and value.startswith(AWAY)
+            current is not None
+            and current.startswith(AWAY)
+            and value.startswith(AWAY)
+            and _lost_of(value) <= _lost_of(current)
         ):
             return  # (away since then already: the first time counts, for MAX_AGE)
         self._wanted[node_id] = value
@@ -214,13 +223,15 @@ class Election:
             value = bytes(kv.value)
             if value.startswith(AWAY):
                 try:
-                    since = float(value[len(AWAY) :])
+                    since = float(value[len(AWAY) :].partition(LOST)[0])
                 except ValueError:
                     since = now  # (unreadable: away, from now on)
                 if now - since > MAX_AGE:
                     expired.append(kv.key)
                     continue
                 nodes.away.add(node_id)
+                if lost := _lost_of(value):
+                    nodes.lost[node_id] = lost
             else:
                 nodes.live.add(node_id)
             registered[node_id] = value
@@ -373,3 +384,12 @@ def _short(reason: str, limit: int = 200) -> str:
     """``reason`` on one line, at most ``limit`` characters (it ends up in a probe's answer)."""
     line = " ".join(reason.split())
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _lost_of(registration: bytes) -> int:
+    """The objects lost that a node's registration says it left with (0: none, or unreadable)."""
+    _, found, count = registration.partition(LOST)
+    try:
+        return max(0, int(count)) if found else 0
+    except ValueError:
+        return 0

@@ -277,7 +277,8 @@ class MasterHandlers:
         def answer(result: tuple[int, float]) -> pb.UnmountSegmentResponse:
             lost, drain = result
             if self.registry is not None and request.node_id not in core.state.nodes:
-                self.registry.node_gone(request.node_id)  # (its last: it left, away now)
+                lost = core.state.left_with_losses.get(request.node_id, 0)
+                self.registry.node_gone(request.node_id, lost)  # (its last: it left, away now)
             return pb.UnmountSegmentResponse(objects_removed=lost, drain_ms=int(drain * 1000))
 
         return self.driver.call(

@@ -544,6 +544,8 @@ async def serve(
             state.restore_tombstones(tombstones)
             if nodes.away:  # (not waited for: what ends from now on is refused at their return)
                 state.nodes_unheard(nodes.away)
+            for node_id, lost in nodes.lost.items():  # (`kvpool drain` hears of it still)
+                state.remember_loss(node_id, lost)
             driver.reset(
                 MasterCore(state, awaited_nodes=nodes.live, rebuild_window=config.node_ttl)
             )
@@ -694,7 +696,7 @@ class _NodesLeaving:
         if self._nodes or nodes:
             current = set(nodes)
             for node_id in self._nodes - current:
-                registry.node_gone(node_id)
+                registry.node_gone(node_id, core.state.left_with_losses.get(node_id, 0))
             self._nodes = current
         for node_id in core.take_nodes_not_heard():
             if node_id not in nodes:
@@ -737,7 +739,7 @@ def _tick(
         )
     if registry is not None:
         for node_id in report.dead_nodes:
-            registry.node_gone(node_id)
+            registry.node_gone(node_id, core.state.left_with_losses.get(node_id, 0))
         if leaving is not None:
             leaving.check(core, registry)
     if report.reservations_reclaimed:

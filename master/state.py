@@ -543,7 +543,7 @@ class MasterState:
         draining = node is not None and node.draining
         lost = self._drop_segments([segment_id])
         if draining and lost:  # (its drain deadline passed before all was copied away)
-            self._remember_loss(node_id, lost)
+            self.remember_loss(node_id, lost)
         if node is not None and not node.segment_ids:
             self._node_gone(node)
         return lost, drain_until - now
@@ -827,7 +827,7 @@ class MasterState:
             left_bytes += record.size
         return DrainProgress(True, left, left_bytes, others)
 
-    def _remember_loss(self, node_id: str, lost: int) -> None:
+    def remember_loss(self, node_id: str, lost: int) -> None:
         """A draining node left (at its deadline) or died with ``lost`` objects only it held."""
         left = self.left_with_losses
         left[node_id] = left.pop(node_id, 0) + lost
@@ -2741,7 +2741,7 @@ class MasterState:
         report.objects_lost += self._drop_segments([s for n in dead for s in n.segment_ids])
         for node_id, lost in losses.items():
             if lost:
-                self._remember_loss(node_id, lost)
+                self.remember_loss(node_id, lost)
         for node in dead:
             report.dead_nodes.append(node.node_id)
             self._node_gone(node)

@@ -24,7 +24,7 @@ from kvpool.master.config import MasterConfig
 from kvpool.master.core import MasterCore
 from kvpool.master.election import AWAY, ETCD_ERRORS, ClusterNodes, Election
 from kvpool.master.main import _NodesLeaving
-from kvpool.master.records import SegmentInfo
+from kvpool.master.records import Commit, PutOptions, SegmentInfo
 from kvpool.master.state import MasterState
 from kvpool.master.tombstones import MAX_AGE
 from kvpool.security.etcd_tls import etcd_client
@@ -77,6 +77,7 @@ def test_the_next_leader_finds_live_nodes_to_wait_for_and_away_nodes_not_to(tmp_
                     first.node_seen(node)  # (each mounts)
                 first.node_gone("dies")  # (declared dead)
                 first.node_gone("leaves")  # (unmounted its last segment)
+                first.node_gone("leaves", lost=3)  # (at its drain deadline: 3 objects lost)
                 first.node_gone("returns")
                 await written(first)
                 first.node_seen("returns")  # (it mounts again)
@@ -96,7 +97,7 @@ def test_the_next_leader_finds_live_nodes_to_wait_for_and_away_nodes_not_to(tmp_
     # an away mark older than MAX_AGE went (a node away that long was replaced)
     assert found_first == ClusterNodes(live={"older-master"}, away=set())
     assert found_second == ClusterNodes(
-        live={"older-master", "stays", "returns"}, away={"dies", "leaves"}
+        live={"older-master", "stays", "returns"}, away={"dies", "leaves"}, lost={"leaves": 3}
     )
     assert NODES + b"replaced" not in stored
     since = int(stored[NODES + b"dies"][len(AWAY) :])
@@ -122,9 +123,12 @@ class Registry:
 
     def __init__(self) -> None:
         self.gone: list[str] = []
+        self.lost: dict[str, int] = {}
 
-    def node_gone(self, node_id: str) -> None:
+    def node_gone(self, node_id: str, lost: int = 0) -> None:
         self.gone.append(node_id)
+        if lost:
+            self.lost[node_id] = lost
 
 
 def segment(node: str) -> SegmentInfo:
@@ -155,7 +159,7 @@ def test_the_registry_hears_of_each_node_that_leaves_and_of_each_the_window_went
     assert registry.gone == []
     core.unmount_segment(10, "n2", "n2/dram0")  # (a graceful leave)
     leaving.check(core, registry)
-    assert registry.gone == ["n2"]
+    assert registry.gone == ["n2"] and registry.lost == {}
     now[0] += 5.5  # (n3 silent past its TTL; the window passed without "ghost")
     core.heartbeat(11, "n1", ["n1/dram0"])
     core.tick()
@@ -169,6 +173,30 @@ def test_the_registry_hears_of_each_node_that_leaves_and_of_each_the_window_went
     )
     leaving.check(next_term, registry)
     assert len(registry.gone) == told
+
+
+def test_a_node_that_left_its_drain_with_objects_lost_is_registered_with_them():
+    """So that the next leader still answers `kvpool drain` for it with DATA_LOSS (it reads
+    them back: test_the_next_leader_finds_live_nodes_to_wait_for_and_away_nodes_not_to)."""
+    state = MasterState(MasterConfig(), clock=lambda: 1_000.0)
+    core = MasterCore(state, awaited_nodes=set(), rebuild_window=0.0)
+    registry, leaving = Registry(), _NodesLeaving()
+    for call, node in enumerate(("n1", "n2")):
+        core.mount_segment(call, segment(node), [], False, 0.0)
+    leaving.check(core, registry)
+    options = PutOptions(replicas=1, preferred_hosts=("n2.cluster.local",))
+    [slot] = core.put_start(7, "c", ["k"], [4096], options).answers[7]
+    assert slot.replicas[0].segment.node_id == "n2", slot
+    effects = core.put_end(8, [Commit("k", slot.put_id, (True,))])
+    for command in effects.transmit:
+        core.node_answered(command.node_id, command.command_id, True)
+
+    core.drain(9, "n2")  # (nothing copied away before it leaves: its deadline passed)
+    core.unmount_segment(10, "n2", "n2/dram0")
+    leaving.check(core, registry)
+
+    assert registry.gone == ["n2"]
+    assert registry.lost == {"n2": 1}
 
 
 def etcd_value(etcd: EtcdProcess, key: bytes) -> bytes:
