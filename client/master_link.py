@@ -19,8 +19,10 @@ Once a master has answered, a refusal means one restarting, and the call waits f
 Likewise a client certificate the master refuses (expired, not yet valid, of another CA): the
 master closes every TLS handshake, and no retry fixes that. A certificate out of its dates by
 this host's clock is refused before connecting; one the master refused with a TLS alert (the
-metadata lane), or whose handshakes it kept closing on a link it never answered (gRPC), fails
-the call saying that the master probably refused the certificate.
+metadata lane) fails the call at once, saying that the master refused the certificate.
+Handshakes closed with no alert (gRPC's "Socket closed") are retried to the deadline: a
+master at its connection cap, or a proxy with no master behind it yet, closes them the same
+way; the deadline's message then names the likely cause.
 """
 
 from __future__ import annotations
@@ -75,10 +77,6 @@ FIRST_BACKOFF = 0.01
 MAX_BACKOFF = 0.5
 #: Consecutive failures to reach a master before asking where the leader is now.
 FAILURES_BEFORE_RESOLVING = 2
-#: TLS handshakes the master closed, one after another on a link no master has answered,
-#: before a client that presents a certificate is told at once that the master refused it
-#: (a master restarting refuses the connection instead: it is waited for).
-CLOSED_HANDSHAKES_BEFORE_GIVING_UP = 4
 #: The TLS alerts a master sends about a client certificate it refuses (OpenSSL's names,
 #: "_" as " "): of a CA it does not trust, expired or not yet valid, or otherwise bad.
 CERTIFICATE_ALERTS = ("unknown ca", "certificate expired", "bad certificate", "certificate unknown")
@@ -142,7 +140,6 @@ class MasterLink:
         last_error = "no attempt made"
         not_proven = ""  # (a hinted leader's failed TLS check: said at the deadline)
         failures = 0
-        closed_handshakes = 0  # (consecutive: see CLOSED_HANDSHAKES_BEFORE_GIVING_UP)
         #: The lane could not be connected to: this attempt goes over gRPC, which tells
         #: whether the master is down (then the lane is tried again) or only its lane is
         #: out of reach (a firewall, a Service without the port: gRPC for a while).
@@ -244,13 +241,6 @@ class MasterLink:
                 elif code in RETRYABLE:
                     last_error = f"{leader}: {name}: {details}"
                     failures += 1
-                    closed = code == lp.UNAVAILABLE and _handshake_closed(details)
-                    closed_handshakes = closed_handshakes + 1 if closed else 0
-                    if self._certificate_refused(closed_handshakes):
-                        raise MasterUnavailable(
-                            f"master {leader} did not answer {method}: "
-                            f"{self._handshake_closed_hint()} ({name}: {details})"
-                        )
                     busy = code == lp.RESOURCE_EXHAUSTED
                     if failures >= FAILURES_BEFORE_RESOLVING and not busy:
                         failures = 0
@@ -321,18 +311,6 @@ class MasterLink:
             "the master closed the connection in the TLS handshake: it probably refused this "
             f"client's certificate {cert}. Check its validity dates (`openssl x509 -noout "
             f"-dates -in {cert}`) and that the CA of the master's --tls-client-ca signed it"
-        )
-
-    def _certificate_refused(self, closed_handshakes: int) -> bool:
-        """Whether the master has refused this client's certificate beyond doubt: it closed
-        CLOSED_HANDSHAKES_BEFORE_GIVING_UP handshakes in a row, and never answered this link
-        (no retry fixes a refused certificate: waiting out the deadline only hides why)."""
-        tls = self.credentials.tls
-        return (
-            tls is not None
-            and tls.cert is not None
-            and not self._answered
-            and closed_handshakes >= CLOSED_HANDSHAKES_BEFORE_GIVING_UP
         )
 
     def _certificate_alert(self, details: str) -> bool:

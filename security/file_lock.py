@@ -10,6 +10,7 @@ is replaced by each change, so a lock on it would hold the old copy.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 from collections.abc import Callable, Iterator
@@ -17,6 +18,9 @@ from pathlib import Path
 
 #: What the lock of a file is named after it: ``NAME.lock``, beside it.
 LOCK_SUFFIX = ".lock"
+#: The lock file's mode: it holds nothing, and a lock taken by root (``sudo kvpool token``)
+#: must not keep the file's own user from opening it to wait its turn.
+LOCK_MODE = 0o644
 
 
 def _lock(lock_path: Path) -> int:
@@ -24,8 +28,17 @@ def _lock(lock_path: Path) -> int:
     removed by the holder before us (``_unlock``) is not the lock any more: lock the new one."""
     flags = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
     while True:
-        descriptor = os.open(lock_path, flags, 0o600)
         try:
+            descriptor = os.open(lock_path, flags, LOCK_MODE)
+        except PermissionError:
+            raise PermissionError(
+                errno.EACCES,
+                f"permission denied on {lock_path.name}, another user's; if no kvpool "
+                "command runs now it is left over from one that was killed: remove it",
+            ) from None
+        try:
+            if os.fstat(descriptor).st_uid == os.geteuid():  # (made now, or ours: whatever
+                os.fchmod(descriptor, LOCK_MODE)  # the umask, every user may open it)
             fcntl.flock(descriptor, fcntl.LOCK_EX)
             held = os.fstat(descriptor)
             try:

@@ -226,12 +226,16 @@ class _Reloading:
             return True
 
 
-def write_atomically(path: Path, data: bytes, mode: int = 0o600) -> None:
+def write_atomically(
+    path: Path, data: bytes, mode: int | None = None, *, new_file_mode: int = 0o600
+) -> None:
     """Writes ``path`` whole or not at all: a reader sees the old file or the new one, never
-    a part (a temporary file in the same folder, flushed to disk, renamed over it). A new file
-    gets ``mode``; one that replaces a file keeps that file's owner, group and mode
-    (``keep_owner_and_mode``): ``sudo kvpool token revoke`` must leave the credentials file
-    readable by the service that owns it, or that service keeps the tokens it read before."""
+    a part (a temporary file in the same folder, flushed to disk, renamed over it). One that
+    replaces a file keeps that file's owner and group (``keep_owner_and_mode``): ``sudo
+    kvpool token revoke`` must leave the credentials file readable by the service that owns
+    it, or that service keeps the tokens it read before. Its mode is ``mode`` where given (a
+    private key is never left as readable as the file it replaced), else the old file's; a
+    new file gets ``mode``, else ``new_file_mode``."""
     path = Path(path)
     try:
         old: os.stat_result | None = os.stat(path)
@@ -240,9 +244,11 @@ def write_atomically(path: Path, data: bytes, mode: int = 0o600) -> None:
     descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         if old is None:
-            os.fchmod(descriptor, mode)
+            os.fchmod(descriptor, new_file_mode if mode is None else mode)
         else:
             keep_owner_and_mode(descriptor, old, path)
+            if mode is not None:
+                os.fchmod(descriptor, mode)
         with os.fdopen(descriptor, "wb") as file:
             file.write(data)
             file.flush()
@@ -263,12 +269,16 @@ def write_atomically(path: Path, data: bytes, mode: int = 0o600) -> None:
 def keep_owner_and_mode(descriptor: int, old: os.stat_result, path: Path) -> None:
     """Gives the new copy (``descriptor``) of ``path`` the owner, group and mode of the file it
     replaces (``old``). PermissionError, saying whom to run as, when the owner cannot be
-    kept: a copy its owner might not be able to read is never put in place."""
+    kept: a copy its owner might not be able to read is never put in place. Its owner writing
+    it keeps its own group where the file's is one it is not in (the owner reads it still)."""
     new = os.fstat(descriptor)
     if (new.st_uid, new.st_gid) != (old.st_uid, old.st_gid):
         try:
             os.fchown(descriptor, old.st_uid, old.st_gid)
         except PermissionError:
+            if new.st_uid == old.st_uid:  # (the owner itself: only the group could not be)
+                os.fchmod(descriptor, S_IMODE(old.st_mode))
+                return
             raise PermissionError(
                 errno.EPERM,
                 f"{path} belongs to uid {old.st_uid} (group {old.st_gid}) and a copy written by "

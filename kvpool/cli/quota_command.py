@@ -128,7 +128,7 @@ def _save(path: str, quotas: Any) -> None:
 
     content = json.dumps(quotas.to_json(), indent=1).encode() + b"\n"
     try:
-        write_atomically(Path(path), content, mode=0o644)
+        write_atomically(Path(path), content, new_file_mode=0o644)
     except OSError as error:
         raise Refused(f"cannot write quotas file {path}: {error.strerror}") from None
 

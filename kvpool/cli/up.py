@@ -157,14 +157,16 @@ def _claim_run_dir(run_dir: Path) -> IO[str]:
             f"cannot make the run folder {run_dir} (--run-dir): {error.strerror or error}"
         ) from None
     ours = (run_dir / LOCK_FILE).exists() or _left_by_earlier_up(run_dir)
-    if not ours and (run_dir / "credentials.json").exists():
+    found = [name for name in THROWAWAY if (run_dir / name).exists()]
+    if not ours and found:
         raise RunDirError(
-            f"{run_dir} holds a credentials.json that `kvpool up` did not make: kvpool up "
-            "makes throwaway credentials of its own in its run folder (--run-dir), so give "
-            "it a new or empty folder"
+            f"{run_dir} holds {', '.join(found)} that `kvpool up` did not make: kvpool up "
+            "makes throwaway credentials and keys of its own in its run folder (--run-dir) "
+            "and would replace them, so give it a new or empty folder"
         )
     lock = _lock(run_dir / LOCK_FILE)
-    _clear_throwaway(run_dir)
+    if ours:
+        _clear_throwaway(run_dir)
     return lock
 
 

@@ -162,15 +162,24 @@ def test_a_certificate_out_of_its_dates_is_refused_before_connecting(
     assert took < PROMPTLY, f"{took:.1f}s: {error}"
 
 
-def test_a_certificate_of_another_ca_is_reported_as_refused_promptly(
+def test_a_certificate_of_another_ca_is_named_as_the_likely_cause_at_the_deadline(
     strict, pki, certificates, no_token
 ):
-    error, took = failure_of(strict, pki, certificates["other-ca"])
-    assert isinstance(error, MasterUnavailable), error
-    text = str(error)
+    """(gRPC sees only closed handshakes, which a master at its connection cap or a proxy
+    with no master behind it gives too: retried to the deadline, not failed at once.)"""
+    cert = certificates["other-ca"]
+    client = Client(
+        strict.master_address,
+        tls_ca=pki.ca,
+        tls_cert=cert,
+        tls_key=cert.with_suffix(".key"),
+        timeout=2,
+    )
+    with pytest.raises(MasterUnavailable) as raised, client:
+        client.exists("x")
+    text = str(raised.value)
     assert "probably refused this client's certificate" in text, text
-    assert "before the deadline" not in text and "runs there" not in text, text
-    assert took < PROMPTLY, f"{took:.1f}s: {text}"
+    assert "runs there" not in text, text
 
 
 def test_no_certificate_where_one_is_required_says_so_at_the_deadline(strict, pki, no_token):
@@ -184,13 +193,14 @@ def test_no_certificate_where_one_is_required_says_so_at_the_deadline(strict, pk
 
 @pytest.mark.parametrize(("name", "said"), [("expired", "has expired"), ("other-ca", "refused")])
 def test_the_cli_says_a_refused_certificate_on_one_line(strict, pki, certificates, name, said):
+    timeout = 2.0 if name == "other-ca" else TIMEOUT  # (retried to the deadline)
     cert = certificates[name]
     env = {k: v for k, v in os.environ.items() if k not in ("KVPOOL_TOKEN", "KVPOOL_TOKEN_FILE")}
     started = time.monotonic()
     done = subprocess.run(
         [*KVPOOL, "status", "--master", strict.master_address, "--tls-ca", str(pki.ca),
          "--tls-cert", str(cert), "--tls-key", str(cert.with_suffix(".key")),
-         "--timeout", str(TIMEOUT)],
+         "--timeout", str(timeout)],
         capture_output=True, text=True, env=env, timeout=60,
     )  # fmt: skip
     took = time.monotonic() - started

@@ -98,6 +98,17 @@ def test_kvpool_up_leaves_credentials_it_did_not_make_alone(tmp_path):
     assert credentials.read_text() == '{"version": 1, "tokens": []}'
 
 
+def test_kvpool_up_leaves_a_folder_of_someone_else_s_keys_alone(tmp_path):
+    (tmp_path / "pki").mkdir()
+    notes = tmp_path / "pki" / "notes.txt"
+    notes.write_text("mine")
+    keys = tmp_path / "capability-keys.json"
+    keys.write_text("{}")
+    line = refusal("--run-dir", str(tmp_path))
+    assert "capability-keys.json" in line and "pki" in line and "did not make" in line, line
+    assert notes.read_text() == "mine" and keys.read_text() == "{}"
+
+
 def test_kvpool_up_refuses_a_run_dir_it_cannot_make_in_one_line(tmp_path):
     a_file = tmp_path / "a-file"
     a_file.write_text("")

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from kvpool.master.capability_keys import load_or_create, rotate
+from kvpool.security import file_lock
 from kvpool.security.identity import Role
 from kvpool.security.tls import write_atomically
 from kvpool.security.tokens import CredentialStore, new_token
@@ -71,9 +72,11 @@ def test_a_rewrite_keeps_the_owner_group_and_mode_of_the_file_it_replaces(folder
     path = folder / "file"
     path.write_bytes(b"old")
     _owned(path, SERVICE, SERVICE, 0o640)
-    write_atomically(path, b"new", mode=0o600)
+    write_atomically(path, b"new")
     assert path.read_bytes() == b"new"
     assert _owner_and_mode(path) == (SERVICE, SERVICE, 0o640)
+    write_atomically(path, b"key", mode=0o600)  # (a mode asked for: a private key's)
+    assert _owner_and_mode(path) == (SERVICE, SERVICE, 0o600)
     fresh = folder / "fresh"
     write_atomically(fresh, b"x", mode=0o600)
     assert _owner_and_mode(fresh) == (0, os.getegid(), 0o600), "a new file is the writer's"
@@ -135,3 +138,36 @@ def test_a_writer_that_cannot_keep_the_owner_writes_nothing_and_says_why(folder)
     assert path.read_bytes() == b"root's"
     assert _owner_and_mode(path) == (0, 0, 0o666)
     assert [p.name for p in folder.iterdir()] == [path.name], "no temporary left"
+
+
+def test_the_owner_writing_its_file_keeps_it_though_its_group_is_not_the_owner_s(folder):
+    path = folder / "credentials.json"
+    path.write_bytes(b"old")
+    _owned(path, SERVICE, 0, 0o640)  # (provisioned nobody:root 0640)
+
+    def write() -> bool:
+        write_atomically(path, b"new")
+        return True
+
+    assert _as_service(write)
+    assert path.read_bytes() == b"new"
+    uid, _, mode = _owner_and_mode(path)
+    assert (uid, mode) == (SERVICE, 0o640)
+
+
+def test_a_lock_a_killed_root_change_left_does_not_lock_the_file_s_owner_out(folder):
+    path = folder / "credentials.json"
+    CredentialStore.create(path)
+    _owned(path, SERVICE, SERVICE, 0o600)
+    left = file_lock._lock(path.with_name(path.name + file_lock.LOCK_SUFFIX))
+    os.close(left)  # (root's change killed while it held the lock: the lock file stays)
+    lock = path.with_name(path.name + file_lock.LOCK_SUFFIX)
+    assert _owner_and_mode(lock)[::2] == (0, 0o644)
+    _, record = new_token("later", Role.ADMIN)
+
+    def add() -> bool:
+        CredentialStore(path).add(record)
+        return True
+
+    assert _as_service(add), "the owner opens root's lock file and takes its turn"
+    assert record in CredentialStore(path).records()
