@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from kvpool.client import tensors
@@ -45,21 +46,37 @@ def writable_address(buffer: Any) -> tuple[int, int, Any]:
 
 
 def _refuse_pointers(buffer: Any, name: str) -> None:
-    """Refuses a buffer of Python object references (a numpy array of dtype object, or a
-    memoryview of one): its bytes are pointers into this process. Stored, they mean nothing
-    elsewhere; read into, they would overwrite references and crash the interpreter."""
+    """Refuses a buffer of Python object references (a numpy array of dtype object, a ctypes
+    ``py_object`` array, a memoryview of either): its bytes are pointers into this process.
+    Stored, they mean nothing elsewhere; read into, they would overwrite references and crash
+    the interpreter."""
     kind = type(buffer)
     if kind is bytes or kind is bytearray:  # (the common case, at once)
         return
-    dtype = getattr(buffer, "dtype", None)
-    holds_objects = getattr(dtype, "hasobject", False) is True
-    if not holds_objects and kind is memoryview:
-        holds_objects = "O" in buffer.format
-    if holds_objects:
+    if _holds_objects(buffer):
         raise InvalidArgument(
-            f"{name} holds Python object references (numpy dtype object), not data: pass "
-            "an array of a numeric dtype, or bytes"
+            f"{name} holds Python object references (numpy dtype object, ctypes py_object), "
+            "not data: pass an array of a numeric dtype, or bytes"
         )
+
+
+def _holds_objects(buffer: Any) -> bool:
+    """Whether the buffer's items are object references. A numpy dtype says so itself; any
+    other exporter (ctypes, memoryview, array, ...) by an 'O' in its buffer format ('<O' from
+    ctypes), field names of a struct format ('T{<i:Offset:}') aside."""
+    holds = getattr(getattr(buffer, "dtype", None), "hasobject", None)
+    if isinstance(holds, bool):
+        return holds
+    try:
+        view = memoryview(buffer)
+    except (TypeError, ValueError, BufferError):
+        return False
+    with view:
+        return "O" in _FIELD_NAMES.sub("", view.format)
+
+
+#: The field names of a struct buffer format (``:name:``), which may spell an 'O' themselves.
+_FIELD_NAMES = re.compile(r":[^:]*:")
 
 
 def new_bytes(size: int) -> tuple[bytes | bytearray, int]:

@@ -3,12 +3,20 @@
 structlog is imported when a process first logs or configures logging, not when a module
 asks for its logger: structlog loads rich with it, which costs a one-shot command such as
 ``kvpool get`` (which usually logs nothing) a large share of its run time.
+
+kvpool is also a library (vLLM, SGLang and LMCache load its client). Where the process has
+not configured structlog, kvpool's loggers do not use structlog's own default (every level,
+debug included, printed on stdout, which is the application's output, or the object's bytes
+of ``kvpool get KEY > file``): they write warnings and errors to stderr, and nothing else. That
+default is kvpool's alone: importing kvpool never configures structlog for the application.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
+import threading
 from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
@@ -16,18 +24,49 @@ if TYPE_CHECKING:
 
 LOG_FORMATS = ("auto", "json", "console")
 
+#: The least level kvpool's loggers write where nothing configured structlog.
+LIBRARY_LEVEL = logging.WARNING
+
+#: A configuration that ``configure_logging_on_first_use`` put off: (format, numeric level).
+_pending: tuple[str, int] | None = None
+_pending_lock = threading.Lock()
+
 
 def configure_logging(fmt: str = "auto", level: str = "info") -> None:
-    """``auto`` picks console output on a terminal and JSON lines everywhere else."""
-    import structlog
+    """``auto`` picks console output on a terminal and JSON lines everywhere else; every
+    line goes to stderr."""
+    global _pending
+    checked = _checked(fmt, level)
+    with _pending_lock:
+        _pending = None  # (this one wins over one put off)
+    _apply(*checked)
 
+
+def configure_logging_on_first_use(fmt: str = "auto", level: str = "warning") -> None:
+    """``configure_logging``, put off until a kvpool logger is first used: a one-shot command
+    (``kvpool get``) usually logs nothing, and importing structlog would cost it a large share
+    of its run time. The arguments are checked at once."""
+    global _pending
+    checked = _checked(fmt, level)
+    with _pending_lock:
+        _pending = checked
+
+
+def _checked(fmt: str, level: str) -> tuple[str, int]:
+    """(format, numeric level), or ValueError naming what is accepted."""
     if fmt not in LOG_FORMATS:
         raise ValueError(f"log format must be one of {LOG_FORMATS}, got {fmt!r}")
-    if fmt == "auto":
-        fmt = "console" if sys.stderr.isatty() else "json"
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
         raise ValueError(f"unknown log level {level!r}: use debug, info, warning or error")
+    return fmt, numeric
+
+
+def _apply(fmt: str, numeric: int) -> None:
+    import structlog
+
+    if fmt == "auto":
+        fmt = "console" if sys.stderr.isatty() else "json"
     renderer: structlog.types.Processor = (
         structlog.processors.JSONRenderer()
         if fmt == "json"
@@ -47,6 +86,19 @@ def configure_logging(fmt: str = "auto", level: str = "info") -> None:
     )
 
 
+def _apply_pending() -> None:
+    """Applies the configuration put off, once (loggers of several threads may ask at once),
+    unless structlog was configured since: by whoever runs the command in its own process (a
+    test's ``capture_logs``), whose configuration is not kvpool's to replace."""
+    import structlog
+
+    global _pending
+    with _pending_lock:
+        if _pending is not None and not structlog.is_configured():
+            _apply(*_pending)
+        _pending = None  # (only now: a thread that logs meanwhile waits for the lock)
+
+
 def get_logger(name: str) -> structlog.stdlib.BoundLogger:
     return cast("structlog.stdlib.BoundLogger", _DeferredLogger(name))
 
@@ -54,7 +106,8 @@ def get_logger(name: str) -> structlog.stdlib.BoundLogger:
 class _DeferredLogger:
     """Stands for ``structlog.get_logger(name)``, which it fetches (importing structlog) on
     first use; the logger it hands on follows the configuration of the moment, as structlog's
-    own does."""
+    own does, and is kvpool's library default (``_library_logger``) while structlog is not
+    configured."""
 
     __slots__ = ("_logger", "_name")
 
@@ -63,8 +116,55 @@ class _DeferredLogger:
         self._logger: Any = None
 
     def __getattr__(self, attribute: str) -> Any:
-        if self._logger is None:
-            import structlog
+        return getattr(self._current(), attribute)
 
+    def _current(self) -> Any:
+        """Asked at each call: the application may configure structlog after kvpool's first
+        line (and ``structlog.testing.capture_logs`` configures it for a while)."""
+        import structlog
+
+        if _pending is not None:
+            _apply_pending()
+        if not structlog.is_configured():
+            return _library_logger()
+        if self._logger is None:
             self._logger = structlog.get_logger(self._name)
-        return getattr(self._logger, attribute)
+        return self._logger
+
+
+@functools.cache
+def _library_logger() -> Any:
+    """What kvpool logs through where nothing configured structlog: warnings and errors, on
+    stderr, in structlog's own console format (uncoloured off a terminal). An exception is
+    a plain traceback: rich's would show each frame's local variables (a token, the caller's
+    data) in the application's log."""
+    import structlog
+
+    return structlog.wrap_logger(
+        _StandardError(),
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="%Y-%m-%d %H:%M:%S", utc=False),
+            structlog.dev.ConsoleRenderer(
+                colors=sys.stderr.isatty(), exception_formatter=structlog.dev.plain_traceback
+            ),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(LIBRARY_LEVEL),
+        context_class=dict,
+        cache_logger_on_first_use=True,
+    )
+
+
+class _StandardError:
+    """structlog's ``PrintLogger``, writing to the ``sys.stderr`` of the moment rather than the
+    one of its creation: an application (or pytest) may replace ``sys.stderr`` later."""
+
+    def msg(self, message: str) -> None:
+        stream = sys.stderr
+        if stream is None:  # (pythonw, or a daemon that closed it: nowhere to write)
+            return
+        stream.write(message + "\n")  # (one write: lines of two threads do not interleave)
+        stream.flush()
+
+    log = debug = info = warn = warning = error = critical = exception = fatal = failure = msg

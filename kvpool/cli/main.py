@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from kvpool.common import grpc_tuning
+from kvpool.common.logging import configure_logging_on_first_use
 
 grpc_tuning.apply()  # a kvpool process: its own gRPC settings, before anything imports grpc
 
@@ -32,6 +33,8 @@ SERVICES = {
     "node": ("run a storage node", "kvpool.storage_node.main"),
     "up": ("run a local cluster: a master and N nodes", "kvpool.cli.up"),
 }
+#: The commands that configure logging from their own options (--log-format, --log-level).
+SELF_LOGGING = frozenset({"master", "node"})
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -65,6 +68,10 @@ def _command_in(argv: Sequence[str]) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = _command_in(argv)
+    if command not in SELF_LOGGING:
+        # (a command's output is on stdout, `kvpool get KEY > file` the object's bytes: the
+        # client library's lines go to stderr, and only its warnings and errors)
+        configure_logging_on_first_use(level="warning")
     parser = build_parser(command or "")  # "": no service's module
     args, rest = parser.parse_known_args(argv)
     if getattr(args, "forward_rest", False):  # a command that parses its own arguments
