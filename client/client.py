@@ -50,7 +50,7 @@ from kvpool.common.keys import key_problem, plainly_valid, shown_key
 from kvpool.common.logging import get_logger
 from kvpool.common.master_address import parse_master
 from kvpool.common.status import KeyStatus
-from kvpool.errors import BufferTooSmall, InvalidArgument, InvalidKey, KVPoolError
+from kvpool.errors import BufferTooSmall, InvalidArgument, InvalidKey, KVPoolError, TransferError
 from kvpool.proto import master_pb2 as pb
 from kvpool.security.caller import CallerCredentials
 from kvpool.transport import ucp
@@ -82,7 +82,10 @@ class Client:
     fewer copies are stored, and ``put`` returns how many (never 0: then it raises).
     ``timeout`` bounds every call, master round trips and transfers together (a put whose
     writes missed it still tells the master, within at most a second more, so that its key
-    is free for a put again at once). ``lease_ttl``
+    is free for a put again at once), except ``remove_prefix`` and ``remove_all``: these
+    remove page after page of at most 4096 objects, and each page has a timeout of its own.
+    ``timeout``, ``replicas``, ``checksum`` and ``prefer_local`` may be set on a client
+    later too (checked as here; calls started afterwards follow them). ``lease_ttl``
     asks for read leases of that many seconds (0: the master's default). ``checksum`` makes
     puts send a CRC-32C of their bytes, which ``get(..., verify=True)`` checks.
     ``prefer_local`` puts the first replica on a node of this host when one has room.
@@ -141,10 +144,9 @@ class Client:
         if isinstance(copy_threads, bool) or not isinstance(copy_threads, int) or copy_threads < 1:
             raise InvalidArgument(f"copy_threads must be an integer >= 1, got {copy_threads!r}")
         self.master = str(target)
-        self.replicas = replicas
-        self.timeout = timeout
-        self.checksum = checksum
-        self.prefer_local = prefer_local
+        self._replicas = replicas
+        self._checksum = checksum
+        self._prefer_local = prefer_local
         self._session = Session(
             MasterLink(target, use_lane=metadata_lane, credentials=credentials),
             DataPath(
@@ -160,6 +162,52 @@ class Client:
         #: given back when it closes, so that an exited reader does not hold up a removal.
         self._leased: dict[str, None] = {}
         self._leases_lock = threading.Lock()
+
+    # (settable, checked as the constructor checks them: a NaN or infinite timeout would take
+    # every deadline away, a str would fail untyped deep inside a call. The timeout lives in
+    # the session, so that reservations and a put's settling, which read it there, follow.)
+
+    @property
+    def timeout(self) -> float:
+        """Seconds a call may take (see the class docstring). Settable: the new value, checked
+        as the constructor's (a finite number of seconds, more than 0), bounds every call
+        started afterwards, and the reservations they make."""
+        return self._session.timeout
+
+    @timeout.setter
+    def timeout(self, value: float) -> None:
+        self._session.timeout = arguments.seconds("timeout", value, zero_allowed=False)
+
+    @property
+    def replicas(self) -> int | None:
+        """Copies a put asks for when it does not say (None: the master's default).
+        Settable, checked as the constructor's; puts started afterwards use it."""
+        return self._replicas
+
+    @replicas.setter
+    def replicas(self, value: int | None) -> None:
+        _check_replicas(value)
+        self._replicas = value
+
+    @property
+    def checksum(self) -> bool:
+        """Whether puts that do not say send a CRC-32C of their bytes. Settable (True or
+        False); puts started afterwards use it."""
+        return self._checksum
+
+    @checksum.setter
+    def checksum(self, value: bool) -> None:
+        self._checksum = arguments.flag("checksum", value)
+
+    @property
+    def prefer_local(self) -> bool:
+        """Whether puts that name no ``preferred_hosts`` put their first replica on this
+        host. Settable (True or False); puts started afterwards use it."""
+        return self._prefer_local
+
+    @prefer_local.setter
+    def prefer_local(self, value: bool) -> None:
+        self._prefer_local = arguments.flag("prefer_local", value)
 
     @property
     def client_id(self) -> str:
@@ -337,6 +385,12 @@ class Client:
         ``pin``: None, ``"soft"`` (evicted only after unpinned objects, for ``pin_ttl``
         seconds or the master's default) or ``"hard"`` (never evicted). ``tier``: ``"dram"``,
         ``"nvme"``, or None/``"any"`` (DRAM first, then NVMe).
+
+        A key given more than once is put by its first entry; each later one is not sent and
+        gets InvalidArgument. More than 4096 keys go to the master in parts of 4096, one after
+        another: a part whose turn comes when the timeout has (nearly) run out is not sent,
+        and each of its keys gets a TransferError that says so; a part after the first that
+        fails as a whole gives its error to each of its keys (the first part's failure raises).
         """
         options = self._write_options(replicas, preferred_hosts, pin, pin_ttl, checksum, tier)
         pairs, keys = arguments.pair_list("put_many", items, "data")
@@ -353,6 +407,7 @@ class Client:
                 sources[i] = readable_address(data)
             except InvalidArgument as error:
                 results[i] = InvalidArgument(f"{shown_key(key)}: {error}", key=key)
+        _refuse_repeats(keys, sources, results)
         if not sources:
             return results
         return self._store(pairs, sources, results, options, deadline)
@@ -370,9 +425,10 @@ class Client:
     ) -> list[int | KVPoolError]:
         """``put_parts`` for every (key, parts) pair in one batch (one master round trip to
         reserve, one to commit, all transfers in flight together); entry i is the number of
-        replicas stored for key i, or its error. Options as for ``put_many``."""
+        replicas stored for key i, or its error. Options, keys given twice and batches of more
+        than 4096 keys as for ``put_many``."""
         options = self._write_options(replicas, preferred_hosts, pin, pin_ttl, checksum, tier)
-        pairs, _ = arguments.pair_list("put_parts_many", items, "parts")
+        pairs, keys = arguments.pair_list("put_parts_many", items, "parts")
         deadline = time.monotonic() + self.timeout
         results: list[Any] = [None] * len(pairs)
         sources: dict[int, tuple[int, int, Any]] = {}
@@ -390,6 +446,7 @@ class Client:
             pieces[i] = [(address, length) for address, length, _ in addresses]
             first = addresses[0][0] if addresses else 0
             sources[i] = (first, sum(length for _, length in pieces[i]), addresses)
+        _refuse_repeats(keys, sources, results)
         if not sources:
             return results
         return self._store(pairs, sources, results, options, deadline, pieces)
@@ -410,11 +467,7 @@ class Client:
         within the master's write window, which a whole large batch could outlast)."""
         order = list(sources)
         if len(order) > lp.MAX_BATCH_KEYS:
-            for start in range(0, len(order), lp.MAX_BATCH_KEYS):
-                checkpoint()  # (a cancelled put reserves no further part)
-                part = {i: sources[i] for i in order[start : start + lp.MAX_BATCH_KEYS]}
-                self._store(pairs, part, results, options, deadline, pieces)
-            return results
+            return self._store_in_parts(pairs, sources, results, options, deadline, pieces)
         keys = [pairs[i][0] for i in order]
         sizes = [sources[i][1] for i in order]
         puts = []
@@ -436,6 +489,53 @@ class Client:
             else:
                 results[put.index] = error_for(status, put.key, put.why_not_published)
         return results
+
+    def _store_in_parts(
+        self,
+        pairs: Sequence[tuple[str, Any]],
+        sources: Mapping[int, tuple[int, int, Any]],
+        results: list[Any],
+        options: WriteOptions,
+        deadline: float,
+        pieces: Mapping[int, Sequence[tuple[int, int]]] | None,
+    ) -> list[Any]:
+        """``_store`` part after part. Once a part is stored it stays stored, whatever befalls
+        the next, so that each part after the first answers for its own keys rather than the
+        call raising and the stored parts' results being lost: a part whose turn comes too
+        late (``_too_late``) is not sent, its keys and the rest told that the timeout ran
+        out; one that fails as a whole gives its error to each of its keys. Only the first
+        part's failure, before anything is stored, raises."""
+        order = list(sources)
+        took = 0.0  # (how long the last part took)
+        for start in range(0, len(order), lp.MAX_BATCH_KEYS):
+            checkpoint()  # (a cancelled put reserves no further part)
+            began = time.monotonic()
+            if start and _too_late(deadline - began, took):
+                for i in order[start:]:
+                    results[i] = self._not_sent(pairs[i][0], start, len(order))
+                break
+            keys = order[start : start + lp.MAX_BATCH_KEYS]
+            try:
+                self._store(
+                    pairs, {i: sources[i] for i in keys}, results, options, deadline, pieces
+                )
+            except KVPoolError as error:
+                if not start:
+                    raise
+                for i in keys:
+                    results[i] = _part_failed(error, pairs[i][0], keys[0], keys[-1])
+            took = time.monotonic() - began
+        return results
+
+    def _not_sent(self, key: str, sent: int, total: int) -> TransferError:
+        """The error of a key whose part of a large put was not sent for want of time."""
+        return TransferError(
+            f"{shown_key(key)} was not sent, and nothing was stored under it: the call's "
+            f"timeout ({self.timeout:g} s) ran out, or too little of it was left for another "
+            f"part, after {sent} of its {total} keys had been sent (in parts of 4096). Put it "
+            "again, or put fewer keys in one call, or raise the client's timeout",
+            key=key,
+        )
 
     def reserve(self, key: str, size: int, **options: Any) -> Reservation:
         """Low-level put in explicit steps: reserve now, then ``write``, ``commit``/``revoke``.
@@ -601,13 +701,19 @@ class Client:
         ]
 
     def remove_prefix(self, prefix: str, *, force: bool = False) -> PrefixRemoval:
-        """Removes every object whose key starts with ``prefix``; says what was kept and why."""
+        """Removes every object whose key starts with ``prefix``; says what was kept and why.
+
+        The master removes at most 4096 objects per call, so this goes page after page, and
+        the client's ``timeout`` bounds each page, not the whole removal (a page that runs out
+        of time raises, the pages before it removed: call it again to go on)."""
         if not arguments.text("prefix", prefix):
             raise InvalidArgument("an empty prefix would remove everything: use remove_all()")
         return self._remove_pages(prefix, arguments.flag("force", force))
 
     def remove_all(self, *, force: bool = False) -> PrefixRemoval:
-        """Removes every object (leased ones and those being written only with ``force``)."""
+        """Removes every object (leased ones and those being written only with ``force``),
+        page after page as ``remove_prefix``: the client's ``timeout`` bounds each page of at
+        most 4096 objects, not the whole removal."""
         return self._remove_pages("", arguments.flag("force", force))
 
     def _remove_pages(self, prefix: str, force: bool) -> PrefixRemoval:
@@ -793,10 +899,22 @@ class Client:
     def put_tensors(
         self, items: Mapping[str, Any] | Iterable[tuple[str, Any]], **options: Any
     ) -> list[int | KVPoolError]:
-        """``put_tensor`` for every (key, tensor) pair, in one batch, as ``put_many``."""
+        """``put_tensor`` for every (key, tensor) pair, in one batch, as ``put_many`` (a key
+        given twice included: its later entries get InvalidArgument)."""
         from kvpool.client import tensors
 
-        return tensors.put_tensors(self, items, **options)
+        pairs, keys = arguments.pair_list("put_tensors", items, "tensor")
+        if _distinct(keys):  # the common case
+            return tensors.put_tensors(self, pairs, **options)
+        # (refused here, where the caller's entry numbers are known: put_many would number
+        # the entries of the tensors it was given, those that could be encoded)
+        results: list[Any] = [None] * len(pairs)
+        kept = dict.fromkeys(range(len(pairs)))
+        _refuse_repeats(keys, kept, results)
+        stored = tensors.put_tensors(self, [pairs[i] for i in kept], **options)
+        for i, result in zip(kept, stored, strict=True):
+            results[i] = result
+        return results
 
     def get_tensor(self, key: str, *, verify: bool = False) -> Any:
         """A new CPU ``torch.Tensor`` of the dtype and shape ``put_tensor`` stored (no copy)."""
@@ -846,6 +964,62 @@ def _check_replicas(replicas: object) -> None:
             "1 or more (the master answers InvalidArgument above its own limit), or None for "
             "the master's default (kvpool master --default-replicas)"
         )
+
+
+#: A part of a large put is not sent once less time is left than this share of what the
+#: part before took: it would most likely run out in its writes, or leave its keys reserved
+#: (being written) with PutStart's answer come too late, for no object stored.
+PART_TIME_SHARE = 0.5
+
+
+def _too_late(left: float, took: float) -> bool:
+    """Whether a part of a large put, with ``left`` seconds to go, is better not sent."""
+    return left <= 0 or left < took * PART_TIME_SHARE
+
+
+def _part_failed(error: KVPoolError, key: str, first: int, last: int) -> KVPoolError:
+    """``key``'s error when the part of a large put that held it (the caller's entries
+    ``first`` to ``last``) failed as a whole: that error, of its type, named for the key."""
+    message = (
+        f"the part of this batch that held {shown_key(key)} (entries {first} to {last}) "
+        f"failed: {error}"
+    )
+    try:
+        return type(error)(message, key=key)
+    except TypeError:  # (an error that takes other arguments: itself, shared)
+        return error
+
+
+def _distinct(keys: Sequence[Any]) -> bool:
+    """Whether no key is given twice (keys that cannot be hashed are not valid keys: the key
+    check refuses them later, so they count as distinct here)."""
+    try:
+        return len(set(keys)) == len(keys)
+    except TypeError:
+        return False  # (then looked at one by one)
+
+
+def _refuse_repeats(keys: Sequence[Any], sent: dict[int, Any], results: list[Any]) -> None:
+    """Takes each entry whose key an earlier one of ``sent`` has out of ``sent``, its result
+    an InvalidArgument. Why: the master would answer the later entry ObjectBeingWritten, whose
+    advice (remove with force=True, put again) would remove what the first entry stored."""
+    if len(sent) == len(keys) and _distinct(keys):  # the common case, in one pass
+        return
+    first: dict[Any, int] = {}
+    for i in list(sent):
+        key = keys[i]
+        try:
+            j = first.setdefault(key, i)
+        except TypeError:  # (no valid key: refused by the key check)
+            continue
+        if j != i:
+            del sent[i]
+            results[i] = InvalidArgument(
+                f"key {shown_key(key)} appears more than once in this batch (entry {j}, "
+                f"and again entry {i}): entry {j} puts it, this entry was not sent. Objects "
+                "are immutable: give each key once",
+                key=key,
+            )
 
 
 def _check_range(offset: object, length: object, verify: bool) -> None:

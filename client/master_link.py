@@ -137,6 +137,8 @@ class MasterLink:
                 method, request, lambda part: self.call(method, part, deadline)
             )
         backoff = FIRST_BACKOFF
+        if deadline <= time.monotonic():  # (spent before: not the master's doing, say so)
+            raise MasterUnavailable(_passed_before_sent(method, self.address))
         last_error = "no attempt made"
         not_proven = ""  # (a hinted leader's failed TLS check: said at the deadline)
         failures = 0
@@ -458,6 +460,17 @@ class MasterLink:
             replaced = channel is not self._channel
         if replaced:
             channel.close()
+
+
+def _passed_before_sent(method: str, address: str) -> str:
+    """What a call is told whose deadline had passed before its first attempt: the time went
+    on the call's earlier steps (the parts of a large batch before, its transfers), so the
+    master is not to blame and checking that it runs would not help."""
+    return (
+        f"{method} was not sent to master {address}: the call's deadline had passed before "
+        "it was sent (its earlier steps took the whole timeout). Raise the client's timeout, "
+        "or do less in one call"
+    )
 
 
 def _handshake_closed(details: str) -> bool:
