@@ -510,11 +510,11 @@ class Client:
         for start in range(0, len(order), lp.MAX_BATCH_KEYS):
             checkpoint()  # (a cancelled put reserves no further part)
             began = time.monotonic()
-            if start and _too_late(deadline - began, took):
+            keys = order[start : start + lp.MAX_BATCH_KEYS]
+            if start and _too_late(deadline - began, took * len(keys) / lp.MAX_BATCH_KEYS):
                 for i in order[start:]:
                     results[i] = self._not_sent(pairs[i][0], start, len(order))
                 break
-            keys = order[start : start + lp.MAX_BATCH_KEYS]
             try:
                 self._store(
                     pairs, {i: sources[i] for i in keys}, results, options, deadline, pieces
@@ -903,18 +903,7 @@ class Client:
         given twice included: its later entries get InvalidArgument)."""
         from kvpool.client import tensors
 
-        pairs, keys = arguments.pair_list("put_tensors", items, "tensor")
-        if _distinct(keys):  # the common case
-            return tensors.put_tensors(self, pairs, **options)
-        # (refused here, where the caller's entry numbers are known: put_many would number
-        # the entries of the tensors it was given, those that could be encoded)
-        results: list[Any] = [None] * len(pairs)
-        kept = dict.fromkeys(range(len(pairs)))
-        _refuse_repeats(keys, kept, results)
-        stored = tensors.put_tensors(self, [pairs[i] for i in kept], **options)
-        for i, result in zip(kept, stored, strict=True):
-            results[i] = result
-        return results
+        return tensors.put_tensors(self, items, **options)
 
     def get_tensor(self, key: str, *, verify: bool = False) -> Any:
         """A new CPU ``torch.Tensor`` of the dtype and shape ``put_tensor`` stored (no copy)."""
@@ -966,15 +955,17 @@ def _check_replicas(replicas: object) -> None:
         )
 
 
-#: A part of a large put is not sent once less time is left than this share of what the
-#: part before took: it would most likely run out in its writes, or leave its keys reserved
-#: (being written) with PutStart's answer come too late, for no object stored.
+#: A part of a large put is not sent once less time is left than this share of what it would
+#: take at the time per key of the part before: it would most likely run out in its writes,
+#: or leave its keys reserved (being written) with PutStart's answer come too late, for no
+#: object stored.
 PART_TIME_SHARE = 0.5
 
 
-def _too_late(left: float, took: float) -> bool:
-    """Whether a part of a large put, with ``left`` seconds to go, is better not sent."""
-    return left <= 0 or left < took * PART_TIME_SHARE
+def _too_late(left: float, expected: float) -> bool:
+    """Whether a part of a large put, with ``left`` seconds to go, is better not sent;
+    ``expected``: what it would take, at the last (whole) part's time per key."""
+    return left <= 0 or left < expected * PART_TIME_SHARE
 
 
 def _part_failed(error: KVPoolError, key: str, first: int, last: int) -> KVPoolError:

@@ -220,7 +220,9 @@ def put_tensors(
 ) -> list[int | KVPoolError]:
     """``put_many`` of tensors, each with its header: entry i is the replicas stored for key
     i, or its error. One master round trip for the batch, as ``put_many``."""
-    pairs, _ = arguments.pair_list("put_tensors", items, "tensor")
+    from kvpool.client.client import _refuse_repeats
+
+    pairs, keys = arguments.pair_list("put_tensors", items, "tensor")
     results: list[Any] = [None] * len(pairs)
     staged: dict[int, tuple[str, torch.Tensor]] = {}
     for i, (key, tensor) in enumerate(pairs):
@@ -228,6 +230,9 @@ def put_tensors(
             staged[i] = (key, encode(key, tensor))
         except InvalidArgument as error:
             results[i] = error
+    # (here, among the tensors encoded, numbered as the caller's entries: put_many would
+    # number those it is given; a key whose first entry was refused is put by the next)
+    _refuse_repeats(keys, staged, results)
     if staged:
         stored = client.put_many(
             [(key, raw_bytes(data)) for key, data in staged.values()], **options

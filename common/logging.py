@@ -94,7 +94,7 @@ def _apply_pending() -> None:
 
     global _pending
     with _pending_lock:
-        if _pending is not None and not structlog.is_configured():
+        if _pending is not None and not _configured(structlog):
             _apply(*_pending)
         _pending = None  # (only now: a thread that logs meanwhile waits for the lock)
 
@@ -125,11 +125,25 @@ class _DeferredLogger:
 
         if _pending is not None:
             _apply_pending()
-        if not structlog.is_configured():
+        if not _configured(structlog):
             return _library_logger()
         if self._logger is None:
             self._logger = structlog.get_logger(self._name)
         return self._logger
+
+
+def _configured(structlog: Any) -> bool:
+    """Whether someone configured structlog to write somewhere: not merely ``configure``d
+    back to its built-in defaults (``structlog.testing.capture_logs`` does that as it ends),
+    whose logger prints every level on stdout."""
+    if not structlog.is_configured():
+        return False
+    config, builtin = structlog.get_config(), structlog._config
+    return bool(
+        config["logger_factory"] is not getattr(builtin, "_BUILTIN_DEFAULT_LOGGER_FACTORY", None)
+        or config["wrapper_class"] is not getattr(builtin, "_BUILTIN_DEFAULT_WRAPPER_CLASS", None)
+        or config["processors"] != getattr(builtin, "_BUILTIN_DEFAULT_PROCESSORS", None)
+    )
 
 
 @functools.cache

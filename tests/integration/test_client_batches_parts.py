@@ -195,3 +195,14 @@ def test_a_key_twice_in_put_tensors_is_put_once(client: Client) -> None:
     assert "(entry 1, and again entry 2)" in str(results[2])
     assert torch.equal(client.get_tensor(key), first)
     client.remove(key, force=True)
+
+
+def test_a_tensor_refused_before_its_repeat_leaves_the_repeat_to_be_put(client: Client) -> None:
+    torch = pytest.importorskip("torch")
+    key = unique("tensor-first-refused")
+    second = torch.arange(4, dtype=torch.int32)
+    results = client.put_tensors([(key, torch.arange(8).reshape(2, 4).t()), (key, second)])
+    assert isinstance(results[0], InvalidArgument), results[0]  # (not contiguous)
+    assert results[1] == 1, results[1]
+    assert torch.equal(client.get_tensor(key), second)
+    client.remove(key, force=True)

@@ -101,3 +101,13 @@ def test_configure_logging_writes_json_lines_on_stderr_as_kvpools_services_do():
 def test_a_configuration_put_off_is_checked_at_once(fmt, level):
     with pytest.raises(ValueError, match=r"log format|log level"):
         configure_logging_on_first_use(fmt, level)
+
+
+def test_structlog_configured_back_to_its_defaults_is_still_unconfigured_for_kvpool():
+    """``structlog.testing.capture_logs`` configures structlog back to its built-in defaults
+    as it ends (which print every level on stdout): kvpool's default stays in force."""
+    done = run(
+        "from structlog.testing import capture_logs\nwith capture_logs():\n    pass\n" + LINES
+    )
+    assert done.stdout == ""
+    assert "a warning line" in done.stderr and "a debug line" not in done.stderr
