@@ -62,7 +62,10 @@ def _checked(fmt: str, level: str) -> tuple[str, int]:
     return fmt, numeric
 
 
-def _apply(fmt: str, numeric: int) -> None:
+def _apply(fmt: str, numeric: int, *, stderr_of_the_moment: bool = False) -> None:
+    """Configures structlog. ``stderr_of_the_moment``: each line goes to ``sys.stderr`` as it
+    is when written, not as it was now (a configuration put off until some call logs, in a
+    process whose stderr a caller may swap and close later: a test's capture)."""
     import structlog
 
     if fmt == "auto":
@@ -81,7 +84,9 @@ def _apply(fmt: str, numeric: int) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=(
+            _standard_error if stderr_of_the_moment else structlog.PrintLoggerFactory(sys.stderr)
+        ),
         cache_logger_on_first_use=True,
     )
 
@@ -95,7 +100,7 @@ def _apply_pending() -> None:
     global _pending
     with _pending_lock:
         if _pending is not None and not _configured(structlog):
-            _apply(*_pending)
+            _apply(*_pending, stderr_of_the_moment=True)
         _pending = None  # (only now: a thread that logs meanwhile waits for the lock)
 
 
@@ -168,6 +173,11 @@ def _library_logger() -> Any:
         context_class=dict,
         cache_logger_on_first_use=True,
     )
+
+
+def _standard_error(*_: Any) -> _StandardError:
+    """structlog logger factory of ``_StandardError``s."""
+    return _StandardError()
 
 
 class _StandardError:

@@ -111,3 +111,22 @@ def test_structlog_configured_back_to_its_defaults_is_still_unconfigured_for_kvp
     )
     assert done.stdout == ""
     assert "a warning line" in done.stderr and "a debug line" not in done.stderr
+
+
+def test_a_configuration_put_off_writes_to_the_stderr_of_the_moment():
+    """Applied while one stream is stderr (a test's capture, say), it must not keep writing
+    to that stream once the caller has swapped it back and closed it."""
+    done = run(
+        "import io, sys\n"
+        "from kvpool.common.logging import configure_logging_on_first_use, get_logger\n"
+        "configure_logging_on_first_use('json', 'warning')\n"
+        "log = get_logger('kvpool.client')\n"
+        "real, captured = sys.stderr, io.StringIO()\n"
+        "sys.stderr = captured\n"
+        "log.warning('while captured')\n"
+        "sys.stderr = real\n"
+        "captured.close()\n"
+        "log.warning('after')\n"
+    )
+    assert done.stdout == ""
+    assert '"event": "after"' in done.stderr and "while captured" not in done.stderr
