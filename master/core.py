@@ -395,8 +395,7 @@ class MasterCore:
         self.state.node_answered(node_id)  # (it is not silent, if it was)
         if isinstance(command, ForgetCommand):
             if not ok:  # (a transfer did not stop, its log is unwritable: it still lists it)
-                segment = self.state.segments.get(command.segment_id)
-                self._forget_retries.failed(command, segment, self.clock())
+                self._forget_retries.failed(command, self.state.segments.get, self.clock())
                 effects = Effects()
                 note = "a node could not forget: its space stays quarantined, sent again later"
                 effects.notes.append((note, {"node_id": node_id, "command": command_id}))

@@ -56,19 +56,15 @@ class ForgetRetries:
         """Whether any segment has failed Forgets waiting or a probe out."""
         return bool(self._segments)
 
-    def waiting(self) -> int:
-        """Failed Forgets waiting to be sent again (probes out not counted)."""
-        return sum(len(s.waiting) for s in self._segments.values())
-
     def failed(
-        self, forget: ForgetCommand, segment: SegmentRecord | None, now: float
-    ) -> float | None:
-        """The node failed ``forget``; ``segment``: the segment's record now. Returns in how
-        many seconds the segment's next probe goes (None: once the probe out is answered;
-        or never, the mount being gone)."""
+        self, forget: ForgetCommand, current: Callable[[str], SegmentRecord | None], now: float
+    ) -> None:
+        """The node failed ``forget`` (``current``: a segment's record now): it goes again
+        with the segment's next probe (planned now, unless a probe is out)."""
+        segment = current(forget.segment_id)
         if segment is None or segment.node_id != forget.node_id:
             self._segments.pop(forget.segment_id, None)
-            return None
+            return
         entry = self._segments.get(forget.segment_id)
         if entry is None or entry.segment is not segment:
             entry = self._segments[forget.segment_id] = _Segment(segment)
@@ -80,7 +76,6 @@ class ForgetRetries:
                 delay = min(FORGET_RETRY_FIRST * 2 ** (entry.failures - 1), FORGET_RETRY_MAX)
                 entry.due = now + delay
                 heapq.heappush(self._plan, (entry.due, next(self._sequence), forget.segment_id))
-        return None if entry.due is None else entry.due - now
 
     def succeeded(
         self, forget: ForgetCommand, current: Callable[[str], SegmentRecord | None]
@@ -94,10 +89,11 @@ class ForgetRetries:
             del self._segments[forget.segment_id]
             return []
         again = list(entry.waiting.values())
-        del self._segments[forget.segment_id]
-        if entry.probe not in (None, forget.command_id):
-            # the probe is still out: keep track of it, its failure starts over
-            self._segments[forget.segment_id] = _Segment(entry.segment, probe=entry.probe)
+        if entry.probe in (None, forget.command_id):
+            del self._segments[forget.segment_id]
+        else:  # the probe is still out: kept track of, its failure starts the waits over
+            entry.waiting.clear()
+            entry.failures = 0
         return again
 
     def due(
