@@ -48,3 +48,8 @@ class LogThrottle:
                 return dropped
             window[2] += 1
             return None
+
+
+def dropped_since(dropped: int) -> str:
+    """What a line let through says of the lines dropped before it ('' for none)."""
+    return f" ({dropped} more since the last such line)" if dropped else ""

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 
 from lmcache.logging import init_logger
 
-from kvpool.common.log_throttle import LogThrottle
+from kvpool.common.log_throttle import LogThrottle, dropped_since
 from kvpool.errors import ClientClosed, KVPoolError, MasterUnavailable
 from kvpool.lmcache.control import ControlPlane, Leased
 
@@ -216,8 +216,7 @@ class LockTable:
         renewal every ``RETRY_DELAY``."""
         dropped = self._log.allow((kind, type(error).__name__))
         if dropped is not None:
-            more = f" ({dropped} more since the last such line)" if dropped else ""
-            logger.warning("kvpool: %s: %s%s", what, error, more)
+            logger.warning("kvpool: %s: %s%s", what, error, dropped_since(dropped))
 
     def _wait_for_work(self) -> tuple[list[str], bool] | None:
         """Blocks until some lease needs renewing or giving back; returns the keys to renew

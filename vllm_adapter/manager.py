@@ -68,7 +68,7 @@ from vllm.v1.kv_offload.tiering.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvpool import Client
-from kvpool.common.log_throttle import LogThrottle
+from kvpool.common.log_throttle import LogThrottle, dropped_since
 from kvpool.errors import KVPoolError, NotAuthenticated, PermissionDenied
 from kvpool.vllm import transfers
 from kvpool.vllm.config import KVPoolTierConfig
@@ -392,7 +392,7 @@ class KVPoolTierManager(SecondaryTierManager):
                 "and was not run%s",
                 kind,
                 chunks,
-                f" ({dropped} more since the last such line)" if dropped else "",
+                dropped_since(dropped),
             )
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
