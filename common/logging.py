@@ -30,16 +30,20 @@ LIBRARY_LEVEL = logging.WARNING
 #: A configuration that ``configure_logging_on_first_use`` put off: (format, numeric level).
 _pending: tuple[str, int] | None = None
 _pending_lock = threading.Lock()
+#: A kvpool service configured logging itself (``configure_logging``): its loggers need not
+#: ask at each line whether anyone did.
+_service = False
 
 
 def configure_logging(fmt: str = "auto", level: str = "info") -> None:
     """``auto`` picks console output on a terminal and JSON lines everywhere else; every
     line goes to stderr."""
-    global _pending
+    global _pending, _service
     checked = _checked(fmt, level)
     with _pending_lock:
         _pending = None  # (this one wins over one put off)
     _apply(*checked)
+    _service = True
 
 
 def configure_logging_on_first_use(fmt: str = "auto", level: str = "warning") -> None:
@@ -125,7 +129,10 @@ class _DeferredLogger:
 
     def _current(self) -> Any:
         """Asked at each call: the application may configure structlog after kvpool's first
-        line (and ``structlog.testing.capture_logs`` configures it for a while)."""
+        line (and ``structlog.testing.capture_logs`` configures it for a while). Not in a
+        kvpool service, which configured it (and logs on its request paths)."""
+        if _service and self._logger is not None:
+            return self._logger
         import structlog
 
         if _pending is not None:
