@@ -146,8 +146,9 @@ def _claim_run_dir(run_dir: Path) -> IO[str]:
     """Makes ``run_dir`` this run's (made if missing, readable by this user only): locks its
     LOCK_FILE for as long as the file returned stays open, and clears what an earlier
     `kvpool up` left of its throwaway cluster. RunDirError when another `kvpool up` runs
-    there, or when the folder holds credentials `kvpool up` did not make (never replaced:
-    they may be someone's real ones); OSError when the folder cannot be made or written."""
+    there, or when the folder holds credentials, keys or a CA (THROWAWAY) `kvpool up` did not
+    make (never replaced: they may be someone's real ones); OSError when the folder cannot be
+    made or written."""
     try:
         run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     except FileExistsError:
