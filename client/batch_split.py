@@ -10,6 +10,12 @@ Only the per-key calls are cut: the request's per-key fields are sliced together
 fields go with every part. The answers join per-key lists in order; segments are told once
 each; a timeout measured from when the request was sent (a write window, a lease) is the
 shortest of the parts', so that it holds for every part's keys.
+
+The client's own batch calls (``put_many``, ``get_many``, ``exists_many``, ``remove_many``)
+go part by part themselves (``each_part``) rather than through ``call_in_parts``: once a part
+has been answered its keys are stored, leased or removed, so a later part that fails gives its
+error to its own keys (``part_failed``) instead of the call raising and the answered parts'
+results (and leases, to be given back) being lost.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from kvpool.common import lane_protocol as lp
+from kvpool.common.keys import shown_key
+from kvpool.errors import KVPoolError
 from kvpool.proto import master_pb2 as pb
 
 #: Per method: the request's per-key fields (sliced together), and the response's per-key
@@ -49,6 +57,25 @@ def call_in_parts(
     answers joined into one response of ``method``'s type."""
     answers = [call(part) for part in _parts(method, request, most)]
     return _joined(method, answers)
+
+
+def each_part(count: int, most: int = lp.MAX_BATCH_KEYS) -> Iterator[range]:
+    """The positions of each part of a batch of ``count`` keys, in order."""
+    for start in range(0, count, most):
+        yield range(start, min(start + most, count))
+
+
+def part_failed(error: KVPoolError, key: str, first: int, last: int) -> KVPoolError:
+    """``key``'s error when the part of a batch that held it (the caller's entries ``first``
+    to ``last``) failed as a whole: that error, of its type, named for the key."""
+    message = (
+        f"the part of this batch that held {shown_key(key)} (entries {first} to {last}) "
+        f"failed: {error}"
+    )
+    try:
+        return type(error)(message, key=key)
+    except TypeError:  # (an error that takes other arguments: itself, shared)
+        return error
 
 
 def _parts(method: str, request: Any, most: int) -> Iterator[Any]:

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from kvpool.client import arguments, get_path, put_path
+from kvpool.client import arguments, batch_split, get_path, put_path
 from kvpool.client.buffers import new_bytes, readable_address, writable_address
 from kvpool.client.cancellation import cancelled, checkpoint
 from kvpool.client.data_path import DataPath
@@ -523,7 +523,7 @@ class Client:
                 if not start:
                     raise
                 for i in keys:
-                    results[i] = _part_failed(error, pairs[i][0], keys[0], keys[-1])
+                    results[i] = batch_split.part_failed(error, pairs[i][0], keys[0], keys[-1])
             took = time.monotonic() - began
         return results
 
@@ -856,21 +856,33 @@ class Client:
         return self._session.link.call(method, request, time.monotonic() + self.timeout)
 
     def _keyed_call(self, method: str, keys: Sequence[str], **fields: Any) -> list[Any]:
-        """A per-key master call: entry i is key i's status, or InvalidKey without asking."""
+        """A per-key master call: entry i is key i's status, or InvalidKey without asking.
+        More keys than one master call takes go in parts, within one deadline; a part after
+        the first that fails gives its error to its keys (``batch_split``)."""
+        request_of = getattr(pb, f"{method}Request")
         results: list[Any] = [None] * len(keys)
         valid = self._valid_keys(keys, results)
-        if len(valid) == len(keys):  # the common case: ask for the keys as given
-            return list(self._statuses(method, keys, fields))
-        if valid:
-            statuses = self._statuses(method, [keys[i] for i in valid], fields)
-            for i, status in zip(valid, statuses, strict=True):
+        if len(valid) == len(keys) and len(keys) <= lp.MAX_BATCH_KEYS:  # the common case
+            request = request_of(client_id=self.client_id, keys=keys, **fields)
+            return list(self._call(method, request).statuses)
+        deadline = time.monotonic() + self.timeout
+        for part in batch_split.each_part(len(valid)):
+            positions = valid[part.start : part.stop]
+            request = request_of(
+                client_id=self.client_id, keys=[keys[i] for i in positions], **fields
+            )
+            try:
+                statuses = self._session.link.call(method, request, deadline).statuses
+            except KVPoolError as error:
+                if not part.start:
+                    raise
+                first, last = positions[0], positions[-1]
+                for i in positions:
+                    results[i] = batch_split.part_failed(error, keys[i], first, last)
+                continue
+            for i, status in zip(positions, statuses, strict=True):
                 results[i] = status
         return results
-
-    def _statuses(self, method: str, keys: Sequence[str], fields: dict[str, Any]) -> Any:
-        """The master's per-key statuses for valid ``keys``."""
-        request = getattr(pb, f"{method}Request")(client_id=self.client_id, keys=keys, **fields)
-        return self._call(method, request).statuses
 
     @staticmethod
     def _valid_keys(keys: Sequence[str], results: list[Any]) -> list[int]:
@@ -966,19 +978,6 @@ def _too_late(left: float, expected: float) -> bool:
     """Whether a part of a large put, with ``left`` seconds to go, is better not sent;
     ``expected``: what it would take, at the last (whole) part's time per key."""
     return left <= 0 or left < expected * PART_TIME_SHARE
-
-
-def _part_failed(error: KVPoolError, key: str, first: int, last: int) -> KVPoolError:
-    """``key``'s error when the part of a large put that held it (the caller's entries
-    ``first`` to ``last``) failed as a whole: that error, of its type, named for the key."""
-    message = (
-        f"the part of this batch that held {shown_key(key)} (entries {first} to {last}) "
-        f"failed: {error}"
-    )
-    try:
-        return type(error)(message, key=key)
-    except TypeError:  # (an error that takes other arguments: itself, shared)
-        return error
 
 
 def _distinct(keys: Sequence[Any]) -> bool:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
 
+from kvpool.client import batch_split
 from kvpool.client.cancellation import checkpoint
 from kvpool.client.checksum import crc32c_at, crc32c_of_pieces
 from kvpool.client.data_path import Failure, Transfer
@@ -45,29 +46,43 @@ def locate(
     """GetReplicas for ``keys[i] for i in valid``; fills errors into ``results``.
 
     Returns the located objects by batch position and when their lease ends (monotonic).
+    More keys than one master call takes go in parts within ``deadline``; a part after the
+    first that fails gives its error to its keys (``batch_split``), the others are read.
     """
     located: dict[int, pb.ObjectLocation] = {}
     if not valid:
         return located, 0.0
-    sent_at = time.monotonic()
-    response = session.link.call(
-        "GetReplicas",
-        pb.GetReplicasRequest(
-            client_id=session.client_id,
-            keys=[keys[i] for i in valid],
-            lease_ms=int(session.lease_ttl * 1000),
-            mapped_segments=session.data.mapped_for(writing=False),
-        ),
-        deadline,
-    )
-    lease_deadline = sent_at + response.lease_ms / 1000.0
-    session.data.learn(response.segments)
+    lease_deadline = float("inf")
     ok = KeyStatus.OK  # (read off its Enum class once, not per key)
-    for i, location in zip(valid, response.objects, strict=True):
-        if location.status == ok:
-            located[i] = location
-        else:
-            results[i] = error_for(location.status, keys[i])
+    for part in batch_split.each_part(len(valid)):
+        positions = valid if len(valid) == len(part) else valid[part.start : part.stop]
+        sent_at = time.monotonic()
+        try:
+            response = session.link.call(
+                "GetReplicas",
+                pb.GetReplicasRequest(
+                    client_id=session.client_id,
+                    keys=[keys[i] for i in positions],
+                    lease_ms=int(session.lease_ttl * 1000),
+                    mapped_segments=session.data.mapped_for(writing=False),
+                ),
+                deadline,
+            )
+        except KVPoolError as error:
+            if not part.start:  # (nothing leased yet: the call fails as a whole)
+                raise
+            # (the parts before it are leased: they are read, and their leases given back)
+            first, last = positions[0], positions[-1]
+            for i in positions:
+                results[i] = batch_split.part_failed(error, keys[i], first, last)
+            continue
+        lease_deadline = min(lease_deadline, sent_at + response.lease_ms / 1000.0)
+        session.data.learn(response.segments)
+        for i, location in zip(positions, response.objects, strict=True):
+            if location.status == ok:
+                located[i] = location
+            else:
+                results[i] = error_for(location.status, keys[i])
     return located, lease_deadline
 
 
