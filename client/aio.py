@@ -224,6 +224,9 @@ class AsyncClient:
     ) -> list[bool | KVPoolError]:
         return await self._call(functools.partial(self._client.exists_many, keys, lease=lease))
 
+    async def release_leases(self, keys: Sequence[str]) -> int:
+        return await self._call(functools.partial(self._client.release_leases, keys))
+
     async def remove_many(
         self, keys: Sequence[str], *, force: bool = False
     ) -> list[KVPoolError | None]:

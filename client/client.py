@@ -691,6 +691,24 @@ class Client:
             self._remember_leases(leased)
         return found
 
+    def release_leases(self, keys: Sequence[str]) -> int:
+        """Ends this client's read leases on ``keys`` now (those its gets and ``exists``
+        took), instead of when they run out or the client closes: objects a reader is done
+        with can then be removed or evicted, and stop counting against its tenant's leases
+        quota. A lease another reader took on an object since is not cut short. Returns how
+        many leases ended; invalid keys are skipped (none could have been leased)."""
+        keys = arguments.key_list("release_leases", keys, "release_leases([key])")
+        if not plainly_valid(keys):
+            keys = [k for k in keys if key_problem(k) is None]
+        if not keys:
+            return 0
+        with self._leases_lock:
+            pop = self._leased.pop
+            for key in keys:
+                pop(key, None)
+        request = pb.ReleaseLeasesRequest(client_id=self.client_id, keys=keys)
+        return int(self._call("ReleaseLeases", request).released)
+
     def remove_many(self, keys: Sequence[str], *, force: bool = False) -> list[KVPoolError | None]:
         keys = arguments.key_list("remove_many", keys, "remove(key)")
         force = arguments.flag("force", force)

@@ -46,6 +46,7 @@ from kvpool.errors import (
     ClientClosed,
     InvalidArgument,
     KVPoolError,
+    MasterNotTrusted,
     MasterUnavailable,
     NotAuthenticated,
     PermissionDenied,
@@ -205,9 +206,9 @@ class MasterLink:
                     self._answered = True
                 problem = _tls_problem(details) if code == lp.UNAVAILABLE else ""
                 if problem and not self._resolver.hinted(leader):  # no retry fixes that
-                    raise MasterUnavailable(self._not_proven(leader, problem))
+                    raise MasterNotTrusted(self._not_proven(leader, problem))
                 if code == lp.UNAVAILABLE and self._certificate_alert(details):
-                    raise MasterUnavailable(
+                    raise NotAuthenticated(
                         f"master {leader} did not answer {method}: "
                         f"{self._handshake_closed_hint()} ({name}: {details})"
                     )

@@ -99,6 +99,14 @@ class MasterUnavailable(KVPoolError):
     retryable = True
 
 
+class MasterNotTrusted(MasterUnavailable):
+    """The master's certificate failed this client's TLS check (not signed by the CA it
+    trusts, or not for the address dialled). No retry fixes that: the client's CA or the
+    master's certificate has to change. Raised at once."""
+
+    retryable = False
+
+
 class ChecksumMismatch(KVPoolError):
     """The bytes read do not match the checksum their writer recorded."""
 

@@ -15,6 +15,7 @@ import os
 from helpers import kvpool_cli
 
 import kvpool
+from kvpool.errors import ObjectHasLease
 
 
 def test_a_get_that_exited_does_not_hold_up_a_removal(cluster_factory, tmp_path):
@@ -51,3 +52,24 @@ def test_a_reader_still_reading_keeps_its_lease_and_the_cli_says_how_to_go_on(cl
     gone = kvpool_cli("rm", "--all", master=cluster.master_address)
     assert gone.returncode == 0, gone.stderr  # the open reader closed: its lease went with it
     assert "removed 1 object(s)" in gone.stderr
+
+
+def test_a_reader_done_with_objects_gives_their_leases_back_without_closing(cluster_factory):
+    """``release_leases``: a long-lived reader (an engine's load client) that has copied what
+    it read lets it be removed or evicted at once, and stops counting it against its
+    tenant's leases quota, instead of holding it for the lease's TTL."""
+    cluster = cluster_factory(nodes=1, dram="64MiB", master_args=["--lease-ttl", "30"])
+    keys = [f"page{i}" for i in range(4)]
+    with (
+        kvpool.Client(cluster.master_address) as admin,
+        kvpool.Client(cluster.master_address) as reader,
+    ):
+        admin.put_many([(key, key.encode()) for key in keys])
+        assert reader.get_many(keys[:2]) == [b"page0", b"page1"]
+        assert reader.exists_many(keys[2:]) == [True, True]
+        assert all(isinstance(r, ObjectHasLease) for r in admin.remove_many(keys))
+
+        assert reader.release_leases([*keys[:3], "", "never-leased"]) == 3
+        removed = admin.remove_many(keys)
+        assert removed[:3] == [None, None, None]
+        assert isinstance(removed[3], ObjectHasLease), removed[3]  # (not released: held)

@@ -27,7 +27,7 @@ from kvpool.client.master_link import (
     _tls_problem,
 )
 from kvpool.common.leader_resolver import LEADER_METADATA
-from kvpool.errors import MasterUnavailable
+from kvpool.errors import MasterNotTrusted, MasterUnavailable
 from kvpool.proto import master_pb2 as pb
 from kvpool.proto import master_pb2_grpc
 from kvpool.security.caller import CallerCredentials
@@ -131,9 +131,10 @@ def test_a_certificate_that_does_not_name_the_address_given_fails_at_once(pki, s
     client = link(pki, f"127.0.0.1:{port}")
     try:
         start = time.monotonic()
-        with pytest.raises(MasterUnavailable, match=r"does not name 127\.0\.0\.1"):
+        with pytest.raises(MasterNotTrusted, match=r"does not name 127\.0\.0\.1") as raised:
             client.call("ClusterStatus", pb.ClusterStatusRequest(), time.monotonic() + 10)
         assert time.monotonic() - start < 3, "no retry fixes a certificate"
+        assert isinstance(raised.value, MasterUnavailable) and not raised.value.retryable
     finally:
         client.close()
 
