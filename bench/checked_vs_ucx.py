@@ -32,7 +32,9 @@ def main() -> None:
     args = parser.parse_args()
 
     os.environ["UCX_TLS"] = "tcp"
-    with LocalCluster(1, "1GiB", node_args=("--data-port", "0"), env={"UCX_TLS": "tcp"}) as cluster:
+    with LocalCluster(
+        1, "1GiB", node_args=("--data-port", "0", "--ucx-tcp"), env={"UCX_TLS": "tcp"}
+    ) as cluster:
         options = {
             "timeout": 30,
             "same_host_mapping": False,

@@ -151,7 +151,8 @@ class KvpoolServers:
                 [*kvpool, "node", "--master", self.address, "--dram", self.dram,
                  "--listen", ip, "--http-port", "0", "--node-id", NODE_ID,
                  "--drain-timeout", "1", "--log-format", "json",
-                 *(["--tenant", TENANT] if self.secure else ["--insecure"])],
+                 *(["--tenant", TENANT] if self.secure else ["--insecure"]),
+                 *(["--ucx-tcp"] if self.placement.tcp_only else [])],
                 self.run_dir,
                 self._node_env(),
             )  # fmt: skip

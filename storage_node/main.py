@@ -137,8 +137,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="let peers on other hosts reach this node's UCX worker over TCP (one-sided "
         "reads and writes the node does not check: trusted networks only). Off by default "
         "while the node serves the checked stream: its worker then offers shared memory "
-        "only, to clients on its host; on when --data-port is -1, the node --insecure, or "
-        "UCX_TLS is set",
+        "only, to clients on its host (an environment's UCX_TLS naming other transports is "
+        "refused without this flag); on when --data-port is -1 or the node --insecure",
     )
     parser.add_argument(
         "--tenant",
@@ -379,11 +379,45 @@ def _ucx_config(args: argparse.Namespace) -> dict[str, str] | None:
     while the checked stream carries every transfer, other nodes' copies included: its
     context then serves no peer's RMA either (over shared memory UCP would run a same-host
     peer's software RMA anywhere in the node, whatever the peer's tenant). UCX's defaults
-    (None) with ``--ucx-tcp``, without the stream, or where the environment names the
-    transports (UCX_TLS)."""
-    if args.ucx_tcp or _checked_listener(args, "") is None or "UCX_TLS" in os.environ:
+    (None) with ``--ucx-tcp`` or without the stream. An operator's UCX_TLS is kept where it
+    names local transports only; one that would offer more (TCP, say) without ``--ucx-tcp``
+    is refused (CannotStart): a tuning variable must not quietly open the unchecked path."""
+    if args.ucx_tcp or _checked_listener(args, "") is None:
         return None
-    return {"TLS": LOCAL_UCX_TRANSPORTS}
+    named = os.environ.get("UCX_TLS")
+    if named is None:
+        return {"TLS": LOCAL_UCX_TRANSPORTS}
+    wider = _non_local_transports(named)
+    if wider:
+        raise CannotStart(
+            f"UCX_TLS={named!r} in this node's environment would let peers on other hosts "
+            f"reach its UCX worker ({', '.join(wider)}), with one-sided reads and writes the "
+            "node does not check (docs/security.md). The checked stream carries every "
+            "transfer from other hosts: unset UCX_TLS (or name only local transports, such "
+            f"as {LOCAL_UCX_TRANSPORTS!r}), or pass --ucx-tcp to accept UCX over TCP on a "
+            "network only trusted peers reach"
+        )
+    return {"TLS": named}
+
+
+#: UCX transports that reach no other host (UCX_TLS names; ``sm`` and ``shm`` stand for the
+#: shared-memory ones, ``mm`` for posix and sysv).
+LOCAL_TRANSPORT_NAMES = frozenset(
+    ("sm", "shm", "mm", "self", "cma", "posix", "sysv", "xpmem", "knem", "cuda_copy",
+     "cuda_ipc", "rocm_copy", "rocm_ipc", "gdr_copy")
+)  # fmt: skip
+
+
+def _non_local_transports(named: str) -> list[str]:
+    """The transports of a UCX_TLS value that may reach other hosts: every name not known
+    to be local, and the whole value where it excludes (``^...``: all the others) or is
+    empty (UCX's defaults)."""
+    value = named.strip()
+    if not value or value.startswith("^"):
+        return [value or "UCX's defaults"]
+    names = [name.strip().lower() for name in value.split(",") if name.strip()]
+    # (``ud:aux``: a transport named for one use)
+    return [name for name in names if name.split(":")[0] not in LOCAL_TRANSPORT_NAMES]
 
 
 def _http_server(

@@ -216,7 +216,9 @@ class ChaosCluster:
                 sites=self._site,
             ).start(timeout=120)
             for i in range(self.layout.nodes):
-                extra: tuple[str, ...] = self.layout.node_args
+                # (UCX_TLS=tcp above: UCX over TCP asked for in so many words, as a node
+                # serving the checked stream requires)
+                extra: tuple[str, ...] = ("--ucx-tcp", *self.layout.node_args)
                 if i == self.layout.nodes - 1:
                     extra += ("--nvme", str(self.disk.mount), "--nvme-size", NVME_SEGMENT)
                 self.cluster.add_node(extra=extra, deadline=time.monotonic() + 120)

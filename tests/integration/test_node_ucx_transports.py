@@ -12,6 +12,8 @@ an endpoint to it, and a peer on its host that makes one over shared memory reac
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 from helpers import bearer, master_channel
@@ -20,6 +22,9 @@ from kvpool import Client
 from kvpool.errors import TransferError
 from kvpool.proto import master_pb2 as pb
 from kvpool.proto import master_pb2_grpc
+from kvpool.security.dev_pki import make_dev_pki
+from kvpool.security.identity import Role
+from kvpool.security.tokens import new_token
 from kvpool.transport import ucp
 
 
@@ -67,6 +72,23 @@ def test_no_peer_reaches_a_checked_nodes_worker_over_tcp(cluster_factory):
 def test_ucx_tcp_is_the_operators_choice(cluster_factory):
     cluster = cluster_factory(1, "64MiB", node_args=("--ucx-tcp",))
     assert connects_over_tcp(node_worker_address(cluster)) == ucp.UCS_OK
+
+
+def test_a_ucx_tls_that_would_open_tcp_stops_the_node_unless_ucx_tcp_is_given(tmp_path):
+    """A tuning variable (a chart's example said UCX_TLS=tcp,sm,self) once quietly opened
+    the unchecked path on a secure node: the node now says so and does not start."""
+    pki = make_dev_pki(tmp_path / "pki")
+    token, _ = new_token("node0", Role.NODE, node_id="node0")
+    env = {**os.environ, "UCX_TLS": "tcp,sm,self", "KVPOOL_TOKEN": token}
+    started = subprocess.run(
+        [sys.executable, "-m", "kvpool.cli.main", "node", "--master", "127.0.0.1:1",
+         "--tls-ca", str(pki.ca), "--node-id", "node0", "--dram", "16MiB",
+         "--listen", "127.0.0.1", "--http-port", "0"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert started.returncode == 2, started.stderr
+    assert "UCX_TLS='tcp,sm,self'" in started.stderr, started.stderr
+    assert "--ucx-tcp" in started.stderr and "Traceback" not in started.stderr
 
 
 def test_a_client_that_opts_out_of_the_checked_stream_is_told_what_to_do(
