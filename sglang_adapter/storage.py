@@ -6,11 +6,14 @@ controller moves pages through:
 
 - ``batch_exists(keys)``: one ``Exists`` round trip for the batch (each hit leased, so that
   the prefetch which follows finds it); the count of consecutive hits from the first key.
+  Hits after the first miss, which SGLang never loads, have their leases given back.
 - ``batch_get_v1(keys, host_indices)``: one ``get_into_parts_many`` straight into the host
   pool, with the load deadline; entry i is whether page i arrived whole. A page whose node
   died, that was evicted, or whose size differs from the pool's page is a miss (False);
   kvpool force-closes transfers at the deadline, so nothing lands in the pool after the
-  call returned.
+  call returned. Then one ``release_leases`` of the batch's keys: a page loaded is not
+  pinned against removal or eviction, nor counted against the tenant's leases quota, for
+  the rest of its lease.
 - ``batch_set_v1(keys, host_indices)``: one ``put_parts_many`` straight out of the host
   pool; a page that already exists counts as stored (pages are immutable, the key names
   the content).
@@ -20,13 +23,16 @@ thread never holds up a prefetch. The host pool is registered with both once. ``
 ``set`` and their batch forms (SGLang's older interface) move one caller buffer per key.
 
 While the engine starts, one ``exists_many`` of a probe key checks its credentials: a token
-the master refuses fails the start (a ``ValueError``), where it would otherwise fail every
-call; a master that does not answer is logged and the engine starts (it finds the cluster
-once it is up). A master that cannot be reached costs every call its whole timeout, so after
-a lookup or load failed as a whole for that reason, lookups and loads miss without asking
-for ``load_timeout_s``; after a store whose every page failed for it, stores are skipped
-(not stored) for ``store_timeout_s``. Then one call asks again. Warnings go through a
-throttle: one line per kind of failure every ``LOG_INTERVAL`` seconds at most.
+the master refuses, or a master whose certificate fails the TLS check (another CA, another
+name), fails the start (a ``ValueError``), where it would otherwise fail every call; so does
+a model name or key prefix so long that the page keys would exceed kvpool's 1024 bytes. A
+master that does not answer is logged and the engine starts (it finds the cluster once it is
+up). A master that cannot be reached costs every call its whole timeout, so after a lookup or
+load failed as a whole for that reason, lookups and loads miss without asking for
+``load_timeout_s``; after a store whose every page failed for it, stores are skipped (not
+stored) for ``store_timeout_s``. Then one call asks again; any call the master answers ends
+both quiet periods. Warnings (and the info lines of pages missed) go through a throttle: one
+line per kind of failure every ``LOG_INTERVAL`` seconds at most.
 """
 
 from __future__ import annotations
@@ -46,12 +52,14 @@ from sglang.srt.mem_cache.hicache_storage import (
 
 from kvpool import Client
 from kvpool.common.kept_errors import forget_tracebacks
-from kvpool.common.log_throttle import LogThrottle
+from kvpool.common.log_throttle import LogThrottle, dropped_since
 from kvpool.errors import (
     KVPoolError,
+    MasterNotTrusted,
     MasterUnavailable,
     NotAuthenticated,
     ObjectExists,
+    ObjectNotFound,
     PermissionDenied,
 )
 from kvpool.sglang.config import KVPoolHiCacheConfig
@@ -109,11 +117,20 @@ class KVPoolHiCacheStorage(HiCacheStorage):
 
     def _check_credentials(self) -> None:
         """One cheap authenticated call (a probe key's ``exists``, no lease), within
-        ``load_timeout_s``: credentials the master refuses fail the engine's start; a
-        master that does not answer is logged, and lookups and loads start quiet."""
+        ``load_timeout_s``: credentials the master refuses, or a master certificate that
+        fails this engine's TLS check, fail the engine's start; a master that does not
+        answer is logged, and lookups and loads start quiet."""
         probe = self._keys.namespace + "kvpool-credentials-probe"
         try:
             self._load_client.exists_many([probe], lease=False)
+        except MasterNotTrusted as error:
+            raise ValueError(
+                f"kvpool: the master {self.settings.master} is not the one this engine trusts: "
+                f"its certificate fails the TLS check ({error}). Give the backend the CA that "
+                'signed the master\'s certificate: "tls_ca" in '
+                "--hicache-storage-backend-extra-config, else $KVPOOL_TLS_CA; and name the "
+                "master by a host name or address its certificate holds."
+            ) from None
         except (NotAuthenticated, PermissionDenied) as error:
             raise ValueError(
                 f"kvpool: the master {self.settings.master} refuses this engine's credentials "
@@ -149,15 +166,17 @@ class KVPoolHiCacheStorage(HiCacheStorage):
     ) -> int:
         if not keys or self._closed or self._loads_quiet():
             return 0
+        names = self._keys.names(keys)
         try:
-            found = self._load_client.exists_many(self._keys.names(keys))
+            found = self._load_client.exists_many(names)
         except (KVPoolError, RuntimeError) as error:  # RuntimeError: closed meanwhile
             self._load_failed("lookup", len(keys), error)
             return 0
-        for i, hit in enumerate(found):
-            if hit is not True:
-                return i
-        return len(keys)
+        self._master_answered()
+        hits = next((i for i, hit in enumerate(found) if hit is not True), len(found))
+        if hits < len(found):
+            self._lookup_stopped(names, found, hits)
+        return hits
 
     def batch_get_v1(
         self,
@@ -168,19 +187,27 @@ class KVPoolHiCacheStorage(HiCacheStorage):
         pieces = self._host_pages().pieces(len(keys), host_indices)
         if self._closed or not keys or self._loads_quiet():
             return [False] * len(keys)
+        names = self._keys.names(keys)
         try:
-            results = self._load_client.get_into_parts_many(
-                list(zip(self._keys.names(keys), pieces, strict=True))
-            )
+            results = self._load_client.get_into_parts_many(list(zip(names, pieces, strict=True)))
         except (KVPoolError, RuntimeError) as error:
             self._load_failed("load", len(keys), error)
+            self._loaded(names, error)
             return [False] * len(keys)
         forget_tracebacks(results)  # (per-key errors: see _put)
+        self._master_answered()
+        self._loaded(names)
         hits = [_is_count(r) for r in results]  # entry i: page i's size, or its error
         if not all(hits):
             first = next(r for r, hit in zip(results, hits, strict=True) if not hit)
-            logger.info(
-                "kvpool: %d of %d page(s) missed, first: %s", hits.count(False), len(keys), first
+            self._warn(
+                ("miss", type(first).__name__),
+                "kvpool: %d of %d page(s) missed, first: %s",
+                hits.count(False),
+                len(keys),
+                first,
+                # (evicted or never stored: the cache working as it does)
+                level=logging.INFO if isinstance(first, ObjectNotFound) else logging.WARNING,
             )
         return hits
 
@@ -209,16 +236,18 @@ class KVPoolHiCacheStorage(HiCacheStorage):
         if self._closed or not keys or self._loads_quiet():
             return [None] * len(keys)
         results: list[Any]
+        names = self._keys.names(keys)
         try:
             results = self._load_client.get_into_parts_many(
-                [
-                    (name, [view])
-                    for name, (view, _) in zip(self._keys.names(keys), targets, strict=True)
-                ]
+                [(name, [view]) for name, (view, _) in zip(names, targets, strict=True)]
             )
         except (KVPoolError, RuntimeError) as error:
             self._load_failed("get", len(keys), error)
+            self._loaded(names, error)
             results = [error] * len(keys)
+        else:
+            self._master_answered()
+            self._loaded(names)
         forget_tracebacks(results)  # (else they pin the targets in a cycle: see _put)
         hit = (_is_count(r) for r in results)
         return [(given if ok else None) for ok, (_, given) in zip(hit, targets, strict=True)]
@@ -303,6 +332,7 @@ class KVPoolHiCacheStorage(HiCacheStorage):
         # entry i: the replicas written, or key i's error (ObjectExists: stored before)
         stored = [_is_count(r) or isinstance(r, ObjectExists) for r in results]
         if all(stored):
+            self._master_answered()
             return stored
         first = next(r for r, ok in zip(results, stored, strict=True) if not ok)
         if all(isinstance(r, MasterUnavailable) for r in results):
@@ -317,6 +347,7 @@ class KVPoolHiCacheStorage(HiCacheStorage):
                 pause,
             )
         else:
+            self._master_answered()
             self._warn(
                 ("store", type(first).__name__),
                 "kvpool: %d of %d page(s) not stored, first: %s",
@@ -333,6 +364,48 @@ class KVPoolHiCacheStorage(HiCacheStorage):
 
     def _stores_quiet(self) -> bool:
         return time.monotonic() < self._stores_quiet_until
+
+    def _master_answered(self) -> None:
+        """A call that the master answered ends both quiet periods (stores need not wait out
+        theirs once a lookup found the master back). A race with a thread starting one costs
+        one more call that asks."""
+        if self._loads_quiet_until or self._stores_quiet_until:
+            self._loads_quiet_until = self._stores_quiet_until = 0.0
+
+    def _lookup_stopped(self, names: list[str], found: list[Any], hits: int) -> None:
+        """After ``batch_exists`` stopped at key ``hits``: a warning where the master refused
+        a lookup (a leases quota, say: SGLang sees a miss, the page is there), and the
+        leases of the hits after the first miss given back (SGLang never loads those)."""
+        refused = [r for r in found if isinstance(r, KVPoolError)]
+        if refused:
+            self._warn(
+                ("lookup", type(refused[0]).__name__),
+                "kvpool: lookup of %d page(s): %d refused (counted as misses), first: %s",
+                len(found),
+                len(refused),
+                refused[0],
+            )
+        unused = [n for n, hit in zip(names[hits:], found[hits:], strict=True) if hit is True]
+        if unused:
+            self._release(unused)
+
+    def _loaded(self, names: list[str], error: Exception | None = None) -> None:
+        """Gives back the read leases of a load's pages (its own, and its lookup's), whatever
+        arrived: else they pin the pages and count against the tenant's leases quota until
+        they run out. Not after a load that the master did not answer (nor once closed)."""
+        if isinstance(error, MasterUnavailable) or self._closed:
+            return
+        if error is not None and not isinstance(error, KVPoolError):
+            return  # (a client closed meanwhile)
+        self._release(names)
+
+    def _release(self, names: list[str]) -> None:
+        """``release_leases``, best effort: a failure is a throttled warning (and one the
+        master did not answer makes lookups and loads quiet, as a failed load does)."""
+        try:
+            self._load_client.release_leases(names)
+        except (KVPoolError, RuntimeError) as error:
+            self._load_failed("lease release", len(names), error)
 
     def _load_failed(self, kind: str, count: int, error: Exception) -> None:
         """A lookup or load that failed as a whole: a master that did not answer makes the
@@ -354,15 +427,15 @@ class KVPoolHiCacheStorage(HiCacheStorage):
                 (kind, type(error).__name__), "kvpool: %s of %d page(s): %s", kind, count, error
             )
 
-    def _warn(self, key: tuple[str, str], message: str, *args: Any) -> None:
+    def _warn(
+        self, key: tuple[str, str], message: str, *args: Any, level: int = logging.WARNING
+    ) -> None:
         """``message``, unless one of the same ``key`` went out less than ``LOG_INTERVAL``
         ago (then counted, and said with the next one)."""
         dropped = self._log.allow(key)
         if dropped is None:
             return
-        if dropped:
-            message += f" ({dropped} more such line(s) since the last one)"
-        logger.warning(message, *args)
+        logger.log(level, message + "%s", *args, dropped_since(dropped))
 
 
 def _is_count(result: object) -> bool:

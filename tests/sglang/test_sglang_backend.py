@@ -5,6 +5,8 @@ byte, lookups count the hits SGLang may prefetch, misses never touch the pool.""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
@@ -13,6 +15,7 @@ from sglang_support import attach, hashes, storage_config
 
 from bench.sglang_host_pool import PAGE_LAYOUTS, MHAHostPool, MLAHostPool, page_indices
 from kvpool import Client
+from kvpool.security.dev_pki import make_dev_pki
 
 SENTINEL = -7.0
 #: A well-formed client token that no cluster knows (as a revoked one).
@@ -61,6 +64,24 @@ def test_a_token_the_master_refuses_fails_the_start_with_what_to_fix(sg_cluster)
     message = str(failure.value)
     assert "not one this cluster knows" in message  # (the master's reason)
     assert '"token"' in message and "$KVPOOL_TOKEN" in message
+
+
+def test_a_master_certificate_of_another_ca_fails_the_start_with_what_to_fix(sg_cluster, tmp_path):
+    # (else the engine would start, and every call fail the TLS check)
+    other = make_dev_pki(tmp_path / "other-ca")
+    config = storage_config(sg_cluster.master_address, params={"tls_ca": str(other.ca)})
+    with pytest.raises(ValueError, match="certificate fails the TLS check") as failure:
+        StorageBackendFactory.create_backend("dynamic", config, mha_pool())
+    assert '"tls_ca"' in str(failure.value) and "$KVPOOL_TLS_CA" in str(failure.value)
+
+
+def test_a_model_name_too_long_for_kvpool_keys_fails_the_start(sg_cluster):
+    # (else every page key would be over kvpool's limit: every lookup a miss, every store
+    # refused)
+    config = storage_config(sg_cluster.master_address, model_name="/mnt/models/" + "m" * 1000)
+    with pytest.raises(ValueError, match=r"limit is 1024.*/mnt/models/mmm") as failure:
+        StorageBackendFactory.create_backend("dynamic", config, mha_pool())
+    assert "shorter key_prefix" in str(failure.value)
 
 
 def test_with_the_master_down_the_backend_starts_and_misses(make_backend):
@@ -115,6 +136,35 @@ def test_missing_pages_are_misses_that_leave_their_host_pages_untouched(make_bac
     assert backend.batch_get_v1(keys, page_indices([8, 9, 10], 4)) == [True, False, True]
     assert bool((pool.page(9 * 4) == SENTINEL).all())
     assert same_pages(pool, [0, 2], [8, 10])
+
+
+def test_misses_log_a_bounded_number_of_lines(make_backend, caplog):
+    # SGLang's prefetch threads load again and again; pages evicted are normal misses
+    backend = make_backend(mha_pool())
+    with caplog.at_level(logging.INFO, logger="kvpool.sglang"):
+        for _ in range(20):
+            assert backend.batch_get_v1(hashes(2), page_indices([0, 1], 4)) == [False, False]
+    lines = [r for r in caplog.records if r.name.startswith("kvpool.sglang")]
+    assert len(lines) == 1, [r.getMessage() for r in lines]
+    assert lines[0].levelno == logging.INFO and "2 of 2 page(s) missed" in lines[0].getMessage()
+
+
+def test_pages_looked_up_and_loaded_are_not_left_leased(make_backend):
+    # A read lease pins its page against removal and eviction and counts against the
+    # tenant's leases quota: the backend gives back the leases of what it loaded, and of
+    # the hits after a lookup's first miss (SGLang loads none of those).
+    pool = mha_pool()
+    backend = make_backend(pool)
+    keys = hashes(4)
+    assert all(backend.batch_set_v1(keys, page_indices([0, 1, 2, 3], 4)))
+    assert backend.batch_exists(keys) == 4
+    assert backend.batch_get_v1(keys, page_indices([8, 9, 10, 11], 4)) == [True] * 4
+    gap = hashes(3)
+    assert all(backend.batch_set_v1([gap[0], gap[2]], page_indices([4, 5], 4)))
+    assert backend.batch_exists(gap) == 1
+    with Client(backend.settings.master) as other:  # (the same tenant; no force)
+        names = backend.kvpool_keys([*keys, gap[2]])
+        assert other.remove_many(names) == [None] * len(names)
 
 
 def test_storing_a_stored_page_again_succeeds_and_keeps_the_first_bytes(make_backend):

@@ -1,10 +1,12 @@
 """A storage node that dies while SGLang loads pages from kvpool: its pages are misses, the
 others still hit, every hit holds the bytes stored, and no call blocks its caller. A master
 that stalls: calls failing as a whole never crash the engine's process, and a run of calls
-waits one timeout, not one each."""
+waits one timeout, not one each. A tenant's leases quota: loads give their leases back, so
+lookups keep hitting; a lookup the quota refuses is logged."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -148,11 +150,44 @@ def test_calls_under_a_stopped_master_wait_one_timeout_not_one_each(cluster_fact
         assert 2 <= len(lines) <= 4, lines  # (one per kind, and maybe one more on a slow box)
         assert any("lookups and loads miss for the next 1 s without asking" in m for m in lines)
         assert any("stores are skipped for the next 1 s without asking" in m for m in lines)
-        # the master back, the calls ask kvpool again
+        # the master back, the calls ask kvpool again; a lookup it answered ends the stores'
+        # quiet period too
         assert wait_until(lambda: backend.batch_exists(keys) == 4, timeout=30.0)
-        assert wait_until(
-            lambda: backend.batch_set_v1(hashes(1), page_indices([8], 4)) == [True], timeout=30.0
-        )
+        assert backend.batch_set_v1(hashes(1), page_indices([8], 4)) == [True]
         assert backend.batch_get_v1(keys, targets) == [True] * 4
+    finally:
+        backend.close()
+
+
+def test_loads_give_their_leases_back_so_a_leases_quota_never_fills(
+    cluster_factory, tmp_path, caplog
+):
+    # Each lookup leases its hits (for load_timeout_s, 5 s by default). Leases kept after the
+    # load would fill the quota of 4 after one request's pages: the next request's lookups
+    # refused, misses of pages that are stored.
+    path = tmp_path / "quotas.json"
+    path.write_text(json.dumps({"version": 1, "tenants": {"sg": {"leases": 4}}}))
+    cluster = cluster_factory(
+        1, "64MiB", tenants=("default", "sg"), master_args=["--quotas", str(path)]
+    )
+    pool = MHAHostPool(16, 4, 2, 2, 64)
+    config = storage_config(cluster.master_address, params=cluster.client_credentials("sg"))
+    backend = attach(config, pool)
+    try:
+        for _ in range(3):  # requests, each for pages of its own
+            keys = hashes(4)
+            assert backend.batch_set_v1(keys, page_indices([0, 1, 2, 3], 4)) == [True] * 4
+            assert backend.batch_exists(keys) == 4
+            assert backend.batch_get_v1(keys, page_indices([4, 5, 6, 7], 4)) == [True] * 4
+        # a lookup not followed by a load (SGLang dropped the prefetch) keeps its leases
+        # until they run out; a lookup refused meanwhile is a miss, and says why
+        held, refused = hashes(4), hashes(2)
+        assert all(backend.batch_set_v1([*held, *refused], page_indices(range(6), 4)))
+        assert backend.batch_exists(held) == 4
+        with caplog.at_level(logging.WARNING, logger="kvpool.sglang"):
+            assert backend.batch_exists(refused) == 0
+        lines = [r.getMessage() for r in caplog.records if r.name.startswith("kvpool.sglang")]
+        assert len(lines) == 1 and "2 refused" in lines[0], lines
+        assert "quota" in lines[0].lower(), lines
     finally:
         backend.close()
