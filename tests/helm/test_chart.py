@@ -528,7 +528,12 @@ def test_host_network_daemonset(renders: dict[str, Render]) -> None:
     container = render.container("node")
     args = parse_cli(container_argv(container))
     assert args.http_port == named_port(container, "http") == 19091
-    assert {"name": "UCX_TLS", "value": "tcp,sm,self"} in container["env"]
+    assert {"name": "UCX_LOG_LEVEL", "value": "warn"} in container["env"]  # (extraEnv)
+    assert "UCX_TLS" not in {e["name"] for e in container["env"]}  # (shared memory only)
+    # The nodes reach the master from their hosts' addresses: an ipBlock admits them.
+    master = render.get("NetworkPolicy", f"{render.fullname}-master")
+    peers = [p for rule in master["spec"]["ingress"] for p in rule["from"]]
+    assert {"ipBlock": {"cidr": "10.0.0.0/16"}} in peers
     for name, other in renders.items():
         if name != "hostnetwork-daemonset":
             pod = other.container("node")
@@ -645,13 +650,14 @@ def test_node_command_parses(renders: dict[str, Render], value_set: str) -> None
     env = {e["name"]: e for e in container["env"]}
     assert env["K8S_NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert args.http_port == named_port(container, "http") == storage["httpPort"]
-    if render.values["auth"]["insecure"]:
-        assert args.node_id is None  # the CLI's default: fresh for DRAM, kept for NVMe
-        assert args.insecure is True
-    else:  # the id its token is bound to: the pod's name, or a DaemonSet's Kubernetes node
-        id_var = "POD_NAME" if storage["kind"] == "StatefulSet" else "K8S_NODE_NAME"
-        assert args.node_id == f"<{id_var}>"
-        assert args.insecure is False
+    # Secure: the id its token is bound to, the pod's name or a DaemonSet's Kubernetes node.
+    # Insecure: the same stable id where a segment outlives the pod (warm restart, NVMe), else
+    # the CLI's default (a fresh id each start).
+    id_var = "POD_NAME" if storage["kind"] == "StatefulSet" else "K8S_NODE_NAME"
+    insecure = render.values["auth"]["insecure"]
+    persistent = storage["warmRestart"]["enabled"] or storage["nvme"]["enabled"]
+    assert args.node_id == (f"<{id_var}>" if not insecure or persistent else None)
+    assert args.insecure is insecure
     assert args.log_format == "json"
     if storage["nvme"]["enabled"]:
         assert args.nvme == [storage["nvme"]["mountPath"]]
@@ -985,21 +991,14 @@ def test_service_monitor_scrapes_master_and_nodes(renders: dict[str, Render]) ->
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
     spec = monitor["spec"]
     assert spec["namespaceSelector"] == {"matchNames": [render.namespace]}
-    match_labels = spec["selector"]["matchLabels"]
+    assert spec["selector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "kvpool",
+        "app.kubernetes.io/instance": render.release,
+    }
     (expression,) = spec["selector"]["matchExpressions"]
     assert expression["key"] == "app.kubernetes.io/component"
     assert expression["operator"] == "In"
-
-    def selected(service: dict[str, Any]) -> bool:
-        service_labels = service["metadata"]["labels"]
-        return match_labels.items() <= service_labels.items() and (
-            service_labels.get(expression["key"]) in expression["values"]
-        )
-
-    def scraped_through(service: dict[str, Any]) -> bool:  # (the endpoints' port: "http")
-        return selected(service) and "http" in {p["name"] for p in service["spec"]["ports"]}
-
-    scraped = {s["metadata"]["name"] for s in render.of_kind("Service") if scraped_through(s)}
+    scraped = _scraped_services(render)
     assert scraped == {f"{render.fullname}-master", f"{render.fullname}-node"}
     (endpoint,) = spec["endpoints"]
     assert endpoint["path"] == "/metrics"
@@ -1007,6 +1006,21 @@ def test_service_monitor_scrapes_master_and_nodes(renders: dict[str, Render]) ->
         if service["metadata"]["name"] in scraped:
             assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
     assert re.fullmatch(r"([0-9]+(ms|s|m|h))+", endpoint["interval"])
+
+
+def _scraped_services(render: Render) -> set[str]:
+    """The Services the ServiceMonitor scrapes: those it selects that have its port."""
+    (monitor,) = render.of_kind("ServiceMonitor")
+    spec = monitor["spec"]
+    (endpoint,) = spec["endpoints"]
+    scraped = set()
+    for service in render.of_kind("Service"):
+        labels = service["metadata"]["labels"]
+        if _selects(spec["selector"], labels) and endpoint["port"] in {
+            p["name"] for p in service["spec"]["ports"]
+        }:
+            scraped.add(service["metadata"]["name"])
+    return scraped
 
 
 def test_service_monitor_names_only_exported_metrics(
@@ -1675,3 +1689,341 @@ def test_node_accepts_its_rendered_security_flags(
     else:
         assert credentials.token and credentials.tls is not None
         assert (credentials.tls.cert is not None) is render.values["tls"]["requireClientCert"]
+
+
+# ------------------------------------------------------------------------ values that cannot work
+
+
+#: UCX_TLS values, as an operator might tune them: remote transports, exclusions, UCX's
+#: defaults (empty), and local ones only.
+UCX_TLS_VALUES = (
+    "tcp,self",
+    "tcp,sm,self",
+    "rc,sm",
+    "ud:aux,sm,self",
+    "dc",
+    "ib",
+    "all",
+    "TCP",
+    "^sm",
+    "",
+    "sm,,self",
+    "sm,self",
+    "sm,cma,self",
+    "posix,sysv,xpmem,knem,self",
+)
+
+
+@pytest.mark.parametrize("ucx_tls", UCX_TLS_VALUES)
+def test_a_ucx_tls_the_secure_node_would_refuse_is_refused_when_rendering(
+    render: Renderer,
+    render_release: Callable[[dict[str, Any]], Render],
+    monkeypatch: pytest.MonkeyPatch,
+    ucx_tls: str,
+) -> None:
+    """(values.yaml suggested UCX_TLS=tcp,self as tuning, and the hostNetwork example set
+    tcp,sm,self on a secure cluster: UCX over TCP, unchecked, beside a NetworkPolicy and NOTES
+    that describe the checked stream only.) The chart reads storage.extraEnv's UCX_TLS as the
+    node does (storage_node/main.py): what a secure node would refuse to start with, the
+    render refuses, saying what to do; storage.ucxTcp, or an insecure cluster, accepts it."""
+    from kvpool.storage_node.main import _non_local_transports, _ucx_config
+
+    env = [{"name": "UCX_TLS", "value": ucx_tls}]
+    monkeypatch.setenv("UCX_TLS", ucx_tls)
+    wider = _non_local_transports(ucx_tls)
+    if wider:
+        message = rejected(render, {"storage": {"extraEnv": env}})
+        assert f"storage.extraEnv sets UCX_TLS={json.dumps(ucx_tls)}" in message
+        assert f"reach other hosts ({', '.join(wider)})" in message
+        assert "drop UCX_TLS from storage.extraEnv" in message
+        assert "set storage.ucxTcp=true" in message
+    else:  # local transports only: the node starts with them, shared memory only
+        container = render_release({"storage": {"extraEnv": env}}).container("node")
+        assert {"name": "UCX_TLS", "value": ucx_tls} in container["env"]
+        assert _ucx_config(parse_cli(container_argv(container))) == {"TLS": ucx_tls}
+    for opted_in in (
+        {"storage": {"extraEnv": env, "ucxTcp": True}},
+        {"storage": {"extraEnv": env}, "auth": {"insecure": True}},
+    ):
+        container = render_release(opted_in).container("node")
+        assert {"name": "UCX_TLS", "value": ucx_tls} in container["env"]
+        assert _ucx_config(parse_cli(container_argv(container))) is None  # UCX's own reading
+
+
+def test_no_example_sets_a_remote_ucx_tls_without_ucx_tcp(
+    renders: dict[str, Render], value_set: str
+) -> None:
+    """Neither the value sets nor values.yaml's own example of storage.extraEnv."""
+    from kvpool.storage_node.main import _non_local_transports
+
+    render = renders[value_set]
+    for env in render.container("node")["env"]:
+        if env["name"] == "UCX_TLS" and not render.values["auth"]["insecure"]:
+            assert render.values["storage"]["ucxTcp"] or not _non_local_transports(env["value"])
+    lines = (CHART_DIR / "values.yaml").read_text().splitlines()
+    (example,) = [line for line in lines if "Extra environment variables, e.g." in line]
+    assert "UCX_TLS" not in example
+
+
+@pytest.mark.parametrize("kind", ["DaemonSet", "StatefulSet"])
+def test_insecure_nodes_keep_their_id_where_a_segment_outlives_the_pod(
+    render_release: Callable[[dict[str, Any]], Render],
+    monkeypatch: pytest.MonkeyPatch,
+    kind: str,
+) -> None:
+    """(An insecure DaemonSet passed no --node-id: the id, and the warm-restart directory
+    named after it, followed the random pod name, so a pod rolled onto the same host never
+    found its segment, and the old one stayed in the host's /dev/shm.) Where a segment outlives
+    the pod, an insecure node takes the stable id a secure one does; elsewhere the CLI's fresh
+    one."""
+    from kvpool.storage_node import main as node_main
+    from kvpool.storage_node.segment_layout import shm_directory
+
+    id_var = "POD_NAME" if kind == "StatefulSet" else "K8S_NODE_NAME"
+    stable = "kv-kvpool-node-0" if kind == "StatefulSet" else "gpu-host-7"
+    for segment in ({"warmRestart": {"enabled": True}}, {"nvme": {"enabled": True}}):
+        render = render_release({"auth": {"insecure": True}, "storage": {"kind": kind, **segment}})
+        argv = [a.replace(f"<{id_var}>", stable) for a in container_argv(render.container("node"))]
+        args = parse_cli(argv)
+        ids = set()
+        for pod in ("kv-kvpool-node-7xk2p", "kv-kvpool-node-q9d4m"):  # before and after a roll
+            monkeypatch.setattr(node_main.socket, "gethostname", lambda pod=pod: pod)
+            ids.add((node_main.node_id_of(args), shm_directory(args.shm_dir, args.node_id or pod)))
+        assert ids == {(stable, shm_directory(args.shm_dir, stable))}
+    plain = render_release({"auth": {"insecure": True}, "storage": {"kind": kind}})
+    assert parse_cli(container_argv(plain.container("node"))).node_id is None
+
+
+def test_refuses_several_bundled_etcd_members_without_persistence(
+    render: Renderer, render_release: Callable[[dict[str, Any]], Render]
+) -> None:
+    """(A member replaced with an empty emptyDir started with --initial-cluster-state=new and
+    crash-looped: "member ... has already been bootstrapped".)"""
+    etcd = {"bundled": {"replicas": 3, "persistence": {"enabled": False}}}
+    message = rejected(render, {"master": {"replicas": 2}, "etcd": etcd})
+    assert "etcd.bundled.persistence.enabled is false with etcd.bundled.replicas=3" in message
+    assert "has already been bootstrapped" in message
+    assert "Turn etcd.bundled.persistence.enabled on, or run one member" in message
+    alone = {"bundled": {"replicas": 1, "persistence": {"enabled": False}}}
+    render = render_release({"master": {"replicas": 2}, "etcd": alone})
+    members = render.get("StatefulSet", f"{render.fullname}-etcd")
+    assert members["spec"]["replicas"] == 1
+    assert {"name": "data", "emptyDir": {}} in _pod(members)["volumes"]
+    render_release({"etcd": etcd})  # (one master: no etcd at all)
+
+
+def test_an_upgrade_never_changes_the_bundled_etcd_member_count(
+    chart: Any, chart_dir: Path, tmp_path: Path
+) -> None:
+    """(Scaling etcd.bundled.replicas from 3 to 5 started two members with a cluster of their
+    own, which never joined: "cluster ID mismatch".) On an upgrade the chart compares with the
+    StatefulSet running in the cluster (lookup); offline lookup answers nothing, so this copy
+    of the chart answers it with a StatefulSet of three members."""
+    import shutil
+
+    copy = tmp_path / "kvpool"
+    shutil.copytree(chart_dir, copy)
+    helpers = copy / "templates" / "_helpers.tpl"
+    lookup = 'lookup "apps/v1" "StatefulSet" .Release.Namespace (include "kvpool.etcd.fullname" .)'
+    assert helpers.read_text().count(lookup) == 1
+    helpers.write_text(helpers.read_text().replace(lookup, 'dict "spec" (dict "replicas" 3)'))
+    five = {"master": {"replicas": 3}, "etcd": {"bundled": {"replicas": 5}}}
+    with helm.Chart.load(str(copy)) as running_three:
+
+        def upgrade(values: dict[str, Any]) -> dict[str, str]:
+            return running_three.render(values, name="kv", namespace="cache", is_upgrade=True)
+
+        message = rejected(upgrade, five)
+        assert (
+            "etcd.bundled.replicas is 5 but the bundled etcd (StatefulSet kv-kvpool-etcd) runs "
+            "3 members" in message
+        )
+        assert "Keep etcd.bundled.replicas=3" in message
+        assert '"Changing the number of etcd members"' in message
+        assert "cannot be changed by an upgrade" in rejected(
+            upgrade, {"master": {"replicas": 3}, "etcd": {"bundled": {"replicas": 1}}}
+        )
+        upgrade({"master": {"replicas": 3}})  # the same three members
+        running_three.render(five, name="kv", namespace="cache", is_install=True)  # (a new one)
+    # Offline (helm template, a client-side dry run) lookup answers nothing: nothing to compare.
+    chart.render(five, name="kv", namespace="cache", is_upgrade=True)
+    docs = (REPO / "docs" / "kubernetes.md").read_text()
+    assert "### Changing the number of etcd members" in docs
+
+
+@pytest.mark.parametrize("service_type", ["LoadBalancer", "NodePort"])
+def test_an_exposed_master_service_publishes_no_http_port(
+    render_release: Callable[[dict[str, Any]], Render], service_type: str
+) -> None:
+    """(A LoadBalancer or NodePort master Service published the master's unauthenticated
+    /metrics, which names tenants and what each holds.) The HTTP port goes on a ClusterIP
+    Service of its own, which the ServiceMonitor scrapes and NOTES name."""
+    render = render_release(
+        {
+            "master": {"service": {"type": service_type}},
+            "monitoring": {"serviceMonitor": {"enabled": True}},
+        }
+    )
+    name = render.fullname
+    exposed = render.get("Service", f"{name}-master")
+    assert exposed["spec"]["type"] == service_type
+    assert {p["name"] for p in exposed["spec"]["ports"]} == {"grpc", "lane"}
+    metrics = render.get("Service", f"{name}-master-metrics")
+    assert metrics["spec"]["type"] == "ClusterIP"
+    assert metrics["spec"]["selector"] == exposed["spec"]["selector"]
+    assert [(p["name"], p["port"], p["targetPort"]) for p in metrics["spec"]["ports"]] == [
+        ("http", 9090, "http")
+    ]
+    assert _scraped_services(render) == {f"{name}-master-metrics", f"{name}-node"}
+    assert f"http://{name}-master-metrics.{render.namespace}.svc:9090/metrics" in render.notes
+    cluster_ip = render_release({"monitoring": {"serviceMonitor": {"enabled": True}}})
+    assert "master-metrics" not in {s["metadata"]["name"] for s in cluster_ip.of_kind("Service")}
+    assert _scraped_services(cluster_ip) == {f"{name}-master", f"{name}-node"}
+
+
+def test_the_master_http_port_is_published_inside_the_cluster_only(
+    renders: dict[str, Render], value_set: str
+) -> None:
+    render = renders[value_set]
+    carriers = [
+        s
+        for s in render.of_kind("Service")
+        if s["spec"]["selector"].get("app.kubernetes.io/component") == "master"
+        and "http" in {p["name"] for p in s["spec"]["ports"]}
+    ]
+    (carrier,) = carriers  # scraped once
+    assert carrier["spec"].get("type", "ClusterIP") == "ClusterIP"
+    assert carrier["spec"].get("clusterIP") != "None"
+
+
+def test_external_callers_are_admitted_to_the_master_s_grpc_and_lane_ports_only(
+    render_release: Callable[[dict[str, Any]], Render],
+) -> None:
+    """(networkPolicy.extraFrom, the only way to admit a LoadBalancer's callers, opened the
+    HTTP ports and every port of the storage nodes too.)"""
+    callers = {"ipBlock": {"cidr": "203.0.113.0/24"}}
+    render = render_release(
+        {
+            "master": {"service": {"type": "LoadBalancer"}},
+            "networkPolicy": {"masterExternalFrom": [callers]},
+        }
+    )
+    admitted = {
+        (policy["metadata"]["name"], port["port"])
+        for policy in render.of_kind("NetworkPolicy")
+        for rule in policy["spec"]["ingress"]
+        if callers in rule["from"]
+        for port in rule["ports"]
+    }
+    assert admitted == {(f"{render.fullname}-master", 50051), (f"{render.fullname}-master", 50052)}
+
+
+#: (component, values giving the flag, flag, the most the process takes, just beyond it)
+BOUNDS = [
+    ("master", "master.leaseTtl", "--lease-ttl", 600, 600.5),
+    ("master", "master.tick", "--tick", 60, 60.5),
+    ("master", "master.nodeTtl", "--node-ttl", 2592000, 2592001),
+    ("master", "master.reservationTimeout", "--reservation-timeout", 2592000, 2592001),
+    ("master", "master.reclaimDelay", "--reclaim-delay", 2592000, 2592001),
+    ("master", "master.maxInflight", "--max-inflight", 1000000, 1000001),
+    ("node", "storage.heartbeatInterval", "--heartbeat-interval", 60, 60.5),
+    ("node", "storage.drain.timeout", "--drain-timeout", 2592000, 2592001),
+]
+
+
+def _at(path: str, value: Any) -> dict[str, Any]:
+    """{"a": {"b": value}} for "a.b" (a drain timeout turns drains on, which pass the flag)."""
+    values: dict[str, Any] = {}
+    node = values
+    *parents, leaf = path.split(".")
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = value
+    if path == "storage.drain.timeout":
+        values["storage"]["drain"]["onTermination"] = True
+    return values
+
+
+@pytest.mark.parametrize(("component", "path", "flag", "most", "beyond"), BOUNDS)
+def test_the_schema_takes_what_the_processes_take(
+    render: Renderer,
+    render_release: Callable[[dict[str, Any]], Render],
+    component: str,
+    path: str,
+    flag: str,
+    most: float,
+    beyond: float,
+) -> None:
+    """(The schema took values the processes refuse: the install succeeded and the pods
+    crash-looped.) The most a process takes renders and parses; just beyond, the schema
+    refuses it, as the real parser would."""
+    container = render_release(_at(path, most)).container(component)
+    argv = container_argv(container)
+    args = parse_cli(argv)
+    if component == "master":
+        config_from_args(args)
+    assert f"at '/{path.replace('.', '/')}'" in rejected(render, _at(path, beyond))
+    (given,) = [a for a in argv if a.startswith(f"{flag}=")]
+    with pytest.raises(CliRejected, match=re.escape(f"argument {flag}")):
+        parse_cli([f"{flag}={beyond}" if a == given else a for a in argv])
+
+
+@pytest.mark.parametrize(
+    ("values", "key"),
+    [
+        ({"storage": {"dram": "{}"}}, "storage.dram"),
+        ({"storage": {"nvme": {"enabled": True, "size": "{}"}}}, "storage.nvme.size"),
+    ],
+)
+def test_segments_are_at_most_128ti(
+    render: Renderer,
+    render_release: Callable[[dict[str, Any]], Render],
+    values: dict[str, Any],
+    key: str,
+) -> None:
+    def sized(size: str) -> dict[str, Any]:
+        return json.loads(json.dumps(values).replace('"{}"', json.dumps(size)))
+
+    args = parse_cli(container_argv(render_release(sized("128Ti")).container("node")))
+    assert max([args.dram, *args.nvme_size]) == 128 << 40
+    for size in ("129Ti", "128.5Ti", "131073Gi"):
+        assert f"{key} is {size}: at most 128Ti" in rejected(render, sized(size))
+        with pytest.raises(CliRejected, match=re.escape("128.0 TiB")):
+            flag = "--dram" if key == "storage.dram" else "--nvme-size"
+            parse_cli(["node", f"{flag}={size}"])
+
+
+def test_refuses_an_insecure_cluster_with_https_external_etcd(render: Renderer) -> None:
+    """(The render passed, and the insecure master refused to start: an https:// endpoint
+    and no --etcd-ca; the nodes would have dialled it in plaintext through etcd://.)"""
+    etcd = {"mode": "external", "external": {"endpoints": ["https://etcd-0.infra:2379"]}}
+    values = {"master": {"replicas": 2}, "etcd": etcd, "auth": {"insecure": True}}
+    message = rejected(render, values)
+    assert "etcd.external.endpoints lists https://etcd-0.infra:2379, an https:// URL" in message
+    assert "but auth.insecure is true" in message
+    etcd["external"]["endpoints"] = ["http://etcd-0.infra:2379"]
+    render(values)
+    render({"etcd": {"mode": "external", "external": {"endpoints": ["https://e:2379"]}}})
+
+
+def test_refuses_host_network_nodes_the_network_policy_would_shut_out(
+    render: Renderer, render_release: Callable[[dict[str, Any]], Render]
+) -> None:
+    """(Host-network storage nodes reach the master from their hosts' addresses, which no pod
+    selector matches: the master's policy admitted none of them.)"""
+    message = rejected(render, {"storage": {"hostNetwork": True}})
+    assert "networkPolicy.extraFrom has no ipBlock" in message
+    assert "set networkPolicy.enabled=false" in message
+    pods_only = {"podSelector": {"matchLabels": {"app": "x"}}}
+    values = {"storage": {"hostNetwork": True}, "networkPolicy": {"extraFrom": [pods_only]}}
+    assert "no ipBlock" in rejected(render, values)
+    render({"storage": {"hostNetwork": True}, "networkPolicy": {"enabled": False}})
+    hosts = {"ipBlock": {"cidr": "10.0.0.0/16"}}
+    admitted = render_release(
+        {"storage": {"hostNetwork": True}, "networkPolicy": {"extraFrom": [hosts]}}
+    )
+    master = admitted.get("NetworkPolicy", f"{admitted.fullname}-master")
+    grpc = [
+        r for r in master["spec"]["ingress"] if {"protocol": "TCP", "port": 50051} in r["ports"]
+    ]
+    assert any(hosts in rule["from"] for rule in grpc)

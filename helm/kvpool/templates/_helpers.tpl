@@ -20,6 +20,11 @@ StatefulSet pod names, the controller-revision-hash label) stays within Kubernet
 {{- end -}}
 
 {{- define "kvpool.master.fullname" -}}{{ include "kvpool.fullname" . }}-master{{- end -}}
+{{- define "kvpool.master.metrics" -}}{{ include "kvpool.fullname" . }}-master-metrics{{- end -}}
+{{/* The Service carrying the master's HTTP port: the master Service if ClusterIP, else its own. */}}
+{{- define "kvpool.master.httpService" -}}
+{{- if eq .Values.master.service.type "ClusterIP" -}}{{ include "kvpool.master.fullname" . }}{{- else -}}{{ include "kvpool.master.metrics" . }}{{- end -}}
+{{- end -}}
 {{- define "kvpool.master.headless" -}}{{ include "kvpool.fullname" . }}-master-headless{{- end -}}
 {{- define "kvpool.node.fullname" -}}{{ include "kvpool.fullname" . }}-node{{- end -}}
 {{- define "kvpool.etcd.fullname" -}}{{ include "kvpool.fullname" . }}-etcd{{- end -}}
@@ -420,6 +425,13 @@ that miss what the secure one needs. Included by the master Deployment (always r
 {{- if and (ne .Values.master.service.type "ClusterIP") (not $auth.allowInsecureExposure) -}}
 {{- fail (printf "auth.insecure is true and master.service.type is %s: the master would be reachable from outside the cluster in plaintext and without authentication. Use master.service.type=ClusterIP, or turn auth.insecure off (TLS and credentials), or, if you really mean it, set auth.allowInsecureExposure=true." .Values.master.service.type) -}}
 {{- end -}}
+{{- if and (include "kvpool.ha" .) (eq .Values.etcd.mode "external") -}}
+{{- range .Values.etcd.external.endpoints -}}
+{{- if hasPrefix "https://" . -}}
+{{- fail (printf "etcd.external.endpoints lists %s, an https:// URL, but auth.insecure is true: an insecure master and its storage nodes reach etcd in plaintext, without a CA or a client certificate (the master would refuse to start: no --etcd-ca). Use the http:// URLs of an etcd that serves plaintext, or turn auth.insecure off (the masters then reach etcd over TLS with etcd.tls)." .) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- else -}}
 {{- if not $tls.enabled -}}
 {{- fail "tls.enabled is false but auth.insecure is not set: kvpool runs without TLS only as an insecure cluster (no TLS, no authentication). Keep tls.enabled=true with tls.existingSecret or tls.certManager.enabled=true, or set auth.insecure=true (development only)." -}}
@@ -489,4 +501,100 @@ networkPolicy.clientNamespaceSelector), and networkPolicy.extraFrom.
 {{- $_ := set $client "namespaceSelector" $np.clientNamespaceSelector -}}
 {{- end -}}
 {{- toYaml (concat (include "kvpool.policy.releasePeers" . | fromYamlArray) (list $client) $np.extraFrom) -}}
+{{- end -}}
+
+{{/* ------------------------------------------------------------------------- validation */}}
+
+{{/*
+The UCX transports of a UCX_TLS value that may reach other hosts, as a JSON list; empty when it
+names local ones only. As the storage node reads it (storage_node/main.py,
+_non_local_transports): every name that is not a local transport (empty ones are skipped),
+and the whole value where it is empty (UCX's defaults) or excludes ("^...": all the others).
+*/}}
+{{- define "kvpool.ucxTls.nonLocal" -}}
+{{- $local := list "sm" "shm" "mm" "self" "cma" "posix" "sysv" "xpmem" "knem" "cuda_copy" "cuda_ipc" "rocm_copy" "rocm_ipc" "gdr_copy" -}}
+{{- $value := trim (toString .) -}}
+{{- $wider := list -}}
+{{- if or (not $value) (hasPrefix "^" $value) -}}
+{{- $wider = list (default "UCX's defaults" $value) -}}
+{{- else -}}
+{{- range (splitList "," $value) -}}
+{{- $name := . | trim | lower -}}
+{{- if and $name (not (has (first (splitList ":" $name)) $local)) -}}
+{{- $wider = append $wider $name -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $wider -}}
+{{- end -}}
+
+{{/*
+Refuses, on an upgrade, a bundled etcd whose member count would change: call with
+(dict "ctx" $ "running" <the StatefulSet now in the cluster, or an empty dict>). New members
+would start with --initial-cluster-state=new and a cluster list the running members never
+agreed to: they never join (etcd: "cluster ID mismatch"), and fewer members leave the removed
+ones in the membership, counted against the quorum.
+*/}}
+{{- define "kvpool.etcd.checkMemberCount" -}}
+{{- $running := .running | default dict -}}
+{{- $spec := get $running "spec" | default dict -}}
+{{- if hasKey $spec "replicas" -}}
+{{- $was := int (get $spec "replicas") -}}
+{{- $want := int .ctx.Values.etcd.bundled.replicas -}}
+{{- if ne $was $want -}}
+{{- fail (printf "etcd.bundled.replicas is %d but the bundled etcd (StatefulSet %s) runs %d members: an etcd cluster's member count cannot be changed by an upgrade (new members would start a cluster of their own and never join; removed ones would stay members, counted against the quorum). Keep etcd.bundled.replicas=%d, or change the count as described in docs/kubernetes.md, \"Changing the number of etcd members\"." $want (include "kvpool.etcd.fullname" .ctx) $was $was) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A size value in bytes, refused above the largest segment a node maps (128 TiB). */}}
+{{- define "kvpool.segmentBytes" -}}
+{{- $bytes := include "kvpool.bytes" . | int64 -}}
+{{- if gt $bytes 140737488355328 -}}
+{{- fail (printf "%s is %s: at most 128Ti (a segment is mapped whole into the storage node's address space, which the node refuses beyond that)" .key (toString .value)) -}}
+{{- end -}}
+{{- $bytes -}}
+{{- end -}}
+
+{{/*
+Refuses values that render but could not work: the pods would crash-loop, or the cluster
+would open what it says it keeps shut. Included by the master workload (always rendered).
+*/}}
+{{- define "kvpool.validate" -}}
+{{- $s := .Values.storage -}}
+{{- $np := .Values.networkPolicy -}}
+{{- $_ := include "kvpool.segmentBytes" (dict "key" "storage.dram" "value" $s.dram) -}}
+{{- if $s.nvme.enabled -}}
+{{- $_ = include "kvpool.segmentBytes" (dict "key" "storage.nvme.size" "value" $s.nvme.size) -}}
+{{- end -}}
+{{- if and (include "kvpool.secure" .) (not $s.ucxTcp) -}}
+{{- range $s.extraEnv -}}
+{{- if eq .name "UCX_TLS" -}}
+{{- $wider := include "kvpool.ucxTls.nonLocal" .value | fromJsonArray -}}
+{{- if $wider -}}
+{{- fail (printf "storage.extraEnv sets UCX_TLS=%q, which names transports that reach other hosts (%s): the storage nodes would offer their memory over UCX to peers elsewhere, with one-sided reads and writes they do not check (docs/security.md), so they refuse to start that way. Transfers between hosts go over the checked stream (storage.dataPort): drop UCX_TLS from storage.extraEnv or name local transports only (sm, self, cma, posix, sysv, xpmem, knem), or, on a network only trusted peers reach, set storage.ucxTcp=true to offer UCX over TCP on purpose." .value (join ", " $wider)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if include "kvpool.etcd.bundled" . -}}
+{{- $e := .Values.etcd.bundled -}}
+{{- if and (not $e.persistence.enabled) (gt (int $e.replicas) 1) -}}
+{{- fail (printf "etcd.bundled.persistence.enabled is false with etcd.bundled.replicas=%d: a member whose pod is replaced comes back with an empty data directory and cannot rejoin the cluster that still lists it (etcd: \"member ... has already been bootstrapped\"); it crash-loops, and every replaced pod takes the quorum closer to lost. Turn etcd.bundled.persistence.enabled on, or run one member (etcd.bundled.replicas=1: a restart empties it, development only)." (int $e.replicas)) -}}
+{{- end -}}
+{{- if .Release.IsUpgrade -}}
+{{- /* (lookup answers nothing in helm template and a client-side dry run: nothing to compare) */ -}}
+{{- $running := lookup "apps/v1" "StatefulSet" .Release.Namespace (include "kvpool.etcd.fullname" .) -}}
+{{- include "kvpool.etcd.checkMemberCount" (dict "ctx" . "running" $running) -}}
+{{- end -}}
+{{- end -}}
+{{- if and $np.enabled $s.hostNetwork -}}
+{{- $ipBlocks := list -}}
+{{- range $np.extraFrom -}}
+{{- if hasKey . "ipBlock" -}}{{- $ipBlocks = append $ipBlocks . -}}{{- end -}}
+{{- end -}}
+{{- if not $ipBlocks -}}
+{{- fail "storage.hostNetwork is true and networkPolicy.enabled is true, but networkPolicy.extraFrom has no ipBlock: host-network storage nodes reach the master from their hosts' addresses, which no pod selector matches, so the master's NetworkPolicy would shut them out (no node would ever register). Add the hosts' addresses to networkPolicy.extraFrom (e.g. [{ipBlock: {cidr: 10.0.0.0/16}}], the node network's CIDR), or set networkPolicy.enabled=false." -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
