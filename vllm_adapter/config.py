@@ -35,6 +35,10 @@ kvpool tier settings (keys of the secondary_tiers entry, beside "type" and "modu
 - lookup_timeout_s (float): deadline of one request's batch of lookups; after a batch
   failed as a whole (master unreachable), lookups miss without asking for this long
   (default 2)
+- lookup_lease_s (float): read lease a lookup hit takes, so that the chunk is not evicted
+  before its load starts (vLLM submits the load a scheduler step or a few after the
+  lookup answered; the load takes a lease of its own and ends it when the job ends); held
+  against the tenant's leases quota until it runs out (default 5)
 - register_primary (bool): register the primary tier's memory with kvpool once, for zero
   copy (default true)
 - ucx_config (dict[str, str]): UCX settings without the UCX_ prefix, e.g. {"TLS": "tcp"}
@@ -53,7 +57,12 @@ kvpool tier settings (keys of the secondary_tiers entry, beside "type" and "modu
 Example: {"type": "KVPoolTierManager", "module_path": "kvpool.vllm",
           "master": "10.0.0.5:50051", "replicas": 2}"""
 
-_FLOATS = {"store_timeout_s": 10.0, "load_timeout_s": 5.0, "lookup_timeout_s": 2.0}
+_FLOATS = {
+    "store_timeout_s": 10.0,
+    "load_timeout_s": 5.0,
+    "lookup_timeout_s": 2.0,
+    "lookup_lease_s": 5.0,
+}
 _BOOLS = {
     "register_primary": True,
     "same_host_mapping": True,
@@ -76,6 +85,7 @@ class KVPoolTierConfig:
     store_timeout_s: float = _FLOATS["store_timeout_s"]
     load_timeout_s: float = _FLOATS["load_timeout_s"]
     lookup_timeout_s: float = _FLOATS["lookup_timeout_s"]
+    lookup_lease_s: float = _FLOATS["lookup_lease_s"]
     register_primary: bool = True
     ucx_config: Mapping[str, str] = field(default_factory=dict)
     same_host_mapping: bool = True
@@ -111,6 +121,7 @@ class KVPoolTierConfig:
             store_timeout_s=_seconds(settings, "store_timeout_s"),
             load_timeout_s=_seconds(settings, "load_timeout_s"),
             lookup_timeout_s=_seconds(settings, "lookup_timeout_s"),
+            lookup_lease_s=_seconds(settings, "lookup_lease_s"),
             register_primary=_flag(settings, "register_primary"),
             same_host_mapping=_flag(settings, "same_host_mapping"),
             metadata_lane=_flag(settings, "metadata_lane"),

@@ -8,13 +8,17 @@ out-of-tree tier, from its ``secondary_tiers`` entry::
 
 (``config.py`` lists every setting.) What each call becomes:
 
-- construction: one ``exists_many`` of a probe key, so that credentials the master refuses
-  fail the engine's start (a ``ValueError``); a master that does not answer is logged, and
-  the engine starts.
+- construction: the longest key the tier can make is checked against kvpool's 1024-byte
+  limit (a model name too long for it fails the engine's start, a ``ValueError``); then one
+  ``exists_many`` of a probe key, so that credentials the master refuses, or a master whose
+  TLS certificate the tier's CA does not vouch for, fail the engine's start (a
+  ``ValueError``); a master that does not answer is logged, and the engine starts.
 - ``lookup``: vLLM's own ``AsyncLookupManager``: keys gathered during a scheduler step go to
   the lookup thread after the step (RETRY until then), which asks kvpool one ``exists_many``
-  per request of the step, one request after the other. A hit takes a read lease, so the
-  chunk is not evicted between the lookup and its load. After a batch failed as a whole
+  per request of the step, one request after the other. A hit takes a read lease of
+  ``lookup_lease_s``, so the chunk is not evicted between the lookup and its load (a key
+  kvpool refuses, e.g. beyond the tenant's leases quota, is a miss and a warning, throttled).
+  After a batch failed as a whole
   (master unreachable or silent), the next ``lookup_timeout_s`` of lookups are misses
   without asking: else every request would wait out the timeout, in series, behind the
   others.
@@ -24,7 +28,12 @@ out-of-tree tier, from its ``secondary_tiers`` entry::
 - ``submit_load``: one ``get_into_many`` into the job's slots on the load thread, with a
   deadline counted from the submission. Chunks that arrived are the job's
   ``successful_keys``; the others are misses for the request (recomputed, never looked up
-  again by it, so a dead node cannot make the scheduler retry forever).
+  again by it, so a dead node cannot make the scheduler retry forever). When the job ends,
+  its read leases are given back (``release_leases``): the chunks can be evicted or removed
+  at once, and stop counting against the tenant's leases quota.
+- after a store or load got no answer from the master, jobs starting within the next second
+  (at most their timeout) fail at once without calling it (``stall.py``); failures are
+  logged at most once per kind and error every 10 s, with the count of lines left out.
 - ``get_finished_jobs``: the results finished since the last poll; never blocks.
 - ``drain_jobs``: waits until every submitted job is answered (bounded by their deadlines).
 - ``shutdown``: cancels queued jobs (answered as failures, their slots untouched), waits for
@@ -56,6 +65,7 @@ from vllm.v1.kv_offload.base import (
     ReqContext,
     RequestOffloadingContext,
     ScheduleEndContext,
+    make_offload_key,
 )
 from vllm.v1.kv_offload.file_mapper import FileMapper
 from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager
@@ -68,11 +78,19 @@ from vllm.v1.kv_offload.tiering.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvpool import Client
+from kvpool.common.keys import MAX_KEY_BYTES, key_problem
 from kvpool.common.log_throttle import LogThrottle, dropped_since
-from kvpool.errors import KVPoolError, NotAuthenticated, PermissionDenied
+from kvpool.errors import (
+    KVPoolError,
+    MasterNotTrusted,
+    NotAuthenticated,
+    PermissionDenied,
+    QuotaExceeded,
+)
 from kvpool.vllm import transfers
 from kvpool.vllm.config import KVPoolTierConfig
 from kvpool.vllm.jobs import Finished, Job, Worker
+from kvpool.vllm.stall import MasterStall
 from kvpool.vllm.stats import TierStats
 from kvpool.vllm.transfers import PrimarySlots
 
@@ -86,6 +104,13 @@ logger = init_logger(__name__)
 MIN_LOAD_BUDGET = 0.001
 #: Likewise a store.
 MIN_STORE_BUDGET = 0.001
+#: Deadline of the call that gives a load job's read leases back, after the job.
+RELEASE_TIMEOUT_S = 1.0
+#: Bytes of the longest block hash vLLM makes (sha256; xxhash's are shorter): keys are named
+#: by its hex digits, so the longest key the tier can make has 64 of them.
+LONGEST_BLOCK_HASH = 32
+#: A failure line of each kind and error at most this often (the others counted in it).
+LOG_INTERVAL = 10.0
 
 
 class KVPoolLookups(AsyncLookupManager):
@@ -135,7 +160,10 @@ class KVPoolLookups(AsyncLookupManager):
             self._tier.stats.count_lookup(len(names), 0, failed=True)
             return [False] * len(names)
         hits = [result is True for result in found]
-        self._tier.stats.count_lookup(len(names), sum(hits))
+        refused = [result for result in found if isinstance(result, KVPoolError)]
+        self._tier.stats.count_lookup(len(names), sum(hits), refused=len(refused))
+        if refused:
+            self._tier.warn_refused_lookups(len(names), refused)
         return hits
 
 
@@ -179,15 +207,22 @@ class KVPoolTierManager(SecondaryTierManager):
             blocks_per_file=offloading_spec.blocks_per_chunk,
             parallel_agnostic=True,
         )
+        self._check_key_length(tier_type, offloading_spec)
         self._slots = PrimarySlots(primary_kv_view)
         #: Keys of in-flight store jobs (events only) and load jobs (scheduler thread only).
         self._store_keys: dict[JobId, list[OffloadKey]] = {}
         self._load_keys: dict[JobId, list[OffloadKey]] = {}
         self._closed = False
         #: Jobs whose deadline passed while queued: a line now and then, not one per job.
-        self._expired_log = LogThrottle(burst=1, interval=10.0)
+        self._expired_log = LogThrottle(burst=1, interval=LOG_INTERVAL)
+        #: Failed jobs and refused lookups: a line per kind and error now and then.
+        self._failure_log = LogThrottle(burst=1, interval=LOG_INTERVAL)
+        #: Stores and loads fail at once for a moment after the master did not answer one.
+        self._stall = MasterStall()
         options = config.client_options()
         with ExitStack() as undo:
+            # (a failed start lets go of the primary's memory, so that vLLM can unmap it)
+            undo.callback(self._let_go_of_primary)
             self._store_client = Client(
                 config.master,
                 replicas=config.replicas or None,  # 0: the master's default
@@ -203,7 +238,18 @@ class KVPoolTierManager(SecondaryTierManager):
                 **options,
             )
             undo.callback(self._load_client.close)
-            self._lookup_client = Client(config.master, timeout=config.lookup_timeout_s, **options)
+            self._lookup_client = Client(
+                config.master,
+                timeout=config.lookup_timeout_s,
+                # A hit's lease only has to last until its load starts (the load leases the
+                # chunk itself, and gives that back when it ends): vLLM submits the load at
+                # the end of the scheduler step that next looks the request up, and the load
+                # waits in the queue at most load_timeout_s. The master's default (10 s)
+                # would keep every chunk looked up pinned, and counted against the tenant's
+                # leases quota, long after it was loaded (or never loaded).
+                lease_ttl=config.lookup_lease_s,
+                **options,
+            )
             undo.callback(self._lookup_client.close)
             self._check_credentials(tier_type)
             undo.callback(self._slots.unregister)  # (also what a failed registration did)
@@ -226,11 +272,37 @@ class KVPoolTierManager(SecondaryTierManager):
             self._names.base_path,
         )
 
+    def _let_go_of_primary(self) -> None:
+        try:
+            self._slots.release()
+        except BufferError as error:  # (never hides why the start failed)
+            logger.warning("kvpool tier: the primary memory is still in use: %s", error)
+
+    def _check_key_length(self, tier_type: str, offloading_spec: OffloadingSpec) -> None:
+        """Fails the engine's start when the tier's longest key (the longest block hash, the
+        last KV cache group) is over kvpool's key limit: a long model name or key_prefix
+        would else make every lookup a miss and every store a failure."""
+        groups = len(offloading_spec.config.groups)
+        longest = self.name(make_offload_key(b"\xff" * LONGEST_BLOCK_HASH, max(groups - 1, 0)))
+        problem = key_problem(longest)
+        if problem is not None:
+            raise ValueError(
+                f"kvpool tier {tier_type}: its keys would be too long for kvpool ({problem}; "
+                f"kvpool keys are at most {MAX_KEY_BYTES} bytes): they are named by the "
+                f"key_prefix {self.config.key_prefix!r} and the model name "
+                f"{offloading_spec.config.model.name[:80]!r}"
+                f"{'...' if len(offloading_spec.config.model.name) > 80 else ''} "
+                f"({len(offloading_spec.config.model.name.encode())} bytes). Serve the model "
+                "from a shorter path or name (vLLM's --model; --served-model-name does not "
+                "count), or give the tier a shorter key_prefix."
+            )
+
     def _check_credentials(self, tier_type: str) -> None:
         """One cheap authenticated call while the engine starts: credentials the master
-        refuses fail the start (else every lookup, store and load would fail, each with a
-        warning); a master that does not answer is only logged (engines start while the
-        cluster is down, and find it once it is up)."""
+        refuses, or a master whose certificate the tier's CA does not vouch for, fail the
+        start (else every lookup, store and load would fail, each with a warning); a master
+        that does not answer is only logged (engines start while the cluster is down, and
+        find it once it is up)."""
         probe = f"{self._names.base_path}/kvpool-credentials-probe"
         try:
             self._lookup_client.exists_many([probe], lease=False)
@@ -240,6 +312,14 @@ class KVPoolTierManager(SecondaryTierManager):
                 f"engine's credentials ({error}). Give the tier a valid client token of the "
                 'tenant whose chunks it shares: "token" in its secondary_tiers entry (the '
                 'token or "@/path/to/file"), else $KVPOOL_TOKEN or $KVPOOL_TOKEN_FILE.'
+            ) from None
+        except MasterNotTrusted as error:
+            raise ValueError(
+                f"kvpool tier {tier_type}: the master {self.config.master} is not trusted: its "
+                f"TLS certificate fails this engine's check ({error}). Give the tier the CA "
+                'that signed the master\'s certificate ("tls_ca" in its secondary_tiers '
+                "entry, else $KVPOOL_TLS_CA), and name the master by an address its "
+                "certificate holds."
             ) from None
         except KVPoolError as error:
             logger.warning(
@@ -323,21 +403,30 @@ class KVPoolTierManager(SecondaryTierManager):
         if budget < MIN_STORE_BUDGET:
             # Queued behind slower stores past its deadline: failed at once, so that
             # drain_jobs waits at most store_timeout_s, not one timeout per queued job.
-            self.stats.count_store(0, 0, len(keys), 0)
+            self.stats.count_store(0, 0, len(keys), 0, skipped="expired")
             self._log_expired("store", len(keys))
+            return JobResult(job_id=job_id, success=False)
+        if self._stall.stalled():
+            # The master just did not answer a store or load: failed at once (vLLM keeps the
+            # chunks in its primary tier), not one more call to wait out.
+            self.stats.count_store(0, 0, len(keys), 0, skipped="unasked")
+            self._log_expired("store", len(keys), "stall")
             return JobResult(job_id=job_id, success=False)
         # Only this thread uses the store client: its timeout can be this job's budget.
         self._store_client.timeout = budget
         names = [self.name(key) for key in keys]
         outcome = transfers.store(self._store_client, names, [self._slots.slot(s) for s in slots])
+        self._stall.note(outcome.errors.values(), budget)
         failed = len(outcome.errors)
         self.stats.count_store(len(outcome.new), len(outcome.existing), failed, outcome.bytes)
         if failed:
-            logger.warning(
+            first = next(iter(outcome.errors.values()))
+            self._warn(
+                ("store", type(first).__name__),
                 "kvpool tier: %d of %d chunk(s) not stored, first: %s",
                 failed,
                 len(keys),
-                next(iter(outcome.errors.values())),
+                first,
             )
         return JobResult(
             job_id=job_id,
@@ -351,22 +440,47 @@ class KVPoolTierManager(SecondaryTierManager):
     ) -> JobResult:
         budget = deadline - time.monotonic()
         if budget < MIN_LOAD_BUDGET:
-            self.stats.count_load(0, len(keys), 0, late=True)
+            self.stats.count_load(0, len(keys), 0, late=True, skipped="expired")
             self._log_expired("load", len(keys))
             return JobResult(job_id=job_id, success=False)
+        if self._stall.stalled():
+            self.stats.count_load(0, len(keys), 0, late=False, skipped="unasked")
+            self._log_expired("load", len(keys), "stall")
+            return JobResult(job_id=job_id, success=False)
+        names = [self.name(key) for key in keys]
+        try:
+            return self._load(job_id, keys, names, slots, deadline, budget)
+        finally:
+            # Success, failure or an exception: the job is done with the chunks, so its read
+            # leases end now, not load_timeout_s later (they would pin the chunks against
+            # eviction and removal, and count against the tenant's leases quota). (A job that
+            # never ran, cancelled or failed unasked, took no lease to give back.)
+            self._release_leases(names)
+
+    def _load(
+        self,
+        job_id: JobId,
+        keys: list[OffloadKey],
+        names: list[str],
+        slots: list[int],
+        deadline: float,
+        budget: float,
+    ) -> JobResult:
         # Only this thread uses the load client: its timeout can be this job's budget.
         self._load_client.timeout = budget
-        names = [self.name(key) for key in keys]
         outcome = transfers.load(self._load_client, names, [self._slots.slot(s) for s in slots])
+        self._stall.note(outcome.errors.values(), budget)
         late = time.monotonic() >= deadline
         self.stats.count_load(len(outcome.hits), len(outcome.errors), outcome.bytes, late)
         if outcome.errors:
-            logger.warning(
+            first = next(iter(outcome.errors.values()))
+            self._warn(
+                ("load", type(first).__name__),
                 "kvpool tier: %d of %d chunk(s) not loaded%s, first: %s",
                 len(outcome.errors),
                 len(keys),
                 " (deadline passed)" if late else "",
-                next(iter(outcome.errors.values())),
+                first,
             )
             return JobResult(
                 job_id=job_id,
@@ -382,16 +496,65 @@ class KVPoolTierManager(SecondaryTierManager):
             transfer_bytes=outcome.bytes,
         )
 
-    def _log_expired(self, kind: str, chunks: int) -> None:
-        """A job whose deadline passed while it waited behind others (a stalled master or
-        storage node): says so, at most once per kind every 10 s."""
-        dropped = self._expired_log.allow(kind)
+    def _release_leases(self, names: list[str]) -> None:
+        """Ends the load client's read leases on ``names`` (best effort: a lease not given
+        back runs out by itself, within load_timeout_s). Not while the master is not
+        answering: the call would only wait out its deadline, before the next job."""
+        if self._stall.stalled():
+            return
+        self._load_client.timeout = RELEASE_TIMEOUT_S
+        try:
+            self._load_client.release_leases(names)
+        except KVPoolError as error:
+            self._stall.note([error], RELEASE_TIMEOUT_S)
+            self._warn(
+                ("release", type(error).__name__),
+                "kvpool tier: could not give back the read leases of %d loaded chunk(s) "
+                "(they run out by themselves): %s",
+                len(names),
+                error,
+            )
+
+    def warn_refused_lookups(self, asked: int, refused: list[KVPoolError]) -> None:
+        """Lookups kvpool answered with an error for some keys (a quota, an invalid key):
+        misses for vLLM, and a line per error type now and then, so that they are not
+        silent."""
+        first = refused[0]
+        why = (
+            " (a quota of the tenant: a hit takes a read lease, which the leases quota "
+            "counts; see `kvpool quota`)"
+            if isinstance(first, QuotaExceeded)
+            else ""
+        )
+        self._warn(
+            ("lookup", type(first).__name__),
+            "kvpool tier: %d of %d chunk(s) looked up were refused, missed: %s%s",
+            len(refused),
+            asked,
+            first,
+            why,
+        )
+
+    def _warn(self, key: tuple[str, str], message: str, *args: object) -> None:
+        """``message``, unless a line of the same ``key`` (kind, error type) went out less
+        than ``LOG_INTERVAL`` ago: then counted, and the count said with the next one."""
+        dropped = self._failure_log.allow(key)
+        if dropped is not None:
+            logger.warning(message + "%s", *args, dropped_since(dropped))
+
+    def _log_expired(self, kind: str, chunks: int, reason: str = "deadline") -> None:
+        """A job not run: its deadline passed while it waited behind others (a stalled
+        master or storage node), or the master had just not answered a call. Says so, at
+        most once per kind and reason every 10 s."""
+        dropped = self._expired_log.allow((kind, reason))
         if dropped is not None:
             logger.warning(
-                "kvpool tier: a %s job of %d chunk(s) waited past its deadline in the queue "
-                "and was not run%s",
+                "kvpool tier: a %s job of %d chunk(s) %s and was not run%s",
                 kind,
                 chunks,
+                "came just after the master did not answer a call"
+                if reason == "stall"
+                else "waited past its deadline in the queue",
                 dropped_since(dropped),
             )
 

@@ -249,3 +249,63 @@ def test_jobs_failing_as_a_whole_leave_nothing_that_crashes_the_garbage_collecto
     finally:
         host.close()
     assert host.process.returncode == 0, f"the vLLM process ended with {host.process.returncode}"
+
+
+def test_a_master_outage_costs_a_call_per_second_not_one_per_job_and_few_log_lines(
+    cluster_factory, make_tier
+):
+    # vLLM stores and loads all the time: with the master stopped, every job would make its
+    # own call (waiting out what is left of its deadline) and log its own failure. After a
+    # call gets no answer, jobs starting within the next second fail without calling, and a
+    # failure is logged once per kind and error every 10 s.
+    timeout = 1.0
+    cluster = cluster_factory(1, "64MiB")
+    tier = make_tier(
+        master=cluster.master_address,
+        slots=16,
+        store_timeout_s=timeout,
+        load_timeout_s=timeout,
+    )
+    tier.fill(slots=list(range(16)), seed=3)
+    assert tier.run("store", 1, keys=[1], slots=[0])["success"]
+    before = tier.stats()["stats"]
+    tier.logs()  # (only the lines of the outage count)
+    jobs: list[int] = []
+    outage = 3.0
+    cluster.master.signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        job = 1000
+        while time.monotonic() - started < outage:  # a job of each kind every ~50 ms
+            tier.store(job_id=job, keys=[job], slots=[job % 8])
+            tier.load(job_id=job + 1, keys=[1], slots=[8 + job % 8])
+            jobs += [job, job + 1]
+            job += 2
+            time.sleep(0.05)
+        stopped_for = time.monotonic() - started
+        waited = tier.wait(job_ids=jobs, timeout=60.0)
+    finally:
+        cluster.master.signal(signal.SIGCONT)
+    assert not waited["unanswered"], waited["unanswered"]
+    assert not any(r["success"] for r in waited["results"])
+    after = tier.stats()["stats"]
+    ran = (after["store_jobs"] - before["store_jobs"]) + (after["load_jobs"] - before["load_jobs"])
+    assert ran == len(jobs)
+    unasked = after["jobs_unasked"] - before["jobs_unasked"]
+    expired = after["jobs_expired"] - before["jobs_expired"]
+    calls = ran - unasked - expired
+    # Each kind calls at most once per (timeout + 1 s hold) and once more at the end; twice
+    # that, for a loaded machine's late jobs, is still far below a call per job.
+    bound = 2 * 2 * (stopped_for / (timeout + 1.0) + 2)
+    assert 2 <= calls <= bound, (calls, bound, len(jobs), after)
+    assert unasked >= 1, after
+    lines = tier.logs()["lines"]
+    # a line per kind (store, load) and reason (failed, not run: stalled, expired), at most
+    # one each per 10 s; the outage and the wait lasted less than that
+    assert len(lines) <= 8, lines
+    assert any("not stored" in line for line in lines), lines
+    # the master back, stores and loads work again (the hold is at most a second)
+    assert wait_until(
+        lambda: tier.run("store", next(_jobs), keys=[2], slots=[1])["success"], timeout=30.0
+    )
+    assert tier.run("load", next(_jobs), keys=[1, 2], slots=[8, 9])["success"]

@@ -11,6 +11,7 @@ import pytest
 from tier_driver import TIER, HostError
 
 from kvpool import Client
+from kvpool.security.dev_pki import make_dev_pki
 
 #: A well-formed client token that no cluster knows (as a revoked one).
 UNKNOWN_TOKEN = "kvp1.0123456789ab.SECRETsecretSECRETsecretSECRETsecret42"
@@ -101,3 +102,30 @@ def test_with_the_master_down_the_engine_starts_and_misses(make_tier):
     # (nothing listens there: engines must start while the cluster is down)
     tier = make_tier(master="127.0.0.1:1", lookup_timeout_s=1)
     assert tier.lookup(keys=[1])["final"] == ["MISS"]
+
+
+def test_a_master_the_tiers_ca_does_not_vouch_for_fails_the_engine_start(
+    make_tier, tier_cluster, tmp_path
+):
+    # (else the engine would start, and every lookup miss and every job fail)
+    other = make_dev_pki(tmp_path / "other-pki")
+    token = tier_cluster.client_credentials()["token"]
+    with pytest.raises(HostError) as failure:
+        make_tier(token=token, tls_ca=str(other.ca))
+    assert failure.value.kind == "ValueError"
+    message = failure.value.message
+    assert "is not trusted" in message
+    assert '"tls_ca"' in message and "$KVPOOL_TLS_CA" in message
+
+
+def test_a_model_name_too_long_for_kvpool_keys_fails_the_engine_start(make_tier):
+    # (else every lookup would miss and every store fail: the key is over kvpool's limit)
+    model = "/mnt/models/" + "m" * 1000
+    with pytest.raises(HostError) as failure:
+        make_tier(model=model)
+    assert failure.value.kind == "ValueError"
+    message = failure.value.message
+    assert "1024 bytes" in message and "key_prefix 'vllm'" in message
+    assert "/mnt/models/mmm" in message
+    # a name that leaves room for the longest key starts
+    assert make_tier(model="/mnt/models/" + "m" * 800).info["class"].endswith("KVPoolTierManager")

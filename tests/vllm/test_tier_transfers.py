@@ -10,6 +10,8 @@ slot outside the primary fails its job.)
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from kvpool import Client
@@ -203,3 +205,49 @@ def test_shutdown_answers_every_job_and_leaves_the_primary_alone(make_tier):
         tier.store(job_id=job, keys=[job], slots=[job % 4])
     closed = tier.shutdown()
     assert closed["closed"]
+
+
+def test_after_a_load_its_chunks_hold_no_lease_and_can_be_removed_at_once(make_tier, tier_cluster):
+    # A load's read leases end with the job (success or not), not load_timeout_s later: a
+    # chunk loaded can be evicted or removed at once, and counts against no leases quota.
+    tier = make_tier(slots=4)
+    tier.fill(slots=[0, 1], seed=5)
+    assert tier.run("store", 1, keys=[1, 2], slots=[0, 1])["success"]
+    assert tier.run("load", 2, keys=[1], slots=[2])["success"]
+    assert not tier.run("load", 3, keys=[2, 404], slots=[3, 2])["success"]  # one missing
+    names = tier.names(keys=[1, 2])["names"]
+    with Client(tier_cluster.master_address) as client:
+        assert [client.stat(name).lease_remaining_ms for name in names] == [0, 0]
+        assert client.remove_many(names) == [None, None]  # without force
+
+
+def test_a_lookup_hit_leases_the_chunk_for_lookup_lease_s_only(make_tier, tier_cluster):
+    # (the lease covers the scheduler steps between the lookup and its load; the master's
+    # default, 10 s, would pin looked-up chunks long after)
+    tier = make_tier(lookup_lease_s=4)
+    tier.fill(slots=[0], seed=6)
+    assert tier.run("store", 1, keys=[1], slots=[0])["success"]
+    assert tier.lookup(keys=[1])["final"] == ["HIT"]
+    (name,) = tier.names(keys=[1])["names"]
+    with Client(tier_cluster.master_address) as client:
+        assert 0 < client.stat(name).lease_remaining_ms <= 4000
+
+
+def test_a_lookup_beyond_the_leases_quota_misses_and_says_so(make_tier, cluster_factory, tmp_path):
+    # A hit takes a read lease, which the tenant's leases quota counts: the keys beyond it
+    # are misses, and a warning names the quota (not a silent miss).
+    quotas = tmp_path / "quotas.json"
+    quotas.write_text(json.dumps({"version": 1, "tenants": {"capped": {"leases": 2}}}))
+    cluster = cluster_factory(
+        1, "64MiB", tenants=("capped",), master_args=["--quotas", str(quotas)]
+    )
+    credentials = cluster.client_credentials("capped")
+    tier = make_tier(master=cluster.master_address, **credentials)
+    tier.fill(slots=[0, 1, 2], seed=7)
+    assert tier.run("store", 1, keys=[1, 2, 3], slots=[0, 1, 2])["success"]
+    tier.logs()
+    final = tier.lookup(keys=[1, 2, 3])["final"]
+    assert sorted(final) == ["HIT", "HIT", "MISS"], final
+    assert tier.stats()["stats"]["lookups_refused"] == 1
+    lines = tier.logs()["lines"]
+    assert any("refused" in line and "leases quota" in line for line in lines), lines

@@ -18,6 +18,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+import logging
 import os
 import sys
 import time
@@ -49,6 +50,22 @@ from vllm.v1.kv_offload.tiering.base import JobResult, TransferJob  # noqa: E402
 from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory  # noqa: E402
 
 STEP = ScheduleEndContext(new_req_ids=(), preempted_req_ids=())
+
+
+class _Lines(logging.Handler):
+    """The kvpool tier's log lines (warnings and up), kept for ``op_logs`` as well as
+    printed to stderr by the loggers' own handlers."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+LINES = _Lines()
+logging.getLogger("kvpool").addHandler(LINES)
 
 
 def key(n: int, group: int = 0) -> OffloadKey:
@@ -319,13 +336,20 @@ class Host:
         tier = self._tier(tier_id)
         return {"stats": tier.stats.snapshot(), "pending_work": tier.has_pending_work()}
 
+    def op_logs(self, tier_id: int | None = None) -> dict:
+        """The kvpool log lines (warnings and up) since the last call, of every tier (the
+        one named or not)."""
+        lines, LINES.lines = LINES.lines, []
+        return {"lines": lines}
+
     def op_collect(self) -> dict:
         """A full garbage collection, as the engine's collector makes at some point."""
         return {"collected": gc.collect()}
 
     def op_shutdown(self, tier_id: int) -> dict:
         """The engine's shutdown: the manager shuts the tier down, then the primary tier."""
-        _, manager, tier, _ = self.engines.pop(tier_id)
+        _, manager, tier, array = self.engines.pop(tier_id)
+        del array  # (this host's view of the primary memory: vLLM unmaps it now)
         started = time.monotonic()
         manager.shutdown()
         return {"seconds": time.monotonic() - started, "closed": getattr(tier, "closed", None)}
