@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -27,14 +28,31 @@ class HostError(RuntimeError):
         self.message = message
 
 
+@functools.cache
 def vllm_python() -> Path:
     """The interpreter of .venv-vllm; an error with the fix when it is missing (never a skip:
-    scripts/test.sh installs it, so CI has it)."""
+    scripts/test.sh installs it, so CI has it), or when the kvpool it imports is not this
+    checkout's: the virtualenv is shared by the machine's checkouts (install_vllm.sh), and
+    tests run against another one's code would pass or fail for that code."""
     if not VLLM_PYTHON.exists():
         raise RuntimeError(
             f"{VLLM_PYTHON} is missing: run scripts/install_vllm.sh (scripts/test.sh does)"
         )
+    found = subprocess.run(
+        [str(VLLM_PYTHON), "-c", FIND_KVPOOL], capture_output=True, text=True, timeout=60
+    )
+    origin = found.stdout.strip()
+    if found.returncode != 0 or not Path(origin).resolve().is_relative_to(ROOT):
+        raise RuntimeError(
+            f"{VLLM_PYTHON} imports kvpool from {origin or 'nowhere'} "
+            f"({found.stderr.strip()[-200:] or 'not this checkout'}), not from {ROOT}: run "
+            "scripts/install_vllm.sh here (seconds: it installs only kvpool again)"
+        )
     return VLLM_PYTHON
+
+
+#: Where .venv-vllm's kvpool lives, found without importing it (that would import vLLM).
+FIND_KVPOOL = "import importlib.util as u; print(u.find_spec('kvpool').origin)"
 
 
 class TierHost:
