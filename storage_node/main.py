@@ -401,10 +401,11 @@ def _ucx_config(args: argparse.Namespace) -> dict[str, str] | None:
 
 
 #: UCX transports that reach no other host (UCX_TLS names; ``sm`` and ``shm`` stand for the
-#: shared-memory ones, ``mm`` for posix and sysv).
+#: shared-memory ones, ``mm`` for posix and sysv, ``cuda`` and ``rocm`` for their GPUs' copy,
+#: IPC and GDR transports).
 LOCAL_TRANSPORT_NAMES = frozenset(
-    ("sm", "shm", "mm", "self", "cma", "posix", "sysv", "xpmem", "knem", "cuda_copy",
-     "cuda_ipc", "rocm_copy", "rocm_ipc", "gdr_copy")
+    ("sm", "shm", "mm", "self", "cma", "posix", "sysv", "xpmem", "knem", "cuda", "cuda_copy",
+     "cuda_ipc", "gdr_copy", "rocm", "rocm_copy", "rocm_ipc", "rocm_gdr", "ze_copy", "ze_ipc")
 )  # fmt: skip
 
 

@@ -32,7 +32,9 @@ def test_ucx_picks_its_transports_where_the_stream_does_not_carry_everything(fla
     assert _ucx_config(node_args(*flags)) is None
 
 
-@pytest.mark.parametrize("named", ["sm,self", "cma,posix,self", "shm , self,cuda_copy"])
+@pytest.mark.parametrize(
+    "named", ["sm,self", "cma,posix,self", "shm , self,cuda_copy", "sm,self,cuda", "sm,rocm"]
+)
 def test_an_operators_local_ucx_tls_is_kept(monkeypatch: pytest.MonkeyPatch, named: str):
     monkeypatch.setenv("UCX_TLS", named)
     assert _ucx_config(node_args()) == {"TLS": named}
