@@ -13,7 +13,9 @@ elected, then campaigns again.
 
 A standby can take over only while etcd answers it: ``in_touch`` says whether it did within
 ``contact_window`` seconds (the lease TTL, at least), and since when it has not (the masters'
-``/readyz?role=any``, the readiness probe of several masters in the Helm chart).
+``/readyz?role=any``, the readiness probe of several masters in the Helm chart). Nor does it
+name a leader (``leader``: its /readyz, and the hint its refusals give nodes and clients) once
+out of touch: the one it last read has stepped down by then, or leads out of its sight.
 
 The storage nodes of the cluster are listed in etcd too (``registered_nodes``), so that a new
 leader knows whom to wait for before it answers clients from an index rebuilt from the nodes,
@@ -36,12 +38,15 @@ import aetcd
 
 from kvpool.common.aio import pause
 from kvpool.common.leader_resolver import leader_key
+from kvpool.common.log_throttle import LogThrottle
 from kvpool.common.logging import get_logger
 from kvpool.master.tombstones import MAX_AGE
 from kvpool.security.etcd_tls import TlsEtcdClient
 from kvpool.security.tls import TlsFiles
 
 log = get_logger("kvpool.election")
+#: Failed election rounds: a line or two per etcd endpoint a minute, with the count left out.
+ETCD_FAILURE_LOGS = LogThrottle(burst=2, interval=60.0)
 
 DEFAULT_TTL = 2
 ETCD_ERRORS = (aetcd.ClientError, ConnectionError, OSError, asyncio.TimeoutError)
@@ -123,8 +128,9 @@ class Election:
         #: last round failed, "" when etcd answered since. (Read by the HTTP thread.)
         self._answered_at: float | None = None
         self._etcd_error = ""
-        #: Who leads, as far as we know ("" when nobody does); ourselves when we do.
-        self.leader = ""
+        #: Who leads as this master last read the leader key ("" when nobody did); ourselves
+        #: when we do. Named (``leader``) only while etcd answers us.
+        self._leader = ""
         self.is_leader = False
         self._valid_until = 0.0
         self._client: aetcd.Client | None = None
@@ -143,9 +149,32 @@ class Election:
         """The etcd client of the current campaign (None before the first)."""
         return self._client
 
+    @property
+    def leader(self) -> str:
+        """Who leads, as far as we know ("" when nobody does, or we cannot know); ourselves
+        when we do. What a standby read of the leader key holds only while etcd answers it
+        (``in_touch``): cut off for longer than the contact window (the lease TTL at least),
+        the leader it read has stepped down (its renewals fail too: etcd is down) or leads
+        on out of its sight, so it names none rather than send nodes and clients to a master
+        that may refuse them in turn. Nor does a leader whose lease may be running out (it
+        refuses calls as it steps down) name itself. Safe to call from another thread."""
+        leader = self._leader
+        if not leader or not self._heard_lately():
+            return ""
+        return "" if self.is_leader and not self.serving() else leader
+
+    @leader.setter
+    def leader(self, value: str) -> None:
+        self._leader = value
+
     def serving(self) -> bool:
         """True while we lead and our lease is surely alive."""
         return self.is_leader and time.monotonic() < self._valid_until - self.margin
+
+    def _heard_lately(self) -> bool:
+        """Whether etcd answered within ``contact_window`` seconds."""
+        answered = self._answered_at
+        return answered is not None and time.monotonic() - answered < self.contact_window
 
     def in_touch(self) -> tuple[bool, str]:
         """Whether etcd answered within ``contact_window`` seconds (judged on
@@ -303,16 +332,23 @@ class Election:
                 await self._campaign(client, stop, on_elected, on_lost)
             except ETCD_ERRORS as error:
                 self._etcd_error = _short(str(error) or type(error).__name__)
-                log.warning(
-                    "etcd unreachable, or a call to it failed",
-                    endpoint=endpoint,
-                    error=str(error) or type(error).__name__,
-                )
+                # (an outage fails a round about twice a second: a line or two a minute)
+                if (suppressed := ETCD_FAILURE_LOGS.allow(endpoint)) is not None:
+                    log.warning(
+                        "etcd unreachable, or a call to it failed",
+                        endpoint=endpoint,
+                        error=str(error) or type(error).__name__,
+                        suppressed=suppressed,
+                    )
             except Exception as error:  # (a bug where a term begins or ends: campaign on,
                 # rather than sit a standby for good with nobody told)
                 self._etcd_error = _short(f"election round failed: {error!r}")
                 log.error("election round failed; campaigning again", error=repr(error))
             finally:
+                if not self._heard_lately():
+                    # (what we read of the leader key is stale: not named again when etcd
+                    # first answers, before it is read again)
+                    self._leader = ""
                 if self.is_leader:
                     self.is_leader = False
                     try:
@@ -344,9 +380,9 @@ class Election:
                 await lease.revoke()
                 self._answered()
                 current = responses[0][0][0].decode() if responses and responses[0] else ""
-                if current != self.leader:
+                if current != self._leader:
                     log.info("following a leader", leader=current or "(none)")
-                self.leader = current
+                self._leader = current
                 await pause(stop, self.ttl / 4)
                 continue
             epoch = responses[0].response_put.header.revision

@@ -61,6 +61,12 @@ MOUNT_POLL = 0.05
 COMMAND_GRACE = 60.0
 #: Longest pause between heartbeats while draining: the node leaves soon after the last copy.
 DRAIN_POLL = 0.25
+#: How often a node that goes on looking for the leading master says so (a search's first
+#: look, and a leader newly named, are said at once).
+SEARCH_LOG_INTERVAL = 60.0
+#: How a standby's refusal begins (master/leader_gate.py): with no leader named, none is
+#: elected yet (or the standby, cut off from etcd, cannot know).
+NOT_THE_LEADER = "not the leader"
 
 
 def report_parts(
@@ -130,6 +136,9 @@ class StorageNode:
         self._clock_offset = ClockOffset()
         self._progress = ucp.ProgressThread(worker)
         self._failures = 0
+        #: The search for the leading master (what it logs), and why the node looks now.
+        self._search = LeaderSearch()
+        self._why_looking = ""
         self._peers = PeerCopier(context)
         self.drain_on_term = drain_on_term
         #: Draining: until when at most, whether the master said nothing is left, and what
@@ -190,6 +199,7 @@ class StorageNode:
             if not leader:
                 if self._leaving(stop):
                     break
+                self._looking("(none)", "", "etcd names no leader")
                 await pause(stop, self.heartbeat_interval)
                 await asyncio.to_thread(self._resolver.failed)
                 continue
@@ -201,6 +211,8 @@ class StorageNode:
                 hint = None
                 while not self._leaving(stop) and hint is None:
                     hint = await self._sync_with_master(stub)
+                    if hint is None and not self._failures and (looks := self._search.found()):
+                        log.info("following the leading master", master=leader, looks=looks)
                     if not announced and self.ready[0]:
                         announced = True
                         log.info("node ready", node_id=self.node_id, segments=len(self.segments))
@@ -215,7 +227,7 @@ class StorageNode:
                 await asyncio.wait({session}, timeout=2 * RPC_TIMEOUT)
             if leave.is_set():
                 break
-            log.warning("looking for the leading master", was=leader, hint=hint or "(ask again)")
+            self._looking(leader, hint or "", self._why_looking)
             if not hint and not self._leaving(stop):
                 # (refused, or no leader named: asked again at once, a process refused for
                 # another of its node's spun, calling the master hundreds of times a second)
@@ -233,6 +245,20 @@ class StorageNode:
             log.warning("a command still runs; leaving its memory to the process exit")
             return
         self.close()
+
+    def _looking(self, was: str, hint: str, why: str) -> None:
+        """One more look for the leading master: said as ``LeaderSearch`` lets it (a
+        search lasts as long as an etcd outage: a line a look would flood the log)."""
+        suppressed = self._search.look(hint)
+        if suppressed is not None:
+            log.warning(
+                "looking for the leading master",
+                was=was,
+                hint=hint or "(ask again)",
+                why=why or "(unknown)",
+                looks=self._search.looks,
+                suppressed=suppressed,
+            )
 
     def _leaving(self, stop: asyncio.Event) -> bool:
         """Whether the node leaves now (and sets ``_leave`` if so): told to stop and not
@@ -460,7 +486,15 @@ class StorageNode:
             metrics.MOUNTED.set(len(self.mounted))
             if error.code() == grpc.StatusCode.FAILED_PRECONDITION:
                 hint = _leader_hint(error)  # a standby: it says who leads
-                if not hint:  # refused outright (another process of this node is attached)
+                if hint:
+                    self._why_looking = "a standby named the leader"
+                elif (error.details() or "").startswith(NOT_THE_LEADER):
+                    # a standby that names no leader: none is elected yet (etcd down, an
+                    # election under way), or it cannot know. Looked for again, said as the
+                    # search lets it (``_looking``): not a refusal of this node.
+                    self._why_looking = "no leader elected yet"
+                else:  # refused outright (another process of this node is attached)
+                    self._why_looking = "this master refused the node"
                     self._failures += 1
                     if self._failures in (1, 10) or self._failures % 60 == 0:
                         log.warning(
@@ -477,6 +511,7 @@ class StorageNode:
                     failures=self._failures,
                 )
             if self._failures % 2 == 0:
+                self._why_looking = f"master unreachable ({error.code().name})"
                 return ""  # ask again who leads (a failover may be under way)
         metrics.MOUNTED.set(len(self.mounted))
         return None
@@ -647,6 +682,46 @@ class _Reports:
 
     async def __anext__(self) -> pb.NodeReport:
         return await self._queue.get()
+
+
+class LeaderSearch:
+    """What a node says while it looks for the leading master (none elected: etcd down, the
+    masters down, an election under way): a warning as the search begins and whenever a
+    standby names a leader other than the one named last, else one line every ``interval``
+    seconds, with the looks since the last line; the search ends once a master serves the
+    node. The clock is injected (tests)."""
+
+    def __init__(
+        self, interval: float = SEARCH_LOG_INTERVAL, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.interval = interval
+        self._clock = clock
+        #: Looks since the search began (0: the node is not looking).
+        self.looks = 0
+        self._unsaid = 0
+        self._said_at = 0.0
+        #: The leader a standby named last in this search ("" none yet).
+        self._named = ""
+
+    def look(self, hint: str) -> int | None:
+        """One more look; ``hint``: the leader a standby named ("" none). None: say nothing;
+        else say it, with the count of looks not said since the last line."""
+        now = self._clock()
+        self.looks += 1
+        named = bool(hint) and hint != self._named
+        if hint:
+            self._named = hint
+        if self.looks == 1 or named or now - self._said_at >= self.interval:
+            unsaid, self._unsaid, self._said_at = self._unsaid, 0, now
+            return unsaid
+        self._unsaid += 1
+        return None
+
+    def found(self) -> int:
+        """A master serves the node: the search (if any) ends. How many looks it took (0:
+        the node was not looking)."""
+        looks, self.looks, self._unsaid, self._named = self.looks, 0, 0, ""
+        return looks
 
 
 def _leader_hint(error: grpc.aio.AioRpcError) -> str:
