@@ -31,6 +31,19 @@ class LruIndex:
         elif pin is _SOFT:
             self._soft[key] = None
 
+    def add_oldest(self, key: str, pin: Pin) -> None:
+        """Indexes ``key`` as the least recently used object of its pin class: an object
+        taken back from a node's report (a new master, a node's restart), which nothing has
+        read since. Reports are taken newest first, so each goes in front of the ones before
+        it and the order of their ages holds (one report's parts come newest first too);
+        every object put or read at this master stays more recent than they are."""
+        if pin is _NONE:
+            self._normal[key] = None
+            self._normal.move_to_end(key, last=False)
+        elif pin is _SOFT:
+            self._soft[key] = None
+            self._soft.move_to_end(key, last=False)
+
     def touch(self, key: str) -> None:
         try:
             self._normal.move_to_end(key)

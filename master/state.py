@@ -1970,7 +1970,10 @@ class MasterState:
         self.counters.objects_adopted += 1
         if existing is not None:
             existing.replicas.append(replica)
-            segment.lru.add(item.key, existing.pin)
+            if existing.adopted and existing.last_access < existing.created_at:
+                segment.lru.add_oldest(item.key, existing.pin)  # (read by no one since)
+            else:
+                segment.lru.add(item.key, existing.pin)
             if existing.lease_open and existing.lease_until <= now:
                 # A lease that ran out and no tick has counted yet (its budget ran out):
                 # it ends here. The hold below (reads begun before a restart finish) is no
@@ -1995,13 +1998,14 @@ class MasterState:
             now,
             [replica],
             lease_until=now + self.config.lease_ttl,  # reads begun before a restart finish
-            last_access=now,
+            # (just before it was taken back: a read since, even now, is later)
+            last_access=math.nextafter(now, -math.inf),
             crc32c=item.crc32c,
             wanted=self._reported_replicas(item) or 1,
             adopted=True,
         )
         self._transition(record, PUBLISHED, (record.key, now, "adopted", item.generation, replica))
-        self._index_published(record)
+        self._index_published(record, taken_back=True)
         if record.wanted > 1 and self._replication.enabled:
             # the nodes of its other replicas may not have mounted yet (a failover): it is
             # looked at once they had the time to, and copied if they did not
@@ -2460,8 +2464,17 @@ class MasterState:
         self._tombstones.sent(command_id, segment.segment_id, stored.key, stored.generation, exact)
         return command_id
 
-    def _index_published(self, record: ObjectRecord) -> None:
+    def _index_published(self, record: ObjectRecord, taken_back: bool = False) -> None:
+        """Indexes a published object as the most recently used; one ``taken_back`` from a
+        node's report as the least (``LruIndex.add_oldest``): as the most recent, the
+        oldest object reported would have been the last evicted, the newest the first."""
         self._published_keys.add(record.key)
+        if taken_back:
+            self._lru.add_oldest(record.key, record.pin)
+            for replica in record.replicas:
+                if replica is not None:
+                    self.segments[replica.segment_id].lru.add_oldest(record.key, record.pin)
+            return
         self._lru.add(record.key, record.pin)
         for replica in record.replicas:
             if replica is not None:

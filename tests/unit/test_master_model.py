@@ -416,6 +416,10 @@ class MasterModel(RuleBasedStateMachine):
         self.used_at: dict[tuple[str, int], int] = {}
         self.added_at: dict[tuple[tuple[str, int], int], int] = {}
         self.uses = itertools.count()
+        #: Objects taken back from a node's report count as used before anything else, each
+        #: before the ones taken back earlier (reports are taken newest first): the oldest
+        #: reported goes first, everything put or read at this master last.
+        self.taken_back = itertools.count(-1, -1)
         self.max_generation = 0
         #: segment id -> key -> what the node's index holds (one entry per key, like a node).
         self.disk: dict[str, dict[str, StoredObject]] = defaultdict(dict)
@@ -1558,13 +1562,16 @@ class MasterModel(RuleBasedStateMachine):
             assert segment.owners[item.offset] == item.key
             if twin:
                 self.complete[ident].add((id(segment), item.offset))
-                self.added_at[ident, id(segment)] = next(self.uses)
+                unread = self.used_at[ident] < 0  # (taken back, and read by no one since)
+                self.added_at[ident, id(segment)] = next(
+                    self.taken_back if unread and record.adopted else self.uses
+                )
                 self.lease_until[ident] = max(self.lease_until.get(ident, 0.0), until)
             else:
                 assert record.size == item.size and record.crc32c == item.crc32c
                 self.complete[ident] = {(id(segment), item.offset)}
                 self.pins[ident] = (Pin.NONE, 0.0)
-                self.used_at[ident] = next(self.uses)
+                self.used_at[ident] = next(self.taken_back)
                 self.lease_until[ident] = until
                 self.max_generation = max(self.max_generation, item.generation)
             assert record.lease_until == self.lease_until[ident]

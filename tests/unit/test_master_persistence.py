@@ -620,6 +620,30 @@ def test_a_node_that_restarts_before_being_declared_dead_replaces_its_segment_an
     assert commit(state, "r", reserved) is KeyStatus.STALE_PUT
 
 
+@pytest.mark.parametrize("listed", ["newest first", "oldest first"])
+def test_objects_taken_back_are_evicted_oldest_first_and_before_anything_put_since(listed):
+    """A new master, or a restarted node's, takes back what a node reports as the least
+    recently used objects, the oldest first in line: taken back as the most recently used
+    (in the newest-first order reports are adopted in), the oldest would have been evicted
+    last and the newest first, a KV cache's hottest prefixes."""
+    state, clock = new_state()
+    reported = [StoredObject(f"o{i:02d}", i * 4 * KiB, 4 * KiB, i + 1) for i in range(20)]
+    if listed == "newest first":
+        reported.reverse()
+    mount_tier(state, "n1", 24 * 4 * KiB, Tier.NVME, stored=reported)
+    clock.advance(CONFIG.lease_ttl + 1)  # (past the hold of reads begun before the takeover)
+    assert get(state, "o05").status is OK  # read since: as recent as a read makes it
+    clock.advance(CONFIG.lease_ttl + 1)
+
+    for i in range(6):
+        publish(state, f"new{i}", 4 * KiB, options=NVME)
+
+    oldest_first = [f"o{i:02d}" for i in range(20) if i != 5] + ["o05"]
+    gone = set(oldest_first) - published(state)
+    assert gone and gone == set(oldest_first[: len(gone)]), sorted(gone)
+    assert {f"new{i}" for i in range(6)} <= published(state)
+
+
 # ------------------------------------------------------------------ tiers
 
 
