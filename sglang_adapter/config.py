@@ -29,6 +29,9 @@ kvpool HiCache storage backend, settings in --hicache-storage-backend-extra-conf
   master's default)
 - load_timeout_s (float): deadline of one batch_get_v1 and of one batch_exists: what has
   not arrived by then is a miss (default 5)
+- lookup_lease_s (float): read lease a batch_exists hit takes, so that the page is still
+  there when SGLang's io thread loads it (the load leases it again for itself); held
+  against the tenant's leases quota until it runs out (default: load_timeout_s)
 - store_timeout_s (float): deadline of one batch_set_v1 (default 10)
 - key_prefix (str): namespace of SGLang's pages in kvpool (default "sglang/"); keys name
   the model by its --model-path string: a different checkpoint served from the same path
@@ -50,6 +53,7 @@ _KNOWN = {
     "master",
     "replicas",
     "load_timeout_s",
+    "lookup_lease_s",
     "store_timeout_s",
     "key_prefix",
     "register_host_pool",
@@ -82,6 +86,8 @@ class KVPoolHiCacheConfig:
     credentials: CallerCredentials
     replicas: int = 0
     load_timeout_s: float = 5.0
+    #: (from_extra_config: load_timeout_s unless given)
+    lookup_lease_s: float = 5.0
     store_timeout_s: float = 10.0
     key_prefix: str = DEFAULT_PREFIX
     register_host_pool: bool = True
@@ -110,14 +116,18 @@ class KVPoolHiCacheConfig:
             "key_prefix", extra.get("key_prefix", DEFAULT_PREFIX), forbidden="@"
         )
         ucx_config = check.string_map("ucx_config", extra.get("ucx_config"))
+        load_timeout_s = check.seconds(
+            "load_timeout_s", extra.get("load_timeout_s", cls.load_timeout_s)
+        )
         return cls(
             master=resolve_master(extra.get("master")),
             credentials=CallerCredentials.resolve(
                 extra.get("token"), extra.get("tls_ca"), extra.get("tls_cert"), extra.get("tls_key")
             ),
             replicas=replicas,
-            load_timeout_s=check.seconds(
-                "load_timeout_s", extra.get("load_timeout_s", cls.load_timeout_s)
+            load_timeout_s=load_timeout_s,
+            lookup_lease_s=check.seconds(
+                "lookup_lease_s", extra.get("lookup_lease_s", load_timeout_s)
             ),
             store_timeout_s=check.seconds(
                 "store_timeout_s", extra.get("store_timeout_s", cls.store_timeout_s)

@@ -4,23 +4,32 @@ SGLang loads it as a "dynamic" backend (``backend_class(storage_config, kwargs)`
 calls ``register_mem_pool_host`` with its host KV pool; with ``interface_v1`` its cache
 controller moves pages through:
 
-- ``batch_exists(keys)``: one ``Exists`` round trip for the batch (each hit leased, so that
-  the prefetch which follows finds it); the count of consecutive hits from the first key.
-  Hits after the first miss, which SGLang never loads, have their leases given back.
+- ``batch_exists(keys)``: one ``Exists`` round trip for the batch, through a client of its
+  own (each hit leased for ``lookup_lease_s``, so that the prefetch which follows finds
+  it); the count of consecutive hits from the first key. Hits after the first miss, which
+  SGLang never loads, have their leases given back.
 - ``batch_get_v1(keys, host_indices)``: one ``get_into_parts_many`` straight into the host
   pool, with the load deadline; entry i is whether page i arrived whole. A page whose node
   died, that was evicted, or whose size differs from the pool's page is a miss (False);
   kvpool force-closes transfers at the deadline, so nothing lands in the pool after the
-  call returned. Then one ``release_leases`` of the batch's keys: a page loaded is not
-  pinned against removal or eviction, nor counted against the tenant's leases quota, for
-  the rest of its lease.
+  call returned. Then one ``release_leases`` of the batch's keys: the load's own leases
+  end (its lookup's run out by themselves, within ``lookup_lease_s``).
 - ``batch_set_v1(keys, host_indices)``: one ``put_parts_many`` straight out of the host
   pool; a page that already exists counts as stored (pages are immutable, the key names
   the content).
 
 Stores and loads each have their own kvpool client (their own UCX worker): SGLang's backup
-thread never holds up a prefetch. The host pool is registered with both once. ``get``,
-``set`` and their batch forms (SGLang's older interface) move one caller buffer per key.
+thread never holds up a prefetch. The host pool is registered with both once. Lookups have
+a client of their own, which moves no bytes (nothing is registered with it). The master
+keeps one lessee per object: a client's ``release_leases`` ends its lease on an object only
+where it leased the object last. Sharing one client, a load's release would end another
+request's lookup lease on the same pages (which could then be evicted before that
+request's load), and a lookup's release of its hits past the first miss could end the
+lease of a load still reading one of them. Apart, a load's release ends only load leases
+(SGLang loads on one io thread: those of a load that is over), a lookup's only lookup
+leases (at worst another request's, on a page after this lookup's first miss: that request
+may miss it, no load is cut short). ``get``, ``set`` and their batch forms (SGLang's older
+interface) move one caller buffer per key.
 
 While the engine starts, one ``exists_many`` of a probe key checks its credentials: a token
 the master refuses, or a master whose certificate fails the TLS check (another CA, another
@@ -112,6 +121,20 @@ class KVPoolHiCacheStorage(HiCacheStorage):
                 **common,
             )
             undo.callback(self._load_client.close)
+            self._lookup_client = Client(
+                settings.master,
+                timeout=settings.load_timeout_s,
+                # A hit's lease has to last until its load starts (the load leases the page
+                # for itself, and gives that lease back when it ends). SGLang's prefetch
+                # thread looks a request's pages up, the scheduler hands the hits to the io
+                # thread at its next step, and that thread loads one request after another:
+                # a load may wait behind others, each bounded by load_timeout_s, hence the
+                # default. Longer would pin pages (and count them against the tenant's leases
+                # quota) long after their load, or after SGLang dropped the prefetch.
+                lease_ttl=settings.lookup_lease_s,
+                **common,
+            )
+            undo.callback(self._lookup_client.close)
             self._check_credentials()
             undo.pop_all()
 
@@ -122,7 +145,7 @@ class KVPoolHiCacheStorage(HiCacheStorage):
         answer is logged, and lookups and loads start quiet."""
         probe = self._keys.namespace + "kvpool-credentials-probe"
         try:
-            self._load_client.exists_many([probe], lease=False)
+            self._lookup_client.exists_many([probe], lease=False)
         except MasterNotTrusted as error:
             raise ValueError(
                 f"kvpool: the master {self.settings.master} is not the one this engine trusts: "
@@ -157,6 +180,7 @@ class KVPoolHiCacheStorage(HiCacheStorage):
         self._keys.bind(mem_pool_host)
         self._pages = HostPages(mem_pool_host)
         if self.settings.register_host_pool:
+            # (the clients that move bytes; the lookup client moves none)
             self._pages.register_with([self._store_client, self._load_client])
 
     # ------------------------------------------------------------------ v1: pages
@@ -168,7 +192,7 @@ class KVPoolHiCacheStorage(HiCacheStorage):
             return 0
         names = self._keys.names(keys)
         try:
-            found = self._load_client.exists_many(names)
+            found = self._lookup_client.exists_many(names)
         except (KVPoolError, RuntimeError) as error:  # RuntimeError: closed meanwhile
             self._load_failed("lookup", len(keys), error)
             return 0
@@ -298,6 +322,7 @@ class KVPoolHiCacheStorage(HiCacheStorage):
             self._closed = True
         if self._pages is not None:
             self._pages.unregister()
+        self._lookup_client.close()
         self._load_client.close()
         self._store_client.close()
 
@@ -375,7 +400,8 @@ class KVPoolHiCacheStorage(HiCacheStorage):
     def _lookup_stopped(self, names: list[str], found: list[Any], hits: int) -> None:
         """After ``batch_exists`` stopped at key ``hits``: a warning where the master refused
         a lookup (a leases quota, say: SGLang sees a miss, the page is there), and the
-        leases of the hits after the first miss given back (SGLang never loads those)."""
+        lookup leases of the hits after the first miss given back (SGLang never loads
+        those; a load's lease is the load client's, which this cannot end)."""
         refused = [r for r in found if isinstance(r, KVPoolError)]
         if refused:
             self._warn(
@@ -387,23 +413,25 @@ class KVPoolHiCacheStorage(HiCacheStorage):
             )
         unused = [n for n, hit in zip(names[hits:], found[hits:], strict=True) if hit is True]
         if unused:
-            self._release(unused)
+            self._release(self._lookup_client, unused)
 
     def _loaded(self, names: list[str], error: Exception | None = None) -> None:
-        """Gives back the read leases of a load's pages (its own, and its lookup's), whatever
-        arrived: else they pin the pages and count against the tenant's leases quota until
-        they run out. Not after a load that the master did not answer (nor once closed)."""
+        """Gives back the load client's read leases of a load's pages, whatever arrived: else
+        they pin the pages and count against the tenant's leases quota until they run out.
+        The lookup's leases are the lookup client's: another request's lookup of the same
+        pages keeps its lease (they run out within ``lookup_lease_s``). Not after a load
+        that the master did not answer (nor once closed)."""
         if isinstance(error, MasterUnavailable) or self._closed:
             return
         if error is not None and not isinstance(error, KVPoolError):
             return  # (a client closed meanwhile)
-        self._release(names)
+        self._release(self._load_client, names)
 
-    def _release(self, names: list[str]) -> None:
+    def _release(self, client: Client, names: list[str]) -> None:
         """``release_leases``, best effort: a failure is a throttled warning (and one the
         master did not answer makes lookups and loads quiet, as a failed load does)."""
         try:
-            self._load_client.release_leases(names)
+            client.release_leases(names)
         except (KVPoolError, RuntimeError) as error:
             self._load_failed("lease release", len(names), error)
 

@@ -6,18 +6,25 @@ byte, lookups count the hits SGLang may prefetch, misses never touch the pool.""
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 import torch
+from helpers import wait_until
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 from sglang_support import attach, hashes, storage_config
 
 from bench.sglang_host_pool import PAGE_LAYOUTS, MHAHostPool, MLAHostPool, page_indices
 from kvpool import Client
+from kvpool.errors import ObjectHasLease
 from kvpool.security.dev_pki import make_dev_pki
 
 SENTINEL = -7.0
+#: lookup_lease_s of the lease tests: lookups and loads take milliseconds, the waits seconds.
+LOOKUP_LEASE_S = 3.0
+#: How much later than due a lease may be seen ended on a loaded machine.
+SLACK = 5.0
 #: A well-formed client token that no cluster knows (as a revoked one).
 UNKNOWN_TOKEN = "kvp1.0123456789ab.SECRETsecretSECRETsecretSECRETsecret42"
 
@@ -52,6 +59,16 @@ def test_without_interface_v1_the_factory_refuses_and_says_what_to_add(sg_cluste
 def test_an_unknown_setting_is_refused_with_the_known_ones(sg_cluster):
     config = storage_config(sg_cluster.master_address, params={"load_timeout": 3})
     with pytest.raises(ValueError, match=r"unknown kvpool HiCache setting.*load_timeout_s"):
+        StorageBackendFactory.create_backend("dynamic", config, mha_pool())
+
+
+def test_the_lookup_lease_follows_load_timeout_s_unless_given(make_backend, sg_cluster):
+    # (a load may wait behind others in SGLang's io thread, each up to load_timeout_s)
+    assert make_backend(params={"load_timeout_s": 7}).settings.lookup_lease_s == 7.0
+    given = {"load_timeout_s": 7, "lookup_lease_s": 2}
+    assert make_backend(params=given).settings.lookup_lease_s == 2.0
+    config = storage_config(sg_cluster.master_address, params={"lookup_lease_s": 0})
+    with pytest.raises(ValueError, match="lookup_lease_s must be a positive number"):
         StorageBackendFactory.create_backend("dynamic", config, mha_pool())
 
 
@@ -149,13 +166,22 @@ def test_misses_log_a_bounded_number_of_lines(make_backend, caplog):
     assert lines[0].levelno == logging.INFO and "2 of 2 page(s) missed" in lines[0].getMessage()
 
 
-def test_pages_looked_up_and_loaded_are_not_left_leased(make_backend):
+def lease_left(client: Client, names: list[str]) -> bool:
+    """Whether any of ``names`` is still under a read lease (``stat`` takes none)."""
+    return any(client.stat(name).lease_remaining_ms > 0 for name in names)
+
+
+def test_a_load_gives_its_leases_back_and_its_lookups_run_out(make_backend):
     # A read lease pins its page against removal and eviction and counts against the
-    # tenant's leases quota: the backend gives back the leases of what it loaded, and of
-    # the hits after a lookup's first miss (SGLang loads none of those).
+    # tenant's leases quota. A load gives its own leases back when it ends; its lookup's
+    # (another client's: see the next test) run out after lookup_lease_s. The hits after a
+    # lookup's first miss, which SGLang never loads, have theirs given back at once.
     pool = mha_pool()
-    backend = make_backend(pool)
+    # (a load lease kept would pin the pages for load_timeout_s: longer than the wait below)
+    params = {"load_timeout_s": 60, "lookup_lease_s": LOOKUP_LEASE_S}
+    backend = make_backend(pool, params=params)
     keys = hashes(4)
+    names = backend.kvpool_keys(keys)
     assert all(backend.batch_set_v1(keys, page_indices([0, 1, 2, 3], 4)))
     assert backend.batch_exists(keys) == 4
     assert backend.batch_get_v1(keys, page_indices([8, 9, 10, 11], 4)) == [True] * 4
@@ -163,8 +189,53 @@ def test_pages_looked_up_and_loaded_are_not_left_leased(make_backend):
     assert all(backend.batch_set_v1([gap[0], gap[2]], page_indices([4, 5], 4)))
     assert backend.batch_exists(gap) == 1
     with Client(backend.settings.master) as other:  # (the same tenant; no force)
-        names = backend.kvpool_keys([*keys, gap[2]])
+        assert other.remove_many(backend.kvpool_keys(gap[2:])) == [None]
+        assert wait_until(lambda: not lease_left(other, names), timeout=LOOKUP_LEASE_S + SLACK)
         assert other.remove_many(names) == [None] * len(names)
+
+
+def test_a_load_ending_leaves_another_requests_lookup_of_its_pages_leased(make_backend):
+    # SGLang looks up request B's pages on its prefetch thread while its io thread loads
+    # request A's, the same pages (a shared prefix). A's load giving its leases back must not
+    # end B's lookup leases: the pages could else be evicted (or removed) before B's load.
+    pool = mha_pool()
+    params = {"load_timeout_s": 60, "lookup_lease_s": LOOKUP_LEASE_S}
+    backend = make_backend(pool, params=params)
+    keys = hashes(4)
+    names = backend.kvpool_keys(keys)
+    assert all(backend.batch_set_v1(keys, page_indices([0, 1, 2, 3], 4)))
+    assert backend.batch_exists(keys) == 4  # A's lookup
+    looked_up = time.monotonic()  # (B's lookup leases run from after this)
+    assert backend.batch_exists(keys) == 4  # B's lookup
+    assert backend.batch_get_v1(keys, page_indices([4, 5, 6, 7], 4)) == [True] * 4  # A's load
+    with Client(backend.settings.master) as other:  # (the same tenant; no force)
+        refused = other.remove_many(names)
+        assert time.monotonic() - looked_up < LOOKUP_LEASE_S, "too slow to tell"
+        assert all(isinstance(r, ObjectHasLease) for r in refused), refused
+        assert backend.batch_get_v1(keys, page_indices([8, 9, 10, 11], 4)) == [True] * 4
+        assert same_pages(pool, [0, 1, 2, 3], [8, 9, 10, 11])
+        # B's lookup leases run out by themselves (B's load gave back only its own)
+        assert wait_until(lambda: not lease_left(other, names), timeout=LOOKUP_LEASE_S + SLACK)
+        assert time.monotonic() - looked_up > LOOKUP_LEASE_S - 0.5
+        assert other.remove_many(names) == [None] * len(names)
+
+
+def test_a_lookup_giving_back_hits_past_a_miss_never_ends_a_loads_lease(make_backend):
+    # The io thread may still be reading a page when the prefetch thread's lookup of another
+    # request finds it after a miss and gives its lease back: the load's lease must stand
+    # (on a same-host mapped read, nothing would stop the copy if the page's space were
+    # reused). The load's lease is taken here as its get takes it, by the load client.
+    pool = mha_pool()
+    backend = make_backend(pool, params={"load_timeout_s": 30})
+    keys = hashes(3)
+    assert all(backend.batch_set_v1([keys[0], keys[2]], page_indices([0, 2], 4)))
+    [page] = backend.kvpool_keys(keys[2:])
+    assert backend._load_client.exists_many([page]) == [True]  # the load, under way
+    assert backend.batch_exists(keys) == 1  # the lookup: keys[2] is past its first miss
+    with Client(backend.settings.master) as other:
+        [refused] = other.remove_many([page])
+        assert isinstance(refused, ObjectHasLease), refused
+        assert other.remove_many([page], force=True) == [None]
 
 
 def test_storing_a_stored_page_again_succeeds_and_keeps_the_first_bytes(make_backend):

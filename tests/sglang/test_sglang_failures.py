@@ -1,8 +1,8 @@
 """A storage node that dies while SGLang loads pages from kvpool: its pages are misses, the
 others still hit, every hit holds the bytes stored, and no call blocks its caller. A master
 that stalls: calls failing as a whole never crash the engine's process, and a run of calls
-waits one timeout, not one each. A tenant's leases quota: loads give their leases back, so
-lookups keep hitting; a lookup the quota refuses is logged."""
+waits one timeout, not one each. A tenant's leases quota: loads give their leases back and
+lookups' run out, so lookups keep hitting; a lookup the quota refuses is logged."""
 
 from __future__ import annotations
 
@@ -162,23 +162,33 @@ def test_calls_under_a_stopped_master_wait_one_timeout_not_one_each(cluster_fact
 def test_loads_give_their_leases_back_so_a_leases_quota_never_fills(
     cluster_factory, tmp_path, caplog
 ):
-    # Each lookup leases its hits (for load_timeout_s, 5 s by default). Leases kept after the
-    # load would fill the quota of 4 after one request's pages: the next request's lookups
-    # refused, misses of pages that are stored.
+    # Each lookup leases its hits for lookup_lease_s; each load leases them again (for
+    # load_timeout_s, here 30 s) and gives those leases back when it ends. Load leases kept
+    # would fill the quota of 4 after one request's pages: the next request's lookups
+    # refused, misses of pages that are stored. The lookup's leases run out by themselves.
+    lookup_lease_s = 1.5
     path = tmp_path / "quotas.json"
     path.write_text(json.dumps({"version": 1, "tenants": {"sg": {"leases": 4}}}))
     cluster = cluster_factory(
         1, "64MiB", tenants=("default", "sg"), master_args=["--quotas", str(path)]
     )
     pool = MHAHostPool(16, 4, 2, 2, 64)
-    config = storage_config(cluster.master_address, params=cluster.client_credentials("sg"))
-    backend = attach(config, pool)
+    credentials = cluster.client_credentials("sg")
+    params = {**credentials, "load_timeout_s": 30, "lookup_lease_s": lookup_lease_s}
+    backend = attach(storage_config(cluster.master_address, params=params), pool)
     try:
-        for _ in range(3):  # requests, each for pages of its own
-            keys = hashes(4)
-            assert backend.batch_set_v1(keys, page_indices([0, 1, 2, 3], 4)) == [True] * 4
-            assert backend.batch_exists(keys) == 4
-            assert backend.batch_get_v1(keys, page_indices([4, 5, 6, 7], 4)) == [True] * 4
+        with Client(cluster.master_address, **credentials) as client:
+            for _ in range(3):  # requests, each for pages of its own
+                keys = hashes(4)
+                names = backend.kvpool_keys(keys)
+                assert backend.batch_set_v1(keys, page_indices([0, 1, 2, 3], 4)) == [True] * 4
+                assert backend.batch_exists(keys) == 4
+                assert backend.batch_get_v1(keys, page_indices([4, 5, 6, 7], 4)) == [True] * 4
+                # (stat takes no lease)
+                assert wait_until(
+                    lambda names=names: all(client.stat(n).lease_remaining_ms == 0 for n in names),
+                    timeout=lookup_lease_s + SLACK,
+                ), "a load kept its leases"
         # a lookup not followed by a load (SGLang dropped the prefetch) keeps its leases
         # until they run out; a lookup refused meanwhile is a miss, and says why
         held, refused = hashes(4), hashes(2)
