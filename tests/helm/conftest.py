@@ -150,6 +150,17 @@ def render_release(
     return lambda values: Render("custom", full_values(chart, values), render(values))
 
 
+@pytest.fixture(scope="session")
+def render_as(chart: Any) -> Callable[[dict[str, Any], str, str], Render]:
+    """Renders the chart with some values as release ``name`` in ``namespace``."""
+
+    def run(values: dict[str, Any], name: str, namespace: str) -> Render:
+        files = chart.render(values, name=name, namespace=namespace, is_install=True)
+        return Render("custom", full_values(chart, values), files, name, namespace)
+
+    return run
+
+
 @pytest.fixture(scope="module")
 def renders(
     chart: Any,

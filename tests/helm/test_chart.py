@@ -14,7 +14,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 # The `test` extra installs these: missing, they fail the run (never skip the chart tests).
@@ -27,6 +27,7 @@ from kvpool.cli.main import build_parser
 from kvpool.common.master_address import resolve_master
 from kvpool.common.sizes import parse_size
 from kvpool.master.main import config_from_args
+from kvpool.storage_node.main import LOCAL_TRANSPORT_NAMES
 
 REPO = Path(__file__).resolve().parents[2]
 CHART_DIR = REPO / "helm" / "kvpool"
@@ -455,7 +456,8 @@ def test_nvme_through_a_host_path(renders: dict[str, Render]) -> None:
     volumes = {v["name"]: v for v in nodes["spec"]["template"]["spec"]["volumes"]}
     assert volumes["nvme"]["hostPath"] == {"path": "/mnt/nvme0/kvpool", "type": "Directory"}
     args = render.container("node")["args"]
-    assert args[args.index("--nvme") + 1] == "/nvme"
+    # The node keeps its segment in this release's directory of the host's (it creates it).
+    assert args[args.index("--nvme") + 1] == f"/nvme/{render.namespace}/{render.fullname}"
     assert args[args.index("--nvme-size") + 1] == "1Ti"
 
 
@@ -494,7 +496,9 @@ def test_warm_restart_keeps_the_dram_segment_in_a_host_shared_memory_directory(
     warm = render.values["storage"]["warmRestart"]
     container = render.container("node")
     args = parse_cli(container_argv(container))
-    assert args.dram_shm is True and args.shm_dir == warm["mountPath"]
+    assert args.dram_shm is True
+    # this release's directory in the host's (the node creates it): see test_two_releases_*
+    assert args.shm_dir == f"{warm['mountPath']}/{render.namespace}/{render.fullname}"
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert mounts["shm"] == warm["mountPath"]
     volumes = {
@@ -660,7 +664,10 @@ def test_node_command_parses(renders: dict[str, Render], value_set: str) -> None
     assert args.insecure is insecure
     assert args.log_format == "json"
     if storage["nvme"]["enabled"]:
-        assert args.nvme == [storage["nvme"]["mountPath"]]
+        nvme = storage["nvme"]
+        per_release = nvme["source"] == "hostPath" and nvme["hostPath"]["perRelease"]
+        release_dir = f"/{render.namespace}/{render.fullname}" if per_release else ""
+        assert args.nvme == [nvme["mountPath"] + release_dir]
         assert args.nvme_size == [parse_size(storage["nvme"]["size"])]
     else:
         assert args.nvme == [] and args.nvme_size == []
@@ -1711,6 +1718,12 @@ UCX_TLS_VALUES = (
     "sm,self",
     "sm,cma,self",
     "posix,sysv,xpmem,knem,self",
+    "cuda,sm,self",
+    "rocm,rocm_gdr,self",
+    "ZE_COPY,ze_ipc,sm",
+    # Every name the node takes for local (its LOCAL_TRANSPORT_NAMES): the chart's list must
+    # hold them all, or it refuses what the node would start with.
+    ",".join(sorted(LOCAL_TRANSPORT_NAMES)),
 )
 
 
@@ -1792,6 +1805,110 @@ def test_insecure_nodes_keep_their_id_where_a_segment_outlives_the_pod(
         assert ids == {(stable, shm_directory(args.shm_dir, stable))}
     plain = render_release({"auth": {"insecure": True}, "storage": {"kind": kind}})
     assert parse_cli(container_argv(plain.container("node"))).node_id is None
+
+
+def _host_segment_dirs(render: Render, node_id: str) -> set[PurePosixPath]:
+    """The host directories of a storage node's segments that live in a hostPath (warm restart's
+    DRAM segment, an NVMe segment), where the node (with ``node_id``) puts them: the real
+    segment_layout, the container's paths mapped through its volume mounts to the host."""
+    from kvpool.storage_node.segment_layout import nvme_directory, shm_directory
+
+    container = render.container("node")
+    argv = container_argv(container)
+    id_var = "POD_NAME" if render.values["storage"]["kind"] == "StatefulSet" else "K8S_NODE_NAME"
+    args = parse_cli([a.replace(f"<{id_var}>", node_id) for a in argv])
+    assert args.node_id == node_id
+    volumes = {v["name"]: v for v in _pod(_workload(render, "node"))["volumes"]}
+    on_host = {
+        PurePosixPath(m["mountPath"]): PurePosixPath(volumes[m["name"]]["hostPath"]["path"])
+        for m in container["volumeMounts"]
+        if "hostPath" in volumes[m["name"]]
+    }
+
+    def host_path(path: Path) -> PurePosixPath:
+        inside = PurePosixPath(path)
+        (mount,) = [m for m in on_host if inside.is_relative_to(m)]
+        return on_host[mount] / inside.relative_to(mount)
+
+    found = {host_path(nvme_directory(p)) for p in args.nvme}
+    if args.dram_shm:
+        found.add(host_path(shm_directory(args.shm_dir, args.node_id)))
+    return found
+
+
+TWO_RELEASES = (
+    (("dev", "team-a"), ("staging", "team-b")),
+    (("dev", "team-a"), ("dev", "team-b")),  # same name: the same StatefulSet pod names
+    (("dev", "team-a"), ("staging", "team-a")),
+)
+
+
+@pytest.mark.parametrize("kind", ["DaemonSet", "StatefulSet"])
+@pytest.mark.parametrize("insecure", [False, True])
+def test_two_releases_never_share_a_segment_directory_on_a_host(
+    render_as: Callable[[dict[str, Any], str, str], Render], kind: str, insecure: bool
+) -> None:
+    """(Two releases with storage nodes on one Kubernetes node took the same --node-id, the
+    Kubernetes node's name (or, same-named, the same pod names), and the same segment directory
+    in the shared hostPath: while one release's node ran, the other's crash-looped; once it
+    stopped, the other's node took its segment and its master served the first release's
+    objects.) Node ids stay as they are (node tokens are keyed by them); each release keeps its
+    segments in a directory of its own, <hostPath>/<namespace>/<fullname>/."""
+    values = {
+        "auth": {"insecure": insecure},
+        "storage": {"kind": kind, "warmRestart": {"enabled": True}, "nvme": {"enabled": True}},
+    }
+
+    def release(name: str, namespace: str, extra: dict[str, Any] | None = None) -> Render:
+        return render_as({**values, **(extra or {})}, name, namespace)
+
+    def node_id(render: Render) -> str:  # both on Kubernetes node gpu-host-7
+        return f"{render.fullname}-node-0" if kind == "StatefulSet" else "gpu-host-7"
+
+    for first, second in TWO_RELEASES:
+        a, b = release(*first), release(*second)
+        dirs_a, dirs_b = _host_segment_dirs(a, node_id(a)), _host_segment_dirs(b, node_id(b))
+        assert len(dirs_a) == len(dirs_b) == 2  # the DRAM segment's and the NVMe segment's
+        for mine in dirs_a:
+            for theirs in dirs_b:
+                assert not mine.is_relative_to(theirs) and not theirs.is_relative_to(mine), (
+                    f"{first} and {second} share {mine} / {theirs}"
+                )
+        assert dirs_a == {
+            PurePosixPath(f"/dev/shm/kvpool/{a.namespace}/{a.fullname}/kvpool-{node_id(a)}-dram"),
+            PurePosixPath(f"/mnt/nvme/kvpool/{a.namespace}/{a.fullname}/kvpool-nvme"),
+        }
+    # perRelease=false pins the earlier layout (an upgraded install keeps its segments; one
+    # release per host only): directly in the host directory.
+    pinned = {"perRelease": False}
+    old = release(
+        "dev",
+        "team-a",
+        {
+            "storage": {
+                **values["storage"],
+                "warmRestart": {"enabled": True, "hostPath": pinned},
+                "nvme": {"enabled": True, "hostPath": pinned},
+            }
+        },
+    )
+    assert _host_segment_dirs(old, node_id(old)) == {
+        PurePosixPath(f"/dev/shm/kvpool/kvpool-{node_id(old)}-dram"),
+        PurePosixPath("/mnt/nvme/kvpool/kvpool-nvme"),
+    }
+    assert _flags(old.container("node")["args"])["--shm-dir"] == "/var/lib/kvpool/shm"
+
+
+def test_an_nvme_claim_is_the_pods_own_and_keeps_its_path(
+    render_release: Callable[..., Render],
+) -> None:
+    """A claim (source: pvc) is no directory another release can reach: --nvme stays the mount
+    path, so a StatefulSet's existing claims keep their segments across the upgrade."""
+    render = render_release(
+        {"storage": {"kind": "StatefulSet", "nvme": {"enabled": True, "source": "pvc"}}}
+    )
+    args = render.container("node")["args"]
+    assert args[args.index("--nvme") + 1] == render.values["storage"]["nvme"]["mountPath"]
 
 
 def test_refuses_several_bundled_etcd_members_without_persistence(

@@ -398,6 +398,16 @@ its Kubernetes node is, and a DaemonSet runs one storage node per Kubernetes nod
 {{- if eq .Values.storage.kind "StatefulSet" -}}POD_NAME{{- else -}}K8S_NODE_NAME{{- end -}}
 {{- end -}}
 
+{{/*
+This release's directory inside a host directory the storage nodes share with other releases
+(storage.warmRestart.hostPath, storage.nvme.hostPath with perRelease): <namespace>/<fullname>,
+unique per release on a cluster (Helm refuses a second release whose objects, named after the
+fullname, a release of the namespace already owns), and a relative path of DNS labels.
+*/}}
+{{- define "kvpool.node.releaseDir" -}}
+{{- printf "%s/%s" .Release.Namespace (include "kvpool.fullname" .) -}}
+{{- end -}}
+
 {{/* The UCX TCP port range as a dict {"start": N, "end": M}, or an empty dict. */}}
 {{- define "kvpool.ucxPortRange" -}}
 {{- $range := .Values.storage.ucxTcpPortRange -}}
@@ -512,7 +522,7 @@ _non_local_transports): every name that is not a local transport (empty ones are
 and the whole value where it is empty (UCX's defaults) or excludes ("^...": all the others).
 */}}
 {{- define "kvpool.ucxTls.nonLocal" -}}
-{{- $local := list "sm" "shm" "mm" "self" "cma" "posix" "sysv" "xpmem" "knem" "cuda_copy" "cuda_ipc" "rocm_copy" "rocm_ipc" "gdr_copy" -}}
+{{- $local := list "sm" "shm" "mm" "self" "cma" "posix" "sysv" "xpmem" "knem" "cuda" "cuda_copy" "cuda_ipc" "gdr_copy" "rocm" "rocm_copy" "rocm_ipc" "rocm_gdr" "ze_copy" "ze_ipc" -}}
 {{- $value := trim (toString .) -}}
 {{- $wider := list -}}
 {{- if or (not $value) (hasPrefix "^" $value) -}}
