@@ -242,12 +242,16 @@ class Client:
             finally:
                 self._session.close()
 
-    def _remember_leases(self, keys: Iterable[str]) -> None:
+    def _remember_leases(self, keys: Sequence[str]) -> None:
+        """Notes the keys a call leased, for ``close`` to give back: the latest
+        ``LEASES_REMEMBERED`` at least, and every key of the call at hand (a batch larger
+        than that is given back whole; it is the caller's memory already)."""
         with self._leases_lock:
             leased = self._leased
             leased.update(dict.fromkeys(keys))  # (in C: on every read)
             if len(leased) > 2 * LEASES_REMEMBERED:  # trimmed now and then, not on every call
-                kept = list(itertools.islice(reversed(leased), LEASES_REMEMBERED))
+                most = max(LEASES_REMEMBERED, len(keys))
+                kept = list(itertools.islice(reversed(leased), most))
                 self._leased = dict.fromkeys(reversed(kept))
 
     def _release_leases(self) -> None:
@@ -702,12 +706,13 @@ class Client:
             keys = [k for k in keys if key_problem(k) is None]
         if not keys:
             return 0
-        with self._leases_lock:
+        request = pb.ReleaseLeasesRequest(client_id=self.client_id, keys=keys)
+        released = int(self._call("ReleaseLeases", request).released)
+        with self._leases_lock:  # (after the call: one that failed leaves them to close())
             pop = self._leased.pop
             for key in keys:
                 pop(key, None)
-        request = pb.ReleaseLeasesRequest(client_id=self.client_id, keys=keys)
-        return int(self._call("ReleaseLeases", request).released)
+        return released
 
     def remove_many(self, keys: Sequence[str], *, force: bool = False) -> list[KVPoolError | None]:
         keys = arguments.key_list("remove_many", keys, "remove(key)")

@@ -205,10 +205,16 @@ class MasterLink:
                 if code not in RETRYABLE:
                     self._answered = True
                 problem = _tls_problem(details) if code == lp.UNAVAILABLE else ""
-                if problem and not self._resolver.hinted(leader):  # no retry fixes that
-                    raise MasterNotTrusted(self._not_proven(leader, problem))
+                if problem and not self._resolver.hinted(leader):
+                    # No retry fixes that: raised at once. MasterNotTrusted, but for a
+                    # certificate out of its dates, which a renewal (or a clock put right)
+                    # fixes with no change on this side.
+                    failed = MasterUnavailable if problem == CERTIFICATE_DATES else MasterNotTrusted
+                    raise failed(self._not_proven(leader, problem, details))
                 if code == lp.UNAVAILABLE and self._certificate_alert(details):
-                    raise NotAuthenticated(
+                    # (not NotAuthenticated: the lane checks a certificate it was given where
+                    # gRPC, not asking for one, would have taken the call)
+                    raise MasterUnavailable(
                         f"master {leader} did not answer {method}: "
                         f"{self._handshake_closed_hint()} ({name}: {details})"
                     )
@@ -226,7 +232,7 @@ class MasterLink:
                     # The leader a standby named did not prove who it is at the address it
                     # advertises: back to the masters as given, which did (a hint never
                     # holds a link for good).
-                    last_error = not_proven = self._not_proven(leader, problem)
+                    last_error = not_proven = self._not_proven(leader, problem, details)
                     if leader not in self._hints_untrusted:
                         self._hints_untrusted.add(leader)
                         log.warning(
@@ -262,9 +268,9 @@ class MasterLink:
             time.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
             backoff = min(backoff * 2, MAX_BACKOFF)
 
-    def _not_proven(self, leader: str, problem: str) -> str:
+    def _not_proven(self, leader: str, problem: str, details: str = "") -> str:
         """What to tell a caller whose master at ``leader`` failed the TLS check ``problem``
-        (``_tls_problem``)."""
+        (``_tls_problem``; ``details``: the failure as told)."""
         how = (
             "a standby master named it as the leader"
             if self._resolver.hinted(leader)
@@ -279,6 +285,13 @@ class MasterLink:
                 "<pod>.<release>-kvpool-master-headless.<namespace>.svc, which its "
                 "certificate must name as *.<release>-kvpool-master-headless.<namespace>.svc: "
                 "docs/kubernetes.md)"
+            )
+        if problem == CERTIFICATE_DATES:
+            when = "is not valid yet" if "not yet valid" in details.lower() else "has expired"
+            return (
+                f"master {leader} did not prove who it is: its certificate {when}, as this "
+                f"host's clock reads it ({how}). Renew the master's certificate (it is read "
+                "again without a restart), or put right the clock of this host or the master's"
             )
         ca = self.credentials.tls.ca if self.credentials.tls else None
         return (
@@ -542,6 +555,9 @@ def _check_size(method: str, request: Any) -> None:
 #: it is, but does not name the address dialled.
 UNTRUSTED_CA = "untrusted"
 HOSTNAME_MISMATCH = "hostname"
+#: The master's certificate is outside its validity dates (as this host's clock reads them):
+#: a renewal, or a clock put right, fixes it without a change here.
+CERTIFICATE_DATES = "dates"
 
 
 def _tls_problem(details: str) -> str:
@@ -552,6 +568,8 @@ def _tls_problem(details: str) -> str:
     lowered = details.lower()
     if "hostname verification" in lowered or "hostname mismatch" in lowered:
         return HOSTNAME_MISMATCH
+    if "certificate has expired" in lowered or "certificate is not yet valid" in lowered:
+        return CERTIFICATE_DATES
     if "certificate_verify_failed" in lowered or "certificate verify failed" in lowered:
         return UNTRUSTED_CA
     return ""

@@ -118,3 +118,27 @@ def test_remove_many_answers_per_key_when_a_later_part_fails(
     assert results[2 * PART + 1 :] == [None] * PART
     still = admin.exists_many(keys[1:], lease=False)
     assert still == [False] * PART + [True] * PART + [False] * PART
+
+
+def test_every_lease_of_a_get_many_larger_than_the_client_remembers_is_given_back_at_close(
+    shared_cluster: LocalCluster, admin: Client, stored: list[tuple[str, bytes]]
+) -> None:
+    """A client remembers its latest 4096 leases at least (a bound on its memory), and every
+    key of the call at hand: 12,288 leased at once are all given back."""
+    keys = [key for key, _ in stored]
+    with Client(shared_cluster.master_address, timeout=60, lease_ttl=LEASE_TTL) as reader:
+        assert reader.get_many(keys) == [data for _, data in stored]
+    assert admin.remove_many(keys) == [None] * len(keys)
+
+
+def test_leases_a_failed_release_did_not_end_are_given_back_at_close(
+    shared_cluster: LocalCluster, admin: Client, stored: list[tuple[str, bytes]]
+) -> None:
+    keys = [key for key, _ in stored[:8]]
+    with Client(shared_cluster.master_address, timeout=60, lease_ttl=LEASE_TTL) as reader:
+        assert reader.exists_many(keys) == [True] * len(keys)
+        fail_call(reader, "ReleaseLeases", 1)
+        with pytest.raises(MasterUnavailable, match="made up by the test"):
+            reader.release_leases(keys)
+        assert isinstance(admin.remove_many(keys[:1])[0], ObjectHasLease)
+    assert admin.remove_many(keys) == [None] * len(keys)

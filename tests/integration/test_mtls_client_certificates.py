@@ -225,7 +225,7 @@ def test_a_token_with_a_certificate_the_lane_refuses_is_told_so_promptly(
         tls_key=cert.with_suffix(".key"),
         timeout=TIMEOUT,
     )
-    with pytest.raises(NotAuthenticated) as raised, client:
+    with pytest.raises(MasterUnavailable) as raised, client:
         client.exists("x")
     assert "probably refused this client's certificate" in str(raised.value), raised.value
     assert time.monotonic() - started < PROMPTLY, raised.value

@@ -11,6 +11,7 @@ dialled is reported as a master that did not prove who it is, not retried in sil
 
 from __future__ import annotations
 
+import datetime
 import socket
 import time
 from collections.abc import Iterator
@@ -19,8 +20,12 @@ from pathlib import Path
 
 import grpc
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from cryptography.x509.oid import NameOID
 
 from kvpool.client.master_link import (
+    CERTIFICATE_DATES,
     HOSTNAME_MISMATCH,
     UNTRUSTED_CA,
     MasterLink,
@@ -30,6 +35,7 @@ from kvpool.common.leader_resolver import LEADER_METADATA
 from kvpool.errors import MasterNotTrusted, MasterUnavailable
 from kvpool.proto import master_pb2 as pb
 from kvpool.proto import master_pb2_grpc
+from kvpool.security import dev_pki
 from kvpool.security.caller import CallerCredentials
 from kvpool.security.dev_pki import DevPki, make_dev_pki
 from kvpool.security.tls import TlsFiles
@@ -139,6 +145,49 @@ def test_a_certificate_that_does_not_name_the_address_given_fails_at_once(pki, s
         client.close()
 
 
+def expired_certificate(pki: DevPki) -> tuple[bytes, bytes]:
+    """A key and a certificate for localhost, signed by ``pki``'s CA, that expired yesterday."""
+    ca_cert, ca_key = pki._ca()
+    key = dev_pki._new_key()
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kvpool master")]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=10))
+        .not_valid_after(now - datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName(dev_pki._subject_names(["localhost"])), False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    return dev_pki._key_pem(key), dev_pki._certificate_pem(certificate)
+
+
+def test_an_expired_master_certificate_is_told_as_such_and_not_as_another_ca(pki):
+    """Signed by the right CA: a renewal (or a clock put right) fixes it, so it is a plain
+    MasterUnavailable, raised at once, that says so (not MasterNotTrusted, which engines'
+    adapters take for a configuration to fix before they start)."""
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    master_pb2_grpc.add_MasterServicer_to_server(FakeMaster(), server)
+    port = server.add_secure_port(
+        "127.0.0.1:0", grpc.ssl_server_credentials([expired_certificate(pki)])
+    )
+    server.start()
+    client = link(pki, f"localhost:{port}")
+    try:
+        start = time.monotonic()
+        with pytest.raises(MasterUnavailable) as raised:
+            client.call("ClusterStatus", pb.ClusterStatusRequest(), time.monotonic() + 10)
+        assert time.monotonic() - start < 3
+        assert not isinstance(raised.value, MasterNotTrusted)
+        assert "its certificate has expired" in str(raised.value), raised.value
+        assert "Renew the master's certificate" in str(raised.value)
+    finally:
+        client.close()
+        server.stop(0)
+
+
 @pytest.mark.parametrize(
     ("details", "problem"),
     [
@@ -158,9 +207,19 @@ def test_a_certificate_that_does_not_name_the_address_given_fails_at_once(pki, s
             "routines:OPENSSL_internal:CERTIFICATE_VERIFY_FAILED: unable to get local issuer",
             UNTRUSTED_CA,
         ),
+        (
+            "Tls handshake failed (TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: error:1000007d:SSL "
+            "routines:OPENSSL_internal:CERTIFICATE_VERIFY_FAILED: certificate has expired",
+            CERTIFICATE_DATES,
+        ),
+        (
+            "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: certificate is not "
+            "yet valid (_ssl.c:1006)",
+            CERTIFICATE_DATES,
+        ),
         ("failed to connect to all addresses; last error: connection refused", ""),
     ],
-    ids=["grpc hostname", "ssl hostname", "untrusted CA", "refused"],
+    ids=["grpc hostname", "ssl hostname", "untrusted CA", "grpc expired", "ssl not yet", "refused"],
 )
 def test_tls_failures_are_told_apart(details, problem):
     assert _tls_problem(details) == problem
