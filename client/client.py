@@ -250,9 +250,9 @@ class Client:
             leased = self._leased
             leased.update(dict.fromkeys(keys))  # (in C: on every read)
             if len(leased) > 2 * LEASES_REMEMBERED:  # trimmed now and then, not on every call
-                most = max(LEASES_REMEMBERED, len(keys))
-                kept = list(itertools.islice(reversed(leased), most))
+                kept = list(itertools.islice(reversed(leased), LEASES_REMEMBERED))
                 self._leased = dict.fromkeys(reversed(kept))
+                self._leased.update(dict.fromkeys(keys))  # (some may have stood earlier)
 
     def _release_leases(self) -> None:
         with self._leases_lock:
@@ -706,13 +706,16 @@ class Client:
             keys = [k for k in keys if key_problem(k) is None]
         if not keys:
             return 0
-        request = pb.ReleaseLeasesRequest(client_id=self.client_id, keys=keys)
-        released = int(self._call("ReleaseLeases", request).released)
-        with self._leases_lock:  # (after the call: one that failed leaves them to close())
+        with self._leases_lock:  # (before the call: a lease taken again meanwhile is noted)
             pop = self._leased.pop
             for key in keys:
                 pop(key, None)
-        return released
+        request = pb.ReleaseLeasesRequest(client_id=self.client_id, keys=keys)
+        try:
+            return int(self._call("ReleaseLeases", request).released)
+        except BaseException:
+            self._remember_leases(keys)  # (not given back: close() tries again)
+            raise
 
     def remove_many(self, keys: Sequence[str], *, force: bool = False) -> list[KVPoolError | None]:
         keys = arguments.key_list("remove_many", keys, "remove(key)")

@@ -288,10 +288,13 @@ class MasterLink:
             )
         if problem == CERTIFICATE_DATES:
             when = "is not valid yet" if "not yet valid" in details.lower() else "has expired"
+            ca = self.credentials.tls.ca if self.credentials.tls else None
             return (
-                f"master {leader} did not prove who it is: its certificate {when}, as this "
-                f"host's clock reads it ({how}). Renew the master's certificate (it is read "
-                "again without a restart), or put right the clock of this host or the master's"
+                f"master {leader} did not prove who it is: its certificate, or the CA "
+                f"certificate that signed it ({ca or 'none given'}), {when} as this host's "
+                f"clock reads it ({how}). Check both (`openssl x509 -noout -dates -in FILE`): "
+                "renew the master's certificate (it is read again without a restart) or the "
+                "CA's, or put right the clock of this host or the master's"
             )
         ca = self.credentials.tls.ca if self.credentials.tls else None
         return (
