@@ -457,7 +457,7 @@ def test_nvme_through_a_host_path(renders: dict[str, Render]) -> None:
     assert volumes["nvme"]["hostPath"] == {"path": "/mnt/nvme0/kvpool", "type": "Directory"}
     args = render.container("node")["args"]
     # The node keeps its segment in this release's directory of the host's (it creates it).
-    assert args[args.index("--nvme") + 1] == f"/nvme/{render.namespace}/{render.fullname}"
+    assert args[args.index("--nvme") + 1] == f"/nvme/{render.namespace}_{render.fullname}"
     assert args[args.index("--nvme-size") + 1] == "1Ti"
 
 
@@ -498,7 +498,7 @@ def test_warm_restart_keeps_the_dram_segment_in_a_host_shared_memory_directory(
     args = parse_cli(container_argv(container))
     assert args.dram_shm is True
     # this release's directory in the host's (the node creates it): see test_two_releases_*
-    assert args.shm_dir == f"{warm['mountPath']}/{render.namespace}/{render.fullname}"
+    assert args.shm_dir == f"{warm['mountPath']}/{render.namespace}_{render.fullname}"
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     assert mounts["shm"] == warm["mountPath"]
     volumes = {
@@ -666,7 +666,7 @@ def test_node_command_parses(renders: dict[str, Render], value_set: str) -> None
     if storage["nvme"]["enabled"]:
         nvme = storage["nvme"]
         per_release = nvme["source"] == "hostPath" and nvme["hostPath"]["perRelease"]
-        release_dir = f"/{render.namespace}/{render.fullname}" if per_release else ""
+        release_dir = f"/{render.namespace}_{render.fullname}" if per_release else ""
         assert args.nvme == [nvme["mountPath"] + release_dir]
         assert args.nvme_size == [parse_size(storage["nvme"]["size"])]
     else:
@@ -1853,7 +1853,7 @@ def test_two_releases_never_share_a_segment_directory_on_a_host(
     in the shared hostPath: while one release's node ran, the other's crash-looped; once it
     stopped, the other's node took its segment and its master served the first release's
     objects.) Node ids stay as they are (node tokens are keyed by them); each release keeps its
-    segments in a directory of its own, <hostPath>/<namespace>/<fullname>/."""
+    segments in a directory of its own, <hostPath>/<namespace>_<fullname>/."""
     values = {
         "auth": {"insecure": insecure},
         "storage": {"kind": kind, "warmRestart": {"enabled": True}, "nvme": {"enabled": True}},
@@ -1875,8 +1875,8 @@ def test_two_releases_never_share_a_segment_directory_on_a_host(
                     f"{first} and {second} share {mine} / {theirs}"
                 )
         assert dirs_a == {
-            PurePosixPath(f"/dev/shm/kvpool/{a.namespace}/{a.fullname}/kvpool-{node_id(a)}-dram"),
-            PurePosixPath(f"/mnt/nvme/kvpool/{a.namespace}/{a.fullname}/kvpool-nvme"),
+            PurePosixPath(f"/dev/shm/kvpool/{a.namespace}_{a.fullname}/kvpool-{node_id(a)}-dram"),
+            PurePosixPath(f"/mnt/nvme/kvpool/{a.namespace}_{a.fullname}/kvpool-nvme"),
         }
     # perRelease=false pins the earlier layout (an upgraded install keeps its segments; one
     # release per host only): directly in the host directory.

@@ -400,12 +400,12 @@ its Kubernetes node is, and a DaemonSet runs one storage node per Kubernetes nod
 
 {{/*
 This release's directory inside a host directory the storage nodes share with other releases
-(storage.warmRestart.hostPath, storage.nvme.hostPath with perRelease): <namespace>/<fullname>,
+(storage.warmRestart.hostPath, storage.nvme.hostPath with perRelease): <namespace>_<fullname>,
 unique per release on a cluster (Helm refuses a second release whose objects, named after the
 fullname, a release of the namespace already owns), and a relative path of DNS labels.
 */}}
 {{- define "kvpool.node.releaseDir" -}}
-{{- printf "%s/%s" .Release.Namespace (include "kvpool.fullname" .) -}}
+{{- printf "%s_%s" .Release.Namespace (include "kvpool.fullname" .) -}}
 {{- end -}}
 
 {{/* The UCX TCP port range as a dict {"start": N, "end": M}, or an empty dict. */}}
