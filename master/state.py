@@ -414,12 +414,21 @@ class MasterState:
         self, segment: SegmentRecord, stored: Sequence[StoredObject], now: float
     ) -> list[StoredObject]:
         """Adopts what a node reports ``segment`` holds, newest first (where two overlap, the
-        newer keeps the bytes); the objects not adopted."""
-        return [
+        newer keeps the bytes); the objects not adopted. Replicas of objects this master
+        knows, and that were read (or put) here, join the segment's LRU after the loop, in
+        the order they were last used: newest first, each as the most recent, the segment
+        would evict its newest first."""
+        relisted: list[ObjectRecord] = []
+        refused = [
             item
             for item in sorted(stored, key=lambda s: s.generation, reverse=True)
-            if not self._adopt(segment, item, now)
+            if not self._adopt(segment, item, now, relisted)
         ]
+        if relisted:
+            relisted.sort(key=lambda record: record.last_access)
+            for record in relisted:
+                segment.lru.add(record.key, record.pin)
+        return refused
 
     def _forget_all_refused(
         self, segment: SegmentRecord, refused: Sequence[StoredObject]
@@ -1919,10 +1928,13 @@ class MasterState:
 
     # ------------------------------------------------------------------ internals: adoption
 
-    def _adopt(self, segment: SegmentRecord, item: StoredObject, now: float) -> bool:
+    def _adopt(
+        self, segment: SegmentRecord, item: StoredObject, now: float, relisted: list[ObjectRecord]
+    ) -> bool:
         """Takes an object a node reports into the index; False when it must be dropped. What
         a node reports is checked as a new put would be: a node's index is input, not truth
-        (it may be damaged, or the node foreign)."""
+        (it may be damaged, or the node foreign). A replica of an object used here goes into
+        ``relisted``, for the caller to index in the segment's LRU."""
         if not _well_formed(item) or not _admits(segment, tenant_of(item.key)):
             return False
         if item.generation >> 32 > self.epoch + EPOCHS_AHEAD:
@@ -1973,7 +1985,7 @@ class MasterState:
             if existing.adopted and existing.last_access < existing.created_at:
                 segment.lru.add_oldest(item.key, existing.pin)  # (read by no one since)
             else:
-                segment.lru.add(item.key, existing.pin)
+                relisted.append(existing)  # (indexed by when it was last used)
             if existing.lease_open and existing.lease_until <= now:
                 # A lease that ran out and no tick has counted yet (its budget ran out):
                 # it ends here. The hold below (reads begun before a restart finish) is no

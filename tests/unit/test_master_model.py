@@ -497,9 +497,15 @@ class MasterModel(RuleBasedStateMachine):
         """Where ``record`` stands in an eviction index: the pool's (a tier) or a segment's."""
         ident = (record.key, record.put_id)
         kind, where = index
+        used = self.used_at[ident]
         if kind == "pool":
-            return self.used_at[ident]
-        return max(self.used_at[ident], self.added_at.get((ident, id(where)), -1))
+            return used
+        added = self.added_at.get((ident, id(where)))
+        if added is None:
+            return used
+        if added < 0:  # put in front, taken back unread: until a use moves it to the end
+            return added if used < 0 else used
+        return max(used, added)
 
     def buffer_of(self, segment_id: str, offset: int) -> Buffer:
         segment = self.state.segments[segment_id]
@@ -1554,6 +1560,7 @@ class MasterModel(RuleBasedStateMachine):
         """The model learns of what the master adopted into ``segment``; checks each."""
         state = self.state
         until = self.now + self.config.lease_ttl
+        relisted: list[tuple[str, int]] = []
         for item, twin in adopted:
             ident = (item.key, item.generation)
             record = state.objects[item.key]
@@ -1562,10 +1569,10 @@ class MasterModel(RuleBasedStateMachine):
             assert segment.owners[item.offset] == item.key
             if twin:
                 self.complete[ident].add((id(segment), item.offset))
-                unread = self.used_at[ident] < 0  # (taken back, and read by no one since)
-                self.added_at[ident, id(segment)] = next(
-                    self.taken_back if unread and record.adopted else self.uses
-                )
+                if self.used_at[ident] < 0 and record.adopted:  # taken back, unread since
+                    self.added_at[ident, id(segment)] = next(self.taken_back)
+                else:
+                    relisted.append(ident)
                 self.lease_until[ident] = max(self.lease_until.get(ident, 0.0), until)
             else:
                 assert record.size == item.size and record.crc32c == item.crc32c
@@ -1575,6 +1582,12 @@ class MasterModel(RuleBasedStateMachine):
                 self.lease_until[ident] = until
                 self.max_generation = max(self.max_generation, item.generation)
             assert record.lease_until == self.lease_until[ident]
+        # Replicas of objects used here join the segment's index after the report, in the
+        # order they were last used (as the master's clock reads it: uses at one instant
+        # keep the report's order, newest first).
+        relisted.sort(key=lambda ident: state.objects[ident[0]].last_access)
+        for ident in relisted:
+            self.added_at[ident, id(segment)] = next(self.uses)
         for item, _ in adopted:  # every replica of a leased object is guarded
             record = state.objects[item.key]
             self.guard_lease(record, self.lease_until[item.key, record.put_id])

@@ -36,6 +36,7 @@ from state_helpers import (
     segments_of,
     used,
 )
+from state_helpers import stored as stored_at
 
 from kvpool.common.status import KeyStatus, Pin, Tier
 from kvpool.master.config import MasterConfig
@@ -642,6 +643,44 @@ def test_objects_taken_back_are_evicted_oldest_first_and_before_anything_put_sin
     gone = set(oldest_first) - published(state)
     assert gone and gone == set(oldest_first[: len(gone)]), sorted(gone)
     assert {f"new{i}" for i in range(6)} <= published(state)
+
+
+def test_a_new_masters_second_replicas_are_evicted_oldest_first_on_their_segment_too():
+    """After a failover each node reports its replicas; the second node's are replicas of
+    objects the first one's report brought back, read by no one since: they go in front of
+    that segment's eviction order, the oldest first, as the first node's did."""
+    state, _ = new_state()
+    reported = {
+        node: [StoredObject(f"o{i:02d}", i * 4 * KiB, 4 * KiB, i + 1, replicas=2) for i in range(6)]
+        for node in ("n1", "n2")
+    }
+    for node, base in (("n1", 0x10_0000), ("n2", 0x90_0000)):
+        mount_tier(state, node, 1 * MiB, Tier.NVME, base=base, stored=reported[node])
+
+    for segment in ("n1/nvme0", "n2/nvme0"):
+        order = list(state.segments[segment].lru.candidates())
+        assert order == [f"o{i:02d}" for i in range(6)], (segment, order)
+
+
+def test_a_restarted_nodes_replicas_of_known_objects_keep_their_eviction_order():
+    """The node of one replica restarts and reports it again (the object lives on at the
+    other): it rejoins its segment's eviction order as the object was last used, not in
+    the report's newest-first order, which made the segment evict its newest first."""
+    state, clock = new_state()
+    n1 = mount_tier(state, "n1", 1 * MiB, Tier.NVME)
+    mount_tier(state, "n2", 1 * MiB, Tier.NVME, base=0x90_0000)
+    keys = [f"o{i:02d}" for i in range(6)]
+    for key in keys:
+        clock.advance(1)
+        publish(state, key, 4 * KiB, options=PutOptions(tier=Tier.NVME, replicas=2))
+    clock.advance(1)
+    assert get(state, "o01").status is OK  # read since: the most recent now
+    report = [stored_at(state, key, n1.segment_id) for key in keys]
+    clock.advance(1)
+    state.mount_segment(replace(n1, incarnation="after a restart"), report, remount=True)
+
+    order = list(state.segments[n1.segment_id].lru.candidates())
+    assert order == ["o00", "o02", "o03", "o04", "o05", "o01"], order
 
 
 # ------------------------------------------------------------------ tiers
