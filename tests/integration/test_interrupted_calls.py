@@ -18,6 +18,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from helpers import wait_until
 
 from kvpool import Client
 from kvpool.errors import KVPoolError
@@ -88,6 +89,12 @@ def _reserved(client: Client, key: str) -> bool:
     return any(event.event == "reserved" for event in client.story(key))
 
 
+def _last_event(client: Client, key: str) -> str:
+    """The last event of the key's story ("" where it has none)."""
+    events = client.story(key)
+    return events[-1].event if events else ""
+
+
 def _still_reserved(client: Client, key: str) -> bool:
     """Whether the key's last put is reserved still: its writer never committed it."""
     events = [event.event for event in client.story(key)]
@@ -142,8 +149,13 @@ def test_an_interrupted_put_gives_its_reservation_back(shared_cluster, interrupt
                 signal.setitimer(signal.ITIMER_REAL, 0)
             except Interrupted:
                 interrupted += _reserved(client, key)
-            if client.exists(key, lease=False):  # (it had committed when interrupted)
-                client.remove(key, force=True)
+            # An interrupt after the commit was sent leaves it to the master, which may still
+            # await its node (under load): settled, it is published (removed here) or gone.
+            assert wait_until(lambda key=key: _last_event(client, key) != "committed", 10)
+            # (Interrupted before PutStart's answer came, the client never learnt of its
+            # reservation, and cannot give it back: it runs out at the write timeout.)
+            if _last_event(client, key) == "reserved" or client.exists(key, lease=False):
+                client.remove(key, force=True)  # (or it had committed when interrupted)
             assert client.put(key, value) >= 1, "the key is free again at once"
             client.remove(key, force=True)
         assert interrupted, "some put was interrupted after its reservation"
