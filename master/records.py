@@ -53,6 +53,9 @@ class SegmentRecord:
     owners: dict[int, str] = field(default_factory=dict)
     #: Published objects with a replica here, in eviction order.
     lru: LruIndex = field(default_factory=LruIndex)
+    #: Replicas a report in parts brought back of objects used at this master: they join
+    #: ``lru`` once the report ends, in the order their objects were last used.
+    relisted: list[ObjectRecord] = field(default_factory=list)
     #: Bytes of replicas being copied out of here (demotions not yet acknowledged).
     leaving: int = 0
     #: No new buffers here before this time: writers of an earlier master term may still be

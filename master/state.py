@@ -371,7 +371,7 @@ class MasterState:
         self.segments[info.segment_id] = segment
         node.segment_ids.add(info.segment_id)
         self._away_since.pop(info.segment_id, None)
-        refused = self._adopt_newest_first(segment, stored, now)
+        refused = self._adopt_newest_first(segment, stored, now, more)
         given_up = self._tombstones.take_given_up(info.segment_id)
         # (a node process mounting a segment for the first time runs nothing an earlier one
         # was sent: only a remount may be followed by late writes)
@@ -399,7 +399,7 @@ class MasterState:
         node = self.nodes.get(info.node_id)
         if node is not None:
             node.last_seen = now
-        refused = self._adopt_newest_first(segment, stored, now)
+        refused = self._adopt_newest_first(segment, stored, now, more)
         dropped = self._forget_all_refused(segment, refused)
         if not more and segment.reporting is not None:
             segment.fenced_until, segment.reporting = segment.reporting, None
@@ -411,23 +411,32 @@ class MasterState:
         return dropped
 
     def _adopt_newest_first(
-        self, segment: SegmentRecord, stored: Sequence[StoredObject], now: float
+        self,
+        segment: SegmentRecord,
+        stored: Sequence[StoredObject],
+        now: float,
+        more: bool = False,
     ) -> list[StoredObject]:
         """Adopts what a node reports ``segment`` holds, newest first (where two overlap, the
         newer keeps the bytes); the objects not adopted. Replicas of objects this master
-        knows, and that were read (or put) here, join the segment's LRU after the loop, in
-        the order they were last used: newest first, each as the most recent, the segment
-        would evict its newest first."""
-        relisted: list[ObjectRecord] = []
+        knows, and that were read (or put) here, join the segment's LRU once the whole
+        report is in (``more``: parts follow), in the order they were last used: newest
+        first, each as the most recent, the segment would evict its newest first."""
+        relisted = segment.relisted
         refused = [
             item
             for item in sorted(stored, key=lambda s: s.generation, reverse=True)
             if not self._adopt(segment, item, now, relisted)
         ]
-        if relisted:
+        if relisted and not more:
             relisted.sort(key=lambda record: record.last_access)
+            segment_id = segment.info.segment_id
             for record in relisted:
-                segment.lru.add(record.key, record.pin)
+                if record.state is PUBLISHED and any(
+                    r is not None and r.segment_id == segment_id for r in record.replicas
+                ):  # (still here: not removed, evicted or moved while the report went on)
+                    segment.lru.add(record.key, record.pin)
+            relisted.clear()
         return refused
 
     def _forget_all_refused(

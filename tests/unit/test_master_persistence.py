@@ -662,10 +662,12 @@ def test_a_new_masters_second_replicas_are_evicted_oldest_first_on_their_segment
         assert order == [f"o{i:02d}" for i in range(6)], (segment, order)
 
 
-def test_a_restarted_nodes_replicas_of_known_objects_keep_their_eviction_order():
+@pytest.mark.parametrize("parts", [1, 2])
+def test_a_restarted_nodes_replicas_of_known_objects_keep_their_eviction_order(parts):
     """The node of one replica restarts and reports it again (the object lives on at the
     other): it rejoins its segment's eviction order as the object was last used, not in
-    the report's newest-first order, which made the segment evict its newest first."""
+    the report's newest-first order, which made the segment evict its newest first. A report
+    in parts (newest first, as nodes send them) is ordered as a whole."""
     state, clock = new_state()
     n1 = mount_tier(state, "n1", 1 * MiB, Tier.NVME)
     mount_tier(state, "n2", 1 * MiB, Tier.NVME, base=0x90_0000)
@@ -675,9 +677,13 @@ def test_a_restarted_nodes_replicas_of_known_objects_keep_their_eviction_order()
         publish(state, key, 4 * KiB, options=PutOptions(tier=Tier.NVME, replicas=2))
     clock.advance(1)
     assert get(state, "o01").status is OK  # read since: the most recent now
-    report = [stored_at(state, key, n1.segment_id) for key in keys]
+    report = [stored_at(state, key, n1.segment_id) for key in reversed(keys)]
     clock.advance(1)
-    state.mount_segment(replace(n1, incarnation="after a restart"), report, remount=True)
+    restarted = replace(n1, incarnation="after a restart")
+    size = len(report) // parts
+    state.mount_segment(restarted, report[:size], remount=True, more=parts > 1)
+    if parts > 1:
+        assert state.report_more(restarted, report[size:], more=False) == []
 
     order = list(state.segments[n1.segment_id].lru.candidates())
     assert order == ["o00", "o02", "o03", "o04", "o05", "o01"], order
