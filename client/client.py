@@ -15,6 +15,7 @@ mapped segment). Calls that return more than bytes return kvpool's own frozen da
 
 from __future__ import annotations
 
+import collections
 import itertools
 import os
 import threading
@@ -248,7 +249,9 @@ class Client:
         than that is given back whole; it is the caller's memory already)."""
         with self._leases_lock:
             leased = self._leased
-            leased.update(dict.fromkeys(keys))  # (in C: on every read)
+            if leased:  # a key leased again moves to the newest end (in C: on every read)
+                collections.deque(map(leased.pop, keys, itertools.repeat(None)), maxlen=0)
+            leased.update(dict.fromkeys(keys))
             if len(leased) > 2 * LEASES_REMEMBERED:  # trimmed now and then, not on every call
                 kept = list(itertools.islice(reversed(leased), LEASES_REMEMBERED))
                 self._leased = dict.fromkeys(reversed(kept))
@@ -474,19 +477,29 @@ class Client:
             return self._store_in_parts(pairs, sources, results, options, deadline, pieces)
         keys = [pairs[i][0] for i in order]
         sizes = [sources[i][1] for i in order]
-        puts = []
+        puts: list[PendingPut] = []
         ok = KeyStatus.OK  # (read off its Enum class once, not per key)
-        for i, (slot, write_deadline) in zip(
-            order, self._reserve(keys, sizes, options, deadline), strict=True
-        ):
-            if slot.status == ok:
-                put = PendingPut(i, pairs[i][0], slot, sources[i], write_deadline)
-                if pieces is not None:
-                    put.pieces = pieces[i]
-                puts.append(put)
-            else:
-                results[i] = error_for(slot.status, pairs[i][0], slot.message)
-        statuses = put_path.write_and_commit(self._session, puts, options, deadline)
+        reserved = self._reserve(keys, sizes, options, deadline)
+        try:
+            for i, (slot, write_deadline) in zip(order, reserved, strict=True):
+                if slot.status == ok:
+                    put = PendingPut(i, pairs[i][0], slot, sources[i], write_deadline)
+                    if pieces is not None:
+                        put.pieces = pieces[i]
+                    puts.append(put)
+                else:
+                    results[i] = error_for(slot.status, pairs[i][0], slot.message)
+            statuses = put_path.write_and_commit(self._session, puts, options, deadline)
+        except BaseException as error:  # (interrupted: what is still reserved goes back)
+            # (the slots reserved, and each put's latest placement where it was placed again;
+            # a put id no longer held is left alone by the master)
+            put_path.give_back_on_interrupt(
+                self._session,
+                error,
+                [*keys, *(put.key for put in puts)],
+                [*(slot for slot, _ in reserved), *(put.slot for put in puts)],
+            )
+            raise
         for put, status in zip(puts, statuses, strict=True):
             if status == ok:
                 results[put.index] = put.replicas_written
@@ -580,7 +593,17 @@ class Client:
                     fenced.append(i)
             order = fenced if not cancelled() else []  # (a cancelled put asks no more)
             if order:
-                time.sleep(pause)
+                try:
+                    time.sleep(pause)
+                except BaseException as error:  # (interrupted: what was granted goes back)
+                    granted = [i for i, outcome in enumerate(outcomes) if outcome is not None]
+                    put_path.give_back_on_interrupt(
+                        self._session,
+                        error,
+                        [keys[i] for i in granted],
+                        [outcomes[i][0] for i in granted],
+                    )
+                    raise
                 pause = min(pause * 2, 1.0)
         return outcomes
 

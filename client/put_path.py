@@ -140,18 +140,54 @@ def reserve(
         ),
         deadline,
     )
-    session.data.learn(response.segments)
-    write_deadline = deadline
-    if response.write_timeout_ms:
-        write_deadline = min(deadline, sent_at + response.write_timeout_ms / 1000.0)
-    if avoid:
-        for slot in response.slots:
-            if slot.status == KeyStatus.NO_SPACE:
-                slot.message += (
-                    f" (left out: node(s) {', '.join(avoid)}, which this client could not reach "
-                    "in the last seconds)"
-                )
+    try:
+        session.data.learn(response.segments)
+        write_deadline = deadline
+        if response.write_timeout_ms:
+            write_deadline = min(deadline, sent_at + response.write_timeout_ms / 1000.0)
+        if avoid:
+            for slot in response.slots:
+                if slot.status == KeyStatus.NO_SPACE:
+                    slot.message += (
+                        f" (left out: node(s) {', '.join(avoid)}, which this client could not "
+                        "reach in the last seconds)"
+                    )
+    except BaseException as error:
+        give_back_on_interrupt(session, error, keys, response.slots)
+        raise
     return response.slots, write_deadline
+
+
+def give_back_on_interrupt(
+    session: Session, error: BaseException, keys: Sequence[str], slots: Sequence[Any]
+) -> None:
+    """A put interrupted (Ctrl-C, a signal handler's exception) between PutStart's answer
+    and its PutEnd gives back the reservations ``slots`` granted ``keys`` (entry i: key i's),
+    best effort, so that the keys are free for a put again at once. A reservation already
+    committed or revoked is left as it is (the master revokes only what is still reserved).
+    Not for the master's own refusals (KVPoolError) nor a cancelled call (CallCancelled),
+    which their own paths answer."""
+    if isinstance(error, KVPoolError | CallCancelled):
+        return
+    ok = KeyStatus.OK
+    granted = list(  # (a key given twice with one put id: once)
+        dict.fromkeys(
+            (key, slot.put_id) for key, slot in zip(keys, slots, strict=True) if slot.status == ok
+        )
+    )
+    if not granted:
+        return
+    request = pb.PutRevokeRequest(
+        client_id=session.client_id,
+        keys=[key for key, _ in granted],
+        put_ids=[put_id for _, put_id in granted],
+    )
+    try:
+        session.link.call(
+            "PutRevoke", request, time.monotonic() + min(SETTLE_WAIT, session.timeout)
+        )
+    except Exception as failure:  # (they run out by themselves at the write timeout)
+        log.debug("could not give reservations back", keys=len(granted), error=str(failure))
 
 
 def write_and_commit(

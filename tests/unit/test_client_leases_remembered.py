@@ -70,3 +70,11 @@ def test_keys_whose_release_failed_are_remembered_for_close():
     with pytest.raises(MasterUnavailable):
         client.release_leases(["a", "b"])
     assert set(client._leased) == {"a", "b"}
+
+
+def test_a_key_leased_again_and_again_stays_among_the_latest():
+    client = bare_client()
+    client._remember_leases(["hot"])
+    for i in range(2 * LEASES_REMEMBERED + 10):
+        client._remember_leases([f"k{i}", "hot"] if i % 2 else [f"k{i}"])
+    assert "hot" in client._leased
