@@ -29,7 +29,7 @@ own kvpool client (so their own UCX worker): a long store never delays a prefetc
 event fds are distinct, and every result is handed out once. A stalled master must not cost
 a call and a log line per queued task: a task left with less than ``MIN_BUDGET_SHARE`` of its
 timeout is not started, tasks starting just after a call the master did not answer fail at
-once (``stall.py``), and failures are logged once per kind and error every 10 s.
+once (``common/master_stall.py``), and failures are logged once per kind and error every 10 s.
 
 ``close`` stops accepting work, cancels queued tasks without touching their buffers, waits
 for the running ones (bounded by their deadlines), gives back the lock leases, and only then
@@ -66,6 +66,7 @@ from kvpool import Client
 from kvpool.common.kept_errors import forget_tracebacks
 from kvpool.common.keys import key_problem, plainly_valid
 from kvpool.common.log_throttle import LogThrottle, dropped_since
+from kvpool.common.master_stall import MasterStall
 from kvpool.common.status import KeyStatus
 from kvpool.errors import (
     ClientClosed,
@@ -82,7 +83,6 @@ from kvpool.lmcache.control import ControlPlane, Leased
 from kvpool.lmcache.health import Health, HealthProbe
 from kvpool.lmcache.keys import KeyCodec
 from kvpool.lmcache.locks import LockTable
-from kvpool.lmcache.stall import MasterStall
 from kvpool.lmcache.stats import Stats
 from kvpool.lmcache.tasks import Completions, Task, TaskIds, Worker
 

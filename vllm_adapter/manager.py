@@ -32,8 +32,9 @@ out-of-tree tier, from its ``secondary_tiers`` entry::
   its read leases are given back (``release_leases``): the chunks can be evicted or removed
   at once, and stop counting against the tenant's leases quota.
 - after a store or load got no answer from the master, jobs starting within the next second
-  (at most their timeout) fail at once without calling it (``stall.py``); failures are
-  logged at most once per kind and error every 10 s, with the count of lines left out.
+  (at most their timeout) fail at once without calling it (``common/master_stall.py``);
+  failures are logged at most once per kind and error every 10 s, with the count of lines
+  left out.
 - ``get_finished_jobs``: the results finished since the last poll; never blocks.
 - ``drain_jobs``: waits until every submitted job is answered (bounded by their deadlines).
 - ``shutdown``: cancels queued jobs (answered as failures, their slots untouched), waits for
@@ -80,6 +81,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from kvpool import Client
 from kvpool.common.keys import MAX_KEY_BYTES, key_problem
 from kvpool.common.log_throttle import LogThrottle, dropped_since
+from kvpool.common.master_stall import MasterStall
 from kvpool.errors import (
     KVPoolError,
     MasterNotTrusted,
@@ -90,7 +92,6 @@ from kvpool.errors import (
 from kvpool.vllm import transfers
 from kvpool.vllm.config import KVPoolTierConfig
 from kvpool.vllm.jobs import Finished, Job, Worker
-from kvpool.vllm.stall import MasterStall
 from kvpool.vllm.stats import TierStats
 from kvpool.vllm.transfers import PrimarySlots
 

@@ -24,7 +24,7 @@ class TierStats:
     #: Keys kvpool answered a lookup of with an error (a quota, an invalid key): misses.
     lookups_refused: int = 0
     #: Jobs failed without running: their deadline passed in the queue ("expired"), or the
-    #: master had just not answered a call ("unasked": ``stall.py``).
+    #: master had just not answered a call ("unasked": ``common/master_stall.py``).
     jobs_expired: int = 0
     jobs_unasked: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)

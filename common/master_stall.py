@@ -1,4 +1,5 @@
-"""Tasks fail at once for a moment after the master failed to answer a call.
+"""Calls fail at once for a moment after the master failed to answer one: the engine
+adapters' guard (LMCache's tasks, vLLM's store and load jobs).
 
 When the master stalls, every queued task would make its own call and wait out its own
 deadline: hundreds of pointless calls a second, each logging its failure, and each delivered
@@ -6,7 +7,8 @@ late (a stalled connection hands them all to the master when it resumes: stale l
 reservations). After a call got ``MasterUnavailable``, tasks that start within ``HOLD_S``
 (at most the failed call's own budget: a short deadline missed says less than a long one)
 fail without calling; the first one after that probes the master again, with its budget.
-A healthy master never trips it: it answers within the deadlines.
+A healthy master never trips it: it answers within the deadlines. (Here rather than in an
+adapter's package: ``kvpool.lmcache`` imports LMCache, which vLLM's tier does not have.)
 """
 
 from __future__ import annotations
