@@ -323,12 +323,14 @@ def write(session: Session, puts: Sequence[PendingPut], checksum: bool) -> None:
 
 
 def write_or_give_back(session: Session, puts: Sequence[PendingPut], checksum: bool) -> None:
-    """``write``; interrupted (Ctrl-C, a signal handler's exception), it gives the
-    reservations back before raising. Nothing touches the caller's memory by then
+    """``write``; failed as a whole (a KVPoolError) or cancelled, it gives the reservations
+    back before raising. An interrupt (Ctrl-C, a signal handler's exception) is left to the
+    caller's ``give_back_on_interrupt``, which gives back every reservation of the call at
+    once, these among them. Nothing touches the caller's memory by then
     (common/helper_threads.py), and the keys are free for a put again at once."""
     try:
         write(session, puts, checksum)
-    except BaseException:
+    except (KVPoolError, CallCancelled):
         if puts:
             try:
                 revoke(session, puts, time.monotonic() + min(SETTLE_WAIT, session.timeout))

@@ -22,6 +22,7 @@ from kvpool.client.buffers import readable_address
 from kvpool.client.client import Client
 from kvpool.client.put_path import WriteOptions
 from kvpool.common.status import KeyStatus
+from kvpool.errors import TransferError
 from kvpool.proto import master_pb2 as pb
 
 
@@ -57,17 +58,24 @@ class Master:
         raise AssertionError(method)
 
 
-def client_of(master: Master, interrupt_in_learn: bool = False) -> Client:
+def client_of(
+    master: Master, interrupt_in_learn: bool = False, write_raises: BaseException | None = None
+) -> Client:
     def learn(segments: Any) -> None:
         if interrupt_in_learn:
             raise Interrupted  # (PutStart's answer is in hand)
+
+    def run(transfers: Any, is_get: bool, deadline: float) -> list[None]:
+        if write_raises is not None:
+            raise write_raises
+        return [None] * len(transfers)
 
     data = types.SimpleNamespace(
         unreachable=types.SimpleNamespace(current=lambda: []),
         mapped_for=lambda writing: [],
         learn=learn,
         may_write_file=lambda segment: False,
-        run=lambda transfers, is_get, deadline: [None] * len(transfers),
+        run=run,
     )
     client = Client.__new__(Client)
     client._session = types.SimpleNamespace(
@@ -91,6 +99,20 @@ def test_an_interrupt_right_after_put_start_answered_gives_the_reservation_back(
     master = Master()
     with pytest.raises(Interrupted):
         store(client_of(master, interrupt_in_learn=True), ["k"])
+    assert master.calls == ["PutStart", "PutRevoke"] and master.revoked == ["k"]
+
+
+def test_an_interrupt_during_the_write_gives_the_reservation_back_once():
+    master = Master()
+    with pytest.raises(Interrupted):
+        store(client_of(master, write_raises=Interrupted()), ["k"])
+    assert master.calls == ["PutStart", "PutRevoke"] and master.revoked == ["k"]
+
+
+def test_a_write_failed_as_a_whole_gives_the_reservation_back_once():
+    master = Master()
+    with pytest.raises(TransferError):
+        store(client_of(master, write_raises=TransferError("no lane to n1")), ["k"])
     assert master.calls == ["PutStart", "PutRevoke"] and master.revoked == ["k"]
 
 
