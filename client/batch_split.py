@@ -12,15 +12,15 @@ each; a timeout measured from when the request was sent (a write window, a lease
 shortest of the parts', so that it holds for every part's keys.
 
 The client's own batch calls (``put_many``, ``get_many``, ``exists_many``, ``remove_many``)
-go part by part themselves (``each_part``) rather than through ``call_in_parts``: once a part
-has been answered its keys are stored, leased or removed, so a later part that fails gives its
-error to its own keys (``part_failed``) instead of the call raising and the answered parts'
+go part by part themselves (``answer_each_part``) rather than through ``call_in_parts``: once a
+part has been answered its keys are stored, leased or removed, so a later part that fails gives
+its error to its own keys (``part_failed``) instead of the call raising and the answered parts'
 results (and leases, to be given back) being lost.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from kvpool.common import lane_protocol as lp
@@ -63,6 +63,31 @@ def each_part(count: int, most: int = lp.MAX_BATCH_KEYS) -> Iterator[range]:
     """The positions of each part of a batch of ``count`` keys, in order."""
     for start in range(0, count, most):
         yield range(start, min(start + most, count))
+
+
+def answer_each_part(
+    valid: Sequence[int],
+    key_of: Callable[[int], str],
+    results: list[Any],
+    call: Callable[[Sequence[int]], bool],
+    most: int = lp.MAX_BATCH_KEYS,
+) -> None:
+    """``call(positions)`` for each part of the batch positions ``valid``, in order, each
+    part at most ``most`` of them; ``call`` fills ``results`` for its positions and returns
+    whether to go on (False: it answered the positions left itself). A part's KVPoolError
+    raises when it is the first (nothing is done yet: the call fails as a whole), else it is
+    given to each of its keys (``key_of(i)``: position i's key) and the next part goes on."""
+    for part in each_part(len(valid), most):
+        positions = valid if len(part) == len(valid) else valid[part.start : part.stop]
+        try:
+            if not call(positions):
+                return
+        except KVPoolError as error:
+            if not part.start:
+                raise
+            first, last = positions[0], positions[-1]
+            for i in positions:
+                results[i] = part_failed(error, key_of(i), first, last)
 
 
 def part_failed(error: KVPoolError, key: str, first: int, last: int) -> KVPoolError:

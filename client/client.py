@@ -524,24 +524,26 @@ class Client:
         part's failure, before anything is stored, raises."""
         order = list(sources)
         took = 0.0  # (how long the last part took)
-        for start in range(0, len(order), lp.MAX_BATCH_KEYS):
+        sent = 0  # (keys of the parts before)
+
+        def store_part(part: Sequence[int]) -> bool:
+            nonlocal took, sent
             checkpoint()  # (a cancelled put reserves no further part)
             began = time.monotonic()
-            keys = order[start : start + lp.MAX_BATCH_KEYS]
-            if start and _too_late(deadline - began, took * len(keys) / lp.MAX_BATCH_KEYS):
-                for i in order[start:]:
-                    results[i] = self._not_sent(pairs[i][0], start, len(order))
-                break
+            if sent and _too_late(deadline - began, took * len(part) / lp.MAX_BATCH_KEYS):
+                for i in order[sent:]:
+                    results[i] = self._not_sent(pairs[i][0], sent, len(order))
+                return False
+            sent += len(part)
             try:
                 self._store(
-                    pairs, {i: sources[i] for i in keys}, results, options, deadline, pieces
+                    pairs, {i: sources[i] for i in part}, results, options, deadline, pieces
                 )
-            except KVPoolError as error:
-                if not start:
-                    raise
-                for i in keys:
-                    results[i] = batch_split.part_failed(error, pairs[i][0], keys[0], keys[-1])
-            took = time.monotonic() - began
+            finally:
+                took = time.monotonic() - began
+            return True
+
+        batch_split.answer_each_part(order, lambda i: pairs[i][0], results, store_part)
         return results
 
     def _not_sent(self, key: str, sent: int, total: int) -> TransferError:
@@ -915,22 +917,17 @@ class Client:
             request = request_of(client_id=self.client_id, keys=keys, **fields)
             return list(self._call(method, request).statuses)
         deadline = time.monotonic() + self.timeout
-        for part in batch_split.each_part(len(valid)):
-            positions = valid[part.start : part.stop]
+
+        def call_part(positions: Sequence[int]) -> bool:
             request = request_of(
                 client_id=self.client_id, keys=[keys[i] for i in positions], **fields
             )
-            try:
-                statuses = self._session.link.call(method, request, deadline).statuses
-            except KVPoolError as error:
-                if not part.start:
-                    raise
-                first, last = positions[0], positions[-1]
-                for i in positions:
-                    results[i] = batch_split.part_failed(error, keys[i], first, last)
-                continue
+            statuses = self._session.link.call(method, request, deadline).statuses
             for i, status in zip(positions, statuses, strict=True):
                 results[i] = status
+            return True
+
+        batch_split.answer_each_part(valid, keys.__getitem__, results, call_part)
         return results
 
     @staticmethod

@@ -54,28 +54,20 @@ def locate(
         return located, 0.0
     lease_deadline = float("inf")
     ok = KeyStatus.OK  # (read off its Enum class once, not per key)
-    for part in batch_split.each_part(len(valid)):
-        positions = valid if len(valid) == len(part) else valid[part.start : part.stop]
+
+    def locate_part(positions: Sequence[int]) -> bool:
+        nonlocal lease_deadline
         sent_at = time.monotonic()
-        try:
-            response = session.link.call(
-                "GetReplicas",
-                pb.GetReplicasRequest(
-                    client_id=session.client_id,
-                    keys=[keys[i] for i in positions],
-                    lease_ms=int(session.lease_ttl * 1000),
-                    mapped_segments=session.data.mapped_for(writing=False),
-                ),
-                deadline,
-            )
-        except KVPoolError as error:
-            if not part.start:  # (nothing leased yet: the call fails as a whole)
-                raise
-            # (the parts before it are leased: they are read, and their leases given back)
-            first, last = positions[0], positions[-1]
-            for i in positions:
-                results[i] = batch_split.part_failed(error, keys[i], first, last)
-            continue
+        response = session.link.call(
+            "GetReplicas",
+            pb.GetReplicasRequest(
+                client_id=session.client_id,
+                keys=[keys[i] for i in positions],
+                lease_ms=int(session.lease_ttl * 1000),
+                mapped_segments=session.data.mapped_for(writing=False),
+            ),
+            deadline,
+        )
         lease_deadline = min(lease_deadline, sent_at + response.lease_ms / 1000.0)
         session.data.learn(response.segments)
         for i, location in zip(positions, response.objects, strict=True):
@@ -83,6 +75,11 @@ def locate(
                 located[i] = location
             else:
                 results[i] = error_for(location.status, keys[i])
+        return True
+
+    # (a part failed after the first: the parts before it are leased, so they are read, and
+    # their leases given back)
+    batch_split.answer_each_part(valid, keys.__getitem__, results, locate_part)
     return located, lease_deadline
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from kvpool.client import batch_split
+from kvpool.errors import TransferError
 from kvpool.proto import master_pb2 as pb
 
 
@@ -55,3 +58,43 @@ def test_only_per_key_calls_over_the_limit_are_split():
     assert batch_split.too_many_keys("Exists", pb.ExistsRequest(keys=keys), most=3)
     assert not batch_split.too_many_keys("Exists", pb.ExistsRequest(keys=keys[:3]), most=3)
     assert not batch_split.too_many_keys("ListKeys", pb.ListKeysRequest(), most=0)
+
+
+def test_a_batch_goes_part_by_part_and_a_later_part_failing_answers_for_its_own_keys():
+    keys = [f"k{i}" for i in range(7)]
+    results: list[object] = [None] * 7
+    calls: list[list[int]] = []
+
+    def call(positions):
+        calls.append(list(positions))
+        if positions[0] == 3:
+            raise TransferError("the master did not answer")
+        for i in positions:
+            results[i] = "done"
+        return True
+
+    batch_split.answer_each_part([0, 1, 3, 4, 6], keys.__getitem__, results, call, most=2)
+    assert calls == [[0, 1], [3, 4], [6]]
+    assert results[0] == results[1] == results[6] == "done"
+    for i in (3, 4):
+        assert isinstance(results[i], TransferError) and results[i].key == keys[i]
+        assert "entries 3 to 4" in str(results[i]) and "did not answer" in str(results[i])
+
+
+def test_the_first_part_failing_fails_the_whole_batch():
+    def call(positions):
+        raise TransferError("the master did not answer")
+
+    with pytest.raises(TransferError, match="did not answer"):
+        batch_split.answer_each_part([0, 1, 2], str, [None] * 3, call, most=2)
+
+
+def test_a_part_may_stop_the_batch_having_answered_the_rest_itself():
+    calls: list[list[int]] = []
+
+    def call(positions):
+        calls.append(list(positions))
+        return len(calls) < 2
+
+    batch_split.answer_each_part(list(range(6)), str, [None] * 6, call, most=2)
+    assert calls == [[0, 1], [2, 3]]
