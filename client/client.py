@@ -47,7 +47,7 @@ from kvpool.client.types import (
     story_event,
 )
 from kvpool.common import lane_protocol as lp
-from kvpool.common.keys import key_problem, plainly_valid, shown_key
+from kvpool.common.keys import key_problem, plainly_valid, shown_key, valid_keys_of
 from kvpool.common.logging import get_logger
 from kvpool.common.master_address import parse_master
 from kvpool.common.status import KeyStatus
@@ -262,7 +262,7 @@ class Client:
             leased, self._leased = list(self._leased), {}
         if not leased:
             return
-        keys = leased if plainly_valid(leased) else [k for k in leased if key_problem(k) is None]
+        keys = valid_keys_of(leased)
         if not keys:  # (an Exists may have asked about keys no put could have made)
             return
         request = pb.ReleaseLeasesRequest(client_id=self.client_id, keys=keys)
@@ -726,9 +726,7 @@ class Client:
         with can then be removed or evicted, and stop counting against its tenant's leases
         quota. A lease another reader took on an object since is not cut short. Returns how
         many leases ended; invalid keys are skipped (none could have been leased)."""
-        keys = arguments.key_list("release_leases", keys, "release_leases([key])")
-        if not plainly_valid(keys):
-            keys = [k for k in keys if key_problem(k) is None]
+        keys = valid_keys_of(arguments.key_list("release_leases", keys, "release_leases([key])"))
         if not keys:
             return 0
         with self._leases_lock:  # (before the call: a lease taken again meanwhile is noted)

@@ -40,6 +40,22 @@ def plainly_valid(keys: Sequence[object], limit: int = MAX_KEY_BYTES) -> bool:
     return joined.isascii() and all(strings) and max(map(len, strings), default=0) <= limit
 
 
+def valid_positions(keys: Sequence[object]) -> list[int]:
+    """The positions of the keys ``key_problem`` takes, in order (all of them, nearly
+    always: checked fast), for calls that skip invalid keys rather than answer each (no
+    object could be stored under one)."""
+    if plainly_valid(keys):
+        return list(range(len(keys)))
+    return [i for i, key in enumerate(keys) if key_problem(key) is None]
+
+
+def valid_keys_of(keys: Sequence[str]) -> list[str]:
+    """``keys`` less those ``key_problem`` refuses, in order (see ``valid_positions``)."""
+    if plainly_valid(keys):
+        return list(keys)
+    return [keys[i] for i in valid_positions(keys)]
+
+
 #: Keys longer than this are cut when a message quotes them: a 1 KiB key (the limit, or an
 #: invalid longer one) would bury the message itself.
 SHOWN_KEY_CHARS = 80

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvpool.client.master_link import MasterLink
-from kvpool.common.keys import key_problem, plainly_valid
+from kvpool.common.keys import valid_keys_of, valid_positions
 from kvpool.common.status import KeyStatus
 from kvpool.errors import KVPoolError
 from kvpool.proto import master_pb2 as pb
@@ -56,13 +56,6 @@ class Leased:
         return self.statuses[index] in GONE
 
 
-def valid_indexes(keys: Sequence[str]) -> list[int]:
-    """Indexes of the keys the master would take (all of them, nearly always: checked fast)."""
-    if plainly_valid(keys):
-        return list(range(len(keys)))
-    return [i for i, key in enumerate(keys) if key_problem(key) is None]
-
-
 class ControlPlane:
     def __init__(
         self,
@@ -80,7 +73,7 @@ class ControlPlane:
         valid); raises ``MasterUnavailable`` when the master does not answer within
         ``timeout``."""
         sent_at = time.monotonic()
-        valid = valid_indexes(keys)
+        valid = valid_positions(keys)
         sizes: list[int | None] = [None] * len(keys)
         statuses: list[int] = [KeyStatus.INVALID_KEY] * len(keys)
         if not valid:
@@ -107,7 +100,7 @@ class ControlPlane:
         """Ends this client's leases on ``keys`` now (``ReleaseLeases``), instead of when
         they run out: unlocked chunks count against the tenant's leases quota and are kept
         from eviction until then. Returns how many leases ended."""
-        valid = [keys[i] for i in valid_indexes(keys)]
+        valid = valid_keys_of(keys)
         if not valid:
             return 0
         response = self._link.call(
@@ -122,7 +115,7 @@ class ControlPlane:
         stays a number, and is neither removed nor missing). Invalid keys are INVALID_KEY,
         unsent."""
         statuses: list[int] = [KeyStatus.INVALID_KEY] * len(keys)
-        valid = valid_indexes(keys)
+        valid = valid_positions(keys)
         if not valid:
             return statuses
         response = self._link.call(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvpool.common.keys import key_problem, plainly_valid
+from kvpool.common.keys import key_problem, plainly_valid, valid_keys_of, valid_positions
 from kvpool.common.master_address import host_of, resolve_master
 from kvpool.common.sizes import format_size, parse_size
 
@@ -89,6 +89,13 @@ def test_a_batch_is_plainly_valid_only_when_every_key_surely_is(keys, plain):
     assert plainly_valid(keys) is plain
     if plain:
         assert all(key_problem(key) is None for key in keys)
+
+
+def test_calls_that_skip_invalid_keys_keep_the_valid_ones_in_order():
+    keys = ["a", "", "é", "x" * 1025, "b", None]
+    assert valid_positions(keys) == [0, 2, 4]
+    assert valid_keys_of(keys) == ["a", "é", "b"]  # type: ignore[arg-type]
+    assert valid_keys_of(["a", "b"]) == ["a", "b"] and valid_positions([]) == []
 
 
 def test_master_address_comes_from_argument_or_environment(monkeypatch):
