@@ -11,9 +11,11 @@ Thread-safe; the clock is injected (tests).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Hashable
+from typing import Any
 
 #: Keys kept at most (older ones are forgotten first).
 MAX_KEYS = 256
@@ -48,6 +50,16 @@ class LogThrottle:
                 return dropped
             window[2] += 1
             return None
+
+    def log(
+        self, logger: Any, key: Hashable, message: str, *args: object, level: int = logging.WARNING
+    ) -> None:
+        """``logger.log(level, message, *args)`` (a stdlib logger: %-style arguments) unless
+        ``allow(key)`` drops it; a line let through says how many of ``key`` were dropped
+        before it."""
+        dropped = self.allow(key)
+        if dropped is not None:
+            logger.log(level, message + "%s", *args, dropped_since(dropped))
 
 
 def dropped_since(dropped: int) -> str:

@@ -65,7 +65,7 @@ from lmcache.v1.memory_management import MemoryObj
 from kvpool import Client
 from kvpool.common.kept_errors import forget_tracebacks
 from kvpool.common.keys import key_problem, plainly_valid
-from kvpool.common.log_throttle import LogThrottle, dropped_since
+from kvpool.common.log_throttle import LogThrottle
 from kvpool.common.master_stall import MasterStall
 from kvpool.common.status import KeyStatus
 from kvpool.errors import (
@@ -542,30 +542,21 @@ class KVPoolL2Adapter(L2AdapterInterface):
         """A task not run: it waited (nearly) to its deadline behind others (a stalled master
         or storage node), or the master had just failed to answer. Says so, at most once
         per kind and reason every 10 s."""
-        dropped = self._expired_log.allow((kind, reason))
-        if dropped is None:
-            return
         why = (
             "was not run: the master did not answer a call just before"
             if reason == "stall"
             else "waited (nearly) to its deadline in the queue and was not run"
         )
-        logger.warning(
-            "kvpool L2 adapter: a %s task of %d key(s) %s%s",
-            kind,
-            keys,
-            why,
-            dropped_since(dropped),
+        self._expired_log.log(
+            logger, (kind, reason), "kvpool L2 adapter: a %s task of %d key(s) %s", kind, keys, why
         )
 
     def _log_failure(self, kind: str, error: Exception, what: str) -> None:
         """A failed task: at most one line per kind and error class every 10 s (a master or
         node away fails every task, each with the same error), with the count dropped."""
-        dropped = self._failure_log.allow((kind, type(error).__name__))
-        if dropped is not None:
-            logger.warning(
-                "kvpool L2 adapter: %s, first: %s%s", what, error, dropped_since(dropped)
-            )
+        self._failure_log.log(
+            logger, (kind, type(error).__name__), "kvpool L2 adapter: %s, first: %s", what, error
+        )
 
     def _warn_invalid(self, kind: str, keys: list[ObjectKey], names: list[str]) -> None:
         """Keys that are no valid kvpool key (over 1024 bytes, lone surrogates) are misses

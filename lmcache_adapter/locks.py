@@ -27,7 +27,7 @@ from collections.abc import Iterable, Sequence
 
 from lmcache.logging import init_logger
 
-from kvpool.common.log_throttle import LogThrottle, dropped_since
+from kvpool.common.log_throttle import LogThrottle
 from kvpool.errors import ClientClosed, KVPoolError, MasterUnavailable
 from kvpool.lmcache.control import ControlPlane, Leased
 
@@ -214,9 +214,7 @@ class LockTable:
     def _warn(self, kind: str, error: Exception, what: str) -> None:
         """One line per kind and error class every 10 s: a master away for minutes fails a
         renewal every ``RETRY_DELAY``."""
-        dropped = self._log.allow((kind, type(error).__name__))
-        if dropped is not None:
-            logger.warning("kvpool: %s: %s%s", what, error, dropped_since(dropped))
+        self._log.log(logger, (kind, type(error).__name__), "kvpool: %s: %s", what, error)
 
     def _wait_for_work(self) -> tuple[list[str], bool] | None:
         """Blocks until some lease needs renewing or giving back; returns the keys to renew

@@ -61,7 +61,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 
 from kvpool import Client
 from kvpool.common.kept_errors import forget_tracebacks
-from kvpool.common.log_throttle import LogThrottle, dropped_since
+from kvpool.common.log_throttle import LogThrottle
 from kvpool.errors import (
     KVPoolError,
     MasterNotTrusted,
@@ -460,10 +460,7 @@ class KVPoolHiCacheStorage(HiCacheStorage):
     ) -> None:
         """``message``, unless one of the same ``key`` went out less than ``LOG_INTERVAL``
         ago (then counted, and said with the next one)."""
-        dropped = self._log.allow(key)
-        if dropped is None:
-            return
-        logger.log(level, message + "%s", *args, dropped_since(dropped))
+        self._log.log(logger, key, message, *args, level=level)
 
 
 def _is_count(result: object) -> bool:

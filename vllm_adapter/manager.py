@@ -80,7 +80,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvpool import Client
 from kvpool.common.keys import MAX_KEY_BYTES, key_problem
-from kvpool.common.log_throttle import LogThrottle, dropped_since
+from kvpool.common.log_throttle import LogThrottle
 from kvpool.common.master_stall import MasterStall
 from kvpool.errors import (
     KVPoolError,
@@ -539,25 +539,22 @@ class KVPoolTierManager(SecondaryTierManager):
     def _warn(self, key: tuple[str, str], message: str, *args: object) -> None:
         """``message``, unless a line of the same ``key`` (kind, error type) went out less
         than ``LOG_INTERVAL`` ago: then counted, and the count said with the next one."""
-        dropped = self._failure_log.allow(key)
-        if dropped is not None:
-            logger.warning(message + "%s", *args, dropped_since(dropped))
+        self._failure_log.log(logger, key, message, *args)
 
     def _log_expired(self, kind: str, chunks: int, reason: str = "deadline") -> None:
         """A job not run: its deadline passed while it waited behind others (a stalled
         master or storage node), or the master had just not answered a call. Says so, at
         most once per kind and reason every 10 s."""
-        dropped = self._expired_log.allow((kind, reason))
-        if dropped is not None:
-            logger.warning(
-                "kvpool tier: a %s job of %d chunk(s) %s and was not run%s",
-                kind,
-                chunks,
-                "came just after the master did not answer a call"
-                if reason == "stall"
-                else "waited past its deadline in the queue",
-                dropped_since(dropped),
-            )
+        self._expired_log.log(
+            logger,
+            (kind, reason),
+            "kvpool tier: a %s job of %d chunk(s) %s and was not run",
+            kind,
+            chunks,
+            "came just after the master did not answer a call"
+            if reason == "stall"
+            else "waited past its deadline in the queue",
+        )
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
         results = self._finished.take()

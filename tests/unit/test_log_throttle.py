@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from state_helpers import FakeClock
 
 from kvpool.common.log_throttle import MAX_KEYS, LogThrottle
@@ -26,3 +28,18 @@ def test_keys_are_throttled_apart_and_the_table_stays_bounded():
     for n in range(MAX_KEYS * 2):
         throttle.allow(n)
     assert len(throttle._windows) <= MAX_KEYS
+
+
+def test_a_throttled_log_line_says_how_many_of_its_kind_were_dropped(caplog):
+    clock = FakeClock()
+    throttle = LogThrottle(burst=1, interval=10.0, clock=clock)
+    logger = logging.getLogger("kvpool.test.throttle")
+    with caplog.at_level(logging.INFO, logger=logger.name):
+        for _ in range(3):
+            throttle.log(logger, ("put", "Timeout"), "put failed: %s", "no answer")
+        clock.advance(10.0)
+        throttle.log(logger, ("put", "Timeout"), "put failed: %s", "no answer", level=logging.INFO)
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.WARNING, "put failed: no answer"),
+        (logging.INFO, "put failed: no answer (2 more since the last such line)"),
+    ]
