@@ -29,10 +29,13 @@ import signal
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from kvpool.common.sizes import parse_size
+from kvpool.common import cli_numbers
+from kvpool.common.memory_limit import memory_limit
+from kvpool.common.sizes import format_size, parse_size
 from kvpool.local_cluster import ClusterError, LocalCluster, ManagedProcess
 from kvpool.security.tls import write_atomically
 from kvpool.security.tokens import CredentialError
@@ -44,22 +47,42 @@ LOCK_FILE = "kvpool-up.lock"
 THROWAWAY = ("credentials.json", "capability-keys.json", "client.env", "admin.env", "pki")
 
 
+#: Nodes one ``kvpool up`` starts at most: each is a process with its own segment on this
+#: machine.
+MAX_NODES = 64
+
+
 class RunDirError(Exception):
     """The run folder cannot be used; the message says why and what to do."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--nodes", type=int, default=2, help="storage nodes to start (default 2)")
-    parser.add_argument("--dram", default="1GiB", help="DRAM segment per node (default 1GiB)")
+    parser.add_argument(
+        "--nodes",
+        type=cli_numbers.integer(1, MAX_NODES),
+        default=2,
+        help="storage nodes to start (default 2)",
+    )
+    parser.add_argument(
+        "--dram",
+        type=_size_text(low=1),
+        default="1GiB",
+        help="DRAM segment per node (default 1GiB; all nodes' together at most this machine's "
+        "memory)",
+    )
     parser.add_argument(
         "--nvme-size",
+        type=_size_text(low=1),
         default=None,
         metavar="SIZE",
         help="also give each node an NVMe-tier segment this large, a file in the run directory "
         "(removed at exit), to try tier='nvme' (default: none)",
     )
     parser.add_argument(
-        "--port", type=int, default=50051, help="master gRPC port (default 50051; 0: free)"
+        "--port",
+        type=cli_numbers.port(),
+        default=50051,
+        help="master gRPC port (default 50051; 0: free)",
     )
     parser.add_argument(
         "--insecure",
@@ -74,18 +97,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _size_text(*, low: int) -> Callable[[str], str]:
+    """A byte size checked as argparse reads it (``cli_numbers.size``), kept as it was written:
+    it is handed on to the nodes' command lines, and said back at start."""
+    check = cli_numbers.size(low=low)
+
+    def parse(text: str) -> str:
+        check(text)
+        return text
+
+    return parse
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.nodes < 1:
-        return _error("--nodes must be at least 1", 2)
-    for flag, size in (("--dram", args.dram), ("--nvme-size", args.nvme_size)):
-        try:
-            if size is not None:
-                parse_size(size)
-        except ValueError as error:
-            return _error(f"{flag}: {error}", 2)
+    memory, dram = memory_limit(), parse_size(args.dram)
+    if args.nodes * dram > memory:
+        return _error(
+            f"--dram {args.dram} for each of --nodes {args.nodes} is "
+            f"{format_size(args.nodes * dram)} in all, more than this machine's memory "
+            f"({format_size(memory)}): give a smaller --dram or fewer --nodes",
+            2,
+        )
     try:
+        # (absolute: client.env and admin.env name the CA by its path, to be sourced anywhere)
         run_dir = (
-            Path(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="kvpool-up-"))
+            Path(args.run_dir).resolve()
+            if args.run_dir
+            else Path(tempfile.mkdtemp(prefix="kvpool-up-"))
         )
         lock = _claim_run_dir(run_dir)
     except (OSError, RunDirError) as error:

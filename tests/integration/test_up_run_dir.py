@@ -3,27 +3,34 @@ step: it starts a fresh cluster (new throwaway CA and tokens, the env files rewr
 leaves what is not its throwaway credentials alone. A second `kvpool up` in a folder one
 runs in, a folder whose credentials another tool made, a run folder that is a file or cannot
 be made: each is refused with one `error:` line on stderr and exit status 1, no traceback.
+A number out of range is refused as it is read (exit status 2, the flag named), before
+anything is made or started. The env files name the CA by its absolute path, so that they
+can be sourced from any folder, whatever folder `--run-dir` was given relative to.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
 from helpers import sourced
 
 KVPOOL = [sys.executable, "-m", "kvpool.cli.main"]
 UP = [*KVPOOL, "up", "--nodes", "1", "--dram", "16MiB", "--port", "0"]
 
 
-def start_up(run_dir: Path) -> tuple[subprocess.Popen[str], str]:
-    """A `kvpool up` in ``run_dir``, once it says it serves; and what it said."""
+def start_up(run_dir: Path, cwd: Path | None = None) -> tuple[subprocess.Popen[str], str]:
+    """A `kvpool up` in ``run_dir`` (relative to ``cwd``, when given), once it says it
+    serves; and what it said."""
     process = subprocess.Popen(
         [*UP, "--run-dir", str(run_dir)],
+        cwd=cwd,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -59,10 +66,12 @@ def refusal(*args: str) -> str:
     return errors[0]
 
 
-def admin_status(run_dir: Path) -> subprocess.CompletedProcess[str]:
+def admin_status(run_dir: Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     env = os.environ | sourced(run_dir / "admin.env")
     env.pop("KVPOOL_TOKEN_FILE", None)
-    return subprocess.run([*KVPOOL, "status"], env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [*KVPOOL, "status"], env=env, cwd=cwd, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_kvpool_up_runs_again_in_the_run_dir_it_kept(tmp_path):
@@ -115,3 +124,40 @@ def test_kvpool_up_refuses_a_run_dir_it_cannot_make_in_one_line(tmp_path):
     assert "is a file, not a folder" in refusal("--run-dir", str(a_file))
     line = refusal("--run-dir", str(a_file / "below"))
     assert "cannot make the run folder" in line, line
+
+
+def test_the_env_files_of_a_relative_run_dir_work_from_any_folder(tmp_path):
+    process, said = start_up(Path("up"), cwd=tmp_path)
+    try:
+        run_dir = tmp_path / "up"
+        assert f"logs in {run_dir}" in said, said
+        for name in ("admin.env", "client.env"):
+            assert Path(sourced(run_dir / name)["KVPOOL_TLS_CA"]).is_absolute(), name
+        status = admin_status(run_dir, cwd=Path("/"))
+        assert status.returncode == 0 and "1 node(s)" in status.stdout, status.stderr
+    finally:
+        stop_up(process)
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "said"),
+    [
+        ("--port", "99999", "from 0 to 65535"),
+        ("--nodes", "0", "from 1 to 64"),
+        ("--dram", "0", "must be a size from"),
+        ("--nvme-size", "4x", "cannot read '4x' as a size"),
+        ("--dram", "1TiB", "more than this machine's memory"),
+    ],
+)
+def test_a_number_out_of_range_is_refused_before_anything_starts(tmp_path, flag, value, said):
+    run_dir = tmp_path / "up"
+    done = subprocess.run(
+        [*KVPOOL, "up", "--run-dir", str(run_dir), flag, value],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and said in done.stderr, done.stderr
+    assert re.search(rf"(argument {flag}|^error: {flag} )", done.stderr, re.M), done.stderr
+    assert not run_dir.exists(), "nothing is made for a cluster that cannot start"
