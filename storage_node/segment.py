@@ -41,6 +41,7 @@ the next reader maps them again.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import mmap
@@ -64,9 +65,9 @@ from kvpool.storage_node.direct_writes import (
     DirectWriter,
     uncached_pieces,
 )
-from kvpool.storage_node.disk_reservation import DiskTooSmall, reserve
+from kvpool.storage_node.disk_reservation import DiskTooSmall, reserve, set_size
 from kvpool.storage_node.group_commit import GroupCommit
-from kvpool.storage_node.object_index import DurableIndex, Entry, MemoryIndex
+from kvpool.storage_node.object_index import LOCK_SUFFIX, DurableIndex, Entry, MemoryIndex
 from kvpool.storage_node.unreadable import UnreadablePlaces
 from kvpool.transport import ucp
 from kvpool.transport.shared_memory import MADV_POPULATE_READ, MADV_POPULATE_WRITE, boot_id
@@ -420,13 +421,17 @@ def open_persistent_segment(
     """Opens (or creates) a file-backed segment at ``base``.data with its index at
     ``base``.index. Reopening checks every recorded object against its bytes. An NVMe
     segment's blocks are all reserved on its disk (``reserve``), unless ``sparse``; a disk
-    without room for them raises ``DiskTooSmall`` and leaves no file it created behind."""
+    without room for them, or a segment larger than one file may be there (``FileTooLarge``),
+    raises ``DiskTooSmall`` and leaves no file this call created behind: its data file, its
+    index and the index's lock file (those of a segment there before stay as they were)."""
     if size <= 0:
         raise ValueError(f"a segment needs a positive size, got {size}")
     data_path = base.with_name(base.name + DATA_SUFFIX)
     index_path = base.with_name(base.name + INDEX_SUFFIX)
     data_path.parent.mkdir(parents=True, exist_ok=True)
     kind = tier.name.lower()
+    lock_path = index_path.with_name(index_path.name + LOCK_SUFFIX)
+    new_files = [path for path in (index_path, lock_path) if not os.path.lexists(path)]
     index = DurableIndex(
         index_path,
         {"segment_id": f"{node_id}/{kind}-{uuid.uuid4().hex[:8]}", "size": size, "tier": kind},
@@ -442,8 +447,8 @@ def open_persistent_segment(
     fd = os.open(data_path, os.O_RDWR | os.O_CREAT, 0o600)
     reserved = False
     try:
-        if os.fstat(fd).st_size != size:
-            os.ftruncate(fd, size)  # (sparse until reserved)
+        if os.fstat(fd).st_size != size:  # (sparse until reserved)
+            set_size(fd, size, str(data_path.parent), **_size_option(tier))
         if tier is Tier.NVME and not sparse:
             reserved = reserve(fd, size, str(data_path.parent))
             if not reserved:
@@ -455,10 +460,16 @@ def open_persistent_segment(
         memory = mmap.mmap(fd, size, flags=mmap.MAP_SHARED)
     except (OSError, DiskTooSmall):
         os.close(fd)
-        if created:  # (a later start with a smaller size begins afresh)
-            index.close()
+        # A later start with a smaller size begins afresh: the files this start made go, while
+        # it still holds the segment (an index whose data file it made goes too: its header
+        # names the size refused, and it records no object the new file holds).
+        if created:
             data_path.unlink(missing_ok=True)
-            index_path.unlink(missing_ok=True)
+            new_files.append(index_path)
+        for path in new_files:
+            path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # (the refusal is what the caller hears of)
+            index.close()
         raise
     if prefault:
         _prefault(memory)
@@ -479,6 +490,13 @@ def open_persistent_segment(
     )
     _verify(segment)
     return segment
+
+
+def _size_option(tier: Tier) -> dict[str, str]:
+    """How a refusal of a segment's size names it and the option that set it."""
+    if tier is Tier.NVME:
+        return {"what": "the NVMe segment", "option": "--nvme-size"}
+    return {"what": "the DRAM segment", "option": "--dram"}
 
 
 #: Bytes read at a time when a reopened segment's objects are checked.

@@ -3,6 +3,10 @@
 
 - a node whose disk has no room for its segment does not start: it says how much room there
   is and what to do, and leaves no file behind, so that a start with a smaller size works;
+- nor does a node whose segment is larger than one file may be on its disk (EFBIG from
+  ``ftruncate``, ``--nvme-sparse`` or not): it names the largest file there and the size to
+  pass, exits 2, and leaves no file behind either (the index's lock file included);
+- a refused restart of a segment there before removes none of its files;
 - once started, its puts never fail for space: another process that fills the disk takes
   no block the segment holds, and every put after that, streamed to the node or written by
   a same-host client itself, lands and reads back;
@@ -46,6 +50,11 @@ def _node_args(directory: Path, size: str) -> list[str]:
     return ["--tenant", "a", "--nvme", str(directory), "--nvme-size", size]
 
 
+def _files(directory: Path) -> list[str]:
+    """The names of the files under ``directory`` (a segment's own directory included)."""
+    return sorted(path.name for path in directory.rglob("*") if not path.is_dir())
+
+
 def _client(cluster, token: str) -> Client:
     return Client(cluster.master_address, token=token, tls_ca=str(cluster.pki.ca), timeout=30)
 
@@ -61,10 +70,45 @@ def test_a_node_whose_disk_cannot_hold_its_segment_does_not_start_and_says_why(
     assert "needs 128" in message and "room for" in message, message
     assert "lower --nvme-size" in message and "--nvme-sparse" in message, message
     assert "Traceback" not in message
-    assert not list(directory.rglob("segment.data")), "no file left behind"
-    assert not list(directory.rglob("segment.index"))
+    assert _files(directory) == [], "no file left behind"
     node = cluster.add_node(extra=_node_args(directory, "32MiB"))  # (the room it has)
     assert node.alive()
+
+
+def test_a_segment_larger_than_one_file_may_be_on_its_disk_is_refused_naming_the_largest(
+    cluster_factory, small_disk
+):
+    # (mkfs makes a disk this small of 1 KiB blocks: ext4 then takes files of 4 TiB at most,
+    # less one block, and ``ftruncate`` to more fails with EFBIG)
+    cluster = _cluster(cluster_factory)
+    directory = small_disk / "nvme"
+    for sparse in ([], ["--nvme-sparse"]):
+        with pytest.raises(ClusterError) as refused:
+            cluster.add_node(extra=[*_node_args(directory, "5TiB"), *sparse])
+        message = str(refused.value)
+        assert "exited with 2 " in message, message
+        assert "NVMe segment of 5.0 TiB is larger than one file may be" in message, message
+        assert "largest file is 4.0 TiB (4398046510080 bytes)" in message, message
+        assert "pass --nvme-size 4095GiB or less" in message, message
+        assert "Traceback" not in message and "cannot open storage" not in message
+        assert _files(directory) == [], "no file left behind"
+    node = cluster.add_node(extra=_node_args(directory, "32MiB"))
+    assert node.alive()
+
+
+def test_a_refused_restart_of_a_segment_there_before_leaves_its_files(cluster_factory, small_disk):
+    cluster = _cluster(cluster_factory)
+    directory = small_disk / "nvme"
+    node = cluster.add_node(extra=_node_args(directory, "32MiB"))
+    node.stop()
+    files = _files(directory)
+    assert files == ["segment.data", "segment.index", "segment.index.lock"], files
+    [data_file] = directory.rglob("segment.data")
+    os.truncate(data_file, 0)  # (cut short by someone: its blocks go back to the disk...)
+    fill_disk(small_disk / "hog")  # (... and another process takes them)
+    with pytest.raises(ClusterError, match="has room for"):
+        node.restart()
+    assert _files(directory) == files, "the segment's own files stay"
 
 
 def test_puts_land_after_another_process_fills_the_disk_and_no_prepare_is_sent(
