@@ -100,6 +100,13 @@ UNARY_METHODS = (
 _STARTED = time.monotonic()
 
 
+#: Calls a tenant's ``inflight`` quota does not hold back: they hold nothing and give back.
+#: A tenant at that quota (its PutEnds waiting on a slow node) would otherwise have its
+#: clients' heartbeats refused, the clients declared dead and their reservations revoked,
+#: and could not give back leases or reservations to lower what it holds.
+NOT_HELD_TO_INFLIGHT = frozenset({"ClientHeartbeat", "ReleaseLeases", "PutRevoke"})
+
+
 class MasterHandlers:
     def __init__(self, driver: CoreDriver) -> None:
         self.driver = driver
@@ -132,14 +139,20 @@ class MasterHandlers:
     def call(self, method: str, request: Any, identity: Identity) -> Any:
         """Runs handler ``method`` for ``identity`` once its role may make the call,
         counting and timing it (the part that runs now). A client's call beyond its tenant's
-        quota of calls in flight is refused (RESOURCE_EXHAUSTED, "quota exceeded: ...")."""
+        quota of calls in flight is refused (RESOURCE_EXHAUSTED, "quota exceeded: ..."),
+        but for those of ``NOT_HELD_TO_INFLIGHT``."""
         started = time.perf_counter()
         tenant = ""
         try:
             authorize(identity, method)
             core = self.driver.core
             quotas = core.state.quotas if core is not None else None
-            if quotas is not None and identity.tenant and identity.role is not Role.NODE:
+            if (
+                quotas is not None
+                and identity.tenant
+                and identity.role is not Role.NODE
+                and method not in NOT_HELD_TO_INFLIGHT
+            ):
                 limit = quotas.of(identity.tenant).inflight
                 if limit is not None:
                     refused = self.inflight.enter(identity.tenant, limit)

@@ -12,7 +12,9 @@
 from __future__ import annotations
 
 import json
+import re
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -137,6 +139,30 @@ def test_calls_beyond_the_inflight_quota_get_quota_exceeded_at_once(cluster):
         assert str(error.value).count("quota exceeded: tenant 'inflight'") == 1
         refused(error, "inflight")
         assert time.monotonic() - started < 5, "not retried until the deadline"
+
+
+def inflight_refusals(cluster: LocalCluster) -> float:
+    url = f"http://127.0.0.1:{cluster.master_http_port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    pattern = r'^kvpool_tenant_quota_refusals_total\{quota="inflight",tenant="inflight"\} (\S+)$'
+    found = re.search(pattern, text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_heartbeats_and_give_backs_are_not_held_to_the_inflight_quota(cluster):
+    """They hold nothing and give back: a tenant at its quota of calls in flight (its PutEnds
+    waiting on a slow node) must not have its clients' heartbeats refused, the clients
+    declared dead and their reservations revoked."""
+    with client_of(cluster, "inflight") as client:
+        with pytest.raises(QuotaExceeded):
+            client.put("k", b"k" * 100)  # (the client beats from its first put on)
+        assert client.release_leases(["k"]) == 0, "given back, not refused"
+        time.sleep(1.5)  # (the refusals are published once a second)
+        before = inflight_refusals(cluster)
+        assert before >= 1, "the put was refused and counted"
+        time.sleep(3.5)  # (a heartbeat a second)
+        assert inflight_refusals(cluster) == before, "no heartbeat was refused"
 
 
 def test_a_quota_set_with_the_cli_takes_effect_without_a_restart(cluster, quotas_file):
