@@ -237,7 +237,8 @@ def refusal(tenant: str, quota: str, limit: int, held: int, asked: int = 1) -> s
     """The message of a refusal for ``quota``: names it, its limit and the tenant's use."""
     if quota in BYTE_FIELDS:
         shown_limit = f"{format_size(limit)} ({limit} bytes) {_UNITS[quota]}"
-        use = f"{format_size(held)} held, {format_size(asked)} more asked"
+        # (in bytes too: a size rounded, 4097 bytes as "4.0 KiB", reads as if it fitted)
+        use = f"{_bytes(held)} held, {_bytes(asked)} more asked"
     else:
         shown_limit = f"{limit} {_UNITS[quota]}"
         use = f"{held} held"
@@ -245,6 +246,12 @@ def refusal(tenant: str, quota: str, limit: int, held: int, asked: int = 1) -> s
         f"tenant {tenant!r} is at its {quota} quota of {shown_limit} ({use}): "
         f"{_REMEDY[quota]}, or ask an admin for more"
     )
+
+
+def _bytes(size: int) -> str:
+    """``size`` as ``format_size`` gives it, with the exact count where that rounds it."""
+    shown = format_size(size)
+    return shown if parse_size(shown.replace(" ", "")) == size else f"{shown} ({size} bytes)"
 
 
 class InflightLimiter:

@@ -542,3 +542,12 @@ def test_a_tier_less_put_at_the_nvme_quota_is_fenced_not_refused_while_dram_is_f
     mount_nvme(state, "n1", 4 * MiB)
     state.segments["n1/dram0"].fenced_until = clock() + 5  # (as after a master change)
     assert put(state, "a/k", 4 * KiB).status is KeyStatus.FENCED, "the client retries FENCED"
+
+
+def test_a_refusal_gives_sizes_in_bytes_where_rounding_would_hide_why():
+    state, _ = quota_state(limits(a=TenantQuota(reserved_bytes=4 * KiB)))
+    mount(state, "n1", 4 * MiB)
+    message = refused(put(state, "a/k", 4 * KiB + 1))
+    assert "(0 B held, 4.0 KiB (" in message and " bytes) more asked)" in message, message
+    asked = int(message.split(" bytes) more asked")[0].rsplit("(", 1)[1])
+    assert asked > 4 * KiB, "the exact count shows it does not fit"
