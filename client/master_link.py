@@ -316,9 +316,17 @@ class MasterLink:
         )
 
     def _handshake_closed_hint(self) -> str:
-        """Why a master closes the TLS handshake, for this client: with a certificate, it
-        probably refused it; without one, it probably requires one (--require-client-cert)."""
-        cert = self.credentials.tls.cert if self.credentials.tls else None
+        """Why a master closes the TLS handshake, for this client: without TLS, the master
+        probably serves TLS; with a certificate, it probably refused it; without one, it
+        probably requires one (--require-client-cert)."""
+        if self.credentials.tls is None:
+            return (
+                "the master closed the connection in the TLS handshake: this client connected "
+                "without TLS (no CA given), and the master probably serves TLS. Give the CA "
+                "of the master's certificate (tls_ca=, KVPOOL_TLS_CA or --tls-ca; for a "
+                "`kvpool up` cluster, `source` its client.env)"
+            )
+        cert = self.credentials.tls.cert
         if cert is None:
             return (
                 "the master closed the connection in the TLS handshake: it probably requires "

@@ -394,3 +394,13 @@ def test_an_empty_reservation_commits_without_a_write(client):
     assert client.stat(key).state == "published"
     with pytest.raises(InvalidArgument, match=r"write 'res-.*' before committing it"):
         client.reserve(f"res-{uuid.uuid4().hex}", 4).commit()
+
+
+def test_a_client_without_the_ca_of_a_tls_master_is_told_to_give_it(shared_cluster, monkeypatch):
+    monkeypatch.delenv("KVPOOL_TLS_CA", raising=False)
+    assert shared_cluster.secure, "the tests' clusters serve TLS"
+    token = shared_cluster.client_credentials()["token"]
+    client = Client(shared_cluster.master_address, token=token, timeout=2)
+    with client, pytest.raises(MasterUnavailable, match=r"without TLS \(no CA given\)") as error:
+        client.exists("k")
+    assert "KVPOOL_TLS_CA" in str(error.value) and "client certificate" not in str(error.value)
