@@ -15,7 +15,10 @@ stay (at most ``caps.MAX_KEYS`` in all, the oldest dropped), so capabilities the
 valid until they expire. A master re-reads the file when it changes (``MasterKeys.reload``)
 and delivers the new key at once, but signs with it only ``activate_after`` seconds after it
 first saw it: by then every live node has heartbeated and holds it, so no node refuses a
-capability for want of its key. ``MasterKeys`` is sans-IO (time passed in).
+capability for want of its key. Should the file drop the key a master signs with (rotated
+``caps.MAX_KEYS`` times within ``activate_after``), it signs with the newest key it has held
+that long, else the one it saw first, never with one just seen as if nodes held it.
+``MasterKeys`` is sans-IO (time passed in).
 """
 
 from __future__ import annotations
@@ -160,17 +163,32 @@ class MasterKeys:
         ``activate_after`` has passed."""
         if keys == self.keys:
             return
-        for key_id, _ in keys.keys:
-            self._seen.setdefault(key_id, now)
-        signing = self._ring.current
-        held = dict(keys.keys)
-        if signing not in held:  # (the file dropped the key we sign with: use its current)
-            signing = keys.current
-            self._seen[signing] = float("-inf")
+        before, held = dict(self.keys.keys), dict(keys.keys)
+        # (a key first seen now: a new one, or an id back with another secret, a remade
+        # file, which nodes hold the old secret of; dropped keys are forgotten)
+        self._seen = {
+            key_id: self._seen[key_id] if before.get(key_id) == secret else now
+            for key_id, secret in keys.keys
+        }
         self.keys = keys
+        signing = self._ring.current
+        if signing is None or held.get(signing) != before.get(signing):
+            signing = self._delivered_longest(now)  # (the file dropped the key we sign with)
         self._ring = caps.KeyRing(keys.keys, current=signing)
         self._node_rings.clear()
         self.tick(now)
+
+    def _delivered_longest(self, now: float) -> int:
+        """The key to sign with when the file dropped the signing one: the newest that every
+        live node has had ``activate_after`` to get; else the one seen first, the likeliest
+        delivered (not the file's brand-new current, which no node holds yet). Rotating
+        ``caps.MAX_KEYS`` times within ``activate_after`` can leave no key surely delivered:
+        nodes that have not heartbeated since the first of those refuse until they do."""
+        order = {key_id: place for place, (key_id, _) in enumerate(self.keys.keys)}
+        settled = [k for k in order if now - self._seen[k] >= self.activate_after]
+        if settled:
+            return max(settled, key=lambda k: (self._seen[k], order[k]))
+        return min(order, key=lambda k: (self._seen[k], -order[k]))
 
     def tick(self, now: float) -> None:
         """Makes the file's current key the signing key once nodes have had time to get it."""

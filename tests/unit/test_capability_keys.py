@@ -183,3 +183,73 @@ def test_a_node_takes_keys_of_the_same_ids_and_term_when_their_secrets_differ():
     StorageNode._learn_keys(node, answer(b"a" * 32))  # type: ignore[arg-type]
     StorageNode._learn_keys(node, answer(b"b" * 32))  # type: ignore[arg-type]
     assert node.capability_keys.ring.secret(1) == b"b" * 32
+
+
+def test_four_quick_rotations_never_sign_with_a_key_nodes_have_not_had_time_to_get(tmp_path):
+    """``rotate`` run ``caps.MAX_KEYS`` times within a node TTL drops the key the master
+    signs with: it must go on with the key nodes have held longest, not the file's brand-new
+    current (no node holds it before its next heartbeat: every transfer refused UNKNOWN_KEY)."""
+    path = tmp_path / "keys.json"
+    keys = MasterKeys(load_or_create(path), activate_after=5.0)
+    start = keys.ring.current
+    first_seen = {start: float("-inf")}
+    now = 100.0
+    for _ in range(caps.MAX_KEYS + 2):
+        now += 0.15
+        rotated = rotate(path)
+        keys.reload(rotated, now=now)
+        held = [k for k, _ in rotated.keys]
+        for key_id in held:
+            first_seen.setdefault(key_id, now)
+        signing = keys.ring.current
+        assert signing in held
+        settled = [k for k in held if now - first_seen[k] >= 5.0]
+        if settled:
+            assert signing in settled, f"key {signing} first seen {now - first_seen[signing]}s ago"
+        else:
+            assert first_seen[signing] == min(first_seen[k] for k in held), "the oldest held"
+        assert signing != rotated.current, "the brand-new key signs only once delivered"
+        assert keys.for_node("n").current == signing
+    assert start not in held
+    keys.tick(now + 4.9)
+    assert keys.ring.current != rotated.current
+    keys.tick(now + 5.0)
+    assert keys.ring.current == rotated.current
+
+
+def test_a_dropped_signing_key_gives_way_to_the_newest_key_held_for_activate_after(tmp_path):
+    path = tmp_path / "keys.json"
+    keys = MasterKeys(load_or_create(path), activate_after=5.0)
+    first = keys.ring.current
+    keys.reload(rotate(path), now=100.0)
+    third = rotate(path)  # (named current before the second ever signs)
+    keys.reload(third, now=101.0)
+    keys.reload(rotate(path), now=105.5)
+    assert keys.ring.current == first, "the third is not yet delivered for sure"
+    fifth = rotate(path)
+    keys.reload(fifth, now=106.5)
+    assert first not in dict(fifth.keys)
+    assert keys.ring.current == third.current, "the newest held for activate_after"
+
+
+def test_a_key_whose_secret_changed_under_its_id_signs_only_once_nodes_have_had_time(
+    tmp_path,
+):
+    """A file made again (or edited) may hold an id it held before with another secret:
+    nodes hold the old secret under that id until their next heartbeat."""
+    import json
+
+    path = tmp_path / "keys.json"
+    load_or_create(path)
+    keys = MasterKeys(rotate(path), activate_after=5.0)
+    (one, _), (two, secret_two) = keys.keys.keys
+    assert keys.ring.current == two
+    body = {
+        "keys": [{"id": one, "secret": (b"x" * 32).hex()}, {"id": two, "secret": secret_two.hex()}],
+        "current": one,
+    }
+    path.write_text(json.dumps(body))
+    keys.reload(read_key_file(path), now=100.0)
+    assert keys.ring.current == two, "key 1's new secret is no node's yet"
+    keys.tick(105.0)
+    assert keys.ring.current == one and keys.ring.secret(one) == b"x" * 32
