@@ -515,6 +515,8 @@ async def serve(
         reason = error.strerror or str(error)
         raise _cannot_listen("HTTP", args.host, args.http_port, "--http-port", reason) from None
     http.start()
+    # (read at each scrape, as /readyz reads it: 1 from the moment a term serves)
+    metrics.LEADER.set_function(lambda: 1.0 if leadership.serving() else 0.0)
     tasks = []
     if isinstance(leadership, Election):
         leadership.address = advertise
@@ -552,6 +554,7 @@ async def serve(
 
         async def lost() -> None:
             driver.reset(None)
+            metrics.STATE.clear()  # (a standby exports none of the cluster's series)
 
         tasks.append(asyncio.create_task(leadership.run(stop, elected, lost)))
     log.info(

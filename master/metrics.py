@@ -91,6 +91,11 @@ LATENCY = Histogram(
     ["method"],
     buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0),
 )
+LEADER = Gauge(
+    "kvpool_master_leader",
+    "1 while this master leads (serves calls: its /readyz answers 200), 0 on a standby; "
+    "a master without etcd (the only one) always leads.",
+)
 
 
 #: The metrics whose first label is a method.
@@ -110,7 +115,11 @@ def labelled(metric: Counter | Histogram, *labels: str) -> Any:
 
 
 class StateCollector(Collector):
-    """Exposes the latest published snapshot and event counters of the metadata core."""
+    """Exposes the latest published snapshot and event counters of the metadata core.
+
+    Only a master that leads has them: a standby exports none of these series, whether it
+    never led or led once (``clear``), so that a sum over the masters' pods counts the
+    cluster once, whichever of them leads."""
 
     def __init__(self) -> None:
         self.snapshot: ClusterSnapshot | None = None
@@ -132,8 +141,27 @@ class StateCollector(Collector):
         self.tenants = usage
         self.refusals = refusals
 
+    def clear(self) -> None:
+        """Forgets what was published, as the term that published it ends (this master is a
+        standby from now on): a scrape shows none of the cluster's series until the next
+        term publishes, at its first tick (its tenants' usage too).
+
+        The state's counters (``kvpool_*_total``) go as well, not only the gauges: they count
+        the events of one term (the next term's core counts from zero), so a standby would
+        export a count frozen at its last term's end, summed with the leader's by any query
+        over the pods; and a standby that never led exports none. Prometheus takes the
+        counters' disappearance and their return from zero as a reset (``rate`` and
+        ``increase`` are right across it)."""
+        self.snapshot = None
+        self.counters = None
+        self.tenants = {}
+        self.refusals = {}
+        self.tenants_published_at = -math.inf
+
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        # (read once: ``clear`` may run on the event loop while the HTTP thread scrapes)
         snapshot, counters = self.snapshot, self.counters
+        tenants, refusals = self.tenants, self.refusals
         if snapshot is None or counters is None:
             return
         yield GaugeMetricFamily("kvpool_objects", "Published objects.", value=snapshot.objects)
@@ -203,7 +231,7 @@ class StateCollector(Collector):
             ("demotions", "Replicas moved from DRAM to NVMe on their node instead of evicted."),
             ("promotions", "Objects copied from NVMe to DRAM on their node after a hit."),
             ("objects_adopted", "Replicas re-adopted from what storage nodes reported."),
-            ("lease_expiries", "Read leases that ran out."),
+            ("lease_expiries", "Read leases that ended: ran out, or were released."),
             ("replicas_copied", "Replicas copied between nodes (re-replication, drains)."),
             ("bytes_copied", "Bytes copied between nodes (re-replication, drains)."),
             ("replicas_trimmed", "Surplus replicas dropped (their node came back)."),
@@ -213,7 +241,7 @@ class StateCollector(Collector):
             ),
         ):
             yield CounterMetricFamily(f"kvpool_{name}", help_text, value=getattr(counters, name))
-        yield from _tenant_families(self.tenants, self.refusals)
+        yield from _tenant_families(tenants, refusals)
 
 
 def _tenant_families(
