@@ -16,6 +16,14 @@ write and for a read alike. Two commands of the master end grants here:
 A grant is named by the offset its range starts at (the object's place): a grant for a new
 object in reused space has a newer generation, so it is not refused.
 
+**Copies keep their generation.** A replica the node copies in (a demotion or promotion on
+the node, a copy from a peer for re-replication or a drain) is the same object, with the
+put's generation, and may land where a seal of that generation or a newer one lies: its own
+earlier place (demoted, then promoted back into the DRAM it left), or where a newer object
+was evicted from. Once recorded (``recorded``), reads under grants of exactly its generation
+are honoured there again: a generation names one object, so such a grant, however old, was
+for these very bytes, of the same tenant. Writes stay sealed, and other generations too.
+
 **Bounded.** One entry per offset, and one expiry per offset however often it is sealed. A
 Forget's seal is dropped ``SEAL_LIFE`` after it: the node refuses any capability expiring
 further ahead than that (``longest_grant``), so by then every grant it sealed has expired
@@ -42,7 +50,7 @@ SEAL_LIFE = 1800.0
 #: How long a Forget waits at most for the transfers it interrupted to leave the segment.
 INTERRUPT_WAIT = 10.0
 
-_WRITES, _ALL, _DROP_AT = 0, 1, 2
+_WRITES, _ALL, _DROP_AT, _READABLE = 0, 1, 2, 3
 #: A connection's transfers under one grant: the oldest generation, whether one writes, how
 #: many run.
 _OLDEST, _WRITING, _RUNNING = 0, 1, 2
@@ -59,7 +67,8 @@ class Seals:
         self._lock = threading.Lock()
         self._left = threading.Condition(self._lock)
         #: segment digest -> offset -> [writes sealed up to generation, all sealed up to
-        #: generation, when the latter is dropped (ms)]
+        #: generation, when the latter is dropped (ms), the generation of a copy recorded
+        #: there since, read under its own grants (-1: none)]
         self._sealed: dict[bytes, dict[int, list[int]]] = {}
         #: (segment digest, offset) -> when its Forget's seal is dropped (ms), soonest first
         #: (a seal made again moves to the end).
@@ -81,9 +90,7 @@ class Seals:
             sealed = self._sealed.get(segment)
             if sealed is not None:
                 entry = sealed.get(offset)
-                if entry is not None and (
-                    entry[_ALL] >= generation or (write and entry[_WRITES] >= generation)
-                ):
+                if entry is not None and _refused(entry, generation, write):
                     return False
             key = (segment, offset)
             active = self._active.get(key)
@@ -162,9 +169,17 @@ class Seals:
         ``segment``) is refused now."""
         with self._lock:
             entry = self._sealed.get(segment, {}).get(offset)
-            return entry is not None and (
-                entry[_ALL] >= generation or (write and entry[_WRITES] >= generation)
-            )
+            return entry is not None and _refused(entry, generation, write)
+
+    def recorded(self, segment_id: str, offset: int, generation: int) -> None:
+        """A copy of the object of ``generation`` was recorded at ``offset`` (its bytes are
+        all there): reads under its grants are honoured there again, whatever seal covers
+        the place (see the module's docstring), until a Forget of it."""
+        with self._lock:
+            sealed = self._sealed.get(caps.segment_digest(segment_id))
+            entry = sealed.get(offset) if sealed is not None else None
+            if entry is not None:  # (else nothing is refused there)
+                entry[_READABLE] = generation
 
     def __len__(self) -> int:
         with self._lock:
@@ -182,9 +197,11 @@ class Seals:
             for offset, generation in objects:
                 entry = sealed.get(offset)
                 if entry is None:
-                    entry = sealed[offset] = [-1, -1, 0]
+                    entry = sealed[offset] = [-1, -1, 0, -1]
                 if everything:
                     entry[_ALL] = max(entry[_ALL], generation)
+                    if generation >= entry[_READABLE]:  # (the copy is forgotten in turn)
+                        entry[_READABLE] = -1
                     entry[_DROP_AT] = now + int(SEAL_LIFE * 1000)
                     self._expiries[digest, offset] = entry[_DROP_AT]
                     self._expiries.move_to_end((digest, offset))
@@ -229,3 +246,10 @@ class Seals:
                 del sealed[offset]
                 if not sealed:
                     del self._sealed[digest]
+
+
+def _refused(entry: list[int], generation: int, write: bool) -> bool:
+    """Whether a seal ``entry`` refuses a grant of ``generation`` (a write, or a read)."""
+    if write:
+        return entry[_ALL] >= generation or entry[_WRITES] >= generation
+    return entry[_ALL] >= generation and generation != entry[_READABLE]

@@ -175,6 +175,7 @@ class CommandExecutor:
                 copy = command.copy
                 target = self._segment(copy.target_segment_id)
                 result.crc32c.extend(self._copy_from_peer(copy, target))
+                self._readable(target, copy.target)
             elif kind == "copy":
                 copy = command.copy
                 target = self._segment(copy.target_segment_id)
@@ -182,6 +183,7 @@ class CommandExecutor:
                 result.crc32c.extend(
                     target.copy_from(source, copy.source.offset, _entry(copy.target))
                 )
+                self._readable(target, copy.target)
                 metrics.copied(source.tier, target.tier, copy.target.size)
             else:
                 raise ValueError(f"unknown command {kind!r}")
@@ -189,6 +191,12 @@ class CommandExecutor:
             _failed(result, error)
         metrics.command_done(metrics.command_kind(kind), result.ok, time.perf_counter() - began)
         return result
+
+    def _readable(self, target: Segment, copied: pb.StoredObject) -> None:
+        """A copy recorded in ``target`` keeps its object's generation: its readers' grants
+        are honoured where it landed, whatever seal lies there (checked_seals.py)."""
+        if self._seals is not None:
+            self._seals.recorded(target.segment_id, copied.offset, copied.generation)
 
     def _copy_from_peer(self, copy: pb.Copy, target: Segment) -> list[int]:
         """Reads an object of another node into ``target`` and records it there; returns

@@ -304,3 +304,39 @@ def test_a_restarted_node_takes_no_new_object_while_its_old_process_capabilities
         assert wait_until(lambda: cluster_status(client.master).nodes == 1, timeout=10)
         with pytest.raises(Fenced, match="capabilities signed for the node's earlier process"):
             client.put("put-next", b"n" * 4096, tier="nvme")
+
+
+def test_a_moved_object_is_read_where_a_newer_one_was_and_back_where_it_was(
+    cluster_factory, tmp_path
+):
+    """A demotion or promotion keeps the object's generation. Where it lands may be sealed
+    by a newer one: the NVMe place of an object removed since, or its own DRAM place, left
+    at the demotion. Its readers' grants are honoured there all the same (over the checked
+    stream, as a client on another host reads); before, every read was refused for the
+    half hour the node keeps a seal."""
+    cluster = cluster_factory(0, "64MiB", master_args=["--reclaim-delay", "1"])
+    cluster.add_node("8MiB", extra=nvme_args(tmp_path / "nvme", "32MiB"))
+    old = os.urandom(MiB)
+    with Client(cluster.master_address, same_host_mapping=False) as client:
+        client.put("old", old, tier="dram", checksum=True)
+        client.put("new", os.urandom(2 * MiB), tier="nvme", checksum=True)
+        client.remove("new")  # (its NVMe place is sealed, with a newer generation)
+        time.sleep(2)  # (and free again after the reclaim delay)
+        fillers = []
+
+        def demoted() -> bool:
+            if tiers_of(client, "old") == [NVME]:
+                return True
+            fillers.append(f"fill-{len(fillers)}")
+            client.put(fillers[-1], os.urandom(MiB // 2), tier="dram")
+            return False
+
+        assert wait_until(demoted, timeout=40, interval=0.5), "DRAM filled: 'old' moved"
+        assert client.get("old", verify=True) == old, "read where the removed object was"
+        for key in fillers:
+            client.remove(key, force=True)
+        time.sleep(3)  # (their DRAM is free again: the next hit promotes 'old')
+        assert client.get("old", verify=True) == old
+        assert wait_until(lambda: DRAM in tiers_of(client, "old"), timeout=10), "promoted"
+        for _ in range(3):
+            assert client.get("old", verify=True) == old, "read back where it was"

@@ -290,6 +290,26 @@ def test_seals_are_dropped_once_every_grant_they_refuse_has_expired():
     assert seals.sealed(digest, 4096, 7, write=True)
 
 
+def test_a_copy_recorded_where_a_seal_lies_is_read_under_its_own_grants_only():
+    """A demoted object promoted back into the DRAM it left, or copied where a newer object
+    was evicted from, keeps its put's generation: its readers' grants are honoured there
+    again, while writes and every other sealed generation stay refused."""
+    seals = Seals()
+    digest = caps.segment_digest(SEGMENT)
+    seals.forget(SEGMENT, [(0, 5), (4096, 9)])  # its own place left; a newer object's
+    seals.recorded(SEGMENT, 0, 5)
+    seals.recorded(SEGMENT, 4096, 5)
+    for offset in (0, 4096):
+        assert not seals.sealed(digest, offset, 5, write=False), "its readers read it"
+        assert seals.sealed(digest, offset, 5, write=True), "nobody writes it"
+        assert seals.sealed(digest, offset, 4, write=False), "an older object's grant"
+    assert seals.sealed(digest, 4096, 9, write=False), "the evicted object's grant"
+    seals.forget(SEGMENT, [(0, 5)])  # the copy is dropped in turn
+    assert seals.sealed(digest, 0, 5, write=False)
+    seals.recorded(SEGMENT, 8192, 5)  # (where nothing was sealed: nothing to lift)
+    assert not seals.sealed(digest, 8192, 5, write=True) and len(seals) == 2
+
+
 class ForgettingSegment(FakeSegment):
     """A segment as the node's command executor sees it (its index: what it forgot)."""
 
