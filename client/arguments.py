@@ -130,3 +130,19 @@ def pair_list(call: str, items: object, what: str) -> tuple[list[Any], list[Any]
                 ) from None
         raise
     return pairs, keys
+
+
+def one_buffer(value: object) -> bool:
+    """Whether ``value`` is one buffer (it exposes the buffer protocol, or it is a torch
+    tensor), not a list of them: a call that takes one buffer per key must not take its
+    bytes, or its rows, for the buffers."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return True
+    if hasattr(value, "data_ptr"):  # (a torch tensor, on any device)
+        return True
+    try:
+        view = memoryview(value)  # type: ignore[arg-type]
+    except TypeError:
+        return False
+    view.release()
+    return True

@@ -51,7 +51,14 @@ from kvpool.common.keys import key_problem, plainly_valid, shown_key, valid_keys
 from kvpool.common.logging import get_logger
 from kvpool.common.master_address import parse_master
 from kvpool.common.status import KeyStatus
-from kvpool.errors import BufferTooSmall, InvalidArgument, InvalidKey, KVPoolError, TransferError
+from kvpool.errors import (
+    BufferTooSmall,
+    InvalidArgument,
+    InvalidKey,
+    KVPoolError,
+    QuotaExceeded,
+    TransferError,
+)
 from kvpool.proto import master_pb2 as pb
 from kvpool.security.caller import CallerCredentials
 from kvpool.transport import ucp
@@ -232,16 +239,42 @@ class Client:
     # ------------------------------------------------------------------ lifecycle
 
     def close(self) -> None:
-        """Gives back the read leases this client holds (best effort, briefly), then lets go
-        of its connections and mapped memory."""
+        """Gives back the reservations of ``reserve`` neither committed nor revoked and the
+        read leases this client holds (best effort, briefly), then lets go of its
+        connections and mapped memory."""
         if not self._closed:
             self._closed = True
             if self._session.forked:  # a fork child's copy: the parent's, left alone
                 return
             try:
-                self._release_leases()
+                try:
+                    self._revoke_reservations()
+                finally:
+                    self._release_leases()
             finally:
                 self._session.close()
+
+    def _revoke_reservations(self) -> None:
+        """One PutRevoke for the open reservations ``reserve`` made (its key free again at
+        once, not when the master's reservation timeout or the client's heartbeat runs out);
+        each Reservation still held is marked over. A reservation committed or revoked
+        meanwhile is left as it is by the master."""
+        held = self._session.take_reservations()
+        if not held:
+            return
+        for _, reservation in held:
+            if reservation is not None:
+                reservation.closed()
+        request = pb.PutRevokeRequest(
+            client_id=self.client_id,
+            keys=[key for (key, _), _ in held],
+            put_ids=[put_id for (_, put_id), _ in held],
+        )
+        deadline = time.monotonic() + min(self.timeout, RELEASE_TIMEOUT)
+        try:
+            self._session.link.call("PutRevoke", request, deadline)
+        except KVPoolError as error:  # they run out by themselves
+            log.debug("could not give reservations back", keys=len(held), error=str(error))
 
     def _remember_leases(self, keys: Sequence[str]) -> None:
         """Notes the keys a call leased, for ``close`` to give back: the latest
@@ -561,6 +594,14 @@ class Client:
 
         ``put`` does all three at once; this exists for callers that produce the bytes after
         reserving (and for tests of what readers see in between). Options as for ``put_many``.
+
+        The reservation has a write window: ``write`` must come within the client's
+        ``timeout`` of this call, and within the master's write timeout (``kvpool master
+        --write-timeout``, 3 s by default), whichever ends first. A ``write`` past it
+        sends nothing, gives the reservation up and raises PutAborted: reserve the key again,
+        or raise the client's timeout. (A ``commit`` of bytes written in time may come
+        later, within the master's ``--reservation-timeout``.) Closing the client gives back
+        the reservations neither committed nor revoked.
         """
         problem = key_problem(key)
         if problem is not None:
@@ -616,8 +657,7 @@ class Client:
         deadline = time.monotonic() + self.timeout
         results: list[Any] = [None] * len(keys)
         valid = self._valid_keys(keys, results)
-        located, lease_deadline = get_path.locate(self._session, keys, valid, results, deadline)
-        self._remember_leases(_located_keys(keys, located))  # (given back at close, even if cut)
+        located, lease_deadline = self._locate(keys, valid, results, deadline)
         targets = {}
         for i, location in located.items():
             data, address = new_bytes(location.size)
@@ -634,10 +674,11 @@ class Client:
         """Reads key i into buffers[i]; entry i is the object's size or the error for key i."""
         keys = arguments.key_list("get_into_many", keys, "get_into(key, buffer)")
         if not isinstance(buffers, list | tuple):
-            if not isinstance(buffers, Iterable) or isinstance(buffers, bytes | bytearray):
+            if not isinstance(buffers, Iterable) or arguments.one_buffer(buffers):
                 raise InvalidArgument(
-                    f"get_into_many takes a list of buffers, one per key, not "
-                    f"{type(buffers).__name__}: for one key, call get_into(key, buffer)"
+                    f"get_into_many takes a list of buffers, one per key, not one "
+                    f"{type(buffers).__name__}: for one key, call get_into(key, buffer) (to "
+                    "read into the rows of an array, pass list(array))"
                 )
             buffers = list(buffers)
         verify = arguments.flag("verify", verify)
@@ -646,8 +687,7 @@ class Client:
         deadline = time.monotonic() + self.timeout
         results: list[Any] = [None] * len(keys)
         valid = self._valid_keys(keys, results)
-        located, lease_deadline = get_path.locate(self._session, keys, valid, results, deadline)
-        self._remember_leases(_located_keys(keys, located))  # (given back at close, even if cut)
+        located, lease_deadline = self._locate(keys, valid, results, deadline)
         targets = {}
         for i, location in located.items():
             try:
@@ -714,7 +754,12 @@ class Client:
             fields: dict[str, Any] = {"lease_ms": int(self._session.lease_ttl * 1000)}
         else:
             fields = {"no_lease": True}
-        found = _found(self._keyed_call("Exists", keys, **fields), keys)
+        try:
+            found = _found(self._keyed_call("Exists", keys, **fields), keys)
+        except BaseException:
+            if lease:  # (its answer may be lost, and the keys leased: given back at close)
+                self._remember_leases(valid_keys_of(keys))
+            raise
         if lease:  # (given back at close: the keys found, each leased; never an invalid one)
             leased = keys if found.count(True) == len(found) else _leased_keys(keys, found)
             self._remember_leases(leased)
@@ -869,6 +914,26 @@ class Client:
             tier,
         )
 
+    def _locate(
+        self, keys: Sequence[str], valid: Sequence[int], results: list[Any], deadline: float
+    ) -> tuple[dict[int, Any], float]:
+        """``get_path.locate``, the keys it may have leased noted for ``close`` to give back:
+        those located, and those whose master call failed (its answer may be lost, the lease
+        taken; giving back a lease never taken is harmless)."""
+        unanswered: list[int] = []
+        try:
+            located, lease_deadline = get_path.locate(
+                self._session, keys, valid, results, deadline, unanswered
+            )
+        except BaseException:
+            self._remember_leases([keys[i] for i in valid])
+            raise
+        if unanswered:
+            self._remember_leases([keys[i] for i in (*located, *unanswered)])
+        else:
+            self._remember_leases(_located_keys(keys, located))
+        return located, lease_deadline
+
     def _read_planned(
         self,
         keys: Sequence[str],
@@ -884,8 +949,7 @@ class Client:
         deadline = time.monotonic() + self.timeout
         asked = {i for i, result in enumerate(results) if result is None}
         valid = [i for i in self._valid_keys(keys, results) if i in asked]
-        located, lease_deadline = get_path.locate(self._session, keys, valid, results, deadline)
-        self._remember_leases(_located_keys(keys, located))  # (given back at close, even if cut)
+        located, lease_deadline = self._locate(keys, valid, results, deadline)
         targets: dict[int, tuple[int, int]] = {}
         pieces: dict[int, Sequence[tuple[int, int, int]]] = {}
         for i, location in located.items():
@@ -1083,7 +1147,11 @@ def _outside(key: str, size: int, offset: int, length: int) -> InvalidArgument |
 
 def _parts_of(parts: object, name: str) -> Sequence[Any]:
     """``parts`` when it is a list (or other sequence) of buffers, not one buffer."""
-    if isinstance(parts, Sequence) and not isinstance(parts, bytes | bytearray | memoryview | str):
+    if isinstance(parts, list | tuple):  # (the common case, at once)
+        return parts
+    # (one buffer is refused: an array.array, say, is a Sequence too)
+    one = isinstance(parts, str) or arguments.one_buffer(parts)
+    if isinstance(parts, Sequence) and not one:
         return parts
     raise InvalidArgument(
         f"{name} must be a list of buffers, not {type(parts).__name__}: for one buffer, "
@@ -1103,8 +1171,14 @@ def _found(statuses: list[Any], keys: Sequence[str]) -> list[bool | KVPoolError]
 
 
 def _leased_keys(keys: Sequence[str], found: Sequence[Any]) -> list[str]:
-    """The keys an Exists found (and leased), of those it asked about."""
-    return [key for key, f in zip(keys, found, strict=True) if f is True]
+    """The keys an Exists may have leased, of those it asked about: those it found, and
+    those of a part of the batch that failed (its answer may be lost, the leases taken);
+    not an invalid key (it may not even be hashable) nor one whose lease was refused."""
+    return [
+        key
+        for key, f in zip(keys, found, strict=True)
+        if f is True or (f is not False and not isinstance(f, InvalidKey | QuotaExceeded))
+    ]
 
 
 def _located_keys(keys: Sequence[str], located: Mapping[int, Any]) -> Sequence[str]:

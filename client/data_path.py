@@ -319,8 +319,11 @@ class DataPath:
     def unregister(self, region: ucp.MemoryRegion) -> None:
         """Lets go of a registration once the transfers running now (any may use it) have
         ended, within ``CLOSE_WAIT``: transfers that start from now on do not use it. Past
-        that wait it is left to the process (destroyed under a transfer, UCX could fault)."""
+        that wait it is left to the process (destroyed under a transfer, UCX could fault).
+        ClientClosed once the data path is closed (which let go of every registration)."""
         with self._lock:
+            if self._closed:
+                raise ClientClosed("the client is closed: make a new one")
             self._regions.remove(region)
             running = set(self._active)
             until = time.monotonic() + CLOSE_WAIT

@@ -41,13 +41,20 @@ Pieces = Mapping[int, Sequence[tuple[int, int, int]]]
 
 
 def locate(
-    session: Session, keys: Sequence[str], valid: Sequence[int], results: list[Any], deadline: float
+    session: Session,
+    keys: Sequence[str],
+    valid: Sequence[int],
+    results: list[Any],
+    deadline: float,
+    unanswered: list[int] | None = None,
 ) -> tuple[dict[int, pb.ObjectLocation], float]:
     """GetReplicas for ``keys[i] for i in valid``; fills errors into ``results``.
 
     Returns the located objects by batch position and when their lease ends (monotonic).
     More keys than one master call takes go in parts within ``deadline``; a part after the
     first that fails gives its error to its keys (``batch_split``), the others are read.
+    ``unanswered`` (when given) gets the positions whose master call failed: their answer
+    may have been lost after the master leased them.
     """
     located: dict[int, pb.ObjectLocation] = {}
     if not valid:
@@ -58,16 +65,21 @@ def locate(
     def locate_part(positions: Sequence[int]) -> bool:
         nonlocal lease_deadline
         sent_at = time.monotonic()
-        response = session.link.call(
-            "GetReplicas",
-            pb.GetReplicasRequest(
-                client_id=session.client_id,
-                keys=[keys[i] for i in positions],
-                lease_ms=int(session.lease_ttl * 1000),
-                mapped_segments=session.data.mapped_for(writing=False),
-            ),
-            deadline,
-        )
+        try:
+            response = session.link.call(
+                "GetReplicas",
+                pb.GetReplicasRequest(
+                    client_id=session.client_id,
+                    keys=[keys[i] for i in positions],
+                    lease_ms=int(session.lease_ttl * 1000),
+                    mapped_segments=session.data.mapped_for(writing=False),
+                ),
+                deadline,
+            )
+        except BaseException:
+            if unanswered is not None:
+                unanswered.extend(positions)
+            raise
         lease_deadline = min(lease_deadline, sent_at + response.lease_ms / 1000.0)
         session.data.learn(response.segments)
         for i, location in zip(positions, response.objects, strict=True):

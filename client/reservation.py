@@ -8,11 +8,14 @@ from typing import Any
 from kvpool.client import put_path
 from kvpool.client.buffers import readable_address
 from kvpool.client.outcomes import error_for
-from kvpool.client.put_path import PendingPut
+from kvpool.client.put_path import SETTLE_WAIT, PendingPut
 from kvpool.client.session import Session
 from kvpool.common.keys import shown_key
+from kvpool.common.logging import get_logger
 from kvpool.common.status import KeyStatus
-from kvpool.errors import InvalidArgument, TransferError
+from kvpool.errors import ClientClosed, InvalidArgument, KVPoolError, PutAborted, TransferError
+
+log = get_logger("kvpool.client")
 
 
 class Reservation:
@@ -22,6 +25,13 @@ class Reservation:
     ``write`` and ``revoke`` after a ``commit`` that published the object, are refused with
     InvalidArgument (nothing is sent); a second ``commit`` returns the first one's count, a
     second ``revoke`` does nothing. An object of 0 bytes needs no ``write`` before ``commit``.
+
+    A reservation can also end without either: a ``write`` after its write window (see
+    ``Client.reserve``) gives it up and raises PutAborted; a ``commit`` the master answered
+    with an error ends it; closing the client gives it up. After that ``write`` and
+    ``commit`` raise again why it ended, and ``revoke`` does nothing (so that a cleanup's
+    ``revoke`` never raises for a reservation that is over already); a reservation the
+    master no longer holds (it timed out) is revoked quietly too.
     """
 
     def __init__(self, session: Session, put: PendingPut, size: int, checksum: bool) -> None:
@@ -35,11 +45,21 @@ class Reservation:
         #: The replicas the commit published; None until a commit succeeded.
         self._committed: int | None = None
         self._revoked = False
+        #: Why it ended otherwise (the error's type and message, raised again by ``write``
+        #: and ``commit``); None while it is open.
+        self._over: tuple[type[KVPoolError], str] | None = None
+        #: Seconds it was given to be written in (about: measured from now).
+        self._window = max(0.0, put.write_deadline - time.monotonic())
+        session.hold(self)  # (for the client's close to give it back)
 
     def write(self, data: Any) -> None:
-        """Copies ``data`` (exactly ``size`` bytes) into every reserved replica."""
+        """Copies ``data`` (exactly ``size`` bytes) into every reserved replica, within the
+        reservation's write window (see ``Client.reserve``); past it, the reservation is
+        given up and PutAborted raised."""
         self._session.check_process()  # (ClientForked in a fork child)
         self._refuse_if_over("write")
+        if self.size:
+            self._refuse_if_window_passed()
         source = readable_address(data)
         if source[1] != self.size:
             raise InvalidArgument(
@@ -64,22 +84,72 @@ class Reservation:
                 raise InvalidArgument(f"write {self.key!r} before committing it", key=self.key)
             self.write(b"")  # (nothing to write: the replicas are written as they are)
         [status] = put_path.commit(self._session, [self._put], self._deadline())
-        self._raise_unless_ok(status)
+        # (answered: the reservation is over, published or not)
+        self._session.let_go(self)
+        if status != KeyStatus.OK:
+            error = error_for(status, self.key, self._put.why_not_published)
+            self._over = (type(error), str(error))
+            raise error
         self._committed = self._put.replicas_written
         return self._committed
 
     def revoke(self) -> None:
-        """Gives the reservation up; the key and its space are free again."""
+        """Gives the reservation up; the key and its space are free again. Does nothing on a
+        reservation that is over already (revoked, given up, a commit refused, timed out at
+        the master); InvalidArgument after a commit that published the object."""
         self._session.check_process()  # (ClientForked in a fork child)
-        if self._revoked:
+        if self._revoked or self._over is not None:
             return
         self._refuse_if_over("revoke")
         [status] = put_path.revoke(self._session, [self._put], self._deadline())
         self._revoked = True  # (whatever the master answered: this reservation is over)
-        self._raise_unless_ok(status)
+        self._session.let_go(self)
+        if status not in (KeyStatus.OK, KeyStatus.STALE_PUT):  # (STALE_PUT: gone already)
+            raise error_for(status, self.key)
+
+    def end(self, error: type[KVPoolError], message: str) -> None:
+        """Marks the reservation over (given up elsewhere): ``write`` and ``commit`` then
+        raise ``error(message)``, ``revoke`` does nothing. No call is made."""
+        if self._committed is None and not self._revoked and self._over is None:
+            self._over = (error, message)
+
+    def closed(self) -> None:
+        """Its client closed and gave it back (``Client.close``)."""
+        self.end(
+            ClientClosed,
+            f"the client was closed, and the reservation of {shown_key(self.key)} given up "
+            "with it (nothing was published): make a new client, and reserve the key again",
+        )
+
+    def _refuse_if_window_passed(self) -> None:
+        """Past the write window no byte may be written (the master may have reused the
+        space): the reservation is given back, best effort, and PutAborted raised."""
+        late = time.monotonic() - self._put.write_deadline
+        if late < 0:
+            return
+        try:
+            put_path.revoke(
+                self._session,
+                [self._put],
+                time.monotonic() + min(SETTLE_WAIT, self._session.timeout),
+            )
+        except KVPoolError as error:  # (it runs out by itself at the master's timeout)
+            log.debug("could not give a reservation back", key=self.key, error=str(error))
+        self._session.let_go(self)
+        self.end(
+            PutAborted,
+            f"the write window of the reservation of {shown_key(self.key)} ran out "
+            f"{late:.2f} s ago (it was about {self._window:.2f} s from reserve(): the "
+            "client's timeout, capped by the master's write timeout): nothing was written, "
+            "and the reservation was given up. Reserve the key again and write it sooner, "
+            "or raise the client's timeout",
+        )
+        assert self._over is not None
+        raise self._over[0](self._over[1], key=self.key)
 
     def _refuse_if_over(self, step: str) -> None:
-        """InvalidArgument for ``step`` on a reservation already committed or revoked."""
+        """InvalidArgument for ``step`` on a reservation already committed or revoked; why
+        it ended, for one over otherwise."""
         if self._committed is not None:
             raise InvalidArgument(
                 f"cannot {step} {shown_key(self.key)}: its reservation was committed, and the "
@@ -92,10 +162,9 @@ class Reservation:
                 "the key again to put it)",
                 key=self.key,
             )
+        over = self._over
+        if over is not None:
+            raise over[0](over[1], key=self.key)
 
     def _deadline(self) -> float:
         return time.monotonic() + self._session.timeout
-
-    def _raise_unless_ok(self, status: int) -> None:
-        if status != KeyStatus.OK:
-            raise error_for(status, self.key, self._put.why_not_published)

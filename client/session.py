@@ -17,12 +17,19 @@ import threading
 import uuid
 import weakref
 from dataclasses import dataclass, field
-from typing import NoReturn, cast
+from typing import TYPE_CHECKING, NoReturn, cast
 
 from kvpool.client.data_path import DataPath
 from kvpool.client.heartbeat import Heartbeat
 from kvpool.client.master_link import MasterLink
 from kvpool.errors import ClientForked
+
+if TYPE_CHECKING:
+    from kvpool.client.reservation import Reservation
+
+#: Open reservations (``Client.reserve``) a session remembers, for ``close`` to give back; the
+#: oldest beyond it are left to run out at the master's reservation timeout.
+RESERVATIONS_REMEMBERED = 4096
 
 
 @dataclass(eq=False)
@@ -40,6 +47,12 @@ class Session:
     forked: bool = False
     #: Starts the heartbeat once, however many threads write first at the same time.
     _heartbeat_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: The reservations ``Client.reserve`` made that are neither committed nor given up yet,
+    #: by (key, put id), oldest first: ``close`` gives them back. Weakly: a reservation its
+    #: caller dropped is still given back, its buffer not held. (``put`` and ``put_many``
+    #: never come here: their reservations end within the call.)
+    _open: dict[tuple[str, int], weakref.ref[Reservation]] = field(default_factory=dict, repr=False)
+    _open_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
         global _made
@@ -62,6 +75,27 @@ class Session:
                     heartbeat.start()
                     self.heartbeat = heartbeat
 
+    def hold(self, reservation: Reservation) -> None:
+        """Notes an open reservation, for ``close_reservations``."""
+        ref = weakref.ref(reservation)
+        with self._open_lock:
+            held = self._open
+            held[(reservation.key, reservation.put_id)] = ref
+            if len(held) > RESERVATIONS_REMEMBERED:  # (the oldest: most likely over by now)
+                del held[next(iter(held))]
+
+    def let_go(self, reservation: Reservation) -> None:
+        """Forgets a reservation that ended (committed, revoked, or over)."""
+        with self._open_lock:
+            self._open.pop((reservation.key, reservation.put_id), None)
+
+    def take_reservations(self) -> list[tuple[tuple[str, int], Reservation | None]]:
+        """The open reservations, forgotten here: (key, put id) and the Reservation (None
+        where its caller dropped it)."""
+        with self._open_lock:
+            held, self._open = self._open, {}
+        return [(ids, ref()) for ids, ref in held.items()]
+
     def close(self) -> None:
         if self.forked:  # the parent's: left alone (see the module docstring)
             return
@@ -83,6 +117,8 @@ class Session:
         self.data = cast("DataPath", _Inherited(self.pid))
         self.heartbeat = None
         self._heartbeat_lock = threading.Lock()  # (another thread may have held it at fork)
+        self._open_lock = threading.Lock()  # (as the heartbeat's)
+        self._open = {}
 
 
 def forked_error(pid: int) -> ClientForked:

@@ -254,8 +254,7 @@ def read_whole(client: Client, keys: Sequence[str], verify: bool) -> list[Any]:
     deadline = time.monotonic() + client.timeout
     results: list[Any] = [None] * len(keys)
     valid = client._valid_keys(keys, results)
-    located, lease_deadline = get_path.locate(session, keys, valid, results, deadline)
-    client._remember_leases([keys[i] for i in located])  # (given back at close, even if cut)
+    located, lease_deadline = client._locate(keys, valid, results, deadline)
     targets = {}
     for i, location in located.items():
         data = torch.empty(location.size, dtype=torch.uint8)

@@ -15,7 +15,7 @@ from helpers import bearer, master_channel, wait_until
 from kvpool import Client
 from kvpool.client import get_path
 from kvpool.client.lane_client import LaneClient, LaneError
-from kvpool.errors import KVPoolError, MasterUnavailable, PutAborted, TransferError
+from kvpool.errors import KVPoolError, MasterUnavailable, PutAborted
 from kvpool.proto import master_pb2 as pb
 from kvpool.proto import master_pb2_grpc
 from kvpool.security.caller import CallerCredentials
@@ -168,7 +168,7 @@ def test_a_late_writer_of_the_old_term_cannot_overwrite_what_the_new_leader_publ
             fresh = os.urandom(size)
             other.put("fresh", fresh)  # waits out the fence, then may reuse that space
             time.sleep(0.2)
-            with pytest.raises(TransferError, match="deadline"):
+            with pytest.raises(PutAborted, match="write window"):
                 reservation.write(b"\xee" * size)  # too late: the client refuses to write
             with pytest.raises(PutAborted):
                 reservation.commit()  # and the new term never heard of this put
