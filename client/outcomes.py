@@ -47,6 +47,9 @@ def error_for(status: int, key: str, message: str = "") -> KVPoolError:
             )
         case KeyStatus.ALREADY_EXISTS:
             # (the master's message says which of the two: it would only repeat the key)
+            if "this client's own" in message:  # (most likely a put whose answer was lost)
+                why = message[message.find("is being written") :]  # (after the stored key)
+                return ObjectBeingWritten(f"object {shown} {why}", key=key)
             if "being written" in message:
                 return ObjectBeingWritten(
                     f"object {shown} is already being written by another put: objects "

@@ -176,6 +176,23 @@ MAX_UNREADABLE_REPORTS = 256
 OWN_SILENCE_MIN = 0.5
 
 
+def _exists(record: ObjectRecord, client_id: str, now: float, reservation_timeout: float) -> str:
+    """Why a put of ``record``'s key is refused: the object exists or is being written; by
+    this same client, most likely a put of it whose answer this client did not get (its
+    call timed out), which no other put holds and which ends by itself."""
+    if record.state is ObjectState.PUBLISHED:
+        return f"object {record.key!r} exists"
+    if record.state is ObjectState.RESERVED and record.client_id == client_id:
+        left = max(0.0, record.created_at + reservation_timeout - now)
+        return (
+            f"object {record.key!r} is being written by this client's own earlier put of it, "
+            "whose answer this client did not get (its call timed out, or it is still "
+            f"running in another thread): that reservation ends by itself within {left:.0f} s "
+            "unless it is committed (--reservation-timeout): put the key again then"
+        )
+    return f"object {record.key!r} is being written"
+
+
 class MasterState:
     def __init__(
         self,
@@ -1495,8 +1512,10 @@ class MasterState:
             )
         existing = self.objects.get(key)
         if existing is not None:
-            what = "exists" if existing.state is ObjectState.PUBLISHED else "is being written"
-            return PutSlot(KeyStatus.ALREADY_EXISTS, message=f"object {key!r} {what}")
+            return PutSlot(
+                KeyStatus.ALREADY_EXISTS,
+                message=_exists(existing, client_id, now, self.config.reservation_timeout),
+            )
         over_nvme = False
         if self._put_quotas:
             refused = self._put_refusal(key, size, wanted, options.tier)

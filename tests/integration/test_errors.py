@@ -18,6 +18,7 @@ from kvpool.errors import (
     InvalidKey,
     MasterUnavailable,
     NoSpace,
+    ObjectBeingWritten,
     ObjectExists,
     ObjectNotFound,
 )
@@ -404,3 +405,20 @@ def test_a_client_without_the_ca_of_a_tls_master_is_told_to_give_it(shared_clust
     with client, pytest.raises(MasterUnavailable, match=r"without TLS \(no CA given\)") as error:
         client.exists("k")
     assert "KVPOOL_TLS_CA" in str(error.value) and "client certificate" not in str(error.value)
+
+
+def test_a_put_of_a_key_this_client_holds_reserved_says_it_is_its_own(client):
+    """As when a put's answer was lost (its call timed out while the master stalled) and
+    the put is made again: the key is not another writer's, and frees itself."""
+    key = f"own-{uuid.uuid4().hex}"
+    reservation = client.reserve(key, 5)
+    try:
+        with pytest.raises(ObjectBeingWritten) as error:
+            client.put(key, b"again")
+        message = str(error.value)
+        assert "this client's own earlier put" in message and "ends by itself" in message
+        assert "another put" not in message and "force=True" not in message, message
+    finally:
+        reservation.revoke()
+    client.put(key, b"again")
+    assert client.get(key) == b"again"

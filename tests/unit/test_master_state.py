@@ -448,8 +448,25 @@ def test_putting_a_reserved_key_again_is_already_exists():
     again = put(state, "k", client="c2")
 
     assert again.status is KeyStatus.ALREADY_EXISTS
-    assert "being written" in again.message
+    assert "being written" in again.message and "this client" not in again.message
     assert commit(state, "k", first) is KeyStatus.OK, "the first writer is undisturbed"
+
+
+def test_a_put_again_by_the_client_holding_the_reservation_is_told_it_is_its_own():
+    """Most likely the same put, whose answer was lost (the call timed out while the master
+    stalled): the refusal says no other put holds the key, and when it is free again."""
+    state, clock = new_state()
+    mount(state, "n1")
+    first = put(state, "k")
+    clock.advance(10.0)
+
+    again = put(state, "k")
+
+    assert again.status is KeyStatus.ALREADY_EXISTS
+    assert "this client's own earlier put" in again.message
+    left = state.config.reservation_timeout - 10.0
+    assert f"within {left:.0f} s" in again.message, again.message
+    assert commit(state, "k", first) is KeyStatus.OK, "the first put is undisturbed"
 
 
 def test_a_batch_reports_each_key_on_its_own():
