@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvpool.common.keys import shown_key
-from kvpool.common.status import KeyStatus
+from kvpool.common.status import OWN_RESERVATION, OWN_RESERVATION_END, KeyStatus
 from kvpool.errors import (
     Fenced,
     InvalidArgument,
@@ -47,10 +47,12 @@ def error_for(status: int, key: str, message: str = "") -> KVPoolError:
             )
         case KeyStatus.ALREADY_EXISTS:
             # (the master's message says which of the two: it would only repeat the key)
-            if "this client's own" in message:  # (most likely a put whose answer was lost)
-                why = message[message.find("is being written") :]  # (after the stored key)
-                return ObjectBeingWritten(f"object {shown} {why}", key=key)
-            if "being written" in message:
+            # (the master's words come after the key it quotes, which may hold any of them:
+            # only the message's end tells the cases apart)
+            if message.endswith(OWN_RESERVATION_END):  # (most likely a put whose answer was lost)
+                why = message[message.rfind(OWN_RESERVATION) :]
+                return ObjectBeingWritten(f"object {shown}{why}", key=key)
+            if message.endswith(" is being written"):
                 return ObjectBeingWritten(
                     f"object {shown} is already being written by another put: objects "
                     "are immutable; use another key, or remove it (force=True) and put again",

@@ -24,6 +24,14 @@ class KeyStatus(IntEnum):
     QUOTA_EXCEEDED = 11
 
 
+#: An ALREADY_EXISTS message's words where the reservation holding the key is the asking
+#: client's own (most likely a put of it whose answer was lost): after the quoted key, and at
+#: the message's end. The client tells the cases apart by the message's end only, since the
+#: key it quotes may hold any words.
+OWN_RESERVATION = " is being written by this client's own earlier put of it"
+OWN_RESERVATION_END = "put the key again then"
+
+
 class Tier(IntEnum):
     UNSPECIFIED = 0
     DRAM = 1

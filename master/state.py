@@ -61,7 +61,7 @@ from typing import Any
 
 from kvpool.common.keys import STORED_KEY_BYTES, key_problem, plainly_valid
 from kvpool.common.sizes import format_size
-from kvpool.common.status import KeyStatus, Pin, Tier
+from kvpool.common.status import OWN_RESERVATION, OWN_RESERVATION_END, KeyStatus, Pin, Tier
 from kvpool.master.allocator import Allocator
 from kvpool.master.config import MasterConfig
 from kvpool.master.invariants import check_invariants
@@ -185,10 +185,10 @@ def _exists(record: ObjectRecord, client_id: str, now: float, reservation_timeou
     if record.state is ObjectState.RESERVED and record.client_id == client_id:
         left = max(0.0, record.created_at + reservation_timeout - now)
         return (
-            f"object {record.key!r} is being written by this client's own earlier put of it, "
-            "whose answer this client did not get (its call timed out, or it is still "
-            f"running in another thread): that reservation ends by itself within {left:.0f} s "
-            "unless it is committed (--reservation-timeout): put the key again then"
+            f"object {record.key!r}{OWN_RESERVATION}, whose answer this client did not get "
+            "(its call timed out, or it is still running in another thread): that "
+            f"reservation ends by itself within {left:.0f} s unless it is committed "
+            f"(--reservation-timeout): {OWN_RESERVATION_END}"
         )
     return f"object {record.key!r} is being written"
 
