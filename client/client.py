@@ -246,15 +246,17 @@ class Client:
             self._closed = True
             if self._session.forked:  # a fork child's copy: the parent's, left alone
                 return
+            # (one deadline for both: a master away delays close by RELEASE_TIMEOUT at most)
+            deadline = time.monotonic() + min(self.timeout, RELEASE_TIMEOUT)
             try:
                 try:
-                    self._revoke_reservations()
+                    self._revoke_reservations(deadline)
                 finally:
-                    self._release_leases()
+                    self._release_leases(deadline)
             finally:
                 self._session.close()
 
-    def _revoke_reservations(self) -> None:
+    def _revoke_reservations(self, deadline: float) -> None:
         """One PutRevoke for the open reservations ``reserve`` made (its key free again at
         once, not when the master's reservation timeout or the client's heartbeat runs out);
         each Reservation still held is marked over. A reservation committed or revoked
@@ -270,7 +272,6 @@ class Client:
             keys=[key for (key, _), _ in held],
             put_ids=[put_id for (_, put_id), _ in held],
         )
-        deadline = time.monotonic() + min(self.timeout, RELEASE_TIMEOUT)
         try:
             self._session.link.call("PutRevoke", request, deadline)
         except KVPoolError as error:  # they run out by themselves
@@ -290,7 +291,7 @@ class Client:
                 self._leased = dict.fromkeys(reversed(kept))
                 self._leased.update(dict.fromkeys(keys))  # (some may have stood earlier)
 
-    def _release_leases(self) -> None:
+    def _release_leases(self, deadline: float) -> None:
         with self._leases_lock:
             leased, self._leased = list(self._leased), {}
         if not leased:
@@ -299,7 +300,6 @@ class Client:
         if not keys:  # (an Exists may have asked about keys no put could have made)
             return
         request = pb.ReleaseLeasesRequest(client_id=self.client_id, keys=keys)
-        deadline = time.monotonic() + min(self.timeout, RELEASE_TIMEOUT)
         try:
             self._session.link.call("ReleaseLeases", request, deadline)
         except KVPoolError as error:  # the leases run out by themselves
@@ -595,13 +595,13 @@ class Client:
         ``put`` does all three at once; this exists for callers that produce the bytes after
         reserving (and for tests of what readers see in between). Options as for ``put_many``.
 
-        The reservation has a write window: ``write`` must come within the client's
-        ``timeout`` of this call, and within the master's write timeout (``kvpool master
-        --write-timeout``, 3 s by default), whichever ends first. A ``write`` past it
-        sends nothing, gives the reservation up and raises PutAborted: reserve the key again,
-        or raise the client's timeout. (A ``commit`` of bytes written in time may come
-        later, within the master's ``--reservation-timeout``.) Closing the client gives back
-        the reservations neither committed nor revoked.
+        The reservation has a write window: ``write`` must end within the master's write
+        timeout (``kvpool master --write-timeout``, 3 s by default) of this call, and within
+        the client's ``timeout`` of the ``write``. A ``write`` past the window sends nothing,
+        gives the reservation up and raises PutAborted: reserve the key again, and write
+        sooner. (A ``commit`` of bytes written in time may come later, within the master's
+        ``--reservation-timeout``.) Closing the client gives back the reservations neither
+        committed nor revoked.
         """
         problem = key_problem(key)
         if problem is not None:
@@ -610,24 +610,34 @@ class Client:
         _check_options("reserve", options)
         write_options = self._write_options(**options)
         deadline = time.monotonic() + self.timeout
-        [(slot, write_deadline)] = self._reserve([key], [size], write_options, deadline)
+        [(slot, write_deadline)] = self._reserve(
+            [key], [size], write_options, deadline, writes_in_call=False
+        )
         if slot.status != KeyStatus.OK:
             raise error_for(slot.status, key, slot.message)
         pending = PendingPut(0, key, slot, None, write_deadline)
         return Reservation(self._session, pending, size, write_options.checksum)
 
     def _reserve(
-        self, keys: list[str], sizes: list[int], options: WriteOptions, deadline: float
+        self,
+        keys: list[str],
+        sizes: list[int],
+        options: WriteOptions,
+        deadline: float,
+        writes_in_call: bool = True,
     ) -> list[tuple[Any, float]]:
-        """PutStart for every key; entry i is (slot, write deadline). FENCED slots (a new
-        master fencing old writers, or a node still clearing the space) are asked for again
-        with backoff while the deadline allows."""
+        """PutStart for every key; entry i is (slot, write deadline: see
+        ``put_path.reserve``). FENCED slots (a new master fencing old writers, or a node
+        still clearing the space) are asked for again with backoff while the deadline
+        allows."""
         outcomes: list[Any] = [None] * len(keys)
         order = list(range(len(keys)))
         pause = FENCE_RETRY
         while order:
             asked = ([keys[i] for i in order], [sizes[i] for i in order])
-            slots, write_deadline = put_path.reserve(self._session, *asked, options, deadline)
+            slots, write_deadline = put_path.reserve(
+                self._session, *asked, options, deadline, writes_in_call
+            )
             fenced = []
             fenced_status = KeyStatus.FENCED  # (read off its Enum class once, not per key)
             for i, slot in zip(order, slots, strict=True):

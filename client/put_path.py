@@ -117,8 +117,11 @@ def reserve(
     sizes: list[int],
     options: WriteOptions,
     deadline: float,
+    writes_in_call: bool = True,
 ) -> tuple[Sequence[pb.PutSlot], float]:
-    """PutStart for a batch; returns the slots and the monotonic time writes must end by."""
+    """PutStart for a batch; returns the slots and the monotonic time writes must end by:
+    the master's write window, and ``deadline`` where the writes are of the same call
+    (``writes_in_call``; not for ``Client.reserve``, whose write is a call of its own)."""
     session.writing()
     avoid = session.data.unreachable.current()
     sent_at = time.monotonic()
@@ -144,7 +147,8 @@ def reserve(
         session.data.learn(response.segments)
         write_deadline = deadline
         if response.write_timeout_ms:
-            write_deadline = min(deadline, sent_at + response.write_timeout_ms / 1000.0)
+            window = sent_at + response.write_timeout_ms / 1000.0
+            write_deadline = min(deadline, window) if writes_in_call else window
         if avoid:
             for slot in response.slots:
                 if slot.status == KeyStatus.NO_SPACE:

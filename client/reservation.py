@@ -48,9 +48,33 @@ class Reservation:
         #: Why it ended otherwise (the error's type and message, raised again by ``write``
         #: and ``commit``); None while it is open.
         self._over: tuple[type[KVPoolError], str] | None = None
-        #: Seconds it was given to be written in (about: measured from now).
+        #: When the master's write window ends (monotonic), and about how long it was.
+        self._window_end = put.write_deadline
         self._window = max(0.0, put.write_deadline - time.monotonic())
-        session.hold(self)  # (for the client's close to give it back)
+        if not session.hold(self):  # (for the client's close to give it back)
+            self._closed_meanwhile()
+
+    def _closed_meanwhile(self) -> None:
+        """The client closed while PutStart was answered (after its close gave back the
+        reservations it knew of): this one goes back too, and ClientClosed is raised."""
+        given_back = "the reservation was given back"
+        try:
+            put_path.revoke(
+                self._session,
+                [self._put],
+                time.monotonic() + min(SETTLE_WAIT, self._session.timeout),
+            )
+        except Exception as error:  # (its connection closed: it runs out by itself)
+            log.debug("could not give a reservation back", key=self.key, error=str(error))
+            given_back = (
+                "the reservation ends when the master stops hearing from the client "
+                "(its --client-ttl)"
+            )
+        raise ClientClosed(
+            f"the client was closed while {shown_key(self.key)} was being reserved; "
+            f"{given_back}: make a new client, and reserve the key again",
+            key=self.key,
+        )
 
     def write(self, data: Any) -> None:
         """Copies ``data`` (exactly ``size`` bytes) into every reserved replica, within the
@@ -66,6 +90,8 @@ class Reservation:
                 f"reserved {self.size} bytes for {self.key!r} but got {source[1]}", key=self.key
             )
         self._put.source = source
+        # (the write is a call of its own: within the client's timeout, and the window)
+        self._put.write_deadline = min(self._window_end, time.monotonic() + self._session.timeout)
         put_path.write(self._session, [self._put], self._checksum)
         if self.size and all(self._put.errors):
             raise TransferError(
@@ -124,7 +150,7 @@ class Reservation:
     def _refuse_if_window_passed(self) -> None:
         """Past the write window no byte may be written (the master may have reused the
         space): the reservation is given back, best effort, and PutAborted raised."""
-        late = time.monotonic() - self._put.write_deadline
+        late = time.monotonic() - self._window_end
         if late < 0:
             return
         try:
@@ -140,9 +166,8 @@ class Reservation:
             PutAborted,
             f"the write window of the reservation of {shown_key(self.key)} ran out "
             f"{late:.2f} s ago (it was about {self._window:.2f} s from reserve(): the "
-            "client's timeout, capped by the master's write timeout): nothing was written, "
-            "and the reservation was given up. Reserve the key again and write it sooner, "
-            "or raise the client's timeout",
+            "master's --write-timeout): nothing was written, and the reservation was given "
+            "up. Reserve the key again and write it sooner",
         )
         assert self._over is not None
         raise self._over[0](self._over[1], key=self.key)

@@ -53,6 +53,9 @@ class Session:
     #: never come here: their reservations end within the call.)
     _open: dict[tuple[str, int], weakref.ref[Reservation]] = field(default_factory=dict, repr=False)
     _open_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: Set once ``take_reservations`` took them for the client's close: later ones are not
+    #: held (``hold`` says so, and their caller gives them back itself).
+    _taken: bool = field(default=False, repr=False)
 
     def __post_init__(self) -> None:
         global _made
@@ -75,14 +78,18 @@ class Session:
                     heartbeat.start()
                     self.heartbeat = heartbeat
 
-    def hold(self, reservation: Reservation) -> None:
-        """Notes an open reservation, for ``close_reservations``."""
+    def hold(self, reservation: Reservation) -> bool:
+        """Notes an open reservation, for the client's close to give back; False (not
+        noted) once the close took them."""
         ref = weakref.ref(reservation)
         with self._open_lock:
+            if self._taken:
+                return False
             held = self._open
             held[(reservation.key, reservation.put_id)] = ref
             if len(held) > RESERVATIONS_REMEMBERED:  # (the oldest: most likely over by now)
                 del held[next(iter(held))]
+        return True
 
     def let_go(self, reservation: Reservation) -> None:
         """Forgets a reservation that ended (committed, revoked, or over)."""
@@ -93,7 +100,7 @@ class Session:
         """The open reservations, forgotten here: (key, put id) and the Reservation (None
         where its caller dropped it)."""
         with self._open_lock:
-            held, self._open = self._open, {}
+            held, self._open, self._taken = self._open, {}, True
         return [(ids, ref()) for ids, ref in held.items()]
 
     def close(self) -> None:
@@ -119,6 +126,7 @@ class Session:
         self._heartbeat_lock = threading.Lock()  # (another thread may have held it at fork)
         self._open_lock = threading.Lock()  # (as the heartbeat's)
         self._open = {}
+        self._taken = False
 
 
 def forked_error(pid: int) -> ClientForked:

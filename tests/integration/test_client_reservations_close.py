@@ -25,6 +25,11 @@ from kvpool.errors import (
     ObjectNotFound,
     PutAborted,
 )
+from kvpool.master.config import MasterConfig
+
+#: The master's write window (``kvpool master --write-timeout``: the tests' clusters keep the
+#: default).
+WRITE_TIMEOUT = MasterConfig().write_timeout
 
 
 def fresh(prefix: str) -> str:
@@ -101,9 +106,9 @@ def test_a_write_past_the_write_window_says_so_and_frees_the_key(shared_cluster,
     key = fresh("late")
     with Client(shared_cluster.master_address, timeout=0.5) as client:
         reservation = client.reserve(key, 4096)
-        time.sleep(0.7)
+        time.sleep(WRITE_TIMEOUT + 0.2)  # (the master's --write-timeout)
         began = time.monotonic()
-        with pytest.raises(PutAborted, match=r"write window .* ran out .* raise the client's"):
+        with pytest.raises(PutAborted, match=r"write window .* ran out .* write it sooner"):
             reservation.write(bytes(4096))
         assert time.monotonic() - began < 1.0
         assert other.put(key, b"the key is free at once") >= 1
@@ -112,6 +117,18 @@ def test_a_write_past_the_write_window_says_so_and_frees_the_key(shared_cluster,
         reservation.revoke()  # (over already: nothing to do, nothing raised)
         reservation.revoke()
     assert other.get(key) == b"the key is free at once"
+
+
+def test_the_write_window_is_the_master_s_not_the_reserve_call_s_timeout(shared_cluster):
+    """``write`` is a call of its own: a write later than the client's timeout after
+    ``reserve``, within the master's write window, is written and committed."""
+    key = fresh("later")
+    with Client(shared_cluster.master_address, timeout=0.5) as client:
+        reservation = client.reserve(key, 5)
+        time.sleep(0.8)
+        reservation.write(b"later")
+        assert reservation.commit() >= 1
+        assert client.get(key) == b"later"
 
 
 def test_an_empty_reservation_has_no_write_window(shared_cluster):
@@ -227,3 +244,36 @@ def test_the_rows_of_one_array_are_still_a_list_of_buffers(other):
     rows = np.zeros((3, 4), np.uint8)
     assert other.get_into_many(keys, list(rows)) == [4, 4, 4]
     assert rows.tolist() == [[0] * 4, [1] * 4, [2] * 4]
+
+
+def test_a_reserve_answered_while_its_client_closes_raises_client_closed(shared_cluster):
+    """close() gives back the reservations it knows of; one whose PutStart answer comes in
+    after that is not handed to its caller as if it were open: ClientClosed."""
+    key = fresh("closing")
+    client = Client(shared_cluster.master_address)
+    link, answered = client._session.link, threading.Event()
+    real_call = link.call
+
+    def slow_answer(method, request, deadline, *args, **kwargs):
+        answer = real_call(method, request, deadline, *args, **kwargs)
+        if method == "PutStart":
+            answered.set()
+            time.sleep(0.5)  # (the answer on its way while close runs)
+        return answer
+
+    link.call = slow_answer
+    outcome: dict[str, object] = {}
+
+    def reserve() -> None:
+        try:
+            outcome["reservation"] = client.reserve(key, 5)
+        except Exception as error:
+            outcome["error"] = error
+
+    thread = threading.Thread(target=reserve)
+    thread.start()
+    assert answered.wait(10)
+    client.close()
+    thread.join(10)
+    error = outcome.get("error")
+    assert isinstance(error, ClientClosed) and key in str(error), outcome
