@@ -59,7 +59,8 @@ class LogThrottle:
         before it."""
         dropped = self.allow(key)
         if dropped is not None:
-            logger.log(level, message + "%s", *args, dropped_since(dropped))
+            # (stacklevel: the line names the caller's file and line, as engines' formats show)
+            logger.log(level, message + "%s", *args, dropped_since(dropped), stacklevel=2)
 
 
 def dropped_since(dropped: int) -> str:

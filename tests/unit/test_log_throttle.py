@@ -39,6 +39,7 @@ def test_a_throttled_log_line_says_how_many_of_its_kind_were_dropped(caplog):
             throttle.log(logger, ("put", "Timeout"), "put failed: %s", "no answer")
         clock.advance(10.0)
         throttle.log(logger, ("put", "Timeout"), "put failed: %s", "no answer", level=logging.INFO)
+    assert {r.filename for r in caplog.records} == {"test_log_throttle.py"}, "the caller's"
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
         (logging.WARNING, "put failed: no answer"),
         (logging.INFO, "put failed: no answer (2 more since the last such line)"),
