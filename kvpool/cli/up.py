@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         # (absolute: client.env and admin.env name the CA by its path, to be sourced anywhere)
         run_dir = (
-            Path(args.run_dir).resolve()
+            Path(args.run_dir).expanduser().absolute()  # (links kept: the name given)
             if args.run_dir
             else Path(tempfile.mkdtemp(prefix="kvpool-up-"))
         )

@@ -126,6 +126,13 @@ def test_kvpool_up_refuses_a_run_dir_it_cannot_make_in_one_line(tmp_path):
     assert "cannot make the run folder" in line, line
 
 
+def test_a_run_dir_that_is_a_symlink_loop_is_refused_in_one_line(tmp_path):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    line = refusal("--run-dir", str(tmp_path / "a"))
+    assert str(tmp_path / "a") in line, line
+
+
 def test_the_env_files_of_a_relative_run_dir_work_from_any_folder(tmp_path):
     process, said = start_up(Path("up"), cwd=tmp_path)
     try:
