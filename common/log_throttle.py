@@ -52,15 +52,24 @@ class LogThrottle:
             return None
 
     def log(
-        self, logger: Any, key: Hashable, message: str, *args: object, level: int = logging.WARNING
+        self,
+        logger: Any,
+        key: Hashable,
+        message: str,
+        *args: object,
+        level: int = logging.WARNING,
+        stacklevel: int = 1,
     ) -> None:
         """``logger.log(level, message, *args)`` (a stdlib logger: %-style arguments) unless
         ``allow(key)`` drops it; a line let through says how many of ``key`` were dropped
-        before it."""
+        before it. ``stacklevel`` as ``logging``'s, counted from the caller: a helper that
+        logs for its own callers passes 2, so that the line names where they called it."""
         dropped = self.allow(key)
         if dropped is not None:
             # (stacklevel: the line names the caller's file and line, as engines' formats show)
-            logger.log(level, message + "%s", *args, dropped_since(dropped), stacklevel=2)
+            logger.log(
+                level, message + "%s", *args, dropped_since(dropped), stacklevel=stacklevel + 1
+            )
 
 
 def dropped_since(dropped: int) -> str:

@@ -548,14 +548,25 @@ class KVPoolL2Adapter(L2AdapterInterface):
             else "waited (nearly) to its deadline in the queue and was not run"
         )
         self._expired_log.log(
-            logger, (kind, reason), "kvpool L2 adapter: a %s task of %d key(s) %s", kind, keys, why
+            logger,
+            (kind, reason),
+            "kvpool L2 adapter: a %s task of %d key(s) %s",
+            kind,
+            keys,
+            why,
+            stacklevel=2,
         )
 
     def _log_failure(self, kind: str, error: Exception, what: str) -> None:
         """A failed task: at most one line per kind and error class every 10 s (a master or
         node away fails every task, each with the same error), with the count dropped."""
         self._failure_log.log(
-            logger, (kind, type(error).__name__), "kvpool L2 adapter: %s, first: %s", what, error
+            logger,
+            (kind, type(error).__name__),
+            "kvpool L2 adapter: %s, first: %s",
+            what,
+            error,
+            stacklevel=2,
         )
 
     def _warn_invalid(self, kind: str, keys: list[ObjectKey], names: list[str]) -> None:

@@ -214,7 +214,9 @@ class LockTable:
     def _warn(self, kind: str, error: Exception, what: str) -> None:
         """One line per kind and error class every 10 s: a master away for minutes fails a
         renewal every ``RETRY_DELAY``."""
-        self._log.log(logger, (kind, type(error).__name__), "kvpool: %s: %s", what, error)
+        self._log.log(
+            logger, (kind, type(error).__name__), "kvpool: %s: %s", what, error, stacklevel=2
+        )
 
     def _wait_for_work(self) -> tuple[list[str], bool] | None:
         """Blocks until some lease needs renewing or giving back; returns the keys to renew

@@ -460,7 +460,7 @@ class KVPoolHiCacheStorage(HiCacheStorage):
     ) -> None:
         """``message``, unless one of the same ``key`` went out less than ``LOG_INTERVAL``
         ago (then counted, and said with the next one)."""
-        self._log.log(logger, key, message, *args, level=level)
+        self._log.log(logger, key, message, *args, level=level, stacklevel=2)
 
 
 def _is_count(result: object) -> bool:

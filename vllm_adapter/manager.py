@@ -539,7 +539,7 @@ class KVPoolTierManager(SecondaryTierManager):
     def _warn(self, key: tuple[str, str], message: str, *args: object) -> None:
         """``message``, unless a line of the same ``key`` (kind, error type) went out less
         than ``LOG_INTERVAL`` ago: then counted, and the count said with the next one."""
-        self._failure_log.log(logger, key, message, *args)
+        self._failure_log.log(logger, key, message, *args, stacklevel=2)
 
     def _log_expired(self, kind: str, chunks: int, reason: str = "deadline") -> None:
         """A job not run: its deadline passed while it waited behind others (a stalled
@@ -554,6 +554,7 @@ class KVPoolTierManager(SecondaryTierManager):
             "came just after the master did not answer a call"
             if reason == "stall"
             else "waited past its deadline in the queue",
+            stacklevel=2,
         )
 
     def get_finished_jobs(self) -> Iterable[JobResult]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 
 from state_helpers import FakeClock
@@ -40,7 +41,21 @@ def test_a_throttled_log_line_says_how_many_of_its_kind_were_dropped(caplog):
         clock.advance(10.0)
         throttle.log(logger, ("put", "Timeout"), "put failed: %s", "no answer", level=logging.INFO)
     assert {r.filename for r in caplog.records} == {"test_log_throttle.py"}, "the caller's"
+
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
         (logging.WARNING, "put failed: no answer"),
         (logging.INFO, "put failed: no answer (2 more since the last such line)"),
     ]
+
+
+def test_a_helper_that_logs_for_its_callers_names_their_line(caplog):
+    throttle = LogThrottle(burst=1, interval=10.0, clock=FakeClock())
+    logger = logging.getLogger("kvpool.test.throttle")
+
+    def warn(message: str) -> None:  # (as the adapters' _warn: stacklevel 2)
+        throttle.log(logger, message, message, stacklevel=2)
+
+    with caplog.at_level(logging.INFO, logger=logger.name):
+        warn("from the helper's caller")
+        line = inspect.currentframe().f_lineno - 1  # type: ignore[union-attr]
+    assert [(r.filename, r.lineno) for r in caplog.records] == [("test_log_throttle.py", line)]
