@@ -94,6 +94,8 @@ class Reservation:
         self._put.write_deadline = min(self._window_end, time.monotonic() + self._session.timeout)
         put_path.write(self._session, [self._put], self._checksum)
         if self.size and all(self._put.errors):
+            # (cut off by the window's end: said so, and given up, as a write begun past it)
+            self._refuse_if_window_passed(began_in_time=True)
             raise TransferError(
                 f"no replica of {self.key!r} could be written: {'; '.join(self._put.errors)}",
                 key=self.key,
@@ -147,12 +149,18 @@ class Reservation:
             "with it (nothing was published): make a new client, and reserve the key again",
         )
 
-    def _refuse_if_window_passed(self) -> None:
+    def _refuse_if_window_passed(self, began_in_time: bool = False) -> None:
         """Past the write window no byte may be written (the master may have reused the
-        space): the reservation is given back, best effort, and PutAborted raised."""
+        space): the reservation is given back, best effort, and PutAborted raised.
+        ``began_in_time``: a write that began within the window and did not end in it."""
         late = time.monotonic() - self._window_end
         if late < 0:
             return
+        what = (
+            "ended before the write did: it was not written whole"
+            if began_in_time
+            else f"ran out {late:.2f} s ago: nothing was written"
+        )
         try:
             put_path.revoke(
                 self._session,
@@ -164,10 +172,9 @@ class Reservation:
         self._session.let_go(self)
         self.end(
             PutAborted,
-            f"the write window of the reservation of {shown_key(self.key)} ran out "
-            f"{late:.2f} s ago (it was about {self._window:.2f} s from reserve(): the "
-            "master's --write-timeout): nothing was written, and the reservation was given "
-            "up. Reserve the key again and write it sooner",
+            f"the write window of the reservation of {shown_key(self.key)} (about "
+            f"{self._window:.2f} s from reserve(): the master's --write-timeout) {what}, and "
+            "the reservation was given up. Reserve the key again and write it sooner",
         )
         assert self._over is not None
         raise self._over[0](self._over[1], key=self.key)

@@ -399,7 +399,8 @@ class MasterHandlers:
             self_written=mapped,
         )
         core = self.core
-        write_timeout_ms = int(core.state.config.write_timeout * 1000)
+        # (at least 1: 0 on the wire means "no window said", and the client falls back)
+        write_timeout_ms = max(1, int(core.state.config.write_timeout * 1000))
 
         def answer(slots: list[PutSlot] | object) -> pb.PutStartResponse:
             _unless_term_ended(slots)

@@ -182,15 +182,21 @@ def _exists(record: ObjectRecord, client_id: str, now: float, reservation_timeou
     call timed out), which no other put holds and which ends by itself."""
     if record.state is ObjectState.PUBLISHED:
         return f"object {record.key!r} exists"
-    if record.state is ObjectState.RESERVED and record.client_id == client_id:
-        left = max(0.0, record.created_at + reservation_timeout - now)
+    if record.client_id != client_id:
+        return f"object {record.key!r} is being written"
+    if record.state is ObjectState.COMMITTED:  # (its PutEnd's answer lost, say)
         return (
-            f"object {record.key!r}{OWN_RESERVATION}, whose answer this client did not get "
-            "(its call timed out, or it is still running in another thread): that "
-            f"reservation ends by itself within {left:.0f} s unless it is committed "
-            f"(--reservation-timeout): {OWN_RESERVATION_END}"
+            f"object {record.key!r}{OWN_RESERVATION}, committed and waiting for its storage "
+            "nodes to record it: it is published within moments (then it exists), or, "
+            f"should its nodes fail, the key is free again: {OWN_RESERVATION_END}"
         )
-    return f"object {record.key!r} is being written"
+    left = max(0.0, record.created_at + reservation_timeout - now)
+    return (
+        f"object {record.key!r}{OWN_RESERVATION}, whose answer this client did not get "
+        "(its call timed out, or it is still running in another thread): that "
+        f"reservation ends by itself within {left:.0f} s unless it is committed "
+        f"(--reservation-timeout): {OWN_RESERVATION_END}"
+    )
 
 
 class MasterState:

@@ -128,6 +128,8 @@ def run(args: argparse.Namespace) -> int:
         lock = _claim_run_dir(run_dir)
     except (OSError, RunDirError) as error:
         return _error(str(error), 1)
+    except RuntimeError as error:  # (expanduser: "~user/..." of no such user, or no home)
+        return _error(f"--run-dir {args.run_dir}: {error}: give a full path", 1)
     try:
         return _serve(args, run_dir)
     finally:

@@ -133,6 +133,11 @@ def test_a_run_dir_that_is_a_symlink_loop_is_refused_in_one_line(tmp_path):
     assert str(tmp_path / "a") in line, line
 
 
+def test_a_run_dir_under_the_home_of_no_such_user_is_refused_in_one_line():
+    line = refusal("--run-dir", "~no-such-user-of-kvpool/up")
+    assert "~no-such-user-of-kvpool/up" in line and "give a full path" in line, line
+
+
 def test_the_env_files_of_a_relative_run_dir_work_from_any_folder(tmp_path):
     process, said = start_up(Path("up"), cwd=tmp_path)
     try:

@@ -20,9 +20,11 @@ from kvpool.client import client as client_module
 from kvpool.client import put_path
 from kvpool.client.buffers import readable_address
 from kvpool.client.client import Client
-from kvpool.client.put_path import WriteOptions
+from kvpool.client.data_path import Failure
+from kvpool.client.put_path import PendingPut, WriteOptions
+from kvpool.client.reservation import Reservation
 from kvpool.common.status import KeyStatus
-from kvpool.errors import TransferError
+from kvpool.errors import PutAborted, TransferError
 from kvpool.proto import master_pb2 as pb
 
 
@@ -150,3 +152,30 @@ def test_an_uninterrupted_put_revokes_nothing():
     master = Master()
     store(client_of(master), ["k"])
     assert master.calls == ["PutStart", "PutEnd"]
+
+
+def test_a_reservation_write_cut_off_by_the_end_of_its_window_says_so_and_gives_it_up():
+    """A ``Reservation.write`` begun within the master's write window whose transfers ran
+    past its end: PutAborted naming the window (not a transfer error that blames a node),
+    and the reservation given back."""
+    master = Master()
+    session = types.SimpleNamespace(
+        link=master, client_id="c", timeout=5.0, check_process=lambda: None, let_go=lambda r: None
+    )
+    window_end = time.monotonic() + 0.05
+
+    def run(transfers: Any, is_get: bool, deadline: float) -> list[Any]:
+        assert deadline <= window_end, "held to the window"
+        time.sleep(max(0.0, deadline - time.monotonic()))
+        return [Failure("transfer with segment n1/dram0 missed its deadline", timed_out=True)]
+
+    session.data = types.SimpleNamespace(may_write_file=lambda segment: False, run=run)
+    session.hold = lambda reservation: True
+    slot = master.call("PutStart", pb.PutStartRequest(keys=["k"]), window_end).slots[0]
+    master.calls.clear()
+    reservation = Reservation(session, PendingPut(0, "k", slot, None, window_end), 8, False)
+    with pytest.raises(PutAborted, match=r"write window .* ended before the write did"):
+        reservation.write(bytes(8))
+    assert master.calls == ["PutRevoke"] and master.revoked == ["k"]
+    reservation.revoke()  # (over already: nothing sent)
+    assert master.calls == ["PutRevoke"]

@@ -469,6 +469,21 @@ def test_a_put_again_by_the_client_holding_the_reservation_is_told_it_is_its_own
     assert commit(state, "k", first) is KeyStatus.OK, "the first put is undisturbed"
 
 
+def test_a_put_again_of_a_key_its_client_committed_and_not_yet_published_is_told_so():
+    """As when PutEnd's answer was lost: the object waits for its nodes, by this client."""
+    state, _ = new_state()
+    mount(state, "n1")
+    first = put(state, "k")
+    [waiting] = state.put_end([Commit("k", first.put_id, (True,), None)])
+    assert waiting is None, "committed: the nodes are to record it"
+
+    again = put(state, "k")
+
+    assert again.status is KeyStatus.ALREADY_EXISTS
+    assert "this client's own earlier put" in again.message and "committed" in again.message
+    assert "is being written" in put(state, "k", client="c2").message
+
+
 def test_a_batch_reports_each_key_on_its_own():
     state, _ = new_state()
     mount(state, "n1", 16 * KiB)
