@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from kvpool.client import put_path
 from kvpool.client.buffers import readable_address
+from kvpool.client.data_path import Failure
 from kvpool.client.outcomes import error_for
 from kvpool.client.put_path import SETTLE_WAIT, PendingPut
 from kvpool.client.session import Session
@@ -94,8 +96,8 @@ class Reservation:
         self._put.write_deadline = min(self._window_end, time.monotonic() + self._session.timeout)
         put_path.write(self._session, [self._put], self._checksum)
         if self.size and all(self._put.errors):
-            # (cut off by the window's end: said so, and given up, as a write begun past it)
-            self._refuse_if_window_passed(began_in_time=True)
+            # (past the window's end: given up, as a write begun past it, saying why)
+            self._refuse_if_window_passed(failures=self._put.failures)
             raise TransferError(
                 f"no replica of {self.key!r} could be written: {'; '.join(self._put.errors)}",
                 key=self.key,
@@ -149,18 +151,23 @@ class Reservation:
             "with it (nothing was published): make a new client, and reserve the key again",
         )
 
-    def _refuse_if_window_passed(self, began_in_time: bool = False) -> None:
+    def _refuse_if_window_passed(self, failures: Sequence[Failure | None] = ()) -> None:
         """Past the write window no byte may be written (the master may have reused the
         space): the reservation is given back, best effort, and PutAborted raised.
-        ``began_in_time``: a write that began within the window and did not end in it."""
+        ``failures``: those of a write that began within the window and failed (each
+        replica's), said as they are unless the window's end cut them all off."""
         late = time.monotonic() - self._window_end
         if late < 0:
             return
-        what = (
-            "ended before the write did: it was not written whole"
-            if began_in_time
-            else f"ran out {late:.2f} s ago: nothing was written"
-        )
+        advice = "Reserve the key again and write it sooner"
+        if not failures:
+            what = f"ran out {late:.2f} s ago: nothing was written"
+        elif all(failure is not None and failure.timed_out for failure in failures):
+            what = "ended before the write did: it was not written whole"
+        else:
+            errors = "; ".join(str(failure) for failure in failures if failure is not None)
+            what = f"had ended by the time the write failed ({errors})"
+            advice = "Reserve the key again once its nodes are reachable"
         try:
             put_path.revoke(
                 self._session,
@@ -174,7 +181,7 @@ class Reservation:
             PutAborted,
             f"the write window of the reservation of {shown_key(self.key)} (about "
             f"{self._window:.2f} s from reserve(): the master's --write-timeout) {what}, and "
-            "the reservation was given up. Reserve the key again and write it sooner",
+            f"the reservation was given up. {advice}",
         )
         assert self._over is not None
         raise self._over[0](self._over[1], key=self.key)

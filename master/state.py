@@ -182,7 +182,7 @@ def _exists(record: ObjectRecord, client_id: str, now: float, reservation_timeou
     call timed out), which no other put holds and which ends by itself."""
     if record.state is ObjectState.PUBLISHED:
         return f"object {record.key!r} exists"
-    if record.client_id != client_id:
+    if not client_id or record.client_id != client_id:  # (no id: no telling callers apart)
         return f"object {record.key!r} is being written"
     if record.state is ObjectState.COMMITTED:  # (its PutEnd's answer lost, say)
         return (

@@ -449,18 +449,30 @@ class KVPoolHiCacheStorage(HiCacheStorage):
                 count,
                 error,
                 pause,
+                stacklevel=2,
             )
         elif not self._closed:  # (a RuntimeError of a client closed meanwhile: said nothing)
             self._warn(
-                (kind, type(error).__name__), "kvpool: %s of %d page(s): %s", kind, count, error
+                (kind, type(error).__name__),
+                "kvpool: %s of %d page(s): %s",
+                kind,
+                count,
+                error,
+                stacklevel=2,
             )
 
     def _warn(
-        self, key: tuple[str, str], message: str, *args: Any, level: int = logging.WARNING
+        self,
+        key: tuple[str, str],
+        message: str,
+        *args: Any,
+        level: int = logging.WARNING,
+        stacklevel: int = 1,
     ) -> None:
         """``message``, unless one of the same ``key`` went out less than ``LOG_INTERVAL``
-        ago (then counted, and said with the next one)."""
-        self._log.log(logger, key, message, *args, level=level, stacklevel=2)
+        ago (then counted, and said with the next one). The line names where ``_warn`` was
+        called (``stacklevel`` 2: where its caller was)."""
+        self._log.log(logger, key, message, *args, level=level, stacklevel=stacklevel + 1)
 
 
 def _is_count(result: object) -> bool:

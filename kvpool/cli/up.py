@@ -121,19 +121,31 @@ def run(args: argparse.Namespace) -> int:
     try:
         # (absolute: client.env and admin.env name the CA by its path, to be sourced anywhere)
         run_dir = (
-            Path(args.run_dir).expanduser().absolute()  # (links kept: the name given)
-            if args.run_dir
-            else Path(tempfile.mkdtemp(prefix="kvpool-up-"))
+            _absolute(args.run_dir) if args.run_dir else Path(tempfile.mkdtemp(prefix="kvpool-up-"))
         )
         lock = _claim_run_dir(run_dir)
     except (OSError, RunDirError) as error:
         return _error(str(error), 1)
-    except RuntimeError as error:  # (expanduser: "~user/..." of no such user, or no home)
-        return _error(f"--run-dir {args.run_dir}: {error}: give a full path", 1)
     try:
         return _serve(args, run_dir)
     finally:
         lock.close()
+
+
+def _absolute(run_dir: str) -> Path:
+    """``run_dir`` with ``~`` expanded, made absolute (links kept: the name given)."""
+    try:
+        expanded = Path(run_dir).expanduser()
+    except RuntimeError as error:  # ("~user" of no such user, or no home folder known)
+        raise RunDirError(
+            f"--run-dir {run_dir}: {str(error).rstrip('.')}: give a full path"
+        ) from None
+    try:
+        return expanded.absolute()
+    except OSError as error:  # (a relative one, from a working folder removed since)
+        raise RunDirError(
+            f"--run-dir {run_dir}: cannot make it absolute ({error.strerror}): give a full path"
+        ) from None
 
 
 def _error(message: str, code: int) -> int:

@@ -154,11 +154,9 @@ def test_an_uninterrupted_put_revokes_nothing():
     assert master.calls == ["PutStart", "PutEnd"]
 
 
-def test_a_reservation_write_cut_off_by_the_end_of_its_window_says_so_and_gives_it_up():
-    """A ``Reservation.write`` begun within the master's write window whose transfers ran
-    past its end: PutAborted naming the window (not a transfer error that blames a node),
-    and the reservation given back."""
-    master = Master()
+def reservation_cut_off(failure: Failure, master: Master) -> Reservation:
+    """A reservation whose write ends past its window's end, each transfer failing with
+    ``failure``."""
     session = types.SimpleNamespace(
         link=master, client_id="c", timeout=5.0, check_process=lambda: None, let_go=lambda r: None
     )
@@ -167,15 +165,34 @@ def test_a_reservation_write_cut_off_by_the_end_of_its_window_says_so_and_gives_
     def run(transfers: Any, is_get: bool, deadline: float) -> list[Any]:
         assert deadline <= window_end, "held to the window"
         time.sleep(max(0.0, deadline - time.monotonic()))
-        return [Failure("transfer with segment n1/dram0 missed its deadline", timed_out=True)]
+        return [failure] * len(transfers)
 
     session.data = types.SimpleNamespace(may_write_file=lambda segment: False, run=run)
     session.hold = lambda reservation: True
     slot = master.call("PutStart", pb.PutStartRequest(keys=["k"]), window_end).slots[0]
     master.calls.clear()
-    reservation = Reservation(session, PendingPut(0, "k", slot, None, window_end), 8, False)
+    return Reservation(session, PendingPut(0, "k", slot, None, window_end), 8, False)
+
+
+def test_a_reservation_write_cut_off_by_the_end_of_its_window_says_so_and_gives_it_up():
+    """A ``Reservation.write`` begun within the master's write window whose transfers ran
+    past its end: PutAborted naming the window (not a transfer error that blames a node),
+    and the reservation given back."""
+    master = Master()
+    late = Failure("transfer with segment n1/dram0 missed its deadline", timed_out=True)
+    reservation = reservation_cut_off(late, master)
     with pytest.raises(PutAborted, match=r"write window .* ended before the write did"):
         reservation.write(bytes(8))
     assert master.calls == ["PutRevoke"] and master.revoked == ["k"]
     reservation.revoke()  # (over already: nothing sent)
     assert master.calls == ["PutRevoke"]
+
+
+def test_a_reservation_write_refused_as_its_window_ends_says_what_the_node_said():
+    master = Master()
+    refused = Failure("node n1 refused the transfer: SEALED", node_id="n1")
+    with pytest.raises(PutAborted) as error:
+        reservation_cut_off(refused, master).write(bytes(8))
+    message = str(error.value)
+    assert "had ended by the time the write failed (node n1 refused" in message, message
+    assert "write it sooner" not in message and master.revoked == ["k"]

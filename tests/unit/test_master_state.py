@@ -484,6 +484,16 @@ def test_a_put_again_of_a_key_its_client_committed_and_not_yet_published_is_told
     assert "is being written" in put(state, "k", client="c2").message
 
 
+def test_callers_without_a_client_id_are_never_told_a_reservation_is_their_own():
+    state, _ = new_state()
+    mount(state, "n1")
+    put(state, "k", client="")
+
+    again = put(state, "k", client="")
+
+    assert again.message.endswith(" is being written"), "no id: nobody to tell apart"
+
+
 def test_a_batch_reports_each_key_on_its_own():
     state, _ = new_state()
     mount(state, "n1", 16 * KiB)
