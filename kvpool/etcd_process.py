@@ -7,6 +7,7 @@ that CA, as a secured deployment's etcd does.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import ssl
@@ -21,10 +22,16 @@ if TYPE_CHECKING:
     from kvpool.security.dev_pki import DevPki
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports: all held until all are picked (a port let go may be
+    the next one handed out, and etcd's client and peer ports once came out the same)."""
+    with contextlib.ExitStack() as held:
+        ports = []
+        for _ in range(count):
+            s = held.enter_context(socket.socket())
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+        return ports
 
 
 def etcd_binary() -> str:
@@ -39,8 +46,7 @@ class EtcdProcess:
         #: Serves clients on https and requires client certificates of this CA, when given.
         self.tls = tls
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="kvpool-etcd-"))
-        self.client_port = free_port()
-        self.peer_port = free_port()
+        self.client_port, self.peer_port = free_ports(2)
         self.process: subprocess.Popen | None = None
         self.log_path = self.data_dir.with_suffix(".log")
 
