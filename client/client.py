@@ -267,15 +267,8 @@ class Client:
         for _, reservation in held:
             if reservation is not None:
                 reservation.closed()
-        request = pb.PutRevokeRequest(
-            client_id=self.client_id,
-            keys=[key for (key, _), _ in held],
-            put_ids=[put_id for (_, put_id), _ in held],
-        )
-        try:
-            self._session.link.call("PutRevoke", request, deadline)
-        except KVPoolError as error:  # they run out by themselves
-            log.debug("could not give reservations back", keys=len(held), error=str(error))
+        keys, put_ids = [key for (key, _), _ in held], [put_id for (_, put_id), _ in held]
+        put_path.give_back(self._session, keys, put_ids, deadline)
 
     def _remember_leases(self, keys: Sequence[str]) -> None:
         """Notes the keys a call leased, for ``close`` to give back: the latest

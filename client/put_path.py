@@ -181,17 +181,7 @@ def give_back_on_interrupt(
     )
     if not granted:
         return
-    request = pb.PutRevokeRequest(
-        client_id=session.client_id,
-        keys=[key for key, _ in granted],
-        put_ids=[put_id for _, put_id in granted],
-    )
-    try:
-        session.link.call(
-            "PutRevoke", request, time.monotonic() + min(SETTLE_WAIT, session.timeout)
-        )
-    except Exception as failure:  # (they run out by themselves at the write timeout)
-        log.debug("could not give reservations back", keys=len(granted), error=str(failure))
+    give_back(session, [key for key, _ in granted], [put_id for _, put_id in granted])
 
 
 def write_and_commit(
@@ -336,10 +326,7 @@ def write_or_give_back(session: Session, puts: Sequence[PendingPut], checksum: b
         write(session, puts, checksum)
     except (KVPoolError, CallCancelled):
         if puts:
-            try:
-                revoke(session, puts, time.monotonic() + min(SETTLE_WAIT, session.timeout))
-            except Exception as error:  # (they run out by themselves at the write timeout)
-                log.debug("could not give reservations back", keys=len(puts), error=str(error))
+            give_back(session, [put.key for put in puts], [put.slot.put_id for put in puts])
         raise
 
 
@@ -373,11 +360,27 @@ def revoke_if_cancelled(session: Session, puts: Sequence[PendingPut]) -> None:
     if not cancelled():
         return
     if puts:
-        try:
-            revoke(session, puts, time.monotonic() + session.timeout)
-        except KVPoolError as error:
-            log.debug("could not give reservations back", keys=len(puts), error=str(error))
+        keys, put_ids = [put.key for put in puts], [put.slot.put_id for put in puts]
+        give_back(session, keys, put_ids, time.monotonic() + session.timeout)
     raise CallCancelled
+
+
+def give_back(
+    session: Session, keys: Sequence[str], put_ids: Sequence[int], deadline: float | None = None
+) -> bool:
+    """PutRevoke of the reservations ``put_ids`` granted ``keys`` (entry i: key i's), best
+    effort, within ``deadline`` (None: ``SETTLE_WAIT`` at most): True once the master
+    answered. Should it not, they run out by themselves at the master's timeouts (its write
+    or reservation timeout, or the client's TTL once this client is gone)."""
+    if deadline is None:
+        deadline = time.monotonic() + min(SETTLE_WAIT, session.timeout)
+    request = pb.PutRevokeRequest(client_id=session.client_id, keys=keys, put_ids=put_ids)
+    try:
+        session.link.call("PutRevoke", request, deadline)
+    except KVPoolError as error:
+        log.debug("could not give reservations back", keys=len(keys), error=str(error))
+        return False
+    return True
 
 
 def revoke(session: Session, puts: Sequence[PendingPut], deadline: float) -> list[int]:

@@ -10,14 +10,11 @@ from kvpool.client import put_path
 from kvpool.client.buffers import readable_address
 from kvpool.client.data_path import Failure
 from kvpool.client.outcomes import error_for
-from kvpool.client.put_path import SETTLE_WAIT, PendingPut
+from kvpool.client.put_path import PendingPut
 from kvpool.client.session import Session
 from kvpool.common.keys import shown_key
-from kvpool.common.logging import get_logger
 from kvpool.common.status import KeyStatus
 from kvpool.errors import ClientClosed, InvalidArgument, KVPoolError, PutAborted, TransferError
-
-log = get_logger("kvpool.client")
 
 
 class Reservation:
@@ -60,15 +57,8 @@ class Reservation:
         """The client closed while PutStart was answered (after its close gave back the
         reservations it knew of): this one goes back too, and ClientClosed is raised."""
         given_back = "the reservation was given back"
-        try:
-            put_path.revoke(
-                self._session,
-                [self._put],
-                time.monotonic() + min(SETTLE_WAIT, self._session.timeout),
-            )
-        except Exception as error:  # (its connection closed: it runs out by itself)
-            log.debug("could not give a reservation back", key=self.key, error=str(error))
-            given_back = (
+        if not put_path.give_back(self._session, [self.key], [self.put_id]):
+            given_back = (  # (its connection closed)
                 "the reservation ends when the master stops hearing from the client "
                 "(its --client-ttl)"
             )
@@ -168,14 +158,7 @@ class Reservation:
             errors = "; ".join(str(failure) for failure in failures if failure is not None)
             what = f"had ended by the time the write failed ({errors})"
             advice = "Reserve the key again once its nodes are reachable"
-        try:
-            put_path.revoke(
-                self._session,
-                [self._put],
-                time.monotonic() + min(SETTLE_WAIT, self._session.timeout),
-            )
-        except KVPoolError as error:  # (it runs out by itself at the master's timeout)
-            log.debug("could not give a reservation back", key=self.key, error=str(error))
+        put_path.give_back(self._session, [self.key], [self.put_id])
         self._session.let_go(self)
         self.end(
             PutAborted,
