@@ -153,11 +153,18 @@ class MasterCore:
         rebuild_quiet: float = REBUILD_QUIET,
         command_timeout: float = COMMAND_TIMEOUT,
         forget_wait: float = FORGET_WAIT,
+        epoch_ends: float = 0.0,
     ) -> None:
         """``awaited_nodes``: after an election, the nodes to wait for (``rebuild_window``
         seconds at most) before answering clients from an index rebuilt from their reports;
         None when nobody knows which nodes exist (a lone master that just started): then
-        clients wait until the nodes stopped coming (``rebuild_quiet``), or the window ends."""
+        clients wait until the nodes stopped coming (``rebuild_quiet``), or the window ends.
+
+        ``epoch_ends``: a lone master takes no client before this time (on ``state``'s
+        clock) whatever else holds. Its epoch is the second it started in, the top half of
+        every put id it gives out: a master that gave out none within that second leaves
+        the epoch to a successor restarted within it, and one that gave out some did so
+        only after it, when a successor's start second is a later one."""
         self.state = state
         self.clock = state.clock
         self.command_timeout = command_timeout
@@ -173,7 +180,8 @@ class MasterCore:
         #: Nodes unknown (see __init__): when a new node was last seen; whether one came back
         #: from an earlier run of the cluster (a remount, or a heartbeat as its first word),
         #: rather than starting afresh.
-        self._unknown_nodes = awaited_nodes is None and rebuild_window > 0
+        self._unknown_nodes = awaited_nodes is None and (rebuild_window > 0 or epoch_ends > 0)
+        self._epoch_ends = epoch_ends
         self._rebuild_quiet = rebuild_quiet
         self._last_new_node: float | None = None
         self._restarted = False
@@ -206,6 +214,8 @@ class MasterCore:
         yet, and NO_SPACE for space it does not know of."""
         if self._unknown_nodes:
             now = self.clock()
+            if now < self._epoch_ends:
+                return False  # (see __init__: no put id of a predecessor's epoch)
             last = self._last_new_node
             if now < self._rebuild_until and (
                 last is None

@@ -422,17 +422,27 @@ async def serve(
     else:
         leadership = AlwaysLeader()
         # The epoch orders this master's writes after any earlier master's (whole seconds
-        # fit the 32 bits it gets in every put id until 2106).
+        # fit the 32 bits it gets in every put id until 2106); clients wait out the rest of
+        # its second, so that a master restarted within it has a later one (core.py).
         # Nodes that held objects for an earlier run of this master remount within a few
         # seconds: until then, clients are told it is rebuilding (they retry).
-        state = _new_state(config, int(time.time()), quotas)
+        wall = time.time()
+        state = _new_state(config, int(wall), quotas)
+        epoch_ends = state.clock() + (int(wall) + 1 - wall)
         kept = None
         if args.tombstone_file is not None:
             kept = TombstoneFile(args.tombstone_file)
             restored = await kept.load()  # (raises TombstoneFileError: the master stops)
             state.restore_tombstones(restored)
             log.info("tombstone records read", path=str(kept.path), records=len(restored))
-        driver = CoreDriver(MasterCore(state, awaited_nodes=None, rebuild_window=config.node_ttl))
+        driver = CoreDriver(
+            MasterCore(
+                state,
+                awaited_nodes=None,
+                rebuild_window=config.node_ttl,
+                epoch_ends=epoch_ends,
+            )
+        )
         if kept is not None:
             driver.durable = kept
             kept.begin(state.durable_record)

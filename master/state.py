@@ -314,8 +314,9 @@ class MasterState:
         self._seq = itertools.count()
         self._put_ids = itertools.count((epoch << 32) + 1)
         #: The first put id this master gave out (None: none yet); the ones it gave out are
-        #: that and later ones of its epoch. (A lone master restarted within the second it
-        #: started has its predecessor's epoch: what that one gave out lies below.)
+        #: that and later ones of its epoch. (A lone master restarted within the second its
+        #: predecessor started in has that one's epoch; the predecessor gave out no put id,
+        #: as its clients waited out that second, but it may have adopted generations.)
         self._own_floor: int | None = None
         #: The master's term (capabilities carry it; nodes refuse older ones).
         self.epoch = epoch

@@ -94,3 +94,26 @@ def test_a_loop_late_at_every_tick_does_not_hold_the_window_open():
         clock.advance(1.0)
         core.tick(late_by=0.9)
     assert core.accepting_clients(), "n1 never came: the window must have passed"
+
+
+def test_a_lone_master_takes_no_client_within_the_second_its_epoch_names():
+    """A lone master's epoch is the second it started in, the top half of its put ids: a
+    master restarted within that second has the same epoch, so the first gives out no put id
+    before the second ends (then any successor's start second, its epoch, is a later one)."""
+    clock = FakeClock()
+    state = MasterState(MasterConfig(), clock=clock, epoch=1_700_000_000)
+    core = MasterCore(state, awaited_nodes=None, rebuild_window=5.0, epoch_ends=clock() + 0.4)
+    core.mount_segment(1, segment_info("n1", 1 << 20), [], False, 0.0)
+    assert not core.accepting_clients(), "a fresh node mounted, but the second goes on"
+    clock.advance(0.41)
+    assert core.accepting_clients()
+
+
+def test_the_epochs_second_holds_clients_even_with_no_rebuild_window():
+    clock = FakeClock()
+    core = MasterCore(
+        MasterState(MasterConfig(), clock=clock), awaited_nodes=None, epoch_ends=clock() + 0.5
+    )
+    assert not core.accepting_clients()
+    clock.advance(0.5)
+    assert core.accepting_clients()
