@@ -71,10 +71,13 @@ from kvpool.common.status import KeyStatus
 from kvpool.errors import (
     ClientClosed,
     KVPoolError,
+    MasterNotTrusted,
+    NotAuthenticated,
     ObjectBeingWritten,
     ObjectExists,
     ObjectNotFound,
     ObjectNotReady,
+    PermissionDenied,
 )
 from kvpool.lmcache.arena import L1Arena
 from kvpool.lmcache.config import KVPoolL2AdapterConfig
@@ -187,6 +190,9 @@ class KVPoolL2Adapter(L2AdapterInterface):
             undo.callback(self._load_worker.stop)
             undo.pop_all()
         health = self._health.check()
+        if isinstance(health.error, (NotAuthenticated, PermissionDenied, MasterNotTrusted)):
+            self.close()
+            raise ValueError(_refused_at_start(config.master, health.error))
         if health.healthy:
             # The first load after the start is as fast as later ones: no connecting then.
             open_connections([self._store_client, self._load_client], health.nodes)
@@ -614,3 +620,23 @@ def _status_name(status: int) -> str:
 def _check_pairs(keys: list[ObjectKey], objects: list[MemoryObj]) -> None:
     if len(keys) != len(objects):
         raise ValueError(f"{len(keys)} keys but {len(objects)} memory objects: pass one per key")
+
+
+def _refused_at_start(master: str, error: KVPoolError) -> str:
+    """Why an adapter is not built: the master refused its credentials, or is not the one
+    its CA vouches for. Either fails every lookup, store and load until the engine is
+    configured again, so it fails the start, as the vLLM and SGLang tiers do; a master that
+    does not answer yet does not (engines start while the cluster is down)."""
+    if isinstance(error, MasterNotTrusted):
+        return (
+            f"kvpool L2 adapter: the master {master} is not trusted: its TLS certificate "
+            f"fails this engine's check ({error}). Give the adapter the CA that signed the "
+            'master\'s certificate ("tls_ca" in adapter_params, else $KVPOOL_TLS_CA), and '
+            "name the master by an address its certificate holds."
+        )
+    return (
+        f"kvpool L2 adapter: the master {master} refuses this engine's credentials "
+        f"({error}). Give the adapter a valid client token of the tenant whose chunks it "
+        'shares: "token" in adapter_params (the token or "@/path/to/file"), else '
+        "$KVPOOL_TOKEN or $KVPOOL_TOKEN_FILE."
+    )

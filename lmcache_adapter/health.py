@@ -26,6 +26,8 @@ class Health:
     objects: int = 0
     capacity: int = 0
     used: int = 0
+    #: What the probe raised (None: it was answered).
+    error: Exception | None = None
 
 
 class HealthProbe:
@@ -48,7 +50,7 @@ class HealthProbe:
         try:
             status = self._control.cluster_status(self._timeout)
         except (KVPoolError, ValueError) as error:  # (closed meanwhile: ClientClosed)
-            return Health(reachable=False, healthy=False, reason=str(error))
+            return Health(reachable=False, healthy=False, reason=str(error), error=error)
         capacity = sum(s.capacity for s in status.segments)
         used = sum(s.used for s in status.segments)
         healthy = status.nodes > 0 and bool(status.segments)

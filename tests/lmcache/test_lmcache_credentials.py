@@ -3,7 +3,8 @@
 - A token (or ``@file``) and the CA in the params are enough: nothing from the environment.
 - The tenant of that token is the adapter's namespace: another tenant's adapter, storing
   the same LMCache keys, neither sees nor serves its chunks.
-- A missing, malformed or unknown token is a clear error, at construction or on first use.
+- A missing, malformed or unknown token, or a master of another CA, fails the adapter's
+  construction with what to give; a master not answering yet does not.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import pytest
 import torch
 from lmcache_support import bits, load, lookup, object_keys, store
 
-from kvpool.errors import NotAuthenticated
 from kvpool.lmcache import KVPoolL2Adapter
 
 KIB = 1024
@@ -85,9 +85,11 @@ def test_a_malformed_token_in_the_params_is_refused_at_construction(
         KVPoolL2Adapter(params, l1_memory_desc=arena.desc)
 
 
-def test_an_unknown_token_is_reported_unhealthy_with_the_masters_reason(
+def test_a_token_the_master_does_not_know_fails_the_start_with_what_to_give(
     bare_environment, tenant_cluster, arena
 ):
+    """Like the vLLM and SGLang tiers: credentials the master refuses would fail every
+    lookup, store and load, so the engine is not started with them."""
     from kvpool.security.identity import Role
     from kvpool.security.tokens import new_token
 
@@ -97,12 +99,46 @@ def test_an_unknown_token_is_reported_unhealthy_with_the_masters_reason(
         "token": stranger,
         "tls_ca": str(tenant_cluster.pki.ca),
     }
+    with pytest.raises(ValueError) as refused:
+        KVPoolL2Adapter(params, l1_memory_desc=arena.desc)
+    message = str(refused.value)
+    assert "refuses this engine's credentials" in message, message
+    assert "not one this cluster knows" in message, message  # (the master's reason)
+    assert '"token" in adapter_params' in message, message
+
+
+def test_a_master_certified_by_another_ca_fails_the_start(
+    bare_environment, tenant_cluster, arena, tmp_path
+):
+    from kvpool.security.dev_pki import make_dev_pki
+
+    other = make_dev_pki(tmp_path / "other-ca")
+    params = {
+        "master": tenant_cluster.master_address,
+        "token": tenant_cluster.tenant_tokens["team-a"],
+        "tls_ca": str(other.ca),
+    }
+    with pytest.raises(ValueError, match=r"is not trusted.*tls_ca"):
+        KVPoolL2Adapter(params, l1_memory_desc=arena.desc)
+
+
+def test_a_master_not_answering_yet_does_not_fail_the_start(
+    bare_environment, tenant_cluster, arena
+):
+    """Engines start while the cluster is down: the adapter reports it unhealthy, and
+    finds the master once it is up."""
+    from kvpool.etcd_process import free_ports
+
+    [port] = free_ports(1)  # (nothing listens there)
+    params = {
+        "master": f"127.0.0.1:{port}",
+        "token": tenant_cluster.tenant_tokens["team-a"],
+        "tls_ca": str(tenant_cluster.pki.ca),
+        "health_timeout_s": 0.5,
+    }
     adapter = KVPoolL2Adapter(params, l1_memory_desc=arena.desc)
     try:
         status = adapter.report_status()
-        assert not status["is_healthy"]
-        assert "not one this cluster knows" in str(status), status
-        with pytest.raises(NotAuthenticated):
-            adapter._control.lease(["k"], 1.0, 5.0)
+        assert not status["is_healthy"] and not status["master_reachable"], status
     finally:
         adapter.close()
