@@ -380,16 +380,30 @@ class CredentialStore:
 
         self._change(change)
 
-    def revoke(self, token_id_or_name: str) -> int:
-        """Removes the token of this id, or every token of this name; how many went."""
-        removed = 0
+    def revoke(self, token_id_or_name: str, *, every_identity: bool = False) -> list[TokenRecord]:
+        """Removes the token of this id, or every token of this name; returns those removed.
+        A name shared by tokens of different identities (a client and a node token both
+        named ``node-a``) removes nothing unless ``every_identity``: revoking a node's token
+        by mistake takes the node out of the cluster, and its only replicas with it."""
+        removed: list[TokenRecord] = []
 
         def change(records: dict[str, TokenRecord]) -> None:
-            nonlocal removed
-            for token_id, record in list(records.items()):
-                if token_id_or_name in (token_id, record.name):
-                    del records[token_id]
-                    removed += 1
+            matched = [
+                (token_id, record)
+                for token_id, record in records.items()
+                if token_id_or_name in (token_id, record.name)
+            ]
+            identities = {record.identity() for _, record in matched}
+            if len(identities) > 1 and not every_identity:
+                shown = "; ".join(sorted(described(record) for _, record in matched))
+                raise CredentialError(
+                    f"{token_id_or_name!r} names tokens of {len(identities)} identities "
+                    f"({shown}): revoke one by its id (`kvpool token list`), or all of them "
+                    "with --every-identity"
+                )
+            for token_id, record in matched:
+                del records[token_id]
+                removed.append(record)
 
         self._change(change)
         return removed
@@ -482,3 +496,10 @@ def token_from(value: str | None, env: str = "KVPOOL_TOKEN") -> str | None:
     if (problem := token_problem(token)) is not None:
         raise CredentialError(f"the token ({where}) is not usable: {problem}")
     return token
+
+
+def described(record: TokenRecord) -> str:
+    """One token as `kvpool token revoke` names it: id, name, role and whom it is bound to."""
+    bound = f" of tenant {record.tenant}" if record.tenant else ""
+    bound += f" for node {record.node_id}" if record.node_id else ""
+    return f"{record.token_id} ({record.name}, {record.role.value}{bound})"

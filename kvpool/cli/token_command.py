@@ -52,6 +52,11 @@ def add_commands(commands: Any) -> None:
     )
     _credentials_option(revoke)
     revoke.add_argument("token", metavar="ID_OR_NAME")
+    revoke.add_argument(
+        "--every-identity",
+        action="store_true",
+        help="a name shared by tokens of different roles, tenants or nodes: revoke them all",
+    )
     revoke.set_defaults(run=_revoke)
 
 
@@ -124,11 +129,12 @@ def _list(args: argparse.Namespace) -> int:
 
 @one_line_errors(_credential_errors)
 def _revoke(args: argparse.Namespace) -> int:
-    from kvpool.security.tokens import CredentialStore
+    from kvpool.security.tokens import CredentialStore, described
 
     path = _credentials_path(args)
-    removed = CredentialStore(path).revoke(args.token)
+    removed = CredentialStore(path).revoke(args.token, every_identity=args.every_identity)
     if not removed:
         raise Refused(f"no token with id or name {args.token!r} in {path}: see `kvpool token list`")
-    print(f"revoked {removed} token{'s' if removed > 1 else ''}", file=sys.stderr)
+    for record in removed:
+        print(f"revoked {described(record)}", file=sys.stderr)
     return 0

@@ -77,10 +77,39 @@ def test_revoke_by_name_or_id_and_the_token_stops_working(credentials):
     assert running.authenticate(first) and running.authenticate(second)
 
     done = kvpool("revoke", "--credentials", str(credentials), "alice")
-    assert done.returncode == 0 and "revoked 1 token" in done.stderr
+    first_id = first.split(".")[1]
+    assert done.returncode == 0 and f"revoked {first_id} (alice, client of tenant acme)" in (
+        done.stderr
+    ), done.stderr
     done = kvpool("revoke", "--credentials", str(credentials), second.split(".")[1])
     assert done.returncode == 0, done.stderr
     assert running.authenticate(first) is None and running.authenticate(second) is None
+
+
+def test_a_name_of_tokens_of_several_identities_revokes_none_unless_told(credentials):
+    """A client token named like a node: revoking "node-a" must not take the node out of
+    the cluster by surprise (its only replicas would go with it)."""
+    node = create(credentials, "--name", "node-a", "--role", "node", "--node-id", "node-a")
+    client = create(credentials, "--name", "node-a", "--role", "client", "--tenant", "acme")
+    running = CredentialStore(credentials, check_interval=0)
+
+    refused = kvpool("revoke", "--credentials", str(credentials), "node-a")
+    assert refused.returncode == 2, refused.stderr
+    assert "names tokens of 2 identities" in refused.stderr, refused.stderr
+    assert "--every-identity" in refused.stderr and "Traceback" not in refused.stderr
+    assert running.authenticate(node) and running.authenticate(client), "nothing revoked"
+
+    by_id = kvpool("revoke", "--credentials", str(credentials), client.split(".")[1])
+    assert by_id.returncode == 0, by_id.stderr
+    assert running.authenticate(client) is None and running.authenticate(node)
+
+    create(credentials, "--name", "node-a", "--role", "client", "--tenant", "acme")
+    both = kvpool("revoke", "--credentials", str(credentials), "node-a", "--every-identity")
+    assert both.returncode == 0 and both.stderr.count("revoked ") == 2, both.stderr
+    assert "node, for node node-a" not in both.stderr and "(node-a, node for node node-a)" in (
+        both.stderr
+    ), both.stderr
+    assert running.authenticate(node) is None
 
 
 def test_the_file_defaults_to_kvpool_credentials(credentials):

@@ -86,7 +86,7 @@ def test_a_revoke_while_others_create_tokens_stays_revoked(tmp_path):
             creator.start()
         barrier.wait()
         time.sleep(random.uniform(0.0, 0.05))  # (somewhere among the creates)
-        assert CredentialStore(path).revoke(f"victim-{round_}") == 1
+        assert len(CredentialStore(path).revoke(f"victim-{round_}")) == 1
         for creator in creators:
             creator.join(120)
             assert creator.exitcode == 0
