@@ -57,7 +57,7 @@ from kvpool.client.unreachable_nodes import UnreachableNodes
 from kvpool.common.logging import get_logger
 from kvpool.errors import ClientClosed, InvalidArgument
 from kvpool.proto import master_pb2 as pb
-from kvpool.transport import ucp
+from kvpool.transport import ucp, writer_locks
 from kvpool.transport.checked_stream import CheckedStreams, Job, Outcome
 from kvpool.transport.memory_copy import Copier, Copy
 from kvpool.transport.shared_file import SharedFile
@@ -508,6 +508,9 @@ class DataPath:
         file_writes: list[tuple[int, SharedFile, int]] = []  # (index, file, offset)
         pinned: list[MappedSegment | SharedFile] = []
         remote: list[tuple[int, Any]] = []  # (index, memh) of those UCX carries
+        #: A put's ranges in nodes' files, by the lock description of the file's holder: the
+        #: locks held while they are written (transport/writer_locks.py).
+        locked: dict[int, list[tuple[int, int]]] = {}
         with self._lock:
             if self._closed:
                 raise ClientClosed("the client is closed")
@@ -528,6 +531,8 @@ class DataPath:
                         errors[i] = written
                     else:
                         file_writes.append((i, mapped, written))
+                        if mapped.lock_fd is not None:
+                            locked.setdefault(mapped.lock_fd, []).append((written, transfer.length))
                     continue
                 copy = self._plan_copy(mapped, transfer, is_get)
                 if isinstance(copy, Failure):
@@ -535,12 +540,18 @@ class DataPath:
                 else:
                     copies.append(copy)
                     copied.append(i)
+                    if not is_get and mapped.lock_fd is not None:
+                        locked.setdefault(mapped.lock_fd, []).append(
+                            (copy.target - mapped.address, transfer.length)
+                        )
             for mapped in mapped_here.values():
                 self._pins[mapped] = self._pins.get(mapped, 0) + 1
                 pinned.append(mapped)
             number = next(self._transfer_numbers)
             self._active.add(number)
         try:
+            for fd, ranges in locked.items():  # (before a piece's deadline check: see there)
+                writer_locks.hold(fd, ranges)
             if copies:
                 for i, completed in zip(copied, self._copier.run(copies, deadline), strict=True):
                     if not completed:
@@ -553,6 +564,8 @@ class DataPath:
             if remote:
                 self._run_ucx(transfers, remote, errors, is_get, deadline)
         finally:
+            for fd, ranges in locked.items():  # (the mappings are pinned until below)
+                writer_locks.let_go(fd, ranges)
             with self._lock:
                 for mapped in pinned:
                     self._unpin(mapped)

@@ -2576,15 +2576,19 @@ class MasterState:
         reservation revoked, timed out or removed, a write that failed) lying on a segment
         whose node serves a checked stream: the node then refuses its writer's grant (which
         runs until ``write_timeout`` plus the clock allowance) and stops a transfer in
-        flight under it, so that the space may be reused at the node's answer. Other nodes
-        need none (nothing they hold names the object)."""
-        if self.config.capability_skew is None:
-            return  # (this master grants no capabilities)
+        flight under it, so that the space may be reused at the node's answer. Also on a
+        segment that clients on its host may write themselves (``shared_memory``): the node
+        answers once no such writer holds the range (storage_node/commands.py), so that a
+        writer stopped mid-copy past the reclaim delay cannot land in the next object. Other
+        nodes need none (nothing they hold names the object)."""
+        grants = self.config.capability_skew is not None  # (else it grants no capabilities)
         for replica in replicas:
             if replica is None:
                 continue
             segment = self.segments.get(replica.segment_id)
-            if segment is not None and segment.info.checked_address:
+            if segment is not None and (
+                (grants and segment.info.checked_address) or segment.info.shared_memory
+            ):
                 self._send_forget(segment, record, replica.offset)
 
     def _free(self, segment: SegmentRecord, offset: int) -> None:

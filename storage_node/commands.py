@@ -11,6 +11,13 @@ waits for every sync queued before its own. So Persists found waiting back to ba
 Prepares, which only allocate) run as one group (``execute_group``): a persistent segment
 records all of a group's objects at once, one sync of each run of bytes and one of the index
 for them all, and each command is answered as if it had run alone.
+
+**A Forget waits for same-host writers.** A client on this host that writes a segment
+itself (mapped DRAM, the NVMe file) holds a lock on each range while it may copy into it
+(transport/writer_locks.py). A Forget of a range still locked (its writer stopped or slow
+past its write window) is answered once the lock goes, within ``WRITER_GRACE``, else it
+fails: the master keeps the space out of use and sends the Forget again later
+(master/forget_retries.py), so no new object is placed where a late copy may still land.
 """
 
 from __future__ import annotations
@@ -33,6 +40,13 @@ from kvpool.storage_node.peer_copy import (
     SourceCorrupt,
 )
 from kvpool.storage_node.segment import Segment
+
+#: How long a Forget waits for a same-host writer to finish its copy into the range before it
+#: fails (below the master's wait for a Forget's answer, so that a writer a piece past its
+#: deadline costs no quarantine).
+WRITER_GRACE = 0.5
+#: How often a waiting Forget looks again.
+WRITER_POLL = 0.01
 
 
 class CommandExecutor:
@@ -63,7 +77,10 @@ class CommandExecutor:
             segment = self._segments.get(named.segment_id)
             if segment is None or segment.persistent:
                 return False
-            # (one that may wait for a checked transfer to stop runs on a thread)
+            # (one that may wait for a checked transfer to stop, or for a same-host writer's
+            # copy, runs on a thread)
+            if kind == "forget" and segment.writer_copying(_ranges(named.objects)):
+                return False
             seals = self._seals
             return seals is None or not seals.busy(
                 named.segment_id, (o.offset for o in named.objects)
@@ -163,6 +180,7 @@ class CommandExecutor:
                     segment.segment_id, [(e.offset, e.generation) for e in forgotten]
                 ):
                     raise TimeoutError("a transfer under a forgotten object's grant did not stop")
+                _wait_for_writers(segment, _ranges(command.forget.objects))
                 if self._written is not None:
                     digest = caps.segment_digest(segment.segment_id)
                     for e in forgotten:
@@ -257,6 +275,27 @@ def _failed(result: pb.CommandResult, error: Exception) -> None:
 
 def _entry(message: pb.StoredObject) -> Entry:
     return _entries((message,))[0]
+
+
+def _ranges(objects: Iterable[pb.StoredObject]) -> list[tuple[int, int]]:
+    return [(o.offset, max(o.size, 1)) for o in objects]
+
+
+def _wait_for_writers(segment: Segment, ranges: list[tuple[int, int]]) -> None:
+    """Returns once no same-host writer holds a lock on ``ranges`` (see the module's
+    docstring); raises TimeoutError when one still does after ``WRITER_GRACE``."""
+    if not segment.writer_copying(ranges):
+        return
+    until = time.monotonic() + WRITER_GRACE
+    while time.monotonic() < until:
+        time.sleep(WRITER_POLL)
+        if not segment.writer_copying(ranges):
+            return
+    raise TimeoutError(
+        "a client on this host that writes the segment itself still holds a lock on the "
+        "range (its process stopped or slow, mid-copy, past its write window): the space "
+        "stays out of use until its copy ends or the process exits"
+    )
 
 
 def _entries(messages: Iterable[pb.StoredObject]) -> list[Entry]:

@@ -69,7 +69,7 @@ from kvpool.storage_node.disk_reservation import DiskTooSmall, reserve, set_size
 from kvpool.storage_node.group_commit import GroupCommit
 from kvpool.storage_node.object_index import LOCK_SUFFIX, DurableIndex, Entry, MemoryIndex
 from kvpool.storage_node.unreadable import UnreadablePlaces
-from kvpool.transport import ucp
+from kvpool.transport import ucp, writer_locks
 from kvpool.transport.shared_memory import MADV_POPULATE_READ, MADV_POPULATE_WRITE, boot_id
 
 log = get_logger("kvpool.node.segment")
@@ -109,6 +109,9 @@ class Segment:
     changes: int = 0
     #: Where reads of it failed on the disk, for the master (storage_node/unreadable.py).
     unreadable: UnreadablePlaces = field(default_factory=UnreadablePlaces)
+    #: A description of ``fd`` of the node's own, holding no lock, through which it asks
+    #: whether same-host writers hold locks (``writer_copying``); opened on first use.
+    lock_probe: int | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         #: Records that arrive while one is being made durable share the next commit.
@@ -241,6 +244,19 @@ class Segment:
             self._check_bounds(Entry("", offset, size, 0))
             os.posix_fallocate(self.fd, offset, size)
 
+    def writer_copying(self, ranges: Iterable[tuple[int, int]]) -> bool:
+        """Whether a client on this host that writes the segment itself (mapped DRAM, or the
+        NVMe file) holds a lock on any byte of these (offset, size) ranges: it may still copy
+        into them, and their space must not be reused yet (transport/writer_locks.py)."""
+        if not self.shareable or self.fd is None:
+            return False  # (no client writes it but through the node)
+        if self.lock_probe is None:
+            self.lock_probe = writer_locks.own_description(self.fd, writable=True)
+            if self.lock_probe is None:
+                return False
+        probe = self.lock_probe
+        return any(writer_locks.written_at(probe, offset, size) for offset, size in ranges)
+
     def forget(self, entries: list[Entry], *, durable_later: bool = False) -> None:
         """Drops recorded objects. ``durable_later``: an index log that cannot be written now
         takes their removal later (``DurableIndex.delete_now_or_later``) instead of raising."""
@@ -357,6 +373,9 @@ class Segment:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+        if self.lock_probe is not None:
+            os.close(self.lock_probe)
+            self.lock_probe = None
 
     def _sync(self, offset: int, size: int) -> None:
         start = offset - offset % mmap.ALLOCATIONGRANULARITY

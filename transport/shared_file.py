@@ -32,7 +32,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from kvpool.common.helper_threads import Helpers
-from kvpool.transport import ucp
+from kvpool.transport import ucp, writer_locks
 from kvpool.transport.direct_io import BouncePool, DirectFile, write_all
 from kvpool.transport.shared_memory import (
     HANDOVER_TIMEOUT,
@@ -83,8 +83,9 @@ class SharedFile(HeldSegment):
         remote_base: int,
         pidfd: int,
         origin: tuple[int, ...] = (),
+        lock_fd: int | None = None,
     ) -> None:
-        super().__init__(size, remote_base, pidfd, origin)
+        super().__init__(size, remote_base, pidfd, origin, lock_fd)
         self.direct = DirectFile(direct_fd, fallback="through the page cache")
         self.plain_fd = plain_fd
         self._closing = threading.Lock()
@@ -102,7 +103,9 @@ class SharedFile(HeldSegment):
             for fd in (*opened, pidfd):
                 os.close(fd)
             raise MappingRefused(0, f"node process {file.pid} handed over no direct-I/O file")
-        return cls(opened[0], opened[1], file.size, file.remote_base, pidfd, file.origin(True))
+        lock_fd = writer_locks.own_description(opened[1])
+        origin = file.origin(True)
+        return cls(opened[0], opened[1], file.size, file.remote_base, pidfd, origin, lock_fd)
 
     def write(self, offset: int, source: int, length: int, deadline: float) -> bool:
         """Writes ``length`` bytes from ``source`` (an address in this process) at
@@ -170,8 +173,9 @@ class SharedFile(HeldSegment):
             if not self.closed:
                 self.closed = True
                 self.direct.close()
-                for fd in (self.plain_fd, self.pidfd):
-                    os.close(fd)
+                for fd in (self.plain_fd, self.pidfd, self.lock_fd):
+                    if fd is not None:
+                        os.close(fd)
 
 
 def _view(address: int, length: int) -> memoryview:

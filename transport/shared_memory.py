@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvpool.common.libc import LIBC
+from kvpool.transport import writer_locks
 
 if TYPE_CHECKING:
     from kvpool.transport.shared_file import SharedFile
@@ -111,10 +112,21 @@ class HeldSegment:
     the segment, so a descriptor's remote address translates by offset; ``pidfd`` tells
     when the node process exits."""
 
-    def __init__(self, size: int, remote_base: int, pidfd: int, origin: tuple[int, ...]) -> None:
+    def __init__(
+        self,
+        size: int,
+        remote_base: int,
+        pidfd: int,
+        origin: tuple[int, ...],
+        lock_fd: int | None = None,
+    ) -> None:
         self.size = size
         self.remote_base = remote_base
         self.pidfd = pidfd
+        #: A description of the node's file of this process's own, through which a writer
+        #: holds locks on the ranges it copies into (transport/writer_locks.py); None: none
+        #: (read-only, or the file could not be opened again).
+        self.lock_fd = lock_fd
         #: What it holds: (pid, fd, inode, device, size, remote_base, writable) of the node's
         #: segment.
         self.origin = origin
@@ -153,8 +165,9 @@ class MappedSegment(HeldSegment):
         pidfd: int,
         origin: tuple[int, ...] = (),
         writable: bool = True,
+        lock_fd: int | None = None,
     ) -> None:
-        super().__init__(size, remote_base, pidfd, origin)
+        super().__init__(size, remote_base, pidfd, origin, lock_fd)
         self.address = address
         #: False: mapped read-only (gets only; a store into it would fault).
         self.writable = writable
@@ -177,6 +190,7 @@ class MappedSegment(HeldSegment):
         size = file.size
         flags = os.O_RDWR if writable else os.O_RDONLY
         pidfd, [opened] = open_node_file(file, [flags], writable=writable, timeout=timeout)
+        lock_fd = writer_locks.own_description(opened) if writable else None
         try:
             protection = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
             address = LIBC.mmap(None, size, protection, mmap.MAP_SHARED, opened, 0)
@@ -186,10 +200,13 @@ class MappedSegment(HeldSegment):
             LIBC.madvise(address, size, MADV_HUGEPAGE)  # best effort, see above
         except BaseException:
             os.close(pidfd)
+            if lock_fd is not None:
+                os.close(lock_fd)
             raise
         finally:
             os.close(opened)  # the mapping keeps the file
-        return cls(address, size, file.remote_base, pidfd, file.origin(writable), writable)
+        origin = file.origin(writable)
+        return cls(address, size, file.remote_base, pidfd, origin, writable, lock_fd)
 
     def local_address(self, remote_address: int, length: int) -> int:
         """Where ``remote_address`` lies in this process, its pages ready to copy."""
@@ -211,6 +228,8 @@ class MappedSegment(HeldSegment):
                 self._populator.join()
             LIBC.munmap(self.address, self.size)
             os.close(self.pidfd)
+            if self.lock_fd is not None:
+                os.close(self.lock_fd)
 
     def _populate_all(self) -> None:
         for chunk in range(len(self._populated)):

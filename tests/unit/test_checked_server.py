@@ -322,6 +322,9 @@ class ForgettingSegment(FakeSegment):
     def forget(self, entries) -> None:
         self.forgotten.extend((e.offset, e.generation) for e in entries)
 
+    def writer_copying(self, ranges) -> bool:
+        return False  # (no client on this host writes it itself)
+
 
 def test_the_node_s_forget_command_answers_only_once_a_read_in_flight_has_stopped(segment):
     """The command, as the master sends it: the read of a forgotten object, mid-transfer

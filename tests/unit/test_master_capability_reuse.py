@@ -151,3 +151,42 @@ def test_without_capabilities_space_is_reused_as_before():
     slot, _ = put(core, "a")
     assert not forgets(core.put_revoke(next(_calls), ["a"], [slot.put_id]))
     assert put(core, "b")[0].status is KeyStatus.OK
+
+
+def mapped_core(config: MasterConfig) -> tuple[MasterCore, FakeClock]:
+    """One buffer on a segment that clients on its host write themselves (``shared_memory``):
+    no checked stream."""
+    clock = FakeClock()
+    core = MasterCore(MasterState(config, clock=clock), forget_wait=1.0, command_timeout=5.0)
+    info = dataclasses.replace(segment_info("n1", SIZE), shared_memory=b"mappable")
+    core.mount_segment(0, info, [], False, 0.0)
+    core.node_connected("n1", "stream", "process")
+    return core, clock
+
+
+def test_a_segment_written_by_same_host_clients_gets_a_forget_with_or_without_capabilities():
+    """Its node answers once no same-host writer holds a lock on the range
+    (storage_node/commands.py): a writer stopped mid-copy cannot land in the next object."""
+    for config in (WITH_CAPABILITIES, MasterConfig(high_watermark=1.0)):
+        core, _ = mapped_core(config)
+        slot, _ = put(core, "a")
+        [forget] = forgets(core.put_revoke(next(_calls), ["a"], [slot.put_id]))
+        held, call_id = put(core, "b")
+        assert held is None, "a same-host writer may still be copying there"
+        assert answer(core, forget, call_id).status is KeyStatus.OK
+
+
+def test_a_forget_failed_for_a_writer_still_copying_keeps_the_space_until_one_succeeds():
+    core, clock = mapped_core(MasterConfig(high_watermark=1.0, reclaim_delay=1.0))
+    slot, _ = put(core, "a")
+    [forget] = forgets(core.put_revoke(next(_calls), ["a"], [slot.put_id]))
+    core.node_answered("n1", forget.command_id, False, error="a writer holds a lock")
+    probes = []
+    for _ in range(4):  # (past the Forget's wait and the reclaim delay)
+        clock.advance(1.0)
+        core.heartbeat(next(_calls), "n1", ["n1/dram0"])
+        probes += forgets(core.tick()[1]) + forgets(core.timers())
+        assert put(core, "b")[0].status is not KeyStatus.OK, "the writer may still copy there"
+    assert probes, "the Forget is sent again"
+    core.node_answered("n1", probes[-1].command_id, True)
+    assert put(core, "c")[0].status is KeyStatus.OK
