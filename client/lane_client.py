@@ -3,7 +3,8 @@ kept-open TCP connections, one call at a time per connection, a pool of them per
 that threads sharing a client never queue behind each other.
 
 Every wait is bounded by the caller's deadline; a connection that timed out or broke is
-closed, never reused (a late answer must not be read as the next call's). The master closes
+reset, never reused (a late answer must not be read as the next call's, nor a request still
+queued sent after the caller was told it failed: ``_Connection.reset``). The master closes
 connections idle for minutes: an idle connection is used again only within ``MAX_IDLE``
 seconds and while the master has not closed it (else a new one is made, unseen by the caller).
 
@@ -22,6 +23,7 @@ import os
 import select
 import socket
 import ssl
+import struct
 import threading
 import time
 import weakref
@@ -49,6 +51,8 @@ MAX_IDLE = 60.0
 RECEIVE_BUFFER = 64 * 1024
 
 
+#: SO_LINGER on with a 0 s timeout: ``close`` then drops what is unsent and sends a reset.
+_RESET = struct.pack("ii", 1, 0)
 #: The longest ``poll`` waits at once (milliseconds, a C int).
 POLL_MAX_MS = 2**31 - 1
 
@@ -85,12 +89,12 @@ class LaneClient:
             response = connection.call(lp.METHOD_IDS[method], request, response_type, deadline)
         except LaneError as error:
             if error.code in (lp.DEADLINE_EXCEEDED, lp.UNAVAILABLE):
-                connection.close()  # the stream may hold a late answer: never reuse it
+                connection.reset()  # (see ``reset``: never reused, nothing of it sent later)
             else:
                 self._give_back(connection)
             raise
         except BaseException:
-            connection.close()
+            connection.reset()  # (interrupted mid-call: the same)
             raise
         self._give_back(connection)
         return response
@@ -285,6 +289,26 @@ class _Connection:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self._sock.close()
+
+    def reset(self) -> None:
+        """Closes the connection with a reset (SO_LINGER on, 0 s), for a call that failed
+        before its answer came (timed out, broken, interrupted). A graceful close would
+        leave its request in the kernel's send queue, to be sent (retransmitted for minutes
+        over a cut link) and acted on after the caller was told the call failed: a PutEnd
+        delivered once a link heals published an object its put had reported not stored.
+        Reset, that queue is dropped, and what the master's host got already is all it
+        gets. (What did reach it is still read and acted on: the caller is told that a
+        commit's outcome is unknown, client/put_path.py ``outcome_unknown``.)
+
+        Nothing else can be lost with it: a connection carries one call at a time (it is
+        taken from the pool for a call and given back after), so the only bytes queued on
+        it are this call's request, and the only ones unread the answer nobody waits for
+        any more. Only the owning process resets: a fork child closes its copies of the
+        parent's connections plainly (``close``), as an option set on its copy would be
+        set on the parent's socket too."""
+        with contextlib.suppress(OSError):
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
+        self.close()
 
 
 #: The lane clients of this process, for ``_after_fork_in_child``.

@@ -13,7 +13,9 @@ placed again within the caller's deadline: its failed reservation is committed a
 
 A call told to stop (client/cancellation.py, the asyncio client's cancellation) stops before
 writing and before committing, and revokes its reservations (PutRevoke) there: its keys are
-then free, never half-visible. Once PutEnd is sent, its keys are published whole or not.
+then free, never half-visible. Once PutEnd is sent, its keys are published whole or not;
+should its answer not come, the call cannot tell which, and says so (PutOutcomeUnknown, a
+MasterUnavailable: ``outcome_unknown``).
 """
 
 from __future__ import annotations
@@ -29,9 +31,16 @@ from kvpool.client.cancellation import CallCancelled, cancelled
 from kvpool.client.checksum import crc32c_at, crc32c_of_pieces
 from kvpool.client.data_path import Failure, Transfer
 from kvpool.client.session import Session
+from kvpool.common.keys import shown_key
 from kvpool.common.logging import get_logger
 from kvpool.common.status import KeyStatus, Pin, Tier
-from kvpool.errors import InvalidArgument, KVPoolError
+from kvpool.errors import (
+    InvalidArgument,
+    KVPoolError,
+    MasterNotTrusted,
+    MasterUnavailable,
+    PutOutcomeUnknown,
+)
 from kvpool.proto import master_pb2 as pb
 
 log = get_logger("kvpool.client")
@@ -330,10 +339,13 @@ def write_or_give_back(session: Session, puts: Sequence[PendingPut], checksum: b
         raise
 
 
-def commit(session: Session, puts: Sequence[PendingPut], deadline: float) -> list[int]:
+def commit(
+    session: Session, puts: Sequence[PendingPut], deadline: float, unknown_advice: str = ""
+) -> list[int]:
     """PutEnd: reports which replicas were written; the master publishes what it can. Sent
     even when the call's deadline has passed (its writes then failed as timed out), with
-    ``SETTLE_WAIT`` to answer in."""
+    ``SETTLE_WAIT`` to answer in. Not answered in time, it raises PutOutcomeUnknown
+    (``outcome_unknown``, with ``unknown_advice``)."""
     if not puts:
         return []
     deadline = max(deadline, time.monotonic() + min(SETTLE_WAIT, session.timeout))
@@ -345,11 +357,53 @@ def commit(session: Session, puts: Sequence[PendingPut], deadline: float) -> lis
             add(key=put.key, put_id=put.slot.put_id, replica_ok=ok)
         else:
             add(key=put.key, put_id=put.slot.put_id, replica_ok=ok, crc32c=put.crc32c)
-    response = session.link.call("PutEnd", request, deadline)
+    try:
+        response = session.link.call("PutEnd", request, deadline)
+    except MasterUnavailable as error:
+        raise outcome_unknown(puts, error, unknown_advice) from error
     if response.messages:
         for put, message in zip(puts, response.messages, strict=False):
             put.unpublished = message
     return list(response.statuses)
+
+
+def outcome_unknown(
+    puts: Sequence[PendingPut], error: MasterUnavailable, advice: str = ""
+) -> MasterUnavailable:
+    """What a PutEnd the master did not answer raises: PutOutcomeUnknown, for the keys of
+    ``puts`` (``advice``: what to do, where not the default's ``exists``/``get``). The link
+    may have sent it (on the lane or over gRPC, perhaps more than once after a broken
+    connection) before it gave up: a frame that reached the master's host is read and
+    committed however late, and gRPC can no more tell a request lost from an answer lost.
+    So its failure says nothing of whether the objects were published, and the error says
+    so rather than suggest they were not. Only a master whose certificate failed the TLS
+    check (MasterNotTrusted, raised as it is) is known not to have been reached."""
+    if isinstance(error, MasterNotTrusted | PutOutcomeUnknown):
+        return error
+    keys = tuple(put.key for put in puts)
+    if len(keys) == 1:
+        what = f"object {shown_key(keys[0])} may have been published"
+        check = f"exists({shown_key(keys[0])}) or get it"
+    else:
+        what = (
+            f"each of its {len(keys)} objects ({shown_key(keys[0])}, ...: the error's "
+            "`keys`) may have been published"
+        )
+        check = "exists() or get() on each"
+    if not advice:
+        advice = (
+            f"Check with {check} once the master answers; putting it again gets ObjectExists "
+            "where it was published (objects are immutable: remove it first to store other "
+            "bytes under the key)"
+        )
+    return PutOutcomeUnknown(
+        f"the outcome of the put is unknown: its commit (PutEnd) was sent (or may have "
+        f"been) but not answered, "
+        f"so {what}, or may yet be (a commit on its way is applied when it reaches the "
+        f"master, while the reservation stands). {advice}. The link's error: {error}",
+        key=keys[0] if len(keys) == 1 else None,
+        keys=keys,
+    )
 
 
 def revoke_if_cancelled(session: Session, puts: Sequence[PendingPut]) -> None:

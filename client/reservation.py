@@ -16,6 +16,14 @@ from kvpool.common.keys import shown_key
 from kvpool.common.status import KeyStatus
 from kvpool.errors import ClientClosed, InvalidArgument, KVPoolError, PutAborted, TransferError
 
+#: What a commit that got no answer (PutOutcomeUnknown) advises: the master answers a
+#: repeated PutEnd of the same reservation with the first one's outcome (master/state.py).
+UNKNOWN_OUTCOME_ADVICE = (
+    "Call commit() again once the master answers: a repeated commit of the same reservation "
+    "is answered with the first one's outcome (and publishes the object if the first never "
+    "arrived and the reservation still stands); or check with exists() or get()"
+)
+
 
 class Reservation:
     """Space reserved for ``key``; invisible to readers until ``commit``.
@@ -31,6 +39,9 @@ class Reservation:
     ``commit`` raise again why it ended, and ``revoke`` does nothing (so that a cleanup's
     ``revoke`` never raises for a reservation that is over already); a reservation the
     master no longer holds (it timed out) is revoked quietly too.
+
+    A ``commit`` the master did not answer (PutOutcomeUnknown: it may have published the
+    object) leaves the reservation open: ``commit`` again asks for the outcome.
     """
 
     def __init__(self, session: Session, put: PendingPut, size: int, checksum: bool) -> None:
@@ -103,7 +114,10 @@ class Reservation:
             if self.size:
                 raise InvalidArgument(f"write {self.key!r} before committing it", key=self.key)
             self.write(b"")  # (nothing to write: the replicas are written as they are)
-        [status] = put_path.commit(self._session, [self._put], self._deadline())
+        # (not answered: the reservation stays open, for a commit again to learn the outcome)
+        [status] = put_path.commit(
+            self._session, [self._put], self._deadline(), UNKNOWN_OUTCOME_ADVICE
+        )
         # (answered: the reservation is over, published or not)
         self._session.let_go(self)
         if status != KeyStatus.OK:

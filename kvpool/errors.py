@@ -107,6 +107,22 @@ class MasterNotTrusted(MasterUnavailable):
     retryable = False
 
 
+class PutOutcomeUnknown(MasterUnavailable):
+    """A put's commit (PutEnd) was sent, or may have been, but its answer never came: the
+    master may have published the object, or may yet (a commit still on its way), or not.
+    A ``MasterUnavailable`` still (callers that catch that keep working), but not proof that
+    nothing was stored. ``keys``: every key of the commit whose outcome is unknown (``key``
+    too, where it is one). Find out with ``exists(key)`` or ``get(key)`` once the master
+    answers; a ``Reservation`` learns it from ``commit()`` called again (the master answers
+    a repeated commit with the first one's outcome). A put of the key again gets
+    ``ObjectExists`` where the first one was published (objects are immutable: to store
+    other bytes under it, ``remove`` it first)."""
+
+    def __init__(self, message: str, *, key: str | None = None, keys: tuple[str, ...] = ()) -> None:
+        super().__init__(message, key=key)
+        self.keys = keys or ((key,) if key is not None else ())
+
+
 class ChecksumMismatch(KVPoolError):
     """The bytes read do not match the checksum their writer recorded."""
 
