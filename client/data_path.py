@@ -36,9 +36,11 @@ not merged with one another (each is one grant); requests to one node are pipeli
 storage_node/checked_writes.py).
 
 A transfer that fails for another reason than its deadline (the node's process exited, an
-endpoint cannot be created, the connection broke) marks its node unreachable for a few
-seconds (``unreachable``, client/unreachable_nodes.py): puts are placed elsewhere, reads try
-that node last.
+endpoint cannot be created, a connection cannot be made in a few seconds, the connection
+broke) marks its node unreachable for a few seconds (``unreachable``,
+client/unreachable_nodes.py): puts are placed elsewhere, reads try that node last. One that
+missed its deadline waiting on its node is ``Failure.silent``: a read that gave it only its
+share of the time, other replicas left, marks the node too (client/get_path.py).
 """
 
 from __future__ import annotations
@@ -132,13 +134,20 @@ class Failure:
     """Why one transfer did not complete: it ran out of time (``timed_out``), or its node
     (``node_id``) could not be reached (``unreachable``), or it was cut off on a connection
     that was made (``interrupted``: its replica there removed or moved meanwhile, or the
-    node went away mid-answer), or (none of these) it was refused."""
+    node went away mid-answer), or (none of these) it was refused.
+
+    ``silent``: it ran out of time on the wire, its node not answering in time (not waiting
+    for a worker of this client, nor copying mapped memory). That alone does not mark the
+    node unreachable: the deadline may have been too short for the bytes. A caller that gave
+    the transfer only part of its time (a read with other replicas left, client/get_path.py)
+    marks it."""
 
     message: str
     timed_out: bool = False
     node_id: str = ""
     unreachable: bool = False
     interrupted: bool = False
+    silent: bool = False
 
     def __str__(self) -> str:
         return self.message
@@ -477,6 +486,7 @@ class DataPath:
                         f"transfer with segment {segment_id} missed its deadline",
                         timed_out=True,
                         node_id=node_id,
+                        silent=True,
                     )
                 )
             elif result.outcome is Outcome.UNREACHABLE:
@@ -639,6 +649,7 @@ class DataPath:
                         f"transfer with segment {segment_id} missed its deadline",
                         timed_out=True,
                         node_id=self.node_of(segment_id),
+                        silent=timeout > 0,  # (else it was never started)
                     )
                 else:
                     errors[i] = self._unreachable(

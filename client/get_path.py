@@ -1,7 +1,13 @@
 """The read side: locate at the master (granting leases), then copy over UCX.
 
 Replicas on this host are tried first, those on nodes this client could not reach lately
-last; a failed transfer falls over to the next replica. When no replica's node can be reached
+last; a failed transfer falls over to the next replica. While other replicas remain, an
+attempt gets only its share of the time left (``attempt_deadline``), so that a node that
+silently stopped answering (a partition, a one-way cut, a stopped process: its packets are
+dropped, nothing fails, the transfer just waits) costs that share, not the whole call: the
+next replica is read in the time left, and the silent node is remembered as unreachable for a
+few seconds (client/unreachable_nodes.py), so that the next reads try it last and puts avoid
+it. When no replica's node can be reached
 (a node died and the master has not declared it dead yet: it still lists the object), the
 error names the nodes and says when the master will notice. The
 lease is timed on our own monotonic clock from before the request was sent, so our estimate
@@ -11,6 +17,7 @@ can only end early: bytes whose transfer may have outlived the lease are discard
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping, MutableMapping, Sequence
 from typing import Any
@@ -38,6 +45,15 @@ Targets = Mapping[int, tuple[int, int]]
 #: piece, in order. Its target then says only how many bytes the pieces hold in all (and,
 #: for a verified read, nothing else is asked of it).
 Pieces = Mapping[int, Sequence[tuple[int, int, int]]]
+
+#: Seconds an attempt on a replica gets at least, when the time left allows, whatever its
+#: share: a healthy node must be able to take a connection (a lost SYN is sent again after a
+#: second), set up a UCX endpoint and answer while busy with other clients before it is
+#: given up on as silent.
+MIN_ATTEMPT = 1.0
+#: Bytes per second a healthy node and link deliver at the least, busy or not: an attempt
+#: gets ``MIN_ATTEMPT`` more than its bytes take at this rate (when the time left allows).
+SLOW_RATE = 100 << 20
 
 
 def locate(
@@ -150,6 +166,35 @@ def read(
     )
 
 
+def attempt_deadline(
+    now: float, deadline: float, lease_deadline: float, replicas_left: int, nbytes: int
+) -> float:
+    """When an attempt to read ``nbytes`` from one replica, with ``replicas_left`` replicas
+    (this one included) still to try, must end (all monotonic seconds).
+
+    The last replica gets all the time left; any other one its share of it,
+    ``(end - now) / replicas_left``, so that a node that never answers leaves time for the
+    others. No attempt runs past the lease (``end`` is the earlier of ``deadline`` and
+    ``lease_deadline``): bytes read after it would be discarded anyway.
+
+    A share is never below ``MIN_ATTEMPT`` plus the time ``nbytes`` take at ``SLOW_RATE``
+    (when that much is left; else the attempt gets all the time left). Why a floor: a share
+    that cuts a healthy transfer short is worse than no share at all, since the next replica
+    then gets less time still for the same bytes, and the healthy node is avoided for a while.
+    A small read needs milliseconds, so its share is just the time split; a large one (a
+    batch of many megabytes) must keep enough to move its bytes over a slow but healthy link,
+    and when the budget cannot give it that and still leave time for another replica, it gets
+    the whole budget, as if it were the last (a silent node then costs the whole call, but a
+    healthy one is never cut off).
+    """
+    end = min(deadline, lease_deadline)
+    left = end - now
+    if replicas_left <= 1 or left <= 0:
+        return end
+    floor = MIN_ATTEMPT + nbytes / SLOW_RATE
+    return now + min(left, max(left / replicas_left, floor))
+
+
 def _read_once(
     session: Session,
     keys: Sequence[str],
@@ -161,55 +206,103 @@ def _read_once(
     pieces: Pieces | None,
 ) -> set[int]:
     """Reads each object from its replicas in turn until one answers; returns the objects
-    that failed on every replica tried, at least once cut off."""
+    that failed on every replica tried, at least once cut off.
+
+    The objects with as many replicas left go in one run, until the deadline
+    ``attempt_deadline`` gives them (a batch whose objects have as many replicas each, the
+    rule, makes one run per attempt); those with more left, so a shorter share, go first. A
+    transfer cut off by its share (its node did not answer in time) marks its node
+    unreachable for a while and falls over to the next replica."""
+    data = session.data
     candidates = {i: by_nearness(session, located[i].replicas) for i in targets}
     failures: dict[int, list[Failure]] = {}  # (made for the objects that fail only)
     pending = [i for i in targets if targets[i][1] > 0]
-    lease_first = lease_deadline <= deadline  # a timeout then means the lease ran out
     attempt = 0
     while pending:
         checkpoint()  # (a cancelled call writes nothing more into the caller's buffers)
-        transfers = []
+        by_left: dict[int, list[int]] = {}
         for i in pending:
-            replica = candidates[i][attempt]
-            if pieces and i in pieces:
-                for offset, local, length in pieces[i]:
-                    if length:
-                        transfers.append(
-                            Transfer(
-                                replica.segment_id,
-                                replica.address + offset,
-                                local,
-                                length,
-                                replica.capability,
-                            )
-                        )
-                continue
-            address, size = targets[i]
-            transfers.append(
-                Transfer(replica.segment_id, replica.address, address, size, replica.capability)
-            )
-        errors = session.data.run(transfers, is_get=True, deadline=min(deadline, lease_deadline))
-        if pieces:
-            errors = _by_object(pending, pieces, errors)
-        attempt += 1
+            by_left.setdefault(len(candidates[i]) - attempt, []).append(i)
         retry = []
-        for i, error in zip(pending, errors, strict=True):
-            if error is None:
-                continue
-            failures.setdefault(i, []).append(error)
-            if error.timed_out and lease_first:
-                results[i] = _lease_expired(keys[i])
-            elif attempt < len(candidates[i]) and time.monotonic() < deadline:
-                retry.append(i)
-            else:
-                results[i] = _unreadable(keys[i], len(candidates[i]), failures[i])
+        for replicas_left in sorted(by_left, reverse=True):
+            group = by_left[replicas_left]
+            transfers = _transfers(group, candidates, attempt, targets, pieces)
+            started = time.monotonic()
+            until = attempt_deadline(
+                started,
+                deadline,
+                lease_deadline,
+                replicas_left,
+                sum(t.length for t in transfers),
+            )
+            errors = data.run(transfers, is_get=True, deadline=until)
+            if pieces:
+                errors = _by_object(group, pieces, errors)
+            for i, error in zip(group, errors, strict=True):
+                if error is None:
+                    continue
+                if error.timed_out and until >= lease_deadline:  # the lease ran out
+                    failures.setdefault(i, []).append(error)
+                    results[i] = _lease_expired(keys[i])
+                    continue
+                if error.timed_out and until < min(deadline, lease_deadline):
+                    error = _cut_short(session, error, until - started)
+                failures.setdefault(i, []).append(error)
+                if attempt + 1 < len(candidates[i]) and time.monotonic() < deadline:
+                    retry.append(i)
+                else:
+                    results[i] = _unreadable(keys[i], len(candidates[i]), failures[i])
+        attempt += 1
         pending = retry
     return {
         i
         for i, failed in failures.items()
         if isinstance(results[i], TransferError) and any(f.interrupted for f in failed)
     }
+
+
+def _transfers(
+    group: Sequence[int],
+    candidates: Mapping[int, Sequence[pb.Replica]],
+    attempt: int,
+    targets: Targets,
+    pieces: Pieces | None,
+) -> list[Transfer]:
+    """The transfers of ``group``'s objects from their replica of ``attempt``: one per
+    object, or one per non-empty piece of those read in ``pieces``."""
+    transfers = []
+    for i in group:
+        replica = candidates[i][attempt]
+        if pieces and i in pieces:
+            for offset, local, length in pieces[i]:
+                if length:
+                    transfers.append(
+                        Transfer(
+                            replica.segment_id,
+                            replica.address + offset,
+                            local,
+                            length,
+                            replica.capability,
+                        )
+                    )
+            continue
+        address, size = targets[i]
+        transfers.append(
+            Transfer(replica.segment_id, replica.address, address, size, replica.capability)
+        )
+    return transfers
+
+
+def _cut_short(session: Session, error: Failure, share: float) -> Failure:
+    """``error``, a transfer's that its share of the time cut off, said so; its node (when
+    it took the transfer and did not answer: ``Failure.silent``) is remembered as
+    unreachable, so that reads try it last and puts avoid it for a while (or until it
+    answers a transfer again)."""
+    why = f"no answer within the {max(share, 0.0):.2g} s given to this replica, others left"
+    if error.silent and error.node_id:
+        session.data.unreachable.add(error.node_id)
+        why += ": its node is tried last for a few seconds"
+    return dataclasses.replace(error, message=f"{error.message} ({why})")
 
 
 def _by_object(
@@ -227,9 +320,18 @@ def _by_object(
 
 
 def _unreadable(key: str, replicas: int, failures: Sequence[Failure]) -> TransferError:
-    what = "; ".join(map(str, failures))
-    message = f"could not read {key!r} from any of its {replicas} replica(s): {what}"
-    if len(failures) == replicas and all(f.unreachable for f in failures):
+    """The error of an object none of whose replicas tried could be read: how many were
+    tried, of how many, and why each failed (on which node)."""
+    what = "; ".join(f"[{f.node_id}] {f}" if f.node_id else str(f) for f in failures)
+    tried = len(failures)
+    if tried < replicas:
+        message = (
+            f"could not read {key!r}: tried {tried} of its {replicas} replicas, no time was "
+            f"left for the others (raise the client's timeout): {what}"
+        )
+    else:
+        message = f"could not read {key!r} from any of its {replicas} replica(s): {what}"
+    if tried == replicas and all(f.unreachable for f in failures):
         nodes = ", ".join(dict.fromkeys(f.node_id or "(unknown)" for f in failures))
         message = (
             f"could not read {key!r}: no storage node holding it can be reached ({nodes}; "

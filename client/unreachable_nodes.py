@@ -2,9 +2,11 @@
 
 A node that dies is declared dead by the master only once it has missed heartbeats for the
 node TTL (``kvpool master --node-ttl``); until then the master still places replicas on it.
-The client learns sooner, from a failed transfer, and remembers the node for a few seconds:
-puts ask the master to place their replicas elsewhere (``PutStartRequest.avoid_nodes``), and
-reads try its replicas last. A node is forgotten when that time is up, when a transfer with
+The client learns sooner, from a failed transfer (or from a read that the node left
+unanswered for the share of the time it was given, other replicas left: a node cut off
+silently, client/get_path.py), and remembers the node for a few seconds: puts ask the master
+to place their replicas elsewhere (``PutStartRequest.avoid_nodes``), and reads try its
+replicas last. A node is forgotten when that time is up, when a transfer with
 it succeeds, or when it mounts its segments again (a restart).
 """
 
