@@ -30,6 +30,10 @@ class KeyStatus(IntEnum):
 #: key it quotes may hold any words.
 OWN_RESERVATION = " is being written by this client's own earlier put of it"
 OWN_RESERVATION_END = "put the key again then"
+#: How a node's failed Forget begins where a client on its host that writes the segment
+#: itself still holds a lock on the range (storage_node/commands.py): the master sends such
+#: a Forget again on a schedule of its own (master/forget_retries.py).
+WRITER_HOLDS_RANGE = "a client on this host that writes the segment itself still holds"
 
 
 class Tier(IntEnum):

@@ -29,11 +29,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvpool.common.status import KeyStatus
+from kvpool.common.status import WRITER_HOLDS_RANGE, KeyStatus
 from kvpool.master.command_batching import merge_forgets
 from kvpool.master.delivery import BOUND_TO_PROCESS, CommandDelivery
 from kvpool.master.forget_barrier import ForgetBarrier
-from kvpool.master.forget_retries import ForgetRetries
+from kvpool.master.forget_retries import WRITER, ForgetRetries
 from kvpool.master.records import (
     Commit,
     ExplainedStatuses,
@@ -404,13 +404,22 @@ class MasterCore:
             return effects
         self.state.node_answered(node_id)  # (it is not silent, if it was)
         if isinstance(command, ForgetCommand):
-            if not ok:  # (a transfer did not stop, its log is unwritable: it still lists it)
-                self._forget_retries.failed(command, self.state.segments.get, self.clock())
-                effects = Effects()
-                note = "a node could not forget: its space stays quarantined, sent again later"
-                effects.notes.append((note, {"node_id": node_id, "command": command_id}))
-                return effects  # (as if unanswered: forget_wait quarantines the space)
             answers: dict[int, Any] = {}
+            if not ok:  # (a transfer did not stop, its log is unwritable: it still lists it)
+                channel = WRITER if WRITER_HOLDS_RANGE in error else ""
+                self._forget_retries.failed(command, self.state.segments.get, self.clock(), channel)
+                note = "a node could not forget: its space stays quarantined, sent again later"
+                if channel != WRITER:
+                    effects = Effects()
+                    effects.notes.append((note, {"node_id": node_id, "command": command_id}))
+                    return effects  # (as if unanswered: forget_wait quarantines the space)
+                # A same-host writer's copy holds the range: quarantined now, the node not
+                # counted silent (it answered; its other commands go on as before).
+                self._quarantine(command_id, answers, node_silent=False)
+                effects = self._flush()
+                effects.answers.update(answers)
+                effects.notes.append((note, {"node_id": node_id, "command": command_id}))
+                return effects
             self._forget_answered(command_id, answers)
             effects = self._flush()
             effects.answers.update(answers)
@@ -475,10 +484,13 @@ class MasterCore:
             effects.notes.append((note, {"forgets": late}))
         return effects
 
-    def _quarantine(self, command_id: int, answers: dict[int, Any]) -> bool:
-        """A Forget still unanswered after ``forget_wait``: the writers it holds back get
-        FENCED for the slots it holds (they retry, elsewhere), and its space stays out of
-        use until the node answers, instead of holding every later writer back."""
+    def _quarantine(
+        self, command_id: int, answers: dict[int, Any], *, node_silent: bool = True
+    ) -> bool:
+        """A Forget still unanswered after ``forget_wait`` (or failed for a same-host
+        writer's lock: not ``node_silent``): the writers it holds back get FENCED for the
+        slots it holds (they retry, elsewhere), and its space stays out of use until the
+        node answers, instead of holding every later writer back."""
         forget = self._forgets.pop(command_id, None)
         if forget is None or command_id not in self.barrier:
             return False
@@ -493,7 +505,7 @@ class MasterCore:
         if removals:
             self._held_by[command_id] = removals
         self.barrier.answered(command_id)
-        self.state.quarantine(forget)
+        self.state.quarantine(forget, node_silent=node_silent)
         return True
 
     def tick(self, step: int | None = None, *, late_by: float = 0.0) -> tuple[TickReport, Effects]:

@@ -9,6 +9,12 @@ failing commands a minute. One of a segment's failed Forgets goes as a probe, 1 
 first failure, then twice as long after each failed probe, up to 30 s; once any Forget of the
 segment succeeds, the others waiting go at once.
 
+A Forget failed because a client on the node's host still holds a lock on the range it
+writes (``WRITER_HOLDS_RANGE``: a writer stopped mid-copy, storage_node/commands.py) waits
+apart (``channel`` "writer"): its failure says nothing of the segment's log, so another
+Forget's success does not send it again at once (each try costs the node's command stream a
+short wait), and its success does not send the others.
+
 Only to the mount they were for: a segment remounted under the same id (a node restarted,
 or declared dead and back) is reconciled by its mount, which refuses what the master no
 longer holds and forgets it itself (tombstones.py). A Forget of the old mount sent after that
@@ -44,12 +50,17 @@ class _Segment:
     probe: int | None = None
 
 
+#: The channel of Forgets a same-host writer's lock failed (see above).
+WRITER = "writer"
+
+
 class ForgetRetries:
     def __init__(self) -> None:
-        self._segments: dict[str, _Segment] = {}
-        #: (when, sequence, segment id) of planned probes; an entry whose segment has planned
-        #: another time since is stale, skipped.
-        self._plan: list[tuple[float, int, str]] = []
+        #: (segment id, channel) -> its failed Forgets.
+        self._segments: dict[tuple[str, str], _Segment] = {}
+        #: (when, sequence, (segment id, channel)) of planned probes; an entry whose segment
+        #: has planned another time since is stale, skipped.
+        self._plan: list[tuple[float, int, tuple[str, str]]] = []
         self._sequence = itertools.count()
 
     def __bool__(self) -> bool:
@@ -57,17 +68,22 @@ class ForgetRetries:
         return bool(self._segments)
 
     def failed(
-        self, forget: ForgetCommand, current: Callable[[str], SegmentRecord | None], now: float
+        self,
+        forget: ForgetCommand,
+        current: Callable[[str], SegmentRecord | None],
+        now: float,
+        channel: str = "",
     ) -> None:
         """The node failed ``forget`` (``current``: a segment's record now): it goes again
-        with the segment's next probe (planned now, unless a probe is out)."""
+        with the next probe of its segment's ``channel`` (planned now, unless one is out)."""
+        key = (forget.segment_id, channel)
         segment = current(forget.segment_id)
         if segment is None or segment.node_id != forget.node_id:
-            self._segments.pop(forget.segment_id, None)
+            self._segments.pop(key, None)
             return
-        entry = self._segments.get(forget.segment_id)
+        entry = self._segments.get(key)
         if entry is None or entry.segment is not segment:
-            entry = self._segments[forget.segment_id] = _Segment(segment)
+            entry = self._segments[key] = _Segment(segment)
         entry.waiting[forget.command_id] = forget
         if entry.probe == forget.command_id or entry.probe is None:
             entry.probe = None
@@ -75,22 +91,26 @@ class ForgetRetries:
                 entry.failures += 1
                 delay = min(FORGET_RETRY_FIRST * 2 ** (entry.failures - 1), FORGET_RETRY_MAX)
                 entry.due = now + delay
-                heapq.heappush(self._plan, (entry.due, next(self._sequence), forget.segment_id))
+                heapq.heappush(self._plan, (entry.due, next(self._sequence), key))
 
     def succeeded(
         self, forget: ForgetCommand, current: Callable[[str], SegmentRecord | None]
     ) -> list[ForgetCommand]:
-        """The node carried out ``forget``: the segment's failed Forgets waiting, to send
-        now (its log takes records again)."""
-        entry = self._segments.get(forget.segment_id)
+        """The node carried out ``forget``: the failed Forgets of its channel waiting, to
+        send now (its log takes records again; its writers let go)."""
+        key = (forget.segment_id, "")
+        writers = self._segments.get((forget.segment_id, WRITER))
+        if writers is not None and writers.probe == forget.command_id:
+            key = (forget.segment_id, WRITER)  # (a writer's lock is gone: others' may be)
+        entry = self._segments.get(key)
         if entry is None:
             return []
         if current(forget.segment_id) is not entry.segment:
-            del self._segments[forget.segment_id]
+            del self._segments[key]
             return []
         again = list(entry.waiting.values())
         if entry.probe in (None, forget.command_id):
-            del self._segments[forget.segment_id]
+            del self._segments[key]
         else:  # the probe is still out: kept track of, its failure starts the waits over
             entry.waiting.clear()
             entry.failures = 0
@@ -104,12 +124,12 @@ class ForgetRetries:
         probes = []
         plan = self._plan
         while plan and plan[0][0] <= now:
-            when, _, segment_id = heapq.heappop(plan)
-            entry = self._segments.get(segment_id)
+            when, _, key = heapq.heappop(plan)
+            entry = self._segments.get(key)
             if entry is None or entry.due != when:
                 continue  # (stale)
-            if current(segment_id) is not entry.segment or not entry.waiting:
-                del self._segments[segment_id]
+            if current(key[0]) is not entry.segment or not entry.waiting:
+                del self._segments[key]
                 continue
             command_id, probe = next(iter(entry.waiting.items()))
             del entry.waiting[command_id]
@@ -121,8 +141,8 @@ class ForgetRetries:
     def next_deadline(self) -> float | None:
         plan = self._plan
         while plan:
-            when, _, segment_id = plan[0]
-            entry = self._segments.get(segment_id)
+            when, _, key = plan[0]
+            entry = self._segments.get(key)
             if entry is not None and entry.due == when:
                 return when
             heapq.heappop(plan)  # (stale)
@@ -130,5 +150,5 @@ class ForgetRetries:
 
     def node_gone(self, node_id: str) -> None:
         """The node was declared dead: its segments went, and what waited for them."""
-        for segment_id in [i for i, s in self._segments.items() if s.segment.node_id == node_id]:
-            del self._segments[segment_id]
+        for key in [k for k, s in self._segments.items() if s.segment.node_id == node_id]:
+            del self._segments[key]

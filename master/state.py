@@ -157,6 +157,10 @@ MAX_NODE_SEGMENTS = 64
 #: no other node could take them), or until it answers one: without it, every put placed
 #: there would wait out the command timeout and fail, for as long as the node stays hung.
 SILENT_NODE_PAUSE = 30.0
+#: Seconds past a reservation's write window (its creation plus ``write_timeout``) before its
+#: late Forget goes (``_release_reservation``): the window is the writer's, timed from before
+#: its PutStart was sent, so it ends before the master's; this only covers two clocks' rates.
+WRITER_WINDOW_MARGIN = 0.5
 #: Nodes remembered (the latest) to have left a drain with objects lost (``left_with_losses``).
 MAX_LEFT_WITH_LOSSES = 1024
 #: Committing objects whose node's failure to record them is kept for their answer, at most.
@@ -262,6 +266,10 @@ class MasterState:
         #: (release_at, seq, segment, offset): buffers waiting to be freed. The record itself,
         #: not its id, so that a buffer of a dropped and remounted segment is never freed twice.
         self._deferred: list[tuple[float, int, SegmentRecord, int]] = []
+        #: (due, seq, segment, what): Forgets of ended reservations on segments that clients
+        #: on their node's host write themselves, sent as their space is freed, once the
+        #: writer's window is over (``_release_reservation``).
+        self._late_forgets: list[tuple[float, int, SegmentRecord, StoredObject]] = []
         #: While a PutStart runs: what comes free in each tier, for its NO_SPACE messages.
         self._coming_free_by_tier: dict[tuple[Tier, str], str] | None = None
         #: command id -> (segment, offset, object, not before): targets of copies cancelled
@@ -1098,15 +1106,17 @@ class MasterState:
                     self._lease_ended(record)
         return released
 
-    def quarantine(self, forget: ForgetCommand) -> None:
+    def quarantine(self, forget: ForgetCommand, *, node_silent: bool = True) -> None:
         """A node has not answered ``forget`` in time (the I/O layer gave up waiting, not on
-        the command): the space it names stays out of use until ``forget_answered``, so that
-        writers go elsewhere instead of waiting for the node."""
+        the command), or could not carry it out for a same-host writer's lock (not
+        ``node_silent``: the node answers its commands): the space it names stays out of use
+        until ``forget_answered``, so that writers go elsewhere instead of waiting."""
         self._tombstones.overdue(forget.command_id)
         segment = self.segments.get(forget.segment_id)
         if segment is None or segment.node_id != forget.node_id:
             return
-        self._silent(forget.node_id)
+        if node_silent:
+            self._silent(forget.node_id)
         rounded = segment.allocator.rounded
         ranges = [(o.offset, o.offset + rounded(max(o.size, 1))) for o in forget.objects]
         self._quarantine.add(forget.command_id, segment, ranges)
@@ -1386,6 +1396,8 @@ class MasterState:
             for segment_id, granted_at in list(self._dropped_grants.items()):
                 if granted_at + write_timeout <= now:
                     del self._dropped_grants[segment_id]
+        if self._late_forgets:
+            self._send_late_forgets(now)
         self._release_deferred(now, report, budget)
         self._end_soft_pins(now)
         self._count_ended_leases(now, budget)
@@ -2437,12 +2449,12 @@ class MasterState:
             self.resolved.append(CommitResult(record.key, record.put_id, KeyStatus.STALE_PUT))
         self._forget(record, entry)
         if record.state is RESERVED:
-            release_at = now + self.config.reclaim_delay  # its writer may still be copying
             self._forget_grants(record, record.replicas)
+            self._release_reservation(record, now)  # its writer may still be copying
         else:
             release_at = self._reuse_after(record, now)  # its readers may still be copying
             self._send_forgets(record)  # nodes may have recorded it (or be about to)
-        self._release(record.replicas, release_at)
+            self._release(record.replicas, release_at)
         if self._parked and record.state is not RESERVED:
             for parked_in, offset, parked, _ in list(self._parked.values()):
                 if parked is record and self.segments.get(parked_in.segment_id) is parked_in:
@@ -2741,8 +2753,56 @@ class MasterState:
         space only after the reclaim delay."""
         self._forget(record, (record.key, now, "reclaimed", record.put_id, why))
         self._forget_grants(record, record.replicas)
-        self._release(record.replicas, now + self.config.reclaim_delay)
+        self._release_reservation(record, now)
         self.counters.reservations_reclaimed += 1
+
+    def _release_reservation(self, record: ObjectRecord, now: float) -> None:
+        """Frees the buffers of a reservation that ended without its writer's word (removed
+        by force, reclaimed) after the reclaim delay: its writer may still be copying.
+
+        Where clients on the node's host write the segment themselves (``shared_memory``),
+        not before the writer's window is over either, and a Forget goes to the node then,
+        just before the space is freed, so that the forget barrier holds the next writer of
+        the range until the node answers. A writer locks a range before it checks its
+        deadline and copies (transport/writer_locks.py), and the node answers only once no
+        writer holds a lock on it (storage_node/commands.py): a writer that can still copy
+        there once the window is over holds the lock then, however long it was stopped. (The
+        Forget ``_forget_grants`` sent at once may have found no lock: the writer could
+        still take one afterwards, within its window.)"""
+        release_at = now + self.config.reclaim_delay
+        late = []
+        for replica in record.replicas:
+            if replica is None:
+                continue
+            segment = self.segments.get(replica.segment_id)
+            if segment is not None and segment.info.shared_memory:
+                stored = StoredObject(
+                    record.key,
+                    replica.offset,
+                    record.size,
+                    record.generation,
+                    replicas=record.wanted,
+                )
+                late.append((segment, stored))
+        if late:
+            window_end = record.created_at + self.config.write_timeout + WRITER_WINDOW_MARGIN
+            release_at = max(release_at, window_end)
+            for segment, stored in late:
+                if release_at <= now:
+                    self._forget_stored(segment, stored)
+                else:
+                    entry = (release_at, next(self._seq), segment, stored)
+                    heapq.heappush(self._late_forgets, entry)
+        self._release(record.replicas, release_at)
+
+    def _send_late_forgets(self, now: float) -> None:
+        """The Forgets of ``_release_reservation`` that are due, before the buffers they
+        name are freed (``_release_deferred``, in the same tick)."""
+        late = self._late_forgets
+        while late and late[0][0] <= now:
+            _, _, segment, stored = heapq.heappop(late)
+            if self.segments.get(segment.segment_id) is segment:
+                self._forget_stored(segment, stored)
 
     def _age_out_tombstones(self, now: float) -> None:
         """Segments away for ``MAX_AGE`` lose their tombstones: their nodes were replaced

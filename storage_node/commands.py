@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterable
 
 from kvpool.common.keys import shown_key
-from kvpool.common.status import Tier
+from kvpool.common.status import WRITER_HOLDS_RANGE, Tier
 from kvpool.proto import master_pb2 as pb
 from kvpool.security import capabilities as caps
 from kvpool.storage_node import metrics
@@ -42,9 +42,8 @@ from kvpool.storage_node.peer_copy import (
 from kvpool.storage_node.segment import Segment
 
 #: How long a Forget waits for a same-host writer to finish its copy into the range before it
-#: fails (below the master's wait for a Forget's answer, so that a writer a piece past its
-#: deadline costs no quarantine).
-WRITER_GRACE = 0.5
+#: fails: a piece of a copy takes milliseconds, and the node's later commands wait behind it.
+WRITER_GRACE = 0.1
 #: How often a waiting Forget looks again.
 WRITER_POLL = 0.01
 
@@ -292,9 +291,9 @@ def _wait_for_writers(segment: Segment, ranges: list[tuple[int, int]]) -> None:
         if not segment.writer_copying(ranges):
             return
     raise TimeoutError(
-        "a client on this host that writes the segment itself still holds a lock on the "
-        "range (its process stopped or slow, mid-copy, past its write window): the space "
-        "stays out of use until its copy ends or the process exits"
+        f"{WRITER_HOLDS_RANGE} a lock on the range (its process stopped or slow, mid-copy, "
+        "past its write window): the space stays out of use until its copy ends or the "
+        "process exits"
     )
 
 

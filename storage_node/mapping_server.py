@@ -19,6 +19,7 @@ even of the answer already queued for it.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import socket
 import threading
@@ -133,9 +134,8 @@ class MappingServer:
                 socket.send_fds(connection, [bytes([mapping_grants.HANDED_OVER])], fds)
                 answered = True
             finally:
-                if not writable:
-                    for fd in fds:
-                        os.close(fd)
+                for fd in fds:  # (the client holds its own now)
+                    os.close(fd)
             log.info("segment handed over", peer_pid=pid, peer_uid=uid, writable=writable)
         except OSError:
             pass  # (the peer went, or missed a deadline)
@@ -164,10 +164,25 @@ class MappingServer:
             min_term=keys.term if keys is not None else 0,
             max_skew_ms=keys.max_skew_ms if keys is not None else 0,
         )
+        # Each client gets descriptions of its own (opened anew, not the node's): the locks
+        # a writer holds through one go when that client exits (transport/writer_locks.py).
         if segment.direct is not None:
             if not writable:
                 raise MapRefused("an NVMe segment is read over the checked stream, not mapped")
-            return True, [segment.direct.fd, segment.fd]
+            direct = _reopened(segment.direct.fd)
+            try:
+                return True, [direct, _reopened(segment.fd)]
+            except BaseException:
+                os.close(direct)
+                raise
         if writable:
-            return True, [segment.fd]
-        return False, [os.open(f"/proc/self/fd/{segment.fd}", os.O_RDONLY | os.O_CLOEXEC)]
+            return True, [_reopened(segment.fd)]
+        return False, [_reopened(segment.fd, os.O_RDONLY)]
+
+
+def _reopened(fd: int, flags: int | None = None) -> int:
+    """A new open file description of the node's file behind ``fd``: with ``flags``, else
+    with ``fd``'s own (its access mode and ``O_DIRECT``)."""
+    if flags is None:
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL) & (os.O_ACCMODE | os.O_DIRECT)
+    return os.open(f"/proc/self/fd/{fd}", flags | os.O_CLOEXEC)

@@ -103,7 +103,7 @@ class SharedFile(HeldSegment):
             for fd in (*opened, pidfd):
                 os.close(fd)
             raise MappingRefused(0, f"node process {file.pid} handed over no direct-I/O file")
-        lock_fd = writer_locks.own_description(opened[1])
+        lock_fd = writer_locks.own_description(opened[1], handed_over=bool(file.socket_name))
         origin = file.origin(True)
         return cls(opened[0], opened[1], file.size, file.remote_base, pidfd, origin, lock_fd)
 

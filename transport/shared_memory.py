@@ -190,7 +190,9 @@ class MappedSegment(HeldSegment):
         size = file.size
         flags = os.O_RDWR if writable else os.O_RDONLY
         pidfd, [opened] = open_node_file(file, [flags], writable=writable, timeout=timeout)
-        lock_fd = writer_locks.own_description(opened) if writable else None
+        lock_fd = None
+        if writable:
+            lock_fd = writer_locks.own_description(opened, handed_over=bool(file.socket_name))
         try:
             protection = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
             address = LIBC.mmap(None, size, protection, mmap.MAP_SHARED, opened, 0)
@@ -404,7 +406,14 @@ class Mappings:
         lock at the fork (it would never be let go here), and the parent's mappings belong
         to its clients, which the child may not use (``ClientForked``). Those stay mapped in
         the child, unused, until it exits: unmapping them could pull memory from under a
-        view the child still holds."""
+        view the child still holds. Their lock descriptions (``HeldSegment.lock_fd``) are
+        closed in the child: the child's copy would keep a lock the parent holds at the
+        fork alive after the parent is gone (transport/writer_locks.py)."""
+        for held in self._current.values():
+            if held.lock_fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(held.lock_fd)
+                held.lock_fd = None
         self._lock = threading.Lock()
         self._current = {}
 

@@ -34,15 +34,23 @@ from collections.abc import Iterable
 _FLOCK = struct.Struct("hh4xqqi4x")
 
 
-def own_description(fd: int, *, writable: bool = False) -> int | None:
+def own_description(fd: int, *, writable: bool = False, handed_over: bool = False) -> int | None:
     """A new open file description of the file behind ``fd`` (a descriptor of the process),
-    for locks of this process alone; None where the file cannot be opened again (a file of
-    another user that was handed over): then no lock is taken through it."""
+    for locks of this process alone. Where the file cannot be opened again (a file of
+    another user), and ``fd`` was ``handed_over`` by the node, a duplicate of ``fd``: the
+    node hands each client a description of its own (storage_node/mapping_server.py). Else
+    None: then no lock is taken through it."""
     flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC
     try:
         return os.open(f"/proc/self/fd/{fd}", flags)
     except OSError:
-        return None
+        pass
+    if handed_over:
+        try:
+            return os.dup(fd)  # (close-on-exec, as every dup of Python's)
+        except OSError:
+            return None
+    return None
 
 
 def hold(fd: int, ranges: Iterable[tuple[int, int]]) -> None:

@@ -27,6 +27,8 @@ from kvpool import Client
 
 MIB = 1 << 20
 SIZE = 4 * MIB
+#: The master's --write-timeout: the writer reserves, then starts its copy within it.
+WRITE_TIMEOUT = 3
 
 #: The writer: reserves "victim/a", and on a line on stdin writes it. Into DRAM, its first
 #: large memory copy is done in two halves with a SIGSTOP of its own process between them
@@ -82,15 +84,26 @@ def _stopped(pid: int) -> bool:
 
 
 @pytest.mark.parametrize(
-    ("tier", "secure"),
-    [("dram", True), ("dram", False), ("nvme", True)],
-    ids=["dram-secure", "dram-insecure", "nvme-secure"],
+    ("tier", "secure", "removed"),
+    [
+        ("dram", True, "mid-copy"),
+        ("dram", False, "mid-copy"),
+        ("dram", True, "before-copy"),
+        ("nvme", True, "before-copy"),
+    ],
+    ids=["dram-secure", "dram-insecure", "dram-removed-first", "nvme-removed-first"],
 )
 def test_a_writer_stopped_mid_copy_past_the_reclaim_delay_spoils_no_other_object(
-    cluster_factory, tmp_path, monkeypatch, tier, secure
+    cluster_factory, tmp_path, monkeypatch, tier, secure, removed
 ):
+    """``removed``: the reservation is removed while the writer is stopped mid-copy, or
+    before its copy begins (within its write window: it locks the range after the node
+    first heard the reservation was gone)."""
     cluster = cluster_factory(
-        0, "64MiB", secure=secure, master_args=["--reclaim-delay", "1", "--write-timeout", "2"]
+        0,
+        "64MiB",
+        secure=secure,
+        master_args=["--reclaim-delay", "1", "--write-timeout", str(WRITE_TIMEOUT)],
     )
     nvme = ["--nvme", str(tmp_path / "nvme"), "--nvme-size", "256MiB"] if tier == "nvme" else []
     cluster.add_node(extra=nvme)
@@ -116,19 +129,25 @@ def test_a_writer_stopped_mid_copy_past_the_reclaim_delay_spoils_no_other_object
     try:
         assert writer.stdout is not None and writer.stdin is not None
         assert writer.stdout.readline().strip() == "RESERVED"
+        reserved_at = time.monotonic()
         with Client(cluster.master_address, timeout=30, **credentials) as holder:
             holder.put("warm", b"w" * 4096, tier=tier)  # (maps the segment, or opens its file)
             holder.remove("warm")
             writes_itself = holder._session.data.mapped_for(writing=True)
             assert writes_itself, "the test needs a client that writes the segment itself"
+            if removed == "before-copy":
+                holder.remove("victim/a", force=True)
+                time.sleep(0.3)  # (the node hears of it: no lock on the range yet)
             writer.stdin.write("go\n")
             writer.stdin.flush()
             deadline = time.monotonic() + 20
             while not _stopped(writer.pid):
                 assert time.monotonic() < deadline, "the writer never reached its copy"
                 time.sleep(0.005)
-            holder.remove("victim/a", force=True)
-            time.sleep(3.0)  # past the reclaim delay (1 s) and the master's wait for a Forget
+            if removed == "mid-copy":
+                holder.remove("victim/a", force=True)
+            # past the writer's window and the reclaim delay, and a Forget's answer
+            time.sleep(max(0.0, reserved_at + WRITE_TIMEOUT + 3.0 - time.monotonic()))
 
             data = os.urandom(SIZE)
             assert holder.put("victim/b", data, tier=tier) == 1

@@ -17,7 +17,7 @@ import dataclasses
 
 from state_helpers import FakeClock, KiB, segment_info
 
-from kvpool.common.status import KeyStatus
+from kvpool.common.status import WRITER_HOLDS_RANGE, KeyStatus
 from kvpool.master.config import MasterConfig
 from kvpool.master.core import MasterCore
 from kvpool.master.records import Commit, ForgetCommand, PersistCommand, PutOptions
@@ -177,10 +177,20 @@ def test_a_segment_written_by_same_host_clients_gets_a_forget_with_or_without_ca
 
 
 def test_a_forget_failed_for_a_writer_still_copying_keeps_the_space_until_one_succeeds():
+    """Quarantined at once (no wait for ``forget_wait``), the node not paused for new
+    objects (it answers its commands), and the Forget sent again on its own schedule."""
     core, clock = mapped_core(MasterConfig(high_watermark=1.0, reclaim_delay=1.0))
     slot, _ = put(core, "a")
     [forget] = forgets(core.put_revoke(next(_calls), ["a"], [slot.put_id]))
-    core.node_answered("n1", forget.command_id, False, error="a writer holds a lock")
+    held, call_id = put(core, "b")
+    assert held is None, "held by the Forget"
+    error = f"TimeoutError: {WRITER_HOLDS_RANGE} a lock on the range"
+    effects = core.node_answered("n1", forget.command_id, False, error=error)
+    [fenced] = effects.answers[call_id]
+    assert fenced.status is KeyStatus.FENCED, "the held writer asks again, for other space"
+    assert not core.state._silent_nodes(clock()), "the node answered: not paused"
+    [of_b] = forgets(effects)  # (b's slot, revoked, lay in the same range)
+    assert core.node_answered("n1", of_b.command_id, False, error=error).answers == {}
     probes = []
     for _ in range(4):  # (past the Forget's wait and the reclaim delay)
         clock.advance(1.0)
@@ -188,5 +198,31 @@ def test_a_forget_failed_for_a_writer_still_copying_keeps_the_space_until_one_su
         probes += forgets(core.tick()[1]) + forgets(core.timers())
         assert put(core, "b")[0].status is not KeyStatus.OK, "the writer may still copy there"
     assert probes, "the Forget is sent again"
-    core.node_answered("n1", probes[-1].command_id, True)
+    effects = core.node_answered("n1", probes[-1].command_id, True)  # (the writer let go)
+    for again in forgets(effects):  # (the others waiting go at once)
+        core.node_answered("n1", again.command_id, True)
     assert put(core, "c")[0].status is KeyStatus.OK
+
+
+def test_a_reservation_removed_by_force_gets_a_forget_again_once_its_writers_window_is_over():
+    """Removed while its writer may not have begun: the writer may still lock the range and
+    copy, within its window, after the node answered the first Forget. So its space is
+    freed only after the window, with a Forget then, which the next writer waits for."""
+    config = MasterConfig(high_watermark=1.0, reclaim_delay=1.0, write_timeout=3.0)
+    core, clock = mapped_core(config)
+    put(core, "a")
+    [first] = forgets(core.remove(next(_calls), ["a"], True))
+    core.node_answered("n1", first.command_id, True)
+    late = []
+    for _ in range(3):  # (past the reclaim delay, within the window)
+        clock.advance(1.0)
+        core.heartbeat(next(_calls), "n1", ["n1/dram0"])
+        late += forgets(core.tick()[1])
+        assert put(core, "b")[0].status is KeyStatus.NO_SPACE, "the window is not over"
+    clock.advance(1.0)
+    core.heartbeat(next(_calls), "n1", ["n1/dram0"])
+    late += forgets(core.tick()[1])
+    assert [(f.objects[0].key, f.objects[0].offset) for f in late] == [("a", 0)]
+    held, call_id = put(core, "b")
+    assert held is None, "the next writer waits for the node's answer"
+    assert answer(core, late[0], call_id).status is KeyStatus.OK
