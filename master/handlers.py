@@ -268,7 +268,10 @@ class MasterHandlers:
                     f"segment {s.segment_id!r} is not mounted as this part of its report "
                     "says: report it again from its first part (continued unset)",
                 )
-            response = pb.MountSegmentResponse(dropped_keys=dropped)
+            response = pb.MountSegmentResponse(
+                dropped_keys=dropped,
+                node_ttl_ms=min(int(core.state.config.node_ttl * 1000), 2**32 - 1),
+            )
             self._deliver_keys(response, info.node_id)
             return response
 
@@ -311,7 +314,9 @@ class MasterHandlers:
 
         def answer(remount: list[str]) -> pb.HeartbeatResponse:
             response = pb.HeartbeatResponse(
-                remount_segment_ids=remount, master_time_ms=int(time.time() * 1000)
+                remount_segment_ids=remount,
+                master_time_ms=int(time.time() * 1000),
+                node_ttl_ms=min(int(core.state.config.node_ttl * 1000), 2**32 - 1),
             )
             progress = self._drain_progress(node_id) if core.state.draining_nodes else None
             if progress is not None and progress.draining:

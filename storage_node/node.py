@@ -52,6 +52,8 @@ log = get_logger("kvpool.node")
 _In = TypeVar("_In")
 _Out = TypeVar("_Out")
 
+#: Seconds the node waits for the master's answers while the master has not said its node
+#: TTL (an older master; or none answered yet), and at least once it has (``call_deadline``).
 RPC_TIMEOUT = 2.0
 #: Seconds a mount's deadline grows by per object it reports.
 ADOPT_ALLOWANCE = 50e-6
@@ -67,6 +69,53 @@ SEARCH_LOG_INTERVAL = 60.0
 #: How a standby's refusal begins (master/leader_gate.py): with no leader named, none is
 #: elected yet (or the standby, cut off from etcd, cannot know).
 NOT_THE_LEADER = "not the leader"
+
+
+def call_deadline(node_ttl: float, heartbeat_interval: float) -> float:
+    """Seconds a node waits for the master's answer to a heartbeat, a lane lookup or a mount
+    (a mount adds ADOPT_ALLOWANCE an object it reports): the master's node TTL (``node_ttl``,
+    as its last answer said) less a heartbeat interval, never under RPC_TIMEOUT. An answer
+    that comes that late still comes before the master would declare the node dead: a slow
+    link to the master is no reason to give up on it. RPC_TIMEOUT while the TTL is not known
+    (0). One heartbeat at a time: the next is sent once this one is answered or failed."""
+    if node_ttl <= 0:
+        return RPC_TIMEOUT
+    return max(RPC_TIMEOUT, node_ttl - heartbeat_interval)
+
+
+def gives_up(
+    code: grpc.StatusCode,
+    failures: int,
+    unanswered_for: float,
+    node_ttl: float,
+    heartbeat_interval: float,
+) -> bool:
+    """Whether a node whose call to the master just failed leaves this master (its channel,
+    its session) and asks again who leads. ``failures``: the calls failed in a row, this one
+    included; ``unanswered_for``: seconds since this master last answered (or since the node
+    connected to it); ``node_ttl``: the master's node TTL as it last said (0: not known).
+
+    A refused connection (UNAVAILABLE: the master is down, restarting, or gone in a failover),
+    or a master that has not said its TTL: at every second failure, as before. Else (no answer
+    in time, an error): once the master has not answered for about its node TTL (the last
+    heartbeat interval of it spent in the pause between two calls): it would declare the node
+    dead by then anyway. (A standby's refusal, or etcd naming another leader, moves the node at
+    once: ``StorageNode._sync_with_master``.)"""
+    if code == grpc.StatusCode.UNAVAILABLE or node_ttl <= 0:
+        return failures % 2 == 0
+    return unanswered_for + heartbeat_interval >= node_ttl
+
+
+class LeaderMoved(Exception):
+    """Another master leads than the one a call waits for: the node goes there."""
+
+    def __init__(self, leader: str) -> None:
+        super().__init__(leader)
+        self.leader = leader
+
+
+class WaitedEnough(Exception):
+    """A node that leaves waits no longer than RPC_TIMEOUT for the master, as before."""
 
 
 def report_parts(
@@ -136,6 +185,12 @@ class StorageNode:
         self._clock_offset = ClockOffset()
         self._progress = ucp.ProgressThread(worker)
         self._failures = 0
+        #: The master's node TTL, as its last answer said (0: not known, or an older master
+        #: that does not say): how long the node waits for the master (``call_deadline``,
+        #: ``gives_up``).
+        self._node_ttl = 0.0
+        #: When the master the node follows last answered, or the node connected to it.
+        self._answered_at = time.monotonic()
         #: The search for the leading master (what it logs), and why the node looks now.
         self._search = LeaderSearch()
         self._why_looking = ""
@@ -149,6 +204,8 @@ class StorageNode:
         self._drain_left = (-1, -1)
         #: Set once the node decided to leave (stopped, or drained): ends its command stream.
         self._leave: asyncio.Event | None = None
+        #: Set when the node is told to stop (``run``'s).
+        self._stop: asyncio.Event | None = None
         #: The command running on a worker thread, if any (commands run one at a time).
         self._command_running: asyncio.Future[Any] | None = None
         #: The capability keys the master delivered last (None: none yet, or it grants none).
@@ -194,6 +251,7 @@ class StorageNode:
         announced = False
         drain = 0.0
         self._leave = leave = asyncio.Event()
+        self._stop = stop
         while True:
             leader = await asyncio.to_thread(lambda: self._resolver.current)
             if not leader:
@@ -206,11 +264,12 @@ class StorageNode:
             async with self.credentials.aio_channel(leader, GRPC_MESSAGE_OPTIONS) as channel:
                 stub = master_pb2_grpc.MasterStub(channel)
                 self.mounted.clear()  # a new leader (or the first): mount everything there
+                self._answered_at = time.monotonic()
                 session_over = asyncio.Event()
                 session = asyncio.create_task(self._keep_session(stub, leader, leave, session_over))
                 hint = None
                 while not self._leaving(stop) and hint is None:
-                    hint = await self._sync_with_master(stub)
+                    hint = await self._sync_with_master(stub, leader)
                     if hint is None and not self._failures and (looks := self._search.found()):
                         log.info("following the leading master", master=leader, looks=looks)
                     if not announced and self.ready[0]:
@@ -358,6 +417,75 @@ class StorageNode:
         self.capability_keys = NodeKeys(ring, term, delivered.max_skew_ms)
         log.info("capability keys", key_ids=ids, term=term, max_skew_ms=delivered.max_skew_ms)
 
+    def _heard(self, response: pb.MountSegmentResponse | pb.HeartbeatResponse) -> None:
+        """The master answered: when, and the node TTL it says (0 from an older master)."""
+        self._answered_at = time.monotonic()
+        self._node_ttl = response.node_ttl_ms / 1000.0
+
+    @property
+    def _deadline(self) -> float:
+        return call_deadline(self._node_ttl, self.heartbeat_interval)
+
+    async def _answer_of(self, call: Any, leader: str) -> Any:
+        """The answer to ``call``, a unary call under way to the master ``leader``. A call
+        that waits past RPC_TIMEOUT (its deadline follows a long node TTL) is not waited out
+        where another master is known to lead meanwhile (this one stopped past its etcd lease,
+        its host went away): who leads is asked once a heartbeat interval (``_leader_named``),
+        and when it is another master, LeaderMoved, the call cancelled: as fast as before the
+        deadline followed the TTL. A node that leaves (``_hurried``) waits no longer than
+        RPC_TIMEOUT: WaitedEnough. One call at a time: none is left running behind."""
+        target = self._resolver.target
+        # (nobody else to ask: one master, or a Service in front of them)
+        others = bool(target.etcd) or any(master != leader for master in target.masters)
+        waiting = asyncio.ensure_future(call)
+        try:
+            done, _ = await asyncio.wait({waiting}, timeout=RPC_TIMEOUT)
+            while not done:
+                if self._hurried():
+                    raise WaitedEnough()
+                if others:
+                    named = await self._leader_named(leader)
+                    if named and named != leader and not waiting.done():
+                        raise LeaderMoved(named)
+                done, _ = await asyncio.wait({waiting}, timeout=self.heartbeat_interval)
+            return waiting.result()
+        finally:
+            if not waiting.done():
+                call.cancel()
+                waiting.cancel()
+
+    def _hurried(self) -> bool:
+        """Whether the node is leaving: told to stop and not draining, or past its drain
+        deadline. It waits for the master no longer than before then (a stop must not wait
+        for a node TTL: a pod's grace period may be shorter)."""
+        if self._draining:
+            return time.monotonic() >= self._drain_deadline
+        return self._stop is not None and self._stop.is_set()
+
+    async def _leader_named(self, leader: str) -> str:
+        """Who leads now, asked elsewhere than ``leader`` ("" not known): the leader etcd
+        names; without etcd, the first other listed master that serves the node, or that
+        names the leader in its refusal (a standby). The node's resolver is left as it is."""
+        target = self._resolver.target
+        if target.etcd:
+            only_etcd = MasterTarget(etcd=target.etcd, cluster=target.cluster)
+            return await asyncio.to_thread(lambda: LeaderResolver(only_etcd).current)
+        for master in target.masters:
+            if master == leader:
+                continue
+            try:
+                async with self.credentials.aio_channel(master, GRPC_MESSAGE_OPTIONS) as channel:
+                    await master_pb2_grpc.MasterStub(channel).Lane(
+                        pb.LaneRequest(), timeout=RPC_TIMEOUT / 2, metadata=self._metadata
+                    )
+                return master  # (it serves: it leads)
+            except grpc.aio.AioRpcError as error:
+                if error.code() == grpc.StatusCode.FAILED_PRECONDITION and (
+                    hint := _leader_hint(error)
+                ):
+                    return hint
+        return ""
+
     def _start_drain(self, why: str) -> None:
         self._draining = True
         self._drain_deadline = time.monotonic() + self.drain_timeout
@@ -388,9 +516,10 @@ class StorageNode:
                 )
             self._drained = True
 
-    async def _sync_with_master(self, stub: master_pb2_grpc.MasterStub) -> str | None:
-        """Mounts what is not mounted and heartbeats. Returns None while this master serves
-        us; otherwise where to look for the leader ("" when it is not known)."""
+    async def _sync_with_master(self, stub: master_pb2_grpc.MasterStub, leader: str) -> str | None:
+        """Mounts what is not mounted and heartbeats (``leader``: the master ``stub`` calls).
+        Returns None while this master serves us; otherwise where to look for the leader (""
+        when it is not known)."""
         try:
             for segment in self.segments:
                 if segment.segment_id not in self.mounted:
@@ -403,7 +532,7 @@ class StorageNode:
                     remount = segment.segment_id in self._ever_mounted
                     dropped: set[str] = set()
                     for part, (continued, more) in report_parts(objects):
-                        response = await stub.MountSegment(
+                        call = stub.MountSegment(
                             pb.MountSegmentRequest(
                                 segment=descriptor,
                                 objects=part,
@@ -414,9 +543,11 @@ class StorageNode:
                                 continued=continued,
                             ),
                             # (the master adopts each object of the part before it answers)
-                            timeout=RPC_TIMEOUT + len(part) * ADOPT_ALLOWANCE,
+                            timeout=self._deadline + len(part) * ADOPT_ALLOWANCE,
                             metadata=self._metadata,
                         )
+                        response = await self._answer_of(call, leader)
+                        self._heard(response)
                         self._learn_keys(response)
                         dropped.update(response.dropped_keys)
                     self._ever_mounted.add(segment.segment_id)
@@ -438,7 +569,7 @@ class StorageNode:
             if any(s.unreadable.any() for s in self.segments):  # (a pass over an index)
                 unreadable = await asyncio.to_thread(self._unreadable)
             try:
-                response = await stub.Heartbeat(
+                call = stub.Heartbeat(
                     pb.HeartbeatRequest(
                         node_id=self.node_id,
                         segment_ids=[s.segment_id for s in self.segments],
@@ -455,10 +586,11 @@ class StorageNode:
                             for entry in entries
                         ],
                     ),
-                    timeout=RPC_TIMEOUT,
+                    timeout=self._deadline,
                     metadata=self._metadata,
                 )
-            except grpc.aio.AioRpcError:
+                response = await self._answer_of(call, leader)
+            except (grpc.aio.AioRpcError, LeaderMoved, WaitedEnough):
                 for segment, entries in unreadable:  # (told at the next heartbeat instead)
                     segment.unreadable.give_back(entries)
                 raise
@@ -468,6 +600,7 @@ class StorageNode:
                     "listing these replicas",
                     objects=[(s.segment_id, e.key) for s, entries in unreadable for e in entries],
                 )
+            self._heard(response)
             self._heard_drain(response)
             self._learn_keys(response)
             self._compare_clocks(sent_at, time.time(), response.master_time_ms)
@@ -481,6 +614,15 @@ class StorageNode:
             if self._failures:
                 log.info("master reachable again", after_failures=self._failures)
             self._failures = 0
+        except WaitedEnough:  # (the node leaves: ``run`` sees it)
+            metrics.HEARTBEAT_FAILURES.inc()
+            metrics.MOUNTED.set(len(self.mounted))
+            return None
+        except LeaderMoved as moved:  # (this master may be stopped past its lease)
+            metrics.HEARTBEAT_FAILURES.inc()
+            metrics.MOUNTED.set(len(self.mounted))
+            self._why_looking = "etcd names another leader"
+            return moved.leader
         except grpc.aio.AioRpcError as error:
             metrics.HEARTBEAT_FAILURES.inc()
             metrics.MOUNTED.set(len(self.mounted))
@@ -510,8 +652,17 @@ class StorageNode:
                     detail=error.details(),
                     failures=self._failures,
                 )
-            if self._failures % 2 == 0:
-                self._why_looking = f"master unreachable ({error.code().name})"
+            unanswered_for = time.monotonic() - self._answered_at
+            if gives_up(
+                error.code(),
+                self._failures,
+                unanswered_for,
+                self._node_ttl,
+                self.heartbeat_interval,
+            ):
+                self._why_looking = (
+                    f"master unreachable ({error.code().name}, no answer for {unanswered_for:.1f}s)"
+                )
                 return ""  # ask again who leads (a failover may be under way)
         metrics.MOUNTED.set(len(self.mounted))
         return None
@@ -560,7 +711,7 @@ class StorageNode:
     async def _lane_port(self, stub: master_pb2_grpc.MasterStub) -> int:
         try:
             return (
-                await stub.Lane(pb.LaneRequest(), timeout=RPC_TIMEOUT, metadata=self._metadata)
+                await stub.Lane(pb.LaneRequest(), timeout=self._deadline, metadata=self._metadata)
             ).port
         except grpc.aio.AioRpcError:
             return 0  # an older master, or not the leader: the gRPC stream says which
