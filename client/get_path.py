@@ -51,9 +51,12 @@ Pieces = Mapping[int, Sequence[tuple[int, int, int]]]
 #: second), set up a UCX endpoint and answer while busy with other clients before it is
 #: given up on as silent.
 MIN_ATTEMPT = 1.0
-#: Bytes per second a healthy node and link deliver at the least, busy or not: an attempt
-#: gets ``MIN_ATTEMPT`` more than its bytes take at this rate (when the time left allows).
-SLOW_RATE = 100 << 20
+#: Bytes per second any healthy node and link deliver to one call, at the least, however
+#: shared (a 1 GbE link shared by tens of readers; a slow disk): an attempt gets
+#: ``MIN_ATTEMPT`` more than its bytes take at this rate (when the time left allows). Set
+#: low on purpose: a share that cuts a healthy transfer short fails a read that would have
+#: succeeded, and marks a healthy node; one too long only delays falling over.
+SLOW_RATE = 10 << 20
 
 
 def locate(
@@ -208,11 +211,12 @@ def _read_once(
     """Reads each object from its replicas in turn until one answers; returns the objects
     that failed on every replica tried, at least once cut off.
 
-    The objects with as many replicas left go in one run, until the deadline
-    ``attempt_deadline`` gives them (a batch whose objects have as many replicas each, the
-    rule, makes one run per attempt); those with more left, so a shorter share, go first. A
-    transfer cut off by its share (its node did not answer in time) marks its node
-    unreachable for a while and falls over to the next replica."""
+    Each attempt is one run of every object pending, until the deadline
+    ``attempt_deadline`` gives the run: a share of the time left while every object of it
+    has another replica left (a batch's objects have as many replicas each, as a rule), all
+    of it where one is on its last (the objects of a batch run together, none waiting on
+    another's share). A transfer cut off by its share marks its node unreachable for a while
+    where the node took it and did not answer, and falls over to the next replica."""
     data = session.data
     candidates = {i: by_nearness(session, located[i].replicas) for i in targets}
     failures: dict[int, list[Failure]] = {}  # (made for the objects that fail only)
@@ -220,38 +224,30 @@ def _read_once(
     attempt = 0
     while pending:
         checkpoint()  # (a cancelled call writes nothing more into the caller's buffers)
-        by_left: dict[int, list[int]] = {}
-        for i in pending:
-            by_left.setdefault(len(candidates[i]) - attempt, []).append(i)
+        replicas_left = min(len(candidates[i]) - attempt for i in pending)
+        transfers = _transfers(pending, candidates, attempt, targets, pieces)
+        started = time.monotonic()
+        until = attempt_deadline(
+            started, deadline, lease_deadline, replicas_left, sum(t.length for t in transfers)
+        )
+        errors = data.run(transfers, is_get=True, deadline=until)
+        if pieces:
+            errors = _by_object(pending, pieces, errors)
         retry = []
-        for replicas_left in sorted(by_left, reverse=True):
-            group = by_left[replicas_left]
-            transfers = _transfers(group, candidates, attempt, targets, pieces)
-            started = time.monotonic()
-            until = attempt_deadline(
-                started,
-                deadline,
-                lease_deadline,
-                replicas_left,
-                sum(t.length for t in transfers),
-            )
-            errors = data.run(transfers, is_get=True, deadline=until)
-            if pieces:
-                errors = _by_object(group, pieces, errors)
-            for i, error in zip(group, errors, strict=True):
-                if error is None:
-                    continue
-                if error.timed_out and until >= lease_deadline:  # the lease ran out
-                    failures.setdefault(i, []).append(error)
-                    results[i] = _lease_expired(keys[i])
-                    continue
-                if error.timed_out and until < min(deadline, lease_deadline):
-                    error = _cut_short(session, error, until - started)
+        for i, error in zip(pending, errors, strict=True):
+            if error is None:
+                continue
+            if error.timed_out and until >= lease_deadline:  # the lease ran out
                 failures.setdefault(i, []).append(error)
-                if attempt + 1 < len(candidates[i]) and time.monotonic() < deadline:
-                    retry.append(i)
-                else:
-                    results[i] = _unreadable(keys[i], len(candidates[i]), failures[i])
+                results[i] = _lease_expired(keys[i])
+                continue
+            if error.timed_out and until < min(deadline, lease_deadline):
+                error = _cut_short(session, error, until - started)
+            failures.setdefault(i, []).append(error)
+            if attempt + 1 < len(candidates[i]) and time.monotonic() < deadline:
+                retry.append(i)
+            else:
+                results[i] = _unreadable(keys[i], len(candidates[i]), failures[i])
         attempt += 1
         pending = retry
     return {
@@ -298,7 +294,7 @@ def _cut_short(session: Session, error: Failure, share: float) -> Failure:
     it took the transfer and did not answer: ``Failure.silent``) is remembered as
     unreachable, so that reads try it last and puts avoid it for a while (or until it
     answers a transfer again)."""
-    why = f"no answer within the {max(share, 0.0):.2g} s given to this replica, others left"
+    why = f"not done within the {max(share, 0.0):.2g} s given to this replica, others left"
     if error.silent and error.node_id:
         session.data.unreachable.add(error.node_id)
         why += ": its node is tried last for a few seconds"

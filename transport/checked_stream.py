@@ -14,10 +14,9 @@ there, each read's payload copied out (``memmove``: a few KiB cost less than a c
 large payload moves straight between the caller's memory and the socket, no copy, the GIL
 released while the kernel copies. Waits are the kernel's (transport/checked_socket.py).
 
-Every send and receive waits at most until the call's deadline; making a connection at most
-``CONNECT_TIMEOUT`` of it (then the node is unreachable). A connection that timed out, broke
-or fell out of step is closed, never reused: the node may still be mid-transfer on it. A
-refusal (the node's status) fails that transfer only.
+Every send and receive waits at most until the call's deadline. A connection that timed
+out, broke or fell out of step is closed, never reused: the node may still be mid-transfer
+on it. A refusal (the node's status) fails that transfer only.
 """
 
 from __future__ import annotations
@@ -58,11 +57,6 @@ SMALL = 64 << 10
 PAGE = 4096
 #: Each connection's send and receive buffers.
 BUFFER = 1 << 20
-#: Seconds a connection may take to be made, whatever the deadline: a node that answers
-#: accepts in a round trip (a lost SYN is sent again after a second), and one that does not
-#: (cut off, its packets dropped) must not take the whole call's time, which a read with
-#: other replicas left needs for them. Past it the node counts as unreachable.
-CONNECT_TIMEOUT = 2.0
 
 
 @dataclass(slots=True)
@@ -299,17 +293,9 @@ class CheckedStreams:
         left = deadline - time.monotonic()
         if left <= 0:
             raise _Broken(Result(Outcome.TIMED_OUT, "no time left to connect"))
-        bound = min(left, CONNECT_TIMEOUT)
         try:
-            sock = socket.create_connection((host.strip("[]"), int(port)), timeout=bound)
+            sock = socket.create_connection((host.strip("[]"), int(port)), timeout=left)
         except TimeoutError:
-            if bound < left:  # (not the deadline: the node did not answer in CONNECT_TIMEOUT)
-                raise _Broken(
-                    Result(
-                        Outcome.UNREACHABLE,
-                        f"cannot connect to {address}: no answer in {CONNECT_TIMEOUT:g} s",
-                    )
-                ) from None
             raise _Broken(Result(Outcome.TIMED_OUT, f"connecting to {address} timed out")) from None
         except (OSError, ValueError) as error:
             raise _Broken(

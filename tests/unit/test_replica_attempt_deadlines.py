@@ -1,18 +1,12 @@
 """How a get shares its time between the replicas it may try (client/get_path.py,
-``attempt_deadline``), and how long a checked-stream connection may take to be made
-(transport/checked_stream.py, ``CONNECT_TIMEOUT``): a node that drops every packet must not
-take the whole call's time while another replica could serve."""
+``attempt_deadline``): a node that drops every packet must not take the whole call's time
+while another replica could serve, and a healthy but slow one must not be cut short."""
 
 from __future__ import annotations
-
-import socket
-import time
 
 import pytest
 
 from kvpool.client.get_path import MIN_ATTEMPT, SLOW_RATE, attempt_deadline
-from kvpool.transport import checked_stream
-from kvpool.transport.checked_stream import CheckedStreams, Job, Outcome
 
 MiB = 1 << 20
 
@@ -39,7 +33,7 @@ def test_a_share_is_never_below_the_floor_the_time_left_allows():
         100.0 + MIN_ATTEMPT + 4096 / SLOW_RATE
     )
     # a large one: the time its bytes take at SLOW_RATE, and MIN_ATTEMPT more
-    nbytes = 400 * MiB
+    nbytes = 40 * MiB
     floor = MIN_ATTEMPT + nbytes / SLOW_RATE
     assert attempt_deadline(100.0, 108.0, 200.0, 2, nbytes) == pytest.approx(100.0 + floor)
     # too large for a share: all the time left, as if it were the last replica
@@ -60,50 +54,7 @@ def test_shares_leave_the_last_replica_time():
     assert attempt_deadline(now, deadline, 100.0, 1, 4096) == deadline
 
 
-@pytest.fixture
-def full_listener():
-    """An address whose listener never accepts and whose queue is full: a SYN to it is
-    dropped, as one to a node cut off silently is."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(0)
-    address = f"127.0.0.1:{server.getsockname()[1]}"
-    queued = []
-    for _ in range(8):  # (fill the accept queue: backlog 0 takes one or two)
-        sock = socket.socket()
-        sock.setblocking(False)
-        sock.connect_ex(server.getsockname())
-        queued.append(sock)
-    time.sleep(0.2)
-    yield address
-    for sock in queued:
-        sock.close()
-    server.close()
-
-
-def test_a_connection_that_is_not_made_in_time_makes_its_node_unreachable(
-    full_listener, monkeypatch
-):
-    monkeypatch.setattr(checked_stream, "CONNECT_TIMEOUT", 0.5)
-    streams = CheckedStreams()
-    try:
-        job = Job(full_listener, b"grant", 0, 16, 0)  # (no connection: nothing is read)
-        start = time.monotonic()
-        (result,) = streams.run([job], is_get=True, deadline=time.monotonic() + 10.0)
-        took = time.monotonic() - start
-    finally:
-        streams.close()
-    assert result.outcome is Outcome.UNREACHABLE, result
-    assert "no answer in 0.5 s" in result.message
-    assert took < 2.0
-
-
-def test_a_connect_cut_by_the_deadline_is_a_timeout(full_listener, monkeypatch):
-    monkeypatch.setattr(checked_stream, "CONNECT_TIMEOUT", 5.0)
-    streams = CheckedStreams()
-    try:
-        job = Job(full_listener, b"grant", 0, 16, 0)
-        (result,) = streams.run([job], is_get=True, deadline=time.monotonic() + 0.5)
-    finally:
-        streams.close()
-    assert result.outcome is Outcome.TIMED_OUT, result
+def test_a_read_of_many_bytes_gets_the_whole_budget_rather_than_be_cut():
+    """128 MiB over a healthy link slower than 100 MiB/s (a shared 1 GbE) takes seconds: a
+    share of a 10 s budget would fail it, and mark its healthy node."""
+    assert attempt_deadline(100.0, 110.0, 200.0, 2, 128 * MiB) == 110.0
