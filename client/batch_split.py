@@ -76,7 +76,8 @@ def answer_each_part(
     part at most ``most`` of them; ``call`` fills ``results`` for its positions and returns
     whether to go on (False: it answered the positions left itself). A part's KVPoolError
     raises when it is the first (nothing is done yet: the call fails as a whole), else it is
-    given to each of its keys (``key_of(i)``: position i's key) and the next part goes on."""
+    given to each of its keys (``key_of(i)``: position i's key) whose result ``call`` had not
+    filled yet (one the master had answered, a refusal, keeps it) and the next part goes on."""
     for part in each_part(len(valid), most):
         positions = valid if len(part) == len(valid) else valid[part.start : part.stop]
         try:
@@ -87,7 +88,8 @@ def answer_each_part(
                 raise
             first, last = positions[0], positions[-1]
             for i in positions:
-                results[i] = part_failed(error, key_of(i), first, last)
+                if results[i] is None:
+                    results[i] = part_failed(error, key_of(i), first, last)
 
 
 def part_failed(error: KVPoolError, key: str, first: int, last: int) -> KVPoolError:

@@ -56,6 +56,7 @@ from kvpool.errors import (
     InvalidArgument,
     InvalidKey,
     KVPoolError,
+    PutOutcomeUnknown,
     QuotaExceeded,
     TransferError,
 )
@@ -423,7 +424,11 @@ class Client:
         gets InvalidArgument. More than 4096 keys go to the master in parts of 4096, one after
         another: a part whose turn comes when the timeout has (nearly) run out is not sent,
         and each of its keys gets a TransferError that says so; a part after the first that
-        fails as a whole gives its error to each of its keys (the first part's failure raises).
+        fails as a whole gives its error to each of its keys not answered yet (a key the
+        master refused keeps its refusal; the first part's failure raises). A commit the
+        master did not answer raises PutOutcomeUnknown where no commit of the call was
+        answered; else each of its keys gets a PutOutcomeUnknown of its own, and the other
+        results are kept.
         """
         options = self._write_options(replicas, preferred_hosts, pin, pin_ttl, checksum, tier)
         pairs, keys = arguments.pair_list("put_many", items, "data")
@@ -492,12 +497,18 @@ class Client:
         options: WriteOptions,
         deadline: float,
         pieces: Mapping[int, Sequence[tuple[int, int]]] | None = None,
+        answered_before: bool = False,
     ) -> list[Any]:
         """Reserves, writes and commits ``pairs[i]`` for each i of ``sources`` (its bytes,
         or with ``pieces`` the buffers they gather); fills ``results`` and returns it. A
         batch larger than one master call takes goes in parts of that size, each reserved,
         written and committed before the next is reserved (a reservation is to be written
-        within the master's write window, which a whole large batch could outlast)."""
+        within the master's write window, which a whole large batch could outlast).
+
+        A commit that went unanswered raises PutOutcomeUnknown only where no commit of the
+        call was answered before it (``answered_before``: one of an earlier part was); else
+        each of its keys gets a PutOutcomeUnknown of its own, the other results kept
+        (``put_path.write_and_commit``, ``put_path.unknown_each``)."""
         order = list(sources)
         if len(order) > lp.MAX_BATCH_KEYS:
             return self._store_in_parts(pairs, sources, results, options, deadline, pieces)
@@ -515,7 +526,13 @@ class Client:
                     puts.append(put)
                 else:
                     results[i] = error_for(slot.status, pairs[i][0], slot.message)
-            statuses = put_path.write_and_commit(self._session, puts, options, deadline)
+            try:
+                statuses = put_path.write_and_commit(self._session, puts, options, deadline)
+            except PutOutcomeUnknown as error:  # (the first commit, of every put, unanswered)
+                if not answered_before:
+                    raise  # (nothing of the call is known: it fails as a whole)
+                put_path.unknown_each(puts, error)
+                statuses = [KeyStatus.NO_REPLICA] * len(puts)  # (each answered by ``unknown``)
         except BaseException as error:  # (interrupted: what is still reserved goes back)
             # (the slots reserved, and each put's latest placement where it was placed again;
             # a put id no longer held is left alone by the master)
@@ -527,7 +544,9 @@ class Client:
             )
             raise
         for put, status in zip(puts, statuses, strict=True):
-            if status == ok:
+            if put.unknown is not None:  # (its commit unanswered, others' answered)
+                results[put.index] = put.unknown
+            elif status == ok:
                 results[put.index] = put.replicas_written
             else:
                 results[put.index] = error_for(status, put.key, put.why_not_published)
@@ -560,10 +579,17 @@ class Client:
                 for i in order[sent:]:
                     results[i] = self._not_sent(pairs[i][0], sent, len(order))
                 return False
+            answered_before = bool(sent)  # (an earlier part was answered: its results stand)
             sent += len(part)
             try:
                 self._store(
-                    pairs, {i: sources[i] for i in part}, results, options, deadline, pieces
+                    pairs,
+                    {i: sources[i] for i in part},
+                    results,
+                    options,
+                    deadline,
+                    pieces,
+                    answered_before,
                 )
             finally:
                 took = time.monotonic() - began

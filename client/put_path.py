@@ -103,6 +103,9 @@ class PendingPut:
     #: (address, length) of each buffer an object gathered from several is made of, in order
     #: (``Client.put_parts``); None: the bytes are ``source``'s alone.
     pieces: Sequence[tuple[int, int]] | None = None
+    #: Its commit went unanswered after another commit of the same call was answered
+    #: (``write_and_commit``): its result, for this key alone, whatever its status says.
+    unknown: PutOutcomeUnknown | None = None
 
     @property
     def why_not_published(self) -> str:
@@ -199,7 +202,15 @@ def write_and_commit(
     """Writes and commits ``puts``, placing again those whose nodes could not be reached (see
     the module's docstring) while ``deadline`` allows. Entry i is put i's final status; its
     ``slot``, ``errors`` and ``failures`` are then those of its last placement (or, when a
-    placement was refused, ``errors`` says why)."""
+    placement was refused, ``errors`` says why).
+
+    The first commit, of every put, raises PutOutcomeUnknown where it goes unanswered:
+    nothing is known yet (a caller that knows results of an earlier part of its call keeps
+    them: ``unknown_each``). Once it was answered, the results known are kept: each put of
+    a later commit (of those placed again) that goes unanswered gets its own
+    PutOutcomeUnknown in ``unknown`` instead (its status then means nothing), and a
+    placement again that fails otherwise (PutStart unanswered, the writes failed as a
+    whole) leaves its puts unpublished (NO_REPLICA), ``errors`` saying why."""
     revoke_if_cancelled(session, puts)
     write_or_give_back(session, puts, options.checksum)
     revoke_if_cancelled(session, puts)
@@ -216,22 +227,48 @@ def write_and_commit(
         ]
         if not again or time.monotonic() >= deadline:
             break
-        placed = []
-        refusals = _place_again(session, again, puts, options, deadline)
-        for i, refused in zip(again, refusals, strict=True):
-            if refused is None:
-                placed.append(i)
-            else:
-                statuses[i] = refused
-        written = [puts[i] for i in placed]
-        for put in written:
-            put.unpublished = ""  # (of its earlier placement)
-        revoke_if_cancelled(session, written)
-        write_or_give_back(session, written, options.checksum)
-        revoke_if_cancelled(session, written)
-        for i, status in zip(placed, commit(session, written, deadline), strict=True):
+        # (an earlier commit of the call was answered: a failure from here on is its puts'
+        # alone, the other results are kept)
+        placed = again
+        written: list[PendingPut] = []
+        try:
+            refusals = _place_again(session, again, puts, options, deadline)
+            placed = [i for i, refused in zip(again, refusals, strict=True) if refused is None]
+            for i, refused in zip(again, refusals, strict=True):
+                if refused is not None:
+                    statuses[i] = refused
+            written = [puts[i] for i in placed]
+            for put in written:
+                put.unpublished = ""  # (of its earlier placement)
+            revoke_if_cancelled(session, written)
+            write_or_give_back(session, written, options.checksum)
+            revoke_if_cancelled(session, written)
+            ends = commit(session, written, deadline)
+        except PutOutcomeUnknown as error:  # (PutEnd sent, not answered)
+            unknown_each(written, error)
+            break
+        except KVPoolError as error:  # (no PutEnd sent, or it was refused: not published)
+            for i in placed:
+                put = puts[i]
+                earlier = "; ".join(filter(None, put.errors))
+                put.errors = [
+                    f"placing it again failed: {error} (it was being placed again: {earlier})"
+                ]
+                put.failures = []
+            break
+        for i, status in zip(placed, ends, strict=True):
             statuses[i] = status
     return statuses
+
+
+def unknown_each(puts: Sequence[PendingPut], error: PutOutcomeUnknown) -> None:
+    """Gives each of ``puts``, whose commit raised ``error``, a PutOutcomeUnknown of its
+    own key (``PendingPut.unknown``), for a call that knows other results already."""
+    cause = error.__cause__  # (the link's error, as ``commit`` raised it)
+    link = cause if isinstance(cause, MasterUnavailable) else MasterUnavailable(str(error))
+    for put in puts:
+        own = outcome_unknown([put], link)
+        put.unknown = own if isinstance(own, PutOutcomeUnknown) else error
 
 
 def _place_again(

@@ -14,7 +14,14 @@ from kvpool.client.put_path import PendingPut
 from kvpool.client.session import Session
 from kvpool.common.keys import shown_key
 from kvpool.common.status import KeyStatus
-from kvpool.errors import ClientClosed, InvalidArgument, KVPoolError, PutAborted, TransferError
+from kvpool.errors import (
+    ClientClosed,
+    InvalidArgument,
+    KVPoolError,
+    PutAborted,
+    PutOutcomeUnknown,
+    TransferError,
+)
 
 #: What a commit that got no answer (PutOutcomeUnknown) advises: the master answers a
 #: repeated PutEnd of the same reservation with the first one's outcome (master/state.py).
@@ -41,7 +48,10 @@ class Reservation:
     master no longer holds (it timed out) is revoked quietly too.
 
     A ``commit`` the master did not answer (PutOutcomeUnknown: it may have published the
-    object) leaves the reservation open: ``commit`` again asks for the outcome.
+    object) leaves the reservation open: ``commit`` again asks for the outcome. A ``revoke``
+    after it gives the reservation up where the master still holds it (the commit had not
+    reached it: it never publishes); where the master no longer does (the commit may have
+    published the object), it raises PutOutcomeUnknown rather than report the key free.
     """
 
     def __init__(self, session: Session, put: PendingPut, size: int, checksum: bool) -> None:
@@ -55,6 +65,8 @@ class Reservation:
         #: The replicas the commit published; None until a commit succeeded.
         self._committed: int | None = None
         self._revoked = False
+        #: A commit went unanswered (PutOutcomeUnknown), and none was answered since.
+        self._unanswered = False
         #: Why it ended otherwise (the error's type and message, raised again by ``write``
         #: and ``commit``); None while it is open.
         self._over: tuple[type[KVPoolError], str] | None = None
@@ -115,9 +127,14 @@ class Reservation:
                 raise InvalidArgument(f"write {self.key!r} before committing it", key=self.key)
             self.write(b"")  # (nothing to write: the replicas are written as they are)
         # (not answered: the reservation stays open, for a commit again to learn the outcome)
-        [status] = put_path.commit(
-            self._session, [self._put], self._deadline(), UNKNOWN_OUTCOME_ADVICE
-        )
+        try:
+            [status] = put_path.commit(
+                self._session, [self._put], self._deadline(), UNKNOWN_OUTCOME_ADVICE
+            )
+        except PutOutcomeUnknown:
+            self._unanswered = True
+            raise
+        self._unanswered = False
         # (answered: the reservation is over, published or not)
         self._session.let_go(self)
         if status != KeyStatus.OK:
@@ -130,16 +147,37 @@ class Reservation:
     def revoke(self) -> None:
         """Gives the reservation up; the key and its space are free again. Does nothing on a
         reservation that is over already (revoked, given up, a commit refused, timed out at
-        the master); InvalidArgument after a commit that published the object."""
+        the master); InvalidArgument after a commit that published the object.
+
+        After a commit that went unanswered (PutOutcomeUnknown), a reservation the master no
+        longer holds may have been published by that commit: PutOutcomeUnknown again, and
+        the reservation stays as it was (``commit`` again learns the outcome)."""
         self._session.check_process()  # (ClientForked in a fork child)
         if self._revoked or self._over is not None:
             return
         self._refuse_if_over("revoke")
         [status] = put_path.revoke(self._session, [self._put], self._deadline())
+        if status == KeyStatus.STALE_PUT and self._unanswered:
+            raise self._maybe_published()
         self._revoked = True  # (whatever the master answered: this reservation is over)
         self._session.let_go(self)
         if status not in (KeyStatus.OK, KeyStatus.STALE_PUT):  # (STALE_PUT: gone already)
             raise error_for(status, self.key)
+
+    def _maybe_published(self) -> PutOutcomeUnknown:
+        """What ``revoke`` raises when the master no longer holds a reservation whose
+        commit went unanswered: that commit may have reached it, and published the object
+        (or been refused, or the reservation timed out)."""
+        key = shown_key(self.key)
+        return PutOutcomeUnknown(
+            f"could not revoke the reservation of {key}: the master no longer holds it, and "
+            f"its earlier commit (PutEnd) went unanswered, so that commit may have reached "
+            f"the master and published the object (or been refused, or the reservation timed "
+            f"out). The key may not be free: call commit() again to learn the commit's "
+            f"outcome (the master answers a repeated commit with the first one's), or check "
+            f"with exists({key}); remove it to free the key",
+            key=self.key,
+        )
 
     def end(self, error: type[KVPoolError], message: str) -> None:
         """Marks the reservation over (given up elsewhere): ``write`` and ``commit`` then

@@ -112,9 +112,12 @@ class PutOutcomeUnknown(MasterUnavailable):
     master may have published the object, or may yet (a commit still on its way), or not.
     A ``MasterUnavailable`` still (callers that catch that keep working), but not proof that
     nothing was stored. ``keys``: every key of the commit whose outcome is unknown (``key``
-    too, where it is one). Find out with ``exists(key)`` or ``get(key)`` once the master
-    answers; a ``Reservation`` learns it from ``commit()`` called again (the master answers
-    a repeated commit with the first one's outcome). A put of the key again gets
+    too, where it is one). A batch put raises it only where no commit of the call was
+    answered; else the results known are kept, and each key of the unanswered commit gets
+    one of its own. Find out with ``exists(key)`` or ``get(key)`` once the master answers; a
+    ``Reservation`` learns it from ``commit()`` called again (the master answers a repeated
+    commit with the first one's outcome), and its ``revoke()`` after such a commit raises it
+    where the master no longer holds the reservation. A put of the key again gets
     ``ObjectExists`` where the first one was published (objects are immutable: to store
     other bytes under it, ``remove`` it first)."""
 

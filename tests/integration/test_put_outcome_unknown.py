@@ -97,3 +97,38 @@ def test_a_put_whose_commit_the_stopped_master_did_not_answer_says_its_outcome_i
         else:
             with pytest.raises(ObjectNotFound):
                 client.get("p")
+
+
+@pytest.mark.parametrize("lane", [True, False], ids=["lane", "grpc"])
+def test_a_revoke_after_an_unanswered_commit_never_reports_a_published_key_free(
+    cluster_factory, lane
+):
+    """A cleanup's ``revoke()`` after a commit that went unanswered: where the master
+    published the object meanwhile (it read the commit once it ran again), the revoke says
+    the outcome is unknown rather than returning as if the key were free; where it returns,
+    the key is free."""
+    cluster = cluster_factory(1, "64MiB")
+    data = os.urandom(4096)
+    with Client(cluster.master_address, timeout=TIMEOUT, metadata_lane=lane) as client:
+        reservation = client.reserve("v", len(data))
+        reservation.write(data)
+        cluster.master.signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(PutOutcomeUnknown):
+                reservation.commit()
+        finally:
+            cluster.master.signal(signal.SIGCONT)
+        client.exists("nothing")  # (the master answers again, the commit read where it came)
+        try:
+            reservation.revoke()
+        except PutOutcomeUnknown as error:
+            assert error.key == "v" and "may have reached the master" in str(error)
+            # (the reservation stays: a commit again learns the first one's outcome)
+            try:
+                replicas = reservation.commit()
+            except PutAborted:  # (not published: the reservation ran out first)
+                assert not client.exists("v")
+            else:
+                assert replicas == 1 and client.get("v") == data
+        else:
+            assert not client.exists("v"), "revoke() returned, yet the object is published"

@@ -27,7 +27,13 @@ from kvpool.client.put_path import PendingPut, WriteOptions
 from kvpool.client.reservation import Reservation
 from kvpool.common import lane_protocol as lp
 from kvpool.common.status import KeyStatus
-from kvpool.errors import MasterNotTrusted, MasterUnavailable, PutOutcomeUnknown
+from kvpool.errors import (
+    MasterNotTrusted,
+    MasterUnavailable,
+    NoSpace,
+    PutOutcomeUnknown,
+    TransferError,
+)
 from kvpool.proto import master_pb2 as pb
 
 NOT_ANSWERED = (
@@ -192,3 +198,235 @@ def test_a_lane_call_that_timed_out_resets_its_connection():
         lane.close()
         listener.close()
     assert seen == {"request": lp.METHOD_IDS["PutEnd"], "end": "reset"}
+
+
+# ---------------------------------------------------------------- results already known are kept
+
+
+class PlacedAgainMaster(Master):
+    """The first PutEnd publishes ``a`` and answers NO_REPLICA for the rest (their node could
+    not be reached); a later PutEnd (of those placed again) raises ``end_fails``, and a later
+    PutStart ``start_fails`` (each where given)."""
+
+    def __init__(
+        self,
+        end_fails: MasterUnavailable | None = None,
+        start_fails: MasterUnavailable | None = None,
+    ) -> None:
+        super().__init__()
+        self.later_end_fails, self.later_start_fails = end_fails, start_fails
+        self.ends = self.starts = 0
+
+    def call(self, method: str, request: Any, deadline: float) -> Any:
+        if method == "PutStart":
+            self.starts += 1
+            self.start_fails = self.later_start_fails if self.starts > 1 else None
+        if method == "PutEnd":
+            self.ends += 1
+            if self.ends == 1:
+                self.calls.append(method)
+                ok, failed = int(KeyStatus.OK), int(KeyStatus.NO_REPLICA)
+                return pb.PutEndResponse(
+                    statuses=[ok if c.key == "a" else failed for c in request.commits]
+                )
+            self.end_fails, self.times = self.later_end_fails, 1
+        return super().call(method, request, deadline)
+
+
+def store_with_b_unreachable_first(master: Master, keys: list[str]) -> list[Any]:
+    """``store``, where the first write of every key but ``a`` finds its node unreachable."""
+    from kvpool.client.data_path import Failure
+
+    session = session_of(master)
+    runs: list[int] = []
+
+    def run(transfers: Any, is_get: bool, deadline: float) -> list[Any]:
+        runs.append(len(transfers))
+        if len(runs) > 1:
+            return [None] * len(transfers)
+        return [
+            None if owner == "a" else Failure("unreachable", node_id="n2", unreachable=True)
+            for owner in order[: len(transfers)]
+        ]
+
+    order = list(keys)  # (one replica each, written in the keys' order)
+    session.data.run = run
+    client = Client.__new__(Client)
+    client._session = session
+    source = readable_address(bytes(4096))
+    return client._store(
+        [(key, None) for key in keys],
+        dict.fromkeys(range(len(keys)), source),
+        [None] * len(keys),
+        WriteOptions(),
+        time.monotonic() + 5,
+    )
+
+
+def test_a_commit_unanswered_after_another_was_answered_keeps_the_results_known():
+    """put_many of a and b: the first PutEnd publishes a and fails b (its node unreachable);
+    b is placed again, and that PutEnd goes unanswered. a's result (published) is kept; b
+    alone is unknown, in an error of its own."""
+    master = PlacedAgainMaster(end_fails=MasterUnavailable(NOT_ANSWERED))
+    results = store_with_b_unreachable_first(master, ["a", "b", "c"])
+    assert master.calls == ["PutStart", "PutEnd", "PutStart", "PutEnd"]
+    assert results[0] == 1, "a was published, and says so"
+    for key, error in zip(["b", "c"], results[1:], strict=True):
+        assert isinstance(error, PutOutcomeUnknown), error
+        assert error.key == key and error.keys == (key,)
+        message = str(error)
+        assert f"object '{key}' may have been published" in message, message
+        assert "'a'" not in message and NOT_ANSWERED in message
+
+
+def test_a_single_put_placed_again_whose_commit_went_unanswered_raises_it():
+    """``put`` (one key) raises its key's error: PutOutcomeUnknown, naming it."""
+    from kvpool.client.client import _raise_if_error
+
+    master = PlacedAgainMaster(end_fails=MasterUnavailable(NOT_ANSWERED))
+    [result] = store_with_b_unreachable_first(master, ["b"])
+    with pytest.raises(PutOutcomeUnknown) as raised:
+        _raise_if_error(result)
+    assert raised.value.keys == ("b",)
+    assert "object 'b' may have been published" in str(raised.value)
+
+
+def test_placing_again_that_fails_before_its_commit_keeps_the_results_known():
+    master = PlacedAgainMaster(start_fails=MasterUnavailable("master m:1 did not answer"))
+    results = store_with_b_unreachable_first(master, ["a", "b"])
+    assert master.calls == ["PutStart", "PutEnd", "PutStart"]
+    assert results[0] == 1
+    error = results[1]
+    assert isinstance(error, TransferError) and error.key == "b", error
+    assert "nothing was published" in str(error) and "did not answer" in str(error)
+
+
+class SecondPartMaster(Master):
+    """Refuses ``refused`` at PutStart (NO_SPACE); answers the first PutEnd, and raises
+    ``end_fails`` for every later one."""
+
+    def __init__(self, refused: set[str]) -> None:
+        super().__init__(end_fails=MasterUnavailable(NOT_ANSWERED), times=0)
+        self.refused = refused
+        self.ends = 0
+
+    def call(self, method: str, request: Any, deadline: float) -> Any:
+        if method == "PutStart":
+            answer = pb.PutStartResponse()
+            for key in request.keys:
+                if key in self.refused:
+                    answer.slots.add(status=int(KeyStatus.NO_SPACE), message=f"no space for {key}")
+                    continue
+                slot = answer.slots.add(status=int(KeyStatus.OK), put_id=42)
+                slot.replicas.add(segment_id="n1/dram0", address=0x1000)
+            self.calls.append(method)
+            return answer
+        if method == "PutEnd":
+            self.ends += 1
+            self.times = int(self.ends > 1)
+        return super().call(method, request, deadline)
+
+
+def test_a_later_part_whose_commit_went_unanswered_keeps_its_refusals_and_names_each_key():
+    """A batch of two parts: in the second, k4097 is refused at PutStart (nothing stored);
+    the commit of k4096 and k4098 goes unanswered. k4097 keeps its refusal, and each of the
+    others gets an error naming it alone."""
+    count = lp.MAX_BATCH_KEYS + 3
+    master = SecondPartMaster({"k4097"})
+    results = store(master, [f"k{i}" for i in range(count)])
+    assert master.calls == ["PutStart", "PutEnd", "PutStart", "PutEnd"]
+    assert results[: lp.MAX_BATCH_KEYS] == [1] * lp.MAX_BATCH_KEYS
+    refused = results[4097]
+    assert isinstance(refused, NoSpace) and refused.key == "k4097", refused
+    assert str(refused) == "no room for 'k4097': no space for k4097", "its own refusal, kept"
+    for i in (4096, 4098):
+        error = results[i]
+        assert isinstance(error, PutOutcomeUnknown), error
+        assert error.key == f"k{i}" and error.keys == (f"k{i}",)
+        assert f"object 'k{i}' may have been published" in str(error)
+        other = 4096 + 4098 - i
+        assert f"k{other}" not in str(error)
+
+
+def test_a_later_part_that_fails_before_its_commit_keeps_its_refusals():
+    """answer_each_part gives a failed part's error only to its keys not answered yet."""
+    results: list[Any] = [None] * 6
+
+    def call(positions: Any) -> bool:
+        if positions[0] == 0:
+            for i in positions:
+                results[i] = 1
+            return True
+        results[positions[1]] = "refused"  # (answered before the part failed)
+        raise MasterUnavailable("master m:1 did not answer PutEnd")
+
+    batch_split.answer_each_part(range(6), "k{}".format, results, call, most=3)
+    assert results[:3] == [1, 1, 1] and results[4] == "refused"
+    assert [type(results[i]) for i in (3, 5)] == [MasterUnavailable] * 2
+    assert results[3].key == "k3" and results[5].key == "k5"
+
+
+# ---------------------------------------------------------------- a revoke after an unknown commit
+
+
+class PublishingMaster(Master):
+    """Publishes at PutEnd but its answer is lost (the first ``times``); PutRevoke answers as
+    master/state.py's put_revoke: STALE_PUT for a reservation no longer held."""
+
+    def __init__(self, applied: bool) -> None:
+        super().__init__(end_fails=MasterUnavailable(NOT_ANSWERED))
+        self.applied, self.published, self.revoked = applied, False, False
+
+    def call(self, method: str, request: Any, deadline: float) -> Any:
+        if method == "PutEnd" and not self.revoked:
+            self.published = self.published or self.applied or not self.times
+        if method == "PutRevoke":
+            self.calls.append(method)
+            held = not self.published and not self.revoked
+            self.revoked = self.revoked or held
+            status = KeyStatus.OK if held else KeyStatus.STALE_PUT
+            return pb.PutRevokeResponse(statuses=[int(status)] * len(request.keys))
+        if method == "PutEnd" and self.revoked:
+            self.calls.append(method)
+            return pb.PutEndResponse(statuses=[int(KeyStatus.STALE_PUT)])
+        return super().call(method, request, deadline)
+
+
+def reservation_of(master: Master) -> Reservation:
+    session = session_of(master)
+    slot = master.call("PutStart", pb.PutStartRequest(keys=["k"]), 0.0).slots[0]
+    put = PendingPut(0, "k", slot, None, time.monotonic() + 5)
+    reservation = Reservation(session, put, 8, False)
+    reservation.write(bytes(8))
+    return reservation
+
+
+def test_a_revoke_after_an_unanswered_commit_that_published_says_so():
+    """The commit reached the master (published) but its answer was lost; the caller's
+    cleanup revokes. The master no longer holds the reservation (STALE_PUT): revoke() must
+    not report the key free."""
+    master = PublishingMaster(applied=True)
+    reservation = reservation_of(master)
+    with pytest.raises(PutOutcomeUnknown):
+        reservation.commit()
+    with pytest.raises(PutOutcomeUnknown) as raised:
+        reservation.revoke()
+    assert master.published
+    assert raised.value.key == "k" and raised.value.keys == ("k",)
+    message = str(raised.value)
+    assert "may have reached the master and published the object" in message, message
+    assert "exists('k')" in message and "commit() again" in message
+    # (the reservation is as it was: a commit again learns the outcome)
+    assert reservation.commit() == 1
+    assert master.calls == ["PutStart", "PutEnd", "PutRevoke", "PutEnd"]
+
+
+def test_a_revoke_after_an_unanswered_commit_that_never_arrived_frees_the_key():
+    master = PublishingMaster(applied=False)
+    reservation = reservation_of(master)
+    with pytest.raises(PutOutcomeUnknown):
+        reservation.commit()
+    reservation.revoke()  # (the master still held it: given up, never published)
+    assert not master.published and master.revoked
+    reservation.revoke()  # (a second revoke does nothing)
+    assert master.calls == ["PutStart", "PutEnd", "PutRevoke"]
