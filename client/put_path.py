@@ -35,6 +35,7 @@ from kvpool.common.keys import shown_key
 from kvpool.common.logging import get_logger
 from kvpool.common.status import KeyStatus, Pin, Tier
 from kvpool.errors import (
+    ClientClosed,
     InvalidArgument,
     KVPoolError,
     MasterNotTrusted,
@@ -231,6 +232,8 @@ def write_and_commit(
         # alone, the other results are kept)
         placed = again
         written: list[PendingPut] = []
+        # (why each was placed again: its errors are those of its latest placement)
+        earlier = {i: "; ".join(filter(None, puts[i].errors)) for i in again}
         try:
             refusals = _place_again(session, again, puts, options, deadline)
             placed = [i for i, refused in zip(again, refusals, strict=True) if refused is None]
@@ -247,12 +250,13 @@ def write_and_commit(
         except PutOutcomeUnknown as error:  # (PutEnd sent, not answered)
             unknown_each(written, error)
             break
+        except ClientClosed:
+            raise  # (perhaps with a PutEnd sent: nothing can be said of its outcome here)
         except KVPoolError as error:  # (no PutEnd sent, or it was refused: not published)
             for i in placed:
                 put = puts[i]
-                earlier = "; ".join(filter(None, put.errors))
                 put.errors = [
-                    f"placing it again failed: {error} (it was being placed again: {earlier})"
+                    f"placing it again failed: {error} (it was being placed again: {earlier[i]})"
                 ]
                 put.failures = []
             break

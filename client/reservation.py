@@ -187,10 +187,19 @@ class Reservation:
 
     def closed(self) -> None:
         """Its client closed and gave it back (``Client.close``)."""
+        key = shown_key(self.key)
+        if self._unanswered:  # (that commit may have reached the master all the same)
+            self.end(
+                ClientClosed,
+                f"the client was closed after the commit of {key} went unanswered: the "
+                f"object may have been published; check with exists({key}) from a new client "
+                "(a put of it again gets ObjectExists where it was)",
+            )
+            return
         self.end(
             ClientClosed,
-            f"the client was closed, and the reservation of {shown_key(self.key)} given up "
-            "with it (nothing was published): make a new client, and reserve the key again",
+            f"the client was closed, and the reservation of {key} given up with it (nothing "
+            "was published): make a new client, and reserve the key again",
         )
 
     def _refuse_if_window_passed(self, failures: Sequence[Failure | None] = ()) -> None:

@@ -430,3 +430,42 @@ def test_a_revoke_after_an_unanswered_commit_that_never_arrived_frees_the_key():
     assert not master.published and master.revoked
     reservation.revoke()  # (a second revoke does nothing)
     assert master.calls == ["PutStart", "PutEnd", "PutRevoke"]
+
+
+def test_a_client_closed_as_a_placement_again_commits_is_raised_not_called_unpublished():
+    """The second PutEnd may have been applied when the closing client's link gives up on
+    it (ClientClosed): its puts are not reported "nothing was published"; the call raises
+    ClientClosed, as it did before results already known were kept."""
+    from kvpool.errors import ClientClosed
+
+    class ClosingMaster(PlacedAgainMaster):
+        def call(self, method: str, request: Any, deadline: float) -> Any:
+            if method == "PutEnd" and self.ends == 1:  # (the second PutEnd: applied, say)
+                self.ends += 1
+                raise ClientClosed("the client is closed: make a new one")
+            return super().call(method, request, deadline)
+
+    with pytest.raises(ClientClosed):
+        store_with_b_unreachable_first(ClosingMaster(), ["a", "b"])
+
+
+def test_a_reservation_closed_after_an_unanswered_commit_does_not_say_nothing_was_published():
+    from kvpool.errors import ClientClosed
+
+    master = PublishingMaster(applied=True)
+    reservation = reservation_of(master)
+    with pytest.raises(PutOutcomeUnknown):
+        reservation.commit()
+    reservation.closed()  # (Client.close)
+    with pytest.raises(ClientClosed) as raised:
+        reservation.commit()
+    message = str(raised.value)
+    assert "nothing was published" not in message, message
+    assert "may have been published" in message and "exists('k')" in message, message
+
+
+def test_placing_again_that_fails_says_why_it_was_placed_again():
+    master = PlacedAgainMaster(start_fails=MasterUnavailable("master m:1 did not answer"))
+    _, error = store_with_b_unreachable_first(master, ["a", "b"])
+    assert "(it was being placed again: " in str(error)
+    assert "(it was being placed again: )" not in str(error), str(error)
