@@ -271,6 +271,7 @@ class MasterHandlers:
             response = pb.MountSegmentResponse(
                 dropped_keys=dropped,
                 node_ttl_ms=min(int(core.state.config.node_ttl * 1000), 2**32 - 1),
+                lone_master=self.registry is None,
             )
             self._deliver_keys(response, info.node_id)
             return response
@@ -317,6 +318,7 @@ class MasterHandlers:
                 remount_segment_ids=remount,
                 master_time_ms=int(time.time() * 1000),
                 node_ttl_ms=min(int(core.state.config.node_ttl * 1000), 2**32 - 1),
+                lone_master=self.registry is None,
             )
             progress = self._drain_progress(node_id) if core.state.draining_nodes else None
             if progress is not None and progress.draining:

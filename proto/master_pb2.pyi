@@ -167,14 +167,16 @@ class MountSegmentRequest(_message.Message):
     def __init__(self, segment: _Optional[_Union[Segment, _Mapping]] = ..., objects: _Optional[_Iterable[_Union[StoredObject, _Mapping]]] = ..., remount: _Optional[bool] = ..., silent_ms: _Optional[int] = ..., incarnation: _Optional[str] = ..., more: _Optional[bool] = ..., continued: _Optional[bool] = ...) -> None: ...
 
 class MountSegmentResponse(_message.Message):
-    __slots__ = ("dropped_keys", "capability_keys", "node_ttl_ms")
+    __slots__ = ("dropped_keys", "capability_keys", "node_ttl_ms", "lone_master")
     DROPPED_KEYS_FIELD_NUMBER: _ClassVar[int]
     CAPABILITY_KEYS_FIELD_NUMBER: _ClassVar[int]
     NODE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    LONE_MASTER_FIELD_NUMBER: _ClassVar[int]
     dropped_keys: _containers.RepeatedScalarFieldContainer[str]
     capability_keys: CapabilityKeys
     node_ttl_ms: int
-    def __init__(self, dropped_keys: _Optional[_Iterable[str]] = ..., capability_keys: _Optional[_Union[CapabilityKeys, _Mapping]] = ..., node_ttl_ms: _Optional[int] = ...) -> None: ...
+    lone_master: bool
+    def __init__(self, dropped_keys: _Optional[_Iterable[str]] = ..., capability_keys: _Optional[_Union[CapabilityKeys, _Mapping]] = ..., node_ttl_ms: _Optional[int] = ..., lone_master: _Optional[bool] = ...) -> None: ...
 
 class UnmountSegmentRequest(_message.Message):
     __slots__ = ("node_id", "segment_id")
@@ -219,7 +221,7 @@ class UnreadableReplica(_message.Message):
     def __init__(self, segment_id: _Optional[str] = ..., key: _Optional[str] = ..., offset: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("remount_segment_ids", "draining", "drain_objects_left", "drain_bytes_left", "capability_keys", "master_time_ms", "node_ttl_ms")
+    __slots__ = ("remount_segment_ids", "draining", "drain_objects_left", "drain_bytes_left", "capability_keys", "master_time_ms", "node_ttl_ms", "lone_master")
     REMOUNT_SEGMENT_IDS_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     DRAIN_OBJECTS_LEFT_FIELD_NUMBER: _ClassVar[int]
@@ -227,6 +229,7 @@ class HeartbeatResponse(_message.Message):
     CAPABILITY_KEYS_FIELD_NUMBER: _ClassVar[int]
     MASTER_TIME_MS_FIELD_NUMBER: _ClassVar[int]
     NODE_TTL_MS_FIELD_NUMBER: _ClassVar[int]
+    LONE_MASTER_FIELD_NUMBER: _ClassVar[int]
     remount_segment_ids: _containers.RepeatedScalarFieldContainer[str]
     draining: bool
     drain_objects_left: int
@@ -234,7 +237,8 @@ class HeartbeatResponse(_message.Message):
     capability_keys: CapabilityKeys
     master_time_ms: int
     node_ttl_ms: int
-    def __init__(self, remount_segment_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., drain_objects_left: _Optional[int] = ..., drain_bytes_left: _Optional[int] = ..., capability_keys: _Optional[_Union[CapabilityKeys, _Mapping]] = ..., master_time_ms: _Optional[int] = ..., node_ttl_ms: _Optional[int] = ...) -> None: ...
+    lone_master: bool
+    def __init__(self, remount_segment_ids: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ..., drain_objects_left: _Optional[int] = ..., drain_bytes_left: _Optional[int] = ..., capability_keys: _Optional[_Union[CapabilityKeys, _Mapping]] = ..., master_time_ms: _Optional[int] = ..., node_ttl_ms: _Optional[int] = ..., lone_master: _Optional[bool] = ...) -> None: ...
 
 class PutStartRequest(_message.Message):
     __slots__ = ("client_id", "keys", "sizes", "replicas", "preferred_hosts", "pin", "pin_ttl_ms", "tier", "avoid_nodes", "mapped_segments")

@@ -418,9 +418,19 @@ class StorageNode:
         log.info("capability keys", key_ids=ids, term=term, max_skew_ms=delivered.max_skew_ms)
 
     def _heard(self, response: pb.MountSegmentResponse | pb.HeartbeatResponse) -> None:
-        """The master answered: when, and the node TTL it says (0 from an older master)."""
+        """The master answered: when, and the node TTL it says (0 from an older master).
+
+        The TTL is followed (long waits for a slow master) only where a failover cannot hide
+        behind them: the master is the only one (``lone_master``), or the node can ask
+        another than the master it waits for who leads (etcd, or several masters listed).
+        A node of an HA cluster given one address (a Service in front of the masters)
+        cannot tell a stopped leader from a slow one behind it: it keeps the 2 s waits and
+        gives up at the second failure, so that it finds a new leader within seconds."""
         self._answered_at = time.monotonic()
-        self._node_ttl = response.node_ttl_ms / 1000.0
+        target = self._resolver.target
+        others = bool(target.etcd) or len(set(target.masters)) > 1
+        follows = response.lone_master or others
+        self._node_ttl = response.node_ttl_ms / 1000.0 if follows else 0.0
 
     @property
     def _deadline(self) -> float:
@@ -621,7 +631,7 @@ class StorageNode:
         except LeaderMoved as moved:  # (this master may be stopped past its lease)
             metrics.HEARTBEAT_FAILURES.inc()
             metrics.MOUNTED.set(len(self.mounted))
-            self._why_looking = "etcd names another leader"
+            self._why_looking = f"{moved.leader} leads now"
             return moved.leader
         except grpc.aio.AioRpcError as error:
             metrics.HEARTBEAT_FAILURES.inc()
