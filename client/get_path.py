@@ -52,11 +52,13 @@ Pieces = Mapping[int, Sequence[tuple[int, int, int]]]
 #: given up on as silent.
 MIN_ATTEMPT = 1.0
 #: Bytes per second any healthy node and link deliver to one call, at the least, however
-#: shared (a 1 GbE link shared by tens of readers; a slow disk): an attempt gets
+#: shared (a 1 GbE link shared by fifty readers; a slow disk): an attempt gets
 #: ``MIN_ATTEMPT`` more than its bytes take at this rate (when the time left allows). Set
 #: low on purpose: a share that cuts a healthy transfer short fails a read that would have
-#: succeeded, and marks a healthy node; one too long only delays falling over.
-SLOW_RATE = 10 << 20
+#: succeeded, and marks a healthy node; one too long only delays falling over. (A reader
+#: cannot tell a slow node from a silent one by the time alone: reads of many bytes get the
+#: whole budget, as before shares.)
+SLOW_RATE = 2 << 20
 
 
 def locate(

@@ -77,6 +77,16 @@ class ForgetRetries:
         """The node failed ``forget`` (``current``: a segment's record now): it goes again
         with the next probe of its segment's ``channel`` (planned now, unless one is out)."""
         key = (forget.segment_id, channel)
+        other = (forget.segment_id, "" if channel == WRITER else WRITER)
+        moved = self._segments.get(other)
+        if moved is not None and moved.probe == forget.command_id:
+            # (a probe of the other channel failed for this one's reason now: that channel
+            # is not left waiting on it; its next probe is planned as after a failure)
+            moved.probe = None
+            if moved.waiting:
+                self._plan_probe(moved, other, now)
+            else:
+                del self._segments[other]
         segment = current(forget.segment_id)
         if segment is None or segment.node_id != forget.node_id:
             self._segments.pop(key, None)
@@ -88,32 +98,39 @@ class ForgetRetries:
         if entry.probe == forget.command_id or entry.probe is None:
             entry.probe = None
             if entry.due is None:
-                entry.failures += 1
-                delay = min(FORGET_RETRY_FIRST * 2 ** (entry.failures - 1), FORGET_RETRY_MAX)
-                entry.due = now + delay
-                heapq.heappush(self._plan, (entry.due, next(self._sequence), key))
+                self._plan_probe(entry, key, now)
+
+    def _plan_probe(self, entry: _Segment, key: tuple[str, str], now: float) -> None:
+        """Plans the next probe of ``entry`` after one more failure's wait."""
+        entry.failures += 1
+        delay = min(FORGET_RETRY_FIRST * 2 ** (entry.failures - 1), FORGET_RETRY_MAX)
+        entry.due = now + delay
+        heapq.heappush(self._plan, (entry.due, next(self._sequence), key))
 
     def succeeded(
         self, forget: ForgetCommand, current: Callable[[str], SegmentRecord | None]
     ) -> list[ForgetCommand]:
         """The node carried out ``forget``: the failed Forgets of its channel waiting, to
         send now (its log takes records again; its writers let go)."""
-        key = (forget.segment_id, "")
-        writers = self._segments.get((forget.segment_id, WRITER))
-        if writers is not None and writers.probe == forget.command_id:
-            key = (forget.segment_id, WRITER)  # (a writer's lock is gone: others' may be)
-        entry = self._segments.get(key)
-        if entry is None:
-            return []
-        if current(forget.segment_id) is not entry.segment:
-            del self._segments[key]
-            return []
-        again = list(entry.waiting.values())
-        if entry.probe in (None, forget.command_id):
-            del self._segments[key]
-        else:  # the probe is still out: kept track of, its failure starts the waits over
-            entry.waiting.clear()
-            entry.failures = 0
+        again: list[ForgetCommand] = []
+        for channel in ("", WRITER):
+            key = (forget.segment_id, channel)
+            entry = self._segments.get(key)
+            if entry is None:
+                continue
+            if channel == WRITER and entry.probe != forget.command_id:
+                continue  # (a writer's lock is gone only where this was the writers' probe)
+            if channel == "" and forget.command_id in _probes_of(self._segments, WRITER):
+                continue  # (a writers' probe: says nothing of the segment's log)
+            if current(forget.segment_id) is not entry.segment:
+                del self._segments[key]
+                continue
+            again += entry.waiting.values()
+            if entry.probe in (None, forget.command_id):
+                del self._segments[key]
+            else:  # the probe is still out: kept track of, its failure starts the waits over
+                entry.waiting.clear()
+                entry.failures = 0
         return again
 
     def due(
@@ -152,3 +169,8 @@ class ForgetRetries:
         """The node was declared dead: its segments went, and what waited for them."""
         for key in [k for k, s in self._segments.items() if s.segment.node_id == node_id]:
             del self._segments[key]
+
+
+def _probes_of(segments: dict[tuple[str, str], _Segment], channel: str) -> set[int]:
+    """The probes out on ``channel``, of every segment."""
+    return {e.probe for (_, c), e in segments.items() if c == channel and e.probe is not None}

@@ -18,6 +18,9 @@ itself (mapped DRAM, the NVMe file) holds a lock on each range while it may copy
 past its write window) is answered once the lock goes, within ``WRITER_GRACE``, else it
 fails: the master keeps the space out of use and sends the Forget again later
 (master/forget_retries.py), so no new object is placed where a late copy may still land.
+A Copy into such a range (a promotion or a move placed there as its space was freed, which
+no forget barrier holds back) fails the same way: the master drops its target, and the
+space, quarantined by the failed Forget, stays out of use.
 """
 
 from __future__ import annotations
@@ -191,11 +194,13 @@ class CommandExecutor:
             elif kind == "copy" and command.copy.HasField("source_segment"):
                 copy = command.copy
                 target = self._segment(copy.target_segment_id)
+                _wait_for_writers(target, _ranges((copy.target,)))  # (see the docstring)
                 result.crc32c.extend(self._copy_from_peer(copy, target))
                 self._readable(target, copy.target)
             elif kind == "copy":
                 copy = command.copy
                 target = self._segment(copy.target_segment_id)
+                _wait_for_writers(target, _ranges((copy.target,)))
                 source = self._segment(copy.source_segment_id)
                 result.crc32c.extend(
                     target.copy_from(source, copy.source.offset, _entry(copy.target))

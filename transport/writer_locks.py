@@ -39,7 +39,9 @@ def own_description(fd: int, *, writable: bool = False, handed_over: bool = Fals
     for locks of this process alone. Where the file cannot be opened again (a file of
     another user), and ``fd`` was ``handed_over`` by the node, a duplicate of ``fd``: the
     node hands each client a description of its own (storage_node/mapping_server.py). Else
-    None: then no lock is taken through it."""
+    None: then no lock is taken through it. (The duplicate shares its description with the
+    mapping: a fork child that keeps the mapping keeps a lock its killed parent held, and
+    the range stays out of use, never spoilt, until the child exits.)"""
     flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC
     try:
         return os.open(f"/proc/self/fd/{fd}", flags)

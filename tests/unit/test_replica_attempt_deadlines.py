@@ -33,7 +33,7 @@ def test_a_share_is_never_below_the_floor_the_time_left_allows():
         100.0 + MIN_ATTEMPT + 4096 / SLOW_RATE
     )
     # a large one: the time its bytes take at SLOW_RATE, and MIN_ATTEMPT more
-    nbytes = 40 * MiB
+    nbytes = 8 * MiB
     floor = MIN_ATTEMPT + nbytes / SLOW_RATE
     assert attempt_deadline(100.0, 108.0, 200.0, 2, nbytes) == pytest.approx(100.0 + floor)
     # too large for a share: all the time left, as if it were the last replica

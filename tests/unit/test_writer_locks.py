@@ -86,3 +86,32 @@ def test_a_zero_length_range_is_no_lock():
     assert not writer_locks.written_at(probe, 0, 0) and not writer_locks.written_at(probe, 0, 1)
     os.close(probe)
     os.close(fd)
+
+
+def test_the_node_copies_nothing_into_a_range_a_writer_still_holds():
+    """A promotion or move the master placed where a stopped writer may still copy (its
+    space freed as the Forget went out, which holds back puts, not copies) fails."""
+    from kvpool.common.status import WRITER_HOLDS_RANGE
+    from kvpool.proto import master_pb2 as pb
+    from kvpool.storage_node import commands
+    from kvpool.storage_node.commands import CommandExecutor
+
+    class Held:
+        segment_id, persistent = "n1/dram0", False
+
+        def writer_copying(self, ranges) -> bool:
+            return True
+
+        def copy_from(self, *args):
+            raise AssertionError("copied into a range a writer holds")
+
+    copy = pb.NodeCommand(command_id=7)
+    copy.copy.source_segment_id = copy.copy.target_segment_id = "n1/dram0"
+    copy.copy.target.key, copy.copy.target.offset, copy.copy.target.size = "k", 0, 4096
+    executor = CommandExecutor([Held()])  # type: ignore[list-item]
+    commands.WRITER_GRACE, grace = 0.02, commands.WRITER_GRACE
+    try:
+        result = executor.execute(copy)
+    finally:
+        commands.WRITER_GRACE = grace
+    assert not result.ok and WRITER_HOLDS_RANGE in result.error, result.error
