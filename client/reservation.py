@@ -65,8 +65,10 @@ class Reservation:
         #: The replicas the commit published; None until a commit succeeded.
         self._committed: int | None = None
         self._revoked = False
-        #: A commit went unanswered (PutOutcomeUnknown), and none was answered since.
+        #: A commit went unanswered (PutOutcomeUnknown, or its client closed meanwhile), and
+        #: none was answered since; a commit is under way.
         self._unanswered = False
+        self._committing = False
         #: Why it ended otherwise (the error's type and message, raised again by ``write``
         #: and ``commit``); None while it is open.
         self._over: tuple[type[KVPoolError], str] | None = None
@@ -127,13 +129,16 @@ class Reservation:
                 raise InvalidArgument(f"write {self.key!r} before committing it", key=self.key)
             self.write(b"")  # (nothing to write: the replicas are written as they are)
         # (not answered: the reservation stays open, for a commit again to learn the outcome)
+        self._committing = True  # (a close meanwhile cannot say it was not published)
         try:
             [status] = put_path.commit(
                 self._session, [self._put], self._deadline(), UNKNOWN_OUTCOME_ADVICE
             )
-        except PutOutcomeUnknown:
+        except (PutOutcomeUnknown, ClientClosed):  # (ClientClosed: closed mid-commit)
             self._unanswered = True
             raise
+        finally:
+            self._committing = False
         self._unanswered = False
         # (answered: the reservation is over, published or not)
         self._session.let_go(self)
@@ -188,12 +193,12 @@ class Reservation:
     def closed(self) -> None:
         """Its client closed and gave it back (``Client.close``)."""
         key = shown_key(self.key)
-        if self._unanswered:  # (that commit may have reached the master all the same)
+        if self._unanswered or self._committing:  # (a commit may have reached the master)
             self.end(
                 ClientClosed,
-                f"the client was closed after the commit of {key} went unanswered: the "
-                f"object may have been published; check with exists({key}) from a new client "
-                "(a put of it again gets ObjectExists where it was)",
+                f"the client was closed while the commit of {key} was under way or "
+                f"unanswered: the object may have been published; check with exists({key}) "
+                "from a new client (a put of it again gets ObjectExists where it was)",
             )
             return
         self.end(

@@ -61,7 +61,14 @@ from typing import Any
 
 from kvpool.common.keys import STORED_KEY_BYTES, key_problem, plainly_valid
 from kvpool.common.sizes import format_size
-from kvpool.common.status import OWN_RESERVATION, OWN_RESERVATION_END, KeyStatus, Pin, Tier
+from kvpool.common.status import (
+    OWN_RESERVATION,
+    OWN_RESERVATION_END,
+    WRITER_HOLDS_RANGE,
+    KeyStatus,
+    Pin,
+    Tier,
+)
 from kvpool.master.allocator import Allocator
 from kvpool.master.config import MasterConfig
 from kvpool.master.invariants import check_invariants
@@ -755,6 +762,8 @@ class MasterState:
             if record.moving and command_id in record.moving:
                 crc = crc32c[0] if crc32c else None
                 how = "expired" if expired else "corrupt" if source_corrupt else "answered"
+                if not ok and WRITER_HOLDS_RANGE in error:
+                    how = "held"  # (its target: neither the disk nor the source failed)
                 self._move_done(record, command_id, ok, crc, how)
             elif record.state is committed and segment_id in record.unacked:
                 if not ok and not expired and self._persist_pending(record, segment_id):
@@ -2168,8 +2177,10 @@ class MasterState:
         self, record: ObjectRecord, command_id: int, ok: bool, crc32c: int | None, how: str
     ) -> None:
         """A copy ended: ``how`` is "answered" (by its node), "corrupt" (answered: the
-        source's bytes failed the object's checksum), "expired" (the I/O layer gave up on the
-        answer) or "cancelled" (a segment of its went away while it ran)."""
+        source's bytes failed the object's checksum), "held" (answered: a same-host writer
+        still holds the target's range, which its failed Forget quarantines: no pause of
+        demotions, no blame on the source), "expired" (the I/O layer gave up on the answer)
+        or "cancelled" (a segment of its went away while it ran)."""
         move = record.moving.pop(command_id)
         self._replication.ended(command_id)
         source_segment = self.segments.get(move.source.segment_id)
@@ -2180,9 +2191,7 @@ class MasterState:
         now = self.clock()
         if not ok or not alive or target is None:
             if not ok:
-                why = (
-                    "failed" if how == "answered" else "source corrupt" if how == "corrupt" else how
-                )
+                why = {"answered": "failed", "corrupt": "source corrupt"}.get(how, how)
             else:
                 why = "target segment gone" if target is None else "object or source gone"
             self._note((record.key, now, "move_failed", record.put_id, move.target, why))

@@ -1244,3 +1244,19 @@ def test_an_nvme_segment_that_pool_demotions_push_above_the_watermark_is_brought
     nvme = state.segments["n2/nvme0"]
     assert nvme.allocator.used <= CONFIG.high_watermark * nvme.allocator.capacity
     assert exists(state, "v00") is KeyStatus.NOT_FOUND, "the least recently used went"
+
+
+def test_a_demotion_refused_for_a_same_host_writers_lock_pauses_no_demotion():
+    """Its target's range is held by a writer (storage_node/commands.py): neither the disk
+    nor the source failed, so the segment keeps taking demotions and nothing is evicted for
+    it."""
+    from kvpool.common.status import WRITER_HOLDS_RANGE
+
+    state, clock = new_state(NO_PROMOTION)
+    for copy in demote_two(state, clock):
+        error = f"TimeoutError: {WRITER_HOLDS_RANGE} a lock on the range"
+        state.command_done(copy.command_id, False, error=error)
+
+    report = pass_time(state, clock, 1)
+    assert only(sent(state), CopyCommand), "demoted again, to the same segment"
+    assert report.objects_evicted == 0

@@ -469,3 +469,28 @@ def test_placing_again_that_fails_says_why_it_was_placed_again():
     _, error = store_with_b_unreachable_first(master, ["a", "b"])
     assert "(it was being placed again: " in str(error)
     assert "(it was being placed again: )" not in str(error), str(error)
+
+
+def test_a_reservation_whose_client_closes_mid_commit_does_not_say_nothing_was_published():
+    """Client.close in another thread while the PutEnd is in flight (the master applies it):
+    the reservation ends as one that may have been published."""
+    from kvpool.errors import ClientClosed
+
+    class ClosingMidCommit(Master):
+        reservation: Reservation | None = None
+
+        def call(self, method: str, request: Any, deadline: float) -> Any:
+            if method == "PutEnd" and self.reservation is not None:
+                self.reservation.closed()  # (Client.close, from another thread)
+                raise ClientClosed("the client is closed: make a new one")
+            return super().call(method, request, deadline)
+
+    master = ClosingMidCommit()
+    reservation = reservation_of(master)
+    master.reservation = reservation
+    with pytest.raises(ClientClosed):
+        reservation.commit()
+    with pytest.raises(ClientClosed) as raised:
+        reservation.commit()
+    message = str(raised.value)
+    assert "nothing was published" not in message and "may have been published" in message
