@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -69,6 +70,8 @@ class Reservation:
         #: none was answered since; a commit is under way.
         self._unanswered = False
         self._committing = False
+        #: Orders a close against a commit about to send its PutEnd (``closed``, ``commit``).
+        self._closing = threading.Lock()
         #: Why it ended otherwise (the error's type and message, raised again by ``write``
         #: and ``commit``); None while it is open.
         self._over: tuple[type[KVPoolError], str] | None = None
@@ -129,7 +132,9 @@ class Reservation:
                 raise InvalidArgument(f"write {self.key!r} before committing it", key=self.key)
             self.write(b"")  # (nothing to write: the replicas are written as they are)
         # (not answered: the reservation stays open, for a commit again to learn the outcome)
-        self._committing = True  # (a close meanwhile cannot say it was not published)
+        with self._closing:  # (a close meanwhile cannot say it was not published)
+            self._refuse_if_over("commit")  # (closed since the check above: no PutEnd goes)
+            self._committing = True
         try:
             [status] = put_path.commit(
                 self._session, [self._put], self._deadline(), UNKNOWN_OUTCOME_ADVICE
@@ -192,6 +197,10 @@ class Reservation:
 
     def closed(self) -> None:
         """Its client closed and gave it back (``Client.close``)."""
+        with self._closing:  # (either the commit's PutEnd goes after this, or never)
+            self._closed_now()
+
+    def _closed_now(self) -> None:
         key = shown_key(self.key)
         if self._unanswered or self._committing:  # (a commit may have reached the master)
             self.end(

@@ -2212,7 +2212,11 @@ class MasterState:
                 if how == "cancelled":  # its node may still be writing there
                     self._parked[command_id] = (target, move.target.offset, record, 0.0)
                     return
-                self._abandon_copy(target, record, move.target.offset, ok, how == "expired")
+                # (a held target is forgotten too: the node answers once its writer let go,
+                # and the range stays quarantined till then, whatever came first)
+                self._abandon_copy(
+                    target, record, move.target.offset, ok, how in ("expired", "held")
+                )
             return
         # (a copy's checksum is of whatever its source held: an object its writer gave none
         # keeps none, so that verify=True says it cannot check it rather than vouch for it)

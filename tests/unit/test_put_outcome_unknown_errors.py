@@ -494,3 +494,27 @@ def test_a_reservation_whose_client_closes_mid_commit_does_not_say_nothing_was_p
         reservation.commit()
     message = str(raised.value)
     assert "nothing was published" not in message and "may have been published" in message
+
+
+def test_a_close_just_before_the_commit_sends_no_put_end_and_says_so_truly():
+    """Client.close in another thread between commit()'s first check and its PutEnd: either
+    the PutEnd goes and the close says it may have been published, or (this order) the
+    commit stops before sending it, and "nothing was published" is true."""
+    from kvpool.errors import ClientClosed
+
+    master = PublishingMaster(applied=True)
+    reservation = reservation_of(master)
+    first_check = reservation._refuse_if_over
+    checks = []
+
+    def check_then_close(step: str) -> None:
+        first_check(step)
+        if not checks:
+            checks.append(step)
+            reservation.closed()  # (Client.close, from another thread, just now)
+
+    reservation._refuse_if_over = check_then_close  # type: ignore[method-assign]
+    with pytest.raises(ClientClosed) as raised:
+        reservation.commit()
+    assert "PutEnd" not in master.calls and not master.published
+    assert "nothing was published" in str(raised.value)
