@@ -24,6 +24,8 @@ from kvpool.errors import (
     TransferError,
 )
 
+#: Seconds ``Reservation.closed`` waits for a commit marking itself under way.
+CLOSE_WAIT = 1.0
 #: What a commit that got no answer (PutOutcomeUnknown) advises: the master answers a
 #: repeated PutEnd of the same reservation with the first one's outcome (master/state.py).
 UNKNOWN_OUTCOME_ADVICE = (
@@ -163,8 +165,8 @@ class Reservation:
         longer holds may have been published by that commit: PutOutcomeUnknown again, and
         the reservation stays as it was (``commit`` again learns the outcome)."""
         self._session.check_process()  # (ClientForked in a fork child)
-        if self._revoked or self._over is not None:
-            return
+        if self._committed is None and (self._revoked or self._over is not None):
+            return  # (a close as a commit was answered may have ended it: published wins)
         self._refuse_if_over("revoke")
         [status] = put_path.revoke(self._session, [self._put], self._deadline())
         if status == KeyStatus.STALE_PUT and self._unanswered:
@@ -196,13 +198,21 @@ class Reservation:
             self._over = (error, message)
 
     def closed(self) -> None:
-        """Its client closed and gave it back (``Client.close``)."""
-        with self._closing:  # (either the commit's PutEnd goes after this, or never)
-            self._closed_now()
+        """Its client closed and gave it back (``Client.close``). Ordered against a commit
+        about to send its PutEnd: either that PutEnd goes after this, or never. (A close
+        from a signal handler that interrupted this very thread's commit holding the order
+        does not wait for it: the commit then counts as under way.)"""
+        if not self._closing.acquire(timeout=CLOSE_WAIT):
+            self._closed_now(committing=True)
+            return
+        try:
+            self._closed_now(self._committing)
+        finally:
+            self._closing.release()
 
-    def _closed_now(self) -> None:
+    def _closed_now(self, committing: bool) -> None:
         key = shown_key(self.key)
-        if self._unanswered or self._committing:  # (a commit may have reached the master)
+        if self._unanswered or committing:  # (a commit may have reached the master)
             self.end(
                 ClientClosed,
                 f"the client was closed while the commit of {key} was under way or "

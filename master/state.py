@@ -2212,11 +2212,10 @@ class MasterState:
                 if how == "cancelled":  # its node may still be writing there
                     self._parked[command_id] = (target, move.target.offset, record, 0.0)
                     return
-                # (a held target is forgotten too: the node answers once its writer let go,
-                # and the range stays quarantined till then, whatever came first)
-                self._abandon_copy(
-                    target, record, move.target.offset, ok, how in ("expired", "held")
-                )
+                # (a held target gets no Forget: the node wrote nothing there, and a Forget
+                # would note a tombstone of the object on its segment, refusing its good copy
+                # there at a remount; the failed Forget of the range quarantines it)
+                self._abandon_copy(target, record, move.target.offset, ok, how == "expired")
             return
         # (a copy's checksum is of whatever its source held: an object its writer gave none
         # keeps none, so that verify=True says it cannot check it rather than vouch for it)

@@ -1256,6 +1256,9 @@ def test_a_demotion_refused_for_a_same_host_writers_lock_pauses_no_demotion():
     for copy in demote_two(state, clock):
         error = f"TimeoutError: {WRITER_HOLDS_RANGE} a lock on the range"
         state.command_done(copy.command_id, False, error=error)
+    # no Forget of the object at its target: the node wrote nothing there, and the tombstone
+    # a Forget notes would refuse the object's copy that lands elsewhere on that segment
+    assert only(sent(state), ForgetCommand) == []
 
     report = pass_time(state, clock, 1)
     assert only(sent(state), CopyCommand), "demoted again, to the same segment"

@@ -518,3 +518,30 @@ def test_a_close_just_before_the_commit_sends_no_put_end_and_says_so_truly():
         reservation.commit()
     assert "PutEnd" not in master.calls and not master.published
     assert "nothing was published" in str(raised.value)
+
+
+def test_a_close_from_a_signal_handler_during_the_commits_check_does_not_hang(monkeypatch):
+    """The thread holding the order (its commit about to send PutEnd) is the one a signal
+    handler's close runs on: the close waits a moment, then counts the commit under way."""
+    from kvpool.client import reservation as module
+    from kvpool.errors import ClientClosed
+
+    monkeypatch.setattr(module, "CLOSE_WAIT", 0.05)
+    reservation = reservation_of(PublishingMaster(applied=True))
+    with reservation._closing:  # (as commit() holds it)
+        reservation.closed()
+    with pytest.raises(ClientClosed, match="may have been published"):
+        reservation.commit()
+
+
+def test_a_revoke_after_a_published_commit_says_so_though_a_close_ended_it_meanwhile():
+    """A close just as the commit was answered (before it recorded the replicas) ends the
+    reservation; revoke() still says it was published rather than return quietly."""
+    from kvpool.errors import InvalidArgument
+
+    master = Master()
+    reservation = reservation_of(master)
+    assert reservation.commit() == 1
+    reservation._over = (InvalidArgument, "(as a close in that window leaves it)")
+    with pytest.raises(InvalidArgument, match="object is published"):
+        reservation.revoke()
