@@ -135,8 +135,12 @@ class Reservation:
             self.write(b"")  # (nothing to write: the replicas are written as they are)
         # (not answered: the reservation stays open, for a commit again to learn the outcome)
         with self._closing:  # (a close meanwhile cannot say it was not published)
-            self._refuse_if_over("commit")  # (closed since the check above: no PutEnd goes)
             self._committing = True
+            try:
+                self._refuse_if_over("commit")  # (closed since the check above: no PutEnd)
+            except BaseException:
+                self._committing = False
+                raise
         try:
             [status] = put_path.commit(
                 self._session, [self._put], self._deadline(), UNKNOWN_OUTCOME_ADVICE
@@ -201,9 +205,9 @@ class Reservation:
         """Its client closed and gave it back (``Client.close``). Ordered against a commit
         about to send its PutEnd: either that PutEnd goes after this, or never. (A close
         from a signal handler that interrupted this very thread's commit holding the order
-        does not wait for it: the commit then counts as under way.)"""
+        waits ``CLOSE_WAIT`` at most, then reads how far the commit had gone.)"""
         if not self._closing.acquire(timeout=CLOSE_WAIT):
-            self._closed_now(committing=True)
+            self._closed_now(self._committing)  # (as far as the commit had gone)
             return
         try:
             self._closed_now(self._committing)

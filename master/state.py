@@ -2214,8 +2214,16 @@ class MasterState:
                     return
                 # (a held target gets no Forget: the node wrote nothing there, and a Forget
                 # would note a tombstone of the object on its segment, refusing its good copy
-                # there at a remount; the failed Forget of the range quarantines it)
-                self._abandon_copy(target, record, move.target.offset, ok, how == "expired")
+                # there at a remount. Its range is not reused for a while either: the failed
+                # Forget of the range, which quarantines it, may be gone (a remount) or not
+                # have come, and a copy placed there again at every tick would hold the node's
+                # commands up a tenth of a second each, for as long as the writer is stopped)
+                held = (
+                    now + max(self.config.reclaim_delay, DEMOTION_PAUSE) if how == "held" else 0.0
+                )
+                self._abandon_copy(
+                    target, record, move.target.offset, ok, how == "expired", not_before=held
+                )
             return
         # (a copy's checksum is of whatever its source held: an object its writer gave none
         # keeps none, so that verify=True says it cannot check it rather than vouch for it)

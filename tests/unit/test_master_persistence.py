@@ -1253,13 +1253,41 @@ def test_a_demotion_refused_for_a_same_host_writers_lock_pauses_no_demotion():
     from kvpool.common.status import WRITER_HOLDS_RANGE
 
     state, clock = new_state(NO_PROMOTION)
+    held = []
     for copy in demote_two(state, clock):
         error = f"TimeoutError: {WRITER_HOLDS_RANGE} a lock on the range"
         state.command_done(copy.command_id, False, error=error)
+        held.append(copy.target.offset)
     # no Forget of the object at its target: the node wrote nothing there, and the tombstone
     # a Forget notes would refuse the object's copy that lands elsewhere on that segment
     assert only(sent(state), ForgetCommand) == []
 
     report = pass_time(state, clock, 1)
-    assert only(sent(state), CopyCommand), "demoted again, to the same segment"
+    again = only(sent(state), CopyCommand)
+    assert again, "demoted again, to the same segment"
+    assert not {c.target.offset for c in again} & set(held), "not into the held ranges"
     assert report.objects_evicted == 0
+
+
+def test_a_held_copy_target_is_not_placed_again_at_every_tick():
+    """No quarantine may cover a held range (its Forget gone with a remount, or answered
+    before the writer locked): each copy placed there costs the node a tenth of a second of
+    its ordered commands, so the range is left alone for a while."""
+    from kvpool.common.status import WRITER_HOLDS_RANGE
+
+    error = f"TimeoutError: {WRITER_HOLDS_RANGE} a lock on the range"
+    state, clock = new_state(NO_PROMOTION)
+    held = set()
+    for copy in demote_two(state, clock):
+        held.add((copy.target_segment_id, copy.target.offset))
+        state.command_done(copy.command_id, False, error=error)
+    into_held = 0
+    for _ in range(50):  # (5 s of ticks, the node answering every copy at once)
+        pass_time(state, clock, 0.1)
+        for copy in only(sent(state), CopyCommand):
+            if (copy.target_segment_id, copy.target.offset) in held:
+                into_held += 1
+                state.command_done(copy.command_id, False, error=error)
+            else:
+                state.command_done(copy.command_id, True, [0])
+    assert into_held == 0, f"{into_held} copies into the held ranges"

@@ -528,7 +528,8 @@ def test_a_close_from_a_signal_handler_during_the_commits_check_does_not_hang(mo
 
     monkeypatch.setattr(module, "CLOSE_WAIT", 0.05)
     reservation = reservation_of(PublishingMaster(applied=True))
-    with reservation._closing:  # (as commit() holds it)
+    with reservation._closing:  # (as commit() holds it, marked under way)
+        reservation._committing = True
         reservation.closed()
     with pytest.raises(ClientClosed, match="may have been published"):
         reservation.commit()
