@@ -134,20 +134,22 @@ class Reservation:
                 raise InvalidArgument(f"write {self.key!r} before committing it", key=self.key)
             self.write(b"")  # (nothing to write: the replicas are written as they are)
         # (not answered: the reservation stays open, for a commit again to learn the outcome)
-        with self._closing:  # (a close meanwhile cannot say it was not published)
-            self._committing = True
-            try:
-                self._refuse_if_over("commit")  # (closed since the check above: no PutEnd)
-            except BaseException:
-                self._committing = False
-                raise
         try:
-            [status] = put_path.commit(
-                self._session, [self._put], self._deadline(), UNKNOWN_OUTCOME_ADVICE
-            )
-        except (PutOutcomeUnknown, ClientClosed):  # (ClientClosed: closed mid-commit)
-            self._unanswered = True
-            raise
+            # The check and the mark with no call between them: a close (another thread's,
+            # or a signal handler's, which runs only at a call) sees the commit either not
+            # begun, then no PutEnd goes, or under way.
+            with self._closing:
+                if self._committed is None and not self._revoked and self._over is None:
+                    self._committing = True
+            if not self._committing:
+                self._refuse_if_over("commit")  # (closed since the check above: it raises)
+            try:
+                [status] = put_path.commit(
+                    self._session, [self._put], self._deadline(), UNKNOWN_OUTCOME_ADVICE
+                )
+            except (PutOutcomeUnknown, ClientClosed):  # (ClientClosed: closed mid-commit)
+                self._unanswered = True
+                raise
         finally:
             self._committing = False
         self._unanswered = False

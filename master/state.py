@@ -277,6 +277,9 @@ class MasterState:
         #: on their node's host write themselves, sent as their space is freed, once the
         #: writer's window is over (``_release_reservation``).
         self._late_forgets: list[tuple[float, int, SegmentRecord, StoredObject]] = []
+        #: Sequence numbers of ``_deferred`` entries that are copy targets a same-host writer
+        #: held (``_move_done``): left alone a while, though the node wrote nothing there.
+        self._resting: set[int] = set()
         #: While a PutStart runs: what comes free in each tier, for its NO_SPACE messages.
         self._coming_free_by_tier: dict[tuple[Tier, str], str] | None = None
         #: command id -> (segment, offset, object, not before): targets of copies cancelled
@@ -590,8 +593,8 @@ class MasterState:
         drain_until = now
         for key in segment.owners.values():
             drain_until = max(drain_until, self.objects[key].lease_until)
-        for release_at, _, deferred, _ in self._deferred:
-            if deferred is segment:
+        for release_at, sequence, deferred, _ in self._deferred:
+            if deferred is segment and sequence not in self._resting:
                 drain_until = max(drain_until, release_at)
         for parked, _, _, not_before in self._parked.values():
             if parked is segment:
@@ -2218,12 +2221,13 @@ class MasterState:
                 # Forget of the range, which quarantines it, may be gone (a remount) or not
                 # have come, and a copy placed there again at every tick would hold the node's
                 # commands up a tenth of a second each, for as long as the writer is stopped)
-                held = (
-                    now + max(self.config.reclaim_delay, DEMOTION_PAUSE) if how == "held" else 0.0
-                )
-                self._abandon_copy(
-                    target, record, move.target.offset, ok, how == "expired", not_before=held
-                )
+                if how == "held":
+                    rest = now + max(self.config.reclaim_delay, DEMOTION_PAUSE)
+                    sequence = next(self._seq)
+                    heapq.heappush(self._deferred, (rest, sequence, target, move.target.offset))
+                    self._resting.add(sequence)  # (no drain waits for it: nothing is there)
+                    return
+                self._abandon_copy(target, record, move.target.offset, ok, how == "expired")
             return
         # (a copy's checksum is of whatever its source held: an object its writer gave none
         # keeps none, so that verify=True says it cannot check it rather than vouch for it)
@@ -2895,7 +2899,9 @@ class MasterState:
         while self._deferred and self._deferred[0][0] <= now:
             if _spent(budget):
                 return
-            _, _, segment, offset = heapq.heappop(self._deferred)
+            _, sequence, segment, offset = heapq.heappop(self._deferred)
+            if self._resting:
+                self._resting.discard(sequence)
             if self.segments.get(segment.segment_id) is segment:
                 self._free(segment, offset)
                 report.buffers_released += 1

@@ -546,3 +546,25 @@ def test_a_revoke_after_a_published_commit_says_so_though_a_close_ended_it_meanw
     reservation._over = (InvalidArgument, "(as a close in that window leaves it)")
     with pytest.raises(InvalidArgument, match="object is published"):
         reservation.revoke()
+
+
+def test_an_interrupt_before_the_put_end_leaves_the_commit_not_under_way(monkeypatch):
+    """Ctrl-C inside commit() before its PutEnd went: the close after it (a `with Client()`
+    block's) says nothing was published, which is true."""
+    from kvpool.client import put_path
+    from kvpool.errors import ClientClosed
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    master = PublishingMaster(applied=True)
+    reservation = reservation_of(master)
+    monkeypatch.setattr(put_path, "commit", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        reservation.commit()
+    assert not reservation._committing
+    reservation.closed()
+    monkeypatch.undo()
+    with pytest.raises(ClientClosed, match="nothing was published"):
+        reservation.commit()
+    assert "PutEnd" not in master.calls
