@@ -273,10 +273,10 @@ class MasterState:
         #: (release_at, seq, segment, offset): buffers waiting to be freed. The record itself,
         #: not its id, so that a buffer of a dropped and remounted segment is never freed twice.
         self._deferred: list[tuple[float, int, SegmentRecord, int]] = []
-        #: (due, seq, segment, what): Forgets of ended reservations on segments that clients
-        #: on their node's host write themselves, sent as their space is freed, once the
-        #: writer's window is over (``_release_reservation``).
-        self._late_forgets: list[tuple[float, int, SegmentRecord, StoredObject]] = []
+        #: (due, seq, segment, record, offset): Forgets of ended reservations on segments
+        #: that clients on their node's host write themselves, sent as their space is freed,
+        #: once the writer's window is over (``_release_reservation``).
+        self._late_forgets: list[tuple[float, int, SegmentRecord, ObjectRecord, int]] = []
         #: Sequence numbers of ``_deferred`` entries that are copy targets a same-host writer
         #: held (``_move_done``): left alone a while, though the node wrote nothing there.
         self._resting: set[int] = set()
@@ -2221,11 +2221,9 @@ class MasterState:
                 # Forget of the range, which quarantines it, may be gone (a remount) or not
                 # have come, and a copy placed there again at every tick would hold the node's
                 # commands up a tenth of a second each, for as long as the writer is stopped)
-                if how == "held":
+                if how == "held":  # (no drain waits for it: nothing is there)
                     rest = now + max(self.config.reclaim_delay, DEMOTION_PAUSE)
-                    sequence = next(self._seq)
-                    heapq.heappush(self._deferred, (rest, sequence, target, move.target.offset))
-                    self._resting.add(sequence)  # (no drain waits for it: nothing is there)
+                    self._release([move.target], rest, target, resting=True)
                     return
                 self._abandon_copy(target, record, move.target.offset, ok, how == "expired")
             return
@@ -2638,12 +2636,15 @@ class MasterState:
         buffers: Iterable[Replica | None],
         not_before: float,
         segment: SegmentRecord | None = None,
+        *,
+        resting: bool = False,
     ) -> None:
         """Frees buffers at ``not_before`` (now if that has passed). One still owned (a
         replica, not the target of an abandoned copy) leaves its segment's owners at once, so
         that no new reader finds it. Buffers of a segment that went away meanwhile are left
         alone; given ``segment``, the record they lie in, so are those of a segment remounted
-        anew under the same id (the offset may be another object's there by now)."""
+        anew under the same id (the offset may be another object's there by now).
+        ``resting``: held back though nothing lies there (``_resting``)."""
         now = self.clock()
         for buffer in buffers:
             if buffer is None:
@@ -2655,8 +2656,10 @@ class MasterState:
             if not_before <= now:
                 self._free(current, buffer.offset)
             else:
-                entry = (not_before, next(self._seq), current, buffer.offset)
-                heapq.heappush(self._deferred, entry)
+                sequence = next(self._seq)
+                heapq.heappush(self._deferred, (not_before, sequence, current, buffer.offset))
+                if resting:
+                    self._resting.add(sequence)
 
     def space_of(self, segment: SegmentRecord) -> dict[str, Any]:
         """What a segment's bytes in use are taken by (an eviction pass logs it: evicting
@@ -2794,28 +2797,22 @@ class MasterState:
         Forget ``_forget_grants`` sent at once may have found no lock: the writer could
         still take one afterwards, within its window.)"""
         release_at = now + self.config.reclaim_delay
-        late = []
-        for replica in record.replicas:
-            if replica is None:
-                continue
-            segment = self.segments.get(replica.segment_id)
-            if segment is not None and segment.info.shared_memory:
-                stored = StoredObject(
-                    record.key,
-                    replica.offset,
-                    record.size,
-                    record.generation,
-                    replicas=record.wanted,
-                )
-                late.append((segment, stored))
+        segments = self.segments
+        late = [
+            (segment, replica.offset)
+            for replica in record.replicas
+            if replica is not None
+            and (segment := segments.get(replica.segment_id)) is not None
+            and segment.info.shared_memory
+        ]
         if late:
             window_end = record.created_at + self.config.write_timeout + WRITER_WINDOW_MARGIN
             release_at = max(release_at, window_end)
-            for segment, stored in late:
+            for segment, offset in late:
                 if release_at <= now:
-                    self._forget_stored(segment, stored)
+                    self._send_forget(segment, record, offset)
                 else:
-                    entry = (release_at, next(self._seq), segment, stored)
+                    entry = (release_at, next(self._seq), segment, record, offset)
                     heapq.heappush(self._late_forgets, entry)
         self._release(record.replicas, release_at)
 
@@ -2824,9 +2821,9 @@ class MasterState:
         name are freed (``_release_deferred``, in the same tick)."""
         late = self._late_forgets
         while late and late[0][0] <= now:
-            _, _, segment, stored = heapq.heappop(late)
+            _, _, segment, record, offset = heapq.heappop(late)
             if self.segments.get(segment.segment_id) is segment:
-                self._forget_stored(segment, stored)
+                self._send_forget(segment, record, offset)
 
     def _age_out_tombstones(self, now: float) -> None:
         """Segments away for ``MAX_AGE`` lose their tombstones: their nodes were replaced
