@@ -16,15 +16,13 @@ case): it is not declared dead.
 from __future__ import annotations
 
 import os
-import queue
 import signal
-import socket
-import threading
 import time
 import urllib.error
 import urllib.request
 
 from helpers import cluster_status, wait_until
+from tcp_proxy import TcpProxy
 
 from kvpool import Client
 
@@ -78,7 +76,7 @@ def test_a_node_whose_round_trip_to_the_master_exceeds_two_seconds_is_not_declar
 ):
     ttl = 8.0
     cluster = cluster_factory(1, "64MiB", master_args=["--node-ttl", str(ttl)])
-    with DelayProxy(cluster.master_address) as proxy:
+    with TcpProxy(cluster.master_address) as proxy:
         slow = cluster.add_node(extra=["--master", proxy.address])  # (the last --master wins)
         objects = {f"k{i}": os.urandom(20_000) for i in range(10)}
         with Client(cluster.master_address, timeout=20) as client:
@@ -113,60 +111,3 @@ def readyz(port: int) -> int:
         return error.code
     except OSError:
         return 0
-
-
-class DelayProxy:
-    """A TCP proxy to ``target`` (HOST:PORT) that holds each byte ``delay`` seconds each way
-    (0 at first), in order: a slow link between a node and its master."""
-
-    def __init__(self, target: str) -> None:
-        host, _, port = target.rpartition(":")
-        self.target = (host, int(port))
-        self.delay = 0.0
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
-        self._sockets: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def __enter__(self) -> DelayProxy:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._listener.close()
-        for sock in self._sockets:
-            sock.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                inbound, _ = self._listener.accept()
-            except OSError:
-                return
-            outbound = socket.create_connection(self.target)
-            self._sockets += [inbound, outbound]
-            for source, sink in ((inbound, outbound), (outbound, inbound)):
-                held: queue.Queue[tuple[float, bytes]] = queue.Queue()
-                threading.Thread(target=self._read, args=(source, held), daemon=True).start()
-                threading.Thread(target=self._write, args=(held, sink), daemon=True).start()
-
-    def _read(self, source: socket.socket, held: queue.Queue[tuple[float, bytes]]) -> None:
-        while True:
-            try:
-                data = source.recv(65536)
-            except OSError:
-                data = b""
-            held.put((time.monotonic() + self.delay, data))
-            if not data:
-                return
-
-    def _write(self, held: queue.Queue[tuple[float, bytes]], sink: socket.socket) -> None:
-        while True:
-            due, data = held.get()
-            time.sleep(max(0.0, due - time.monotonic()))
-            try:
-                if not data:
-                    sink.shutdown(socket.SHUT_WR)
-                    return
-                sink.sendall(data)
-            except OSError:
-                return

@@ -95,9 +95,10 @@ def session_of(master: Master) -> Any:
     )
 
 
-def store(master: Master, keys: list[str]) -> list[Any]:
+def store(master: Master, keys: list[str], session: Any = None) -> list[Any]:
+    """``Client._store`` of ``keys`` against ``master`` (in ``session``, where given)."""
     client = Client.__new__(Client)
-    client._session = session_of(master)
+    client._session = session if session is not None else session_of(master)
     source = readable_address(bytes(4096))
     return client._store(
         [(key, None) for key in keys],
@@ -251,16 +252,7 @@ def store_with_b_unreachable_first(master: Master, keys: list[str]) -> list[Any]
 
     order = list(keys)  # (one replica each, written in the keys' order)
     session.data.run = run
-    client = Client.__new__(Client)
-    client._session = session
-    source = readable_address(bytes(4096))
-    return client._store(
-        [(key, None) for key in keys],
-        dict.fromkeys(range(len(keys)), source),
-        [None] * len(keys),
-        WriteOptions(),
-        time.monotonic() + 5,
-    )
+    return store(master, keys, session)
 
 
 def test_a_commit_unanswered_after_another_was_answered_keeps_the_results_known():
