@@ -36,11 +36,11 @@ not merged with one another (each is one grant); requests to one node are pipeli
 storage_node/checked_writes.py).
 
 A transfer that fails for another reason than its deadline (the node's process exited, an
-endpoint cannot be created, a connection cannot be made in a few seconds, the connection
-broke) marks its node unreachable for a few seconds (``unreachable``,
-client/unreachable_nodes.py): puts are placed elsewhere, reads try that node last. One that
-missed its deadline waiting on its node is ``Failure.silent``: a read that gave it only its
-share of the time, other replicas left, marks the node too (client/get_path.py).
+endpoint cannot be created, the connection broke) marks its node unreachable for a few
+seconds (``unreachable``, client/unreachable_nodes.py): puts are placed elsewhere, reads try
+that node last. One that missed its deadline waiting on its node is ``Failure.silent``: a
+read that gave it only its share of the time, other replicas left, marks the node too
+(client/get_path.py).
 """
 
 from __future__ import annotations

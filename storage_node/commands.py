@@ -19,8 +19,8 @@ past its write window) is answered once the lock goes, within ``WRITER_GRACE``, 
 fails: the master keeps the space out of use and sends the Forget again later
 (master/forget_retries.py), so no new object is placed where a late copy may still land.
 A Copy into such a range (a promotion or a move placed there as its space was freed, which
-no forget barrier holds back) fails the same way: the master drops its target, and the
-space, quarantined by the failed Forget, stays out of use.
+no forget barrier holds back) fails the same way: the master drops its target and leaves
+that range alone a while (master/state.py ``_move_done``, "held").
 """
 
 from __future__ import annotations
