@@ -47,6 +47,7 @@ def check_invariants(state: MasterState) -> None:
     _check_tenant_usage(state)
     _check_tenant_objects(state)
     _check_replication(state)
+    _check_adoptable(state)
 
 
 def _check_nodes(state: MasterState) -> None:
@@ -404,3 +405,25 @@ def _check_replication(state: MasterState) -> None:
         raise InvariantViolation(
             "draining nodes are counted", f"counted {state._draining}, draining {draining}"
         )
+
+
+def _check_adoptable(state: MasterState) -> None:
+    """A live object's replicas, and the targets of its copies, lie where their segment's
+    next mount would adopt them: the tombstones of a segment name key and generation, not the
+    place, so one refusing a live copy would have the node told to forget it."""
+    tombstones = state._tombstones
+    if not len(tombstones):
+        return
+    for key, record in state.objects.items():
+        places = [r for r in record.replicas if r is not None]
+        places.extend(move.target for move in record.moving.values())
+        for place in places:
+            segment = state.segments.get(place.segment_id)
+            if segment is not None and tombstones.refuses(
+                segment.segment_id, key, record.generation, True, segment.node_id
+            ):
+                raise InvariantViolation(
+                    "live copies lie where a remount adopts them",
+                    f"{key!r} (generation {record.generation}) at {place.segment_id!r}"
+                    f"@{place.offset:#x} would be refused at the segment's next mount",
+                )

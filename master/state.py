@@ -2122,6 +2122,7 @@ class MasterState:
                 and target.fenced_until <= self.clock()  # an old writer may copy in there
                 and allocator.largest_free >= need
                 and allocator.used + need <= self.config.high_watermark * allocator.capacity
+                and not self._refused_at_remount(target, record)
             ):
                 self._start_move(record, source, target, demotion=False)
                 return
@@ -2144,10 +2145,22 @@ class MasterState:
                 target.info.tier is Tier.NVME
                 and target.fenced_until <= self.clock()  # an old writer may copy in there
                 and target.allocator.largest_free >= target.allocator.rounded(record.size)
+                and not self._refused_at_remount(target, record)
             ):
                 self._start_move(record, source, target, demotion=True)
                 return True
         return False
+
+    def _refused_at_remount(self, segment: SegmentRecord, record: ObjectRecord) -> bool:
+        """Whether the segment's next mount would refuse a copy of ``record`` there: an
+        unanswered Forget of the same generation on it (an earlier copy there given up, say),
+        or a late write of it kept out. Those entries name the key and generation, not the
+        place, so the copy the node reports would be refused with them, and the node told to
+        forget it: the object, if that was its last replica, lost. No copy goes there until
+        the node has answered (or the segment has been reconciled)."""
+        return self._tombstones.refuses(
+            segment.segment_id, record.key, record.generation, True, segment.node_id
+        )
 
     def _start_move(
         self, record: ObjectRecord, source: Replica, target: SegmentRecord, *, demotion: bool
@@ -2372,7 +2385,7 @@ class MasterState:
         first = source_segment.info.tier
         target = None
         for tier in (first, Tier.NVME if first is Tier.DRAM else Tier.DRAM):
-            target = self._replica_target(record.key, record.size, tier, holders, now)
+            target = self._replica_target(record, tier, holders, now)
             if target is not None:
                 break
         if target is None:
@@ -2402,12 +2415,14 @@ class MasterState:
         return True
 
     def _replica_target(
-        self, key: str, size: int, tier: Tier, holders: set[str], now: float
+        self, record: ObjectRecord, tier: Tier, holders: set[str], now: float
     ) -> SegmentRecord | None:
-        """The segment of ``tier`` that may hold ``key`` with the most room on a node outside
-        ``holders`` that takes new objects, whose use stays below the high watermark with
-        ``size`` more (a copy never makes eviction take other objects)."""
-        high, tenant = self.config.high_watermark, tenant_of(key)
+        """The segment of ``tier`` that may hold ``record`` with the most room on a node
+        outside ``holders`` that takes new objects, whose use stays below the high watermark
+        with its size more (a copy never makes eviction take other objects), and whose next
+        mount would not refuse it (``_refused_at_remount``)."""
+        size = record.size
+        high, tenant = self.config.high_watermark, tenant_of(record.key)
         silent = self._silent_nodes(now)
         best: SegmentRecord | None = None
         best_free = -1.0
@@ -2427,6 +2442,7 @@ class MasterState:
                 if (
                     allocator.largest_free < need
                     or allocator.used + need > high * allocator.capacity
+                    or self._refused_at_remount(segment, record)
                 ):
                     continue
                 free = 1.0 - allocator.used / allocator.capacity

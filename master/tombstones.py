@@ -34,6 +34,12 @@ than one call carries reports in parts: what the segment's entries refused at th
 is held (``mounted(..., in_parts=True)``) and refused of every later part, kept in its
 durable record too, until the last (``report_over``).
 
+**By key and generation, not place.** An entry refuses every copy of its generation the
+segment reports, wherever it lies there. So no copy of an object is placed on a segment while
+an entry there would refuse it (an unanswered Forget of a copy given up on, say): it would be
+refused at the next mount, and the node told to forget it (``MasterState._refused_at_remount``;
+the invariant "live copies lie where a remount adopts them").
+
 **Nodes a new leader has not heard from.** A new leader does not know the segments of a node
 that has not remounted yet; once its rebuild window has passed it takes clients anyway, and
 that node may still hold objects they remove. So, per such node (``unheard``), every object

@@ -2303,9 +2303,15 @@ class MasterModel(RuleBasedStateMachine):
                 allocator = segment.allocator
                 need = allocator.rounded(record.size)
                 fenced = COPIES_RESPECT_FENCES and self.fences.get(id(segment), 0.0) > self.now
+                # (nor where the segment's next mount would refuse the copy, with the Forget
+                # it was told of this generation there: the core's invariants check the rest)
+                refused = (segment_id, record.key, record.put_id) in self.told_to_forget and (
+                    state._tombstones.refuses(segment_id, record.key, record.put_id, True, node)
+                )
                 assert not (
                     segment.info.tier is Tier.DRAM
                     and not fenced
+                    and not refused
                     and allocator.largest_free >= need
                     and allocator.used + need <= self.config.high_watermark * allocator.capacity
                 ), f"{record.key}: not promoted although {segment_id} has room"

@@ -983,6 +983,12 @@ def test_a_demotion_the_master_gave_up_waiting_for_keeps_its_target_for_the_recl
 
     assert tiers_of(get(state, "k00")) == [Tier.DRAM], "the DRAM replica stays"
     assert state.segments["n1/dram0"].leaving == 0
+    forgets = only(sent(state), ForgetCommand)
+    assert sorted((f.objects[0].key, f.objects[0].offset) for f in forgets) == [
+        (c.target.key, c.target.offset) for c in copies
+    ], "the node is told to forget what it may yet record"
+    for forget in forgets:
+        state.forget_answered(forget.command_id)
     pass_time(state, clock, CONFIG.reclaim_delay - 1)
     retries = only(sent(state), CopyCommand)
     assert [c.source.key for c in retries] == ["k01", "k02"], "tried again (k00 was just read)"
@@ -990,6 +996,26 @@ def test_a_demotion_the_master_gave_up_waiting_for_keeps_its_target_for_the_recl
     assert used(state, "n1/nvme0") == 40 * KiB, "the first targets are not reused yet"
     pass_time(state, clock, 1)
     assert used(state, "n1/nvme0") == 20 * KiB, "now they are free"
+
+
+def test_no_copy_goes_where_an_unanswered_forget_of_the_same_object_waits():
+    """The Forget of a copy given up on is refused at the segment's remounts until the node
+    answers it, by key and generation: a later copy of the object there would be refused
+    with it, and the node told to forget it (the object lost, if that was its last replica).
+    So until the answer the object is not demoted there: above the watermark it goes."""
+    state, clock = new_state(NO_PROMOTION)
+    copies = demote_two(state, clock)
+    for copy in copies:
+        state.command_expired(copy.command_id)
+    forgets = {f.objects[0].key: f for f in only(sent(state), ForgetCommand)}
+    state.forget_answered(forgets["k00"].command_id)  # k01's Forget stays unanswered
+
+    report = pass_time(state, clock, CONFIG.reclaim_delay + 1)
+
+    retries = only(sent(state), CopyCommand)
+    assert "k01" not in [c.source.key for c in retries], "not into n1/nvme0 again"
+    assert "k01" not in published(state) and report.objects_evicted == 1
+    state.validate()
 
 
 def test_a_node_dying_during_a_demotion_loses_the_object_and_the_answer_changes_nothing():

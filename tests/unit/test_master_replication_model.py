@@ -256,6 +256,7 @@ class ReplicationModel(RuleBasedStateMachine):
             for item in command.objects:
                 if node.holds(item.key, item.generation, item.offset):
                     del node.index[item.key]
+            state.forget_answered(command.command_id)  # (as the I/O layer relays the answer)
         elif isinstance(command, PersistCommand):
             if ok:
                 for item in command.objects:

@@ -209,12 +209,21 @@ def test_a_source_whose_bytes_fail_the_checksum_at_a_copy_stops_being_a_replica(
     assert nodes_of(get(state, "k")) == ["n2"], "n0's corrupt replica is no replica"
     assert state.counters.replicas_unreadable == 1
     assert any(e.event == "replica_corrupt" for e in state.story("k"))
+    [forget] = [c for c in state.outbox if isinstance(c, ForgetCommand)]
+    assert (forget.segment_id, forget.objects[0].offset) == ("n0/dram0", first.source.offset)
     clock.advance(2.5)
     state.tick()
-    again = copies(state)  # (two live replicas wanted, none left: n0 and n1 get one)
-    assert {c.source_segment_id for c in again} == {"n2/dram0"}
-    answer(state, again)
+    [again] = copies(state)  # (n0 takes none while it may still list the corrupt one)
+    assert (again.node_id, again.source_segment_id) == ("n1", "n2/dram0")
+    answer(state, [again])
+    state.forget_answered(forget.command_id)
+    clock.advance(2.5)
+    state.tick()
+    [last] = copies(state)  # (two live replicas wanted: n0 gets one now)
+    assert (last.node_id, last.source_segment_id) in {("n0", "n2/dram0"), ("n0", "n1/dram0")}
+    answer(state, [last])
     assert sorted(nodes_of(get(state, "k"))) == ["n0", "n1", "n2"]
+    state.validate()
 
 
 def test_the_only_replica_stays_whatever_a_copy_of_it_reports():
