@@ -142,4 +142,6 @@ def _joined(method: str, answers: list[Any]) -> Any:
         response.write_timeout_ms = min(windows) if windows else 0
     if method == "GetReplicas":
         response.lease_ms = min(a.lease_ms for a in answers)
+    if method in ("GetReplicas", "Exists"):
+        response.quota_refusal = next((a.quota_refusal for a in answers if a.quota_refusal), "")
     return response

@@ -784,7 +784,7 @@ class Client:
         else:
             fields = {"no_lease": True}
         try:
-            found = _found(self._keyed_call("Exists", keys, **fields), keys)
+            found = _found(self._keyed_call("Exists", keys, explain_quota=True, **fields), keys)
         except BaseException:
             if lease:  # (its answer may be lost, and the keys leased: given back at close)
                 self._remember_leases(valid_keys_of(keys))
@@ -997,23 +997,32 @@ class Client:
     def _call(self, method: str, request: Any) -> Any:
         return self._session.link.call(method, request, time.monotonic() + self.timeout)
 
-    def _keyed_call(self, method: str, keys: Sequence[str], **fields: Any) -> list[Any]:
+    def _keyed_call(
+        self, method: str, keys: Sequence[str], *, explain_quota: bool = False, **fields: Any
+    ) -> list[Any]:
         """A per-key master call: entry i is key i's status, or InvalidKey without asking.
         More keys than one master call takes go in parts, within one deadline; a part after
-        the first that fails gives its error to its keys (``batch_split``)."""
+        the first that fails gives its error to its keys (``batch_split``).
+        ``explain_quota``: a refused lease is its QuotaExceeded, with the master's figures
+        (the response's ``quota_refusal``)."""
         request_of = getattr(pb, f"{method}Request")
         results: list[Any] = [None] * len(keys)
         valid = self._valid_keys(keys, results)
         if len(valid) == len(keys) and len(keys) <= lp.MAX_BATCH_KEYS:  # the common case
             request = request_of(client_id=self.client_id, keys=keys, **fields)
-            return list(self._call(method, request).statuses)
+            response = self._call(method, request)
+            if explain_quota and response.quota_refusal:
+                return _quota_explained(response, keys)
+            return list(response.statuses)
         deadline = time.monotonic() + self.timeout
 
         def call_part(positions: Sequence[int]) -> bool:
-            request = request_of(
-                client_id=self.client_id, keys=[keys[i] for i in positions], **fields
-            )
-            statuses = self._session.link.call(method, request, deadline).statuses
+            part = [keys[i] for i in positions]
+            request = request_of(client_id=self.client_id, keys=part, **fields)
+            response = self._session.link.call(method, request, deadline)
+            statuses = response.statuses
+            if explain_quota and response.quota_refusal:
+                statuses = _quota_explained(response, part)
             for i, status in zip(positions, statuses, strict=True):
                 results[i] = status
             return True
@@ -1186,6 +1195,16 @@ def _parts_of(parts: object, name: str) -> Sequence[Any]:
         f"{name} must be a list of buffers, not {type(parts).__name__}: for one buffer, "
         f"pass [{name[:-1]}]"
     )
+
+
+def _quota_explained(response: Any, keys: Sequence[str]) -> list[Any]:
+    """``response``'s statuses, each refused lease (QUOTA_EXCEEDED) as its QuotaExceeded
+    saying the master's figures of the tenant's quota (``quota_refusal``)."""
+    refused, why = KeyStatus.QUOTA_EXCEEDED.value, response.quota_refusal
+    return [
+        error_for(s, k, why) if s == refused else s
+        for s, k in zip(response.statuses, keys, strict=True)
+    ]
 
 
 def _found(statuses: list[Any], keys: Sequence[str]) -> list[bool | KVPoolError]:

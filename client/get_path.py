@@ -81,7 +81,7 @@ def locate(
     if not valid:
         return located, 0.0
     lease_deadline = float("inf")
-    ok = KeyStatus.OK  # (read off its Enum class once, not per key)
+    ok, quota = KeyStatus.OK, KeyStatus.QUOTA_EXCEEDED  # (read off their class once)
 
     def locate_part(positions: Sequence[int]) -> bool:
         nonlocal lease_deadline
@@ -106,8 +106,9 @@ def locate(
         for i, location in zip(positions, response.objects, strict=True):
             if location.status == ok:
                 located[i] = location
-            else:
-                results[i] = error_for(location.status, keys[i])
+            else:  # (a refused lease says the master's figures of the tenant's quota)
+                why = response.quota_refusal if location.status == quota else ""
+                results[i] = error_for(location.status, keys[i], why)
         return True
 
     # (a part failed after the first: the parts before it are leased, so they are read, and

@@ -49,7 +49,7 @@ from kvpool.master.story_rpc import story_response
 from kvpool.proto import master_pb2 as pb
 from kvpool.security import capabilities as caps
 from kvpool.security import mapping_grants
-from kvpool.security.identity import Identity, Role, tenant_problem
+from kvpool.security.identity import Identity, Role, tenant_of, tenant_problem
 from kvpool.security.mapping_grants import SameHostPolicy
 from kvpool.transport.worker_address import MalformedWorkerAddress, check_worker_address
 
@@ -502,7 +502,11 @@ class MasterHandlers:
                     mapped,
                 )
             response.segments.extend(segments.values())
-            _count("GetReplicas", [loc.status for loc in locations])
+            statuses = [loc.status for loc in locations]
+            _count("GetReplicas", statuses)
+            if KeyStatus.QUOTA_EXCEEDED in statuses:
+                refused = keys[statuses.index(KeyStatus.QUOTA_EXCEEDED)]
+                response.quota_refusal = core.state.lease_refusal(tenant_of(refused))
             return response
 
         return self.driver.call(
@@ -517,7 +521,16 @@ class MasterHandlers:
         keys = _checked_keys(request)
         client_id = client_scope(identity, request.client_id)
         core = self.core
-        answer = _statuses("Exists", pb.ExistsResponse)
+        counted = _statuses("Exists", pb.ExistsResponse)
+
+        def answer(statuses: list[KeyStatus]) -> pb.ExistsResponse:
+            response: pb.ExistsResponse = counted(statuses)
+            if KeyStatus.QUOTA_EXCEEDED in statuses:
+                refused = keys[statuses.index(KeyStatus.QUOTA_EXCEEDED)]
+                owner = tenant if tenant is not None else tenant_of(refused)
+                response.quota_refusal = core.state.lease_refusal(owner)
+            return response
+
         return self.driver.call(
             lambda call_id: core.exists(
                 call_id,

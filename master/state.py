@@ -1681,6 +1681,15 @@ class MasterState:
         self.quota_refusals[tenant, quota] += 1
         return refusal(tenant, quota, limit, held, asked)
 
+    def lease_refusal(self, tenant: str) -> str:
+        """Why a lease of ``tenant``'s was refused (QUOTA_EXCEEDED), for the caller: its
+        quota of leases, the limit and how many it holds now."""
+        limit = self.quotas.of(tenant).leases if self.quotas is not None else None
+        if limit is None:
+            return ""  # (the quota was lifted meanwhile)
+        usage = self._usage.get(tenant)
+        return refusal(tenant, "leases", limit, usage.leases if usage is not None else 0)
+
     def _lease_refused(self, record: ObjectRecord, now: float) -> bool:
         """Whether a new lease on ``record`` (it holds none) would take its tenant over its
         quota of leases. Leases that ended but are not counted out yet are first."""

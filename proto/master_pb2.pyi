@@ -355,14 +355,16 @@ class ObjectLocation(_message.Message):
     def __init__(self, status: _Optional[_Union[KeyStatus, str]] = ..., size: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[Replica, _Mapping]]] = ..., crc32c: _Optional[int] = ...) -> None: ...
 
 class GetReplicasResponse(_message.Message):
-    __slots__ = ("objects", "segments", "lease_ms")
+    __slots__ = ("objects", "segments", "lease_ms", "quota_refusal")
     OBJECTS_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_REFUSAL_FIELD_NUMBER: _ClassVar[int]
     objects: _containers.RepeatedCompositeFieldContainer[ObjectLocation]
     segments: _containers.RepeatedCompositeFieldContainer[Segment]
     lease_ms: int
-    def __init__(self, objects: _Optional[_Iterable[_Union[ObjectLocation, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., lease_ms: _Optional[int] = ...) -> None: ...
+    quota_refusal: str
+    def __init__(self, objects: _Optional[_Iterable[_Union[ObjectLocation, _Mapping]]] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., lease_ms: _Optional[int] = ..., quota_refusal: _Optional[str] = ...) -> None: ...
 
 class ExistsRequest(_message.Message):
     __slots__ = ("client_id", "keys", "lease_ms", "no_lease")
@@ -377,10 +379,12 @@ class ExistsRequest(_message.Message):
     def __init__(self, client_id: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., lease_ms: _Optional[int] = ..., no_lease: _Optional[bool] = ...) -> None: ...
 
 class ExistsResponse(_message.Message):
-    __slots__ = ("statuses",)
+    __slots__ = ("statuses", "quota_refusal")
     STATUSES_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_REFUSAL_FIELD_NUMBER: _ClassVar[int]
     statuses: _containers.RepeatedScalarFieldContainer[KeyStatus]
-    def __init__(self, statuses: _Optional[_Iterable[_Union[KeyStatus, str]]] = ...) -> None: ...
+    quota_refusal: str
+    def __init__(self, statuses: _Optional[_Iterable[_Union[KeyStatus, str]]] = ..., quota_refusal: _Optional[str] = ...) -> None: ...
 
 class ReleaseLeasesRequest(_message.Message):
     __slots__ = ("client_id", "keys")

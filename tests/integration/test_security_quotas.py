@@ -124,9 +124,13 @@ def test_a_read_beyond_the_leases_quota_gets_quota_exceeded(cluster):
         assert client.get("a") == b"a" * 100  # leased for the master's lease TTL
         with pytest.raises(QuotaExceeded) as error:
             client.get("b")
-        assert "leases quota" in str(error.value)
-        with pytest.raises(QuotaExceeded):
+        figures = "is at its leases quota of 1 objects under read lease (1 held)"
+        assert figures in refused(error, "leases"), "the master's figures"
+        with pytest.raises(QuotaExceeded) as error:
             client.exists("b")
+        assert figures in refused(error, "leases")
+        [found] = client.exists_many(["b"])
+        assert isinstance(found, QuotaExceeded) and figures in str(found), "per key, in a batch"
         assert client.exists("b", lease=False), "only looking takes no lease"
         assert client.get("a") == b"a" * 100, "the lease it holds is renewed"
 
