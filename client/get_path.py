@@ -214,21 +214,26 @@ def _read_once(
     """Reads each object from its replicas in turn until one answers; returns the objects
     that failed on every replica tried, at least once cut off.
 
-    Each attempt is one run of every object pending, until the deadline
-    ``attempt_deadline`` gives the run: a share of the time left while every object of it
-    has another replica left (a batch's objects have as many replicas each, as a rule), all
-    of it where one is on its last (the objects of a batch run together, none waiting on
-    another's share). A transfer cut off by its share marks its node unreachable for a while
-    where the node took it and did not answer, and falls over to the next replica."""
+    Each attempt is one run of every object pending (none waits on another's share), each
+    from its next replica, until the deadline ``attempt_deadline`` gives the run: a share of
+    the time left while an object of it has another replica left, all of it once every one
+    is on its last. A transfer cut off by its share marks its node unreachable for a while
+    where the node took it and did not answer, and falls over to the next replica; one on its
+    last replica, cut off by the share of the others (a batch whose objects are not all on as
+    many replicas), is run again from there with the time left. Each run moves every object
+    with another replica on (or out), so a call makes as many runs at most as an object of
+    it has replicas, plus one."""
     data = session.data
     candidates = {i: by_nearness(session, located[i].replicas) for i in targets}
     failures: dict[int, list[Failure]] = {}  # (made for the objects that fail only)
     pending = [i for i in targets if targets[i][1] > 0]
-    attempt = 0
+    at = dict.fromkeys(pending, 0)  # (the replica each object is read from, of its candidates)
     while pending:
         checkpoint()  # (a cancelled call writes nothing more into the caller's buffers)
-        replicas_left = min(len(candidates[i]) - attempt for i in pending)
-        transfers = _transfers(pending, candidates, attempt, targets, pieces)
+        replicas_left = min(
+            (n for i in pending if (n := len(candidates[i]) - at[i]) > 1), default=1
+        )
+        transfers = _transfers(pending, candidates, at, targets, pieces)
         started = time.monotonic()
         until = attempt_deadline(
             started, deadline, lease_deadline, replicas_left, sum(t.length for t in transfers)
@@ -244,14 +249,18 @@ def _read_once(
                 failures.setdefault(i, []).append(error)
                 results[i] = _lease_expired(keys[i])
                 continue
+            on_last = at[i] + 1 >= len(candidates[i])
             if error.timed_out and until < min(deadline, lease_deadline):
                 error = _cut_short(session, error, until - started)
+                if on_last and time.monotonic() < deadline:
+                    retry.append(i)  # (cut off by the others' share: its last, again)
+                    continue
             failures.setdefault(i, []).append(error)
-            if attempt + 1 < len(candidates[i]) and time.monotonic() < deadline:
+            if not on_last and time.monotonic() < deadline:
+                at[i] += 1
                 retry.append(i)
             else:
                 results[i] = _unreadable(keys[i], len(candidates[i]), failures[i])
-        attempt += 1
         pending = retry
     return {
         i
@@ -263,15 +272,15 @@ def _read_once(
 def _transfers(
     group: Sequence[int],
     candidates: Mapping[int, Sequence[pb.Replica]],
-    attempt: int,
+    at: Mapping[int, int],
     targets: Targets,
     pieces: Pieces | None,
 ) -> list[Transfer]:
-    """The transfers of ``group``'s objects from their replica of ``attempt``: one per
-    object, or one per non-empty piece of those read in ``pieces``."""
+    """The transfers of ``group``'s objects, each from its replica ``at``: one per object,
+    or one per non-empty piece of those read in ``pieces``."""
     transfers = []
     for i in group:
-        replica = candidates[i][attempt]
+        replica = candidates[i][at[i]]
         if pieces and i in pieces:
             for offset, local, length in pieces[i]:
                 if length:

@@ -67,6 +67,17 @@ def key_read_first_from(client: Client, node: ManagedProcess, data: bytes) -> st
     raise AssertionError(f"no key of 64 is read first from {node_id(node)}")
 
 
+def key_only_on(client: Client, node: ManagedProcess, data: bytes) -> str:
+    """A key put with one replica, which placement gave to ``node``."""
+    for _ in range(64):
+        key = f"only-on-{node_id(node)}-{next(_keys)}"
+        assert client.put(key, data, replicas=1) == 1
+        if client.stat(key).replicas[0].node_id == node_id(node):
+            return key
+        client.remove(key)
+    raise AssertionError(f"no key of 64 was placed on {node_id(node)}")
+
+
 @contextlib.contextmanager
 def stopped(node: ManagedProcess) -> Iterator[None]:
     node.signal(signal.SIGSTOP)
@@ -104,6 +115,33 @@ def test_a_get_reads_the_other_replica_when_the_first_ones_node_is_silent(
                 value, took = timed_get(client, second)
                 assert value == data
                 assert took < 1.0, f"the next get tried the silent node first ({took:.1f}s)"
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_in_a_batch_of_objects_on_fewer_and_more_replicas_each_still_falls_over(
+    cluster_factory, monkeypatch, path
+):
+    """A batch of an object on two replicas, read first from the silent node, and objects on
+    one replica each, on either node: the first is read from the other node (it used to wait
+    the whole timeout on the silent one, as the objects on their last replica do, and fail),
+    the one on the healthy node is read, and only the one held by the silent node alone
+    fails, within the timeout."""
+    cluster = start(cluster_factory, monkeypatch, path)
+    victim, healthy = cluster.nodes
+    data = os.urandom(1 << 20)
+    with client_of(cluster) as client:
+        both = key_read_first_from(client, victim, data)
+        there = key_only_on(client, healthy, data)
+        gone = key_only_on(client, victim, data)
+        with stopped(victim):
+            start_at = time.monotonic()
+            results = client.get_many([both, there, gone])
+            took = time.monotonic() - start_at
+        assert results[0] == data, results[0]
+        assert results[1] == data, results[1]
+        assert isinstance(results[2], TransferError), results[2]
+        assert f"[{node_id(victim)}]" in str(results[2])
+        assert took < TIMEOUT + 1.0, f"the batch took {took:.1f}s"
 
 
 @pytest.mark.parametrize("path", PATHS)
