@@ -220,7 +220,8 @@ def _read_once(
     is on its last. A transfer cut off by its share marks its node unreachable for a while
     where the node took it and did not answer, and falls over to the next replica; one on its
     last replica, cut off by the share of the others (a batch whose objects are not all on as
-    many replicas), is run again from there with the time left. Each run moves every object
+    many replicas), is run again from there with the time left, where that is enough for its
+    bytes (``_time_for``); its node is not marked. Each run moves every object
     with another replica on (or out), so a call makes as many runs at most as an object of
     it has replicas, plus one."""
     data = session.data
@@ -251,8 +252,8 @@ def _read_once(
                 continue
             on_last = at[i] + 1 >= len(candidates[i])
             if error.timed_out and until < min(deadline, lease_deadline):
-                error = _cut_short(session, error, until - started)
-                if on_last and time.monotonic() < deadline:
+                error = _cut_short(session, error, until - started, on_last)
+                if on_last and _time_for(targets[i][1], deadline, lease_deadline):
                     retry.append(i)  # (cut off by the others' share: its last, again)
                     continue
             failures.setdefault(i, []).append(error)
@@ -301,16 +302,29 @@ def _transfers(
     return transfers
 
 
-def _cut_short(session: Session, error: Failure, share: float) -> Failure:
+def _cut_short(session: Session, error: Failure, share: float, on_last: bool) -> Failure:
     """``error``, a transfer's that its share of the time cut off, said so; its node (when
     it took the transfer and did not answer: ``Failure.silent``) is remembered as
     unreachable, so that reads try it last and puts avoid it for a while (or until it
-    answers a transfer again)."""
-    why = f"not done within the {max(share, 0.0):.2g} s given to this replica, others left"
-    if error.silent and error.node_id:
-        session.data.unreachable.add(error.node_id)
-        why += ": its node is tried last for a few seconds"
+    answers a transfer again). Not so for a transfer from an object's last replica, cut off
+    by the share of the others (``on_last``): nothing says its node is silent rather than
+    slower than the share allowed."""
+    shown = f"{max(share, 0.0):.2g} s"
+    if on_last:
+        why = f"not done within the {shown} of a run shared with objects on more replicas"
+    else:
+        why = f"not done within the {shown} given to this replica, others left"
+        if error.silent and error.node_id:
+            session.data.unreachable.add(error.node_id)
+            why += ": its node is tried last for a few seconds"
     return dataclasses.replace(error, message=f"{error.message} ({why})")
+
+
+def _time_for(nbytes: int, deadline: float, lease_deadline: float) -> bool:
+    """Whether the time left gives a read of ``nbytes`` from its last replica, run again, as
+    much as ``attempt_deadline``'s floor would (else it fails with its first run's error)."""
+    left = min(deadline, lease_deadline) - time.monotonic()
+    return left >= MIN_ATTEMPT + nbytes / SLOW_RATE
 
 
 def _by_object(

@@ -504,7 +504,7 @@ class MasterHandlers:
             response.segments.extend(segments.values())
             statuses = [loc.status for loc in locations]
             _count("GetReplicas", statuses)
-            if KeyStatus.QUOTA_EXCEEDED in statuses:
+            if core.state.quotas is not None and KeyStatus.QUOTA_EXCEEDED in statuses:
                 refused = keys[statuses.index(KeyStatus.QUOTA_EXCEEDED)]
                 response.quota_refusal = core.state.lease_refusal(tenant_of(refused))
             return response
@@ -525,7 +525,7 @@ class MasterHandlers:
 
         def answer(statuses: list[KeyStatus]) -> pb.ExistsResponse:
             response: pb.ExistsResponse = counted(statuses)
-            if KeyStatus.QUOTA_EXCEEDED in statuses:
+            if core.state.quotas is not None and KeyStatus.QUOTA_EXCEEDED in statuses:
                 refused = keys[statuses.index(KeyStatus.QUOTA_EXCEEDED)]
                 owner = tenant if tenant is not None else tenant_of(refused)
                 response.quota_refusal = core.state.lease_refusal(owner)
