@@ -409,8 +409,7 @@ def _check_replication(state: MasterState) -> None:
 
 def _check_adoptable(state: MasterState) -> None:
     """A live object's replicas, and the targets of its copies, lie where their segment's
-    next mount would adopt them: the tombstones of a segment name key and generation, not the
-    place, so one refusing a live copy would have the node told to forget it."""
+    next mount would adopt them: a refused one would have its node told to forget it."""
     tombstones = state._tombstones
     if not len(tombstones):
         return
@@ -420,7 +419,7 @@ def _check_adoptable(state: MasterState) -> None:
         for place in places:
             segment = state.segments.get(place.segment_id)
             if segment is not None and tombstones.refuses(
-                segment.segment_id, key, record.generation, True, segment.node_id
+                segment.segment_id, key, record.generation, True, segment.node_id, place.offset
             ):
                 raise InvariantViolation(
                     "live copies lie where a remount adopts them",

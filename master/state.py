@@ -111,6 +111,7 @@ from kvpool.master.records import (
 )
 from kvpool.master.replication import ReplicationQueue
 from kvpool.master.story import StoryEvent, StoryLog
+from kvpool.master.tombstones import ANY as ANY_PLACE
 from kvpool.master.tombstones import MAX_AGE as TOMBSTONE_MAX_AGE
 from kvpool.master.tombstones import NODE_PREFIX, DurableRecord, Tombstones
 from kvpool.master.transitions import (
@@ -270,6 +271,9 @@ class MasterState:
         self._awaiting: dict[int, tuple[str, tuple[ObjectRecord, ...]]] = {}
         #: Persist command id -> what it told the node to record (for a late answer).
         self._persisting: dict[int, tuple[StoredObject, ...]] = {}
+        #: Copy command id -> its target's offset, while awaited (a late write's place, at
+        #: a remount, after the copy itself was cancelled: ``_late_writes``).
+        self._copy_places: dict[int, int] = {}
         #: (release_at, seq, segment, offset): buffers waiting to be freed. The record itself,
         #: not its id, so that a buffer of a dropped and remounted segment is never freed twice.
         self._deferred: list[tuple[float, int, SegmentRecord, int]] = []
@@ -513,28 +517,35 @@ class MasterState:
 
     def _late_writes(
         self, segment_id: str, given_up: dict[str, int]
-    ) -> list[tuple[str, int, bool]]:
-        """(key, generation, whether that object lives) of each entry a Persist or Copy sent
-        to ``segment_id`` before this mount would record, still unanswered or ``given_up``
-        while the segment was away: a node paused with them queued may carry them out after
-        its report (tombstones.py keeps them out). An object lives on if its generation does,
-        in the record it had then or in another (lost with its segment, then adopted from a
-        report). A scan of the commands in flight, at a mount only."""
-        writes = [
-            (record.key, record.generation)
-            for target, records in self._awaiting.values()
-            if target == segment_id
-            for record in records
-        ]
-        writes += given_up.items()
+    ) -> list[tuple[str, int, int, bool]]:
+        """(key, generation, offset, whether that object lives) of each entry a Persist or
+        Copy sent to ``segment_id`` before this mount would record, still unanswered or
+        ``given_up`` while the segment was away: a node paused with them queued may carry
+        them out after its report (tombstones.py keeps them out). The offset is
+        ``tombstones.ANY`` where it is not known here any more (a given-up write). An object
+        lives on if its generation does, in the record it had then or in another (lost with
+        its segment, then adopted from a report). A scan of the commands in flight, at a
+        mount only."""
+        writes: list[tuple[str, int, int]] = []
+        for command_id, (target, records) in self._awaiting.items():
+            if target != segment_id:
+                continue
+            persisted = self._persisting.get(command_id)
+            if persisted is not None:  # (a Persist names each object's place)
+                writes += ((item.key, item.generation, item.offset) for item in persisted)
+                continue
+            place = self._copy_places.get(command_id, ANY_PLACE)  # (a Copy: one object)
+            writes += ((record.key, record.generation, place) for record in records)
+        writes += ((key, generation, ANY_PLACE) for key, generation in given_up.items())
         objects = self.objects
         return [
             (
                 key,
                 generation,
+                offset,
                 (held := objects.get(key)) is not None and held.generation == generation,
             )
-            for key, generation in writes
+            for key, generation, offset in writes
         ]
 
     def mount_problem(self, info: SegmentInfo) -> str | None:
@@ -748,6 +759,7 @@ class MasterState:
         error: str = "",
     ) -> None:
         segment_id, records = self._awaiting.pop(command_id, ("", ()))
+        self._copy_places.pop(command_id, None)
         if expired and records:
             segment = self.segments.get(segment_id)
             if segment is None:
@@ -2019,7 +2031,7 @@ class MasterState:
         ):
             return False  # its removal may be what the node's damaged log lost
         if self._tombstones.refuses(
-            segment.segment_id, item.key, item.generation, known, segment.node_id
+            segment.segment_id, item.key, item.generation, known, segment.node_id, item.offset
         ):
             return False  # removed while its node was away, or its Forget unanswered
         if existing is not None:
@@ -2167,6 +2179,8 @@ class MasterState:
         place, so the copy the node reports would be refused with them, and the node told to
         forget it: the object, if that was its last replica, lost. No copy goes there until
         the node has answered (or the segment has been reconciled)."""
+        if not len(self._tombstones):
+            return False  # (the common case)
         return self._tombstones.refuses(
             segment.segment_id, record.key, record.generation, True, segment.node_id
         )
@@ -2185,6 +2199,7 @@ class MasterState:
         event = "demoting" if demotion else "promoting"
         self._note((record.key, self.clock(), event, record.put_id, source, destination))
         self._awaiting[command_id] = (target.segment_id, (record,))
+        self._copy_places[command_id] = offset
         self.outbox.append(
             CopyCommand(
                 command_id,
@@ -2407,6 +2422,7 @@ class MasterState:
         record.moving[command_id] = Move(source, destination, False, replication=True)
         self._note((record.key, now, "replicating", record.put_id, source, destination))
         self._awaiting[command_id] = (target.segment_id, (record,))
+        self._copy_places[command_id] = offset
         self.outbox.append(
             CopyCommand(
                 command_id,
@@ -2567,7 +2583,9 @@ class MasterState:
         self.outbox.append(
             ForgetCommand(command_id, segment.node_id, segment.segment_id, (stored,))
         )
-        self._tombstones.sent(command_id, segment.segment_id, stored.key, stored.generation, exact)
+        self._tombstones.sent(
+            command_id, segment.segment_id, stored.key, stored.generation, exact, stored.offset
+        )
         return command_id
 
     def _index_published(self, record: ObjectRecord, taken_back: bool = False) -> None:

@@ -34,11 +34,14 @@ than one call carries reports in parts: what the segment's entries refused at th
 is held (``mounted(..., in_parts=True)``) and refused of every later part, kept in its
 durable record too, until the last (``report_over``).
 
-**By key and generation, not place.** An entry refuses every copy of its generation the
-segment reports, wherever it lies there. So no copy of an object is placed on a segment while
-an entry there would refuse it (an unanswered Forget of a copy given up on, say): it would be
-refused at the next mount, and the node told to forget it (``MasterState._refused_at_remount``;
-the invariant "live copies lie where a remount adopts them").
+**Places.** A Forget names a place, and the node forgets nothing elsewhere: an unanswered
+one refuses that place only (a copy of the same generation elsewhere on the segment, placed
+before it went out, is adopted). The other entries (tombstones, late writes kept out, and
+every entry of a durable record, which keeps keys and generations only) refuse every place
+of their generation on the segment. No copy of an object is placed on a segment where any
+entry of its generation could refuse it, wherever it landed (``refuses`` with ``ANY``;
+``MasterState._refused_at_remount``): the node would be told to forget it at the next mount.
+The invariant "live copies lie where a remount adopts them" checks both.
 
 **Nodes a new leader has not heard from.** A new leader does not know the segments of a node
 that has not remounted yet; once its rebuild window has passed it takes clients anyway, and
@@ -70,6 +73,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 #: Entries kept at most (a few hundred bytes each), across every segment.
 LIMIT = 1_000_000
@@ -84,6 +88,11 @@ RECORD_BYTES = 768 << 10
 #: What each key adds to a record beyond its own bytes (quotes, colon, generation, comma).
 _PER_KEY_BYTES = 26
 
+
+#: The place of an entry that names none (every place of its key and generation on the
+#: segment): what a query about a copy not placed yet asks, and what ``sent`` notes without
+#: an offset.
+ANY = -1
 
 #: What begins the entry of a node (rather than a segment): no segment id has it.
 NODE_PREFIX = "node:"
@@ -114,16 +123,22 @@ class MountRefusals:
     distrusted: bool
     #: key -> newest generation ended there (that one and older ones refused).
     dead: dict[str, int]
-    #: (key, generation) refused, that one only: late writes kept out, unanswered Forgets.
+    #: (key, generation) refused, that one only: late writes kept out.
     exact: frozenset[tuple[str, int]]
+    #: (key, generation, offset) refused at that place only: unanswered Forgets.
+    at: frozenset[tuple[str, int, int]] = frozenset()
 
-    def refuses(self, key: str, generation: int, known: bool) -> bool:
+    def refuses(self, key: str, generation: int, known: bool, offset: int = ANY) -> bool:
         if self.distrusted:
             return not known
-        return self.dead.get(key, 0) >= generation or (key, generation) in self.exact
+        if self.dead.get(key, 0) >= generation or (key, generation) in self.exact:
+            return True
+        if offset != ANY:
+            return (key, generation, offset) in self.at or (key, generation, ANY) in self.at
+        return any(k == key and g == generation for k, g, _ in self.at)  # (rare: a query)
 
     def __len__(self) -> int:
-        return len(self.dead) + len(self.exact)
+        return len(self.dead) + len(self.exact) + len(self.at)
 
 
 class Tombstones:
@@ -135,12 +150,18 @@ class Tombstones:
         self._away_in: dict[str, set[str]] = {}
         #: segment id -> key -> newest generation ended there.
         self._dead: dict[str, dict[str, int]] = {}
-        #: Forget command id -> [(segment id, key, generation, exact)], until answered
-        #: (several when Forgets were merged into one command). ``exact``: that generation
-        #: only is refused (a mount's refusal), not older ones too (an object that ended).
-        self._unanswered: dict[int, list[tuple[str, str, int, bool]]] = {}
-        #: segment id -> key -> generation of unanswered Forgets (how many, for each).
+        #: Forget command id -> [(segment id, key, generation, offset, exact)], until
+        #: answered (several when Forgets were merged into one command). ``exact``: that
+        #: generation only is refused in the durable record (a mount's refusal), not older
+        #: ones too (an object that ended).
+        self._unanswered: dict[int, list[tuple[str, str, int, int, bool]]] = {}
+        #: segment id -> (key, generation) of unanswered Forgets (how many, for each).
         self._forgetting: dict[str, dict[tuple[str, int], int]] = {}
+        #: segment id -> (key, generation, offset) of unanswered Forgets (how many, for
+        #: each): what a mount refuses. A Forget names a place, and the node forgets nothing
+        #: elsewhere: a copy of the same generation at another place on the segment (placed
+        #: before the Forget was sent) lives on, and is adopted.
+        self._forgetting_at: dict[str, dict[tuple[str, int, int], int]] = {}
         self._distrusted: set[str] = set()
         self._size = 0
         #: Unanswered Forgets that belong in the durable record, by segment.
@@ -264,16 +285,25 @@ class Tombstones:
             self._changed.add(segment_id)
 
     def sent(
-        self, command_id: int, segment_id: str, key: str, generation: int, exact: bool = False
+        self,
+        command_id: int,
+        segment_id: str,
+        key: str,
+        generation: int,
+        exact: bool = False,
+        offset: int = ANY,
     ) -> None:
-        """A Forget went out for a recorded replica: refused at a remount until answered.
-        ``exact``: the Forget of a replica a mount refused, which ends that generation only
-        (in the durable record too): an older one may live on."""
+        """A Forget went out for a recorded replica (at ``offset``): refused there at a
+        remount until answered. ``exact``: the Forget of a replica a mount refused, which ends
+        that generation only (in the durable record too): an older one may live on."""
         if segment_id in self._distrusted or not self._room(segment_id):
             return
-        self._unanswered[command_id] = [(segment_id, key, generation, exact)]
+        self._unanswered[command_id] = [(segment_id, key, generation, offset, exact)]
         counts = self._forgetting.setdefault(segment_id, {})
         counts[(key, generation)] = counts.get((key, generation), 0) + 1
+        places = self._forgetting_at.setdefault(segment_id, {})
+        place = (key, generation, offset)
+        places[place] = places.get(place, 0) + 1
         self._size += 1
 
     def merged(self, absorbed: int, into: int) -> None:
@@ -288,7 +318,7 @@ class Tombstones:
         entries = self._unanswered.pop(command_id, None)
         if entries is None:
             return
-        for segment_id, key, generation, _ in entries:
+        for segment_id, key, generation, offset, _ in entries:
             self._size -= 1
             overdue = self._overdue.get(segment_id)
             if overdue is not None and command_id in overdue:
@@ -296,16 +326,8 @@ class Tombstones:
                 if not overdue:
                     del self._overdue[segment_id]
                 self._changed.add(segment_id)
-            counts = self._forgetting.get(segment_id)
-            if counts is None:
-                continue
-            left = counts.get((key, generation), 0) - 1
-            if left > 0:
-                counts[(key, generation)] = left
-                continue
-            counts.pop((key, generation), None)
-            if not counts:
-                del self._forgetting[segment_id]
+            _count_down(self._forgetting, segment_id, (key, generation))
+            _count_down(self._forgetting_at, segment_id, (key, generation, offset))
 
     def overdue(self, command_id: int) -> None:
         """The master answers without that Forget's answer (it waited long enough, or the
@@ -338,7 +360,7 @@ class Tombstones:
                 keys[key] = max(generation, keys.get(key, 0))
             exact.update(held.exact)
         for command_id in self._overdue.get(segment_id, ()):
-            for held_in, key, generation, only in self._unanswered.get(command_id, ()):
+            for held_in, key, generation, _, only in self._unanswered.get(command_id, ()):
                 if held_in != segment_id:
                     continue
                 if only:
@@ -381,18 +403,29 @@ class Tombstones:
         return held is not None and held.get(key) == generation
 
     def refuses(
-        self, segment_id: str, key: str, generation: int, known: bool, node_id: str = ""
+        self,
+        segment_id: str,
+        key: str,
+        generation: int,
+        known: bool,
+        node_id: str = "",
+        offset: int = ANY,
     ) -> bool:
-        """Whether a replica the node reports at a mount must not be adopted. ``known``:
-        the master holds that generation of the object (a replica of it may come back).
-        ``node_id``: the segment's node, whose own entry counts too."""
-        if node_id and self._refuses(node_entry(node_id), key, generation, known):
+        """Whether a replica the node reports at a mount (at ``offset``) must not be
+        adopted. ``known``: the master holds that generation of the object (a replica of it
+        may come back). ``node_id``: the segment's node, whose own entry counts too. An
+        ``offset`` of ``ANY`` asks about a copy of the object not placed yet: whether one
+        anywhere on the segment could be refused (an unanswered Forget of that generation,
+        wherever it names, counts)."""
+        if node_id and self._refuses(node_entry(node_id), key, generation, known, offset):
             return True
-        return self._refuses(segment_id, key, generation, known)
+        return self._refuses(segment_id, key, generation, known, offset)
 
-    def _refuses(self, segment_id: str, key: str, generation: int, known: bool) -> bool:
+    def _refuses(
+        self, segment_id: str, key: str, generation: int, known: bool, offset: int
+    ) -> bool:
         held = self._reporting.get(segment_id)
-        if held is not None and held.refuses(key, generation, known):
+        if held is not None and held.refuses(key, generation, known, offset):
             return True
         if segment_id in self._distrusted:
             return not known
@@ -402,26 +435,33 @@ class Tombstones:
         late = self._late.get(segment_id)
         if late is not None and (key, generation) in late:
             return True
-        counts = self._forgetting.get(segment_id)
-        return counts is not None and (key, generation) in counts
+        if offset == ANY:
+            counts = self._forgetting.get(segment_id)
+            return counts is not None and (key, generation) in counts
+        places = self._forgetting_at.get(segment_id)
+        return places is not None and (
+            (key, generation, offset) in places or (key, generation, ANY) in places
+        )
 
     def mounted(
         self,
         segment_id: str,
-        late: Sequence[tuple[str, int, bool]] = (),
+        late: Sequence[tuple[str, int, int, bool]] = (),
         *,
         in_parts: bool = False,
     ) -> None:
         """The segment's report has been reconciled: nothing of it is kept any more, but for
-        ``late`` writes: (key, generation, whether the object lives) of Persists and Copies
+        ``late`` writes: (key, generation, offset, whether the object lives) of Persists and
+        Copies
         sent to it before this mount and not answered, or given up while it was away
         (``take_given_up``). Its node may carry them out after its report (they were queued
         while it was paused), and a new leader would adopt what they record. One of an object
         that lives, or that is only lost (a replica of it went away with another segment,
         and may come back with it), goes away again, and becomes a tombstone if the object
         ends (``ended``). One of an object that ended (no Forget for it may follow it on the
-        node), or whose Forget is still unanswered, stays refused: that generation only (an
-        older one the report brought back lives on).
+        node), or whose Forget is still unanswered (at its place: ``ANY`` where that is not
+        known), stays refused: that generation only (an older one the report brought back
+        lives on).
 
         ``in_parts``: the report was the first part of several; what was refused of the
         segment until now is refused of every later part too, until ``report_over``. A late
@@ -429,10 +469,15 @@ class Tombstones:
         object is lost, not ended, and a later part may bring it back."""
         held = self._refusals(segment_id) if in_parts else None
         forgetting = self._forgetting.get(segment_id, {})
+        places = self._forgetting_at.get(segment_id, {})
         kept: list[tuple[str, int]] = []
         removed: list[tuple[str, int]] = []
-        for key, generation, lives in late:
-            goes_away = (key, generation) not in forgetting and (
+        for key, generation, offset, lives in late:
+            if offset == ANY:
+                forgotten = (key, generation) in forgetting
+            else:
+                forgotten = (key, generation, offset) in places or (key, generation, ANY) in places
+            goes_away = not forgotten and (
                 lives
                 or self._away_elsewhere(segment_id, key, generation)
                 # (a later part may report it here: adopted then, not refused)
@@ -471,12 +516,13 @@ class Tombstones:
             dead[key] = max(generation, dead.get(key, 0))
         exact = set(held.exact) if held is not None else set()
         exact.update(self._late.get(segment_id, ()))
-        exact.update(self._forgetting.get(segment_id, ()))
-        if not distrusted and not dead and not exact:
+        at = set(held.at) if held is not None else set()
+        at.update(self._forgetting_at.get(segment_id, ()))
+        if not distrusted and not dead and not exact and not at:
             return None
         if distrusted:
             return MountRefusals(True, {}, frozenset())
-        return MountRefusals(False, dead, frozenset(exact))
+        return MountRefusals(False, dead, frozenset(exact), frozenset(at))
 
     def _away_elsewhere(self, segment_id: str, key: str, generation: int) -> bool:
         """Whether a replica of ``key`` at ``generation`` went away with another segment
@@ -537,6 +583,7 @@ class Tombstones:
         self._size -= len(self._given_up.pop(segment_id, {}))
         self._size -= len(self._late.pop(segment_id, ()))
         self._overdue.pop(segment_id, None)
+        self._forgetting_at.pop(segment_id, None)
         if self._forgetting.pop(segment_id, None) is not None:
             for command_id, entries in list(self._unanswered.items()):
                 kept = [e for e in entries if e[0] != segment_id]
@@ -550,3 +597,17 @@ class Tombstones:
 def _encoded_bytes(keys: Iterable[str]) -> int:
     """About what ``keys`` take in a record (JSON, keys escaped at most twice their size)."""
     return sum(2 * len(key.encode()) + _PER_KEY_BYTES for key in keys)
+
+
+def _count_down(table: dict[str, dict[Any, int]], segment_id: str, entry: Any) -> None:
+    """One of ``entry`` fewer in the segment's counts of ``table`` (gone at none)."""
+    counts = table.get(segment_id)
+    if counts is None:
+        return
+    left = counts.get(entry, 0) - 1
+    if left > 0:
+        counts[entry] = left
+        return
+    counts.pop(entry, None)
+    if not counts:
+        del table[segment_id]

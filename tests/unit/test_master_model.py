@@ -1502,7 +1502,9 @@ class MasterModel(RuleBasedStateMachine):
         for item in stored:
             existing = view.get(item.key)
             known = existing is not None and existing[1] == item.generation
-            if not tombstones.refuses(spec.segment_id, item.key, item.generation, known):
+            if not tombstones.refuses(
+                spec.segment_id, item.key, item.generation, known, offset=item.offset
+            ):
                 continue
             place = (spec.segment_id, item.key, item.generation, item.offset)
             assert (

@@ -1051,6 +1051,28 @@ def nvme_object(state: MasterState, key: str = "k", size: int = 10 * KiB) -> Non
     assert sent(state) == []
 
 
+def test_no_promotion_goes_where_the_forget_of_the_objects_demoted_replica_waits():
+    """A demoted object's DRAM replica is forgotten at its node; until the node answers, a
+    read promotes nothing into that segment (the copy would be refused with the old one at
+    the segment's next mount, and the node told to forget it). Once it has, it does."""
+    state, clock = new_state()
+    copies = demote_two(state, clock)
+    for copy in copies:
+        state.command_done(copy.command_id, True)
+    forgets = {f.objects[0].key: f for f in only(sent(state), ForgetCommand)}
+    pass_time(state, clock, CONFIG.lease_ttl)  # (the demoted replicas' space is free)
+    sent(state)
+
+    assert tiers_of(get(state, "k00")) == [Tier.NVME]
+    assert only(sent(state), CopyCommand) == [], "not promoted into n1/dram0 yet"
+
+    state.forget_answered(forgets["k00"].command_id)
+    assert tiers_of(get(state, "k00")) == [Tier.NVME]
+    [copy] = only(sent(state), CopyCommand)
+    assert (copy.source.key, copy.target_segment_id) == ("k00", "n1/dram0")
+    state.validate()
+
+
 def test_a_read_of_an_object_held_only_on_nvme_promotes_it_into_dram_on_the_same_node():
     state, _ = new_state()
     two_tier_node(state, "n1")

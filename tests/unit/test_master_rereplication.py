@@ -384,3 +384,40 @@ def test_a_node_silent_on_its_commands_takes_no_copy_until_it_answers():
     state.tick()
     [copy] = copies(state)
     assert copy.node_id == spare
+
+
+def test_a_cancelled_copys_late_forget_spares_a_later_copy_of_the_object_on_its_segment():
+    """A copy cancelled when its source's segment went keeps its target until the node
+    answers; meanwhile a second copy of the object goes to the same segment. The first's
+    answer then has its target forgotten, by place: the second copy there stays a replica,
+    and a remount of the segment reporting it adopts it."""
+    state, clock = cluster(nodes=4)
+    publish(state, "k", 4 * KiB, replicas=3)
+    state.outbox.clear()
+    [dead] = [n for n in nodes_of(get(state, "k"))][:1]
+    kill(state, clock, dead)
+    clock.advance(2)
+    heartbeat_all_but(state, "")
+    state.tick()
+    [first] = copies(state)
+    source_node = first.source_segment_id.split("/")[0]
+    state.unmount_segment(source_node, first.source_segment_id)  # (the copy is cancelled)
+    clock.advance(2)
+    heartbeat_all_but(state, "")
+    state.tick()
+    [second] = copies(state)
+    assert second.target_segment_id == first.target_segment_id
+    assert second.target.offset != first.target.offset
+    answer(state, [second])
+
+    answer(state, [first])  # (late: the node did copy; its target is forgotten)
+
+    [forget] = [c for c in state.outbox if isinstance(c, ForgetCommand)]
+    assert (forget.segment_id, forget.objects[0].offset) == (
+        first.target_segment_id,
+        first.target.offset,
+    )
+    segment = state.segments[second.target_segment_id]
+    target = StoredObject("k", second.target.offset, 4 * KiB, second.target.generation)
+    assert state.mount_segment(segment.info, [target], remount=True) == []
+    assert second.target_segment_id in {r.segment_id for r in state.objects["k"].replicas}

@@ -23,7 +23,7 @@ from kvpool.common.status import KeyStatus
 from kvpool.master.core import MasterCore
 from kvpool.master.records import Commit, ForgetCommand, PutOptions, SegmentInfo, StoredObject
 from kvpool.master.state import MasterState
-from kvpool.master.tombstones import MAX_AGE, RECORD_LIMIT, DurableRecord, Tombstones
+from kvpool.master.tombstones import ANY, MAX_AGE, RECORD_LIMIT, DurableRecord, Tombstones
 
 ON_N1 = PutOptions(replicas=1, preferred_hosts=("n1.cluster.local",))
 
@@ -221,6 +221,23 @@ def test_a_forget_answered_late_is_recorded_until_its_answer():
     state.forget_answered(forget.command_id)
     assert state.durable_changes() == {n1.segment_id}
     assert state.durable_record(n1.segment_id) is None
+
+
+def test_an_unanswered_forget_refuses_its_place_only():
+    """A Forget names a place: the node forgets nothing elsewhere, so a copy of the same
+    generation at another place on the segment (placed before the Forget went out) is
+    adopted at a remount. A copy not placed yet is asked about with ``ANY``: any unanswered
+    Forget of its generation there counts (it could land on the place forgotten)."""
+    tombstones = Tombstones()
+    tombstones.sent(1, "s1", "k", 3, offset=0x1000)
+    assert tombstones.refuses("s1", "k", 3, known=True, offset=0x1000)
+    assert not tombstones.refuses("s1", "k", 3, known=True, offset=0x2000)
+    assert tombstones.refuses("s1", "k", 3, known=True, offset=ANY), "a copy not placed yet"
+    assert not tombstones.refuses("s1", "k", 2, known=True, offset=0x1000), "that generation"
+    tombstones.answered(1)
+    assert not tombstones.refuses("s1", "k", 3, known=True, offset=0x1000)
+    assert not tombstones.refuses("s1", "k", 3, known=True, offset=ANY)
+    assert len(tombstones) == 0
 
 
 def test_forgets_sent_as_one_are_answered_as_one():
