@@ -261,14 +261,27 @@ class Client:
         """One PutRevoke for the open reservations ``reserve`` made (its key free again at
         once, not when the master's reservation timeout or the client's heartbeat runs out);
         each Reservation still held is marked over. A reservation committed or revoked
-        meanwhile is left as it is by the master."""
+        meanwhile is left as it is by the master.
+
+        Each is given back only once the writes of it under way on other threads have
+        returned (``Reservation.writes_over``: each stops at its deadline): the master places
+        other objects in the space at once. One whose write has not (its thread is not
+        running, or a signal handler's close interrupted it) is left to the master, which
+        reclaims it once the writer's window is over. The time spent waiting does not count
+        against ``deadline``."""
         held = self._session.take_reservations()
         if not held:
             return
-        for _, reservation in held:
-            if reservation is not None:
-                reservation.closed()
-        keys, put_ids = [key for (key, _), _ in held], [put_id for (_, put_id), _ in held]
+        budget = deadline - time.monotonic()
+        reservations = [reservation for _, reservation in held if reservation is not None]
+        for reservation in reservations:  # (every one refuses writes not begun, first)
+            reservation.closed()
+        writing = {(r.key, r.put_id) for r in reservations if not r.writes_over()}
+        given = [ids for ids, _ in held if ids not in writing]
+        if not given:
+            return
+        deadline = max(deadline, time.monotonic() + budget)
+        keys, put_ids = [key for key, _ in given], [put_id for _, put_id in given]
         put_path.give_back(self._session, keys, put_ids, deadline)
 
     def _remember_leases(self, keys: Sequence[str]) -> None:

@@ -14,6 +14,7 @@ from kvpool.client.outcomes import error_for
 from kvpool.client.put_path import PendingPut
 from kvpool.client.session import Session
 from kvpool.common.keys import shown_key
+from kvpool.common.logging import get_logger
 from kvpool.common.status import KeyStatus
 from kvpool.errors import (
     ClientClosed,
@@ -24,8 +25,19 @@ from kvpool.errors import (
     TransferError,
 )
 
-#: Seconds ``Reservation.closed`` waits for a commit marking itself under way.
+log = get_logger("kvpool.client")
+
+#: Seconds ``Reservation.closed`` waits for another thread's commit or write marking itself
+#: under way (a close on the thread itself, a signal handler's, does not wait).
 CLOSE_WAIT = 1.0
+#: Seconds past a write's deadline that ending its reservation waits for the write to
+#: return: a write stops at its deadline (client/data_path.py checks it before each piece;
+#: a UCX transfer drains ``LATE_GRACE`` more), so a write still under way after this is
+#: one whose thread is not running (stopped in a debugger, say).
+WRITE_STOP_MARGIN = 2.0
+#: Seconds past the client's timeout that ``revoke`` waits for the answer of a commit under
+#: way on another thread (its PutEnd is answered, or given up on, within that timeout).
+COMMIT_ANSWER_MARGIN = 1.0
 #: What a commit that got no answer (PutOutcomeUnknown) advises: the master answers a
 #: repeated PutEnd of the same reservation with the first one's outcome (master/state.py).
 UNKNOWN_OUTCOME_ADVICE = (
@@ -55,6 +67,17 @@ class Reservation:
     after it gives the reservation up where the master still holds it (the commit had not
     reached it: it never publishes); where the master no longer does (the commit may have
     published the object), it raises PutOutcomeUnknown rather than report the key free.
+
+    Its steps may be taken on different threads. A ``write`` is under way from its check
+    that the reservation is open until its transfer returns; ending the reservation (a
+    ``revoke``, the client's close, a ``write`` past the window giving it up) first refuses
+    the writes not begun, then waits for those under way (each stops at its deadline)
+    before it gives the space back: the master places other objects there at once, and a
+    byte written late would land in one of them. A write that has not returned
+    ``WRITE_STOP_MARGIN`` past its deadline (its thread is not running) keeps its
+    reservation from being given back: the master reclaims it once the writer's window is
+    over. A ``revoke`` during a commit on another thread waits for the commit's answer: a
+    commit that published the object makes it raise InvalidArgument, as after it.
     """
 
     def __init__(self, session: Session, put: PendingPut, size: int, checksum: bool) -> None:
@@ -72,8 +95,21 @@ class Reservation:
         #: none was answered since; a commit is under way.
         self._unanswered = False
         self._committing = False
-        #: Orders a close against a commit about to send its PutEnd (``closed``, ``commit``).
-        self._closing = threading.Lock()
+        #: The thread whose commit is under way (a revoke there does not wait for it).
+        self._committer = 0
+        #: Orders an ending (``closed``, ``revoke``, a write past the window) against a
+        #: commit about to send its PutEnd and a write about to begin. Reentrant: a signal
+        #: handler's close or revoke may interrupt this thread inside it.
+        self._closing = threading.RLock()
+        #: Told when a commit was answered or a write returned.
+        self._changed = threading.Condition(self._closing)
+        #: The writes under way (their thread's id, and a token of each), and the latest
+        #: deadline among them (monotonic).
+        self._writes: tuple[tuple[int, object], ...] = ()
+        self._writes_until = 0.0
+        #: A signal handler's ``revoke`` interrupted a write of its own thread: the write
+        #: gives the reservation back once it has returned.
+        self._give_back_after_write = False
         #: Why it ended otherwise (the error's type and message, raised again by ``write``
         #: and ``commit``); None while it is open.
         self._over: tuple[type[KVPoolError], str] | None = None
@@ -111,10 +147,16 @@ class Reservation:
             raise InvalidArgument(
                 f"reserved {self.size} bytes for {self.key!r} but got {source[1]}", key=self.key
             )
-        self._put.source = source
         # (the write is a call of its own: within the client's timeout, and the window)
-        self._put.write_deadline = min(self._window_end, time.monotonic() + self._session.timeout)
-        put_path.write(self._session, [self._put], self._checksum)
+        deadline = min(self._window_end, time.monotonic() + self._session.timeout)
+        mine = (threading.get_ident(), object())
+        try:
+            self._begin_write(mine, deadline)
+            self._put.source = source
+            self._put.write_deadline = deadline
+            put_path.write(self._session, [self._put], self._checksum)
+        finally:
+            self._end_write(mine)  # (an interrupt anywhere in the begin: as it left it)
         if self.size and all(self._put.errors):
             # (past the window's end: given up, as a write begun past it, saying why)
             self._refuse_if_window_passed(failures=self._put.failures)
@@ -122,6 +164,53 @@ class Reservation:
                 f"no replica of {self.key!r} could be written: {'; '.join(self._put.errors)}",
                 key=self.key,
             )
+
+    def _begin_write(self, write: tuple[int, object], deadline: float) -> None:
+        """Marks ``write`` (its thread's id, a token) under way until ``deadline``; raises
+        as ``write`` on a reservation that ended (or is ending) meanwhile."""
+        # The check and the mark with no call between them (as a commit's): an ending, on
+        # another thread or in a signal handler here, sees the write either not begun (it
+        # is refused) or under way (the ending waits for it).
+        with self._closing:
+            if self._committed is None and not self._revoked and self._over is None:
+                self._writes += (write,)
+                if deadline > self._writes_until:
+                    self._writes_until = deadline
+                return
+        self._refuse_if_over("write")  # (ended since the first check: it raises)
+
+    def _end_write(self, write: tuple[int, object]) -> None:
+        """``write`` returned (or raised, or was refused): an ending waiting for it goes
+        on. The last one out gives the reservation back where a signal handler's revoke on
+        a writing thread left that to it."""
+        give_back = False
+        with self._closing:
+            if write not in self._writes:
+                return  # (refused, or interrupted before its mark)
+            self._writes = tuple(other for other in self._writes if other is not write)
+            if not self._writes:
+                self._writes_until = 0.0
+                give_back, self._give_back_after_write = self._give_back_after_write, False
+            self._changed.notify_all()
+        if give_back:
+            put_path.give_back(self._session, [self.key], [self.put_id])
+            self._session.let_go(self)
+
+    def _writing_here(self, me: int) -> bool:
+        """Whether a write of thread ``me`` is under way (a signal handler interrupted it)."""
+        return any(thread == me for thread, _ in self._writes)
+
+    def _writes_stopped(self, me: int) -> bool:
+        """Waits (``_closing`` held) for the writes under way on other threads to return,
+        ``WRITE_STOP_MARGIN`` past their deadline at most. True once none is under way;
+        False where one still is: past that bound, or one of this thread ``me`` (a signal
+        handler's call interrupted it, and it cannot return before the handler does)."""
+        while any(thread != me for thread, _ in self._writes):
+            left = self._writes_until + WRITE_STOP_MARGIN - time.monotonic()
+            if left <= 0:
+                break
+            self._changed.wait(left)
+        return not self._writes
 
     def commit(self) -> int:
         """Publishes the object; returns how many replicas it has."""
@@ -133,14 +222,17 @@ class Reservation:
             if self.size:
                 raise InvalidArgument(f"write {self.key!r} before committing it", key=self.key)
             self.write(b"")  # (nothing to write: the replicas are written as they are)
+        me = threading.get_ident()
+        error: KVPoolError | None = None
         # (not answered: the reservation stays open, for a commit again to learn the outcome)
         try:
-            # The check and the mark with no call between them: a close (another thread's,
-            # or a signal handler's, which runs only at a call) sees the commit either not
-            # begun, then no PutEnd goes, or under way.
+            # The check and the mark with no call between them: a close or revoke (another
+            # thread's, or a signal handler's, which runs only at a call) sees the commit
+            # either not begun, then no PutEnd goes, or under way.
             with self._closing:
                 if self._committed is None and not self._revoked and self._over is None:
                     self._committing = True
+                    self._committer = me
             if not self._committing:
                 self._refuse_if_over("commit")  # (closed since the check above: it raises)
             try:
@@ -150,16 +242,22 @@ class Reservation:
             except (PutOutcomeUnknown, ClientClosed):  # (ClientClosed: closed mid-commit)
                 self._unanswered = True
                 raise
+            # (answered: the reservation is over, published or not; recorded before the
+            # commit stops being under way, for a revoke waiting on it to read)
+            self._unanswered = False
+            if status == KeyStatus.OK:
+                self._committed = self._put.replicas_written
+            else:
+                error = error_for(status, self.key, self._put.why_not_published)
+                self._over = (type(error), str(error))
         finally:
-            self._committing = False
-        self._unanswered = False
-        # (answered: the reservation is over, published or not)
+            with self._closing:
+                self._committing = False
+                self._changed.notify_all()
         self._session.let_go(self)
-        if status != KeyStatus.OK:
-            error = error_for(status, self.key, self._put.why_not_published)
-            self._over = (type(error), str(error))
+        if error is not None:
             raise error
-        self._committed = self._put.replicas_written
+        assert self._committed is not None
         return self._committed
 
     def revoke(self) -> None:
@@ -169,18 +267,62 @@ class Reservation:
 
         After a commit that went unanswered (PutOutcomeUnknown), a reservation the master no
         longer holds may have been published by that commit: PutOutcomeUnknown again, and
-        the reservation stays as it was (``commit`` again learns the outcome)."""
+        the reservation stays as it was (``commit`` again learns the outcome).
+
+        Writes not begun are refused from the start, and it returns only once the writes
+        under way on other threads have (see the class's docstring). One that has not
+        returned ``WRITE_STOP_MARGIN`` past its deadline: TransferError, nothing sent (the
+        master reclaims the reservation once the writer's window is over). A commit under
+        way on another thread is waited for (the client's timeout, and
+        ``COMMIT_ANSWER_MARGIN``): published, InvalidArgument. Called by a signal handler
+        that interrupted a write of this thread, it leaves the give-back to that write, as
+        it returns."""
         self._session.check_process()  # (ClientForked in a fork child)
-        if self._committed is None and (self._revoked or self._over is not None):
-            return  # (a close as a commit was answered may have ended it: published wins)
-        self._refuse_if_over("revoke")
-        [status] = put_path.revoke(self._session, [self._put], self._deadline())
-        if status == KeyStatus.STALE_PUT and self._unanswered:
+        me = threading.get_ident()
+        with self._closing:
+            if self._committing and self._committer != me:  # (its answer first)
+                bound = self._session.timeout + COMMIT_ANSWER_MARGIN
+                self._changed.wait_for(lambda: not self._committing, bound)
+            # (still under way: this thread's own, a signal handler's revoke interrupted it;
+            # or one not answered in time: its PutEnd may yet publish the object)
+            committing = self._committing
+            if self._committed is None and (self._revoked or self._over is not None):
+                # (over, or ending on another thread, which gives it back: a close as a
+                # commit was answered may have ended it, and published wins)
+                self._writes_stopped(me)
+                return
+            self._refuse_if_over("revoke")  # (published: InvalidArgument)
+            self._revoked = True  # (from now on writes and commits are refused)
+            stopped = self._writes_stopped(me)
+            if not stopped and self._writing_here(me):
+                self._give_back_after_write = True
+                return  # (given back by the write this revoke interrupted, as it returns)
+        if not stopped:
+            self._session.let_go(self)  # (not given back at close either)
+            raise self._not_given_back("revoke")
+        try:
+            [status] = put_path.revoke(self._session, [self._put], self._deadline())
+        except BaseException:
+            self._revoked = False  # (as it was: a revoke again may give it back)
+            raise
+        if status == KeyStatus.STALE_PUT and (self._unanswered or committing):
+            self._revoked = False  # (as it was: a commit again learns the outcome)
             raise self._maybe_published()
-        self._revoked = True  # (whatever the master answered: this reservation is over)
         self._session.let_go(self)
         if status not in (KeyStatus.OK, KeyStatus.STALE_PUT):  # (STALE_PUT: gone already)
             raise error_for(status, self.key)
+
+    def _not_given_back(self, step: str) -> TransferError:
+        """Why ending the reservation (``step``) did not give it back: a write of it on
+        another thread had not returned past its deadline."""
+        return TransferError(
+            f"could not {step} the reservation of {shown_key(self.key)} at once: a write of "
+            f"it on another thread had not returned {WRITE_STOP_MARGIN:g} s past its "
+            "deadline (its thread is not running), and giving the space back could let that "
+            "write land in the next object placed there. No more writes or commits of it are "
+            "taken; the master reclaims it once the writer's window is over",
+            key=self.key,
+        )
 
     def _maybe_published(self) -> PutOutcomeUnknown:
         """What ``revoke`` raises when the master no longer holds a reservation whose
@@ -204,10 +346,12 @@ class Reservation:
             self._over = (error, message)
 
     def closed(self) -> None:
-        """Its client closed and gave it back (``Client.close``). Ordered against a commit
-        about to send its PutEnd: either that PutEnd goes after this, or never. (A close
-        from a signal handler that interrupted this very thread's commit holding the order
-        waits ``CLOSE_WAIT`` at most, then reads how far the commit had gone.)"""
+        """Its client closed and gives it back (``Client.close``, which then asks
+        ``writes_over``). Ordered against a commit about to send its PutEnd: either that
+        PutEnd goes after this, or never; and against a write about to begin: refused, or
+        under way. (A close from a signal handler that interrupted this very thread's
+        commit or write holding the order reads how far it had gone; one held by another
+        thread is waited for ``CLOSE_WAIT`` at most.)"""
         if not self._closing.acquire(timeout=CLOSE_WAIT):
             self._closed_now(self._committing)  # (as far as the commit had gone)
             return
@@ -215,6 +359,29 @@ class Reservation:
             self._closed_now(self._committing)
         finally:
             self._closing.release()
+
+    def writes_over(self) -> bool:
+        """For ``Client.close``, after ``closed``: waits for the writes under way on other
+        threads to return (see ``_writes_stopped``). True once none is under way (the
+        reservation may be given back); False, with a log line, where one is (the master
+        reclaims the reservation once the writer's window is over)."""
+        me = threading.get_ident()
+        if not self._closing.acquire(timeout=CLOSE_WAIT):
+            stopped = not self._writes  # (held by a thread that is not running)
+        else:
+            try:
+                stopped = self._writes_stopped(me)
+            finally:
+                self._closing.release()
+        if not stopped:
+            log.warning(
+                "a reservation was not given back at close: a write of it had not returned "
+                "(on this thread, interrupted by the close; or on a thread that is not "
+                "running); the master reclaims it once the writer's window is over",
+                key=shown_key(self.key),
+                put_id=self.put_id,
+            )
+        return stopped
 
     def _closed_now(self, committing: bool) -> None:
         key = shown_key(self.key)
@@ -249,16 +416,28 @@ class Reservation:
             errors = "; ".join(str(failure) for failure in failures if failure is not None)
             what = f"had ended by the time the write failed ({errors})"
             advice = "Reserve the key again once its nodes are reachable"
-        put_path.give_back(self._session, [self.key], [self.put_id])
+        me = threading.get_ident()
+        with self._closing:
+            # (ending it here, unless a commit's answer, a close or a revoke did: that one
+            # gives it back)
+            ending = self._committed is None and not self._revoked and self._over is None
+            self.end(
+                PutAborted,
+                f"the write window of the reservation of {shown_key(self.key)} (about "
+                f"{self._window:.2f} s from reserve(): the master's --write-timeout) {what}, "
+                f"and the reservation was given up. {advice}",
+            )
+            stopped = self._writes_stopped(me) if ending else False
+            if ending and not stopped and self._writing_here(me):
+                self._give_back_after_write = True  # (a signal handler's write: see revoke)
+                ending = False
+        if ending and stopped:
+            put_path.give_back(self._session, [self.key], [self.put_id])
+        elif ending:
+            log.warning(str(self._not_given_back("give up")), key=shown_key(self.key))
         self._session.let_go(self)
-        self.end(
-            PutAborted,
-            f"the write window of the reservation of {shown_key(self.key)} (about "
-            f"{self._window:.2f} s from reserve(): the master's --write-timeout) {what}, and "
-            f"the reservation was given up. {advice}",
-        )
-        assert self._over is not None
-        raise self._over[0](self._over[1], key=self.key)
+        self._refuse_if_over("write")
+        raise AssertionError("unreachable: the reservation is over")
 
     def _refuse_if_over(self, step: str) -> None:
         """InvalidArgument for ``step`` on a reservation already committed or revoked; why
