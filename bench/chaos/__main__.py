@@ -31,6 +31,8 @@ def main(argv: list[str] | None = None) -> int:
         help="nodes serve the checked stream (--data-port 0) and clients use it (issue 17)",
     )
     args = parser.parse_args(argv)
+    if args.json is not None and not args.json.parent.is_dir():  # (known now, not at the end)
+        parser.error(f"--json: no folder {str(args.json.parent)!r} to write the verdict in")
 
     layout = Layout(node_args=("--data-port", "0")) if args.checked_stream else Layout()
     run = ChaosRun(args.seed, layout=layout, run_dir=args.run_dir)
