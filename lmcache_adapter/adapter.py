@@ -347,7 +347,8 @@ class KVPoolL2Adapter(L2AdapterInterface):
         if refused:
             status = _status_name(leased.statuses[refused[0]])
             name = names[refused[0]]
-            error = KVPoolError(f"the master answered {status} for {name!r}", key=name)
+            why = f": {leased.quota_refusal}" if leased.quota_refusal else ""
+            error = KVPoolError(f"the master answered {status} for {name!r}{why}", key=name)
             self._log_failure(
                 f"lookup {status}",
                 error,

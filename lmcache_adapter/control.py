@@ -48,6 +48,9 @@ class Leased:
     sizes: list[int | None]
     until: float
     statuses: Sequence[int] = ()
+    #: Why a lease was refused for the tenant's leases quota: the master's figures ('' when
+    #: none was).
+    quota_refusal: str = ""
 
     def gone(self, index: int) -> bool:
         """Whether key ``index`` is surely not in kvpool (not merely refused a lease)."""
@@ -94,7 +97,7 @@ class ControlPlane:
             sizes[i] = location.size if location.status == KeyStatus.OK else None
         # The master counts the lease from the request's arrival, so counting it from
         # before sending can only end our estimate early, never late.
-        return Leased(sizes, sent_at + response.lease_ms / 1000.0, statuses)
+        return Leased(sizes, sent_at + response.lease_ms / 1000.0, statuses, response.quota_refusal)
 
     def release(self, keys: Sequence[str], timeout: float) -> int:
         """Ends this client's leases on ``keys`` now (``ReleaseLeases``), instead of when

@@ -186,6 +186,7 @@ def test_a_lookup_refused_for_the_leases_quota_is_a_failure_not_a_deletion(
     assert adapter.report_status()["lookup_failures"] == 3
     quota_lines = [line for line in logs.at(logging.WARNING) if "QUOTA_EXCEEDED" in line]
     assert len(quota_lines) == 1, logs.at(logging.WARNING)
+    assert "at its leases quota of 8 objects under read lease (8 held)" in quota_lines[0]
     adapter.submit_unlock(a)
     assert wait_until(lambda: sum(bits(lookup(adapter, b), 8)) == 8, timeout=5.0)
 
