@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from kvpool.common.status import Pin, Tier
 from kvpool.master.quotas import TenantUsage
 from kvpool.master.records import ObjectRecord, ObjectState
+from kvpool.master.tombstones import DurableRecord
 from kvpool.security.identity import split_key, tenant_of
 
 if TYPE_CHECKING:
@@ -410,19 +411,43 @@ def _check_replication(state: MasterState) -> None:
 def _check_adoptable(state: MasterState) -> None:
     """A live object's replicas, and the targets of its copies, lie where their segment's
     next mount would adopt them: a refused one would have its node told to forget it."""
+    stray = state._copy_places.keys() - state._awaiting.keys()
+    if stray:
+        raise InvariantViolation(
+            "copy places are kept while their copy is awaited", f"commands {sorted(stray)}"
+        )
     tombstones = state._tombstones
     if not len(tombstones):
         return
+    records: dict[str, DurableRecord | None] = {}
     for key, record in state.objects.items():
         places = [r for r in record.replicas if r is not None]
         places.extend(move.target for move in record.moving.values())
         for place in places:
             segment = state.segments.get(place.segment_id)
-            if segment is not None and tombstones.refuses(
+            if segment is None:
+                continue
+            if tombstones.refuses(
                 segment.segment_id, key, record.generation, True, segment.node_id, place.offset
             ):
                 raise InvariantViolation(
                     "live copies lie where a remount adopts them",
                     f"{key!r} (generation {record.generation}) at {place.segment_id!r}"
                     f"@{place.offset:#x} would be refused at the segment's next mount",
+                )
+            if segment.segment_id not in records:
+                records[segment.segment_id] = tombstones.record(segment.segment_id)
+            kept = records[segment.segment_id]
+            if (
+                kept is not None
+                and not kept.distrusted
+                and (
+                    kept.keys.get(key, 0) >= record.generation
+                    or (key, record.generation) in kept.exact
+                )
+            ):
+                raise InvariantViolation(
+                    "live copies lie where a new leader's remount adopts them",
+                    f"{key!r} (generation {record.generation}) at {place.segment_id!r}"
+                    f"@{place.offset:#x} would be refused by the segment's durable record",
                 )

@@ -2173,16 +2173,34 @@ class MasterState:
         return False
 
     def _refused_at_remount(self, segment: SegmentRecord, record: ObjectRecord) -> bool:
-        """Whether the segment's next mount would refuse a copy of ``record`` there: an
+        """Whether the segment's next mount would refuse a copy of ``record`` there, or
+        might once a write of it still awaited there is answered (``_written_there``): an
         unanswered Forget of the same generation on it (an earlier copy there given up, say),
-        or a late write of it kept out. Those entries name the key and generation, not the
-        place, so the copy the node reports would be refused with them, and the node told to
-        forget it: the object, if that was its last replica, lost. No copy goes there until
-        the node has answered (or the segment has been reconciled)."""
+        or a late write of it kept out. Those could refuse the place it lands on (a Forget's
+        place is free again before the node answers; a durable record, which a new leader
+        holds to, names no place at all), and the node would be told to forget the copy: the
+        object, if that was its last replica, lost. No copy goes there until the node has
+        answered (or the segment has been reconciled)."""
+        if self._awaiting and self._written_there(segment.segment_id, record):
+            return True
         if not len(self._tombstones):
             return False  # (the common case)
         return self._tombstones.refuses(
             segment.segment_id, record.key, record.generation, True, segment.node_id
+        )
+
+    def _written_there(self, segment_id: str, record: ObjectRecord) -> bool:
+        """Whether a Persist or Copy of ``record``'s generation to ``segment_id`` is still
+        awaited (a copy cancelled meanwhile included: its target waits for the answer). Its
+        answer may yet send a Forget of that place, refused at remounts until answered, and
+        a new leader refuses every place of the generation its durable record names: a copy
+        placed there meanwhile would go with it. (A scan of the commands in flight, when a
+        copy is placed only.)"""
+        key, generation = record.key, record.generation
+        return any(
+            target == segment_id
+            and any(r.key == key and r.generation == generation for r in records)
+            for target, records in self._awaiting.values()
         )
 
     def _start_move(

@@ -359,6 +359,7 @@ class Tombstones:
             for key, generation in held.dead.items():
                 keys[key] = max(generation, keys.get(key, 0))
             exact.update(held.exact)
+            exact.update((key, generation) for key, generation, _ in held.at)
         for command_id in self._overdue.get(segment_id, ()):
             for held_in, key, generation, _, only in self._unanswered.get(command_id, ()):
                 if held_in != segment_id:

@@ -240,6 +240,20 @@ def test_an_unanswered_forget_refuses_its_place_only():
     assert len(tombstones) == 0
 
 
+def test_a_report_in_parts_keeps_unanswered_forgets_in_the_durable_record():
+    """Between the parts of a report the segment's unanswered Forgets are held against every
+    part; a new leader taking over meanwhile must refuse them too."""
+    tombstones = Tombstones()
+    tombstones.sent(1, "s1", "k", 3, offset=0x1000)
+    tombstones.overdue(1)
+    tombstones.mounted("s1", in_parts=True)
+    record = tombstones.record("s1")
+    assert record is not None and ("k", 3) in record.exact
+    assert tombstones.refuses("s1", "k", 3, known=False, offset=0x1000)
+    tombstones.report_over("s1")
+    assert tombstones.record("s1") is None
+
+
 def test_forgets_sent_as_one_are_answered_as_one():
     tombstones = Tombstones()
     tombstones.sent(1, "s1", "a", 1)
