@@ -251,13 +251,14 @@ class Client:
             deadline = time.monotonic() + min(self.timeout, RELEASE_TIMEOUT)
             try:
                 try:
-                    self._revoke_reservations(deadline)
+                    # (moved on by the time it waited for writes under way, for both)
+                    deadline = self._revoke_reservations(deadline)
                 finally:
                     self._release_leases(deadline)
             finally:
                 self._session.close()
 
-    def _revoke_reservations(self, deadline: float) -> None:
+    def _revoke_reservations(self, deadline: float) -> float:
         """One PutRevoke for the open reservations ``reserve`` made (its key free again at
         once, not when the master's reservation timeout or the client's heartbeat runs out);
         each Reservation still held is marked over. A reservation committed or revoked
@@ -268,21 +269,22 @@ class Client:
         other objects in the space at once. One whose write has not (its thread is not
         running, or a signal handler's close interrupted it) is left to the master, which
         reclaims it once the writer's window is over. The time spent waiting does not count
-        against ``deadline``."""
+        against ``deadline``: returns ``deadline`` moved on by that time, for the rest of
+        the close."""
         held = self._session.take_reservations()
         if not held:
-            return
+            return deadline
         budget = deadline - time.monotonic()
         reservations = [reservation for _, reservation in held if reservation is not None]
         for reservation in reservations:  # (every one refuses writes not begun, first)
             reservation.closed()
         writing = {(r.key, r.put_id) for r in reservations if not r.writes_over()}
-        given = [ids for ids, _ in held if ids not in writing]
-        if not given:
-            return
         deadline = max(deadline, time.monotonic() + budget)
-        keys, put_ids = [key for key, _ in given], [put_id for _, put_id in given]
-        put_path.give_back(self._session, keys, put_ids, deadline)
+        given = [ids for ids, _ in held if ids not in writing]
+        if given:
+            keys, put_ids = [key for key, _ in given], [put_id for _, put_id in given]
+            put_path.give_back(self._session, keys, put_ids, deadline)
+        return deadline
 
     def _remember_leases(self, keys: Sequence[str]) -> None:
         """Notes the keys a call leased, for ``close`` to give back: the latest

@@ -91,6 +91,12 @@ class Reservation:
         #: The replicas the commit published; None until a commit succeeded.
         self._committed: int | None = None
         self._revoked = False
+        #: Writes are refused from the start of an ending (a revoke, a write past the window)
+        #: on, and for good once a PutRevoke may have reached the master (it went unanswered)
+        #: or the master said it no longer holds the reservation: the space may be another
+        #: object's. Cleared only where the ending sent nothing (it was interrupted). A
+        #: revoke (to send it again) and a commit (to learn the outcome) are still taken.
+        self._no_more_writes = False
         #: A commit went unanswered (PutOutcomeUnknown, or its client closed meanwhile), and
         #: none was answered since; a commit is under way.
         self._unanswered = False
@@ -172,7 +178,12 @@ class Reservation:
         # another thread or in a signal handler here, sees the write either not begun (it
         # is refused) or under way (the ending waits for it).
         with self._closing:
-            if self._committed is None and not self._revoked and self._over is None:
+            if (
+                self._committed is None
+                and not self._revoked
+                and self._over is None
+                and not self._no_more_writes
+            ):
                 self._writes += (write,)
                 if deadline > self._writes_until:
                     self._writes_until = deadline
@@ -276,37 +287,49 @@ class Reservation:
         way on another thread is waited for (the client's timeout, and
         ``COMMIT_ANSWER_MARGIN``): published, InvalidArgument. Called by a signal handler
         that interrupted a write of this thread, it leaves the give-back to that write, as
-        it returns."""
+        it returns. Interrupted before its PutRevoke went, it leaves the reservation as it
+        was; one whose PutRevoke went unanswered leaves writes refused (the master may have
+        freed the space), and a revoke again sends it again."""
         self._session.check_process()  # (ClientForked in a fork child)
         me = threading.get_ident()
-        with self._closing:
-            if self._committing and self._committer != me:  # (its answer first)
-                bound = self._session.timeout + COMMIT_ANSWER_MARGIN
-                self._changed.wait_for(lambda: not self._committing, bound)
-            # (still under way: this thread's own, a signal handler's revoke interrupted it;
-            # or one not answered in time: its PutEnd may yet publish the object)
-            committing = self._committing
-            if self._committed is None and (self._revoked or self._over is not None):
-                # (over, or ending on another thread, which gives it back: a close as a
-                # commit was answered may have ended it, and published wins)
-                self._writes_stopped(me)
-                return
-            self._refuse_if_over("revoke")  # (published: InvalidArgument)
-            self._revoked = True  # (from now on writes and commits are refused)
-            stopped = self._writes_stopped(me)
-            if not stopped and self._writing_here(me):
-                self._give_back_after_write = True
-                return  # (given back by the write this revoke interrupted, as it returns)
-        if not stopped:
-            self._session.let_go(self)  # (not given back at close either)
-            raise self._not_given_back("revoke")
+        marked = sending = False  # (marked revoked here; a PutRevoke may have gone)
+        was_ending = False
         try:
+            with self._closing:
+                if self._committing and self._committer != me:  # (its answer first)
+                    bound = self._session.timeout + COMMIT_ANSWER_MARGIN
+                    self._changed.wait_for(lambda: not self._committing, bound)
+                # (still under way: this thread's own, a signal handler's revoke interrupted
+                # it; or one not answered in time: its PutEnd may yet publish the object)
+                committing = self._committing
+                if self._committed is None and (self._revoked or self._over is not None):
+                    # (over, or ending on another thread, which gives it back: a close as a
+                    # commit was answered may have ended it, and published wins)
+                    self._writes_stopped(me)
+                    return
+                self._refuse_if_over("revoke")  # (published: InvalidArgument)
+                was_ending = self._no_more_writes
+                # (from now on writes and commits are refused)
+                self._revoked = self._no_more_writes = marked = True
+                stopped = self._writes_stopped(me)
+                if not stopped and self._writing_here(me):
+                    self._give_back_after_write = True
+                    marked = False  # (it stays revoked: see below)
+                    return  # (given back by the write this revoke interrupted, as it returns)
+            if not stopped:
+                marked = False  # (it stays revoked: the master reclaims it)
+                self._session.let_go(self)  # (not given back at close either)
+                raise self._not_given_back("revoke")
+            sending = True
             [status] = put_path.revoke(self._session, [self._put], self._deadline())
         except BaseException:
-            self._revoked = False  # (as it was: a revoke again may give it back)
+            if marked:  # (as it was: a revoke again may give it back)
+                self._revoked = False
+                if not sending:  # (nothing sent: writes are taken again, as before)
+                    self._no_more_writes = was_ending
             raise
         if status == KeyStatus.STALE_PUT and (self._unanswered or committing):
-            self._revoked = False  # (as it was: a commit again learns the outcome)
+            self._revoked = False  # (a commit again learns the outcome; writes stay refused)
             raise self._maybe_published()
         self._session.let_go(self)
         if status not in (KeyStatus.OK, KeyStatus.STALE_PUT):  # (STALE_PUT: gone already)
@@ -421,13 +444,21 @@ class Reservation:
             # (ending it here, unless a commit's answer, a close or a revoke did: that one
             # gives it back)
             ending = self._committed is None and not self._revoked and self._over is None
+            was_ending = self._no_more_writes
             self.end(
                 PutAborted,
                 f"the write window of the reservation of {shown_key(self.key)} (about "
                 f"{self._window:.2f} s from reserve(): the master's --write-timeout) {what}, "
                 f"and the reservation was given up. {advice}",
             )
-            stopped = self._writes_stopped(me) if ending else False
+            if ending:
+                self._no_more_writes = True
+            try:
+                stopped = self._writes_stopped(me) if ending else False
+            except BaseException:
+                if ending:  # (nothing sent: as it was, for a revoke to give it back)
+                    self._over, self._no_more_writes = None, was_ending
+                raise
             if ending and not stopped and self._writing_here(me):
                 self._give_back_after_write = True  # (a signal handler's write: see revoke)
                 ending = False
@@ -457,6 +488,15 @@ class Reservation:
         over = self._over
         if over is not None:
             raise over[0](over[1], key=self.key)
+        if step == "write" and self._no_more_writes:
+            raise InvalidArgument(
+                f"cannot write {shown_key(self.key)}: its reservation is being given back, or "
+                "a revoke's PutRevoke went unanswered (the master may have freed the space "
+                "already), or the master no longer holds it after an unanswered commit (which "
+                "may have published the object). No more writes of it are taken: call "
+                "revoke() again to give it back, or commit() to learn a commit's outcome",
+                key=self.key,
+            )
 
     def _deadline(self) -> float:
         return time.monotonic() + self._session.timeout

@@ -25,10 +25,11 @@ from typing import Any
 import pytest
 
 from kvpool import Client
+from kvpool.client import client as client_module
 from kvpool.client import put_path
 from kvpool.client import reservation as reservation_module
 from kvpool.client.data_path import DataPath
-from kvpool.errors import InvalidArgument, KVPoolError, TransferError
+from kvpool.errors import InvalidArgument, KVPoolError, MasterUnavailable, TransferError
 from kvpool.transport import writer_locks
 
 SIZE = 4 << 20
@@ -330,3 +331,100 @@ def test_a_revoke_waits_for_a_stopped_writer_no_longer_than_its_deadline_and_sen
     assert isinstance(write.outcome, KVPoolError), write.outcome
     with pytest.raises(InvalidArgument, match="revoked"):
         reservation.commit()
+
+
+def test_a_revoke_interrupted_while_it_waits_for_a_write_leaves_it_for_a_revoke_again(
+    make_setup, monkeypatch
+):
+    """KeyboardInterrupt as the revoke waits for another thread's write: nothing was sent,
+    so the reservation is as it was, and a revoke again gives it back (rather than return
+    quietly, the key held until the master's timeout)."""
+    setup = make_setup(True, True)
+    reservation = setup.writer.reserve("victim/a", SIZE)
+    a_address = address_of(reservation)
+    write = Timed(WRITER, lambda: reservation.write(b"A" * SIZE))
+    assert setup.here.wait(20), "the write never began"
+
+    real_wait = reservation._changed.wait
+    interrupted: list[bool] = []
+
+    def interrupted_once(timeout: float | None = None) -> bool:
+        if not interrupted:
+            interrupted.append(True)
+            raise KeyboardInterrupt
+        return real_wait(timeout)
+
+    monkeypatch.setattr(reservation._changed, "wait", interrupted_once)
+    with pytest.raises(KeyboardInterrupt):
+        reservation.revoke()
+    assert interrupted
+    setup.go.set()
+    write.join()
+    assert write.outcome is None
+
+    reservation.revoke()  # (sends its PutRevoke now)
+    placed_next = os.urandom(SIZE)
+    assert put_in_parts(setup.other, "victim/a", placed_next) == a_address
+    assert setup.other.get("victim/a") == placed_next
+
+
+def test_a_revoke_unanswered_keeps_writes_refused_and_a_revoke_again_gives_it_back(
+    cluster_factory, monkeypatch
+):
+    """A PutRevoke that reached the master but whose answer was lost (MasterUnavailable):
+    the master may have freed the space, so no write is taken any more; a revoke again
+    sends it again, and the key is free."""
+    cluster = cluster_factory(1, "64MiB")
+    real = put_path.revoke
+    lost: list[bool] = []
+
+    def answer_lost_once(*args: Any, **kwargs: Any) -> Any:
+        statuses = real(*args, **kwargs)
+        if not lost:
+            lost.append(True)
+            raise MasterUnavailable("the answer was lost")
+        return statuses
+
+    monkeypatch.setattr(put_path, "revoke", answer_lost_once)
+    credentials = cluster.client_credentials()
+    with (
+        Client(cluster.master_address, timeout=30, **credentials) as client,
+        Client(cluster.master_address, timeout=30, **credentials) as other,
+    ):
+        reservation = client.reserve("k", 4096)
+        reservation.write(b"x" * 4096)
+        with pytest.raises(MasterUnavailable):
+            reservation.revoke()
+        with pytest.raises(InvalidArgument, match="No more writes of it are taken"):
+            reservation.write(b"y" * 4096)
+        reservation.revoke()  # (again: the master no longer holds it, quietly)
+        with pytest.raises(InvalidArgument, match="revoked"):
+            reservation.write(b"y" * 4096)
+        assert put_in_parts(other, "k", b"z" * 4096) >= 0
+        assert other.get("k") == b"z" * 4096
+
+
+def test_a_close_that_waited_for_a_write_gives_the_lease_release_the_same_extension(
+    make_setup, monkeypatch
+):
+    """The time ``close`` waits for a write under way does not count against its
+    deadline for giving the read leases back either."""
+    monkeypatch.setattr(client_module, "RELEASE_TIMEOUT", 0.5)
+    setup = make_setup(True, True)
+    setup.other.put("leased", b"l" * 4096)
+    assert setup.writer.get("leased") == b"l" * 4096  # (a lease for close to give back)
+    left: list[float] = []
+    real = Client._release_leases
+
+    def noted(self: Client, deadline: float) -> None:
+        left.append(deadline - time.monotonic())
+        real(self, deadline)
+
+    monkeypatch.setattr(Client, "_release_leases", noted)
+    reservation = setup.writer.reserve("victim/a", SIZE)
+    write = Timed(WRITER, lambda: reservation.write(b"A" * SIZE))
+    assert setup.here.wait(20), "the write never began"
+    threading.Timer(HELD, setup.go.set).start()  # (longer than RELEASE_TIMEOUT)
+    setup.writer.close()
+    write.join()
+    assert left and left[0] > 0, left
