@@ -97,6 +97,12 @@ class Reservation:
         #: object's. Cleared only where the ending sent nothing (it was interrupted). A
         #: revoke (to send it again) and a commit (to learn the outcome) are still taken.
         self._no_more_writes = False
+        #: Why its client's close ended it (``_closed_now``): kept whatever a revoke
+        #: interrupted mid-way restores, which the close's own mark then stands for.
+        self._closed_as: tuple[type[KVPoolError], str] | None = None
+        #: A revoke has marked it and not finished (sent, or undone): another revoke waits
+        #: for it before it reads whether the reservation is ending.
+        self._revoking = False
         #: A commit went unanswered (PutOutcomeUnknown, or its client closed meanwhile), and
         #: none was answered since; a commit is under way.
         self._unanswered = False
@@ -207,6 +213,10 @@ class Reservation:
             put_path.give_back(self._session, [self.key], [self.put_id])
             self._session.let_go(self)
 
+    def _write_bound(self) -> float:
+        """Seconds until the writes under way must have returned (0: none is)."""
+        return max(0.0, self._writes_until - time.monotonic()) if self._writes else 0.0
+
     def _writing_here(self, me: int) -> bool:
         """Whether a write of thread ``me`` is under way (a signal handler interrupted it)."""
         return any(thread == me for thread, _ in self._writes)
@@ -302,6 +312,9 @@ class Reservation:
                 # (still under way: this thread's own, a signal handler's revoke interrupted
                 # it; or one not answered in time: its PutEnd may yet publish the object)
                 committing = self._committing
+                if self._revoking:  # (another thread's revoke: its outcome first)
+                    bound = self._session.timeout + WRITE_STOP_MARGIN + self._write_bound()
+                    self._changed.wait_for(lambda: not self._revoking, bound)
                 if self._committed is None and (self._revoked or self._over is not None):
                     # (over, or ending on another thread, which gives it back: a close as a
                     # commit was answered may have ended it, and published wins)
@@ -310,11 +323,12 @@ class Reservation:
                 self._refuse_if_over("revoke")  # (published: InvalidArgument)
                 was_ending = self._no_more_writes
                 # (from now on writes and commits are refused)
-                self._revoked = self._no_more_writes = marked = True
+                self._revoked = self._no_more_writes = marked = self._revoking = True
                 stopped = self._writes_stopped(me)
                 if not stopped and self._writing_here(me):
-                    self._give_back_after_write = True
                     marked = False  # (it stays revoked: see below)
+                    self._give_back_after_write = True
+                    self._revoking = False
                     return  # (given back by the write this revoke interrupted, as it returns)
             if not stopped:
                 marked = False  # (it stays revoked: the master reclaims it)
@@ -323,11 +337,19 @@ class Reservation:
             sending = True
             [status] = put_path.revoke(self._session, [self._put], self._deadline())
         except BaseException:
-            if marked:  # (as it was: a revoke again may give it back)
-                self._revoked = False
-                if not sending:  # (nothing sent: writes are taken again, as before)
-                    self._no_more_writes = was_ending
+            with self._closing:
+                if marked:  # (as it was: a revoke again may give it back)
+                    self._revoked = False
+                    if not sending and self._closed_as is None:  # (nothing sent: as before)
+                        self._no_more_writes = was_ending
+                    if self._closed_as is not None and self._over is None:
+                        self._over = self._closed_as  # (a close meanwhile: it stands)
+                self._revoking = False
+                self._changed.notify_all()
             raise
+        with self._closing:
+            self._revoking = False
+            self._changed.notify_all()
         if status == KeyStatus.STALE_PUT and (self._unanswered or committing):
             self._revoked = False  # (a commit again learns the outcome; writes stay refused)
             raise self._maybe_published()
@@ -409,18 +431,19 @@ class Reservation:
     def _closed_now(self, committing: bool) -> None:
         key = shown_key(self.key)
         if self._unanswered or committing:  # (a commit may have reached the master)
-            self.end(
-                ClientClosed,
+            why = (
                 f"the client was closed while the commit of {key} was under way or "
                 f"unanswered: the object may have been published; check with exists({key}) "
-                "from a new client (a put of it again gets ObjectExists where it was)",
+                "from a new client (a put of it again gets ObjectExists where it was)"
             )
-            return
-        self.end(
-            ClientClosed,
-            f"the client was closed, and the reservation of {key} given up with it (nothing "
-            "was published): make a new client, and reserve the key again",
-        )
+        else:
+            why = (
+                f"the client was closed, and the reservation of {key} given up with it "
+                "(nothing was published): make a new client, and reserve the key again"
+            )
+        self._closed_as = (ClientClosed, why)
+        self._no_more_writes = True
+        self.end(ClientClosed, why)
 
     def _refuse_if_window_passed(self, failures: Sequence[Failure | None] = ()) -> None:
         """Past the write window no byte may be written (the master may have reused the
@@ -457,7 +480,9 @@ class Reservation:
                 stopped = self._writes_stopped(me) if ending else False
             except BaseException:
                 if ending:  # (nothing sent: as it was, for a revoke to give it back)
-                    self._over, self._no_more_writes = None, was_ending
+                    self._over = self._closed_as  # (None unless a close came meanwhile)
+                    if self._closed_as is None:
+                        self._no_more_writes = was_ending
                 raise
             if ending and not stopped and self._writing_here(me):
                 self._give_back_after_write = True  # (a signal handler's write: see revoke)

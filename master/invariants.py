@@ -411,6 +411,13 @@ def _check_replication(state: MasterState) -> None:
 def _check_adoptable(state: MasterState) -> None:
     """A live object's replicas, and the targets of its copies, lie where their segment's
     next mount would adopt them: a refused one would have its node told to forget it."""
+    writes: Counter[tuple[str, str, int]] = Counter()
+    for segment_id, awaited in state._awaiting.values():
+        writes.update((segment_id, r.key, r.generation) for r in awaited)
+    if writes != Counter(state._awaited_writes):
+        raise InvariantViolation(
+            "awaited writes are counted by place", f"{len(writes)} awaited, counted otherwise"
+        )
     stray = state._copy_places.keys() - state._awaiting.keys()
     if stray:
         raise InvariantViolation(

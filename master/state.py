@@ -274,6 +274,9 @@ class MasterState:
         #: Copy command id -> its target's offset, while awaited (a late write's place, at
         #: a remount, after the copy itself was cancelled: ``_late_writes``).
         self._copy_places: dict[int, int] = {}
+        #: (segment, key, generation) -> how many Persists and Copies of it there are awaited
+        #: (``_written_there``), kept with ``_awaiting``.
+        self._awaited_writes: dict[tuple[str, str, int], int] = {}
         #: (release_at, seq, segment, offset): buffers waiting to be freed. The record itself,
         #: not its id, so that a buffer of a dropped and remounted segment is never freed twice.
         self._deferred: list[tuple[float, int, SegmentRecord, int]] = []
@@ -760,6 +763,15 @@ class MasterState:
     ) -> None:
         segment_id, records = self._awaiting.pop(command_id, ("", ()))
         self._copy_places.pop(command_id, None)
+        if records:
+            writes = self._awaited_writes
+            for record in records:
+                place = (segment_id, record.key, record.generation)
+                left = writes[place] - 1
+                if left:
+                    writes[place] = left
+                else:
+                    del writes[place]
         if expired and records:
             segment = self.segments.get(segment_id)
             if segment is None:
@@ -988,7 +1000,7 @@ class MasterState:
             command_id = next(self._command_ids)
             objects = tuple(self._stored(r, segment_id) for r in records)
             self.outbox.append(PersistCommand(command_id, segment.node_id, segment_id, objects))
-            self._awaiting[command_id] = (segment_id, tuple(records))
+            self._await(command_id, segment_id, tuple(records))
             self._persisting[command_id] = objects
         return statuses
 
@@ -2181,7 +2193,7 @@ class MasterState:
         holds to, names no place at all), and the node would be told to forget the copy: the
         object, if that was its last replica, lost. No copy goes there until the node has
         answered (or the segment has been reconciled)."""
-        if self._awaiting and self._written_there(segment.segment_id, record):
+        if self._awaited_writes and self._written_there(segment.segment_id, record):
             return True
         if not len(self._tombstones):
             return False  # (the common case)
@@ -2189,19 +2201,21 @@ class MasterState:
             segment.segment_id, record.key, record.generation, True, segment.node_id
         )
 
+    def _await(self, command_id: int, segment_id: str, records: tuple[ObjectRecord, ...]) -> None:
+        """Notes a Persist or Copy to ``segment_id`` of ``records`` as awaited."""
+        self._awaiting[command_id] = (segment_id, records)
+        writes = self._awaited_writes
+        for record in records:
+            place = (segment_id, record.key, record.generation)
+            writes[place] = writes.get(place, 0) + 1
+
     def _written_there(self, segment_id: str, record: ObjectRecord) -> bool:
         """Whether a Persist or Copy of ``record``'s generation to ``segment_id`` is still
         awaited (a copy cancelled meanwhile included: its target waits for the answer). Its
         answer may yet send a Forget of that place, refused at remounts until answered, and
         a new leader refuses every place of the generation its durable record names: a copy
-        placed there meanwhile would go with it. (A scan of the commands in flight, when a
-        copy is placed only.)"""
-        key, generation = record.key, record.generation
-        return any(
-            target == segment_id
-            and any(r.key == key and r.generation == generation for r in records)
-            for target, records in self._awaiting.values()
-        )
+        placed there meanwhile would go with it."""
+        return (segment_id, record.key, record.generation) in self._awaited_writes
 
     def _start_move(
         self, record: ObjectRecord, source: Replica, target: SegmentRecord, *, demotion: bool
@@ -2216,7 +2230,7 @@ class MasterState:
             self.segments[source.segment_id].leaving += target.allocator.rounded(record.size)
         event = "demoting" if demotion else "promoting"
         self._note((record.key, self.clock(), event, record.put_id, source, destination))
-        self._awaiting[command_id] = (target.segment_id, (record,))
+        self._await(command_id, target.segment_id, (record,))
         self._copy_places[command_id] = offset
         self.outbox.append(
             CopyCommand(
@@ -2439,7 +2453,7 @@ class MasterState:
         command_id = next(self._command_ids)
         record.moving[command_id] = Move(source, destination, False, replication=True)
         self._note((record.key, now, "replicating", record.put_id, source, destination))
-        self._awaiting[command_id] = (target.segment_id, (record,))
+        self._await(command_id, target.segment_id, (record,))
         self._copy_places[command_id] = offset
         self.outbox.append(
             CopyCommand(
