@@ -103,6 +103,8 @@ class Reservation:
         #: A revoke has marked it and not finished (sent, or undone): another revoke waits
         #: for it before it reads whether the reservation is ending.
         self._revoking = False
+        #: The thread of that revoke (a signal handler's revoke there does not wait for it).
+        self._revoker = 0
         #: A commit went unanswered (PutOutcomeUnknown, or its client closed meanwhile), and
         #: none was answered since; a commit is under way.
         self._unanswered = False
@@ -302,19 +304,24 @@ class Reservation:
         freed the space), and a revoke again sends it again."""
         self._session.check_process()  # (ClientForked in a fork child)
         me = threading.get_ident()
-        marked = sending = False  # (marked revoked here; a PutRevoke may have gone)
+        marked = sending = revoking = False  # (marked revoked here; a PutRevoke may have gone)
         was_ending = False
         try:
             with self._closing:
-                if self._committing and self._committer != me:  # (its answer first)
-                    bound = self._session.timeout + COMMIT_ANSWER_MARGIN
-                    self._changed.wait_for(lambda: not self._committing, bound)
+                # A commit or a revoke under way on another thread: their outcome first (a
+                # signal handler's call here, on the thread of one, cannot wait for it)
+                bound = self._session.timeout + COMMIT_ANSWER_MARGIN + WRITE_STOP_MARGIN
+                until = time.monotonic() + bound + self._write_bound()
+                while (self._committing and self._committer != me) or (
+                    self._revoking and self._revoker != me
+                ):
+                    left = until - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._changed.wait(left)
                 # (still under way: this thread's own, a signal handler's revoke interrupted
                 # it; or one not answered in time: its PutEnd may yet publish the object)
                 committing = self._committing
-                if self._revoking:  # (another thread's revoke: its outcome first)
-                    bound = self._session.timeout + WRITE_STOP_MARGIN + self._write_bound()
-                    self._changed.wait_for(lambda: not self._revoking, bound)
                 if self._committed is None and (self._revoked or self._over is not None):
                     # (over, or ending on another thread, which gives it back: a close as a
                     # commit was answered may have ended it, and published wins)
@@ -323,12 +330,12 @@ class Reservation:
                 self._refuse_if_over("revoke")  # (published: InvalidArgument)
                 was_ending = self._no_more_writes
                 # (from now on writes and commits are refused)
-                self._revoked = self._no_more_writes = marked = self._revoking = True
+                self._revoked = self._no_more_writes = marked = True
+                self._revoking, self._revoker, revoking = True, me, True
                 stopped = self._writes_stopped(me)
                 if not stopped and self._writing_here(me):
                     marked = False  # (it stays revoked: see below)
                     self._give_back_after_write = True
-                    self._revoking = False
                     return  # (given back by the write this revoke interrupted, as it returns)
             if not stopped:
                 marked = False  # (it stays revoked: the master reclaims it)
@@ -344,12 +351,12 @@ class Reservation:
                         self._no_more_writes = was_ending
                     if self._closed_as is not None and self._over is None:
                         self._over = self._closed_as  # (a close meanwhile: it stands)
-                self._revoking = False
-                self._changed.notify_all()
             raise
-        with self._closing:
-            self._revoking = False
-            self._changed.notify_all()
+        finally:
+            if revoking:  # (this revoke's mark, whichever way it leaves)
+                with self._closing:
+                    self._revoking = False
+                    self._changed.notify_all()
         if status == KeyStatus.STALE_PUT and (self._unanswered or committing):
             self._revoked = False  # (a commit again learns the outcome; writes stay refused)
             raise self._maybe_published()
