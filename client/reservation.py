@@ -343,6 +343,10 @@ class Reservation:
                 raise self._not_given_back("revoke")
             sending = True
             [status] = put_path.revoke(self._session, [self._put], self._deadline())
+            if status == KeyStatus.STALE_PUT and (self._unanswered or committing):
+                # (a commit again learns the outcome; writes stay refused: the undo below,
+                # under the lock and before another revoke waiting for this one reads it)
+                raise self._maybe_published()
         except BaseException:
             with self._closing:
                 if marked:  # (as it was: a revoke again may give it back)
@@ -357,9 +361,6 @@ class Reservation:
                 with self._closing:
                     self._revoking = False
                     self._changed.notify_all()
-        if status == KeyStatus.STALE_PUT and (self._unanswered or committing):
-            self._revoked = False  # (a commit again learns the outcome; writes stay refused)
-            raise self._maybe_published()
         self._session.let_go(self)
         if status not in (KeyStatus.OK, KeyStatus.STALE_PUT):  # (STALE_PUT: gone already)
             raise error_for(status, self.key)
