@@ -157,6 +157,11 @@ def inject_disk(stage: Stage, fault: Fault, now: float) -> Injected:
     disk = stage.system.disk
     assert disk is not None
     if fault.kind == "disk-full":
+        if not os.path.ismount(disk.mount):  # (else it fills whatever holds the folder)
+            raise RuntimeError(
+                f"{disk.mount} is not the loop-mounted file system the disk faults are for "
+                "(unmounted meanwhile?): not filling it"
+            )
         filler = disk.mount / "filler"
         stats = os.statvfs(disk.mount)
         free = stats.f_bavail * stats.f_frsize
