@@ -144,6 +144,37 @@ class Timed:
         assert not self.thread.is_alive()
 
 
+@dataclass
+class EndedMidWrite:
+    """What ``end_mid_write`` saw."""
+
+    write: Timed
+    end: Timed
+    #: Whether the ending returned while the write was still held.
+    returned_while_held: bool
+    #: The object another client placed meanwhile.
+    placed_meanwhile: bytes
+
+
+def end_mid_write(
+    setup: Setup, reservation: Any, name: str, end: Callable[[], object]
+) -> EndedMidWrite:
+    """Starts a write of ``reservation`` (held mid-write), runs ``end`` on a thread of its
+    own (``name``), places another object while the write is held, then lets it go and
+    waits for both."""
+    write = Timed(WRITER, lambda: reservation.write(b"A" * SIZE))
+    assert setup.here.wait(20), "the write never began"
+    ending = Timed(name, end)
+    time.sleep(HELD)
+    returned_while_held = ending.returned_at is not None
+    placed_meanwhile = os.urandom(SIZE)
+    put_in_parts(setup.other, "victim/b", placed_meanwhile)
+    setup.go.set()
+    write.join()
+    ending.join()
+    return EndedMidWrite(write, ending, returned_while_held, placed_meanwhile)
+
+
 @CLUSTERS
 def test_a_revoke_during_another_threads_write_returns_once_the_write_is_over(
     make_setup, secure, mapping
@@ -153,20 +184,12 @@ def test_a_revoke_during_another_threads_write_returns_once_the_write_is_over(
     setup = make_setup(secure, mapping)
     reservation = setup.writer.reserve("victim/a", SIZE)
     a_address = address_of(reservation)
-    write = Timed(WRITER, lambda: reservation.write(b"A" * SIZE))
-    assert setup.here.wait(20), "the write never began"
 
-    revoke = Timed("revoker", reservation.revoke)
-    time.sleep(HELD)
-    returned_while_held = revoke.returned_at is not None
-    placed_meanwhile = os.urandom(SIZE)
-    put_in_parts(setup.other, "victim/b", placed_meanwhile)
-    setup.go.set()
-    write.join()
-    revoke.join()
+    seen = end_mid_write(setup, reservation, "revoker", reservation.revoke)
 
-    assert setup.other.get("victim/b") == placed_meanwhile, "the revoked write landed in it"
-    assert not returned_while_held, "revoke() returned while the write was under way"
+    write, revoke = seen.write, seen.end
+    assert setup.other.get("victim/b") == seen.placed_meanwhile, "the revoked write landed in it"
+    assert not seen.returned_while_held, "revoke() returned while the write was under way"
     assert write.outcome is None and revoke.outcome is None  # (both within the window)
     assert write.returned_at is not None and revoke.returned_at is not None
     assert revoke.returned_at >= write.returned_at
@@ -185,20 +208,12 @@ def test_a_close_during_another_threads_write_gives_the_reservation_back_once_it
     setup = make_setup(secure, mapping)
     reservation = setup.writer.reserve("victim/a", SIZE)
     a_address = address_of(reservation)
-    write = Timed(WRITER, lambda: reservation.write(b"A" * SIZE))
-    assert setup.here.wait(20), "the write never began"
 
-    close = Timed("closer", setup.writer.close)
-    time.sleep(HELD)
-    returned_while_held = close.returned_at is not None
-    placed_meanwhile = os.urandom(SIZE)
-    put_in_parts(setup.other, "victim/b", placed_meanwhile)
-    setup.go.set()
-    write.join()
-    close.join()
+    seen = end_mid_write(setup, reservation, "closer", setup.writer.close)
 
-    assert setup.other.get("victim/b") == placed_meanwhile, "the given-back write landed in it"
-    assert not returned_while_held, "close() returned while the write was under way"
+    write, close = seen.write, seen.end
+    assert setup.other.get("victim/b") == seen.placed_meanwhile, "the given-back write landed in it"
+    assert not seen.returned_while_held, "close() returned while the write was under way"
     assert write.outcome is None and close.outcome is None
     assert write.returned_at is not None and close.returned_at is not None
     assert close.returned_at >= write.returned_at
