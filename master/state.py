@@ -761,17 +761,7 @@ class MasterState:
         source_corrupt: bool = False,
         error: str = "",
     ) -> None:
-        segment_id, records = self._awaiting.pop(command_id, ("", ()))
-        self._copy_places.pop(command_id, None)
-        if records:
-            writes = self._awaited_writes
-            for record in records:
-                place = (segment_id, record.key, record.generation)
-                left = writes[place] - 1
-                if left:
-                    writes[place] = left
-                else:
-                    del writes[place]
+        segment_id, records = self._unawait(command_id)
         if expired and records:
             segment = self.segments.get(segment_id)
             if segment is None:
@@ -2208,6 +2198,21 @@ class MasterState:
         for record in records:
             place = (segment_id, record.key, record.generation)
             writes[place] = writes.get(place, 0) + 1
+
+    def _unawait(self, command_id: int) -> tuple[str, tuple[ObjectRecord, ...]]:
+        """Takes a Persist or Copy off the awaited ones (``_await``'s other half): its
+        segment and objects, ("", ()) for one not awaited."""
+        segment_id, records = self._awaiting.pop(command_id, ("", ()))
+        self._copy_places.pop(command_id, None)
+        writes = self._awaited_writes
+        for record in records:
+            place = (segment_id, record.key, record.generation)
+            left = writes[place] - 1
+            if left:
+                writes[place] = left
+            else:
+                del writes[place]
+        return segment_id, records
 
     def _written_there(self, segment_id: str, record: ObjectRecord) -> bool:
         """Whether a Persist or Copy of ``record``'s generation to ``segment_id`` is still
