@@ -999,6 +999,22 @@ class MasterModel(RuleBasedStateMachine):
             for sent in self.sent.values()
         )
 
+    def write_awaited(self, segment_id: str, key: str, generation: int) -> bool:
+        """Whether a Persist or Copy of ``key``'s ``generation`` into ``segment_id`` (by id:
+        sent to whichever process of the node held it then) still awaits its answer."""
+        for sent in self.sent.values():
+            command = sent.command
+            if isinstance(command, PersistCommand):
+                items = command.objects
+                target = command.segment_id
+            else:
+                items, target = [command.target], command.target_segment_id
+            if target == segment_id and any(
+                (o.key, o.generation) == (key, generation) for o in items
+            ):
+                return True
+        return False
+
     def answer_copy(
         self, command: CopyCommand, segment: SegmentRecord, how: str, crcs: list[int]
     ) -> None:
@@ -2306,10 +2322,12 @@ class MasterModel(RuleBasedStateMachine):
                 need = allocator.rounded(record.size)
                 fenced = COPIES_RESPECT_FENCES and self.fences.get(id(segment), 0.0) > self.now
                 # (nor where the segment's next mount would refuse the copy, with the Forget
-                # it was told of this generation there: the core's invariants check the rest)
-                refused = (segment_id, record.key, record.put_id) in self.told_to_forget and (
-                    state._tombstones.refuses(segment_id, record.key, record.put_id, True, node)
-                )
+                # it was told of this generation there, or a write of it there still awaited,
+                # sent before the node restarted, say: the core's invariants check the rest)
+                refused = (
+                    (segment_id, record.key, record.put_id) in self.told_to_forget
+                    and state._tombstones.refuses(segment_id, record.key, record.put_id, True, node)
+                ) or self.write_awaited(segment_id, record.key, record.put_id)
                 assert not (
                     segment.info.tier is Tier.DRAM
                     and not fenced
