@@ -44,9 +44,16 @@ def main(argv: list[str] | None = None) -> int:
                 break
             report = run.play(faults)
             converged = "no" if report.converged_s is None else f"{report.converged_s:.1f}s"
+            replication = ""
+            if report.replication_sampled is not None:
+                replication = (
+                    f"; replicas: {report.replication_checked} of "
+                    f"{report.replication_sampled} sampled checked, "
+                    f"{report.replication_short} short {report.replication_note}"
+                )
             print(
                 f"{report.name}: {'; '.join(report.faults)} [{', '.join(report.targets)}] "
-                f"-> converged {converged} {report.waiting_for}",
+                f"-> converged {converged} {report.waiting_for}{replication}",
                 flush=True,
             )
         verdict = run.finish()

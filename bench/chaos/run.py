@@ -13,16 +13,18 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import tempfile
 import time
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench.chaos import checker, history
 from bench.chaos.checker import Findings, Stall
 from bench.chaos.cluster import ChaosCluster, Layout
-from bench.chaos.faults import STALLS, THROTTLE, Fault, Injected, Stage, inject
+from bench.chaos.faults import DISKS, STALLS, THROTTLE, Fault, Injected, Stage, inject
 from bench.chaos.monitor import LeaderWatch, Usage, usage_of
 from bench.chaos.topology import Network
 
@@ -40,8 +42,18 @@ THREAD_GROWTH = 8
 #: Lost or unreadable keys whose story the verdict fetches, at most.
 STORIES_KEPT = 2000
 #: Set (to anything but "0") once re-replication exists: convergence then also waits for
-#: every acknowledged object to have its replicas back (issue 24, part A).
+#: every acknowledged object to have its replicas back (issue 24, part A): the objects
+#: sampled before the round's first fault on the nodes its faults target
+#: (``replication_sample``).
 REREPLICATION_ENV = "KVPOOL_CHAOS_REREPLICATION"
+#: Keys stat'd, at most, to sample a round's objects for re-replication (one pass, before the
+#: round's first fault), and how many of those the sample keeps, at most: each convergence
+#: poll stats every one kept that its client has not removed.
+SAMPLE_STATS = 200
+SAMPLE_KEPT = 100
+#: Seconds the sampling's stats may take in all (a stat times out after 5 s where the
+#: previous round left no leader): the keys not stat'd by then are not sampled.
+SAMPLE_WITHIN = 10.0
 
 
 @dataclass
@@ -53,6 +65,20 @@ class RoundReport:
     waiting_for: str = ""  # what was still missing when it did not converge
     started: float = 0.0
     healed: float = 0.0
+    #: The storage nodes the round's faults cut off, stopped, slowed or broke the disk of
+    #: (``nodes_targeted``): a master may take them for dead and copy their objects away.
+    targeted_nodes: list[str] = field(default_factory=list)
+    #: With re-replication checked (``REREPLICATION_ENV``; all None without): the objects
+    #: sampled before the first fault (on two nodes, one of them targeted where the round
+    #: targets a node), how many of them were still there (not removed by their clients) at
+    #: convergence's last check, and how many of those lay on fewer than two nodes. None
+    #: checked: convergence never got as far as counting replicas.
+    replication_sampled: int | None = None
+    replication_checked: int | None = None
+    replication_short: int | None = None
+    #: Says so when the round targeted a node and its check counted no object: it proved
+    #: nothing about re-replication (``replication_note``).
+    replication_note: str = ""
 
 
 @dataclass
@@ -109,6 +135,9 @@ class Verdict:
         for r in self.rounds:
             if r.converged_s is None:
                 found.append(f"round {r.name} did not converge: {r.waiting_for}")
+        vacuous = replication_never_checked(self.rounds)
+        if vacuous:
+            found.append(vacuous)
         found.extend(self.leaks)
         if self.exited:
             found.append(f"processes exited during the run: {', '.join(self.exited)}")
@@ -138,6 +167,8 @@ class ChaosRun:
         self.usage_samples: dict[str, list[Usage]] = {}
         self.started_at = time.monotonic()
         self.rereplication = os.environ.get(REREPLICATION_ENV, "0") not in ("", "0")
+        #: (found, short) of the sample at convergence's last count of replicas, or None.
+        self._replication_counted: tuple[int, int] | None = None
         self._observers: dict[bool, object] = {}
         self._fault_log = (self.run_dir / "faults.jsonl").open("a", buffering=1)
 
@@ -215,6 +246,10 @@ class ChaosRun:
         (always, even when something fails), then waits for the cluster to converge."""
         assert self.stage is not None
         name = name or f"round{len(self.rounds) + 1}"
+        targeted = nodes_targeted(faults, self.stage.nodes())
+        # (just before the first fault: afterwards the newest keys were put where the faults
+        # let them, on nodes that were not away)
+        sample = self._replication_sample(targeted) if self.rereplication else None
         began = time.monotonic()
         pending = sorted(faults, key=lambda f: f.start)
         active: list[tuple[float, Injected]] = []
@@ -238,7 +273,8 @@ class ChaosRun:
             for _, injected in active:
                 self._heal(name, injected)
         healed = time.monotonic()
-        converged, waiting = self.converge(CONVERGE_WITHIN)
+        converged, waiting = self.converge(CONVERGE_WITHIN, sample)
+        checked, short = self._replication_counted or (None, None)
         report = RoundReport(
             name,
             [f.describe() for f in faults],
@@ -247,7 +283,13 @@ class ChaosRun:
             waiting,
             began,
             healed,
+            targeted,
+            None if sample is None else len(sample),
+            checked,
+            short,
         )
+        if sample is not None:
+            report.replication_note = replication_note(targeted, len(sample), checked)
         self.rounds.append(report)
         if self.system is not None:
             self._sample_usage(usage_of(self.system.processes()))
@@ -278,17 +320,23 @@ class ChaosRun:
 
     # ---- convergence
 
-    def converge(self, within: float) -> tuple[float | None, str]:
+    def converge(
+        self, within: float, sample: Sequence[str] | None = None
+    ) -> tuple[float | None, str]:
         """When the cluster was whole again: one leader, every node mounted, a put of two
-        replicas read back (and, with re-replication, replicas restored); (None, what was
-        missing) if not within ``within`` seconds."""
+        replicas read back (and, with re-replication, every object of ``sample`` that its
+        client has not removed back on two nodes); (None, what was missing) if not within
+        ``within`` seconds. ``sample``: the objects a round sampled before its first fault
+        (``play``); without one, the newest objects on two nodes now."""
         deadline = time.monotonic() + within
         missing = ""
-        # (the acknowledged keys sampled for re-replication: read from the histories once
-        # per round, not at every poll; they grow to hundreds of thousands of operations)
-        sample = self._replication_sample() if self.rereplication else []
+        self._replication_counted = None
+        if self.rereplication and sample is None:
+            # (read from the histories once, not at every poll: they grow to hundreds of
+            # thousands of operations)
+            sample = self._replication_sample(())
         while time.monotonic() < deadline:
-            missing = self._missing(sample)
+            missing = self._missing(sample or [])
             if not missing:
                 done = time.monotonic()
                 if done > deadline:  # (the last poll began in time and ended after)
@@ -297,7 +345,7 @@ class ChaosRun:
             time.sleep(0.25)
         return None, missing
 
-    def _missing(self, sample: list[str]) -> str:
+    def _missing(self, sample: Sequence[str]) -> str:
         assert self.watch is not None and self.system is not None
         leaders = self.watch.leaders_now()
         if len(leaders) != 1:
@@ -318,32 +366,42 @@ class ChaosRun:
                 return "a probe read back wrong bytes"
             client.remove(key, force=True)
             if self.rereplication:
-                short = self._under_replicated(sample)
+                found, short = replication_shortfall(sample, self._nodes_of)
+                self._replication_counted = (found, short)
                 if short:
-                    return f"{short} objects below their replicas"
+                    return f"{short} of {found} sampled objects on fewer than two nodes"
         except KVPoolError as error:
             return f"{type(error).__name__}: {str(error)[:200]}"
         return ""
 
-    def _replication_sample(self, size: int = 50) -> list[str]:
-        """The newest ``size`` keys acknowledged and not removed yet, for
-        ``_under_replicated``."""
-        return list(checker.must_exist(self.ops()))[-size:]
+    def _replication_sample(self, targeted: Collection[str]) -> list[str]:
+        """The objects whose replicas convergence counts after this round
+        (``replication_sample``): keys acknowledged and not removed, read from the histories
+        (once), stat'd by the observer."""
+        from kvpool.errors import KVPoolError
 
-    def _under_replicated(self, keys: list[str]) -> int:
-        """How many of ``keys`` lie on fewer than two replicas. One not found was removed
-        by its client since it was sampled (clients remove their oldest keys within
-        seconds): not counted (a lost key is the end's read-back to find)."""
+        keys = checker.must_exist(self.ops())
+        deadline = time.monotonic() + SAMPLE_WITHIN
+
+        def nodes_of(key: str) -> list[str] | None:
+            if time.monotonic() > deadline:
+                return None
+            try:
+                return self._nodes_of(key)
+            except KVPoolError:  # (not sampled: a timeout, a leader changing)
+                return None
+
+        return replication_sample(keys, nodes_of, targeted)
+
+    def _nodes_of(self, key: str) -> list[str] | None:
+        """The nodes that hold a replica of ``key``; None if there is no such object (its
+        client removed it: a lost key is the end's read-back to find)."""
         from kvpool.errors import ObjectNotFound
 
-        client = self.observer()
-        short = 0
-        for key in keys:
-            try:
-                short += len(client.stat(key).replicas) < 2
-            except ObjectNotFound:
-                continue
-        return short
+        try:
+            return [replica.node_id for replica in self.observer().stat(key).replicas]
+        except ObjectNotFound:
+            return None
 
     # ---- checking
 
@@ -508,3 +566,118 @@ def leaks(samples: dict[str, list[Usage]]) -> list[str]:
         if series[-1].threads - series[0].threads > THREAD_GROWTH:
             found.append(f"{name}: threads {series[0].threads} -> {series[-1].threads}")
     return found
+
+
+def nodes_targeted(faults: Iterable[Fault], nodes: Sequence[str]) -> list[str]:
+    """The storage nodes (of ``nodes``, the last one the persistent node with the disk) that
+    ``faults`` cut off, stop, slow or break the disk of, in ``nodes``' order: named as a
+    fault's target (``node1``, ``client0:node1``); every node for a fault on all links or
+    one that cuts the leader off from the nodes; the persistent node for a disk fault.
+    Faults on masters, etcd or clients alone target none."""
+    hit: set[str] = set()
+    for fault in faults:
+        if fault.kind in DISKS:
+            hit.update(nodes[-1:])
+        elif fault.kind == "partition-leader-nodes" or fault.target == "all":
+            hit.update(nodes)
+        else:
+            hit.update(fault.target.split(":"))
+    return [node for node in nodes if node in hit]
+
+
+#: A worker's key (``bench/chaos/worker.py``): its thread (``client0-t1``), its put count.
+WORKER_KEY = re.compile(r"(.+-t[0-9]+)-([0-9]+)")
+
+
+def newest_first(keys: Iterable[str]) -> list[str]:
+    """Workers' keys (``client0-t1-0000042``: client, thread, the thread's put count) newest
+    first, a thread's at a time in turn: each thread keeps its last ``live_keys``
+    acknowledged keys and removes the oldest as it adds one (``bench/chaos/worker.py``), so
+    the newest of every thread are the keys its clients remove last. Other keys come last."""
+    threads: dict[str, list[tuple[int, str]]] = {}
+    others: list[str] = []
+    for key in keys:
+        worker = WORKER_KEY.fullmatch(key)
+        if worker is not None:
+            threads.setdefault(worker[1], []).append((int(worker[2]), key))
+        else:
+            others.append(key)
+    turns = [sorted(threads[thread], reverse=True) for thread in sorted(threads)]
+    longest = max(map(len, turns), default=0)
+    ordered = [turn[i][1] for i in range(longest) for turn in turns if i < len(turn)]
+    return [*ordered, *others]
+
+
+def replication_sample(
+    keys: Iterable[str],
+    nodes_of: Callable[[str], Collection[str] | None],
+    targeted: Collection[str],
+    stats: int = SAMPLE_STATS,
+    kept: int = SAMPLE_KEPT,
+) -> list[str]:
+    """The objects whose replicas convergence counts after a round, chosen before its first
+    fault: of the ``stats`` newest of ``keys`` (acknowledged and not removed; ``newest_first``:
+    the likeliest to be left when the round has converged), those that ``nodes_of`` (the
+    nodes holding a replica; None: no such object) finds on two nodes or more, one of them
+    in ``targeted`` (any two, where the round targets no node: then the check still says
+    that no object fell below two), ``kept`` at most, newest first."""
+    sample: list[str] = []
+    for key in newest_first(keys)[:stats]:
+        if len(sample) >= kept:
+            break
+        nodes = nodes_of(key)
+        if nodes is None or len(set(nodes)) < 2:
+            continue
+        if not targeted or set(nodes) & set(targeted):
+            sample.append(key)
+    return sample
+
+
+def replication_shortfall(
+    keys: Iterable[str], nodes_of: Callable[[str], Collection[str] | None]
+) -> tuple[int, int]:
+    """(found, short): how many of ``keys`` ``nodes_of`` finds (None: removed since, by its
+    client: not counted), and how many of those lie on fewer than two nodes."""
+    found = short = 0
+    for key in keys:
+        nodes = nodes_of(key)
+        if nodes is None:
+            continue
+        found += 1
+        short += len(set(nodes)) < 2
+    return found, short
+
+
+def replication_note(targeted: Sequence[str], sampled: int, checked: int | None) -> str:
+    """What a round's report says of a re-replication check that proved nothing: the round
+    targeted a node and convergence counted no sampled object (none sampled, or all removed
+    by their clients before the end). "" otherwise (a round that targets no node is not
+    about re-replication: its check only says that no object fell below two replicas)."""
+    if not targeted or checked:
+        return ""
+    if checked is None:
+        return "replication not checked: convergence never got as far as counting replicas"
+    if not sampled:
+        return (
+            f"replication check vacuous: no object sampled (none on two nodes, one of them "
+            f"{' or '.join(targeted)})"
+        )
+    return (
+        f"replication check vacuous: all {sampled} objects sampled on "
+        f"{', '.join(targeted)} were removed by their clients before convergence"
+    )
+
+
+def replication_never_checked(rounds: Sequence[RoundReport]) -> str:
+    """The verdict's problem where re-replication was checked in vain: some rounds targeted
+    a storage node, and not one of them counted a sampled object at convergence. "" where
+    one did (a round now and then whose sample its clients removed is noted in its report,
+    not failed: that is the load's pace, not the cluster's fault), or re-replication was
+    not checked (``replication_sampled`` None), or no round targeted a node."""
+    at_risk = [r for r in rounds if r.targeted_nodes and r.replication_sampled is not None]
+    if not at_risk or any(r.replication_checked for r in at_risk):
+        return ""
+    return (
+        f"re-replication checked in vain: none of the {len(at_risk)} rounds that targeted a "
+        f"storage node counted a sampled object at convergence"
+    )
