@@ -29,8 +29,13 @@ SLACK = 5.0
 UNKNOWN_TOKEN = "kvp1.0123456789ab.SECRETsecretSECRETsecretSECRETsecret42"
 
 
-def mha_pool(layout: str = "page_first", dtype: torch.dtype = torch.bfloat16) -> MHAHostPool:
-    pool = MHAHostPool(16, 4, 3, 2, 64, layout=layout, dtype=dtype)
+def mha_pool(
+    layout: str = "page_first",
+    dtype: torch.dtype = torch.bfloat16,
+    head_num: int = 2,
+    head_dim: int = 64,
+) -> MHAHostPool:
+    pool = MHAHostPool(16, 4, 3, head_num, head_dim, layout=layout, dtype=dtype)
     pool.kv_buffer.copy_(torch.randn(pool.kv_buffer.shape).to(dtype))
     return pool
 
@@ -269,6 +274,9 @@ def test_another_engine_of_the_same_model_and_layout_loads_the_pages(make_backen
         ("another pipeline stage", {"pp_rank": 1, "pp_size": 2}),
         ("another host layout", {"layout": "page_first_direct"}),
         ("another KV dtype", {"dtype": torch.float16}),
+        # (pages of the same size in bytes: without the shape in the key, a hit whose heads
+        # are cut in the wrong places)
+        ("another head shape", {"head_num": 4, "head_dim": 32}),
     ],
 )
 def test_pages_laid_out_for_another_engine_are_misses(make_backend, reader, fields):
@@ -276,7 +284,9 @@ def test_pages_laid_out_for_another_engine_are_misses(make_backend, reader, fiel
     writer_fields = {"tp_rank": 0, "tp_size": 2} if "tp_rank" in fields else {}
     writer = make_backend(mha_pool(), **writer_fields)
     assert all(writer.batch_set_v1(keys, page_indices([0, 1], 4)))
-    pool_fields = {k: fields.pop(k) for k in ("layout", "dtype") if k in fields}
+    pool_fields = {
+        k: fields.pop(k) for k in ("layout", "dtype", "head_num", "head_dim") if k in fields
+    }
     other = make_backend(mha_pool(**pool_fields), **fields)
     assert other.batch_exists(keys) == 0, reader
     assert other.batch_get_v1(keys, page_indices([2, 3], 4)) == [False, False], reader
