@@ -42,8 +42,9 @@ out-of-tree tier, from its ``secondary_tiers`` entry::
   primary tier's memory.
 
 Keys are vLLM's own file names for chunks (``FileMapper``: model, KV layout, chunk size,
-parallelism, block hash, group) under ``key_prefix``: two engines of the same model and
-layout share chunks through kvpool, engines of anything else never read them. The model is
+parallelism, block hash, group) under ``key_prefix`` (and the engine's KV cache layout where
+its blocks are stored as the engine holds them: ``key_namespace``): two engines of the same
+model and layout share chunks through kvpool, engines of anything else never read them. The model is
 its name as vLLM was given it (a path or a Hugging Face id), not its weights: another
 checkpoint served under the same name needs a ``key_prefix`` of its own.
 """
@@ -112,6 +113,21 @@ RELEASE_TIMEOUT_S = 1.0
 LONGEST_BLOCK_HASH = 32
 #: A failure line of each kind and error at most this often (the others counted in it).
 LOG_INTERVAL = 10.0
+
+
+def key_namespace(key_prefix: str, offloading_spec: Any) -> str:
+    """Where the tier's chunk names live (``FileMapper``'s root): ``key_prefix``; then a CPU
+    engine's namespace (``KVPoolCPUTieringSpec``: its chunks follow its own block layout);
+    then, where chunks are the engine's blocks as it holds them (not vLLM's canonical
+    layout, which ``FileMapper`` names itself), the engine's KV cache layout: engines of the
+    same model on other attention backends (NHD against HND) hold blocks of the same size
+    with the heads in another order, and must not load each other's."""
+    namespace = key_prefix + getattr(offloading_spec, "kvpool_key_namespace", "")
+    config = offloading_spec.config
+    layout = getattr(config, "kv_cache_layout", None)
+    if layout and not getattr(config, "canonical_layout", False):
+        namespace += f"/layout-{layout}"
+    return namespace
 
 
 class KVPoolLookups(AsyncLookupManager):
@@ -198,8 +214,7 @@ class KVPoolTierManager(SecondaryTierManager):
                     "off: no events",
                     tier_type,
                 )
-        # (KVPoolCPUTieringSpec's chunks follow a CPU engine's block layout: kept apart.)
-        namespace = config.key_prefix + getattr(offloading_spec, "kvpool_key_namespace", "")
+        namespace = key_namespace(config.key_prefix, offloading_spec)
         # (blocks_per_file: a chunk of 4 blocks is other bytes than a chunk of 1 ending with
         # the same block hash, as vLLM's own file-system tier keys them apart)
         self._names = FileMapper.from_offloading_spec(

@@ -48,7 +48,7 @@ def make_tier(host: TierHost, tier_cluster: LocalCluster) -> Iterator[Callable[.
 
     def make(*, slots: int = 8, slot_bytes: int = 64 * 1024, **settings: object) -> Tier:
         settings.setdefault("master", tier_cluster.master_address)
-        options = ("model", "kv_events", "unset_env", "blocks_per_chunk")
+        options = ("model", "kv_events", "unset_env", "blocks_per_chunk", "kv_cache_layout")
         create = {k: settings.pop(k) for k in options if k in settings}
         create.setdefault("model", model)
         tier = Tier(host, tier={**TIER, **settings}, slots=slots, slot_bytes=slot_bytes, **create)

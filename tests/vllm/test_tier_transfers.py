@@ -98,6 +98,21 @@ def test_an_engine_of_another_model_never_reads_them(make_tier):
     assert not other.run("load", 1, keys=[1], slots=[0])["success"]
 
 
+def test_engines_of_another_kv_cache_layout_never_read_each_others_chunks(make_tier):
+    """Engines of one model on other attention backends hold blocks of the same size with
+    the heads in another order (NHD, HND): one loading the other's would take wrong KV."""
+    nhd = make_tier(model="kvpool-test/layouts", kv_cache_layout="NHD")
+    digests = nhd.fill(slots=[0], seed=8)["digests"]
+    assert nhd.run("store", 1, keys=[1], slots=[0])["success"]
+    hnd = make_tier(model="kvpool-test/layouts", kv_cache_layout="HND")
+    assert hnd.lookup(keys=[1])["final"] == ["MISS"]
+    assert not hnd.run("load", 1, keys=[1], slots=[0])["success"]
+    same = make_tier(model="kvpool-test/layouts", kv_cache_layout="NHD")
+    assert same.lookup(keys=[1])["final"] == ["HIT"]
+    assert same.run("load", 1, keys=[1], slots=[2])["success"]
+    assert same.digest(slots=[2])["digests"] == digests
+
+
 def test_engines_of_another_chunk_size_keep_their_own_chunks(make_tier, tier_cluster):
     # vLLM keys a chunk by the hash of its last block: a chunk of 4 blocks and a chunk of 1
     # ending with the same block are other bytes, so they are other kvpool objects (the same

@@ -96,11 +96,13 @@ class Host:
         kv_events: bool = False,
         unset_env: tuple[str, ...] = (),
         blocks_per_chunk: int = 1,
+        kv_cache_layout: str | None = None,
     ) -> dict:
         """vLLM's own path from configuration to tier: spec factory, ``get_manager``.
         ``slot_bytes``: the bytes of one engine block, ``blocks_per_chunk`` of which make
         a primary slot (a chunk). ``unset_env``: variables missing from the environment
-        while the tier is built."""
+        while the tier is built. ``kv_cache_layout``: the engine's, as vLLM resolves it from
+        its attention backend."""
         config = OffloadingConfig(
             groups=(OffloadingGroupConfig(tokens_per_block=16, layer_names=("l0",), group_id=0),),
             worker_kv_bytes_per_block=slot_bytes,
@@ -111,6 +113,7 @@ class Host:
                 "secondary_tiers": [dict(tier)],
             },
             engine_id=f"kvpool-test-{os.getpid()}-{self.next_id}",
+            kv_cache_layout=kv_cache_layout,
             model=OffloadingModelConfig(name=model, dtype="bfloat16"),
             cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=blocks_per_chunk),
             parallel=OffloadingParallelConfig(
