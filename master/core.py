@@ -48,6 +48,11 @@ from kvpool.master.records import (
 )
 from kvpool.master.state import MasterState
 
+#: Why clients are turned away while the index is rebuilt (``client_refusal``).
+REBUILDING = (
+    "the master (a new leader, or one that just started) is rebuilding its index from the "
+    "storage nodes: retry shortly"
+)
 #: How long the master waits for a node to answer a command before counting it failed.
 COMMAND_TIMEOUT = 5.0
 #: How long a PutStart or a removal waits for nodes to confirm their Forgets.
@@ -207,6 +212,30 @@ class MasterCore:
         self._forget_retries = ForgetRetries()
 
     # ------------------------------------------------------------------ clients
+
+    def client_refusal(self) -> str | None:
+        """Why clients' calls are turned away now (UNAVAILABLE: they retry), or None.
+
+        While the index is rebuilt from the nodes' reports (``accepting_clients``); and for
+        one node TTL after every node this master had went silent: a master cut off from
+        them all (a partition around it) would otherwise answer every get "not found" and
+        every put "no space" until it lost the leadership or heard from them again. Past
+        that, it answers from what it holds (NO_SPACE saying that no node is heard)."""
+        if not self.accepting_clients():
+            return REBUILDING
+        silent = self.state.all_silent
+        if silent is not None and self.clock() - silent[0] < self.state.config.node_ttl:
+            return self.state.silence_message() + "; retry shortly"
+        return None
+
+    def step_down_reason(self) -> str | None:
+        """Why this leader should hand its term to another master, or None: it heard from
+        nodes and now hears from none (``MasterState.all_silent``). If they died, a new
+        leader answers as this one would; if it is this master that is cut off from them,
+        a master that reaches them serves their objects again, where this one would answer
+        "not found" for as long as it keeps the term. (A new term's state starts with no
+        silence: a master that wins the term again does not step down again for it.)"""
+        return None if self.state.all_silent is None else self.state.silence_message()
 
     def accepting_clients(self) -> bool:
         """False while a new leader (or a master that just started) still waits for the nodes

@@ -152,8 +152,13 @@ class CoreDriver:
         #: where this master holds capability keys), minted as the command goes out.
         self.copy_grant: Callable[[CopyCommand], bytes] | None = None
 
-    def accepting_clients(self) -> bool:
-        return self.core is None or self.core.accepting_clients()
+    def client_refusal(self) -> str | None:
+        """Why the core turns clients away now (``MasterCore.client_refusal``), or None."""
+        return None if self.core is None else self.core.client_refusal()
+
+    def step_down_reason(self) -> str | None:
+        """Why this leader should hand its term on (``MasterCore.step_down_reason``)."""
+        return None if self.core is None else self.core.step_down_reason()
 
     def call(self, event: Callable[[int], Effects], finish: Callable[[Any], Any]) -> Any:
         """Runs one event of the core for a call: returns ``finish(answer)`` when the core

@@ -49,6 +49,9 @@ log = get_logger("kvpool.election")
 ETCD_FAILURE_LOGS = LogThrottle(burst=2, interval=60.0)
 
 DEFAULT_TTL = 2
+#: Lease TTLs a master that stepped down (``Election.step_down_reason``) waits before it
+#: campaigns again: a standby, which asks every quarter TTL, takes the term first.
+STEP_DOWN_PAUSE_TTLS = 2
 ETCD_ERRORS = (aetcd.ClientError, ConnectionError, OSError, asyncio.TimeoutError)
 #: The largest value the masters keep in etcd: what etcd takes in one request by default
 #: (``--max-request-bytes``, 1.5 MiB); a tombstone piece is well under it (its keys at most
@@ -95,7 +98,7 @@ class AlwaysLeader:
     def node_seen(self, node_id: str) -> None:
         pass
 
-    def node_gone(self, node_id: str, lost: int = 0) -> None:
+    def node_gone(self, node_id: str, lost: int = 0, ago: float = 0.0) -> None:
         pass
 
 
@@ -133,6 +136,13 @@ class Election:
         self._leader = ""
         self.is_leader = False
         self._valid_until = 0.0
+        #: Asked while leading, at each renewal of the lease: why this master should hand
+        #: its term to another one (it hears from no storage node: ``MasterCore.
+        #: step_down_reason``), or None.
+        self.step_down_reason: Callable[[], str | None] = lambda: None
+        #: Until when (time.monotonic()) this master, having stepped down, only follows the
+        #: leader key and does not campaign.
+        self._campaign_after = 0.0
         self._client: aetcd.Client | None = None
         #: node id -> its registration in etcd, as this term read or wrote it; and those to
         #: write (``_write_nodes``, one task at a time).
@@ -206,11 +216,12 @@ class Election:
         """The node mounts a segment: it serves."""
         self._want(node_id, LIVE)
 
-    def node_gone(self, node_id: str, lost: int = 0) -> None:
+    def node_gone(self, node_id: str, lost: int = 0, ago: float = 0.0) -> None:
         """The node was declared dead, or unmounted its last segment: it is away (it may
-        come back, a paused process or a node with its disk, holding what it held).
-        ``lost``: the objects it alone held that its drain did not copy away."""
-        value = AWAY + b"%d" % int(time.time())
+        come back, a paused process or a node with its disk, holding what it held), since
+        ``ago`` seconds. ``lost``: the objects it alone held that its drain did not copy
+        away."""
+        value = AWAY + b"%d" % int(time.time() - max(0.0, ago))
         self._want(node_id, value + LOST + b"%d" % lost if lost > 0 else value)
 
     def _want(self, node_id: str, value: bytes) -> None:
@@ -368,6 +379,12 @@ class Election:
     ) -> None:
         while not stop.is_set():
             sent = time.monotonic()
+            if sent < self._campaign_after:  # (it stepped down: a standby takes the term)
+                found = await client.get(self.key)
+                self._answered()
+                self._follow(found.value.decode() if found is not None else "")
+                await pause(stop, self.ttl / 4)
+                continue
             lease = await client.lease(self.ttl)
             self._answered()
             won, responses = await client.transaction(
@@ -380,9 +397,7 @@ class Election:
                 await lease.revoke()
                 self._answered()
                 current = responses[0][0][0].decode() if responses and responses[0] else ""
-                if current != self._leader:
-                    log.info("following a leader", leader=current or "(none)")
-                self._leader = current
+                self._follow(current)
                 await pause(stop, self.ttl / 4)
                 continue
             epoch = responses[0].response_put.header.revision
@@ -391,7 +406,9 @@ class Election:
             self.leader = self.address
             log.info("elected leader", epoch=epoch, ttl_s=self.ttl)
             await on_elected(epoch)
-            await self._keep(lease, stop)
+            stepped_down = await self._keep(lease, stop)
+            if stepped_down:
+                self._campaign_after = time.monotonic() + STEP_DOWN_PAUSE_TTLS * self.ttl
             self.is_leader = False
             self.leader = ""
             log.warning("leadership lost", epoch=epoch)
@@ -399,10 +416,21 @@ class Election:
             with contextlib.suppress(*ETCD_ERRORS):
                 await lease.revoke()
 
-    async def _keep(self, lease: Any, stop: asyncio.Event) -> None:
-        """Renews the lease every third of its TTL until renewals stop working in time."""
+    def _follow(self, current: str) -> None:
+        """The leader key names ``current`` ("" when nobody leads)."""
+        if current != self._leader:
+            log.info("following a leader", leader=current or "(none)")
+        self._leader = current
+
+    async def _keep(self, lease: Any, stop: asyncio.Event) -> bool:
+        """Renews the lease every third of its TTL until renewals stop working in time, or
+        this master should step down (then True)."""
         while not stop.is_set():
             await pause(stop, self.ttl / 3)
+            why = self.step_down_reason()
+            if why is not None:
+                log.warning("stepping down: another master may reach the nodes", reason=why)
+                return True
             sent = time.monotonic()
             try:
                 response = await asyncio.wait_for(lease.refresh(), self.ttl / 3)
@@ -413,7 +441,8 @@ class Election:
             if response is not None and response.TTL > 0:
                 self._valid_until = sent + response.TTL
             elif time.monotonic() >= self._valid_until - self.margin:
-                return  # stop serving before the lease can expire under us
+                return False  # stop serving before the lease can expire under us
+        return False
 
 
 def _short(reason: str, limit: int = 200) -> str:

@@ -26,29 +26,28 @@ class Leadership(Protocol):
 #: Calls a new leader takes while it rebuilds its index: the nodes' own (``Lane`` too: nodes
 #: ask for it before opening their command streams).
 NODE_METHODS = ("/MountSegment", "/UnmountSegment", "/Heartbeat", "/NodeSession", "/Lane")
-REBUILDING = (
-    "the master (a new leader, or one that just started) is rebuilding its index from the "
-    "storage nodes: retry shortly"
-)
 
 
 class LeaderGate(grpc.aio.ServerInterceptor):
-    """Refuses every call on a standby; on a new leader still rebuilding its index from the
-    nodes, refuses clients' calls with UNAVAILABLE (they retry) and takes the nodes'."""
+    """Refuses every call on a standby; on a leader that may not answer clients from what it
+    holds (a new leader still rebuilding its index from the nodes, one that hears from no
+    node: ``MasterCore.client_refusal``), refuses clients' calls with UNAVAILABLE (they
+    retry) and takes the nodes'."""
 
     def __init__(
-        self, leadership: Leadership, accepting_clients: Callable[[], bool] = lambda: True
+        self, leadership: Leadership, client_refusal: Callable[[], str | None] = lambda: None
     ) -> None:
         self.leadership = leadership
-        self.accepting_clients = accepting_clients
+        self.client_refusal = client_refusal
 
     def refusal(self, method: str) -> tuple[grpc.StatusCode, str, str] | None:
         """Why this master turns ``method`` (``/Name``) away now, as (code, details, leader
         hint), or None when it takes it. Shared by gRPC and the metadata lane."""
         if self.leadership.serving():
-            if self.accepting_clients() or method.endswith(NODE_METHODS):
+            if method.endswith(NODE_METHODS):
                 return None
-            return grpc.StatusCode.UNAVAILABLE, REBUILDING, ""
+            why = self.client_refusal()
+            return None if why is None else (grpc.StatusCode.UNAVAILABLE, why, "")
         leader = self.leadership.leader
         details = f"not the leader: the leader is {leader or '(none yet)'}"
         return grpc.StatusCode.FAILED_PRECONDITION, details, leader

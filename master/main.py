@@ -9,7 +9,7 @@ import os
 import resource
 import socket
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -454,7 +454,7 @@ async def serve(
     key_watch = _KeyFileWatch(args.capability_key_file) if keys is not None else None
     service = MasterService(handlers, security.auth)
     shedder = LoadShedder(args.max_inflight)
-    gate = LeaderGate(leadership, driver.accepting_clients)
+    gate = LeaderGate(leadership, driver.client_refusal)
     guard = RequestGuard(security.auth, certificates_required=args.require_client_cert)
     server = grpc.aio.server(
         options=[
@@ -533,6 +533,7 @@ async def serve(
 
         handlers.registry = leadership
         election = leadership
+        election.step_down_reason = driver.step_down_reason
         records = driver.durable = TombstoneStore(
             lambda: election.etcd_client,
             election.cluster_prefix,
@@ -695,22 +696,44 @@ class _NodesLeaving:
     declared dead, or gone once it unmounted its last segment (it shut down, drained, was
     scaled down), and of each the rebuild window of a new term closed without. Each is away
     from then on: a later leader does not wait for it, and refuses what ended while it was
-    away should it come back with its segments (a paused process, a node with its disk)."""
+    away should it come back with its segments (a paused process, a node with its disk).
+
+    A node declared dead is told away one node TTL later, unless it is back by then or the
+    term has ended: a leader that declared every node dead may be the one cut off from them
+    and step down (``MasterCore.step_down_reason``); its successor must wait for them in its
+    rebuild window (answering clients "rebuilding", which they retry), not take clients at
+    once with an empty index. If they are dead, that window closes without them, and the
+    successor tells them away then."""
 
     def __init__(self) -> None:
         self._core: MasterCore | None = None
         self._nodes: set[str] = set()
+        #: node id -> (when it was declared dead, on the core's clock; objects lost).
+        self._dead: dict[str, tuple[float, int]] = {}
 
-    def check(self, core: MasterCore, registry: Any) -> None:
-        """After a tick: the nodes gone from the core's state since the last one."""
+    def check(self, core: MasterCore, registry: Any, dead: Sequence[str] = ()) -> None:
+        """After a tick: the nodes gone from the core's state since the last one, ``dead``
+        those of them it declared dead."""
         nodes = core.state.nodes
         if core is not self._core:  # (a new term: its nodes are those that mount)
-            self._core, self._nodes = core, set()
+            self._core, self._nodes, self._dead = core, set(), {}
+        now = core.clock()
+        for node_id in dead:
+            self._dead[node_id] = (now, core.state.left_with_losses.get(node_id, 0))
         if self._nodes or nodes:
             current = set(nodes)
             for node_id in self._nodes - current:
-                registry.node_gone(node_id, core.state.left_with_losses.get(node_id, 0))
+                if node_id not in self._dead:
+                    registry.node_gone(node_id, core.state.left_with_losses.get(node_id, 0))
             self._nodes = current
+        if self._dead:
+            hold = core.state.config.node_ttl
+            for node_id, (since, lost) in list(self._dead.items()):
+                if node_id in nodes:
+                    del self._dead[node_id]  # (back: registered as serving at its mount)
+                elif now - since >= hold or lost:
+                    del self._dead[node_id]
+                    registry.node_gone(node_id, lost, ago=now - since)
         for node_id in core.take_nodes_not_heard():
             if node_id not in nodes:
                 registry.node_gone(node_id)
@@ -751,10 +774,11 @@ def _tick(
             seconds=round(report.silence_forgiven, 3),
         )
     if registry is not None:
-        for node_id in report.dead_nodes:
-            registry.node_gone(node_id, core.state.left_with_losses.get(node_id, 0))
         if leaving is not None:
-            leaving.check(core, registry)
+            leaving.check(core, registry, report.dead_nodes)
+        else:
+            for node_id in report.dead_nodes:
+                registry.node_gone(node_id, core.state.left_with_losses.get(node_id, 0))
     if report.reservations_reclaimed:
         log.info("reservations reclaimed", keys=len(report.reservations_reclaimed))
     if report.dead_clients:

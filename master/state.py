@@ -171,6 +171,8 @@ SILENT_NODE_PAUSE = 30.0
 WRITER_WINDOW_MARGIN = 0.5
 #: Nodes remembered (the latest) to have left a drain with objects lost (``left_with_losses``).
 MAX_LEFT_WITH_LOSSES = 1024
+#: Nodes named, at most, where every node went silent (``all_silent``).
+MAX_SILENT_NAMED = 5
 #: Committing objects whose node's failure to record them is kept for their answer, at most.
 MAX_PERSIST_ERRORS = 4096
 #: The most of a node's error message passed on to a writer.
@@ -327,6 +329,12 @@ class MasterState:
         #: ``kvpool drain`` to tell, rather than "drained and left"); the latest
         #: ``MAX_LEFT_WITH_LOSSES`` nodes, forgotten when the node mounts again.
         self.left_with_losses: dict[str, int] = {}
+        #: When the last node this master had went silent (declared dead), the ids of those
+        #: that went then (at most ``MAX_SILENT_NAMED``) and how many; None once a node
+        #: mounts. A master cut off from every node (a partition around it) cannot tell
+        #: that from every node dying: it answers clients UNAVAILABLE for a while
+        #: (core.py's ``client_refusal``), and names them where nothing can be placed.
+        self.all_silent: tuple[float, tuple[str, ...], int] | None = None
         #: key -> the source replica its last copy between nodes failed to read from: the
         #: next copy reads another where it has one (``_start_replica_copy``). The latest
         #: ``MAX_COPY_FAILURES_KEPT``; dropped once a copy of the key succeeds.
@@ -387,6 +395,7 @@ class MasterState:
         node = self.nodes.get(info.node_id)
         if node is None:
             node = self.nodes[info.node_id] = NodeRecord(info.node_id, info.host, now)
+            self.all_silent = None
             self.left_with_losses.pop(info.node_id, None)  # (back: a new story)
             for key in self._replication.under:  # a node to copy them to, maybe
                 self._replication.look_at(key)
@@ -1900,6 +1909,19 @@ class MasterState:
             replicas.append(make(Replica, (segment.segment_id, offset)))
         return replicas
 
+    def silence_message(self) -> str:
+        """Why no node serves, once every node this master had went silent (``all_silent``)."""
+        assert self.all_silent is not None
+        since, names, count = self.all_silent
+        ago = max(0.0, self.clock() - since)
+        named = ", ".join(names) + (f" and {count - len(names)} more" if count > len(names) else "")
+        return (
+            f"the master hears from no storage node: the last ({named}) were declared dead "
+            f"{ago:.0f} s ago, after {self.config.node_ttl:g} s without a heartbeat. They may "
+            "be down, or this master cut off from them: check that `kvpool node` runs on "
+            "their hosts and can reach this master (their logs say why not)"
+        )
+
     def _no_space_message(self, size: int, tier: Tier = Tier.UNSPECIFIED, tenant: str = "") -> str:
         """Why nothing could be placed, in the terms of the segments that may hold the
         tenant's objects (of others, it says nothing: not even how much they hold)."""
@@ -1915,6 +1937,8 @@ class MasterState:
                 "(--tenant " + repr(tenant) + "), or one without --tenant"
             )
         segments = admitting
+        if not segments and not self.segments and self.all_silent is not None:
+            return self.silence_message()
         if not segments and tier is Tier.NVME:
             return (
                 f"no storage node has mounted a segment{where} yet: start one with "
@@ -2971,6 +2995,8 @@ class MasterState:
             report.dead_nodes.append(node.node_id)
             self._node_gone(node)
             self.counters.nodes_died += 1
+        if not self.nodes:
+            self.all_silent = (now, tuple(sorted(gone)[:MAX_SILENT_NAMED]), len(gone))
 
     def _release_deferred(self, now: float, report: TickReport, budget: list[int] | None) -> None:
         while self._deferred and self._deferred[0][0] <= now:

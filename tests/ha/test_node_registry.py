@@ -124,9 +124,11 @@ class Registry:
     def __init__(self) -> None:
         self.gone: list[str] = []
         self.lost: dict[str, int] = {}
+        self.ago: dict[str, float] = {}
 
-    def node_gone(self, node_id: str, lost: int = 0) -> None:
+    def node_gone(self, node_id: str, lost: int = 0, ago: float = 0.0) -> None:
         self.gone.append(node_id)
+        self.ago[node_id] = ago
         if lost:
             self.lost[node_id] = lost
 
@@ -162,9 +164,15 @@ def test_the_registry_hears_of_each_node_that_leaves_and_of_each_the_window_went
     assert registry.gone == ["n2"] and registry.lost == {}
     now[0] += 5.5  # (n3 silent past its TTL; the window passed without "ghost")
     core.heartbeat(11, "n1", ["n1/dram0"])
-    core.tick()
+    report, _ = core.tick()
+    assert report.dead_nodes == ["n3"]
+    leaving.check(core, registry, report.dead_nodes)
+    assert set(registry.gone) == {"ghost", "n2"}, "n3 is told away one node TTL later"
+    now[0] += 5.0
+    core.heartbeat(12, "n1", ["n1/dram0"])
     leaving.check(core, registry)
     assert set(registry.gone) == {"ghost", "n2", "n3"}  # (n2 twice, perhaps: it is no harm)
+    assert registry.ago["n3"] == 5.0, "away since it was declared dead"
     told = len(registry.gone)
     leaving.check(core, registry)
     assert len(registry.gone) == told
@@ -173,6 +181,33 @@ def test_the_registry_hears_of_each_node_that_leaves_and_of_each_the_window_went
     )
     leaving.check(next_term, registry)
     assert len(registry.gone) == told
+
+
+def test_nodes_declared_dead_stay_serving_in_etcd_for_a_term_that_ends_within_a_node_ttl():
+    """A leader that declared every node dead may be the one cut off from them: it steps
+    down, and its successor must wait for the nodes in its rebuild window rather than take
+    clients at once with an empty index. A node heard again within the TTL is never told
+    away."""
+    now = [1_000.0]
+    config = MasterConfig(node_ttl=5.0)
+    core = MasterCore(MasterState(config, clock=lambda: now[0]), awaited_nodes=set())
+    registry, leaving = Registry(), _NodesLeaving()
+    for call, node in enumerate(("n1", "n2")):
+        core.mount_segment(call, segment(node), [], False, 0.0)
+    leaving.check(core, registry)
+    now[0] += 5.5
+    report, _ = core.tick()
+    assert sorted(report.dead_nodes) == ["n1", "n2"]
+    leaving.check(core, registry, report.dead_nodes)
+    now[0] += 1.0
+    core.mount_segment(20, segment("n1"), [], True, 6.0)  # (n1 back)
+    leaving.check(core, registry)
+    assert registry.gone == []
+    # the term ends before n2's TTL has passed: the next one starts with nothing held
+    successor = MasterCore(MasterState(config, clock=lambda: now[0]), awaited_nodes={"n2"})
+    now[0] += 10.0
+    leaving.check(successor, registry)
+    assert registry.gone == [], "n2 stayed serving in etcd: the successor waits for it"
 
 
 def test_a_node_that_left_its_drain_with_objects_lost_is_registered_with_them():

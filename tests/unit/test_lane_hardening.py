@@ -93,7 +93,7 @@ class RunningLane:
             dataclasses.replace(segment, worker_address=b"w" * WORKER_ADDRESS_BYTES), []
         )
         handlers = MasterHandlers(CoreDriver(MasterCore(state)))
-        gate = LeaderGate(AlwaysLeader(), lambda: True)
+        gate = LeaderGate(AlwaysLeader(), lambda: None)
         auth = Authenticator(self.credentials.store)
         lane = LaneServer(handlers, gate, LoadShedder(10_000), auth, **options)
         await lane.start("127.0.0.1", 0)

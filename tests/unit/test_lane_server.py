@@ -41,7 +41,7 @@ def lane_with_one_node(
     # about access (tests/unit/test_lane_hardening.py covers a master that checks tokens).
     lane = LaneServer(
         MasterHandlers(driver),
-        LeaderGate(AlwaysLeader(), lambda: True),
+        LeaderGate(AlwaysLeader(), lambda: None),
         LoadShedder(100),
         Authenticator(None, insecure=True),
     )

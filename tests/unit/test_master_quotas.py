@@ -353,7 +353,7 @@ def test_a_call_waiting_for_its_node_counts_in_flight_until_it_is_answered():
         handlers = MasterHandlers(CoreDriver(MasterCore(state)))
         lane = LaneServer(
             handlers,
-            LeaderGate(AlwaysLeader(), lambda: True),
+            LeaderGate(AlwaysLeader(), lambda: None),
             LoadShedder(100),
             Authenticator(None, insecure=True),  # every caller in tenant "default"
         )
