@@ -22,6 +22,12 @@ segment has pieces, its whole record is a *marker* (``marker``): a distrusted re
 not hold" (cached objects may be lost through that one failover; none removed comes back),
 and which this layout skips (``is_marker``). It is written when a segment's first piece is,
 and deleted with its last one: no more than a put per segment while nodes are away.
+
+**Distrusted prefixes** (a prefix removal while a node was not heard from: refuse, under the
+prefix, what the master does not hold) lie in bucket 0's piece as ``"scoped"``, and that
+piece says ``"distrusted": true`` for masters before them, which read it as a whole
+distrust (safe: nothing removed comes back; other tenants' cached objects on that node may
+be lost through that one failover). This layout reads such a piece as not distrusted.
 """
 
 from __future__ import annotations
@@ -43,6 +49,9 @@ def encode(record: DurableRecord, now: float) -> bytes:
     fields: dict[str, object] = {"at": now, "distrusted": record.distrusted, "keys": record.keys}
     if record.exact:  # (absent when empty: what masters before it wrote and read)
         fields["exact"] = sorted(record.exact)
+    if record.prefixes and not record.distrusted:
+        fields["scoped"] = sorted(record.prefixes)
+        fields["distrusted"] = True  # (what a master before them must read: see above)
     return json.dumps(fields, separators=(",", ":")).encode()
 
 
@@ -53,6 +62,9 @@ def decode(value: bytes) -> tuple[float, DurableRecord]:
         at = float(fields["at"])
         keys = {str(k): int(g) for k, g in dict(fields["keys"]).items()}
         exact = frozenset((str(k), int(g)) for k, g in fields.get("exact", ()))
+        if "scoped" in fields:
+            prefixes = frozenset((str(p), int(g)) for p, g in fields["scoped"])
+            return at, DurableRecord(False, keys, exact, prefixes)
         return at, DurableRecord(bool(fields["distrusted"]), keys, exact)
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         raise ValueError(f"not a tombstone record: {error}") from None
@@ -91,9 +103,15 @@ def split(record: DurableRecord | None) -> dict[int, DurableRecord]:
         keys.setdefault(bucket_of(key), {})[key] = generation
     for entry in record.exact:
         exact.setdefault(bucket_of(entry[0]), set()).add(entry)
+    buckets = keys.keys() | exact.keys() | ({0} if record.prefixes else set())
     return {
-        bucket: DurableRecord(False, keys.get(bucket, {}), frozenset(exact.get(bucket, ())))
-        for bucket in sorted(keys.keys() | exact.keys())
+        bucket: DurableRecord(
+            False,
+            keys.get(bucket, {}),
+            frozenset(exact.get(bucket, ())),
+            record.prefixes if bucket == 0 else frozenset(),
+        )
+        for bucket in sorted(buckets)
     }
 
 
@@ -101,13 +119,16 @@ def merge(pieces: Iterable[DurableRecord]) -> DurableRecord:
     """One segment's record from its pieces (a whole record of an older master included)."""
     keys: dict[str, int] = {}
     exact: set[tuple[str, int]] = set()
+    prefixes: dict[str, int] = {}
     for piece in pieces:
         if piece.distrusted:
             return DurableRecord(True, {})
         for key, generation in piece.keys.items():
             keys[key] = max(generation, keys.get(key, 0))
         exact |= piece.exact
-    return DurableRecord(False, keys, frozenset(exact))
+        for prefix, generation in piece.prefixes:
+            prefixes[prefix] = max(generation, prefixes.get(prefix, 0))
+    return DurableRecord(False, keys, frozenset(exact), frozenset(prefixes.items()))
 
 
 def piece_key(cluster_prefix: bytes, bucket: int, segment_id: str) -> bytes:

@@ -48,7 +48,12 @@ that has not remounted yet; once its rebuild window has passed it takes clients 
 that node may still hold objects they remove. So, per such node (``unheard``), every object
 that ends from then on is noted under the node's own entry (``node_entry``: a durable record
 like a segment's), refused at the mount of any of its segments, and dropped once the node
-has mounted them all (``heard``, at its heartbeat).
+has mounted them all (``heard``, at its heartbeat). A removal of a whole prefix reaches keys
+no one here can list, those such a node may hold: its entry then refuses every key under
+that prefix that the master does not hold, up to the newest generation issued
+(``distrust_unheard``). Only that prefix: one tenant removing its own keys must not cost
+another tenant the objects the node brings back. Only a removal of every key distrusts the
+whole node.
 
 **Across leaders.** A new leader starts with an empty index and adopts what nodes report, so
 the entries a removal's answer relied on must outlive this master: tombstones, and Forgets
@@ -87,6 +92,9 @@ RECORD_LIMIT = 4096
 RECORD_BYTES = 768 << 10
 #: What each key adds to a record beyond its own bytes (quotes, colon, generation, comma).
 _PER_KEY_BYTES = 26
+#: Prefixes one node's entry distrusts at most (``distrust_unheard``): past that, those
+#: under the removal's fallback (its tenant's) make way for the fallback itself.
+MAX_DISTRUSTED_PREFIXES = 64
 
 
 #: The place of an entry that names none (every place of its key and generation on the
@@ -112,6 +120,9 @@ class DurableRecord:
     distrusted: bool
     keys: dict[str, int]
     exact: frozenset[tuple[str, int]] = frozenset()
+    #: (prefix, generation): every key under the prefix that the master does not hold, that
+    #: generation or older (a prefix removal that nodes not heard from may not know of).
+    prefixes: frozenset[tuple[str, int]] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +174,9 @@ class Tombstones:
         #: before the Forget was sent) lives on, and is adopted.
         self._forgetting_at: dict[str, dict[tuple[str, int, int], int]] = {}
         self._distrusted: set[str] = set()
+        #: entry -> prefix -> generation: keys under it the master does not hold, that
+        #: generation or older, are refused (``distrust_unheard``).
+        self._distrusted_prefixes: dict[str, dict[str, int]] = {}
         self._size = 0
         #: Unanswered Forgets that belong in the durable record, by segment.
         self._overdue: dict[str, set[int]] = {}
@@ -226,7 +240,7 @@ class Tombstones:
         entry = node_entry(node_id)
         self._unheard.discard(entry)
         self._node_entries.discard(entry)
-        if entry in self._distrusted or entry in self._dead:
+        if entry in self._distrusted or entry in self._dead or entry in self._distrusted_prefixes:
             self._changed.add(entry)
             self._distrusted.discard(entry)
             self._drop(entry)
@@ -249,15 +263,46 @@ class Tombstones:
         of them: for a prefix removal's last page)."""
         return [key for key in self._away_in if key.startswith(prefix)]
 
-    def distrust_unheard(self) -> None:
-        """A removal reached keys no one here can list: those that nodes not heard from may
-        hold. Their mounts then adopt only objects the master holds (losing a cached object
-        is allowed, bringing back a removed one is not)."""
+    def distrust_unheard(self, prefix: str = "", issued: int = 0, fallback: str = "") -> None:
+        """A removal of every key under ``prefix`` reached keys no one here can list: those
+        that nodes not heard from may hold. Their mounts then adopt, under ``prefix``, only
+        objects the master holds, of generations up to ``issued`` (the newest issued: a
+        later put is newer) (losing a cached object is allowed, bringing back a removed one
+        is not). ``prefix`` "" (every key): the whole node is distrusted. An entry that
+        would distrust more than ``MAX_DISTRUSTED_PREFIXES`` prefixes distrusts
+        ``fallback`` (a prefix of ``prefix``: its tenant's keys) instead of those under it,
+        or, without one, the whole node."""
         for entry in self._unheard:
-            if entry not in self._distrusted:
-                self._drop(entry)
-                self._distrusted.add(entry)
-                self._changed.add(entry)
+            if entry in self._distrusted:
+                continue
+            if not prefix:
+                self._distrust(entry)
+                continue
+            held = self._distrusted_prefixes.setdefault(entry, {})
+            scope, newest = prefix, issued
+            if scope not in held and len(held) >= MAX_DISTRUSTED_PREFIXES:
+                if not fallback or not prefix.startswith(fallback):
+                    self._distrust(entry)
+                    continue
+                for under in [p for p in held if p.startswith(fallback)]:
+                    newest = max(newest, held.pop(under))
+                    self._size -= 1
+                scope = fallback
+                if scope not in held and len(held) >= MAX_DISTRUSTED_PREFIXES:
+                    self._distrust(entry)
+                    continue
+            if not self._room(entry):
+                continue
+            if scope not in held:
+                self._size += 1
+            held[scope] = max(newest, held.get(scope, 0))
+            self._changed.add(entry)
+
+    def _distrust(self, entry: str) -> None:
+        """Nothing but what the master holds is adopted from ``entry``'s segments."""
+        self._drop(entry)
+        self._distrusted.add(entry)
+        self._changed.add(entry)
 
     def ended(self, key: str, generation: int) -> None:
         """The object (``generation`` of ``key``) is gone for good: its replicas that went
@@ -353,6 +398,7 @@ class Tombstones:
         held = self._reporting.get(segment_id)
         if segment_id in self._distrusted or (held is not None and held.distrusted):
             return DurableRecord(True, {})
+        prefixes = frozenset(self._distrusted_prefixes.get(segment_id, {}).items())
         keys = dict(self._dead.get(segment_id, {}))
         exact = set(self._late.get(segment_id, ()))
         if held is not None:
@@ -368,14 +414,17 @@ class Tombstones:
                     exact.add((key, generation))
                 else:
                     keys[key] = max(generation, keys.get(key, 0))
-        if not keys and not exact:
+        if not keys and not exact and not prefixes:
             return None
         if (
-            len(keys) + len(exact) > RECORD_LIMIT
-            or _encoded_bytes(keys) + _encoded_bytes(key for key, _ in exact) > RECORD_BYTES
+            len(keys) + len(exact) + len(prefixes) > RECORD_LIMIT
+            or _encoded_bytes(keys)
+            + _encoded_bytes(key for key, _ in exact)
+            + _encoded_bytes(prefix for prefix, _ in prefixes)
+            > RECORD_BYTES
         ):
             return DurableRecord(True, {})
-        return DurableRecord(False, keys, frozenset(exact))
+        return DurableRecord(False, keys, frozenset(exact), prefixes)
 
     def restore(self, segment_id: str, record: DurableRecord) -> None:
         """A record an earlier leader kept: refused at the segment's next mount as if noted
@@ -394,6 +443,13 @@ class Tombstones:
                 if segment_id in self._distrusted or not self._room(segment_id):
                     return
                 self._keep_out(segment_id, key, generation)
+            for prefix, generation in record.prefixes:
+                if segment_id in self._distrusted or not self._room(segment_id):
+                    return
+                held = self._distrusted_prefixes.setdefault(segment_id, {})
+                if prefix not in held:
+                    self._size += 1
+                held[prefix] = max(generation, held.get(prefix, 0))
 
     # ---- at a mount
 
@@ -430,6 +486,13 @@ class Tombstones:
             return True
         if segment_id in self._distrusted:
             return not known
+        prefixes = self._distrusted_prefixes.get(segment_id)
+        if (
+            prefixes is not None
+            and not known
+            and any(key.startswith(p) and generation <= g for p, g in prefixes.items())
+        ):
+            return True
         dead = self._dead.get(segment_id)
         if dead is not None and dead.get(key, 0) >= generation:
             return True
@@ -581,6 +644,7 @@ class Tombstones:
                 if not segments:
                     del self._away_in[key]
         self._size -= len(self._dead.pop(segment_id, {}))
+        self._size -= len(self._distrusted_prefixes.pop(segment_id, {}))
         self._size -= len(self._given_up.pop(segment_id, {}))
         self._size -= len(self._late.pop(segment_id, ()))
         self._overdue.pop(segment_id, None)
