@@ -417,7 +417,11 @@ class Election:
                 await lease.revoke()
 
     def _follow(self, current: str) -> None:
-        """The leader key names ``current`` ("" when nobody leads)."""
+        """The leader key names ``current`` ("" when nobody leads). A key that still names
+        this master, not leading (its lease not revoked yet), names nobody: callers are
+        not sent back here."""
+        if current == self.address and not self.is_leader:
+            current = ""
         if current != self._leader:
             log.info("following a leader", leader=current or "(none)")
         self._leader = current

@@ -122,7 +122,7 @@ from kvpool.master.transitions import (
     RESERVED,
     IllegalTransition,
 )
-from kvpool.security.identity import TENANT_SEPARATOR, split_key, tenant_of
+from kvpool.security.identity import split_key, tenant_of
 
 Clock = Callable[[], float]
 
@@ -1274,7 +1274,7 @@ class MasterState:
                     self._tombstones.ended_unknown(key, issued)
             # (under this prefix only: a tenant's removal of its own keys must not cost
             # another tenant what those nodes bring back)
-            self._tombstones.distrust_unheard(prefix, issued, tenant and tenant + TENANT_SEPARATOR)
+            self._tombstones.distrust_unheard(prefix, issued)
         removed = leased = not_ready = 0
         for key in published + unpublished:
             record = self.objects[key]

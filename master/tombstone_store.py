@@ -156,7 +156,7 @@ class TombstoneStore(RecordWriter):
                 stale += keys[segment_id]
                 continue
             merged = merge(record for _, record in read if record is not None)
-            if merged.distrusted or merged.keys or merged.exact:
+            if not merged.empty:
                 records[segment_id] = merged
         for key in stale:
             with contextlib.suppress(*ETCD_ERRORS):

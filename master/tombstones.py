@@ -92,9 +92,18 @@ RECORD_LIMIT = 4096
 RECORD_BYTES = 768 << 10
 #: What each key adds to a record beyond its own bytes (quotes, colon, generation, comma).
 _PER_KEY_BYTES = 26
-#: Prefixes one node's entry distrusts at most (``distrust_unheard``): past that, those
-#: under the removal's fallback (its tenant's) make way for the fallback itself.
-MAX_DISTRUSTED_PREFIXES = 64
+#: Prefixes one node's entry distrusts at most, of one tenant (keys up to the first
+#: ``NAMESPACE_END``), and of all: past the first, the tenant's make way for its whole
+#: namespace; past the second, the node is distrusted whole (``distrust_unheard``). One
+#: tenant cannot make another lose its objects on that node.
+MAX_PREFIXES_PER_NAMESPACE = 16
+MAX_DISTRUSTED_PREFIXES = 1024
+#: Keys of one tenant one node's entry notes as ended at most (``ended``): past that, they
+#: make way for a distrust of the tenant's namespace, so that one tenant's removals cannot
+#: fill the node's record (which past ``RECORD_LIMIT`` distrusts the whole node).
+MAX_ENDED_PER_NAMESPACE = 512
+#: What ends a tenant's namespace in a key (security/identity.py's ``TENANT_SEPARATOR``).
+NAMESPACE_END = "/"
 
 
 #: The place of an entry that names none (every place of its key and generation on the
@@ -123,6 +132,11 @@ class DurableRecord:
     #: (prefix, generation): every key under the prefix that the master does not hold, that
     #: generation or older (a prefix removal that nodes not heard from may not know of).
     prefixes: frozenset[tuple[str, int]] = frozenset()
+
+    @property
+    def empty(self) -> bool:
+        """Whether it refuses nothing (no record need be kept)."""
+        return not (self.distrusted or self.keys or self.exact or self.prefixes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +191,8 @@ class Tombstones:
         #: entry -> prefix -> generation: keys under it the master does not hold, that
         #: generation or older, are refused (``distrust_unheard``).
         self._distrusted_prefixes: dict[str, dict[str, int]] = {}
+        #: node entry -> namespace -> keys ``ended`` noted there this term (their cap).
+        self._ended_in: dict[str, dict[str, int]] = {}
         self._size = 0
         #: Unanswered Forgets that belong in the durable record, by segment.
         self._overdue: dict[str, set[int]] = {}
@@ -263,40 +279,69 @@ class Tombstones:
         of them: for a prefix removal's last page)."""
         return [key for key in self._away_in if key.startswith(prefix)]
 
-    def distrust_unheard(self, prefix: str = "", issued: int = 0, fallback: str = "") -> None:
+    def distrust_unheard(self, prefix: str = "", issued: int = 0) -> None:
         """A removal of every key under ``prefix`` reached keys no one here can list: those
         that nodes not heard from may hold. Their mounts then adopt, under ``prefix``, only
         objects the master holds, of generations up to ``issued`` (the newest issued: a
         later put is newer) (losing a cached object is allowed, bringing back a removed one
-        is not). ``prefix`` "" (every key): the whole node is distrusted. An entry that
-        would distrust more than ``MAX_DISTRUSTED_PREFIXES`` prefixes distrusts
-        ``fallback`` (a prefix of ``prefix``: its tenant's keys) instead of those under it,
-        or, without one, the whole node."""
+        is not). ``prefix`` "" (every key): the whole node is distrusted. Bounded per tenant
+        and in all (``MAX_PREFIXES_PER_NAMESPACE``, ``MAX_DISTRUSTED_PREFIXES``)."""
         for entry in self._unheard:
             if entry in self._distrusted:
                 continue
             if not prefix:
                 self._distrust(entry)
-                continue
-            held = self._distrusted_prefixes.setdefault(entry, {})
-            scope, newest = prefix, issued
-            if scope not in held and len(held) >= MAX_DISTRUSTED_PREFIXES:
-                if not fallback or not prefix.startswith(fallback):
-                    self._distrust(entry)
-                    continue
-                for under in [p for p in held if p.startswith(fallback)]:
-                    newest = max(newest, held.pop(under))
+            else:
+                self._distrust_prefix(entry, prefix, issued)
+
+    def _distrust_prefix(self, entry: str, prefix: str, generation: int) -> None:
+        """Notes ``prefix`` up to ``generation`` distrusted in ``entry`` (a node's), within
+        the bounds: a tenant past its share gives way to its whole namespace."""
+        held = self._distrusted_prefixes.setdefault(entry, {})
+        namespace = _namespace(prefix)
+        if namespace and namespace in held:
+            prefix = namespace  # (all of the tenant's keys are distrusted already)
+        elif namespace and prefix not in held:
+            under = [p for p in held if p.startswith(namespace)]
+            if len(under) >= MAX_PREFIXES_PER_NAMESPACE:
+                for p in under:
+                    generation = max(generation, held.pop(p))
                     self._size -= 1
-                scope = fallback
-                if scope not in held and len(held) >= MAX_DISTRUSTED_PREFIXES:
-                    self._distrust(entry)
-                    continue
-            if not self._room(entry):
-                continue
-            if scope not in held:
-                self._size += 1
-            held[scope] = max(newest, held.get(scope, 0))
-            self._changed.add(entry)
+                prefix = namespace
+        if prefix not in held and len(held) >= MAX_DISTRUSTED_PREFIXES:
+            self._distrust(entry)
+            return
+        if not self._room(entry):
+            return
+        if prefix not in held:
+            self._size += 1
+        held[prefix] = max(generation, held.get(prefix, 0))
+        self._changed.add(entry)
+
+    def _end_unheard(self, entry: str, key: str, generation: int) -> None:
+        """Notes ``key`` ended in a node's ``entry``; past ``MAX_ENDED_PER_NAMESPACE`` of
+        its tenant's, they give way to a distrust of the tenant's namespace (which refuses
+        what the master does not hold: every one of them, and that tenant's others)."""
+        namespace = _namespace(key)
+        prefixes = self._distrusted_prefixes.get(entry)
+        if namespace and prefixes is not None and namespace in prefixes:
+            self._distrust_prefix(entry, namespace, generation)
+            return
+        dead = self._dead.get(entry)
+        if namespace and (dead is None or key not in dead):
+            counts = self._ended_in.setdefault(entry, {})
+            counts[namespace] = counts.get(namespace, 0) + 1
+            if counts[namespace] > MAX_ENDED_PER_NAMESPACE:
+                del counts[namespace]
+                newest = generation
+                if dead is not None:
+                    for ended in [k for k in dead if k.startswith(namespace)]:
+                        newest = max(newest, dead.pop(ended))
+                        self._size -= 1
+                self._distrust_prefix(entry, namespace, newest)
+                return
+        self._put(self._dead, entry, key, generation)
+        self._changed.add(entry)
 
     def _distrust(self, entry: str) -> None:
         """Nothing but what the master holds is adopted from ``entry``'s segments."""
@@ -310,8 +355,7 @@ class Tombstones:
         it."""
         for entry in self._unheard:
             if entry not in self._distrusted and self._room(entry):
-                self._put(self._dead, entry, key, generation)
-                self._changed.add(entry)
+                self._end_unheard(entry, key, generation)
         segments = self._away_in.pop(key, None)
         if not segments:
             return
@@ -431,7 +475,10 @@ class Tombstones:
         here (and kept in the record until then)."""
         if segment_id.startswith(NODE_PREFIX):
             self._node_entries.add(segment_id)
-        if record.distrusted:
+        if record.distrusted or (record.prefixes and not segment_id.startswith(NODE_PREFIX)):
+            # (prefixes are a node's, kept until it is heard; a segment's entry goes at its
+            # mount, and a report in parts would not hold them: this master never writes
+            # them so, and distrusts the segment rather than half honour them)
             self._drop(segment_id)
             self._distrusted.add(segment_id)
         else:
@@ -645,6 +692,7 @@ class Tombstones:
                     del self._away_in[key]
         self._size -= len(self._dead.pop(segment_id, {}))
         self._size -= len(self._distrusted_prefixes.pop(segment_id, {}))
+        self._ended_in.pop(segment_id, None)
         self._size -= len(self._given_up.pop(segment_id, {}))
         self._size -= len(self._late.pop(segment_id, ()))
         self._overdue.pop(segment_id, None)
@@ -676,3 +724,10 @@ def _count_down(table: dict[str, dict[Any, int]], segment_id: str, entry: Any) -
     counts.pop(entry, None)
     if not counts:
         del table[segment_id]
+
+
+def _namespace(key: str) -> str:
+    """The tenant's namespace ``key`` (or a prefix) lies in: up to and with the first
+    ``NAMESPACE_END`` ("" where it has none)."""
+    end = key.find(NAMESPACE_END)
+    return key[: end + 1] if end >= 0 else ""
