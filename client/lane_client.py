@@ -8,6 +8,13 @@ queued sent after the caller was told it failed: ``_Connection.reset``). The mas
 connections idle for minutes: an idle connection is used again only within ``MAX_IDLE``
 seconds and while the master has not closed it (else a new one is made, unseen by the caller).
 
+A connection the master ends before it is established (reset or closed in the TLS handshake
+or at the AUTH frame, as a master at a connection cap does, or refused RESOURCE_EXHAUSTED
+there) is ``lp.LaneUnreachable``, as a failed connect is: no request went on it, and the
+caller (client/master_link.py) makes that call over gRPC at once. A connection that breaks
+once established is UNAVAILABLE: the request may have reached the master, and is not sent
+again by this module.
+
 A fork child never uses its parent's connections: it would send on the parent's stream, and
 either process could read the other's answer. The child's copies of the idle ones are closed
 as it starts (its descriptors only: the parent's connection stays open, and TLS says no
@@ -57,6 +64,16 @@ _RESET = struct.pack("ii", 1, 0)
 POLL_MAX_MS = 2**31 - 1
 
 
+class _Closed(ConnectionError):
+    """The master ended the connection (an empty read, or TLS's end without its goodbye)."""
+
+
+#: What ends a connection not yet established without a word from the master: a reset, or
+#: its end, in the TLS handshake or at the AUTH frame. (Not any other TLS error: a
+#: certificate refused on either side says why, and the caller reports it as such.)
+_CUT_SHORT = (ConnectionError, ssl.SSLEOFError, ssl.SSLZeroReturnError)
+
+
 class LaneError(Exception):
     """A call over the lane failed with a gRPC status code (``lane_protocol`` numbers)."""
 
@@ -82,7 +99,8 @@ class LaneClient:
         self, method: str, request: Message, response_type: type[Message], timeout: float
     ) -> Any:
         """Sends ``request`` as ``method`` and returns its answer, within ``timeout`` seconds.
-        Raises ``lp.LaneUnreachable`` when no connection could be made, else LaneError."""
+        Raises ``lp.LaneUnreachable`` when no connection could be made (or the master ended
+        it before it was established), else LaneError."""
         deadline = time.monotonic() + timeout
         connection = self._take(deadline)
         try:
@@ -140,6 +158,13 @@ class LaneClient:
         except TimeoutError:
             sock.close()
             raise LaneError(lp.DEADLINE_EXCEEDED, "the lane did not answer in time") from None
+        except _CUT_SHORT as error:
+            sock.close()
+            raise lp.LaneUnreachable(
+                f"the lane at {self.host}:{self.port} ended the connection before it was "
+                f"established ({error or type(error).__name__}): its master may be at a "
+                "connection cap"
+            ) from None
         except ssl.SSLError as error:
             sock.close()
             raise LaneError(
@@ -150,8 +175,12 @@ class LaneClient:
         except OSError as error:
             sock.close()
             raise LaneError(lp.UNAVAILABLE, f"the lane connection broke: {error}") from None
-        except LaneError:
+        except LaneError as error:
             sock.close()
+            if error.code == lp.RESOURCE_EXHAUSTED:  # (a cap on its connections: said so)
+                raise lp.LaneUnreachable(
+                    f"the lane at {self.host}:{self.port} refused a connection: {error.details}"
+                ) from None
             raise
         return connection
 
@@ -275,7 +304,7 @@ class _Connection:
         except ssl.SSLEOFError:  # (closed without TLS's goodbye: the same to this client)
             got = 0
         if not got:
-            raise OSError("the master closed the connection")
+            raise _Closed("the master closed the connection")
         return have + got
 
     def _wait_readable(self, deadline: float) -> None:

@@ -67,8 +67,9 @@ _CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}
 LANE_RESPONSES = {name: response for name, _, response in lp.LANE_METHODS.values()}
 LANE_ASK_TIMEOUT = 1.0
 #: How long a client uses gRPC where a master has no lane, or its lane could not be reached
-#: (doubling after each failed attempt, up to LANE_RETRY_MAX: a firewall that drops the
-#: lane's packets costs one call a connect timeout that rarely).
+#: or ended connections before they were established, as one at a connection cap does
+#: (doubling after each failed attempt, up to LANE_RETRY_MAX, until the lane answers again:
+#: a firewall that drops the lane's packets costs one call a connect timeout that rarely).
 LANE_RETRY_AFTER = 60.0
 LANE_RETRY_MAX = 3600.0
 #: How a refusal for a tenant's quota of calls in flight begins (RESOURCE_EXHAUSTED, like
@@ -167,6 +168,8 @@ class MasterLink:
                         response_type = LANE_RESPONSES[method]
                         answer = lane.call(method, request, response_type, remaining)
                         self._answered = True
+                        if self._lane_pauses:  # (back on the lane: a later pause starts anew)
+                            self._lane_reached(leader)
                         return answer
                     _check_size(method, request)  # (the lane checks what it serializes)
                     response = getattr(stub, method)(
@@ -419,6 +422,13 @@ class MasterLink:
             lane.close()
         if first:
             log.warning("metadata lane unreachable; using gRPC", master=leader, error=str(error))
+
+    def _lane_reached(self, leader: str) -> None:
+        """The lane at ``leader`` answered: the next time it cannot be reached, gRPC is used
+        for LANE_RETRY_AFTER again, not for twice the pause before (which grows only while
+        the lane stays out of reach)."""
+        with self._lock:
+            self._lane_pauses.pop(leader, None)
 
     def close(self) -> None:
         with self._lock:

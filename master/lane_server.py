@@ -19,11 +19,23 @@ than twice ``read_timeout`` plus its size at ``FRAME_RATE_FLOOR`` to arrive (a b
 seconds would otherwise hold it, and its reserved memory, for ever), one that has not
 proven who it is within ``read_timeout`` of connecting, and a client's connection with no
 call in flight and nothing heard for ``idle_timeout`` (clients connect again; a node's
-command stream may rightly stay quiet, and is not). Beyond ``max_connections`` a new
-connection is closed at once. A connection whose answers are not being read (its write
-buffer past ``WRITE_HIGH``) is not read either, and the frames already read wait, until the
-answers drain. One sweep per server checks the deadlines, so a frame arms no timer. Each
-such close is one log line, at most one per second per reason (with a count of the others).
+command stream may rightly stay quiet, and is not).
+
+No peer fills the lane's connections against the others (``_make_room``, ``admit``). A
+connection counts from its accept, its TLS handshake included. One that has not proven who
+it is (handshaking, or before its AUTH frame) may be evicted: past
+``max_unauthenticated_per_address`` of them from one address (an IPv6 address's /64), a new
+one from there takes the place of that address's oldest; at ``max_connections``, a new one
+takes the place of the oldest of all, and only where every connection has proven who it is
+is the new one closed as it comes. Proven, an identity holds at most ``max_per_identity``
+connections, and clients together hold all but ``node_reserve``, kept for nodes' command
+streams: a connection past either is answered RESOURCE_EXHAUSTED at its AUTH, naming the
+limit, and closed (its client makes that call over gRPC).
+
+A connection whose answers are not being read (its write buffer past ``WRITE_HIGH``) is not
+read either, and the frames already read wait, until the answers drain. One sweep per
+server checks the deadlines, so a frame arms no timer. Each such close is one log line, at
+most one per second per reason (with a count of the others).
 """
 
 from __future__ import annotations
@@ -32,7 +44,9 @@ import asyncio
 import collections
 import contextlib
 import functools
+import ipaddress
 import math
+import os
 import socket
 import ssl
 import time
@@ -54,7 +68,7 @@ from kvpool.master.handlers import MasterHandlers
 from kvpool.master.leader_gate import LeaderGate
 from kvpool.master.load_shedding import LoadShedder
 from kvpool.proto import master_pb2 as pb
-from kvpool.security.identity import Identity
+from kvpool.security.identity import Identity, Role
 
 log = get_logger("kvpool.master.lane")
 
@@ -62,8 +76,26 @@ log = get_logger("kvpool.master.lane")
 READ_TIMEOUT = 10.0
 #: Seconds a client's connection may stay open with no call in flight and nothing sent.
 IDLE_TIMEOUT = 300.0
-#: Connections open at once, at most; more are closed as they come.
+#: Connections open at once, at most (``KVPOOL_MASTER_LANE_MAX_CONNECTIONS`` lowers it):
+#: past it a new one takes the place of the oldest that has not proven who it is, or is
+#: closed as it comes where all have.
 MAX_CONNECTIONS = 4096
+#: Connections one identity (a token's, a certificate's) may hold once proven
+#: (``KVPOOL_MASTER_LANE_MAX_PER_IDENTITY``). A client process keeps up to
+#: client/lane_client.py's POOL_SIZE (32) idle and opens one more per thread calling at once
+#: beyond those, so this serves eight busy processes sharing a token, and it takes fifteen
+#: identities together to fill what clients may take of MAX_CONNECTIONS. One past it is
+#: refused at its AUTH (RESOURCE_EXHAUSTED): its client makes that call over gRPC.
+MAX_PER_IDENTITY = 256
+#: Connections from one address that have not proven who they are (in their TLS handshake,
+#: or before their AUTH frame), at most (``KVPOOL_MASTER_LANE_MAX_UNAUTHENTICATED_PER_ADDRESS``):
+#: past it a new one from there takes the place of that address's oldest. A client makes
+#: one at a time per calling thread, and proves itself within a round trip of connecting.
+MAX_UNAUTHENTICATED_PER_ADDRESS = 64
+#: Of MAX_CONNECTIONS, how many only nodes may take (each node's command stream is one
+#: connection): clients together never hold more than the rest. A smaller cap keeps a
+#: sixteenth of it.
+NODE_RESERVE = 256
 #: Bytes all large frames still arriving may hold at once (``--lane-request-memory``).
 REQUEST_MEMORY = 1 << 30
 #: A frame up to this size is read without reserving request memory (every connection may
@@ -91,13 +123,44 @@ class LaneServer:
         auth: Authenticator,
         *,
         tls: ssl.SSLContext | None = None,
-        max_connections: int = MAX_CONNECTIONS,
+        max_connections: int | None = None,
         read_timeout: float = READ_TIMEOUT,
         idle_timeout: float = IDLE_TIMEOUT,
         request_memory: int = REQUEST_MEMORY,
+        max_per_identity: int | None = None,
+        max_unauthenticated_per_address: int | None = None,
+        node_reserve: int | None = None,
     ) -> None:
+        """The caps left out (None) are read from their environment variables, else their
+        defaults (see MAX_CONNECTIONS and those after it); ValueError for one that is not a
+        whole number in range."""
+        if max_connections is None:
+            max_connections = _from_environment(
+                "KVPOOL_MASTER_LANE_MAX_CONNECTIONS", MAX_CONNECTIONS, MAX_CONNECTIONS
+            )
+        if max_per_identity is None:
+            max_per_identity = _from_environment(
+                "KVPOOL_MASTER_LANE_MAX_PER_IDENTITY", MAX_PER_IDENTITY
+            )
+        if max_unauthenticated_per_address is None:
+            max_unauthenticated_per_address = _from_environment(
+                "KVPOOL_MASTER_LANE_MAX_UNAUTHENTICATED_PER_ADDRESS",
+                MAX_UNAUTHENTICATED_PER_ADDRESS,
+            )
+        if node_reserve is None:
+            node_reserve = min(NODE_RESERVE, max_connections // 16)
         if max_connections < 1:
             raise ValueError(f"max_connections must be at least 1, got {max_connections}")
+        if max_per_identity < 1 or max_unauthenticated_per_address < 1:
+            raise ValueError(
+                f"the lane's caps per identity and per address must be at least 1, got "
+                f"{max_per_identity} and {max_unauthenticated_per_address}"
+            )
+        if not 0 <= node_reserve < max_connections:
+            raise ValueError(
+                f"the lane's node reserve must be from 0 to below max_connections "
+                f"({max_connections}), got {node_reserve}"
+            )
         if request_memory < lp.REQUEST_LIMIT:
             raise ValueError(
                 f"the lane's request memory must hold the largest request "
@@ -113,6 +176,9 @@ class LaneServer:
         self.auth = auth
         self.tls = tls
         self.max_connections = max_connections
+        self.max_per_identity = max_per_identity
+        self.max_unauthenticated_per_address = max_unauthenticated_per_address
+        self.node_reserve = node_reserve
         self.read_timeout = read_timeout
         self.idle_timeout = idle_timeout
         self.request_memory = request_memory
@@ -127,6 +193,14 @@ class LaneServer:
         #: TLS connections still in their handshake (not yet in ``_connections``).
         self._handshaking: set[TlsTransport] = set()
         self._connections: set[_Connection] = set()
+        #: Connections that have not proven who they are (handshaking, or before their AUTH
+        #: frame), oldest first: all of them, and by address (``_address_of``).
+        self._unproven: dict[_Connection, None] = {}
+        self._unproven_at: dict[str, dict[_Connection, None]] = {}
+        #: Connections that have proven who they are, per identity (none of insecure ones),
+        #: and how many of them are not nodes'.
+        self._proven: dict[Identity, int] = {}
+        self._proven_clients = 0
         self._sweeper: asyncio.TimerHandle | None = None
         #: Per reason: when a close for it was last logged, and how many since were not.
         self._logged: dict[str, tuple[float, int]] = {}
@@ -147,20 +221,21 @@ class LaneServer:
 
     def _accept(self, listener: socket.socket) -> None:
         """Takes the connections waiting at a TLS listener; each handshakes within the read
-        timeout, and counts against the connection cap meanwhile."""
+        timeout, and counts against the connection caps meanwhile (``_make_room``)."""
         assert self.tls is not None
         loop = asyncio.get_running_loop()
         for _ in range(64):
             try:
-                conn, _ = listener.accept()
+                conn, peer = listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as error:  # (out of descriptors: the next event tries again)
                 self._complain("accept_failed", str(error), "?")
                 return
-            if len(self._connections) + len(self._handshaking) >= self.max_connections:
-                metrics.labelled(metrics.LANE_CLOSED, "over_cap").inc()
-                self._complain("over_cap", f"{self.max_connections} connections are open", "?")
+            connection = _Connection(self)
+            connection.peer = _peer_name(peer)
+            connection.address = _address_of(peer)
+            if not self._make_room(connection):
                 conn.close()
                 continue
             conn.setblocking(False)
@@ -169,15 +244,128 @@ class LaneServer:
             except (ssl.SSLError, OSError):
                 conn.close()
                 continue
+            self._unproven_add(connection)  # (before its transport, which may end at once)
             transport = TlsTransport(
                 loop,
                 sock,
-                _Connection(self),
+                connection,
                 handshake_timeout=self.read_timeout,
-                on_done=self._handshaking.discard,
+                on_done=functools.partial(self._transport_done, connection),
             )
-            if not transport.is_closing():
+            if not transport.is_closing() and connection.transport is None:
+                connection.handshake = transport
                 self._handshaking.add(transport)
+
+    def _transport_done(self, connection: _Connection, transport: TlsTransport) -> None:
+        """A TLS connection ended: in its handshake, or after ``connection_lost``."""
+        self._handshaking.discard(transport)
+        connection.handshake = None
+        self._forget(connection)
+
+    # ---- the connection caps
+
+    def _make_room(self, new: _Connection) -> bool:
+        """Makes room for ``new``, just accepted (not counted yet), where it has none: past
+        its address's cap on connections that have not proven who they are, the oldest of
+        those from there goes; at the connection cap, the oldest of all that have not. False
+        (the new one is to be closed, counted ``over_cap``) where every connection has proven
+        who it is. A place goes to the newest, as the oldest unproven is the one most likely
+        held by a peer that will prove nothing: a client's connection proves itself within
+        a round trip of its accept, so a flood from one address evicts a client there only
+        by opening that address's cap of connections meanwhile, and a flood from many only
+        by opening the whole cap."""
+        held = self._unproven_at.get(new.address)
+        if held is not None and len(held) >= self.max_unauthenticated_per_address:
+            self._evict(
+                next(iter(held)),
+                "address_cap",
+                f"{len(held)} connections from {new.address} had not proven who they are, "
+                f"the most one address may hold ({self.max_unauthenticated_per_address}): "
+                "the oldest made room for a new one",
+            )
+        if len(self._connections) + len(self._handshaking) < self.max_connections:
+            return True
+        if self._unproven:
+            self._evict(
+                next(iter(self._unproven)),
+                "evicted",
+                f"{self.max_connections} connections are open: the oldest that had not proven "
+                "who it is made room for a new one",
+            )
+            return True
+        metrics.labelled(metrics.LANE_CLOSED, "over_cap").inc()
+        why = f"{self.max_connections} connections are open, each of a proven caller"
+        self._complain("over_cap", why, new.peer)
+        return False
+
+    def _evict(self, connection: _Connection, reason: str, why: str) -> None:
+        """Closes ``connection`` (one that has not proven who it is) for a new one: out of
+        the counts at once, so that the place is free for the new one."""
+        metrics.labelled(metrics.LANE_CLOSED, reason).inc()
+        self._complain(reason, why, connection.peer)
+        self._forget(connection)
+        self._connections.discard(connection)
+        handshake = connection.handshake
+        if handshake is not None:
+            handshake.abort()  # (which takes it out of ``_handshaking``)
+        else:
+            connection.abort()
+
+    def _unproven_add(self, connection: _Connection) -> None:
+        self._unproven[connection] = None
+        self._unproven_at.setdefault(connection.address, {})[connection] = None
+
+    def _forget(self, connection: _Connection) -> None:
+        """Takes ``connection`` out of the counts: as unproven, or of its identity."""
+        if connection in self._unproven:
+            del self._unproven[connection]
+            held = self._unproven_at[connection.address]
+            del held[connection]
+            if not held:
+                del self._unproven_at[connection.address]
+        identity, connection.counted = connection.counted, None
+        if identity is not None:
+            left = self._proven[identity] - 1
+            if left:
+                self._proven[identity] = left
+            else:
+                del self._proven[identity]
+            if identity.role is not Role.NODE:
+                self._proven_clients -= 1
+
+    def admit(self, connection: _Connection, identity: Identity) -> str | None:
+        """Counts ``connection``, which has just proven ``identity``, as that identity's;
+        or says why not (the cap per identity, or the places clients may take all taken),
+        and counts the refusal."""
+        if identity.insecure:  # (everyone is the same caller: nobody to tell apart)
+            self._forget(connection)
+            return None
+        held = self._proven.get(identity, 0)
+        node = identity.role is Role.NODE
+        clients = self.max_connections - self.node_reserve
+        if held >= self.max_per_identity:
+            reason = "identity_cap"
+            why = (
+                f"{identity.describe()} holds {held} metadata lane connections, the most one "
+                f"identity may ({self.max_per_identity}): close some, or call over gRPC"
+            )
+        elif not node and self._proven_clients >= clients:
+            reason = "client_cap"
+            why = (
+                f"the metadata lane holds {self._proven_clients} connections of clients, the "
+                f"most it takes ({self.max_connections} less {self.node_reserve} kept for "
+                "nodes): call over gRPC"
+            )
+        else:
+            self._forget(connection)
+            connection.counted = identity
+            self._proven[identity] = held + 1
+            if not node:
+                self._proven_clients += 1
+            return None
+        metrics.labelled(metrics.LANE_CLOSED, reason).inc()
+        self._complain(reason, why, connection.peer)
+        return why
 
     async def stop(self) -> None:
         if self._sweeper is not None:
@@ -286,6 +474,12 @@ class _Connection(asyncio.Protocol):
         self.lane = lane
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
+        #: Whom the cap on unproven connections counts it as (``_address_of``).
+        self.address = "?"
+        #: Its TLS transport while in its handshake (not yet ``transport``).
+        self.handshake: TlsTransport | None = None
+        #: The identity it counts as, once admitted (``LaneServer.admit``).
+        self.counted: Identity | None = None
         #: Who is calling, once proven (an AUTH frame, a client certificate, or insecure).
         self.identity: Identity | None = lane.auth.from_token(None) if lane.auth.insecure else None
         #: Until then, no frame beyond a token's size is read.
@@ -319,19 +513,22 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
-        self.lane._handshaking.discard(transport)  # (a TLS one: its handshake is done)
-        self.transport = transport
+        lane = self.lane
+        lane._handshaking.discard(transport)  # (a TLS one: its handshake is done)
+        self.handshake = None
         # (its credentials are due a read timeout after the handshake, which had its own)
         self._last_heard = self._opened = time.monotonic()
-        peer = transport.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "?"
-        lane = self.lane
-        if len(lane._connections) >= lane.max_connections:
-            metrics.labelled(metrics.LANE_CLOSED, "over_cap").inc()
-            lane._complain("over_cap", f"{lane.max_connections} connections are open", self.peer)
-            self.transport = None
-            transport.abort()
-            return
+        if lane.tls is None:  # (a TLS one was counted as it was accepted)
+            peer = transport.get_extra_info("peername")
+            self.peer = _peer_name(peer)
+            self.address = _address_of(peer)
+            if not lane._make_room(self):
+                transport.abort()
+                return
+            lane._unproven_add(self)
+        self.transport = transport
+        if self.identity is not None:  # (an insecure master's: proven as it connects)
+            lane.admit(self, self.identity)
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -417,6 +614,7 @@ class _Connection(asyncio.Protocol):
         self._read_on()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.lane._forget(self)
         if self.transport is None:
             return  # refused at the cap: never counted
         self.transport = None
@@ -486,7 +684,8 @@ class _Connection(asyncio.Protocol):
         driver = self.lane.handlers.driver
         identity = self.identity
         if identity is None or frame.method == lp.AUTH:
-            self._authenticate(frame)
+            if self._closing_since is None:  # (else refused at its AUTH: read no further)
+                self._authenticate(frame)
             return
         if self._token is not None and self._revoked(frame):
             return
@@ -554,12 +753,17 @@ class _Connection(asyncio.Protocol):
             if frame.method != lp.AUTH:
                 raise self.lane.auth.refusal_before_auth()
             token = frame.body.decode("utf-8", "replace").strip() or None
-            self.identity = self.lane.auth.from_token(token, self._certificate)
-            self._token = token
+            identity = self.lane.auth.from_token(token, self._certificate)
         except CallRefused as refused:
             self._send_error(frame, refused.code.value[0], refused.details)
             self.close()
             return
+        full = self.lane.admit(self, identity)
+        if full is not None:  # (a cap on proven connections: said so, not a bare close)
+            self._send_error(frame, lp.RESOURCE_EXHAUSTED, full)
+            self.close()
+            return
+        self.identity, self._token = identity, token
         self._decoder.limit = lp.REQUEST_LIMIT
         self._send(lp.encode(frame.call_id, lp.AUTH, b""))
 
@@ -622,6 +826,40 @@ class _Connection(asyncio.Protocol):
 
     def _send_error(self, frame: lp.Frame, code: int, details: str, leader: str = "") -> None:
         self._send(lp.encode_error(frame.call_id, frame.method, code, details, leader))
+
+
+def _from_environment(variable: str, default: int, most: int | None = None) -> int:
+    """The whole number in ``variable`` (from 1 to ``most``), else ``default``."""
+    text = os.environ.get(variable, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1 or (most is not None and value > most):
+        within = f"from 1 to {most}" if most is not None else "of at least 1"
+        raise ValueError(f"{variable} must be a whole number {within}, got {text!r}")
+    return value
+
+
+def _peer_name(peer: object) -> str:
+    return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else "?"
+
+
+def _address_of(peer: object) -> str:
+    """Whom the cap on unproven connections counts a peer as: its IP address, an IPv6 one
+    by its /64 (what one host is usually given; an IPv4-mapped one as the IPv4 address)."""
+    host = peer[0] if isinstance(peer, tuple) and peer and isinstance(peer[0], str) else "?"
+    if ":" not in host:
+        return host
+    try:
+        address = ipaddress.IPv6Address(host.partition("%")[0])
+    except ValueError:
+        return host
+    if address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return str(ipaddress.IPv6Network((address, 64), strict=False))
 
 
 def _refused(error: Exception, frame: lp.Frame) -> CallRefused:

@@ -354,7 +354,7 @@ def run(args: argparse.Namespace) -> int:
         asyncio.run(
             serve(args, config, security, quotas, keys, connection_options=connection_options)
         )
-    except (CannotListen, TombstoneFileError) as error:
+    except (CannotListen, TombstoneFileError, BadSetting) as error:
         log.error("cannot start", error=str(error))
         return 2
     return 0
@@ -362,6 +362,10 @@ def run(args: argparse.Namespace) -> int:
 
 class CannotListen(Exception):
     """A port this master was told to serve on is taken (or not ours to bind)."""
+
+
+class BadSetting(Exception):
+    """A setting read once the master runs (the environment's lane caps) is out of range."""
 
 
 def grpc_connection_options(args: argparse.Namespace) -> list[tuple[str, int]]:
@@ -481,14 +485,17 @@ async def serve(
             port = server.add_insecure_port(address)
     except RuntimeError as error:
         raise _cannot_listen("gRPC", args.host, args.port, "--port", error) from None
-    lane = LaneServer(
-        handlers,
-        gate,
-        shedder,
-        security.auth,
-        tls=security.lane_tls,
-        request_memory=args.lane_request_memory,
-    )
+    try:
+        lane = LaneServer(
+            handlers,
+            gate,
+            shedder,
+            security.auth,
+            tls=security.lane_tls,
+            request_memory=args.lane_request_memory,
+        )
+    except ValueError as error:  # (a cap given in the environment, out of range)
+        raise BadSetting(str(error)) from None
     if args.lane_port >= 0:
         try:
             handlers.lane_port = await lane.start(args.host, args.lane_port)

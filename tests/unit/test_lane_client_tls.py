@@ -4,8 +4,9 @@ itself rather than through ``ssl.SSLSocket``'s wrappers: against a TLS peer run 
 - an answer that comes in several TLS records (a large one, or one written in pieces) is read
   whole, and the connection serves the next call;
 - a peer that never answers is a DEADLINE_EXCEEDED within the call's deadline;
-- a peer that drops the connection without TLS's goodbye, at a call or at the credentials,
-  is UNAVAILABLE ("the lane connection broke"), not a TLS set-up error;
+- a peer that drops the connection without TLS's goodbye at a call is UNAVAILABLE ("the
+  lane connection broke"), not a TLS set-up error; at the credentials, before any request
+  went on it, it is LaneUnreachable (the caller makes the call over gRPC at once);
 - credentials and requests reach the peer as sent;
 - an answer that does not parse is INTERNAL, not protobuf's DecodeError.
 """
@@ -166,14 +167,21 @@ def ragged_close(sock: ssl.SSLSocket, frame: lp.Frame) -> None:
     socket.socket(fileno=sock.detach()).close()  # no TLS close_notify: a ragged end
 
 
-@pytest.mark.parametrize("at_auth", [False, True], ids=["at a call", "at the credentials"])
-def test_a_peer_that_drops_the_connection_without_goodbye_is_unavailable(peer, at_auth):
-    server, client = peer(ragged_close)
-    server.drop_at_auth = at_auth
+def test_a_peer_that_drops_the_connection_without_goodbye_at_a_call_is_unavailable(peer):
+    _, client = peer(ragged_close)
     with pytest.raises(LaneError) as refused:
         exists(client, ["a"])
     assert refused.value.code == lp.UNAVAILABLE
     assert "the lane connection broke" in refused.value.details  # (not "TLS ... failed")
+
+
+def test_a_peer_that_drops_the_connection_at_the_credentials_is_unreachable(peer):
+    """(As a master at a connection cap does: nothing was asked on it yet.)"""
+    server, client = peer(ragged_close)
+    server.drop_at_auth = True
+    with pytest.raises(lp.LaneUnreachable, match="ended the connection before it was est"):
+        exists(client, ["a"])
+    assert [frame.method for frame in server.frames] == [lp.AUTH], "no request was sent"
 
 
 def test_an_answer_that_does_not_parse_is_an_internal_error_naming_it(peer):
