@@ -55,6 +55,14 @@ POOL_SIZE = 32
 #: Seconds an idle connection is kept for reuse: well within the master's idle timeout
 #: (master/lane_server.py IDLE_TIMEOUT), so that it is never closed under a call.
 MAX_IDLE = 60.0
+#: Connections one client makes to a master at once, at most: a burst of calling threads
+#: beyond it waits for a connection given back, or for its turn to connect. A master lets an
+#: address hold only so many connections that have not proven who they are (master/
+#: lane_server.py's MAX_UNAUTHENTICATED_PER_ADDRESS): a burst past that would evict this
+#: client's own handshakes.
+MAX_CONNECTING = 16
+#: Seconds a thread waiting for its turn to connect looks again for one given back.
+CONNECT_WAIT_STEP = 0.005
 RECEIVE_BUFFER = 64 * 1024
 
 
@@ -92,6 +100,7 @@ class LaneClient:
         self._tls = credentials.lane_context()
         self._idle: list[_Connection] = []
         self._lock = threading.Lock()
+        self._connecting = threading.BoundedSemaphore(MAX_CONNECTING)
         self._closed = False
         _LIVE.add(self)
 
@@ -127,19 +136,38 @@ class LaneClient:
     def _after_fork_in_child(self) -> None:
         """Lets go of the parent's idle connections (see the module docstring)."""
         self._lock = threading.Lock()  # (another thread may have held it at fork)
+        self._connecting = threading.BoundedSemaphore(MAX_CONNECTING)  # (the same)
         idle, self._idle = self._idle, []
         for connection in idle:
             connection.close()  # (this process's descriptor; no TLS close_notify is sent)
 
     def _take(self, deadline: float) -> _Connection:
+        """An idle connection, else a new one (``MAX_CONNECTING`` made at once at most)."""
+        while True:
+            connection = self._take_idle()
+            if connection is not None:
+                return connection
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise LaneError(lp.DEADLINE_EXCEEDED, "no time left to connect to the lane")
+            if self._connecting.acquire(timeout=min(CONNECT_WAIT_STEP, left)):
+                break
+        try:
+            return self._connect(deadline)
+        finally:
+            self._connecting.release()
+
+    def _take_idle(self) -> _Connection | None:
         while True:
             with self._lock:
                 if not self._idle:
-                    break
+                    return None
                 connection = self._idle.pop()
             if connection.reusable():
                 return connection
             connection.close()
+
+    def _connect(self, deadline: float) -> _Connection:
         timeout = min(CONNECT_TIMEOUT, deadline - time.monotonic())
         if timeout <= 0:
             raise LaneError(lp.DEADLINE_EXCEEDED, "no time left to connect to the lane")

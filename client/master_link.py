@@ -148,6 +148,7 @@ class MasterLink:
         #: whether the master is down (then the lane is tried again) or only its lane is
         #: out of reach (a firewall, a Service without the port: gRPC for a while).
         lane_failure: lp.LaneUnreachable | None = None
+        failed_lane: LaneClient | None = None  # (the lane client that raised it)
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -177,10 +178,10 @@ class MasterLink:
                     )
                     self._answered = True
                     if lane_failure is not None:
-                        self._lane_unreachable(leader, lane_failure)
+                        self._lane_unreachable(leader, lane_failure, failed_lane)
                     return response
                 except lp.LaneUnreachable as error:
-                    lane_failure = error
+                    lane_failure, failed_lane = error, lane
                     continue  # the same call over gRPC, at once
                 except LaneError as error:
                     code, details, hint = error.code, error.details, error.leader
@@ -202,7 +203,7 @@ class MasterLink:
                 finally:
                     self._release_channel(channel)
                 if lane_failure is not None and code not in RETRYABLE:
-                    self._lane_unreachable(leader, lane_failure)  # gRPC reached the master
+                    self._lane_unreachable(leader, lane_failure, failed_lane)  # (gRPC got there)
                 lane_failure = None  # (else the master itself is away: try its lane again)
                 name = _CODE_NAMES.get(code, str(code))
                 if code not in RETRYABLE:
@@ -411,9 +412,18 @@ class MasterLink:
             other.close()
         return lane
 
-    def _lane_unreachable(self, leader: str, error: lp.LaneUnreachable) -> None:
+    def _lane_unreachable(
+        self, leader: str, error: lp.LaneUnreachable, failed: LaneClient | None = None
+    ) -> None:
+        """The lane at ``leader`` could not be reached (or ended connections before they were
+        established) through ``failed``, and gRPC was: gRPC is used for a pause, doubling
+        from one pause to the next while the lane stays out of reach. Once per lane client:
+        the other threads of a burst that failed on the same one do not double it again (a
+        busy client would otherwise pause for the longest at once)."""
         with self._lock:
             lane = self._lanes.get(leader)
+            if failed is not None and lane is not failed:
+                return  # (reported already, by another thread that failed on it)
             first = leader not in self._lane_pauses
             pause = self._lane_pauses.get(leader, LANE_RETRY_AFTER / 2) * 2
             self._lane_pauses[leader] = pause = min(pause, LANE_RETRY_MAX)

@@ -26,11 +26,12 @@ connection counts from its accept, its TLS handshake included. One that has not 
 it is (handshaking, or before its AUTH frame) may be evicted: past
 ``max_unauthenticated_per_address`` of them from one address (an IPv6 address's /64), a new
 one from there takes the place of that address's oldest; at ``max_connections``, a new one
-takes the place of the oldest of all, and only where every connection has proven who it is
-is the new one closed as it comes. Proven, an identity holds at most ``max_per_identity``
-connections, and clients together hold all but ``node_reserve``, kept for nodes' command
-streams: a connection past either is answered RESOURCE_EXHAUSTED at its AUTH, naming the
-limit, and closed (its client makes that call over gRPC).
+takes the place of the oldest of the address holding the most such, and only where every
+connection has proven who it is is the new one closed as it comes. Proven, an identity
+holds at most ``max_per_identity`` connections, and clients together hold all but
+``node_reserve``, kept for nodes' command streams: a connection past either is answered
+RESOURCE_EXHAUSTED at its AUTH, naming the limit, and closed (its client makes that call
+over gRPC).
 
 A connection whose answers are not being read (its write buffer past ``WRITE_HIGH``) is not
 read either, and the frames already read wait, until the answers drain. One sweep per
@@ -83,15 +84,19 @@ MAX_CONNECTIONS = 4096
 #: Connections one identity (a token's, a certificate's) may hold once proven
 #: (``KVPOOL_MASTER_LANE_MAX_PER_IDENTITY``). A client process keeps up to
 #: client/lane_client.py's POOL_SIZE (32) idle and opens one more per thread calling at once
-#: beyond those, so this serves eight busy processes sharing a token, and it takes fifteen
-#: identities together to fill what clients may take of MAX_CONNECTIONS. One past it is
-#: refused at its AUTH (RESOURCE_EXHAUSTED): its client makes that call over gRPC.
-MAX_PER_IDENTITY = 256
+#: beyond those, so this serves 32 busy processes sharing a token (a tenant's fleet of
+#: engines), and it takes four identities together to fill what clients may take of
+#: MAX_CONNECTIONS. One past it is refused at its AUTH (RESOURCE_EXHAUSTED): its client
+#: makes its calls over gRPC a while (slower, not failing), as do the others' past the
+#: clients' places.
+MAX_PER_IDENTITY = 1024
 #: Connections from one address that have not proven who they are (in their TLS handshake,
 #: or before their AUTH frame), at most (``KVPOOL_MASTER_LANE_MAX_UNAUTHENTICATED_PER_ADDRESS``):
-#: past it a new one from there takes the place of that address's oldest. A client makes
-#: one at a time per calling thread, and proves itself within a round trip of connecting.
-MAX_UNAUTHENTICATED_PER_ADDRESS = 64
+#: past it a new one from there takes the place of that address's oldest. A client process
+#: makes at most client/lane_client.py's MAX_CONNECTING (16) at once, each proven within its
+#: TLS handshake and one round trip; this leaves room for sixteen such processes behind one
+#: address (a host's engines, a NAT) connecting at the same moment.
+MAX_UNAUTHENTICATED_PER_ADDRESS = 256
 #: Of MAX_CONNECTIONS, how many only nodes may take (each node's command stream is one
 #: connection): clients together never hold more than the rest. A smaller cap keeps a
 #: sixteenth of it.
@@ -267,13 +272,14 @@ class LaneServer:
     def _make_room(self, new: _Connection) -> bool:
         """Makes room for ``new``, just accepted (not counted yet), where it has none: past
         its address's cap on connections that have not proven who they are, the oldest of
-        those from there goes; at the connection cap, the oldest of all that have not. False
-        (the new one is to be closed, counted ``over_cap``) where every connection has proven
-        who it is. A place goes to the newest, as the oldest unproven is the one most likely
-        held by a peer that will prove nothing: a client's connection proves itself within
-        a round trip of its accept, so a flood from one address evicts a client there only
-        by opening that address's cap of connections meanwhile, and a flood from many only
-        by opening the whole cap."""
+        those from there goes; at the connection cap, the oldest of the address holding the
+        most that have not. False (the new one is to be closed, counted ``over_cap``) where
+        every connection has proven who it is. A place goes to the newest, as the oldest
+        unproven is the one most likely held by a peer that will prove nothing: a client's
+        connection proves itself within its handshake and a round trip, so a flood from one
+        address evicts a client there only by opening that address's cap of connections
+        meanwhile, and a flood from many addresses evicts one elsewhere only while no
+        address of the flood holds more unproven connections than the client's does."""
         held = self._unproven_at.get(new.address)
         if held is not None and len(held) >= self.max_unauthenticated_per_address:
             self._evict(
@@ -286,11 +292,14 @@ class LaneServer:
         if len(self._connections) + len(self._handshaking) < self.max_connections:
             return True
         if self._unproven:
+            # (the oldest of the address holding the most: a flood from a few addresses
+            # makes room from itself, not from a node or client handshaking elsewhere)
+            crowded = max(self._unproven_at.values(), key=len)
             self._evict(
-                next(iter(self._unproven)),
+                next(iter(crowded)),
                 "evicted",
                 f"{self.max_connections} connections are open: the oldest that had not proven "
-                "who it is made room for a new one",
+                "who it is, of the address holding the most such, made room for a new one",
             )
             return True
         metrics.labelled(metrics.LANE_CLOSED, "over_cap").inc()

@@ -69,6 +69,12 @@ async def serve_commands(
             )
         else:  # (OpenSSL on the socket itself: common/tls_transport.py)
             transport = await open_tls_connection(stream, host, port, tls, CONNECT_TIMEOUT)
+    except (ssl.SSLEOFError, ssl.SSLZeroReturnError) as error:
+        # (ended in the handshake without a word: a master at its connection cap, as a
+        # reset is; a certificate refused says why, below)
+        raise lp.LaneUnreachable(
+            f"the lane at {host}:{port} ended the connection in its TLS handshake ({error})"
+        ) from None
     except ssl.SSLError as error:
         raise SessionRefused(
             lp.UNAVAILABLE,

@@ -519,6 +519,16 @@ def test_no_drain_or_warm_restart_unless_asked(renders: dict[str, Render], value
         assert pod["terminationGracePeriodSeconds"] == storage["terminationGracePeriodSeconds"]
 
 
+def test_master_extra_env_reaches_the_masters_single_and_ha(render_release) -> None:
+    """How an operator changes the metadata lane's connection caps (docs/security.md)."""
+    env = [{"name": "KVPOOL_MASTER_LANE_MAX_PER_IDENTITY", "value": "2048"}]
+    for replicas in (1, 3):
+        render = render_release({"master": {"replicas": replicas, "extraEnv": env}})
+        given = render.container("master")["env"]
+        assert env[0] in given
+        assert ("POD_NAME" in {e["name"] for e in given}) is (replicas > 1)
+
+
 def test_rejects_drain_without_a_rereplication_rate(render: Renderer) -> None:
     values = {"master": {"rereplicationRate": "0"}, "storage": {"drain": {"onTermination": True}}}
     assert "rereplicationRate" in rejected(render, values)

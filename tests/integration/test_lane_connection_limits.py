@@ -219,3 +219,56 @@ def test_a_client_whose_lane_connection_is_closed_at_the_handshake_calls_over_gr
     finally:
         for sock in held:
             sock.close()
+
+
+def test_a_burst_past_its_identitys_cap_pauses_the_lane_once_not_once_per_thread(
+    cluster, monkeypatch
+):
+    """Found by review: each thread of a burst refused at the identity's cap doubled the
+    pause on its own, and one burst of 40 threads left a client on gRPC for an hour. Every
+    call still succeeds (over gRPC where the lane refused it); the pause is one step."""
+    import threading
+
+    monkeypatch.setattr(master_link, "LANE_RETRY_AFTER", 30.0)
+    refused_before = closed_for(cluster, "identity_cap")
+    with tenant_b(cluster) as client:
+        link = client._session.link
+        paused: list[float] = []  # (each pause the client set, as it set it)
+        unreachable = link._lane_unreachable
+
+        def noted(*args, **kwargs):
+            unreachable(*args, **kwargs)
+            paused.extend(link._lane_pauses.values())
+
+        monkeypatch.setattr(link, "_lane_unreachable", noted)
+        errors: list[BaseException] = []
+        start = threading.Barrier(24)
+
+        def call(i: int) -> None:
+            try:
+                start.wait(5)
+                for _ in range(3):
+                    client.exists(f"burst-{i}")
+            except BaseException as error:
+                errors.append(error)
+
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(24)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert not errors, errors[:3]
+        refused = closed_for(cluster, "identity_cap")
+        # (how many of its connections are refused before the first refusal pauses the lane
+        # varies: one or a dozen; where several were, each used to double the pause)
+        assert refused > refused_before, "the burst went past the identity's cap"
+        assert paused and max(paused) == 30.0, paused
+
+
+def closed_for(cluster: LocalCluster, reason: str) -> float:
+    """Lane connections the master closed for ``reason`` so far (0 before the first)."""
+    name = f'kvpool_master_lane_connections_closed_total{{reason="{reason}"}}'
+    try:
+        return metric(cluster.master_http_port, name)
+    except AssertionError:
+        return 0.0

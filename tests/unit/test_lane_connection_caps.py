@@ -317,8 +317,8 @@ def test_the_caps_come_from_the_environment_where_not_given(monkeypatch):
         return LaneServer(None, None, None, auth, **options)  # type: ignore[arg-type]
 
     defaults = lane()
-    assert (defaults.max_connections, defaults.max_per_identity) == (4096, 256)
-    assert (defaults.max_unauthenticated_per_address, defaults.node_reserve) == (64, 256)
+    assert (defaults.max_connections, defaults.max_per_identity) == (4096, 1024)
+    assert (defaults.max_unauthenticated_per_address, defaults.node_reserve) == (256, 256)
 
     monkeypatch.setenv("KVPOOL_MASTER_LANE_MAX_CONNECTIONS", "32")
     monkeypatch.setenv("KVPOOL_MASTER_LANE_MAX_PER_IDENTITY", "5")
@@ -346,11 +346,13 @@ def test_an_address_is_an_ipv4_address_or_an_ipv6_one_s_64():
 
 
 def test_the_defaults_leave_room_for_a_busy_client_process():
-    """A client process pools up to POOL_SIZE idle connections: an identity's cap holds
-    several such processes, and the cap on unproven ones a burst of its threads."""
+    """A client process pools up to POOL_SIZE idle connections and makes at most
+    MAX_CONNECTING at once: an identity's cap holds a fleet of such processes, and the cap
+    on unproven ones per address the bursts of many processes on one host. (A tenant past
+    its share is slowed to gRPC, not failed: test_lane_connection_limits.py.)"""
     from kvpool.client import lane_client
 
-    assert lane_server.MAX_PER_IDENTITY >= 8 * lane_client.POOL_SIZE
-    assert lane_server.MAX_UNAUTHENTICATED_PER_ADDRESS >= 2 * lane_client.POOL_SIZE
+    assert lane_server.MAX_PER_IDENTITY >= 32 * lane_client.POOL_SIZE
+    assert lane_server.MAX_UNAUTHENTICATED_PER_ADDRESS >= 16 * lane_client.MAX_CONNECTING
     clients = lane_server.MAX_CONNECTIONS - lane_server.NODE_RESERVE
-    assert clients // lane_server.MAX_PER_IDENTITY >= 15, "many identities to fill the lane"
+    assert clients // lane_server.MAX_PER_IDENTITY >= 3, "several identities to fill the lane"
