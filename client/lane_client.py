@@ -59,10 +59,11 @@ MAX_IDLE = 60.0
 #: beyond it waits for a connection given back, or for its turn to connect. A master lets an
 #: address hold only so many connections that have not proven who they are (master/
 #: lane_server.py's MAX_UNAUTHENTICATED_PER_ADDRESS): a burst past that would evict this
-#: client's own handshakes.
+#: client's own handshakes. A thread waits for its turn at most CONNECT_TIMEOUT, and half
+#: of what its call has left: then that call goes over gRPC (``LaneBusy``), as where the
+#: lane cannot be reached, so that a lane whose packets are dropped (each connect taking
+#: its whole timeout) costs queued calls no more than it costs the first ones.
 MAX_CONNECTING = 16
-#: Seconds a thread waiting for its turn to connect looks again for one given back.
-CONNECT_WAIT_STEP = 0.005
 RECEIVE_BUFFER = 64 * 1024
 
 
@@ -80,6 +81,12 @@ class _Closed(ConnectionError):
 #: its end, in the TLS handshake or at the AUTH frame. (Not any other TLS error: a
 #: certificate refused on either side says why, and the caller reports it as such.)
 _CUT_SHORT = (ConnectionError, ssl.SSLEOFError, ssl.SSLZeroReturnError)
+
+
+class LaneBusy(lp.LaneUnreachable):
+    """No connection of this client was free, nor its turn to make one, in time (or it was
+    closed meanwhile): the call goes over gRPC, but this says nothing of the lane itself,
+    which is not paused for it."""
 
 
 class LaneError(Exception):
@@ -100,7 +107,10 @@ class LaneClient:
         self._tls = credentials.lane_context()
         self._idle: list[_Connection] = []
         self._lock = threading.Lock()
-        self._connecting = threading.BoundedSemaphore(MAX_CONNECTING)
+        #: Connections being made now, and what wakes a thread waiting for its turn (a
+        #: connection given back, a turn over, the client closed).
+        self._connecting = 0
+        self._turns = threading.Condition(self._lock)
         self._closed = False
         _LIVE.add(self)
 
@@ -130,42 +140,54 @@ class LaneClient:
         with self._lock:
             self._closed = True
             idle, self._idle = self._idle, []
+            self._turns.notify_all()
         for connection in idle:
             connection.close()
 
     def _after_fork_in_child(self) -> None:
         """Lets go of the parent's idle connections (see the module docstring)."""
         self._lock = threading.Lock()  # (another thread may have held it at fork)
-        self._connecting = threading.BoundedSemaphore(MAX_CONNECTING)  # (the same)
+        self._turns = threading.Condition(self._lock)
+        self._connecting = 0  # (the parent's threads making them are not in this process)
         idle, self._idle = self._idle, []
         for connection in idle:
             connection.close()  # (this process's descriptor; no TLS close_notify is sent)
 
     def _take(self, deadline: float) -> _Connection:
-        """An idle connection, else a new one (``MAX_CONNECTING`` made at once at most)."""
+        """An idle connection, else a new one (``MAX_CONNECTING`` made at once at most);
+        ``LaneBusy`` where neither comes within the wait MAX_CONNECTING allows."""
+        now = time.monotonic()
+        give_up = now + min(CONNECT_TIMEOUT, max(0.0, deadline - now) / 2)
         while True:
-            connection = self._take_idle()
-            if connection is not None:
-                return connection
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise LaneError(lp.DEADLINE_EXCEEDED, "no time left to connect to the lane")
-            if self._connecting.acquire(timeout=min(CONNECT_WAIT_STEP, left)):
+            with self._turns:
+                while True:
+                    if self._closed:
+                        raise LaneBusy("the lane client was closed (its lane found unreachable)")
+                    if self._idle:
+                        connection: _Connection | None = self._idle.pop()
+                        break
+                    if self._connecting < MAX_CONNECTING:
+                        self._connecting += 1
+                        connection = None
+                        break
+                    left = give_up - time.monotonic()
+                    if left <= 0:
+                        raise LaneBusy(
+                            f"{MAX_CONNECTING} lane connections were being made and none was "
+                            "free: this call goes over gRPC"
+                        )
+                    self._turns.wait(left)
+            if connection is None:
                 break
-        try:
-            return self._connect(deadline)
-        finally:
-            self._connecting.release()
-
-    def _take_idle(self) -> _Connection | None:
-        while True:
-            with self._lock:
-                if not self._idle:
-                    return None
-                connection = self._idle.pop()
             if connection.reusable():
                 return connection
             connection.close()
+        try:
+            return self._connect(deadline)
+        finally:
+            with self._turns:
+                self._connecting -= 1
+                self._turns.notify()
 
     def _connect(self, deadline: float) -> _Connection:
         timeout = min(CONNECT_TIMEOUT, deadline - time.monotonic())
@@ -217,6 +239,7 @@ class LaneClient:
             if not self._closed and len(self._idle) < POOL_SIZE:
                 connection.idle_since = time.monotonic()
                 self._idle.append(connection)
+                self._turns.notify()
                 return
         connection.close()
 

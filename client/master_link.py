@@ -36,7 +36,7 @@ from typing import Any
 import grpc
 
 from kvpool.client import batch_split
-from kvpool.client.lane_client import LaneClient, LaneError
+from kvpool.client.lane_client import LaneBusy, LaneClient, LaneError
 from kvpool.common import lane_protocol as lp
 from kvpool.common.leader_resolver import LEADER_METADATA, LeaderResolver
 from kvpool.common.limits import GRPC_MESSAGE_OPTIONS
@@ -170,7 +170,7 @@ class MasterLink:
                         answer = lane.call(method, request, response_type, remaining)
                         self._answered = True
                         if self._lane_pauses:  # (back on the lane: a later pause starts anew)
-                            self._lane_reached(leader)
+                            self._lane_reached(leader, lane)
                         return answer
                     _check_size(method, request)  # (the lane checks what it serializes)
                     response = getattr(stub, method)(
@@ -397,6 +397,8 @@ class MasterLink:
                 self._lanes[leader] = time.monotonic() + LANE_RETRY_AFTER
                 return None
             lane = self._lanes.get(leader)
+            if isinstance(lane, float) and time.monotonic() < lane:
+                return None  # (found out of reach meanwhile, by another thread: paused)
             if not isinstance(lane, LaneClient):
                 # a new leader: the connections to the lanes of earlier ones are let go
                 for address, other in list(self._lanes.items()):
@@ -420,6 +422,8 @@ class MasterLink:
         from one pause to the next while the lane stays out of reach. Once per lane client:
         the other threads of a burst that failed on the same one do not double it again (a
         busy client would otherwise pause for the longest at once)."""
+        if isinstance(error, LaneBusy):
+            return  # (this client's own connections were all busy: nothing of the lane)
         with self._lock:
             lane = self._lanes.get(leader)
             if failed is not None and lane is not failed:
@@ -433,12 +437,14 @@ class MasterLink:
         if first:
             log.warning("metadata lane unreachable; using gRPC", master=leader, error=str(error))
 
-    def _lane_reached(self, leader: str) -> None:
-        """The lane at ``leader`` answered: the next time it cannot be reached, gRPC is used
-        for LANE_RETRY_AFTER again, not for twice the pause before (which grows only while
-        the lane stays out of reach)."""
+    def _lane_reached(self, leader: str, lane: LaneClient) -> None:
+        """The lane at ``leader`` answered through ``lane``: the next time it cannot be
+        reached, gRPC is used for LANE_RETRY_AFTER again, not for twice the pause before
+        (which grows only while the lane stays out of reach). A call that finished on a lane
+        client given up meanwhile says nothing of the lane now."""
         with self._lock:
-            self._lane_pauses.pop(leader, None)
+            if self._lanes.get(leader) is lane:
+                self._lane_pauses.pop(leader, None)
 
     def close(self) -> None:
         with self._lock:

@@ -26,8 +26,8 @@ connection counts from its accept, its TLS handshake included. One that has not 
 it is (handshaking, or before its AUTH frame) may be evicted: past
 ``max_unauthenticated_per_address`` of them from one address (an IPv6 address's /64), a new
 one from there takes the place of that address's oldest; at ``max_connections``, a new one
-takes the place of the oldest of the address holding the most such, and only where every
-connection has proven who it is is the new one closed as it comes. Proven, an identity
+takes the place of the oldest of all, if that came ``EVICT_AFTER`` ago or more, else it is
+closed as it comes. Proven, an identity
 holds at most ``max_per_identity`` connections, and clients together hold all but
 ``node_reserve``, kept for nodes' command streams: a connection past either is answered
 RESOURCE_EXHAUSTED at its AUTH, naming the limit, and closed (its client makes that call
@@ -97,6 +97,9 @@ MAX_PER_IDENTITY = 1024
 #: TLS handshake and one round trip; this leaves room for sixteen such processes behind one
 #: address (a host's engines, a NAT) connecting at the same moment.
 MAX_UNAUTHENTICATED_PER_ADDRESS = 256
+#: Seconds after its accept a connection that has not proven who it is may be evicted at
+#: the connection cap (``_make_room``): an honest one proves itself well within them.
+EVICT_AFTER = 2.0
 #: Of MAX_CONNECTIONS, how many only nodes may take (each node's command stream is one
 #: connection): clients together never hold more than the rest. A smaller cap keeps a
 #: sixteenth of it.
@@ -272,14 +275,15 @@ class LaneServer:
     def _make_room(self, new: _Connection) -> bool:
         """Makes room for ``new``, just accepted (not counted yet), where it has none: past
         its address's cap on connections that have not proven who they are, the oldest of
-        those from there goes; at the connection cap, the oldest of the address holding the
-        most that have not. False (the new one is to be closed, counted ``over_cap``) where
-        every connection has proven who it is. A place goes to the newest, as the oldest
-        unproven is the one most likely held by a peer that will prove nothing: a client's
-        connection proves itself within its handshake and a round trip, so a flood from one
-        address evicts a client there only by opening that address's cap of connections
-        meanwhile, and a flood from many addresses evicts one elsewhere only while no
-        address of the flood holds more unproven connections than the client's does."""
+        those from there goes; at the connection cap, the oldest of all that have not, if it
+        came ``EVICT_AFTER`` ago or more. False (the new one is to be closed, counted
+        ``over_cap``) where none such is left. A place goes to the newest, as an old
+        unproven one is held by a peer that will prove nothing: a client's connection proves
+        itself within its handshake and a round trip, well within EVICT_AFTER. So a flood
+        from one address evicts a client there only by opening that address's cap of
+        connections meanwhile, and a flood from many addresses never evicts a handshake
+        younger than EVICT_AFTER: new connections are closed as they come instead (a client
+        then calls over gRPC), until the flood's own connections have aged."""
         held = self._unproven_at.get(new.address)
         if held is not None and len(held) >= self.max_unauthenticated_per_address:
             self._evict(
@@ -291,19 +295,20 @@ class LaneServer:
             )
         if len(self._connections) + len(self._handshaking) < self.max_connections:
             return True
-        if self._unproven:
-            # (the oldest of the address holding the most: a flood from a few addresses
-            # makes room from itself, not from a node or client handshaking elsewhere)
-            crowded = max(self._unproven_at.values(), key=len)
+        oldest = next(iter(self._unproven), None)
+        if oldest is not None and time.monotonic() - oldest.accepted_at >= EVICT_AFTER:
             self._evict(
-                next(iter(crowded)),
+                oldest,
                 "evicted",
                 f"{self.max_connections} connections are open: the oldest that had not proven "
-                "who it is, of the address holding the most such, made room for a new one",
+                f"who it is, {EVICT_AFTER:g} s after it came, made room for a new one",
             )
             return True
         metrics.labelled(metrics.LANE_CLOSED, "over_cap").inc()
-        why = f"{self.max_connections} connections are open, each of a proven caller"
+        why = (
+            f"{self.max_connections} connections are open, each of a proven caller or one "
+            f"that came less than {EVICT_AFTER:g} s ago"
+        )
         self._complain("over_cap", why, new.peer)
         return False
 
@@ -487,6 +492,8 @@ class _Connection(asyncio.Protocol):
         self.address = "?"
         #: Its TLS transport while in its handshake (not yet ``transport``).
         self.handshake: TlsTransport | None = None
+        #: When it was accepted (time.monotonic()): how long it has had to prove who it is.
+        self.accepted_at = time.monotonic()
         #: The identity it counts as, once admitted (``LaneServer.admit``).
         self.counted: Identity | None = None
         #: Who is calling, once proven (an AUTH frame, a client certificate, or insecure).

@@ -527,6 +527,8 @@ def test_master_extra_env_reaches_the_masters_single_and_ha(render_release) -> N
         given = render.container("master")["env"]
         assert env[0] in given
         assert ("POD_NAME" in {e["name"] for e in given}) is (replicas > 1)
+    ours = [{"name": "POD_NAME", "value": "master-x"}]
+    assert "sets POD_NAME" in rejected(render_release, {"master": {"extraEnv": ours}})
 
 
 def test_rejects_drain_without_a_rereplication_rate(render: Renderer) -> None:

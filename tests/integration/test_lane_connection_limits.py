@@ -230,6 +230,11 @@ def test_a_burst_past_its_identitys_cap_pauses_the_lane_once_not_once_per_thread
     import threading
 
     monkeypatch.setattr(master_link, "LANE_RETRY_AFTER", 30.0)
+    held = []  # (tenant B's identity at its cap already: each connect of the burst refused)
+    for _ in range(PER_IDENTITY):
+        sock, answer = lane_connection(cluster, cluster.tenant_tokens["tb"])
+        assert sock is not None, answer.error()
+        held.append(sock)
     refused_before = closed_for(cluster, "identity_cap")
     with tenant_b(cluster) as client:
         link = client._session.link
@@ -263,6 +268,8 @@ def test_a_burst_past_its_identitys_cap_pauses_the_lane_once_not_once_per_thread
         # varies: one or a dozen; where several were, each used to double the pause)
         assert refused > refused_before, "the burst went past the identity's cap"
         assert paused and max(paused) == 30.0, paused
+    for sock in held:
+        sock.close()
 
 
 def closed_for(cluster: LocalCluster, reason: str) -> float:

@@ -242,9 +242,12 @@ def test_unproven_connections_past_an_address_cap_make_room_oldest_first(lanes, 
 
 
 @pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
-def test_at_the_cap_a_new_connection_takes_the_place_of_the_oldest_unproven(lanes, pki, tls):
+def test_at_the_cap_a_new_connection_takes_the_place_of_the_oldest_unproven(
+    lanes, pki, tls, monkeypatch
+):
     """Connections that proved who they are are never evicted: once all have, a new one is
     closed as it comes (and the lane's client takes that for an unreachable lane)."""
+    monkeypatch.setattr(lane_server, "EVICT_AFTER", 0.0)  # (see the test below)
     running = lanes(tls=tls, max_connections=4, node_reserve=0, read_timeout=30.0)
     before = closed_for("evicted"), closed_for("over_cap")
     token = running.credentials.client
@@ -267,6 +270,24 @@ def test_at_the_cap_a_new_connection_takes_the_place_of_the_oldest_unproven(lane
     for client in [*clients, late]:
         client.close()
     for sock in silent:
+        sock.close()
+
+
+def test_at_the_cap_a_handshake_younger_than_evict_after_is_not_evicted(lanes, pki, monkeypatch):
+    """Found by review: at the cap, a flood of new connections from other addresses evicted
+    a node's or client's handshake under way. A connection that came less than EVICT_AFTER
+    ago keeps its place; the new one is closed as it comes."""
+    monkeypatch.setattr(lane_server, "EVICT_AFTER", 30.0)
+    running = lanes(max_connections=2, node_reserve=0, read_timeout=30.0)
+    before = closed_for("evicted"), closed_for("over_cap")
+    young = [connect(running.port) for _ in range(2)]  # (unproven, just now)
+    assert wait_until(lambda: running.inspect(counted)[:2] == (2, 2), 5)
+    flood = connect(running.port)
+    assert closed_within(flood, 2), "the new one is closed as it comes"
+    assert not any(closed_within(sock, 0.2) for sock in young), "neither handshake evicted"
+    assert closed_for("evicted") == before[0]
+    assert closed_for("over_cap") == before[1] + 1
+    for sock in [*young, flood]:
         sock.close()
 
 
