@@ -111,6 +111,9 @@ class LaneClient:
         #: connection given back, a turn over, the client closed).
         self._connecting = 0
         self._turns = threading.Condition(self._lock)
+        #: Connects that found the lane out of reach: a thread waiting for its turn when
+        #: one does goes over gRPC (``LaneBusy``) rather than try in its turn.
+        self._failed_connects = 0
         self._closed = False
         _LIVE.add(self)
 
@@ -158,14 +161,19 @@ class LaneClient:
         ``LaneBusy`` where neither comes within the wait MAX_CONNECTING allows."""
         now = time.monotonic()
         give_up = now + min(CONNECT_TIMEOUT, max(0.0, deadline - now) / 2)
+        waited = False
+        with self._turns:
+            failures = self._failed_connects
         while True:
             with self._turns:
                 while True:
                     if self._closed:
-                        raise LaneBusy("the lane client was closed (its lane found unreachable)")
+                        raise LaneBusy("the lane client was closed (a new one is used)")
                     if self._idle:
                         connection: _Connection | None = self._idle.pop()
                         break
+                    if self._failed_connects != failures:
+                        raise LaneBusy("a connect to the lane failed meanwhile: gRPC instead")
                     if self._connecting < MAX_CONNECTING:
                         self._connecting += 1
                         connection = None
@@ -176,21 +184,32 @@ class LaneClient:
                             f"{MAX_CONNECTING} lane connections were being made and none was "
                             "free: this call goes over gRPC"
                         )
+                    waited = True
                     self._turns.wait(left)
             if connection is None:
                 break
             if connection.reusable():
                 return connection
             connection.close()
+        failed = False
         try:
-            return self._connect(deadline)
+            # (a thread that waited for its turn leaves half of what it has left for gRPC)
+            return self._connect(deadline, half=waited)
+        except lp.LaneUnreachable:
+            failed = True
+            raise
         finally:
             with self._turns:
                 self._connecting -= 1
-                self._turns.notify()
+                if failed:
+                    self._failed_connects += 1
+                    self._turns.notify_all()
+                else:
+                    self._turns.notify()
 
-    def _connect(self, deadline: float) -> _Connection:
-        timeout = min(CONNECT_TIMEOUT, deadline - time.monotonic())
+    def _connect(self, deadline: float, half: bool = False) -> _Connection:
+        left = deadline - time.monotonic()
+        timeout = min(CONNECT_TIMEOUT, left / 2 if half else left)
         if timeout <= 0:
             raise LaneError(lp.DEADLINE_EXCEEDED, "no time left to connect to the lane")
         try:

@@ -70,14 +70,11 @@ async def serve_commands(
         else:  # (OpenSSL on the socket itself: common/tls_transport.py)
             transport = await open_tls_connection(stream, host, port, tls, CONNECT_TIMEOUT)
     except (ssl.SSLEOFError, ssl.SSLZeroReturnError) as error:
-        # (ended in the handshake without a word: a master at its connection cap, say; a
-        # certificate refused says why, below. Refused, not unreachable: the lane is tried
-        # again at the next heartbeat, not given up for the session)
-        raise SessionRefused(
-            lp.UNAVAILABLE,
-            f"the master's lane at {host}:{port} ended the connection in its TLS handshake "
-            f"({error}): it may be at its connection cap; trying again",
-            "",
+        # (ended in the handshake without a word, as a reset does, which is unreachable
+        # too: a master at its connection cap, say; a certificate refused says why, below.
+        # The node keeps its command stream over gRPC instead)
+        raise lp.LaneUnreachable(
+            f"the lane at {host}:{port} ended the connection in its TLS handshake ({error})"
         ) from None
     except ssl.SSLError as error:
         raise SessionRefused(

@@ -88,6 +88,37 @@ def test_a_burst_over_a_lane_whose_packets_are_dropped_all_succeeds_over_grpc(
     assert len(connects) <= 2 * lane_client.MAX_CONNECTING, "no more than two turns of connects"
 
 
+def test_threads_queued_behind_connects_that_failed_go_over_grpc_in_time(
+    link_over_a_dropped_lane,
+):
+    """Found by review: a thread that came a little after the first wave waited for a turn,
+    then spent what it had left on a second connect to the same dropped lane, and failed.
+    Once a connect failed, the threads waiting for a turn go over gRPC."""
+    link, stub, connects = link_over_a_dropped_lane
+    outcomes: list[str] = []
+    assert stub.calls == 0
+
+    def call() -> None:
+        try:
+            link.call("Exists", pb.ExistsRequest(keys=["k"]), time.monotonic() + 1.5)
+            outcomes.append("ok")
+        except Exception as error:
+            outcomes.append(repr(error))
+
+    first = [threading.Thread(target=call) for _ in range(lane_client.MAX_CONNECTING)]
+    later = [threading.Thread(target=call) for _ in range(lane_client.MAX_CONNECTING)]
+    for worker in first:
+        worker.start()
+    time.sleep(0.3)
+    for worker in later:
+        worker.start()
+    for worker in [*first, *later]:
+        worker.join(10)
+    assert outcomes == ["ok"] * len(outcomes) and len(outcomes) == 32, outcomes
+    assert len(connects) <= lane_client.MAX_CONNECTING + 1, "no second wave of connects"
+    assert stub.calls == 32
+
+
 def test_waiting_for_a_turn_gives_up_in_time_and_says_the_lane_is_busy(monkeypatch):
     """The wait is bounded by CONNECT_TIMEOUT and half of what the call has left; LaneBusy
     does not pause the lane (the lane itself said nothing)."""
