@@ -413,6 +413,11 @@ class Election:
             self.leader = ""
             log.warning("leadership lost", epoch=epoch)
             await on_lost()
+            if stepped_down:
+                # (the lease, still alive, is given back only ``margin`` after this master
+                # stopped serving, as a lease that runs out is: what it answered just before,
+                # a readiness probe say, is not seen beside a successor elected at once)
+                await pause(stop, self.margin)
             with contextlib.suppress(*ETCD_ERRORS):
                 await lease.revoke()
 
