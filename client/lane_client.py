@@ -83,6 +83,15 @@ class _Closed(ConnectionError):
 _CUT_SHORT = (ConnectionError, ssl.SSLEOFError, ssl.SSLZeroReturnError)
 
 
+#: What a lane error says where the master ended the connection at this client's credentials,
+#: right after the TLS handshake, with a client certificate given (master_link.py reads it
+#: as the master refusing the certificate).
+CERTIFICATE_CUT = (
+    "the lane ended the connection at this client's credentials, after the TLS handshake: "
+    "an alert refusing its certificate"
+)
+
+
 class LaneBusy(lp.LaneUnreachable):
     """No connection of this client was free, nor its turn to make one, in time (or it was
     closed meanwhile): the call goes over gRPC, but this says nothing of the lane itself,
@@ -219,9 +228,11 @@ class LaneClient:
                 f"cannot connect to the lane at {self.host}:{self.port}: {error}"
             ) from None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        handshaken = False
         try:
             if self._tls is not None:
                 sock = self._tls.wrap_socket(sock, server_hostname=self.host)
+            handshaken = True
             connection = _Connection(sock)
             connection.authenticate(self.credentials.lane_auth, deadline)
         except TimeoutError:
@@ -229,6 +240,11 @@ class LaneClient:
             raise LaneError(lp.DEADLINE_EXCEEDED, "the lane did not answer in time") from None
         except _CUT_SHORT as error:
             sock.close()
+            if handshaken and self.credentials.tls is not None and self.credentials.tls.cert:
+                # (TLS 1.3: the master checks a client certificate after the client's side
+                # of the handshake is done, and its alert refusing one can be lost to the
+                # close that follows: no connection cap cuts a connection there)
+                raise LaneError(lp.UNAVAILABLE, f"{CERTIFICATE_CUT} ({error})") from None
             raise lp.LaneUnreachable(
                 f"the lane at {self.host}:{self.port} ended the connection before it was "
                 f"established ({error or type(error).__name__}): its master may be at a "

@@ -36,7 +36,7 @@ from typing import Any
 import grpc
 
 from kvpool.client import batch_split
-from kvpool.client.lane_client import LaneBusy, LaneClient, LaneError
+from kvpool.client.lane_client import CERTIFICATE_CUT, LaneBusy, LaneClient, LaneError
 from kvpool.common import lane_protocol as lp
 from kvpool.common.leader_resolver import LEADER_METADATA, LeaderResolver
 from kvpool.common.limits import GRPC_MESSAGE_OPTIONS
@@ -351,6 +351,8 @@ class MasterLink:
         tls = self.credentials.tls
         if tls is None or tls.cert is None:
             return False
+        if CERTIFICATE_CUT in details:  # (the alert itself lost to the close: lane_client.py)
+            return True
         lowered = details.lower().replace("_", " ")
         return "alert" in lowered and any(alert in lowered for alert in CERTIFICATE_ALERTS)
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from kvpool.client.lane_client import LaneClient, LaneError
+from kvpool.client.lane_client import CERTIFICATE_CUT, LaneClient, LaneError
 from kvpool.common import lane_protocol as lp
 from kvpool.proto import master_pb2 as pb
 from kvpool.security.caller import CallerCredentials
@@ -182,6 +182,25 @@ def test_a_peer_that_drops_the_connection_at_the_credentials_is_unreachable(peer
     with pytest.raises(lp.LaneUnreachable, match="ended the connection before it was est"):
         exists(client, ["a"])
     assert [frame.method for frame in server.frames] == [lp.AUTH], "no request was sent"
+
+
+def test_with_a_client_certificate_a_drop_at_the_credentials_reads_as_its_refusal(peer, pki):
+    """TLS 1.3: a master checks a client certificate after the client's side of the
+    handshake, and its alert can be lost to the close; no connection cap cuts there. Found
+    by CI: the call went over gRPC (which does not ask for the certificate) and the refusal
+    was never told (tests/integration/test_mtls_client_certificates.py)."""
+    server, plain = peer(ragged_close)
+    server.drop_at_auth = True
+    cert, key = pki.client_certificate("kvpool://client/lane-test", "lane-test")
+    credentials = CallerCredentials(plain.credentials.token, pki.client_files(cert, key))
+    client = LaneClient("127.0.0.1", server.port, credentials)
+    try:
+        with pytest.raises(LaneError) as refused:
+            exists(client, ["a"])
+    finally:
+        client.close()
+    assert refused.value.code == lp.UNAVAILABLE
+    assert CERTIFICATE_CUT in refused.value.details
 
 
 def test_an_answer_that_does_not_parse_is_an_internal_error_naming_it(peer):
