@@ -10,6 +10,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -27,6 +28,20 @@ def holders(client: Any, key: str) -> set[str]:
         return {replica.node_id for replica in client.stat(key).replicas}
     except KVPoolError:
         return set()
+
+
+def get_in_background(client: Any, key: str) -> tuple[threading.Thread, list[Any]]:
+    """A thread (not started) that gets ``key`` with ``client``, and the list where it puts
+    what the get returned or raised."""
+    got: list[Any] = []
+
+    def read() -> None:
+        try:
+            got.append(client.get(key))
+        except BaseException as error:  # (the caller's assertion shows it)
+            got.append(error)
+
+    return threading.Thread(target=read), got
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:

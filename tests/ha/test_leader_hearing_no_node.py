@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 
-from helpers import wait_until
+from helpers import get_in_background, wait_until
 
 from kvpool import Client
 
@@ -31,17 +30,9 @@ def test_a_leader_that_hears_from_no_node_hands_its_term_on_and_a_get_meanwhile_
     assert old is not None
     (node,) = cluster.nodes
     value = os.urandom(200_000)
-    got: list[bytes | BaseException] = []
     with Client(cluster.master_address, timeout=30) as client:
         client.put("kept", value)
-
-        def read() -> None:
-            try:
-                got.append(client.get("kept"))
-            except BaseException as error:  # (the assertion below shows it)
-                got.append(error)
-
-        reader = threading.Thread(target=read)
+        reader, got = get_in_background(client, "kept")
         node.signal(signal.SIGSTOP)  # (silent to every master alike)
         try:
             assert wait_until(

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 
 import grpc
-from helpers import bearer, master_channel, wait_until
+from helpers import bearer, get_in_background, master_channel, wait_until
 
 from kvpool import Client
 from kvpool.proto import master_pb2 as pb
@@ -58,15 +57,7 @@ def test_a_get_while_the_only_node_is_silent_waits_for_it_and_returns_the_bytes(
 
             assert wait_until(declared_dead, timeout=10 * NODE_TTL, interval=0.2), told
             assert node.ready["node_id"] in told
-            got: list[bytes | BaseException] = []
-
-            def read() -> None:
-                try:
-                    got.append(client.get("kept"))
-                except BaseException as error:  # (the assertion below shows it)
-                    got.append(error)
-
-            reader = threading.Thread(target=read)
+            reader, got = get_in_background(client, "kept")
             reader.start()
             reader.join(0.5)
             assert reader.is_alive(), f"the get did not wait for the node: {got}"
