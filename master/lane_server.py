@@ -241,9 +241,7 @@ class LaneServer:
                 self._complain("accept_failed", str(error), "?")
                 return
             connection = _Connection(self)
-            connection.peer = _peer_name(peer)
-            connection.address = _address_of(peer)
-            if not self._make_room(connection):
+            if not self._place(connection, peer):
                 conn.close()
                 continue
             conn.setblocking(False)
@@ -271,6 +269,13 @@ class LaneServer:
         self._forget(connection)
 
     # ---- the connection caps
+
+    def _place(self, new: _Connection, peer: object) -> bool:
+        """Names ``new`` (just accepted) by its ``peer`` and makes room for it
+        (``_make_room``): False if it is to be closed."""
+        new.peer = _peer_name(peer)
+        new.address = _address_of(peer)
+        return self._make_room(new)
 
     def _make_room(self, new: _Connection) -> bool:
         """Makes room for ``new``, just accepted (not counted yet), where it has none: past
@@ -535,10 +540,7 @@ class _Connection(asyncio.Protocol):
         # (its credentials are due a read timeout after the handshake, which had its own)
         self._last_heard = self._opened = time.monotonic()
         if lane.tls is None:  # (a TLS one was counted as it was accepted)
-            peer = transport.get_extra_info("peername")
-            self.peer = _peer_name(peer)
-            self.address = _address_of(peer)
-            if not lane._make_room(self):
+            if not lane._place(self, transport.get_extra_info("peername")):
                 transport.abort()
                 return
             lane._unproven_add(self)
