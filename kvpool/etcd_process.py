@@ -8,6 +8,7 @@ that CA, as a secured deployment's etcd does.
 from __future__ import annotations
 
 import contextlib
+import random
 import shutil
 import socket
 import ssl
@@ -22,14 +23,38 @@ if TYPE_CHECKING:
     from kvpool.security.dev_pki import DevPki
 
 
+#: Ports below the kernel's ephemeral range that ``free_ports`` picks from: a port there is
+#: never handed to an outgoing connection or to a bind of port 0, so an etcd that is
+#: stopped and started again (the HA tests do) finds its ports still free. (It once lost
+#: its peer port, picked from the ephemeral range, to a connection made while it was down.)
+_LOWEST_PORT = 10000
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct free ports: all held until all are picked (a port let go may be
-    the next one handed out, and etcd's client and peer ports once came out the same)."""
+    """``count`` distinct free ports on loopback, outside the ephemeral range where it
+    leaves room (else from it): all held until all are picked (a port let go may be the
+    next one handed out, and etcd's client and peer ports once came out the same)."""
+    low, _ = _ephemeral_range()
+    candidates = range(_LOWEST_PORT, low) if low - _LOWEST_PORT >= 1000 else None
     with contextlib.ExitStack() as held:
-        ports = []
-        for _ in range(count):
+        ports: list[int] = []
+        tries = 0
+        while len(ports) < count:
             s = held.enter_context(socket.socket())
-            s.bind(("127.0.0.1", 0))
+            port = 0 if candidates is None or tries >= 200 else random.choice(candidates)
+            tries += 1
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
             ports.append(s.getsockname()[1])
         return ports
 
