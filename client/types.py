@@ -98,13 +98,17 @@ class SegmentStatus:
 @dataclass(frozen=True, slots=True)
 class ClusterStatus:
     """The cluster as the master sees it: its segments, published ``objects``,
-    ``reservations`` being written, live ``nodes`` and the master's ``uptime_s``."""
+    ``reservations`` being written, live ``nodes`` and the master's ``uptime_s``;
+    ``clients_refused`` says why the master turns clients' calls away now (rebuilding its
+    index after an election, or hearing from no storage node: they are retried), empty while
+    it serves them."""
 
     segments: list[SegmentStatus]
     objects: int
     reservations: int
     nodes: int
     uptime_s: float
+    clients_refused: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +197,7 @@ def cluster_status(status: pb.ClusterStatusResponse) -> ClusterStatus:
         reservations=status.reservations,
         nodes=status.nodes,
         uptime_s=status.uptime_s,
+        clients_refused=status.clients_refused,
     )
 
 

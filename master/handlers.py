@@ -629,13 +629,17 @@ class MasterHandlers:
     ) -> pb.ClusterStatusResponse:
         state = self.core.state
         snapshot = state.snapshot()
+        refused = self.core.client_refusal() or ""
         if identity.role is not Role.ADMIN and not identity.insecure:
-            return _totals(snapshot, state.published_count(key_prefix(identity)))
+            response = _totals(snapshot, state.published_count(key_prefix(identity)))
+            response.clients_refused = refused
+            return response
         response = pb.ClusterStatusResponse(
             objects=snapshot.objects,
             reservations=snapshot.reservations,
             nodes=snapshot.nodes,
             uptime_s=time.monotonic() - _STARTED,
+            clients_refused=refused,
         )
         for s in snapshot.segments:
             response.segments.add(

@@ -26,6 +26,9 @@ class Leadership(Protocol):
 #: Calls a new leader takes while it rebuilds its index: the nodes' own (``Lane`` too: nodes
 #: ask for it before opening their command streams).
 NODE_METHODS = ("/MountSegment", "/UnmountSegment", "/Heartbeat", "/NodeSession", "/Lane")
+#: Calls a leader answers while it turns clients away: what an operator asks during the
+#: outage (the status answer says why clients are refused), which change no object.
+STATUS_METHODS = ("/ClusterStatus", "/Story")
 
 
 class LeaderGate(grpc.aio.ServerInterceptor):
@@ -44,7 +47,7 @@ class LeaderGate(grpc.aio.ServerInterceptor):
         """Why this master turns ``method`` (``/Name``) away now, as (code, details, leader
         hint), or None when it takes it. Shared by gRPC and the metadata lane."""
         if self.leadership.serving():
-            if method.endswith(NODE_METHODS):
+            if method.endswith(NODE_METHODS) or method.endswith(STATUS_METHODS):
                 return None
             why = self.client_refusal()
             return None if why is None else (grpc.StatusCode.UNAVAILABLE, why, "")

@@ -684,15 +684,17 @@ class SegmentStatus(_message.Message):
     def __init__(self, segment_id: _Optional[str] = ..., node_id: _Optional[str] = ..., host: _Optional[str] = ..., tier: _Optional[_Union[Tier, str]] = ..., capacity: _Optional[int] = ..., used: _Optional[int] = ..., objects: _Optional[int] = ..., largest_free: _Optional[int] = ..., persistent: _Optional[bool] = ...) -> None: ...
 
 class ClusterStatusResponse(_message.Message):
-    __slots__ = ("segments", "objects", "reservations", "nodes", "uptime_s")
+    __slots__ = ("segments", "objects", "reservations", "nodes", "uptime_s", "clients_refused")
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     OBJECTS_FIELD_NUMBER: _ClassVar[int]
     RESERVATIONS_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    CLIENTS_REFUSED_FIELD_NUMBER: _ClassVar[int]
     segments: _containers.RepeatedCompositeFieldContainer[SegmentStatus]
     objects: int
     reservations: int
     nodes: int
     uptime_s: float
-    def __init__(self, segments: _Optional[_Iterable[_Union[SegmentStatus, _Mapping]]] = ..., objects: _Optional[int] = ..., reservations: _Optional[int] = ..., nodes: _Optional[int] = ..., uptime_s: _Optional[float] = ...) -> None: ...
+    clients_refused: str
+    def __init__(self, segments: _Optional[_Iterable[_Union[SegmentStatus, _Mapping]]] = ..., objects: _Optional[int] = ..., reservations: _Optional[int] = ..., nodes: _Optional[int] = ..., uptime_s: _Optional[float] = ..., clients_refused: _Optional[str] = ...) -> None: ...

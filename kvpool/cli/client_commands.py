@@ -362,6 +362,8 @@ def _status(client: Any, args: argparse.Namespace) -> int:
             f"{format_size(capacity)} used, up {status.uptime_s:.0f}s"
         )
     )
+    if status.clients_refused:
+        console.print(line(f"clients refused (they retry): {printable(status.clients_refused)}"))
     return 0
 
 

@@ -15,7 +15,7 @@ import os
 import signal
 
 import grpc
-from helpers import bearer, get_in_background, master_channel, wait_until
+from helpers import bearer, cluster_status, get_in_background, master_channel, wait_until
 
 from kvpool import Client
 from kvpool.proto import master_pb2 as pb
@@ -57,6 +57,9 @@ def test_a_get_while_the_only_node_is_silent_waits_for_it_and_returns_the_bytes(
 
             assert wait_until(declared_dead, timeout=10 * NODE_TTL, interval=0.2), told
             assert node.ready["node_id"] in told
+            # the status an operator asks for meanwhile is answered, and says why
+            assert node.ready["node_id"] in cluster_status(cluster.master_address).clients_refused
+            assert "hears from no storage node" in client.cluster_status().clients_refused
             reader, got = get_in_background(client, "kept")
             reader.start()
             reader.join(0.5)
@@ -66,3 +69,4 @@ def test_a_get_while_the_only_node_is_silent_waits_for_it_and_returns_the_bytes(
         reader.join(30)
         assert not reader.is_alive()
         assert got == [value], "the get was answered before the node was heard again"
+        assert client.cluster_status().clients_refused == ""

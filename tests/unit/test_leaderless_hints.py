@@ -90,3 +90,29 @@ def test_a_leader_newly_named_is_said_at_once_and_one_named_again_is_not():
     assert search.look("m2") == 4, "another leader named: said, with what was not"
     search.found()
     assert search.look("m2") == 0, "a new search: said again"
+
+
+def test_a_leader_turning_clients_away_still_answers_what_an_operator_asks():
+    """(rebuilding its index, or hearing from no node: the status call says why)"""
+    election = Election(["127.0.0.1:1"], "c", "127.0.0.1:2", ttl=2)
+    election.is_leader = True
+    election.leader = election.address
+    election._answered()
+    election._valid_until = time.monotonic() + 60
+    assert election.serving()
+    gate = LeaderGate(election, lambda: "rebuilding")
+    for method in (
+        "/kvpool.v1.Master/PutStart",
+        "/kvpool.v1.Master/GetReplicas",
+        "/kvpool.v1.Master/Drain",
+    ):
+        assert gate.refusal(method) == (grpc.StatusCode.UNAVAILABLE, "rebuilding", "")
+    for method in (
+        "/kvpool.v1.Master/ClusterStatus",
+        "/kvpool.v1.Master/Story",
+        "/kvpool.v1.Master/Heartbeat",
+    ):
+        assert gate.refusal(method) is None
+    # a standby refuses them all, naming the leader
+    election.is_leader = False
+    assert gate.refusal("/kvpool.v1.Master/ClusterStatus") is not None
