@@ -36,6 +36,7 @@ CHART_DIR = REPO / "helm" / "kvpool"
 #: test_cert_manager_*).
 CRD_KINDS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
     ("cert-manager.io/v1", "Certificate"),
 }
 
@@ -1048,6 +1049,92 @@ def test_service_monitor_names_only_exported_metrics(
     (monitor,) = renders["ha-bundled-etcd"].of_kind("ServiceMonitor")
     used = set(re.findall(r"\bkvpool_[a-z0-9_]+", yaml.safe_dump(monitor)))
     assert used <= exported[0], sorted(used - exported[0])
+
+
+# --------------------------------------------------------------------------- alerts
+
+
+def _alert_rules(render: Render) -> list[dict[str, Any]]:
+    (rule,) = render.of_kind("PrometheusRule")
+    (group,) = rule["spec"]["groups"]
+    return list(group["rules"])
+
+
+def _selectors(expr: str) -> list[Any]:
+    """The vector selectors of an expression, parsed as Prometheus parses it."""
+    import promql_parser
+
+    found: list[Any] = []
+
+    def visit(node: Any) -> None:
+        if isinstance(node, promql_parser.VectorSelector):
+            found.append(node)
+
+    promql_parser.walk(promql_parser.parse(expr), pre_visit=visit)
+    return found
+
+
+def test_alerts_parse_and_name_only_exported_series_of_this_release(
+    renders: dict[str, Render], exported: tuple[set[str], set[str]]
+) -> None:
+    """Each alert's expression is valid PromQL, asks only for series the code exports, and
+    only for this release's: the namespace, and the Services the ServiceMonitor scrapes."""
+    render = renders["ha-bundled-etcd"]
+    (rule,) = render.of_kind("PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["metadata"]["labels"]["release"] == "prometheus"
+    names, labels = exported
+    scraped = _scraped_services(render)
+    for alert in _alert_rules(render):
+        selectors = _selectors(alert["expr"])
+        assert selectors, alert["alert"]
+        for selector in selectors:
+            assert selector.name in names, (alert["alert"], selector.name)
+            matchers = {m.name: m for m in selector.matchers.matchers}
+            assert matchers["namespace"].value == render.namespace, alert["alert"]
+            service = matchers["service"]
+            assert str(service.op) == "MatchOp.Re", alert["alert"]
+            assert all(re.fullmatch(service.value, s) for s in scraped), alert["alert"]
+        used_names, used_labels = promql_references(alert["expr"])
+        assert used_names <= names, alert["alert"]
+        assert used_labels - labels - TARGET_LABELS == set(), alert["alert"]
+
+
+def test_every_alert_says_how_bad_it_is_and_what_to_do(renders: dict[str, Render]) -> None:
+    render = renders["ha-bundled-etcd"]
+    alerts = _alert_rules(render)
+    schema = json.loads((CHART_DIR / "values.schema.json").read_text())
+    rule_values = schema["properties"]["monitoring"]["properties"]["prometheusRule"]
+    # (every alert may be left out by name, and the schema names no other)
+    assert [a["alert"] for a in alerts] == rule_values["properties"]["disabled"]["items"]["enum"]
+    for alert in alerts:
+        assert alert["labels"]["severity"] in {"critical", "warning"}, alert["alert"]
+        assert alert["annotations"]["summary"] and alert["annotations"]["description"]
+        assert re.fullmatch(r"[0-9]+[smh]", alert.get("for", "0s")), alert["alert"]
+    # Prometheus's own templates reach it whole (not expanded by Helm)
+    reach = {a["alert"]: a for a in alerts}["KvpoolStorageNodeCannotReachMaster"]
+    assert "{{ $labels.pod }}" in reach["annotations"]["description"]
+
+
+def test_alerts_are_off_by_default_and_each_may_be_left_out(
+    renders: dict[str, Render], render_release: Callable[[dict[str, Any]], Render]
+) -> None:
+    assert not renders["default"].of_kind("PrometheusRule")
+    values = {
+        "monitoring": {
+            "prometheusRule": {
+                "enabled": True,
+                "disabled": ["KvpoolCallersRefused", "KvpoolDiskAlmostFull"],
+                "diskFreeBytesBelow": 5 << 30,
+            }
+        }
+    }
+    alerts = {a["alert"]: a for a in _alert_rules(render_release(values))}
+    assert "KvpoolCallersRefused" not in alerts and "KvpoolDiskAlmostFull" not in alerts
+    assert "KvpoolNoLeadingMaster" in alerts
+    values["monitoring"]["prometheusRule"]["disabled"] = []
+    alerts = {a["alert"]: a for a in _alert_rules(render_release(values))}
+    assert alerts["KvpoolDiskAlmostFull"]["expr"].endswith(f"< {5 << 30}")
 
 
 # --------------------------------------------------------------------------- the image
