@@ -67,7 +67,8 @@ LANE_CLOSED = Counter(
     "Metadata lane connections the master closed: bad_frame (oversized or unparseable), "
     "read_timeout (part of a frame, then silence), slow_frame (a frame trickled in past its "
     "deadline), unread_answers, idle, unauthenticated "
-    "(no credentials within the read timeout), over_cap (a new one, every connection proven), "
+    "(no credentials within the read timeout), over_cap (a new one at the cap, every "
+    "connection proven or none unproven for 2 s yet), "
     "evicted and address_cap (one that had proven nothing, for a new one: at the cap, at its "
     "address's cap), identity_cap and client_cap (refused at AUTH: its identity's cap, the "
     "places clients may take), unread_commands (a node's stream).",

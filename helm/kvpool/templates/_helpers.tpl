@@ -331,8 +331,9 @@ resources:
 {{/*
 Where the processes find their secrets. Secret volumes are mounted whole (never with subPath:
 a subPath mount is a copy made at container start that never sees a Secret update, while a
-whole volume is updated in place by the kubelet), so renewed certificates, a new
-credentials.json and new tokens reach the running processes, which re-read them.
+whole volume is updated in place by the kubelet), so renewed certificates and a new
+credentials.json reach the running masters, which re-read them; nodes read a renewed CA or
+client certificate at their next connection, and their token only when they start.
 */}}
 {{- define "kvpool.paths.tls" -}}/etc/kvpool/tls{{- end -}}
 {{- define "kvpool.paths.clientTls" -}}/etc/kvpool/client-tls{{- end -}}
