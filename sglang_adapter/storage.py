@@ -67,6 +67,7 @@ from kvpool.errors import (
     MasterNotTrusted,
     MasterUnavailable,
     NotAuthenticated,
+    ObjectBeingWritten,
     ObjectExists,
     ObjectNotFound,
     PermissionDenied,
@@ -304,11 +305,14 @@ class KVPoolHiCacheStorage(HiCacheStorage):
     # ------------------------------------------------------------------ admin and close
 
     def clear(self) -> bool:
-        """Removes this engine's pages (its rank and host pool layout) from kvpool."""
+        """Removes this engine's pages (its rank and host pool layout) from kvpool: leased
+        ones too (lookups lease the pages they find and never give the leases back, so
+        without ``force`` the pages looked up lately would stay; a reader's transfer in
+        flight still completes before their space is reused)."""
         if self._closed:
             return False
         try:
-            self._store_client.remove_prefix(self._keys.namespace)
+            self._store_client.remove_prefix(self._keys.namespace, force=True)
         except KVPoolError as error:
             logger.warning("kvpool: clear: %s", error)
             return False
@@ -354,8 +358,9 @@ class KVPoolHiCacheStorage(HiCacheStorage):
         # buffers exported from them; the garbage collector crashes on those
         # (common/kept_errors.py).
         forget_tracebacks(results)
-        # entry i: the replicas written, or key i's error (ObjectExists: stored before)
-        stored = [_is_count(r) or isinstance(r, ObjectExists) for r in results]
+        # entry i: the replicas written, or key i's error (ObjectExists: stored before; not
+        # ObjectBeingWritten: another engine's put, which may yet fail)
+        stored = [_is_count(r) or _stored_before(r) for r in results]
         if all(stored):
             self._master_answered()
             return stored
@@ -478,6 +483,12 @@ class KVPoolHiCacheStorage(HiCacheStorage):
 def _is_count(result: object) -> bool:
     """Whether a client's per-key result is a success (a size or a replica count)."""
     return isinstance(result, int) and not isinstance(result, bool)
+
+
+def _stored_before(result: object) -> bool:
+    """Whether a put's error says the key is stored already (objects are immutable and the
+    key names the content): not one another engine is still writing, whose put may fail."""
+    return isinstance(result, ObjectExists) and not isinstance(result, ObjectBeingWritten)
 
 
 def _targets(keys: Sequence[str], locations: Any, sizes: Any) -> list[tuple[memoryview, Any]]:

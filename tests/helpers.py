@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import os
@@ -13,7 +14,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -89,6 +90,29 @@ def cluster_status(master: str) -> Any:
         admin = CallerCredentials.resolve(token=os.environ["KVPOOL_TEST_ADMIN_TOKEN"])
         link = _ADMIN_LINKS[master] = MasterLink(master, use_lane=False, credentials=admin)
     return link.call("ClusterStatus", pb.ClusterStatusRequest(), time.monotonic() + 10)
+
+
+@contextlib.contextmanager
+def being_written(master: str, key: str, size: int) -> Iterator[None]:
+    """``key`` reserved by a writer (of the session's client tenant) that writes nothing
+    while the block runs, as another engine whose put is under way; revoked after it."""
+    from kvpool.client.master_link import MasterLink
+    from kvpool.proto import master_pb2 as pb
+    from kvpool.security.caller import CallerCredentials
+
+    writer = f"being-written-{os.getpid()}-{time.monotonic_ns()}"
+    link = MasterLink(master, use_lane=False, credentials=CallerCredentials.resolve())
+    try:
+        request = pb.PutStartRequest(client_id=writer, keys=[key], sizes=[size])
+        (slot,) = link.call("PutStart", request, time.monotonic() + 10).slots
+        assert slot.status == pb.OK, slot.message
+        try:
+            yield
+        finally:
+            revoke = pb.PutRevokeRequest(client_id=writer, keys=[key], put_ids=[slot.put_id])
+            link.call("PutRevoke", revoke, time.monotonic() + 10)
+    finally:
+        link.close()
 
 
 def master_channel(master: str) -> Any:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvpool.common.kept_errors import forget_tracebacks
-from kvpool.errors import KVPoolError, ObjectExists
+from kvpool.errors import KVPoolError, ObjectBeingWritten, ObjectExists
 
 if TYPE_CHECKING:
     from kvpool import Client
@@ -105,8 +105,10 @@ def store(client: Client, names: Sequence[str], buffers: Sequence[memoryview]) -
         results = [error] * len(names)
     forget_tracebacks(results)  # (they would pin views of the primary: common/kept_errors.py)
     for i, result in enumerate(results):
-        if isinstance(result, ObjectExists):
-            outcome.existing.append(i)  # objects are immutable and the key names the content
+        # (objects are immutable and the key names the content; one another engine is still
+        # writing is not stored yet: its put may fail)
+        if isinstance(result, ObjectExists) and not isinstance(result, ObjectBeingWritten):
+            outcome.existing.append(i)
         elif isinstance(result, KVPoolError):
             outcome.errors[i] = result
         else:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers import being_written
 
 from kvpool import Client
 
@@ -77,6 +78,18 @@ def test_storing_a_chunk_again_succeeds_without_writing_it_again(make_tier):
     again = tier.run("store", 2, keys=[1], slots=[0])
     assert again["success"] and again["transfer_bytes"] == 0
     assert tier.stats()["stats"]["chunks_already_stored"] == 1
+
+
+def test_a_chunk_another_engine_is_still_writing_is_not_reported_stored(make_tier, tier_cluster):
+    """(its put may yet fail: vLLM would count on a chunk kvpool never holds)"""
+    tier = make_tier()
+    tier.fill(slots=[0], seed=8)
+    (name,) = tier.names(keys=[1])["names"]
+    with being_written(tier_cluster.master_address, name, tier.info["slot_bytes"]):
+        assert not tier.run("store", 1, keys=[1], slots=[0])["success"]
+        assert tier.stats()["stats"]["chunks_already_stored"] == 0
+    assert tier.run("store", 2, keys=[1], slots=[0])["transfer_bytes"] > 0
+    assert tier.lookup(keys=[1])["final"] == ["HIT"]
 
 
 def test_another_engine_of_the_same_model_finds_the_chunks(make_tier):
