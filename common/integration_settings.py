@@ -13,10 +13,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from kvpool.common.limits import MAX_SECONDS
+from kvpool.common.limits import MAX_REPLICAS, MAX_SECONDS
 
-#: Copies of an object a setting may ask for (the master has a lower limit of its own).
-MAX_REPLICAS = 2**32 - 1
 #: Bytes of UTF-8 a key prefix may take: the rest of the key (at most 1024 bytes) names the
 #: chunk.
 MAX_PREFIX_BYTES = 256
@@ -56,9 +54,13 @@ def flag(name: str, value: object) -> bool:
 
 
 def replicas(name: str, value: object) -> int:
-    """Copies per object: 0 (the master's default) or more."""
+    """Copies per object: 0 (the master's default) up to the master's MAX_REPLICAS (a put
+    asking for more is refused: every store would fail)."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_REPLICAS:
-        raise ValueError(f"{name} must be an integer >= 0 (0: the master's default), got {value!r}")
+        raise ValueError(
+            f"{name} must be an integer from 0 (the master's default) to {MAX_REPLICAS}, "
+            f"got {value!r}"
+        )
     return value
 
 

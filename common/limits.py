@@ -5,6 +5,10 @@ from __future__ import annotations
 #: The longest duration a call may carry: the wire's millisecond fields are 32-bit.
 MAX_SECONDS = (2**32 - 1) / 1000.0
 
+#: The most copies of an object a master keeps (``MasterConfig.max_replicas``): a put asking
+#: for more is refused, so an engine's adapter refuses a setting above it at start.
+MAX_REPLICAS = 8
+
 #: Largest message kvpool sends or accepts, over gRPC (the master's server and the clients'
 #: channels) and over the metadata lane (a frame's body): a batch that needs more is refused
 #: and must be split, and a peer that sends more is broken or foreign.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kvpool.common.limits import MAX_REPLICAS
 from kvpool.master.story import EVENTS, EVENTS_PER_KEY
 
 PLACEMENTS = ("random", "most-free")
@@ -21,7 +22,7 @@ class MasterConfig:
     #: Replicas per object when a put does not say.
     default_replicas: int = 1
     #: Upper bound on replicas per object.
-    max_replicas: int = 8
+    max_replicas: int = MAX_REPLICAS
     #: Read lease granted by GetReplicas when the request does not ask for one (seconds).
     lease_ttl: float = 10.0
     #: Longest lease a request may ask for (seconds).

@@ -43,7 +43,8 @@ def test_the_factory_forwards_locality(make_tier):
     ("setting", "message"),
     [
         ({"mastr": "127.0.0.1:1"}, "unknown kvpool tier setting(s) ['mastr']"),
-        ({"replicas": -1}, "replicas must be an integer >= 0"),
+        ({"replicas": -1}, "replicas must be an integer from 0"),
+        ({"replicas": 9}, "replicas must be an integer from 0 (the master's default) to 8"),
         ({"load_timeout_s": 0}, "load_timeout_s must be a positive number of seconds"),
         ({"locality": "remote"}, "locality must be one of ('LOCAL', 'REMOTE')"),
         ({"ucx_config": {"TLS": 1}}, "ucx_config must map strings to strings"),
