@@ -2,7 +2,8 @@
 
 LMCache's ``/status`` asks every adapter for ``report_status`` (``is_healthy``) and may ask
 often; the probe runs at most once per ``CACHE_S`` and never waits longer than its timeout.
-Healthy means the master answered and at least one storage node has a segment mounted.
+Healthy means the master answered, serves clients (not rebuilding its index, not cut off
+from every node: ``clients_refused``) and at least one storage node has a segment mounted.
 """
 
 from __future__ import annotations
@@ -53,11 +54,16 @@ class HealthProbe:
             return Health(reachable=False, healthy=False, reason=str(error), error=error)
         capacity = sum(s.capacity for s in status.segments)
         used = sum(s.used for s in status.segments)
-        healthy = status.nodes > 0 and bool(status.segments)
+        if status.clients_refused:
+            reason = f"the master refuses clients for now: {status.clients_refused}"
+        elif status.nodes == 0 or not status.segments:
+            reason = "the master has no storage node with a segment"
+        else:
+            reason = ""
         return Health(
             reachable=True,
-            healthy=healthy,
-            reason="" if healthy else "the master has no storage node with a segment",
+            healthy=not reason,
+            reason=reason,
             nodes=status.nodes,
             objects=status.objects,
             capacity=capacity,
