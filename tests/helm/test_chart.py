@@ -1116,17 +1116,44 @@ def test_every_alert_says_how_bad_it_is_and_what_to_do(renders: dict[str, Render
     assert "{{ $labels.pod }}" in reach["annotations"]["description"]
 
 
+def test_alerts_never_read_a_release_named_after_this_one(
+    render_as: Callable[[dict[str, Any], str, str], Render],
+) -> None:
+    """Releases "kvpool" and "kvpool-canary" in one namespace: each release's alerts read its
+    own Services only (a prefix match once summed both releases' leaders: a critical alert
+    for two healthy clusters, and one cluster's outage hidden by the other)."""
+    values = {
+        "monitoring": {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}
+    }
+    releases = {name: render_as(values, name, "shared") for name in ("kvpool", "kvpool-canary")}
+    services = {name: _scraped_services(r) for name, r in releases.items()}
+    assert services["kvpool"] and services["kvpool-canary"]
+    for name, render in releases.items():
+        (other,) = set(releases) - {name}
+        for alert in _alert_rules(render):
+            for selector in _selectors(alert["expr"]):
+                matchers = {m.name: m.value for m in selector.matchers.matchers}
+                assert all(re.fullmatch(matchers["service"], s) for s in services[name])
+                assert not any(re.fullmatch(matchers["service"], s) for s in services[other])
+
+
+def test_alerts_without_the_service_monitor_are_refused(render: Renderer) -> None:
+    values = {"monitoring": {"prometheusRule": {"enabled": True}}}
+    assert "needs monitoring.serviceMonitor.enabled" in rejected(render, values)
+
+
 def test_alerts_are_off_by_default_and_each_may_be_left_out(
     renders: dict[str, Render], render_release: Callable[[dict[str, Any]], Render]
 ) -> None:
     assert not renders["default"].of_kind("PrometheusRule")
     values = {
         "monitoring": {
+            "serviceMonitor": {"enabled": True},
             "prometheusRule": {
                 "enabled": True,
                 "disabled": ["KvpoolCallersRefused", "KvpoolDiskAlmostFull"],
                 "diskFreeBytesBelow": 5 << 30,
-            }
+            },
         }
     }
     alerts = {a["alert"]: a for a in _alert_rules(render_release(values))}
