@@ -305,10 +305,11 @@ class KVPoolHiCacheStorage(HiCacheStorage):
     # ------------------------------------------------------------------ admin and close
 
     def clear(self) -> bool:
-        """Removes this engine's pages (its rank and host pool layout) from kvpool: leased
-        ones too (lookups lease the pages they find and never give the leases back, so
-        without ``force`` the pages looked up lately would stay; a reader's transfer in
-        flight still completes before their space is reused)."""
+        """Removes the pages of this engine's key namespace (shared by every engine of its
+        model, rank and host pool layout) from kvpool: leased ones too (lookups lease the
+        pages they find and never give the leases back, so without ``force`` the pages
+        looked up lately would stay; a reader's transfer in flight still completes before
+        their space is reused), and those being written (their store fails)."""
         if self._closed:
             return False
         try:

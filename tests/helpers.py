@@ -95,7 +95,8 @@ def cluster_status(master: str) -> Any:
 @contextlib.contextmanager
 def being_written(master: str, key: str, size: int) -> Iterator[None]:
     """``key`` reserved by a writer (of the session's client tenant) that writes nothing
-    while the block runs, as another engine whose put is under way; revoked after it."""
+    while the block runs, as another engine whose put is under way; revoked after it. The
+    writer heartbeats meanwhile, so that the master does not revoke it as a dead client."""
     from kvpool.client.master_link import MasterLink
     from kvpool.proto import master_pb2 as pb
     from kvpool.security.caller import CallerCredentials
@@ -106,9 +107,20 @@ def being_written(master: str, key: str, size: int) -> Iterator[None]:
         request = pb.PutStartRequest(client_id=writer, keys=[key], sizes=[size])
         (slot,) = link.call("PutStart", request, time.monotonic() + 10).slots
         assert slot.status == pb.OK, slot.message
+        done = threading.Event()
+
+        def heartbeat() -> None:
+            while not done.wait(1.0):
+                beat = pb.ClientHeartbeatRequest(client_id=writer)
+                link.call("ClientHeartbeat", beat, time.monotonic() + 5)
+
+        beating = threading.Thread(target=heartbeat, daemon=True)
+        beating.start()
         try:
             yield
         finally:
+            done.set()
+            beating.join(10)
             revoke = pb.PutRevokeRequest(client_id=writer, keys=[key], put_ids=[slot.put_id])
             link.call("PutRevoke", revoke, time.monotonic() + 10)
     finally:

@@ -7,11 +7,15 @@ restart failed with "bind: address already in use"). So its ports come from belo
 
 import socket
 
-from kvpool.etcd_process import _ephemeral_range, free_ports
+import pytest
+
+from kvpool.etcd_process import _LOWEST_PORT, _ephemeral_range, free_ports
 
 
 def test_ports_are_distinct_free_and_below_the_ephemeral_range():
     low, _ = _ephemeral_range()
+    if low - _LOWEST_PORT < 1000:
+        pytest.skip(f"this host's ephemeral range starts at {low}: no room below it")
     for _ in range(20):
         ports = free_ports(2)
         assert len(set(ports)) == 2
