@@ -44,11 +44,14 @@ def stored_from_pb(message: pb.StoredObject) -> StoredObject:
 
 
 def command_to_pb(
-    command: NodeCommand, copy_grant: Callable[[CopyCommand], bytes] | None = None
+    command: NodeCommand,
+    copy_grant: Callable[[CopyCommand], bytes] | None = None,
+    grants_end_ms: Callable[[str], int] | None = None,
 ) -> pb.NodeCommand:
     """``copy_grant``: the READ capability for a copy's source range on another node that
     serves the checked stream (the copying node reads over it); None: this master grants
-    none (the copy goes over UCX)."""
+    none (the copy goes over UCX). ``grants_end_ms``: when the capabilities for a segment's
+    space end (wall-clock ms: ``MasterState.grants_end``), which a Forget tells its node."""
     message = pb.NodeCommand(command_id=command.command_id)
     if isinstance(command, PersistCommand):
         message.persist.segment_id = command.segment_id
@@ -56,6 +59,8 @@ def command_to_pb(
     elif isinstance(command, ForgetCommand):
         message.forget.segment_id = command.segment_id
         _add_stored(message.forget.objects, command.objects)
+        if grants_end_ms is not None:
+            message.forget.grants_end_ms = grants_end_ms(command.segment_id)
     elif isinstance(command, CopyCommand):
         message.copy.source_segment_id = command.source_segment_id
         message.copy.source.CopyFrom(stored_to_pb(command.source))

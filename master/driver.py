@@ -151,6 +151,9 @@ class CoreDriver:
         #: Grants the READ capability of a copy from another node's checked stream (set
         #: where this master holds capability keys), minted as the command goes out.
         self.copy_grant: Callable[[CopyCommand], bytes] | None = None
+        #: When the capabilities for a segment's space end (``Handlers.grants_end_ms``), for
+        #: Forgets; None: this master grants none.
+        self.grants_end_ms: Callable[[str], int] | None = None
 
     def client_refusal(self) -> str | None:
         """Why the core turns clients away now (``MasterCore.client_refusal``), or None."""
@@ -183,7 +186,7 @@ class CoreDriver:
             for command in effects.transmit:
                 stream = streams.get(command.node_id)
                 if stream is not None:  # (the core transmits only to open streams)
-                    stream.write(command_to_pb(command, self.copy_grant))
+                    stream.write(command_to_pb(command, self.copy_grant, self.grants_end_ms))
         if self._after_records(effects):
             assert self.durable is not None
             answers = effects.answers

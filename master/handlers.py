@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from enum import IntEnum
@@ -746,6 +747,13 @@ class MasterHandlers:
 
         return grant
 
+    def grants_end_ms(self, segment_id: str) -> int:
+        """``MasterState.grants_end`` on this master's wall clock, as capabilities name
+        their expiry: what a Forget tells its node."""
+        state = self.core.state
+        left = state.grants_end(segment_id) - state.clock()
+        return self.wall_ms() + max(0, math.ceil(left * 1000))
+
     def grant_copy(self, command: CopyCommand) -> bytes:
         """The READ capability a node copying an object from another node's checked stream
         shows it: exactly the source's range, for the object's generation (a Forget of it
@@ -755,6 +763,11 @@ class MasterHandlers:
         assert keys is not None  # (the driver asks only where there are keys)
         source = command.source_segment
         assert source is not None  # (asked only for copies from another node)
+        state = self.core.state
+        until = state.clock() + self.core.command_timeout + keys.max_skew_ms / 1000.0
+        noted = state.capabilities_until
+        if noted.get(command.source_segment_id, 0.0) < until:  # (as _granter's grants)
+            noted[command.source_segment_id] = until
         return keys.for_node(source.node_id).grant(
             segment_id=command.source_segment_id,
             offset=command.source.offset,

@@ -455,6 +455,7 @@ async def serve(
     handlers.same_host = args.same_host_clients
     if keys is not None:  # (nodes copy from each other over the checked stream)
         driver.copy_grant = handlers.grant_copy
+        driver.grants_end_ms = handlers.grants_end_ms
     key_watch = _KeyFileWatch(args.capability_key_file) if keys is not None else None
     service = MasterService(handlers, security.auth)
     shedder = LoadShedder(args.max_inflight)

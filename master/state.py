@@ -2624,6 +2624,19 @@ class MasterState:
                 self._forget_grants(record, [replica])
                 self._release([replica], self._reuse_after(record, self.clock()))
 
+    def grants_end(self, segment_id: str) -> float:
+        """Until when (this master's clock) its node may still honour a capability this
+        master granted for space of ``segment_id``, the clock allowance included (the
+        latest in ``capabilities_until``). A Forget carries it, so that its node keeps the
+        seal of the forgotten objects' grants that long and no longer
+        (storage_node/checked_seals.py). Earlier masters' grants need none: they name an
+        earlier term, which the node refuses once this master's keys reached it, and they
+        did before its first command (the mount's answer carries them)."""
+        now = self.clock()
+        if self.config.capability_skew is None:
+            return now  # (this master grants no capabilities)
+        return max(now, self.capabilities_until.get(segment_id, 0.0))
+
     def _send_forgets(self, record: ObjectRecord) -> None:
         for replica in record.replicas:
             segment = self.segments.get(replica.segment_id) if replica else None

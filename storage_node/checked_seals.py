@@ -24,10 +24,18 @@ was evicted from. Once recorded (``recorded``), reads under grants of exactly it
 are honoured there again: a generation names one object, so such a grant, however old, was
 for these very bytes, of the same tenant. Writes stay sealed, and other generations too.
 
-**Bounded.** One entry per offset, and one expiry per offset however often it is sealed. A
-Forget's seal is dropped ``SEAL_LIFE`` after it: the node refuses any capability expiring
-further ahead than that (``longest_grant``), so by then every grant it sealed has expired
-anyway. A Persist's seal lasts until the object's Forget.
+**Bounded.** One entry per offset. A Forget's seal is dropped once every grant it sealed
+has expired: when the master says they end (``grants_end_ms``: the latest it granted for the
+segment's space, the clock allowance included: earlier terms' grants are refused by their
+term) plus ``SEAL_MARGIN``, and at the latest
+``SEAL_LIFE`` after the Forget (a master that does not say), as the node refuses any
+capability expiring further ahead than that (``longest_grant``). So the table holds about
+the Forgets of the last lease (seconds, by default), not of the last half hour: every
+evicted or removed object leaves an entry until then. After the node follows a master of a
+lower term than before (``distrust_grant_ends``: a cluster moved to masters whose terms
+count from elsewhere), grants of the higher term are not refused by their term: for
+``SEAL_LIFE`` every Forget's seal is kept that long. A Persist's seal lasts until the
+object's Forget.
 
 **Counted.** A connection may run several transfers under one grant at once (small reads
 gathered until sent while a large one starts): each ``admit`` counts one, each ``leave``
@@ -37,16 +45,20 @@ ends one, and a seal interrupts the connection while any of them runs.
 from __future__ import annotations
 
 import contextlib
+import heapq
 import socket
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
 from kvpool.security import capabilities as caps
 
-#: How long a Forget's seal is kept; no capability expiring later than this ahead is honoured.
+#: How long a Forget's seal is kept at most; no capability expiring later than this ahead is
+#: honoured.
 SEAL_LIFE = 1800.0
+#: How much longer than the master says its grants run a Forget's seal is kept (for a step
+#: of the master's wall clock between a grant and the Forget).
+SEAL_MARGIN = 10.0
 #: How long a Forget waits at most for the transfers it interrupted to leave the segment.
 INTERRUPT_WAIT = 10.0
 
@@ -70,14 +82,18 @@ class Seals:
         #: generation, when the latter is dropped (ms), the generation of a copy recorded
         #: there since, read under its own grants (-1: none)]
         self._sealed: dict[bytes, dict[int, list[int]]] = {}
-        #: (segment digest, offset) -> when its Forget's seal is dropped (ms), soonest first
-        #: (a seal made again moves to the end).
-        self._expiries: OrderedDict[tuple[bytes, int], int] = OrderedDict()
+        #: (when a Forget's seal is dropped (ms), segment digest, offset), a heap, soonest
+        #: first: one item per offset with a Forget's seal (whose entry's drop time is not 0),
+        #: put back at its later time when the seal was made longer since.
+        self._expiries: list[tuple[int, bytes, int]] = []
         #: (segment digest, offset) -> connection -> [oldest generation, writes (0/1),
         #: transfers running] of the transfers in flight.
         self._active: dict[tuple[bytes, int], dict[socket.socket, list[int]]] = {}
         #: Seals waiting for transfers to leave.
         self._waiting = 0
+        #: Until when (ms) Forgets' seals are kept ``SEAL_LIFE`` whatever the master says its
+        #: grants' end is (``distrust_grant_ends``).
+        self._ends_distrusted_until = 0
 
     # ---- transfer threads
 
@@ -157,12 +173,25 @@ class Seals:
         return self._seal(segment_id, objects, everything=False, wait=INTERRUPT_WAIT)
 
     def forget(
-        self, segment_id: str, objects: Iterable[tuple[int, int]], wait: float = INTERRUPT_WAIT
+        self,
+        segment_id: str,
+        objects: Iterable[tuple[int, int]],
+        wait: float = INTERRUPT_WAIT,
+        grants_end_ms: int = 0,
     ) -> bool:
         """Forget: every grant of ``objects`` ((offset, generation)) ends, and the transfers
         in flight under them are interrupted; True once none touches the segment any more
-        (False: one did not leave within ``wait``)."""
-        return self._seal(segment_id, objects, everything=True, wait=wait)
+        (False: one did not leave within ``wait``). ``grants_end_ms``: when the master says
+        every grant for them has ended, clock allowance included (0: not said)."""
+        return self._seal(segment_id, objects, everything=True, wait=wait, until=grants_end_ms)
+
+    def distrust_grant_ends(self) -> None:
+        """The node now follows a master of a lower term than before: grants of the higher
+        term (not refused by their term any more) are not counted in what its Forgets say
+        about their grants' end; for ``SEAL_LIFE`` from now, when every such grant has run
+        out, seals are kept ``SEAL_LIFE``."""
+        with self._lock:
+            self._ends_distrusted_until = int((self._clock() + SEAL_LIFE) * 1000)
 
     def sealed(self, segment: bytes, offset: int, generation: int, write: bool = True) -> bool:
         """Whether a grant (``generation`` at ``offset`` of the segment with digest
@@ -186,10 +215,18 @@ class Seals:
             return sum(len(sealed) for sealed in self._sealed.values())
 
     def _seal(
-        self, segment_id: str, objects: Iterable[tuple[int, int]], everything: bool, wait: float
+        self,
+        segment_id: str,
+        objects: Iterable[tuple[int, int]],
+        everything: bool,
+        wait: float,
+        until: int = 0,
     ) -> bool:
         digest = caps.segment_digest(segment_id)
         now = int(self._clock() * 1000)
+        drop_at = now + int(SEAL_LIFE * 1000)
+        if until and now >= self._ends_distrusted_until:
+            drop_at = min(drop_at, max(now, until) + int(SEAL_MARGIN * 1000))
         victims: list[tuple[tuple[bytes, int], socket.socket]] = []
         with self._lock:
             self._prune(now)
@@ -202,9 +239,10 @@ class Seals:
                     entry[_ALL] = max(entry[_ALL], generation)
                     if generation >= entry[_READABLE]:  # (the copy is forgotten in turn)
                         entry[_READABLE] = -1
-                    entry[_DROP_AT] = now + int(SEAL_LIFE * 1000)
-                    self._expiries[digest, offset] = entry[_DROP_AT]
-                    self._expiries.move_to_end((digest, offset))
+                    if not entry[_DROP_AT]:
+                        heapq.heappush(self._expiries, (drop_at, digest, offset))
+                    # (never shorter: an earlier Forget's grants may run longer)
+                    entry[_DROP_AT] = max(entry[_DROP_AT], drop_at)
                 else:
                     entry[_WRITES] = max(entry[_WRITES], generation)
                 key = (digest, offset)
@@ -231,15 +269,15 @@ class Seals:
     def _prune(self, now: int) -> None:
         """Drops the Forgets' seals whose grants have all expired (callers hold the lock)."""
         expiries = self._expiries
-        while expiries:
-            (digest, offset), drop_at = next(iter(expiries.items()))
-            if drop_at > now:
-                return
-            del expiries[digest, offset]
+        while expiries and expiries[0][0] <= now:
+            drop_at, digest, offset = heapq.heappop(expiries)
             sealed = self._sealed.get(digest)
             entry = sealed.get(offset) if sealed is not None else None
-            if sealed is None or entry is None or entry[_DROP_AT] != drop_at:
-                continue  # (sealed again since: a later expiry drops it)
+            if sealed is None or entry is None:
+                continue
+            if entry[_DROP_AT] > drop_at:  # (sealed again since, for longer)
+                heapq.heappush(expiries, (entry[_DROP_AT], digest, offset))
+                continue
             if entry[_WRITES] > entry[_ALL]:
                 entry[_ALL], entry[_DROP_AT] = -1, 0  # (a newer object's write seal stays)
             else:

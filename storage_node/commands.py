@@ -179,7 +179,9 @@ class CommandExecutor:
                 # (first: once the master has the answer, no byte of a grant for these moves,
                 # so it reuses their space at once)
                 if self._seals is not None and not self._seals.forget(
-                    segment.segment_id, [(e.offset, e.generation) for e in forgotten]
+                    segment.segment_id,
+                    [(e.offset, e.generation) for e in forgotten],
+                    grants_end_ms=command.forget.grants_end_ms,
                 ):
                     raise TimeoutError("a transfer under a forgotten object's grant did not stop")
                 _wait_for_writers(segment, _ranges(command.forget.objects))

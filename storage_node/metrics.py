@@ -81,6 +81,11 @@ CLOCK_OFFSET = Gauge(
     "a master answered one.",
 )
 CLOCK_OFFSET.set(float("nan"))
+SEALS = Gauge(
+    "kvpool_node_seals",
+    "Places in this node's segments whose forgotten objects' grants the checked stream still "
+    "refuses (one entry each, kept until the master says those grants end, at most 30 min).",
+)
 HEARTBEATS = Counter("kvpool_node_heartbeats_total", "Heartbeats the master answered.")
 HEARTBEAT_FAILURES = Counter(
     "kvpool_node_heartbeat_failures_total", "Heartbeats or mounts that failed or timed out."

@@ -226,6 +226,8 @@ class StorageNode:
         if mapping and tenant:
             self.mapping = MappingServer(segments, lambda: self.capability_keys, tenant)
         seals = self.checked.seals if self.checked is not None else None
+        if seals is not None:
+            metrics.SEALS.set_function(seals.__len__)
         written = self.checked.written if self.checked is not None else None
         self._executor = CommandExecutor(segments, self._peers, seals, written)
 
@@ -414,6 +416,8 @@ class StorageNode:
         # Not the highest ever seen: a cluster moved to masters of another kind, whose terms
         # count from elsewhere, must not be refused for good.)
         term = delivered.term
+        if known is not None and term < known.term and self.checked is not None:
+            self.checked.seals.distrust_grant_ends()  # (see Seals.distrust_grant_ends)
         self.capability_keys = NodeKeys(ring, term, delivered.max_skew_ms)
         log.info("capability keys", key_ids=ids, term=term, max_skew_ms=delivered.max_skew_ms)
 

@@ -10,7 +10,7 @@ import re
 import urllib.request
 from pathlib import Path
 
-from helpers import cluster_status, wait_until
+from helpers import cluster_status, metric, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvpool import Client
@@ -227,3 +227,27 @@ def test_a_node_compares_its_wall_clock_with_the_masters_at_each_heartbeat(clust
 
     assert wait_until(measured, timeout=10.0)
     assert abs(Scrape(port).value("kvpool_node_clock_offset_seconds")) < 0.25
+
+
+def test_seals_of_forgotten_objects_go_once_the_masters_grants_for_them_end(cluster_factory):
+    """Each removed or evicted object leaves the node a seal of its grants (the checked
+    stream refuses them). The master's Forget says when its grants for the segment end (a
+    put's write window, a read's lease), and the seal goes then: before, every seal stayed
+    half an hour, and a node forgetting thousands of objects a second held gigabytes."""
+    cluster = cluster_factory(1, "64MiB")
+    port = cluster.nodes[0].ready["http_port"]
+    with Client(cluster.master_address, timeout=30, lease_ttl=2.0) as client:
+        keys = [f"sealed-{i}" for i in range(200)]
+        assert client.put_many([(k, b"x" * 4096) for k in keys]) == [1] * len(keys)
+        assert client.get_many(keys) == [b"x" * 4096] * len(keys)  # (2 s read leases)
+        assert client.remove_many(keys, force=True) == [None] * len(keys)
+        assert metric(port, "kvpool_node_seals") >= len(keys)
+
+        def pruned() -> bool:
+            client.put("nudge", b"y")  # (seals are pruned as commands come: a Forget)
+            client.remove("nudge", force=True)
+            return metric(port, "kvpool_node_seals") <= 2
+
+        # write windows (3 s) and leases (2 s), the clock allowance and SEAL_MARGIN (10 s):
+        # far from SEAL_LIFE (30 min)
+        assert wait_until(pruned, timeout=40, interval=1.0)

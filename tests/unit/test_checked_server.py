@@ -25,7 +25,7 @@ from helpers import closed_within, wait_until
 from kvpool.common.status import Tier
 from kvpool.security import capabilities as caps
 from kvpool.storage_node.checked_connection import Activity, Closed
-from kvpool.storage_node.checked_seals import SEAL_LIFE, Seals
+from kvpool.storage_node.checked_seals import SEAL_LIFE, SEAL_MARGIN, Seals
 from kvpool.storage_node.checked_server import CheckedServer, NodeKeys
 from kvpool.storage_node.direct_writes import DirectWriter
 from kvpool.storage_node.index_log import Entry
@@ -288,6 +288,71 @@ def test_seals_are_dropped_once_every_grant_they_refuse_has_expired():
     assert not seals.sealed(digest, 0, 3, write=True)
     assert not seals.sealed(digest, 4096, 4, write=False)
     assert seals.sealed(digest, 4096, 7, write=True)
+
+
+def test_a_forgets_seal_lasts_as_long_as_the_master_says_its_grants_run():
+    """Not half an hour for every evicted object: a node forgetting thousands of objects a
+    second kept a seal of each for SEAL_LIFE, hundreds of MiB to GiB of them."""
+    now = [1000.0]
+    seals = Seals(lambda: now[0])
+    digest = caps.segment_digest(SEGMENT)
+    ends = int((now[0] + 10) * 1000)  # (the master's grants end 10 s from now)
+    assert seals.forget(SEGMENT, [(o, 1) for o in range(0, 1000 * 4096, 4096)], grants_end_ms=ends)
+    assert len(seals) == 1000 and len(seals._expiries) == 1000
+    now[0] += 10 + SEAL_MARGIN - 1
+    seals.forget(SEGMENT, [])
+    assert len(seals) == 1000, "dropped before the grants and the margin ran out"
+    assert seals.sealed(digest, 0, 1, write=False)
+    now[0] += 2
+    seals.forget(SEGMENT, [])
+    assert len(seals) == 0 and len(seals._expiries) == 0
+
+
+def test_a_forget_without_an_end_keeps_its_seal_the_longest_any_grant_runs():
+    now = [1000.0]
+    seals = Seals(lambda: now[0])
+    seals.forget(SEGMENT, [(0, 1)])  # (an older master's Forget says no end)
+    seals.forget(SEGMENT, [(4096, 1)], grants_end_ms=int((now[0] + SEAL_LIFE * 2) * 1000))
+    now[0] += SEAL_LIFE - 1
+    seals.forget(SEGMENT, [])
+    assert len(seals) == 2
+    now[0] += 2
+    seals.forget(SEGMENT, [])
+    assert len(seals) == 0, "an end past SEAL_LIFE is held to it (no grant runs longer)"
+
+
+def test_after_a_term_lower_than_before_seals_keep_their_whole_life_for_a_while():
+    """A cluster moved to masters whose terms count lower: the earlier masters' grants pass
+    the term check again, and the new master's Forgets do not count them."""
+    now = [1000.0]
+    seals = Seals(lambda: now[0])
+    seals.distrust_grant_ends()
+    seals.forget(SEGMENT, [(0, 1)], grants_end_ms=int(now[0] * 1000))
+    now[0] += SEAL_MARGIN + 1
+    seals.forget(SEGMENT, [])
+    assert len(seals) == 1, "kept as long as any grant may run"
+    now[0] += SEAL_LIFE
+    seals.forget(SEGMENT, [(4096, 2)], grants_end_ms=int(now[0] * 1000))  # trusted again
+    assert len(seals) == 1
+    now[0] += SEAL_MARGIN + 1
+    seals.forget(SEGMENT, [])
+    assert len(seals) == 0
+
+
+def test_a_later_forget_never_shortens_an_earlier_ones_seal():
+    now = [1000.0]
+    seals = Seals(lambda: now[0])
+    digest = caps.segment_digest(SEGMENT)
+    seals.forget(SEGMENT, [(0, 3)], grants_end_ms=int((now[0] + 600) * 1000))  # a long lease
+    now[0] += 1
+    seals.forget(SEGMENT, [(0, 5)], grants_end_ms=int((now[0] + 5) * 1000))  # same place
+    now[0] += 5 + SEAL_MARGIN + 1
+    seals.forget(SEGMENT, [])
+    assert seals.sealed(digest, 0, 3, write=False), "the first object's long grant runs on"
+    assert len(seals._expiries) == 1, "one item per offset"
+    now[0] += 600
+    seals.forget(SEGMENT, [])
+    assert len(seals) == 0 and len(seals._expiries) == 0
 
 
 def test_a_copy_recorded_where_a_seal_lies_is_read_under_its_own_grants_only():

@@ -226,3 +226,21 @@ def test_a_reservation_removed_by_force_gets_a_forget_again_once_its_writers_win
     held, call_id = put(core, "b")
     assert held is None, "the next writer waits for the node's answer"
     assert answer(core, late[0], call_id).status is KeyStatus.OK
+
+
+def test_a_forget_says_when_the_grants_for_its_segment_end():
+    """What the node keeps its seal for (storage_node/checked_seals.py): the latest grant
+    this master made on the segment, the clock allowance included."""
+    core, clock = one_buffer_core()
+    state = core.state
+    segment_id = next(iter(state.segments))
+    assert state.grants_end(segment_id) == clock(), "no grant runs: the seal may go at once"
+    state.capabilities_until[segment_id] = clock() + 10 + SKEW  # (a 10 s lease granted now)
+    assert state.grants_end(segment_id) == clock() + 10 + SKEW
+    assert state.grants_end("another segment") == clock()
+
+
+def test_a_master_that_grants_nothing_says_the_grants_end_now():
+    config = dataclasses.replace(WITH_CAPABILITIES, capability_skew=None)
+    core, clock = one_buffer_core(config)
+    assert core.state.grants_end(next(iter(core.state.segments))) == clock()
