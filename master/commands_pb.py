@@ -46,12 +46,13 @@ def stored_from_pb(message: pb.StoredObject) -> StoredObject:
 def command_to_pb(
     command: NodeCommand,
     copy_grant: Callable[[CopyCommand], bytes] | None = None,
-    grants_end_ms: Callable[[str], int] | None = None,
+    grants_end_ms: Callable[[str], tuple[int, int]] | None = None,
 ) -> pb.NodeCommand:
     """``copy_grant``: the READ capability for a copy's source range on another node that
     serves the checked stream (the copying node reads over it); None: this master grants
     none (the copy goes over UCX). ``grants_end_ms``: when the capabilities for a segment's
-    space end (wall-clock ms: ``MasterState.grants_end``), which a Forget tells its node."""
+    space end (wall-clock ms: ``MasterState.grants_end``) and the term they were granted in,
+    which a Forget tells its node."""
     message = pb.NodeCommand(command_id=command.command_id)
     if isinstance(command, PersistCommand):
         message.persist.segment_id = command.segment_id
@@ -60,7 +61,7 @@ def command_to_pb(
         message.forget.segment_id = command.segment_id
         _add_stored(message.forget.objects, command.objects)
         if grants_end_ms is not None:
-            message.forget.grants_end_ms = grants_end_ms(command.segment_id)
+            message.forget.grants_end_ms, message.forget.term = grants_end_ms(command.segment_id)
     elif isinstance(command, CopyCommand):
         message.copy.source_segment_id = command.source_segment_id
         message.copy.source.CopyFrom(stored_to_pb(command.source))

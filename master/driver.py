@@ -51,10 +51,14 @@ class Pending:
     ``when_settled(hook)`` runs ``hook()`` then too, before the callback, whoever waits.
     """
 
-    __slots__ = ("_callback", "_finish", "_hooks", "_outcome")
+    __slots__ = ("_callback", "_finish", "_hooks", "_outcome", "prepare")
 
-    def __init__(self, finish: Callable[[Any], Any]) -> None:
+    def __init__(
+        self, finish: Callable[[Any], Any], prepare: Callable[[Any], None] | None = None
+    ) -> None:
         self._finish = finish
+        #: Run with the answer as soon as the core gives it (``CoreDriver.call``).
+        self.prepare = prepare
         self._callback: Callable[[Any, CallRefused | None], None] | None = None
         self._outcome: tuple[Any, CallRefused | None] | None = None
         self._hooks: list[Callable[[], None]] = []
@@ -153,7 +157,7 @@ class CoreDriver:
         self.copy_grant: Callable[[CopyCommand], bytes] | None = None
         #: When the capabilities for a segment's space end (``Handlers.grants_end_ms``), for
         #: Forgets; None: this master grants none.
-        self.grants_end_ms: Callable[[str], int] | None = None
+        self.grants_end_ms: Callable[[str], tuple[int, int]] | None = None
 
     def client_refusal(self) -> str | None:
         """Why the core turns clients away now (``MasterCore.client_refusal``), or None."""
@@ -163,24 +167,41 @@ class CoreDriver:
         """Why this leader should hand its term on (``MasterCore.step_down_reason``)."""
         return None if self.core is None else self.core.step_down_reason()
 
-    def call(self, event: Callable[[int], Effects], finish: Callable[[Any], Any]) -> Any:
+    def call(
+        self,
+        event: Callable[[int], Effects],
+        finish: Callable[[Any], Any],
+        prepare: Callable[[Any], None] | None = None,
+    ) -> Any:
         """Runs one event of the core for a call: returns ``finish(answer)`` when the core
-        answers at once, else a ``Pending`` that resolves when it does."""
+        answers at once, else a ``Pending`` that resolves when it does. ``prepare(answer)``
+        runs as soon as the core gives the answer, before the commands of that event go out
+        (and so before any later one's): ``finish`` may run later, once tombstone records
+        are written. (Capabilities are noted then: a Forget says when they end.)"""
         call_id = next(self._call_ids)
         effects = event(call_id)
         if self._after_records(effects):
-            pending = self._waiting[call_id] = Pending(finish)
+            pending = self._waiting[call_id] = Pending(finish, prepare)
             self.carry_out(effects)
             return pending
         answer = effects.answers.pop(call_id, _NO_ANSWER)
         if answer is _NO_ANSWER:
-            pending = self._waiting[call_id] = Pending(finish)
+            pending = self._waiting[call_id] = Pending(finish, prepare)
             self.carry_out(effects)
             return pending
+        if prepare is not None:
+            prepare(answer)
         self.carry_out(effects)
         return finish(answer)
 
     def carry_out(self, effects: Effects) -> None:
+        if effects.answers:
+            waiting = self._waiting
+            for call_id, answer in effects.answers.items():
+                pending = waiting.get(call_id)
+                if pending is not None and pending.prepare is not None:
+                    pending.prepare(answer)
+                    pending.prepare = None
         if effects.transmit:
             streams = self._streams
             for command in effects.transmit:

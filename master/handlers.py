@@ -136,6 +136,11 @@ class MasterHandlers:
         self.capability_keys: MasterKeys | None = None
         #: The master's wall clock (ms since the epoch): capabilities expire on it.
         self.wall_ms: Callable[[], int] = lambda: int(time.time() * 1000)
+        #: segment id -> the latest expiry (wall ms, clock allowance included) of the
+        #: capabilities granted for its space: with ``MasterState.capabilities_until`` (on
+        #: the monotonic clock), what a Forget says, so that a step of the wall clock back
+        #: between a grant and the Forget cannot shorten the node's seal. One per segment.
+        self._grants_wall_end: dict[str, int] = {}
 
     def call(self, method: str, request: Any, identity: Identity) -> Any:
         """Runs handler ``method`` for ``identity`` once its role may make the call,
@@ -410,12 +415,22 @@ class MasterHandlers:
         # (at least 1: 0 on the wire means "no window said", and the client falls back)
         write_timeout_ms = max(1, int(core.state.config.write_timeout * 1000))
 
+        prepared: list[Granter | None] = []
+
+        def prepare(slots: list[PutSlot] | object) -> None:
+            if isinstance(slots, list):
+                granter = self._granter(caps.Rights.WRITE, write_timeout_ms, identity)
+                if granter is not None:
+                    for slot in slots:
+                        granter.note(slot.replicas, mapped)
+                prepared.append(granter)
+
         def answer(slots: list[PutSlot] | object) -> pb.PutStartResponse:
             _unless_term_ended(slots)
             assert isinstance(slots, list)
             response = pb.PutStartResponse(write_timeout_ms=write_timeout_ms)
             segments: dict[str, pb.Segment] = {}
-            grant = self._granter(caps.Rights.WRITE, write_timeout_ms, identity)
+            grant = prepared[0] if prepared else None
             for slot, size in zip(slots, request.sizes, strict=True):
                 out = response.slots.add(status=slot.status, put_id=slot.put_id)
                 if slot.message:
@@ -437,6 +452,7 @@ class MasterHandlers:
         return self.driver.call(
             lambda call_id: core.put_start(call_id, client_id, keys, request.sizes, options),
             answer,
+            prepare,
         )
 
     def PutEnd(self, request: pb.PutEndRequest, identity: Identity) -> Any:
@@ -483,11 +499,21 @@ class MasterHandlers:
         mapped = _mapped_segments(request)
         core = self.core
 
+        prepared: list[Granter | None] = []
+
+        def prepare(result: tuple[list[Location], float]) -> None:
+            locations, ttl = result
+            granter = self._granter(caps.Rights.READ, int(ttl * 1000), identity)
+            if granter is not None:
+                for location in locations:
+                    granter.note(location.replicas, mapped)
+            prepared.append(granter)
+
         def answer(result: tuple[list[Location], float]) -> pb.GetReplicasResponse:
             locations, ttl = result
             response = pb.GetReplicasResponse(lease_ms=int(ttl * 1000))
             segments: dict[str, pb.Segment] = {}
-            grant = self._granter(caps.Rights.READ, int(ttl * 1000), identity)
+            grant = prepared[0] if prepared else None
             for location in locations:
                 out = response.objects.add(status=location.status, size=location.size)
                 if location.crc32c is not None:
@@ -513,6 +539,7 @@ class MasterHandlers:
         return self.driver.call(
             lambda call_id: core.get_replicas(call_id, keys, request.lease_ms / 1000.0, client_id),
             answer,
+            prepare,
         )
 
     def Exists(self, request: pb.ExistsRequest, identity: Identity) -> Any:
@@ -715,44 +742,30 @@ class MasterHandlers:
             if segment_id not in segments:
                 segments[segment_id] = self._segment_for(replica.segment, identity)
 
-    def _granter(
-        self, rights: caps.Rights, ttl_ms: int, identity: Identity
-    ) -> Callable[[PlacedReplica, int, int], bytes] | None:
-        """What grants a capability for one replica's exact range, for ``identity``'s
-        tenant, ending ``ttl_ms`` from now on this master's wall clock (the write timeout
-        for writes, the lease for reads); None when this master grants none. A grant's id
-        is the put id (the object's generation): the node refuses a write grant once it
-        recorded that put's object, and any grant once it forgot it."""
+    def _granter(self, rights: caps.Rights, ttl_ms: int, identity: Identity) -> Granter | None:
+        """What grants capabilities for replicas' exact ranges, for ``identity``'s tenant,
+        ending ``ttl_ms`` from now on this master's wall clock (the write timeout for writes,
+        the lease for reads); None when this master grants none."""
         keys = self.capability_keys
         if keys is None:
             return None
-        expiry_ms, term, tenant = self.wall_ms() + ttl_ms, self.core.state.epoch, identity.tenant
-        signers: dict[str, Callable[[str, int, int, int], bytes]] = {}  # (by node: its keys)
+        return Granter(
+            keys,
+            rights,
+            identity.tenant,
+            self.core.state,
+            self.wall_ms(),
+            ttl_ms,
+            self._grants_wall_end,
+        )
 
-        state = self.core.state
-        until = state.clock() + ttl_ms / 1000.0 + keys.max_skew_ms / 1000.0
-        noted = state.capabilities_until
-
-        def grant(replica: PlacedReplica, size: int, grant_id: int) -> bytes:
-            segment = replica.segment
-            segment_id = segment.segment_id
-            if noted.get(segment_id, 0.0) < until:  # (MasterState.capabilities_until)
-                noted[segment_id] = until
-            signed = signers.get(segment.node_id)
-            if signed is None:
-                signed = signers[segment.node_id] = keys.for_node(segment.node_id).granter(
-                    rights=rights, expiry_ms=expiry_ms, term=term, tenant=tenant
-                )
-            return signed(segment_id, replica.address - segment.base_address, size, grant_id)
-
-        return grant
-
-    def grants_end_ms(self, segment_id: str) -> int:
+    def grants_end_ms(self, segment_id: str) -> tuple[int, int]:
         """``MasterState.grants_end`` on this master's wall clock, as capabilities name
-        their expiry: what a Forget tells its node."""
+        their expiry, and the term they name: what a Forget tells its node."""
         state = self.core.state
         left = state.grants_end(segment_id) - state.clock()
-        return self.wall_ms() + max(0, math.ceil(left * 1000))
+        converted = self.wall_ms() + max(0, math.ceil(left * 1000))
+        return max(converted, self._grants_wall_end.get(segment_id, 0)), state.epoch
 
     def grant_copy(self, command: CopyCommand) -> bytes:
         """The READ capability a node copying an object from another node's checked stream
@@ -766,14 +779,18 @@ class MasterHandlers:
         state = self.core.state
         until = state.clock() + self.core.command_timeout + keys.max_skew_ms / 1000.0
         noted = state.capabilities_until
-        if noted.get(command.source_segment_id, 0.0) < until:  # (as _granter's grants)
+        if noted.get(command.source_segment_id, 0.0) < until:  # (as Granter.note)
             noted[command.source_segment_id] = until
+        expiry_ms = self.wall_ms() + int(self.core.command_timeout * 1000)
+        ends = self._grants_wall_end
+        if ends.get(command.source_segment_id, 0) < expiry_ms + keys.max_skew_ms:
+            ends[command.source_segment_id] = expiry_ms + keys.max_skew_ms
         return keys.for_node(source.node_id).grant(
             segment_id=command.source_segment_id,
             offset=command.source.offset,
             length=max(command.source.size, 1),
             rights=caps.Rights.READ,
-            expiry_ms=self.wall_ms() + int(self.core.command_timeout * 1000),
+            expiry_ms=expiry_ms,
             term=self.core.state.epoch,
             tenant=COPY_TENANT,
             grant_id=command.source.generation,
@@ -1034,3 +1051,74 @@ def _check_batch(keys: Sequence[Any], *, sizes: Sequence[Any] | None = None) -> 
             grpc.StatusCode.INVALID_ARGUMENT,
             f"{len(keys)} keys but {len(sizes)} sizes/ids: send one per key",
         )
+
+
+class Granter:
+    """The capabilities of one answer, their expiry fixed when the core gave the answer.
+
+    ``note`` runs then (``CoreDriver.call``'s prepare), before any later event's Forget goes
+    out: it records in ``MasterState.capabilities_until`` (and on the wall clock) until
+    when grants for each segment may be honoured, which a Forget tells its node, so that
+    the node keeps its seal that long. The grants themselves are signed when the answer is
+    sent, which may be later (after a tombstone record is written): a grant made then,
+    with an expiry counted from then, could outlive the seal of a Forget sent meanwhile.
+    Calling the granter grants one replica's exact range; a grant's id is the put id (the
+    object's generation): the node refuses a write grant once it recorded that put's
+    object, and any grant once it forgot it."""
+
+    __slots__ = (
+        "_end_ms",
+        "_ends",
+        "_keys",
+        "_noted",
+        "_signers",
+        "_until",
+        "expiry_ms",
+        "rights",
+        "tenant",
+        "term",
+    )
+
+    def __init__(
+        self,
+        keys: MasterKeys,
+        rights: caps.Rights,
+        tenant: str,
+        state: Any,
+        now_ms: int,
+        ttl_ms: int,
+        ends: dict[str, int],
+    ) -> None:
+        self._keys = keys
+        self.rights = rights
+        self.tenant = tenant
+        self.term = state.epoch
+        self.expiry_ms = now_ms + ttl_ms
+        self._until = state.clock() + ttl_ms / 1000.0 + keys.max_skew_ms / 1000.0
+        self._end_ms = self.expiry_ms + keys.max_skew_ms
+        self._noted: dict[str, float] = state.capabilities_until
+        self._ends = ends
+        self._signers: dict[str, Callable[[str, int, int, int], bytes]] = {}  # (by node)
+
+    def note(self, replicas: Iterable[PlacedReplica], mapped: frozenset[str]) -> None:
+        """Records the grants ``replicas`` will get (those on a segment served over the
+        checked stream that the client does not map)."""
+        noted, until, ends, end_ms = self._noted, self._until, self._ends, self._end_ms
+        for replica in replicas:
+            segment = replica.segment
+            segment_id = segment.segment_id
+            if not segment.checked_address or segment_id in mapped:
+                continue
+            if noted.get(segment_id, 0.0) < until:
+                noted[segment_id] = until
+            if ends.get(segment_id, 0) < end_ms:
+                ends[segment_id] = end_ms
+
+    def __call__(self, replica: PlacedReplica, size: int, grant_id: int) -> bytes:
+        segment = replica.segment
+        signed = self._signers.get(segment.node_id)
+        if signed is None:
+            signed = self._signers[segment.node_id] = self._keys.for_node(segment.node_id).granter(
+                rights=self.rights, expiry_ms=self.expiry_ms, term=self.term, tenant=self.tenant
+            )
+        return signed(segment.segment_id, replica.address - segment.base_address, size, grant_id)

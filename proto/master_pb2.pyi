@@ -548,14 +548,16 @@ class Persist(_message.Message):
     def __init__(self, segment_id: _Optional[str] = ..., objects: _Optional[_Iterable[_Union[StoredObject, _Mapping]]] = ...) -> None: ...
 
 class Forget(_message.Message):
-    __slots__ = ("segment_id", "objects", "grants_end_ms")
+    __slots__ = ("segment_id", "objects", "grants_end_ms", "term")
     SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     OBJECTS_FIELD_NUMBER: _ClassVar[int]
     GRANTS_END_MS_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
     segment_id: str
     objects: _containers.RepeatedCompositeFieldContainer[StoredObject]
     grants_end_ms: int
-    def __init__(self, segment_id: _Optional[str] = ..., objects: _Optional[_Iterable[_Union[StoredObject, _Mapping]]] = ..., grants_end_ms: _Optional[int] = ...) -> None: ...
+    term: int
+    def __init__(self, segment_id: _Optional[str] = ..., objects: _Optional[_Iterable[_Union[StoredObject, _Mapping]]] = ..., grants_end_ms: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
 
 class Copy(_message.Message):
     __slots__ = ("source", "source_segment_id", "target", "target_segment_id", "source_segment", "capability")

@@ -26,7 +26,7 @@ that range alone a while (master/state.py ``_move_done``, "held").
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from kvpool.common.keys import shown_key
 from kvpool.common.status import WRITER_HOLDS_RANGE, Tier
@@ -58,17 +58,28 @@ class CommandExecutor:
         peers: PeerCopier | None = None,
         seals: Seals | None = None,
         written: WrittenRanges | None = None,
+        term: Callable[[], int | None] = lambda: None,
     ) -> None:
         """``peers`` reads other nodes' objects (None: copies from other nodes fail);
         ``seals``: the checked stream's, told of every object recorded (its writer's grant
         ends then) and forgotten. ``written``: where the segments hold several tenants'
         objects, what the checked stream wrote under each grant: a Persist then records an
         object only when its writer wrote every byte of it (storage_node/checked_writes.py);
-        None: the writer's word is taken."""
+        None: the writer's word is taken. ``term``: the term whose grants the checked stream
+        honours now (None: no keys yet): a Forget's word on when its grants end counts only
+        for grants of that term."""
         self._segments = {s.segment_id: s for s in segments}
+        self._term = term
         self._peers = peers
         self._seals = seals
         self._written = written
+
+    def _grants_end(self, forget: pb.Forget) -> int:
+        """When the Forget says its grants end, if they are of the term whose grants this
+        node honours (else 0: its seals are kept as long as any grant may run)."""
+        if not forget.grants_end_ms or self._term() != forget.term:
+            return 0
+        return forget.grants_end_ms
 
     def quick(self, command: pb.NodeCommand) -> bool:
         """Whether a command only touches memory (no disk sync, no bulk copy): such commands
@@ -181,7 +192,7 @@ class CommandExecutor:
                 if self._seals is not None and not self._seals.forget(
                     segment.segment_id,
                     [(e.offset, e.generation) for e in forgotten],
-                    grants_end_ms=command.forget.grants_end_ms,
+                    grants_end_ms=self._grants_end(command.forget),
                 ):
                     raise TimeoutError("a transfer under a forgotten object's grant did not stop")
                 _wait_for_writers(segment, _ranges(command.forget.objects))

@@ -229,7 +229,9 @@ class StorageNode:
         if seals is not None:
             metrics.SEALS.set_function(seals.__len__)
         written = self.checked.written if self.checked is not None else None
-        self._executor = CommandExecutor(segments, self._peers, seals, written)
+        self._executor = CommandExecutor(
+            segments, self._peers, seals, written, term=self._verifying_term
+        )
 
     @property
     def ready(self) -> tuple[bool, str]:
@@ -383,6 +385,11 @@ class StorageNode:
                 "this node's wall clock agrees with the master's again",
                 node_minus_master_s=round(estimate.offset, 3),
             )
+
+    def _verifying_term(self) -> int | None:
+        """The term whose capabilities the checked stream honours now (None: no keys)."""
+        keys = self.capability_keys
+        return None if keys is None else keys.term
 
     def _learn_keys(self, response: pb.MountSegmentResponse | pb.HeartbeatResponse) -> None:
         """Takes the capability keys a master's answer carries (over this node's

@@ -427,6 +427,38 @@ def test_the_node_s_forget_command_answers_only_once_a_read_in_flight_has_stoppe
         assert server.stop()
 
 
+def test_a_forget_of_another_term_than_the_node_honours_keeps_its_seal_whole(segment):
+    """Its word on when its grants end is about that term's grants; the grants the node
+    honours may be another term's (keys the node refused, a Forget come before them)."""
+    from kvpool.proto import master_pb2 as pb
+    from kvpool.storage_node.commands import CommandExecutor
+
+    now = [1000.0]
+    seals = Seals(lambda: now[0])
+    forgetting = ForgettingSegment(SEGMENT, segment.memory)
+    honoured = [7]
+    executor = CommandExecutor(
+        [forgetting],  # type: ignore[list-item]
+        None,
+        seals,
+        term=lambda: honoured[0],
+    )
+
+    def forget(offset: int, term: int) -> None:
+        stored = pb.StoredObject(key="k", offset=offset, size=4096, generation=11)
+        ends = int(now[0] * 1000)  # (no grant of the master's runs any more)
+        command = pb.Forget(segment_id=SEGMENT, objects=[stored], grants_end_ms=ends, term=term)
+        assert executor.execute(pb.NodeCommand(command_id=offset + 1, forget=command)).ok
+
+    forget(0, term=7)  # the term the node honours: the seal goes soon
+    forget(4096, term=8)  # another: kept as long as any grant may run
+    now[0] += SEAL_MARGIN + 1
+    seals.forget(SEGMENT, [])
+    digest = caps.segment_digest(SEGMENT)
+    assert not seals.sealed(digest, 0, 11, write=False)
+    assert seals.sealed(digest, 4096, 11, write=False)
+
+
 #: A segment larger than the socket buffers hold: a read of it that its reader stalls is
 #: still under way on the node.
 LARGE = 48 << 20
