@@ -764,8 +764,12 @@ class MasterHandlers:
         their expiry, and the term they name: what a Forget tells its node."""
         state = self.core.state
         left = state.grants_end(segment_id) - state.clock()
-        converted = self.wall_ms() + max(0, math.ceil(left * 1000))
-        return max(converted, self._grants_wall_end.get(segment_id, 0)), state.epoch
+        now_ms = self.wall_ms()
+        converted = now_ms + max(0, math.ceil(left * 1000))
+        on_the_wall = self._grants_wall_end.get(segment_id, 0)
+        if on_the_wall and on_the_wall < now_ms:  # (past: kept no longer)
+            del self._grants_wall_end[segment_id]
+        return max(converted, on_the_wall), state.epoch
 
     def grant_copy(self, command: CopyCommand) -> bytes:
         """The READ capability a node copying an object from another node's checked stream

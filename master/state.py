@@ -425,7 +425,10 @@ class MasterState:
                 # lived on after the node last heard from it), where the node cannot refuse
                 # them: writers without a capability, whose term it would check.
                 latest = max(latest, self.term_started)
-            segment.fenced_until = latest + self.config.write_timeout + FENCE_MARGIN
+            # (a node honours a write grant its clock allowance past the window: none
+            # of these was sealed, the segment having been dropped, not its objects forgotten)
+            allowance = self.config.capability_skew or 0.0
+            segment.fenced_until = latest + self.config.write_timeout + allowance + FENCE_MARGIN
         self.segments[info.segment_id] = segment
         node.segment_ids.add(info.segment_id)
         self._away_since.pop(info.segment_id, None)

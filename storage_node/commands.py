@@ -76,7 +76,9 @@ class CommandExecutor:
 
     def _grants_end(self, forget: pb.Forget) -> int:
         """When the Forget says its grants end, if they are of the term whose grants this
-        node honours (else 0: its seals are kept as long as any grant may run)."""
+        node honours (else 0: its seals are kept as long as any grant may run). Equal, not
+        at least: a Forget of an older master than the one whose keys the node holds does
+        not know of the newer master's grants, which the node honours too."""
         if not forget.grants_end_ms or self._term() != forget.term:
             return 0
         return forget.grants_end_ms

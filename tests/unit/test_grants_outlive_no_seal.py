@@ -123,3 +123,23 @@ def test_a_step_of_the_masters_wall_clock_back_shortens_no_seal(tmp_path):
     master.wall_offset_ms = -120_000  # (an NTP step, a VM resumed)
     forget = master.remove_x()
     assert forget.grants_end_ms >= grant.expiry_ms + SKEW_MS
+
+
+def test_a_write_grant_signed_after_its_reservations_forget_is_counted_too(tmp_path):
+    master = Master(tmp_path)
+    master.driver.durable = writing = TombstoneWriteUnderWay()
+    request = pb.PutStartRequest(client_id="c", keys=["Y"], sizes=[4 * KiB])
+    held = master.handlers.PutStart(request, TENANT_A)
+    assert isinstance(held, Pending), "the answer waits for the tombstone write"
+    master.sent.clear()
+    removal = pb.RemoveRequest(client_id="c", keys=["Y"], force=True)
+    master.handlers.Remove(removal, TENANT_A)
+    [forget] = [m.forget for m in master.sent if m.HasField("forget")]
+    for done in writing.done:
+        done(True)
+    answered: list = []
+    held.then(lambda response, refused: answered.append((response, refused)))
+    [(response, refused)] = answered
+    assert refused is None
+    grant = caps.parse(response.slots[0].replicas[0].capability)
+    assert forget.grants_end_ms >= grant.expiry_ms + SKEW_MS, "the Forget knew of the grant"
