@@ -425,9 +425,11 @@ class MasterState:
                 # lived on after the node last heard from it), where the node cannot refuse
                 # them: writers without a capability, whose term it would check.
                 latest = max(latest, self.term_started)
-            # (a node honours a write grant its clock allowance past the window: none
-            # of these was sealed, the segment having been dropped, not its objects forgotten)
-            allowance = self.config.capability_skew or 0.0
+            # (a node honours a write grant its clock allowance past the window, and this
+            # master's own, granted until it let the segment go, were never sealed: the
+            # segment was dropped, its objects not forgotten. An earlier master's grants are
+            # refused by their term once this master's keys reach the node.)
+            allowance = (self.config.capability_skew or 0.0) if granted_at is not None else 0.0
             segment.fenced_until = latest + self.config.write_timeout + allowance + FENCE_MARGIN
         self.segments[info.segment_id] = segment
         node.segment_ids.add(info.segment_id)
