@@ -41,6 +41,7 @@ from pathlib import Path
 from tiny_model import build, prompt_ids
 
 from kvpool import Client
+from kvpool.etcd_process import free_ports
 from kvpool.local_cluster import LocalCluster
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -67,9 +68,11 @@ def check(condition: bool, message: str) -> None:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range (``free_ports``): the LMCache server
+    is started again on its port, which a connection made meanwhile once took ("Address
+    already in use")."""
+    (port,) = free_ports(1)
+    return port
 
 
 def http(url: str, body: dict | None = None, timeout: float = 120.0) -> bytes:
