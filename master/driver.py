@@ -195,7 +195,7 @@ class CoreDriver:
         return finish(answer)
 
     def carry_out(self, effects: Effects) -> None:
-        if effects.answers:
+        if effects.answers and self._waiting:
             waiting = self._waiting
             for call_id, answer in effects.answers.items():
                 pending = waiting.get(call_id)

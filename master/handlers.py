@@ -419,11 +419,9 @@ class MasterHandlers:
 
         def prepare(slots: list[PutSlot] | object) -> None:
             if isinstance(slots, list):
-                granter = self._granter(caps.Rights.WRITE, write_timeout_ms, identity)
-                if granter is not None:
-                    for slot in slots:
-                        granter.note(slot.replicas, mapped)
-                prepared.append(granter)
+                answered = (slot.replicas for slot in slots)
+                rights = caps.Rights.WRITE
+                prepared.append(self._granter(rights, write_timeout_ms, identity, answered, mapped))
 
         def answer(slots: list[PutSlot] | object) -> pb.PutStartResponse:
             _unless_term_ended(slots)
@@ -503,11 +501,9 @@ class MasterHandlers:
 
         def prepare(result: tuple[list[Location], float]) -> None:
             locations, ttl = result
-            granter = self._granter(caps.Rights.READ, int(ttl * 1000), identity)
-            if granter is not None:
-                for location in locations:
-                    granter.note(location.replicas, mapped)
-            prepared.append(granter)
+            answered = (location.replicas for location in locations)
+            ttl_ms = int(ttl * 1000)
+            prepared.append(self._granter(caps.Rights.READ, ttl_ms, identity, answered, mapped))
 
         def answer(result: tuple[list[Location], float]) -> pb.GetReplicasResponse:
             locations, ttl = result
@@ -742,14 +738,22 @@ class MasterHandlers:
             if segment_id not in segments:
                 segments[segment_id] = self._segment_for(replica.segment, identity)
 
-    def _granter(self, rights: caps.Rights, ttl_ms: int, identity: Identity) -> Granter | None:
+    def _granter(
+        self,
+        rights: caps.Rights,
+        ttl_ms: int,
+        identity: Identity,
+        answered: Iterable[Iterable[PlacedReplica]],
+        mapped: frozenset[str],
+    ) -> Granter | None:
         """What grants capabilities for replicas' exact ranges, for ``identity``'s tenant,
         ending ``ttl_ms`` from now on this master's wall clock (the write timeout for writes,
-        the lease for reads); None when this master grants none."""
+        the lease for reads), with the grants each of the ``answered`` replica lists will get
+        noted (``Granter.note``); None when this master grants none."""
         keys = self.capability_keys
         if keys is None:
             return None
-        return Granter(
+        granter = Granter(
             keys,
             rights,
             identity.tenant,
@@ -758,6 +762,9 @@ class MasterHandlers:
             ttl_ms,
             self._grants_wall_end,
         )
+        for replicas in answered:
+            granter.note(replicas, mapped)
+        return granter
 
     def grants_end_ms(self, segment_id: str) -> tuple[int, int]:
         """``MasterState.grants_end`` on this master's wall clock, as capabilities name
@@ -780,22 +787,24 @@ class MasterHandlers:
         assert keys is not None  # (the driver asks only where there are keys)
         source = command.source_segment
         assert source is not None  # (asked only for copies from another node)
-        state = self.core.state
-        until = state.clock() + self.core.command_timeout + keys.max_skew_ms / 1000.0
-        noted = state.capabilities_until
-        if noted.get(command.source_segment_id, 0.0) < until:  # (as Granter.note)
-            noted[command.source_segment_id] = until
-        expiry_ms = self.wall_ms() + int(self.core.command_timeout * 1000)
-        ends = self._grants_wall_end
-        if ends.get(command.source_segment_id, 0) < expiry_ms + keys.max_skew_ms:
-            ends[command.source_segment_id] = expiry_ms + keys.max_skew_ms
+        ttl_ms = int(self.core.command_timeout * 1000)
+        granter = Granter(
+            keys,
+            caps.Rights.READ,
+            COPY_TENANT,
+            self.core.state,
+            self.wall_ms(),
+            ttl_ms,
+            self._grants_wall_end,
+        )
+        granter.note_segment(command.source_segment_id)  # (as it goes out: a Forget after)
         return keys.for_node(source.node_id).grant(
             segment_id=command.source_segment_id,
             offset=command.source.offset,
             length=max(command.source.size, 1),
             rights=caps.Rights.READ,
-            expiry_ms=expiry_ms,
-            term=self.core.state.epoch,
+            expiry_ms=granter.expiry_ms,
+            term=granter.term,
             tenant=COPY_TENANT,
             grant_id=command.source.generation,
         )
@@ -1107,16 +1116,19 @@ class Granter:
     def note(self, replicas: Iterable[PlacedReplica], mapped: frozenset[str]) -> None:
         """Records the grants ``replicas`` will get (those on a segment served over the
         checked stream that the client does not map)."""
-        noted, until, ends, end_ms = self._noted, self._until, self._ends, self._end_ms
+        note_segment = self.note_segment
         for replica in replicas:
             segment = replica.segment
-            segment_id = segment.segment_id
-            if not segment.checked_address or segment_id in mapped:
-                continue
-            if noted.get(segment_id, 0.0) < until:
-                noted[segment_id] = until
-            if ends.get(segment_id, 0) < end_ms:
-                ends[segment_id] = end_ms
+            if segment.checked_address and segment.segment_id not in mapped:
+                note_segment(segment.segment_id)
+
+    def note_segment(self, segment_id: str) -> None:
+        """Records that grants for ``segment_id``'s space run until this granter's end."""
+        noted, ends = self._noted, self._ends
+        if noted.get(segment_id, 0.0) < self._until:
+            noted[segment_id] = self._until
+        if ends.get(segment_id, 0) < self._end_ms:
+            ends[segment_id] = self._end_ms
 
     def __call__(self, replica: PlacedReplica, size: int, grant_id: int) -> bytes:
         segment = replica.segment

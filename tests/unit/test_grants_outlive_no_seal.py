@@ -76,12 +76,23 @@ class Master:
             core.heartbeat(100 + beat, "n1", [info.segment_id])
             core.tick()
 
-    def remove_x(self) -> pb.Forget:
-        """Tenant A removes X by force: the Forget its node gets."""
+    def remove(self, key: str = "X") -> pb.Forget:
+        """Tenant A removes ``key`` by force: the Forget its node gets."""
         self.sent.clear()
-        self.handlers.Remove(pb.RemoveRequest(client_id="c", keys=["X"], force=True), TENANT_A)
+        self.handlers.Remove(pb.RemoveRequest(client_id="c", keys=[key], force=True), TENANT_A)
         [forget] = [m.forget for m in self.sent if m.HasField("forget")]
         return forget
+
+
+def answered_once_written(held: Pending, writing: TombstoneWriteUnderWay):
+    """The tombstone write under way ends: the answer held behind it, now sent."""
+    for done in writing.done:
+        done(True)
+    answered: list = []
+    held.then(lambda response, refused: answered.append((response, refused)))
+    [(response, refused)] = answered
+    assert refused is None
+    return response
 
 
 def test_a_grant_signed_after_its_objects_forget_is_still_refused_until_it_expires(tmp_path):
@@ -91,13 +102,8 @@ def test_a_grant_signed_after_its_objects_forget_is_still_refused_until_it_expir
     request = pb.GetReplicasRequest(client_id="c", keys=["X"], lease_ms=600_000)
     held = handlers.GetReplicas(request, TENANT_A)
     assert isinstance(held, Pending), "the answer waits for the tombstone write"
-    forget = master.remove_x()
-    for done in writing.done:
-        done(True)
-    answered: list = []
-    held.then(lambda response, refused: answered.append((response, refused)))
-    [(response, refused)] = answered
-    assert refused is None
+    forget = master.remove()
+    response = answered_once_written(held, writing)
     grant = caps.parse(response.objects[0].replicas[0].capability)
     assert forget.grants_end_ms >= grant.expiry_ms + SKEW_MS, "the Forget knew of the grant"
 
@@ -121,7 +127,7 @@ def test_a_step_of_the_masters_wall_clock_back_shortens_no_seal(tmp_path):
     response = master.handlers.GetReplicas(request, TENANT_A)
     grant = caps.parse(response.objects[0].replicas[0].capability)
     master.wall_offset_ms = -120_000  # (an NTP step, a VM resumed)
-    forget = master.remove_x()
+    forget = master.remove()
     assert forget.grants_end_ms >= grant.expiry_ms + SKEW_MS
 
 
@@ -131,15 +137,7 @@ def test_a_write_grant_signed_after_its_reservations_forget_is_counted_too(tmp_p
     request = pb.PutStartRequest(client_id="c", keys=["Y"], sizes=[4 * KiB])
     held = master.handlers.PutStart(request, TENANT_A)
     assert isinstance(held, Pending), "the answer waits for the tombstone write"
-    master.sent.clear()
-    removal = pb.RemoveRequest(client_id="c", keys=["Y"], force=True)
-    master.handlers.Remove(removal, TENANT_A)
-    [forget] = [m.forget for m in master.sent if m.HasField("forget")]
-    for done in writing.done:
-        done(True)
-    answered: list = []
-    held.then(lambda response, refused: answered.append((response, refused)))
-    [(response, refused)] = answered
-    assert refused is None
+    forget = master.remove("Y")
+    response = answered_once_written(held, writing)
     grant = caps.parse(response.slots[0].replicas[0].capability)
     assert forget.grants_end_ms >= grant.expiry_ms + SKEW_MS, "the Forget knew of the grant"
