@@ -82,6 +82,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"report_{report.when}", report)
+    shared = getattr(item, "funcargs", {}).get("shared_cluster")
+    if report.failed and isinstance(shared, LocalCluster):
+        # (a shared cluster outlives the test: its logs go with the failing test's report)
+        report.sections.append(("logs of the shared cluster", shared.logs()))
 
 
 def _failed(request: pytest.FixtureRequest) -> bool:
