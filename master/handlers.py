@@ -655,7 +655,8 @@ class MasterHandlers:
         snapshot = state.snapshot()
         refused = self.core.client_refusal() or ""
         if identity.role is not Role.ADMIN and not identity.insecure:
-            response = _totals(snapshot, state.published_count(key_prefix(identity)))
+            objects = state.published_count(key_prefix(identity))
+            response = _totals(snapshot, objects, identity.tenant)
             response.clients_refused = refused
             return response
         response = pb.ClusterStatusResponse(
@@ -938,14 +939,19 @@ def _unreadable(reported: Sequence[pb.UnreadableReplica]) -> list[UnreadableRepl
     ]
 
 
-def _totals(snapshot: ClusterSnapshot, objects: int) -> pb.ClusterStatusResponse:
-    """What a client of a tenant learns of the cluster: its own objects, how many nodes, and
-    capacity and use per tier, summed: no segment, node, host or other tenant's count."""
+def _totals(snapshot: ClusterSnapshot, objects: int, tenant: str) -> pb.ClusterStatusResponse:
+    """What a client of a tenant learns of the cluster: its own objects, and the nodes and
+    the capacity and use per tier, summed, of the segments that may hold its objects (a node
+    given another tenant's ``--tenant`` is that tenant's business, as the NO_SPACE message
+    says): no segment, node, host or other tenant's count."""
+    segments = [s for s in snapshot.segments if not s.info.tenant or s.info.tenant == tenant]
+    others = {s.info.node_id for s in snapshot.segments} - {s.info.node_id for s in segments}
+    nodes = snapshot.nodes - len(others)  # (a node with no segment mounted still counts)
     response = pb.ClusterStatusResponse(
-        objects=objects, nodes=snapshot.nodes, uptime_s=time.monotonic() - _STARTED
+        objects=objects, nodes=nodes, uptime_s=time.monotonic() - _STARTED
     )
     tiers: dict[int, pb.SegmentStatus] = {}
-    for s in snapshot.segments:
+    for s in segments:
         total = tiers.get(s.info.tier)
         if total is None:
             total = tiers[s.info.tier] = response.segments.add(

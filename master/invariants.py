@@ -336,7 +336,7 @@ def _check_tenant_usage(state: MasterState) -> None:
         usage = usage_of(key)
         usage.objects += 1
         if record.state is RESERVED:
-            usage.reserved_bytes += record.size
+            usage.reserved_bytes += state._need(record.size)
         if record.lease_open:
             usage.leases += 1
     for segment in state.segments.values():

@@ -1478,7 +1478,7 @@ class MasterState:
             if before is GONE:
                 usage.objects += 1
             elif before is RESERVED:
-                usage.reserved_bytes -= record.size
+                usage.reserved_bytes -= self._need(record.size)
             if to is GONE:
                 del self.objects[key]
                 if self._copy_failed_from:
@@ -1498,7 +1498,7 @@ class MasterState:
                         filed = self._tenant_objects[tenant] = {}
                     filed[bare] = record
                 if to is RESERVED:
-                    usage.reserved_bytes += record.size
+                    usage.reserved_bytes += self._need(record.size)
         if to is not GONE:
             record.state = to
         self._note(entry)
@@ -1597,7 +1597,12 @@ class MasterState:
             )
         replicas = self._place(key, size, wanted, options, now, pools)
         if not replicas:
-            fenced = [s.fenced_until for s in self.segments.values() if s.fenced_until > now]
+            tenant = tenant_of(key)  # (another tenant's node restarting is none of its business)
+            fenced = [
+                s.fenced_until
+                for s in self.segments.values()
+                if s.fenced_until > now and _admits(s, tenant)
+            ]
             if fenced and max(fenced) == math.inf:
                 return PutSlot(
                     KeyStatus.FENCED,
@@ -1677,8 +1682,9 @@ class MasterState:
         if quota.objects is not None and usage.objects >= quota.objects:
             return self._refused(tenant, "objects", quota.objects, usage.objects)
         reserved = quota.reserved_bytes
-        if reserved is not None and usage.reserved_bytes + size > reserved:
-            return self._refused(tenant, "reserved_bytes", reserved, usage.reserved_bytes, size)
+        if reserved is not None and usage.reserved_bytes + self._need(size) > reserved:
+            need = self._need(size)
+            return self._refused(tenant, "reserved_bytes", reserved, usage.reserved_bytes, need)
         if tier is Tier.UNSPECIFIED:
             tier = Tier.DRAM  # (and NVMe, its fallback, only within quota: _put_start_one)
         if not self._within_bytes(key, size, wanted, tier):
@@ -3147,8 +3153,11 @@ class MasterState:
         """Evicts least recently used objects until some segment of ``tier`` has a free
         extent for ``size`` bytes (or nothing more may be evicted). No demotion here: the
         put needs the room now. With quotas, fairly: only objects of ``tenant`` (whose put
-        it is) and of tenants above their guaranteed share of the tier may go."""
-        segments = [s for s in self.segments.values() if s.info.tier is tier]
+        it is) and of tenants above their guaranteed share of the tier may go. Only the
+        segments that may hold ``tenant``'s objects count, for the room and for what is
+        evicted: a segment of another tenant's node (``--tenant``) would give its tenant's
+        objects up for a put that cannot go there."""
+        segments = [s for s in self.segments.values() if s.info.tier is tier and _admits(s, tenant)]
         if not segments or max(s.allocator.capacity for s in segments) < size:
             return
         budget = [self.config.max_evictions_per_put]
@@ -3161,7 +3170,9 @@ class MasterState:
 
         if not fits():
             spare = self._spare(tier, tenant)
-            self._evict_from(self._lru, now, fits, None, tier, demote=False, spare=spare)
+            self._evict_from(
+                self._lru, now, fits, None, tier, demote=False, spare=spare, admitting=tenant
+            )
 
     def _spare(self, tier: Tier, tenant: str | None) -> Callable[[str], bool] | None:
         """With quotas, which objects an eviction from ``tier`` must leave alone: those of
@@ -3228,9 +3239,11 @@ class MasterState:
         demote: bool = True,
         budget: list[int] | None = None,
         spare: Callable[[str], bool] | None = None,
+        admitting: str | None = None,
     ) -> int:
         """Takes replicas away in ``index`` order, skipping leased and moving objects, until
-        ``done()``: from ``segment``, or (pool) from any segment of ``tier``. A replica with
+        ``done()``: from ``segment``, or (pool) from any segment of ``tier`` (that may hold
+        tenant ``admitting``'s objects, where given). A replica with
         a twin elsewhere is just dropped; a sole DRAM replica is demoted when it can be;
         otherwise the object is evicted. Stops early once ``budget[0]`` (counted down per
         object taken) reaches 0. ``spare(key)``: True for an object to leave alone (its
@@ -3246,7 +3259,7 @@ class MasterState:
                 record = self.objects[key]
                 if record.lease_until > now or record.moving:
                     continue
-                replica = self._replica_in(record, segment, tier)
+                replica = self._replica_in(record, segment, tier, admitting)
                 if replica is None or (spare is not None and spare(key)):
                     skipped.add(key)
                     continue
@@ -3264,7 +3277,7 @@ class MasterState:
                     self._note((record.key, now, "replica_evicted", record.put_id, replica))
                     # (space wins over redundancy: re-replication does not put it back)
                     record.wanted = max(1, min(record.wanted, len(self._nodes_of(record))))
-                    if self._replica_in(record, segment, tier) is None:
+                    if self._replica_in(record, segment, tier, admitting) is None:
                         skipped.add(record.key)  # nothing more of it here to take
                 elif not (
                     demote
@@ -3381,14 +3394,23 @@ class MasterState:
         return spare
 
     def _replica_in(
-        self, record: ObjectRecord, segment: SegmentRecord | None, tier: Tier | None
+        self,
+        record: ObjectRecord,
+        segment: SegmentRecord | None,
+        tier: Tier | None,
+        admitting: str | None = None,
     ) -> Replica | None:
+        """``record``'s replica in ``segment``, or (None) in a segment of ``tier`` that may
+        hold tenant ``admitting``'s objects (any, where None)."""
         for replica in record.replicas:
             if replica is None:
                 continue
-            if segment is not None and replica.segment_id == segment.segment_id:
-                return replica
-            if segment is None and self.segments[replica.segment_id].info.tier is tier:
+            if segment is not None:
+                if replica.segment_id == segment.segment_id:
+                    return replica
+                continue
+            holder = self.segments[replica.segment_id]
+            if holder.info.tier is tier and (admitting is None or _admits(holder, admitting)):
                 return replica
         return None
 

@@ -150,6 +150,18 @@ def test_bytes_reserved_and_not_yet_committed_are_held_to_their_quota():
     assert put(state, "a/k3", 4 * KiB).status is KeyStatus.OK
 
 
+def test_reserved_bytes_count_each_buffer_as_placed_so_empty_puts_are_not_free():
+    """An empty object takes a buffer (and a place in the table) like any other: counted at
+    its logical size, a tenant held to its reserved bytes could reserve without end."""
+    state, _ = quota_state(limits(a=TenantQuota(reserved_bytes=4 * CONFIG.alignment)))
+    mount(state, "n1", 4 * MiB)
+    for i in range(4):
+        assert put(state, f"a/empty{i}", 0).status is KeyStatus.OK
+    assert state.usage("a").reserved_bytes == 4 * CONFIG.alignment
+    assert "reserved_bytes quota" in refused(put(state, "a/empty4", 0))
+    assert "reserved_bytes quota" in refused(put(state, "a/one", 1))
+
+
 def test_leases_beyond_the_quota_are_refused_without_replicas_until_one_ends():
     state, clock = quota_state(limits(a=TenantQuota(leases=1)))
     mount(state, "n1", 4 * MiB)
@@ -548,6 +560,7 @@ def test_a_refusal_gives_sizes_in_bytes_where_rounding_would_hide_why():
     state, _ = quota_state(limits(a=TenantQuota(reserved_bytes=4 * KiB)))
     mount(state, "n1", 4 * MiB)
     message = refused(put(state, "a/k", 4 * KiB + 1))
-    assert "(0 B held, 4.0 KiB (" in message and " bytes) more asked)" in message, message
+    assert "(0 B held, 4.1 KiB (" in message and " bytes) more asked)" in message, message
     asked = int(message.split(" bytes) more asked")[0].rsplit("(", 1)[1])
     assert asked > 4 * KiB, "the exact count shows it does not fit"
+    assert asked == 4 * KiB + CONFIG.alignment, "(its buffer, as placed)"

@@ -79,3 +79,75 @@ def test_a_tenant_s_segment_adopts_only_its_tenant_s_objects_when_it_mounts():
     assert dropped == ["b/theirs"]
     assert get(other, "a/mine").status is KeyStatus.OK
     assert get(other, "b/theirs").status is KeyStatus.NOT_FOUND
+
+
+def _full(state: MasterState, clock, node: str, tenant: str, prefix: str, objects: int) -> None:
+    """``objects`` of 256 KiB into ``node``'s (1 MiB) segment, and a second of age."""
+    _mount(state, node, tenant=tenant, size=1 * MiB)
+    for i in range(objects):
+        assert nodes_of(publish(state, f"{prefix}/k{i}", 256 * KiB)) == [node]
+    clock.advance(1)
+
+
+def test_a_put_evicts_nothing_from_a_segment_its_object_cannot_go_to():
+    """Tenant b's own node full of b's objects, older than a's on the shared node: a's put
+    evicts a's least recently used object, not b's (which would free room a cannot use,
+    and leave a's put without room anyway)."""
+    state, clock = _state()
+    _full(state, clock, "of-b", "b", "b", 4)
+    _full(state, clock, "shared", "", "a", 4)
+    slot = put(state, "a/new", 256 * KiB)
+    assert slot.status is KeyStatus.OK, slot.message
+    assert nodes_of(slot) == ["shared"]
+    assert sorted(k for k in state.objects if k.startswith("b/")) == [f"b/k{i}" for i in range(4)]
+    assert "a/k0" not in state.objects, "a's oldest made the room"
+
+
+def test_room_on_another_tenant_s_segment_is_no_room_for_a_put():
+    """(The room check counted every segment: b's free extent made a's put look as if it
+    fitted, nothing was evicted, and the put found no space.)"""
+    state, clock = _state()
+    _full(state, clock, "of-b", "b", "b", 3)  # (a quarter of b's node free)
+    _full(state, clock, "shared", "", "a", 4)
+    slot = put(state, "a/new", 256 * KiB)
+    assert slot.status is KeyStatus.OK, slot.message
+    assert nodes_of(slot) == ["shared"]
+
+
+def test_another_tenant_s_node_reporting_what_it_holds_does_not_fence_a_put():
+    """A's put with no room anywhere is told NO_SPACE, not to retry for a node of b's that
+    a's objects could never go to (nor that such a node is restarting)."""
+    state, _ = _state()
+    _mount(state, "shared", size=1 * MiB)
+    for i in range(4):
+        publish(state, f"a/k{i}", 256 * KiB)
+    for i in range(4):
+        assert get(state, f"a/k{i}", lease_ttl=600).status is KeyStatus.OK  # (not evictable)
+    info = dataclasses.replace(segment_info("of-b", 1 * MiB), tenant="b")
+    state.mount_segment(info, [], more=True)  # (its report comes in parts: fenced meanwhile)
+    refused = put(state, "a/x", 256 * KiB)
+    assert refused.status is KeyStatus.NO_SPACE, refused.message
+    assert "reporting" not in refused.message
+    assert put(state, "b/x", 256 * KiB).status is KeyStatus.FENCED, "b's own put waits for it"
+
+
+def test_a_client_s_cluster_status_counts_only_the_nodes_that_take_its_tenant_s_objects():
+    from kvpool.master.core import MasterCore
+    from kvpool.master.driver import CoreDriver
+    from kvpool.master.handlers import MasterHandlers
+    from kvpool.proto import master_pb2 as pb
+    from kvpool.security.identity import Identity, Role
+
+    state, _ = _state()
+    _mount(state, "shared", size=1 * MiB)
+    _mount(state, "of-b", tenant="b", size=2 * MiB)
+    publish(state, "b/k", 256 * KiB)  # (on either node)
+    handlers = MasterHandlers(CoreDriver(MasterCore(state)))
+
+    def status(tenant: str) -> tuple[int, int]:
+        identity = Identity(f"engine-{tenant}", Role.CLIENT, tenant=tenant)
+        answer = handlers.ClusterStatus(pb.ClusterStatusRequest(), identity)
+        return answer.nodes, sum(s.capacity for s in answer.segments)
+
+    assert status("a") == (1, 1 * MiB), "b's node is none of a's business"
+    assert status("b") == (2, 3 * MiB)
