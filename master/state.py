@@ -946,8 +946,9 @@ class MasterState:
     # ------------------------------------------------------------------ client side
 
     def client_heartbeat(self, client_id: str) -> None:
-        """A writer is alive. Only writers holding reservations are tracked."""
-        if client_id in self._reservations_of:
+        """A writer is alive. Only writers holding reservations are tracked, and only by an
+        id: the empty one is every caller's (whose reservations end by their timeout)."""
+        if client_id and client_id in self._reservations_of:
             self.clients[client_id] = self.clock()
 
     def put_start(
@@ -978,7 +979,7 @@ class MasterState:
             ]
         finally:
             self._coming_free_by_tier = None
-        if client_id in self._reservations_of:
+        if client_id and client_id in self._reservations_of:
             self.clients[client_id] = now
         return slots
 

@@ -845,6 +845,22 @@ def test_a_reservation_nobody_commits_times_out_even_if_its_client_heartbeats():
     assert used(state, info.segment_id) == 0
 
 
+def test_no_heartbeat_keeps_a_reservation_made_without_a_client_id_past_its_timeout():
+    """The empty client id is every caller's (the handlers qualify the others by their
+    caller's identity): a heartbeat or a put of it by anyone, another tenant's included,
+    says nothing of that writer. Its reservations end by their timeout."""
+    state, clock = new_state()
+    mount(state, "n1")
+    put(state, "k", client="")
+    assert state.clients == {}, "nobody's liveness is tracked under the empty id"
+
+    for second in range(5, int(CONFIG.reservation_timeout), 5):  # (past client_ttl)
+        report = pass_time(state, clock, 5, clients=("",))
+        assert report.reservations_reclaimed == [] and report.dead_clients == []
+        put(state, f"other{second}", client="")  # (a put of the empty id, too)
+    assert pass_time(state, clock, 5, clients=("",)).reservations_reclaimed == ["k"]
+
+
 @pytest.mark.parametrize("how", ["put_revoke", "force-remove"])
 def test_a_commit_after_the_reservation_was_revoked_is_stale(how):
     state, _ = new_state()
