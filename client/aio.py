@@ -64,7 +64,13 @@ class AsyncClient:
     replicas, credentials, ...); calls, their results and their errors are ``Client``'s, as
     coroutines. ``threads`` is how many calls run at once; further calls wait for one of
     them to finish. See the module's docstring for what cancelling a call does.
+    ``timeout``, ``replicas``, ``checksum`` and ``prefer_local`` may be set later, as on
+    ``Client`` (checked there; calls started afterwards follow them).
     """
+
+    # (no __dict__: an attribute the client does not have, set by mistake, e.g. a setting of
+    # the Client's misspelt, would take no effect and say nothing)
+    __slots__ = ("__weakref__", "_client", "_closed", "_threads")
 
     def __init__(
         self, master: str | None = None, *, threads: int = DEFAULT_THREADS, **options: Any
@@ -79,9 +85,44 @@ class AsyncClient:
     def master(self) -> str:
         return self._client.master
 
+    # (the settings ``Client`` lets be set later pass through to it, checked there: calls
+    # run on the wrapped client, so a value kept here would change nothing)
+
     @property
     def timeout(self) -> float:
+        """As ``Client.timeout``; settable (checked as the constructor's)."""
         return self._client.timeout
+
+    @timeout.setter
+    def timeout(self, value: float) -> None:
+        self._client.timeout = value
+
+    @property
+    def replicas(self) -> int | None:
+        """As ``Client.replicas``; settable (checked as the constructor's)."""
+        return self._client.replicas
+
+    @replicas.setter
+    def replicas(self, value: int | None) -> None:
+        self._client.replicas = value
+
+    @property
+    def checksum(self) -> bool:
+        """As ``Client.checksum``; settable (True or False)."""
+        return self._client.checksum
+
+    @checksum.setter
+    def checksum(self, value: bool) -> None:
+        self._client.checksum = value
+
+    @property
+    def prefer_local(self) -> bool:
+        """As ``Client.prefer_local``; settable (True or False)."""
+        return self._client.prefer_local
+
+    @prefer_local.setter
+    def prefer_local(self, value: bool) -> None:
+        self._client.prefer_local = value
 
     @property
     def client_id(self) -> str:

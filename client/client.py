@@ -20,6 +20,8 @@ import itertools
 import os
 import threading
 import time
+import warnings
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -47,7 +49,14 @@ from kvpool.client.types import (
     story_event,
 )
 from kvpool.common import lane_protocol as lp
-from kvpool.common.keys import key_problem, plainly_valid, shown_key, valid_keys_of
+from kvpool.common.keys import (
+    MAX_KEY_BYTES,
+    STORED_KEY_BYTES,
+    key_problem,
+    plainly_valid,
+    shown_key,
+    valid_keys_of,
+)
 from kvpool.common.logging import get_logger
 from kvpool.common.master_address import parse_master
 from kvpool.common.status import KeyStatus
@@ -167,6 +176,11 @@ class Client:
             lease_ttl,
         )
         self._closed = False
+        # A client dropped without close() would keep its connections, UCX worker, mapped
+        # memory and threads for the life of the process (nothing else refers to them):
+        # they go once it is collected, with a ResourceWarning (as an unclosed file gives).
+        self._finalizer = weakref.finalize(self, _close_dropped, self._session, self.master)
+        self._finalizer.atexit = False  # (at exit, the process lets go of everything anyway)
         #: Keys this client leased lately (at most LEASES_REMEMBERED, oldest dropped first):
         #: given back when it closes, so that an exited reader does not hold up a removal.
         self._leased: dict[str, None] = {}
@@ -256,6 +270,7 @@ class Client:
                 finally:
                     self._release_leases(deadline)
             finally:
+                self._finalizer.detach()
                 self._session.close()
 
     def _revoke_reservations(self, deadline: float) -> float:
@@ -303,7 +318,10 @@ class Client:
     def _release_leases(self, deadline: float) -> None:
         with self._leases_lock:
             leased, self._leased = list(self._leased), {}
-        if not leased:
+        if not leased or not self._session.link.answered:
+            # (no master ever answered this client, at a wrong address say: waiting on one
+            # again would only make close() slow. A lease granted by a call whose answer was
+            # lost runs out by itself.)
             return
         keys = valid_keys_of(leased)
         if not keys:  # (an Exists may have asked about keys no put could have made)
@@ -844,7 +862,7 @@ class Client:
         The master removes at most 4096 objects per call, so this goes page after page, and
         the client's ``timeout`` bounds each page, not the whole removal (a page that runs out
         of time raises, the pages before it removed: call it again to go on)."""
-        if not arguments.text("prefix", prefix):
+        if not _prefix(prefix):
             raise InvalidArgument("an empty prefix would remove everything: use remove_all()")
         return self._remove_pages(prefix, arguments.flag("force", force))
 
@@ -875,7 +893,7 @@ class Client:
     def list_keys(self, prefix: str = "", *, limit: int = 0, start_after: str = "") -> KeyPage:
         """One page of published keys with their sizes; page on with ``next_start_after``."""
         limit = arguments.whole("limit", limit, most=arguments.UINT32_MAX)
-        prefix = arguments.text("prefix", prefix)
+        prefix = _prefix(prefix)
         start_after = arguments.text("start_after", start_after)
         request = pb.ListKeysRequest(prefix=prefix, limit=limit, start_after=start_after)
         return key_page(self._call("ListKeys", request))
@@ -1247,6 +1265,37 @@ def _leased_keys(keys: Sequence[str], found: Sequence[Any]) -> list[str]:
 def _located_keys(keys: Sequence[str], located: Mapping[int, Any]) -> Sequence[str]:
     """The keys of ``located`` (positions in ``keys``): as a rule all of them, as they are."""
     return keys if len(located) == len(keys) else [keys[i] for i in located]
+
+
+def _prefix(prefix: object) -> str:
+    """``prefix`` checked: text, and no longer than a key (an admin names keys behind their
+    tenant's name: up to STORED_KEY_BYTES). A longer one can match no key; refused by name,
+    else the request is too large for the master, whose refusal speaks of batches."""
+    checked = arguments.text("prefix", prefix)
+    if len(checked) > STORED_KEY_BYTES // 4 and (size := len(checked.encode())) > STORED_KEY_BYTES:
+        raise InvalidArgument(
+            f"prefix {shown_key(checked)} is {size} bytes of UTF-8, longer than the longest key "
+            f"({MAX_KEY_BYTES} bytes; {STORED_KEY_BYTES} with its tenant's name, as an admin "
+            "names keys): it can match no key; give a shorter prefix"
+        )
+    return checked
+
+
+def _close_dropped(session: Session, master: str) -> None:
+    """Lets go of what a Client collected without ``close()`` held (its finalizer). Its
+    leases and reservations are left to run out at the master (no call from a collection).
+    The session is closed on a thread of its own: a collection runs on whichever thread
+    happens to drop the last reference, which may be one of the session's own (that would
+    join itself) or hold a lock its close takes."""
+    if session.forked:  # (a fork child's copy of the parent's: left alone)
+        return
+    warnings.warn(
+        f"a kvpool Client of {master} was never closed: use `with Client(...)` or close() "
+        "(its connections and memory are let go of now)",
+        ResourceWarning,
+        stacklevel=1,  # (a collection has no caller worth naming)
+    )
+    threading.Thread(target=session.close, name="kvpool-client-close", daemon=True).start()
 
 
 def _raise_if_error(result: Any) -> Any:

@@ -128,6 +128,11 @@ class MasterLink:
         self._hints_untrusted: set[str] = set()
         self._closed = False
 
+    @property
+    def answered(self) -> bool:
+        """Whether a master has ever answered this link."""
+        return self._answered
+
     def call(self, method: str, request: Any, deadline: float) -> Any:
         """Calls ``method`` on the leader until it answers or ``deadline`` (monotonic) passes.
         A per-key request larger than the master takes goes as several calls, answered as
@@ -265,6 +270,12 @@ class MasterLink:
                     raise NotAuthenticated(f"master {leader} refused {method}: {details}")
                 elif code == lp.PERMISSION_DENIED:
                     raise PermissionDenied(f"master {leader} refused {method}: {details}")
+                elif code == lp.UNIMPLEMENTED:
+                    # (another gRPC server at that address, or a kvpool master without this
+                    # method: no retry makes it answer; the address given has to change)
+                    unusable = MasterUnavailable(_not_a_master(leader, method, name, details))
+                    unusable.retryable = False
+                    raise unusable
                 else:
                     raise KVPoolError(f"master {method} failed: {name}: {details}")
             with self._lock:  # (threads share the link: no increment is lost)
@@ -523,6 +534,15 @@ def _passed_before_sent(method: str, address: str) -> str:
         f"{method} was not sent to master {address}: the call's deadline had passed before "
         "it was sent (its earlier steps took the whole timeout). Raise the client's timeout, "
         "or do less in one call"
+    )
+
+
+def _not_a_master(address: str, method: str, name: str, details: str) -> str:
+    """What a call answered UNIMPLEMENTED is told: gRPC's own "Method not found!" does not
+    say that the address, not the call, is what is wrong."""
+    return (
+        f"{address} answered but is not a kvpool master (or one of an incompatible version): "
+        f"check --master / the address ({method}: {name}: {details})"
     )
 
 

@@ -68,9 +68,15 @@ def error_for(status: int, key: str, message: str = "") -> KVPoolError:
         case KeyStatus.INVALID_KEY:
             return InvalidKey(f"invalid key {shown}: {message}", key=key)
         case KeyStatus.HAS_LEASE:
+            # (this client's own get or exists leased it, often: the caller can end that
+            # lease itself, which it would not guess from "a reader". The master does not
+            # say whose lease it is, so the message does not claim it is the caller's.)
             return ObjectHasLease(
-                f"object {shown} is leased by a reader; retry after the lease ends or remove "
-                "with force=True",
+                f"object {shown} is leased by a reader, this client included (its gets and "
+                "exists() lease what they find): end this client's lease with "
+                "client.release_leases([key]), or retry once the lease runs out (its TTL: "
+                "the client's lease_ttl, else the master's default), or remove with "
+                "force=True",
                 key=key,
             )
         case KeyStatus.INVALID_ARGUMENT:

@@ -220,8 +220,11 @@ def put_tensors(
 ) -> list[int | KVPoolError]:
     """``put_many`` of tensors, each with its header: entry i is the replicas stored for key
     i, or its error. One master round trip for the batch, as ``put_many``."""
-    from kvpool.client.client import _refuse_repeats
+    from kvpool.client.client import _check_options, _refuse_repeats
 
+    # (before any tensor is staged: else a misspelt option fails in put_many, which the
+    # message names, or not at all where no tensor could be staged)
+    _check_options("put_tensors", options)
     pairs, keys = arguments.pair_list("put_tensors", items, "tensor")
     results: list[Any] = [None] * len(pairs)
     staged: dict[int, tuple[str, torch.Tensor]] = {}

@@ -3,6 +3,11 @@
 * ``HOST:PORT``: one master;
 * ``HOST:PORT,HOST:PORT,...``: several masters, one of them the leader;
 * ``etcd://HOST:PORT[,HOST:PORT...]/CLUSTER``: ask etcd which master leads cluster CLUSTER.
+
+Refused at once, not after a call's whole timeout: a URL (``http://HOST:PORT``: the master
+speaks gRPC, not HTTP, and gRPC would look ``http://HOST`` up as a host name) and a port that
+is not a number from 1 to 65535 in ASCII digits (``str.isdigit`` takes ``"²"`` and Arabic
+digits, which gRPC cannot parse).
 """
 
 from __future__ import annotations
@@ -12,6 +17,10 @@ from dataclasses import dataclass
 
 ENV_VAR = "KVPOOL_MASTER"
 ETCD_SCHEME = "etcd://"
+#: gRPC's own name-resolver schemes, which it takes in a target as is ("dns:///HOST:PORT").
+GRPC_SCHEMES = ("dns",)
+#: The largest TCP port.
+MAX_PORT = 65535
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +61,18 @@ def parse_master(explicit: str | None) -> MasterTarget:
                 f"master address {address!r} names no cluster: use etcd://HOST:2379/CLUSTER"
             )
         return MasterTarget(etcd=_host_ports(endpoints, address), cluster=cluster)
+    scheme, sep, rest = address.partition("://")
+    if sep and scheme not in GRPC_SCHEMES:
+        # (gRPC would take "http://HOST:PORT" for a host name, and every call would wait out
+        # its whole timeout to fail with "Misformatted domain name")
+        if scheme.lower() + sep == ETCD_SCHEME:
+            raise ValueError(f"master address {address!r}: write {ETCD_SCHEME} in lower case")
+        example = rest.partition("/")[0] or "127.0.0.1:50051"
+        raise ValueError(
+            f"master address {address!r}: the master is not reached by a {scheme}:// URL; "
+            f"drop the {scheme}:// and give HOST:PORT (e.g. {example}), or "
+            "etcd://ETCD_HOST:2379/CLUSTER to ask etcd which master leads"
+        )
     return MasterTarget(masters=_host_ports(address, address))
 
 
@@ -59,9 +80,16 @@ def _host_ports(text: str, whole: str) -> tuple[str, ...]:
     parts = tuple(p.strip() for p in text.split(",") if p.strip())
     for part in parts:
         host, sep, port = part.rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if not sep or not host:
             raise ValueError(
                 f"master address {whole!r}: {part!r} is not HOST:PORT (e.g. 127.0.0.1:50051)"
+            )
+        # (ASCII only: str.isdigit takes "²" and other scripts' digits, which int() refuses
+        # or gRPC cannot parse, after a whole timeout)
+        if not (port.isascii() and port.isdigit()) or not 0 < int(port) <= MAX_PORT:
+            raise ValueError(
+                f"master address {whole!r}: {part!r} is not HOST:PORT: the port must be a "
+                f"number from 1 to {MAX_PORT} in ASCII digits (e.g. 127.0.0.1:50051)"
             )
     if not parts:
         raise ValueError(f"master address {whole!r} holds no HOST:PORT")

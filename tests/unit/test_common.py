@@ -109,6 +109,39 @@ def test_master_address_comes_from_argument_or_environment(monkeypatch):
         resolve_master("")
 
 
+@pytest.mark.parametrize("scheme", ["http", "https", "grpc"])
+def test_a_url_for_the_master_is_refused_saying_to_drop_its_scheme(scheme):
+    """gRPC would look ``http://HOST`` up as a host name, and every call wait out its
+    timeout to fail with "Misformatted domain name"."""
+    with pytest.raises(ValueError, match=f"drop the {scheme}:// and give HOST:PORT"):
+        resolve_master(f"{scheme}://127.0.0.1:50051")
+    with pytest.raises(ValueError, match="write etcd:// in lower case"):
+        resolve_master("ETCD://127.0.0.1:2379/cluster")
+
+
+#: 38535 in Arabic-Indic digits, 50051 in full-width ones: ``str.isdigit`` takes both.
+OTHER_DIGITS = ("\u0663\u0668\u0665\u0663\u0665", "\uff15\uff10\uff10\uff15\uff11")
+
+
+@pytest.mark.parametrize("port", [*OTHER_DIGITS, "²", "0", "65536", "", "-1"])
+def test_a_masters_port_is_a_number_from_1_to_65535_in_ascii_digits(port):
+    """``str.isdigit`` takes other scripts' digits (gRPC cannot parse them) and "²" (which
+    ``int`` refuses with a message that names no address)."""
+    with pytest.raises(ValueError, match="port must be a number from 1 to 65535 in ASCII"):
+        resolve_master(f"m:{port}")
+    with pytest.raises(ValueError, match="1 to 65535 in ASCII digits"):
+        resolve_master(f"etcd://e:{port}/cluster")
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["m:1", "m:65535", "[fd00::5]:50051", "a:1,b:2", "etcd://e:2379/c", "dns:///m:50051"],
+)
+def test_the_forms_of_a_master_address_are_taken_as_given(address):
+    """etcd:// (kvpool asks etcd) and dns:/// (gRPC resolves it) are not URLs to refuse."""
+    assert resolve_master(address) == address
+
+
 def test_the_host_of_an_address_is_where_its_other_ports_are():
     assert host_of("10.0.0.5:50051") == "10.0.0.5"
     assert host_of("kvpool-master.ns.svc:50051") == "kvpool-master.ns.svc"
