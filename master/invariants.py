@@ -337,6 +337,7 @@ def _check_tenant_usage(state: MasterState) -> None:
         usage.objects += 1
         if record.state is RESERVED:
             usage.reserved_bytes += state._need(record.size)
+            usage.reservations += 1
         if record.lease_open:
             usage.leases += 1
     for segment in state.segments.values():

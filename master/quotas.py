@@ -210,15 +210,16 @@ class Quotas:
 
 @dataclass(slots=True)
 class TenantUsage:
-    """What a tenant holds now: live objects (any state), the logical bytes of its
-    reservations, the bytes its replicas (and copies in flight) take in each tier, and its
-    objects under a live read lease."""
+    """What a tenant holds now: live objects (any state), the bytes of its reservations
+    (each buffer as allocated), the bytes its replicas (and copies in flight) take in each
+    tier, its objects under a live read lease, and its reservations."""
 
     objects: int = 0
     reserved_bytes: int = 0
     dram_bytes: int = 0
     nvme_bytes: int = 0
     leases: int = 0
+    reservations: int = 0
 
     def bytes_in(self, tier: Tier) -> int:
         return self.nvme_bytes if tier is Tier.NVME else self.dram_bytes

@@ -188,6 +188,12 @@ MAX_UNREADABLE_REPORTS = 256
 #: Seconds late a tick may come without counting as the master's own silence: ordinary
 #: scheduling on a busy loop (a later tick forgives, see ``tick``'s ``late_by``).
 OWN_SILENCE_MIN = 0.5
+#: With quotas in force, one tenant holds at most this fraction (1/N) of the master's object
+#: table as reservations (``_reservations_refusal``): far above what puts under way need
+#: (a batch's keys, for the moments of its copy), far below a table full of them.
+RESERVATIONS_SHARE = 8
+#: ... and at least this many, whatever the table (a small one is a test's or a demo's).
+RESERVATIONS_MIN = 64
 
 
 def _exists(record: ObjectRecord, client_id: str, now: float, reservation_timeout: float) -> str:
@@ -1355,7 +1361,9 @@ class MasterState:
     def tenant_usage(self) -> dict[str, TenantUsage]:
         """What each tenant holding something holds now (copies: for metrics)."""
         return {  # (each field named: dataclasses.replace costs several times as much)
-            tenant: TenantUsage(u.objects, u.reserved_bytes, u.dram_bytes, u.nvme_bytes, u.leases)
+            tenant: TenantUsage(
+                u.objects, u.reserved_bytes, u.dram_bytes, u.nvme_bytes, u.leases, u.reservations
+            )
             for tenant, u in self._usage.items()
         }
 
@@ -1480,6 +1488,7 @@ class MasterState:
                 usage.objects += 1
             elif before is RESERVED:
                 usage.reserved_bytes -= self._need(record.size)
+                usage.reservations -= 1
             if to is GONE:
                 del self.objects[key]
                 if self._copy_failed_from:
@@ -1500,6 +1509,7 @@ class MasterState:
                     filed[bare] = record
                 if to is RESERVED:
                     usage.reserved_bytes += self._need(record.size)
+                    usage.reservations += 1
         if to is not GONE:
             record.state = to
         self._note(entry)
@@ -1587,6 +1597,10 @@ class MasterState:
                 options = dataclasses.replace(options, tier=_DRAM)  # (NVMe: over its quota)
                 over_nvme = True
         cap = self.config.max_objects
+        if cap is not None and self.quotas is not None:
+            refused = self._reservations_refusal(key, cap)
+            if refused is not None:
+                return PutSlot(KeyStatus.QUOTA_EXCEEDED, message=refused)
         table_full = cap is not None and len(self.objects) >= cap
         if table_full and not self._room_in_table(now, key):
             return PutSlot(
@@ -1672,6 +1686,24 @@ class MasterState:
                     )
                 )
         return make(PutSlot, (_OK, record.put_id, self._placed(record), ""))
+
+    def _reservations_refusal(self, key: str, cap: int) -> str | None:
+        """Why a put of ``key`` would take its tenant past the reservations one tenant may
+        hold (``RESERVATIONS_SHARE`` of the master's table of ``cap`` objects), or None.
+        Reservations are never evicted (their writers are copying into them): without this
+        bound, one tenant's flood of them (renewed, never committed) could fill the table,
+        and every other tenant's puts would find no room until they ended."""
+        tenant = tenant_of(key)
+        usage = self._usage.get(tenant)
+        most = max(RESERVATIONS_MIN, cap // RESERVATIONS_SHARE)
+        if usage is None or usage.reservations < most:
+            return None
+        self.quota_refusals[tenant, "reservations"] += 1
+        return (
+            f"tenant {tenant!r} holds {usage.reservations} reservations, the most one tenant "
+            f"may hold (1/{RESERVATIONS_SHARE} of the master's table of {cap} objects, "
+            "--max-objects): commit or revoke the puts under way first"
+        )
 
     def _put_refusal(self, key: str, size: int, wanted: int, tier: Tier) -> str | None:
         """Why a put of ``key`` would take its tenant over a quota (objects, reserved bytes,

@@ -131,7 +131,7 @@ def test_a_put_over_the_dram_quota_is_refused_and_nvme_is_counted_apart():
     message = refused(put(state, "a/n2", 1, options=nvme))
     assert "nvme_bytes quota of 8.0 KiB" in message
     assert state.usage("a") == TenantUsage(
-        objects=3, reserved_bytes=10 * KiB, dram_bytes=10 * KiB, nvme_bytes=8 * KiB
+        objects=3, reserved_bytes=10 * KiB, dram_bytes=10 * KiB, nvme_bytes=8 * KiB, reservations=2
     )
 
 
@@ -160,6 +160,26 @@ def test_reserved_bytes_count_each_buffer_as_placed_so_empty_puts_are_not_free()
     assert state.usage("a").reserved_bytes == 4 * CONFIG.alignment
     assert "reserved_bytes quota" in refused(put(state, "a/empty4", 0))
     assert "reserved_bytes quota" in refused(put(state, "a/one", 1))
+
+
+def test_one_tenant_s_reservations_hold_at_most_an_eighth_of_the_master_s_table():
+    """Reservations are never evicted: a tenant reserving (and renewing) without committing
+    would otherwise fill the table, and every other tenant's put would find no room."""
+    state, _ = quota_state(config=dataclasses.replace(CONFIG, max_objects=1024))
+    mount(state, "n1", 4 * MiB)
+    first = put(state, "a/k0", 0)
+    for i in range(1, 128):
+        assert put(state, f"a/k{i}", 0).status is KeyStatus.OK
+    message = refused(put(state, "a/more", 0))
+    assert message == (
+        "tenant 'a' holds 128 reservations, the most one tenant may hold (1/8 of the master's "
+        "table of 1024 objects, --max-objects): commit or revoke the puts under way first"
+    )
+    assert state.quota_refusals == {("a", "reservations"): 1}
+    assert put(state, "b/k0", 0).status is KeyStatus.OK, "another tenant's puts go on"
+    assert commit(state, "a/k0", first) is KeyStatus.OK
+    assert state.usage("a").reservations == 127
+    assert put(state, "a/more", 0).status is KeyStatus.OK, "room again once one is committed"
 
 
 def test_leases_beyond_the_quota_are_refused_without_replicas_until_one_ends():
@@ -191,7 +211,9 @@ def test_usage_follows_objects_through_revoke_removal_eviction_and_node_loss():
     mount(state, "n1", 2 * MiB)
     mount(state, "n2", 2 * MiB)
     slot = put(state, "a/r", 64 * KiB, replicas=2)
-    assert state.usage("a") == TenantUsage(objects=1, reserved_bytes=64 * KiB, dram_bytes=128 * KiB)
+    assert state.usage("a") == TenantUsage(
+        objects=1, reserved_bytes=64 * KiB, dram_bytes=128 * KiB, reservations=1
+    )
     assert state.put_revoke(["a/r"], [slot.put_id]) == [KeyStatus.OK]
     assert state.usage("a") == TenantUsage()
     assert "a" not in state.tenant_usage(), "a tenant holding nothing is not kept"
