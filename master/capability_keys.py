@@ -29,6 +29,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kvpool.common.file_writes import write_all
 from kvpool.proto import master_pb2 as pb
@@ -64,23 +65,76 @@ def read_key_file(path: Path) -> KeyFile:
     OverflowError or deeply nested JSON's RecursionError too: a master re-reads the file
     while it serves, and must keep its keys rather than stop)."""
     try:
-        body = json.loads(path.read_bytes())
+        data = path.read_bytes()
+    except OSError as error:  # (no key file to judge: advice to remove it would be wrong)
+        raise KeyFileError(_unreadable(path, error)) from None
+    body: Any = None  # (what was read, for the message: None until it is)
+    try:
+        body = json.loads(data)
         keys = tuple((int(k["id"]), bytes.fromhex(k["secret"])) for k in body["keys"])
         current = int(body["current"])
         caps.KeyRing(keys, current=current)  # (checks ids, sizes, count and current)
     except Exception as error:
         raise KeyFileError(
-            f"capability key file {path}: {_problem(error)}. Remove it to start with a fresh "
-            "key (every node and master must then get the new file), or restore it"
+            f"capability key file {path}: {_problem(error, body)}. If it is the key file: "
+            "Remove it to start with a fresh key (every node and master must then get the new "
+            "file), or restore it. If it is another file, give the key file's path instead"
         ) from None
     return KeyFile(keys, current)
 
 
-def _problem(error: Exception) -> str:
-    """What was wrong with the file, said so a person can fix it."""
+def _unreadable(path: Path, error: OSError) -> str:
+    """Why the key file cannot be read, and what to do."""
+    if isinstance(error, IsADirectoryError):
+        return (
+            f"capability key file {path} is a directory: give the path of the key file itself "
+            f"(`kvpool capability-keys create {path}/capability-keys.json` makes one there)"
+        )
+    if isinstance(error, FileNotFoundError):
+        return (
+            f"capability key file {path} does not exist: restore it, or make one with "
+            f"`kvpool capability-keys create {path}` (every node and master must then get it)"
+        )
+    return f"cannot read capability key file {path}: {error.strerror or error}"
+
+
+#: What a JSON value that is not an object is, by the Python type it is read as.
+_JSON_KINDS = {
+    list: "a JSON array",
+    str: "a JSON string",
+    int: "a JSON number",
+    float: "a JSON number",
+    bool: "a JSON boolean",
+    type(None): "JSON null",
+}
+#: The fields of the key file, and of each of its keys.
+_FIELDS = ("keys", "current")
+_KEY_FIELDS = ("id", "secret")
+
+
+def _problem(error: Exception, body: object = None) -> str:
+    """What was wrong with the file, said so a person can fix it (an exception's own text
+    names no field: a KeyError's is only the missing name, quoted)."""
     if isinstance(error, RecursionError):
         return "it is nested too deeply to read"
-    if isinstance(error, OSError | ValueError | KeyError | TypeError):
+    if isinstance(error, UnicodeDecodeError):
+        return "it is not text (a key file is JSON)"
+    if isinstance(error, json.JSONDecodeError):
+        return f"it is not JSON ({error})"
+    if not isinstance(body, dict):
+        kind = _JSON_KINDS.get(type(body), "a JSON value")
+        return f'it holds {kind}, not an object with "keys" and "current"'
+    missing = [name for name in _FIELDS if name not in body]
+    if missing:
+        return f'it has no field "{missing[0]}" (a key file has "keys" and "current")'
+    if isinstance(error, KeyError) and error.args and error.args[0] in _KEY_FIELDS:
+        return f'a key in "keys" has no field "{error.args[0]}" (each has "id" and "secret")'
+    if isinstance(error, TypeError):
+        return (
+            f'a field has the wrong type ({error}): "keys" is a list of {{"id": NUMBER, '
+            '"secret": HEX}, "current" the id of one of them'
+        )
+    if isinstance(error, OSError | ValueError):
         return str(error)
     return f"{type(error).__name__}: {error}"
 

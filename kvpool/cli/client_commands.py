@@ -8,11 +8,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kvpool.cli.one_line_errors import OutputFailed, guarded_stdout, output_failed
 from kvpool.cli.shown import cell, line, message, printable
 from kvpool.common import cli_numbers
 from kvpool.common.file_writes import write_all
@@ -173,15 +175,20 @@ def _with_client(command: Callable[[Any, argparse.Namespace], int]) -> Callable[
         from kvpool import Client
 
         try:
-            with Client(
-                args.master,
-                timeout=args.timeout,
-                token=args.token,
-                tls_ca=args.tls_ca,
-                tls_cert=args.tls_cert,
-                tls_key=args.tls_key,
-            ) as client:
+            with (
+                Client(
+                    args.master,
+                    timeout=args.timeout,
+                    token=args.token,
+                    tls_ca=args.tls_ca,
+                    tls_cert=args.tls_cert,
+                    tls_key=args.tls_key,
+                ) as client,
+                guarded_stdout(),
+            ):  # (flushed inside: a late failure is reported too)
                 return command(client, args)
+        except OutputFailed as error:  # (a reader that left, as `head` does: quietly)
+            return output_failed(error)
         except (InvalidArgument, InvalidKey) as error:  # bad input, as argparse's own: 2
             print(f"error: {message(error)}", file=sys.stderr)
             return 2
@@ -202,16 +209,23 @@ def _with_client(command: Callable[[Any, argparse.Namespace], int]) -> Callable[
     return run
 
 
+#: Bytes read at a time from a stream (standard input, a named pipe): its size is not known.
+READ_CHUNK = 1 << 20
+
+
+class _Unreadable(Exception):
+    """What ``kvpool put`` was to store cannot be read: the message says why, and what to do."""
+
+
 def _put(client: Any, args: argparse.Namespace) -> int:
+    data: bytes | bytearray
     if args.value is not None:
         data = os.fsencode(args.value)  # (the bytes given, whatever the locale's encoding)
-    elif args.file in (None, "-"):
-        data = sys.stdin.buffer.read()
     else:
         try:
-            data = Path(args.file).read_bytes()
-        except OSError as error:
-            print(f"error: cannot read {args.file}: {error.strerror}", file=sys.stderr)
+            data = _source_bytes(client, args.file)
+        except _Unreadable as error:
+            print(f"error: {message(error)}", file=sys.stderr)
             return 1
     stored = client.put(args.key, data, replicas=args.replicas)
     what = format_size(len(data))
@@ -224,24 +238,105 @@ def _put(client: Any, args: argparse.Namespace) -> int:
     return 0
 
 
+def _source_bytes(client: Any, file: str | None) -> bytes | bytearray:
+    """The bytes of ``file``, or of standard input (``-`` or none). A regular file is read
+    whole: its size is known. A stream (standard input, a named pipe) has no size until it
+    ends, and one may never end (``< /dev/zero``): it is read up to the largest object the
+    cluster could store, and refused past it, not read until memory runs out. Any other path
+    (a device, a socket) is refused before it is read: ``/dev/zero`` never ends."""
+    what = "standard input" if file in (None, "-") else file
+    try:
+        if file in (None, "-"):
+            if sys.stdin is None:  # (started with it closed: `kvpool put KEY <&-`)
+                raise _Unreadable("standard input is closed: give a FILE to store, or --value TEXT")
+            if stat.S_ISREG(os.fstat(sys.stdin.fileno()).st_mode):  # (`< FILE`)
+                return sys.stdin.buffer.read()
+            return _stream_bytes(sys.stdin.fileno(), what, _largest_object(client))
+        kind = stat.S_IFMT(os.stat(file).st_mode)
+        if kind == stat.S_IFREG:
+            return Path(file).read_bytes()
+        if kind != stat.S_IFIFO:
+            device = kind in (stat.S_IFCHR, stat.S_IFBLK)
+            raise _Unreadable(
+                f"{file} is {_KINDS.get(kind, 'not a regular file')}, not a file: give a "
+                "regular file, or standard input"
+                + (f" (part of a device: `head -c SIZE {file} | kvpool put KEY`)" if device else "")
+            )
+        descriptor = os.open(file, os.O_RDONLY)
+        try:
+            return _stream_bytes(descriptor, what, _largest_object(client))
+        finally:
+            os.close(descriptor)
+    except OSError as error:
+        raise _Unreadable(f"cannot read {what}: {error.strerror or error}") from None
+    except MemoryError:
+        raise _Unreadable(
+            f"not enough memory to hold {what}: kvpool put holds an object whole in memory; "
+            "store it from a machine with more memory, or split it into several keys"
+        ) from None
+
+
+#: What a path is, by its type, for a refusal (``stat.S_IFMT``).
+_KINDS = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
+
+
+def _largest_object(client: Any) -> int:
+    """The most bytes one object may have on this cluster: an object's copy lies in one
+    segment, so what its largest segment holds (a tenant's client sees a tier's segments
+    summed: what its largest tier holds, a looser bound). A stream longer than that could
+    never be stored, so it is read no further."""
+    status = client.cluster_status()
+    return max((segment.capacity for segment in status.segments), default=0)
+
+
+def _stream_bytes(descriptor: int, what: str, limit: int) -> bytearray:
+    """All of a stream, or ``_Unreadable`` once it holds more than ``limit`` bytes."""
+    data = bytearray()
+    while True:
+        chunk = os.read(descriptor, min(READ_CHUNK, limit + 1 - len(data)))
+        if not chunk:
+            return data
+        data += chunk
+        if len(data) > limit:
+            if not limit:
+                raise _Unreadable(
+                    "the cluster has no storage yet (no storage node has joined it): nothing "
+                    "was stored; start a node, then put again"
+                )
+            raise _Unreadable(
+                f"{what} holds more than {format_size(limit)}, the most this cluster's "
+                "storage could hold as one object: nothing was stored; store less (e.g. "
+                "`head -c SIZE`), or add storage to the cluster"
+            )
+
+
 def _get(client: Any, args: argparse.Namespace) -> int:
     data = client.get(args.key)
     # (through the descriptor, every byte or an error: a buffered write that fails part way,
     # on a full disk or a pipe whose reader left, returns a short count instead of raising,
     # and the get would end with its output cut short, and exit 0)
+    opened = False  # (a file this get truncated holds none of what was there: no use)
     try:
         if args.output:
             with open(args.output, "wb") as out:
+                opened = True
                 write_all(out.fileno(), data)
         else:
             sys.stdout.flush()
             write_all(sys.stdout.fileno(), data)
     except BrokenPipeError:
-        raise  # (its reader stopped, as `head` does: see _client_command)
+        raise  # (its reader stopped, as `head` does: see _with_client)
     except OSError as error:
         where = args.output or "standard output"
         print(f"error: cannot write {where}: {error.strerror or error}", file=sys.stderr)
-        if args.output and os.path.isfile(args.output):  # (part of the object: no use)
+        # (part of the object: removed; never a file that could not even be opened, a
+        # running program's, a read-only one, which this get never touched)
+        if opened and os.path.isfile(args.output):
             with contextlib.suppress(OSError):
                 os.unlink(args.output)
         return 1

@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Any
 
-from kvpool.cli.one_line_errors import Refused, one_line_errors
+from kvpool.cli.one_line_errors import OutputFailed, Refused, one_line_errors
 from kvpool.cli.shown import cell
 
 ROLES = ("node", "client", "admin")
@@ -75,17 +75,35 @@ def _credential_errors() -> tuple[type[Exception], ...]:
 
 @one_line_errors(_credential_errors)
 def _create(args: argparse.Namespace) -> int:
+    """The token is shown before it is stored: a token stored but never shown (its output to
+    a full disk, or a closed pipe) would be valid, with a secret nobody has, and nobody told
+    to revoke it. So the file is checked first (a damaged one refuses before any token is
+    shown), the token written and flushed, and only then added."""
     from kvpool.security.identity import Role
-    from kvpool.security.tokens import CredentialStore, new_token
+    from kvpool.security.tokens import CredentialError, CredentialStore, new_token
 
     path = _credentials_path(args)
     token, record = new_token(args.name, Role(args.role), args.tenant, args.node_id)
-    store, made = CredentialStore.open_or_create(path)  # (several at once: one makes it)
-    if made:
-        print(f"created credentials file {path}", file=sys.stderr)
-    store.add(record)
-    print(token)
-    sys.stdout.flush()
+    if os.path.exists(path):
+        CredentialStore(path)  # (unreadable or damaged: refused with nothing printed)
+    try:
+        print(token)
+        sys.stdout.flush()
+    except OutputFailed as error:
+        raise Refused(
+            f"{error}: no token was made (its secret could not be shown); the credentials "
+            "file is unchanged",
+            status=1,
+        ) from None
+    try:
+        store, made = CredentialStore.open_or_create(path)  # (several at once: one makes it)
+        if made:
+            print(f"created credentials file {path}", file=sys.stderr)
+        store.add(record)
+    except CredentialError as error:
+        raise CredentialError(
+            f"{error}; the token printed was not stored: it is not valid"
+        ) from None
     print(
         f"token {record.token_id} for {record.identity().describe()}: shown this once, the "
         "file keeps only its hash; keep it secret (callers read it from $KVPOOL_TOKEN, "
