@@ -114,6 +114,11 @@ class _CommandStream(asyncio.Protocol):
         #: Commands that wait for (or run on) the asynchronous path, in order.
         self._backlog: asyncio.Queue[pb.NodeCommand] = asyncio.Queue()
         self._unfinished = 0  # commands taken on the asynchronous path and not yet answered
+        #: Whether the master reads the answers more slowly than they come (the transport's
+        #: buffer above its high-water mark): then no more commands are read until it drains,
+        #: so a master that stops reading cannot grow the node's unsent answers without bound
+        #: (the quick path answers each command as it is read).
+        self._writing_paused = False
         self._ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -148,6 +153,27 @@ class _CommandStream(asyncio.Protocol):
                 self._transport.pause_reading()
         except Exception as error:  # a refusal, a frame that does not parse
             self._end(error)
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self._read_on()
+
+    def _read_on(self) -> None:
+        """Reads commands again, unless the backlog or the unsent answers are still high."""
+        transport = self._transport
+        if (
+            transport is not None
+            and not transport.is_reading()
+            and not transport.is_closing()
+            and not self._writing_paused
+            and self._unfinished <= BACKLOG_CAP // 2
+        ):
+            transport.resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._end(exc)
@@ -184,14 +210,7 @@ class _CommandStream(asyncio.Protocol):
                 return
             finally:
                 self._unfinished -= len(group)
-                transport = self._transport
-                if (
-                    transport is not None
-                    and not transport.is_reading()
-                    and not transport.is_closing()
-                    and self._unfinished <= BACKLOG_CAP // 2
-                ):
-                    transport.resume_reading()
+                self._read_on()
             for result in results:
                 self._answer(result)
 

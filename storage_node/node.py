@@ -739,11 +739,13 @@ class StorageNode:
 
     async def _grpc_session(self, stub: master_pb2_grpc.MasterStub, hello: pb.NodeHello) -> None:
         reports = _Reports()
-        reports.put(pb.NodeReport(hello=hello))
+        await reports.put(pb.NodeReport(hello=hello))
         call = stub.NodeSession(reports, metadata=self._metadata)
         try:
             async for command in call:
-                reports.put(pb.NodeReport(result=await self._answer(command)))
+                # (waits while the answers queued are at their bound: the next command is
+                # not read until the master takes some)
+                await reports.put(pb.NodeReport(result=await self._answer(command)))
         except grpc.aio.AioRpcError as error:
             if error.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
                 log.warning("command stream broke", code=error.code().name)
@@ -836,18 +838,25 @@ class StorageNode:
         self.context.close()
 
 
+#: Answers queued for the gRPC command stream at most: past them the node reads no further
+#: command until the master takes some (gRPC takes from the queue only as fast as the master
+#: reads), so a master that stops reading cannot grow the node's memory without bound.
+REPORTS_QUEUED = 1024
+
+
 class _Reports:
-    """The node's side of its command stream: reports queued for gRPC to send.
+    """The node's side of its command stream: reports queued for gRPC to send, at most
+    ``REPORTS_QUEUED``.
 
     A plain async iterator rather than an async generator, so that cancelling the stream
     never has to close a generator gRPC is still iterating.
     """
 
     def __init__(self) -> None:
-        self._queue: asyncio.Queue[pb.NodeReport] = asyncio.Queue()
+        self._queue: asyncio.Queue[pb.NodeReport] = asyncio.Queue(REPORTS_QUEUED)
 
-    def put(self, report: pb.NodeReport) -> None:
-        self._queue.put_nowait(report)
+    async def put(self, report: pb.NodeReport) -> None:
+        await self._queue.put(report)
 
     def __aiter__(self) -> _Reports:
         return self

@@ -251,3 +251,86 @@ def test_a_node_behind_on_its_commands_stops_reading_them_and_reads_on_once_it_c
             assert counting.parsed == total, "read on as it caught up"
 
     asyncio.run(scenario())
+
+
+def test_a_node_whose_master_stops_reading_its_answers_stops_reading_commands_until_it_does(
+    monkeypatch,
+):
+    """(Commands answered on the spot were read and answered as fast as they came, whatever
+    the master read: a master that stopped reading grew the node's unsent answers without
+    bound.)"""
+    counting = _CountingCommands()
+    monkeypatch.setattr(lane_session, "pb", counting)
+    total = 20_000  # (answers of about 1 KiB each: far more than the sockets' buffers hold)
+
+    async def scenario() -> None:
+        master_reads = asyncio.Event()
+        answered: list[int] = []
+
+        async def master(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            decoder, frames = lp.FrameDecoder(), []
+            while not frames:
+                frames += decoder.feed(await reader.read(1 << 16))
+            writer.write(lp.encode(frames[0].call_id, lp.AUTH, b""))
+            writer.write(b"".join(command(i, "forget") for i in range(1, total + 1)))
+            await master_reads.wait()
+            while len(answered) < total and (data := await reader.read(1 << 16)):
+                for frame in decoder.feed(data):
+                    report = pb.NodeReport.FromString(frame.body)
+                    if report.HasField("result"):
+                        answered.append(report.result.command_id)
+            writer.close()
+
+        def run_now(c: pb.NodeCommand) -> pb.CommandResult:
+            return pb.CommandResult(command_id=c.command_id, ok=False, error="e" * 1000)
+
+        async def run_commands(cs: list[pb.NodeCommand]) -> list[pb.CommandResult]:
+            raise AssertionError("every command is answered on the spot")
+
+        server = await asyncio.start_server(master, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        node = asyncio.create_task(
+            lane_session.serve_commands(
+                "127.0.0.1",
+                port,
+                pb.NodeHello(node_id="n1"),
+                run_commands,
+                run_now=run_now,
+                credentials=CallerCredentials(token=TOKEN),
+            )
+        )
+        try:
+            await asyncio.sleep(1.0)
+            assert counting.parsed < total // 2, "it read on, its unsent answers growing"
+            master_reads.set()
+            for _ in range(200):
+                if len(answered) == total:
+                    break
+                await asyncio.sleep(0.05)
+            assert answered == list(range(1, total + 1)), "read on, and answered all, in order"
+        finally:
+            node.cancel()
+            await asyncio.gather(node, return_exceptions=True)
+            server.close()
+            await server.wait_closed()
+
+    asyncio.run(scenario())
+
+
+def test_the_grpc_command_stream_queues_a_bounded_number_of_answers():
+    """The gRPC stream's answers wait in ``_Reports`` until gRPC sends them, which it does as
+    fast as the master reads: past ``REPORTS_QUEUED`` the node waits (and reads no further
+    command) instead of queueing without bound."""
+    from kvpool.storage_node.node import REPORTS_QUEUED, _Reports
+
+    async def scenario() -> None:
+        reports = _Reports()
+        for _ in range(REPORTS_QUEUED):
+            await asyncio.wait_for(reports.put(pb.NodeReport()), 1)
+        one_more = asyncio.ensure_future(reports.put(pb.NodeReport()))
+        await asyncio.sleep(0.05)
+        assert not one_more.done(), "queued past its bound"
+        await reports.__anext__()  # (gRPC sends one)
+        await asyncio.wait_for(one_more, 1)
+
+    asyncio.run(scenario())
