@@ -153,6 +153,17 @@ class Election:
         #: Where this cluster's keys live in etcd.
         self.cluster_prefix = leader_key(cluster).rsplit(b"/", 1)[0]
         self._nodes_prefix = self.cluster_prefix + b"/nodes/"
+        #: A key written once, by the cluster's first term, and never removed: a term that
+        #: finds it gone, after this master saw it, finds etcd's data lost (or restored from
+        #: an older backup), as does one whose epoch is not above every earlier one here.
+        self._marker = self.cluster_prefix + b"/created"
+        self._marker_seen = False
+        #: The highest epoch this master led with (0: none yet).
+        self._highest_epoch = 0
+        #: Set as a term begins: whether etcd lost this cluster's data since this master
+        #: last saw it (the node list, the tombstone records and the leader key's history
+        #: are gone): the term then waits for whatever nodes come, as a first start does.
+        self.etcd_data_lost = False
 
     @property
     def etcd_client(self) -> aetcd.Client | None:
@@ -330,16 +341,12 @@ class Election:
         while not stop.is_set():
             endpoint = self.endpoints[attempt % len(self.endpoints)]
             attempt += 1
-            host, _, port = endpoint.rpartition(":")
-            timeout = self.call_timeout
-            options = {"grpc.max_receive_message_length": ETCD_RECEIVE_LIMIT}
-            client = (
-                TlsEtcdClient(host, int(port), timeout=timeout, tls=self.tls, options=options)
-                if self.tls is not None
-                else aetcd.Client(host, int(port), timeout=timeout, options=options)
-            )
-            self._client = client
+            client: aetcd.Client | None = None
             try:
+                # (made here, in the round: its TLS files are read now, and one read halfway
+                # through a renewal must fail this round only, not end the campaign)
+                client = self._new_client(endpoint)
+                self._client = client
                 await self._campaign(client, stop, on_elected, on_lost)
             except ETCD_ERRORS as error:
                 self._etcd_error = _short(str(error) or type(error).__name__)
@@ -366,9 +373,32 @@ class Election:
                         await on_lost()
                     except Exception as error:
                         log.error("ending the term failed", error=repr(error))
-                with contextlib.suppress(*ETCD_ERRORS, Exception):
-                    await client.close()
+                if client is not None:
+                    with contextlib.suppress(*ETCD_ERRORS, Exception):
+                        await client.close()
             await pause(stop, self.ttl / 4)
+
+    def _new_client(self, endpoint: str) -> aetcd.Client:
+        host, _, port = endpoint.rpartition(":")
+        timeout = self.call_timeout
+        options = {"grpc.max_receive_message_length": ETCD_RECEIVE_LIMIT}
+        if self.tls is not None:
+            return TlsEtcdClient(host, int(port), timeout=timeout, tls=self.tls, options=options)
+        return aetcd.Client(host, int(port), timeout=timeout, options=options)
+
+    async def _data_lost(self, client: aetcd.Client, epoch: int) -> bool:
+        """Whether etcd lost this cluster's data since this master last saw it (see
+        ``_marker``); writes the marker where it is missing."""
+        lost = epoch <= self._highest_epoch
+        if await client.get(self._marker) is not None:
+            self._marker_seen = True
+            return lost
+        self._answered()
+        await client.put(self._marker, self.address.encode())
+        self._answered()
+        lost = lost or self._marker_seen
+        self._marker_seen = True
+        return lost
 
     async def _campaign(
         self,
@@ -402,6 +432,19 @@ class Election:
                 continue
             epoch = responses[0].response_put.header.revision
             self._valid_until = sent + self.ttl
+            self.etcd_data_lost = await self._data_lost(client, epoch)
+            if self.etcd_data_lost:
+                log.error(
+                    "etcd lost this cluster's data (its marker key is gone, or its revision "
+                    "went back): an etcd restarted without its data directory, or restored "
+                    "from an older backup. The node list and the tombstone records are gone: "
+                    "this term waits for whatever nodes come, and objects removed while their "
+                    "node was away may come back with it",
+                    epoch=epoch,
+                    highest_epoch_before=self._highest_epoch,
+                )
+                epoch = max(epoch, self._highest_epoch + 1)  # (terms only go up)
+            self._highest_epoch = epoch
             self.is_leader = True
             self.leader = self.address
             log.info("elected leader", epoch=epoch, ttl_s=self.ttl)
@@ -449,6 +492,11 @@ class Election:
                 self._answered()
             if response is not None and response.TTL > 0:
                 self._valid_until = sent + response.TTL
+            elif response is not None:
+                # (etcd no longer knows the lease: it ran out, or etcd lost its data. Another
+                # master may be elected at once: stop serving now, not at our own reckoning)
+                log.warning("etcd no longer knows this master's lease", epoch=self._highest_epoch)
+                return False
             elif time.monotonic() >= self._valid_until - self.margin:
                 return False  # stop serving before the lease can expire under us
         return False

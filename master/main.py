@@ -216,7 +216,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="etcd endpoint(s) for leader election, e.g. http://etcd:2379 (HA mode)",
     )
-    parser.add_argument("--cluster", default="kvpool", help="cluster name (etcd key prefix)")
+    parser.add_argument(
+        "--cluster",
+        default="kvpool",
+        type=_cluster_name,
+        help="cluster name (etcd key prefix; no '/')",
+    )
     parser.add_argument(
         "--tombstone-file",
         type=Path,
@@ -567,15 +572,27 @@ async def serve(
                 state.nodes_unheard(nodes.away)
             for node_id, lost in nodes.lost.items():  # (`kvpool drain` hears of it still)
                 state.remember_loss(node_id, lost)
-            driver.reset(
-                MasterCore(state, awaited_nodes=nodes.live, rebuild_window=config.node_ttl)
-            )
+            if election.etcd_data_lost:
+                # (no node list to wait for, and a leader of before may still answer until
+                # its lease, unknown to etcd now, is found gone: this term takes no client
+                # for a lease TTL, then waits for whatever nodes come, as a first start does)
+                core = MasterCore(
+                    state,
+                    awaited_nodes=None,
+                    rebuild_window=config.node_ttl,
+                    epoch_ends=state.clock() + election.ttl,
+                )
+            else:
+                core = MasterCore(state, awaited_nodes=nodes.live, rebuild_window=config.node_ttl)
+            driver.reset(core)
 
         async def lost() -> None:
             driver.reset(None)
             metrics.STATE.clear()  # (a standby exports none of the cluster's series)
 
-        tasks.append(asyncio.create_task(leadership.run(stop, elected, lost)))
+        campaign = asyncio.create_task(leadership.run(stop, elected, lost))
+        campaign.add_done_callback(lambda task: _campaign_ended(task, stop))
+        tasks.append(campaign)
     log.info(
         "master started",
         grpc_port=port,
@@ -684,6 +701,31 @@ class _KeyFileWatch:
 
 
 T = TypeVar("T")
+
+
+def _campaign_ended(task: asyncio.Task[None], stop: asyncio.Event) -> None:
+    """The election campaigns until the master stops; one that ended otherwise (a bug it
+    did not survive) would leave this master a standby for good with nobody told: it stops
+    the master instead, saying why (its supervisor starts it again)."""
+    if stop.is_set() or task.cancelled():
+        return
+    error = task.exception()
+    log.error(
+        "the election stopped campaigning; stopping the master",
+        error=repr(error) if error is not None else "(it returned)",
+    )
+    stop.set()
+
+
+def _cluster_name(text: str) -> str:
+    """A cluster name: its etcd keys live under ``/kvpool/NAME/``, so a "/" in it would put
+    them inside another cluster's (``a/nodes`` writes ``a``'s node list), as clients
+    refuse it in ``etcd://HOST/CLUSTER``."""
+    if not text or "/" in text or not text.isprintable():
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a cluster name: give a name without '/' (e.g. kvpool, team-a)"
+        )
+    return text
 
 
 async def _read_for_term(what: str, read: Awaitable[T]) -> T:

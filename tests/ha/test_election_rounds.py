@@ -6,6 +6,7 @@ election's, not the transport's)."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 
 from kvpool.etcd_process import EtcdProcess
 from kvpool.master.election import Election
@@ -36,5 +37,45 @@ def test_a_term_whose_start_fails_is_given_up_and_the_master_is_elected_again(tm
         assert len(terms) == 2, "elected again after the failed start"
         assert terms[1] > terms[0]
         assert lost, "the failed term was ended"
+    finally:
+        etcd.close()
+
+
+def test_a_term_after_etcd_lost_its_data_knows_it_and_leads_with_a_higher_epoch(tmp_path):
+    """etcd restarted without its data directory (or restored from an older backup): its
+    revisions start again, so an epoch read from them could be lower than the last term's,
+    and the node list and tombstone records are gone. The next term is told (it then waits
+    for whatever nodes come, as a first start does: master/main.py), and its epoch is still
+    above every earlier one."""
+    etcd = EtcdProcess(tmp_path / "etcd").start()
+    try:
+        terms: list[tuple[int, bool]] = []
+
+        def lose_everything() -> None:
+            etcd.stop()
+            shutil.rmtree(etcd.data_dir)
+            etcd.start()
+
+        async def scenario() -> None:
+            election = Election([etcd.endpoint], "wiped", "127.0.0.1:1", ttl=2)
+            stop = asyncio.Event()
+
+            async def on_elected(epoch: int) -> None:
+                terms.append((epoch, election.etcd_data_lost))
+                if len(terms) == 1:
+                    await asyncio.to_thread(lose_everything)
+                else:
+                    stop.set()
+
+            async def on_lost() -> None:
+                pass
+
+            await asyncio.wait_for(election.run(stop, on_elected, on_lost), 60)
+
+        asyncio.run(scenario())
+        (first, first_lost), (second, second_lost) = terms
+        assert not first_lost, "the cluster's first term: nothing was lost"
+        assert second_lost, "the term after the loss is told of it"
+        assert second > first
     finally:
         etcd.close()

@@ -68,6 +68,14 @@ def test_the_master_refuses_a_number_out_of_range_naming_its_flag(flag, value):
     assert f"argument {flag}:" in line and repr(value) in line
 
 
+@pytest.mark.parametrize("name", ["rev/nodes", ""])
+def test_the_master_refuses_a_cluster_name_that_would_reach_into_another_cluster_s_keys(name):
+    """(etcd keys live under /kvpool/NAME/: a master of "rev/nodes" listed itself as a
+    storage node of cluster "rev", whose next leader waited for it.)"""
+    line = refusal(kvpool("master", *FREE_PORTS, f"--cluster={name}"))
+    assert "argument --cluster:" in line and "without '/'" in line
+
+
 def test_the_master_refuses_an_eviction_ratio_that_reaches_the_watermark():
     done = kvpool("master", *FREE_PORTS, "--high-watermark", "0.5", "--eviction-ratio", "0.5")
     line = refusal(done)
