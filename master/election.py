@@ -448,7 +448,15 @@ class Election:
             self.is_leader = True
             self.leader = self.address
             log.info("elected leader", epoch=epoch, ttl_s=self.ttl)
-            await on_elected(epoch)
+            # (the term's start reads etcd, its node list and tombstone records, which can
+            # take longer than the lease: it is renewed meanwhile, or the term would be lost
+            # to a standby before it began)
+            renewing = asyncio.ensure_future(self._renew(lease))
+            try:
+                await on_elected(epoch)
+            finally:
+                renewing.cancel()
+                await asyncio.gather(renewing, return_exceptions=True)
             stepped_down = await self._keep(lease, stop)
             if stepped_down:
                 self._campaign_after = time.monotonic() + STEP_DOWN_PAUSE_TTLS * self.ttl
@@ -473,6 +481,19 @@ class Election:
         if current != self._leader:
             log.info("following a leader", leader=current or "(none)")
         self._leader = current
+
+    async def _renew(self, lease: Any) -> None:
+        """Renews the lease every third of its TTL, for as long as it runs (cancelled)."""
+        while True:
+            await asyncio.sleep(self.ttl / 3)
+            sent = time.monotonic()
+            try:
+                response = await asyncio.wait_for(lease.refresh(), self.ttl / 3)
+            except ETCD_ERRORS:
+                continue  # (``serving`` runs out with the lease's last renewal)
+            self._answered()
+            if response.TTL > 0:
+                self._valid_until = sent + response.TTL
 
     async def _keep(self, lease: Any, stop: asyncio.Event) -> bool:
         """Renews the lease every third of its TTL until renewals stop working in time, or

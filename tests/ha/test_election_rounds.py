@@ -79,3 +79,49 @@ def test_a_term_after_etcd_lost_its_data_knows_it_and_leads_with_a_higher_epoch(
         assert second > first
     finally:
         etcd.close()
+
+
+def test_a_term_whose_start_takes_longer_than_the_lease_keeps_it(tmp_path):
+    """A new term reads etcd before it begins (its node list, its tombstone records), which
+    can take longer than the lease TTL. (The lease was first renewed only once the start was
+    over: a start of over about two thirds of the TTL lost the term to a standby, and one
+    that always did so kept every master from leading.)"""
+    etcd = EtcdProcess(tmp_path / "etcd").start()
+    try:
+        elected: list[str] = []
+        serving_after_start: list[bool] = []
+
+        async def scenario() -> None:
+            stop = asyncio.Event()
+            first = Election([etcd.endpoint], "slow", "127.0.0.1:1", ttl=2)
+            standby = Election([etcd.endpoint], "slow", "127.0.0.1:2", ttl=2)
+
+            def elected_as(name: str, election: Election):
+                async def on_elected(epoch: int) -> None:
+                    elected.append(name)
+                    if name == "first":
+                        await asyncio.sleep(6)  # (three TTLs of reading etcd)
+                        serving_after_start.append(election.serving())
+                        await asyncio.sleep(1)
+                        stop.set()
+
+                return on_elected
+
+            async def on_lost() -> None:
+                pass
+
+            campaigns = [
+                asyncio.ensure_future(first.run(stop, elected_as("first", first), on_lost))
+            ]
+            while not elected:
+                await asyncio.sleep(0.05)
+            campaigns.append(
+                asyncio.ensure_future(standby.run(stop, elected_as("standby", standby), on_lost))
+            )
+            await asyncio.wait_for(asyncio.gather(*campaigns), 60)
+
+        asyncio.run(scenario())
+        assert elected == ["first"], "the standby took the term while it started"
+        assert serving_after_start == [True]
+    finally:
+        etcd.close()
