@@ -8,6 +8,9 @@ wait in a list (header, and for a small read the segment's bytes: a view, no cop
 out in one ``sendmsg`` once no complete request is left to handle. A small write's payload
 is copied from that buffer into the segment (a few KiB: less than a call); a large one is
 received straight into the segment. Waits are the kernel's (transport/checked_socket.py).
+An NVMe segment whose blocks are not all reserved (``--nvme-sparse``) is written with
+``pwrite`` to its file instead, never through its mapping: its disk may fill, and a full disk
+is then an error its writer is answered (DISK_ERROR), not a SIGBUS that kills the node.
 
 **Nothing late lands.** A write's bytes are copied or received into the segment only while
 its capability runs (the node's estimate of the master's clock against its expiry plus the
@@ -32,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import google_crc32c
 
+from kvpool.common.file_writes import write_all
 from kvpool.common.log_throttle import LogThrottle
 from kvpool.common.logging import get_logger
 from kvpool.common.status import Tier
@@ -69,6 +73,31 @@ class _DiskFailed(Exception):
         super().__init__(f"the node's disk failed to read the object: {error}")
         self.error = error
         self.midway = midway
+
+
+class _WriteFailed(Exception):
+    """An NVMe segment's disk refused a write's bytes (ENOSPC on a full file system, EIO):
+    answered DISK_ERROR once the ``unread`` rest of its payload is read and dropped, so that
+    its writer hears why on a connection still in step (``_write_failed``)."""
+
+    def __init__(self, error: OSError, *, unread: int) -> None:
+        super().__init__(f"the node's disk failed to write the object: {error}")
+        self.error = error
+        self.unread = unread
+
+
+def _unreserved_file(segment: Any) -> int | None:
+    """The data file of an NVMe segment whose blocks are not all reserved on its disk
+    (``--nvme-sparse``, or a file system that cannot reserve them), which the connection
+    writes with ``pwrite``: a store into a hole of its mapping on a full disk (or a page the
+    disk cannot read in) is a SIGBUS that kills the node, where ``pwrite`` fails with
+    ENOSPC (EIO), an error its writer is answered. None: stores go through the mapping
+    (every block allocated, so none faults for space; and a copy costs less than a call).
+    A segment that does not say (the server's tests' stand-ins) is written through it."""
+    if segment.tier is not Tier.NVME or getattr(segment, "space_reserved", True):
+        return None
+    fd: int | None = getattr(segment, "fd", None)
+    return fd
 
 
 def _disk_error(op: str, segment: Any, offset: int, length: int, error: OSError) -> None:
@@ -218,8 +247,10 @@ class CheckedConnection:
         self._read_bytes = 0
         self._memory: dict[bytes, memoryview] = {}
         #: Where each NVMe segment is mapped: stores into it are copied with ``memmove``,
-        #: which releases the GIL (a store may wait for the disk: see ``_store``).
+        #: which releases the GIL (a store may wait for the disk: see ``_store``). 0 for one
+        #: whose blocks are not all reserved: its bytes are written to its file (``_files``).
         self._on_disk: dict[bytes, int] = {}
+        self._files: dict[bytes, int] = {}
         self._longest_ms = int(seals.longest_grant * 1000)
         #: Writes done whose answers are not sent yet, and their bytes (counted then).
         self._writes = 0
@@ -294,19 +325,28 @@ class CheckedConnection:
             memory = memories.get(digest) or self._segment_memory(digest, segment)
             if write:
                 payload = start + size
+                failed: OSError | None = None
                 try:
                     if clock() > ends_at:
                         raise self._expired()
                     mapped_at = on_disk(digest)
                     if mapped_at is None:  # (DRAM: a copy that never waits for a disk)
                         memory[offset : offset + length] = view[payload : payload + length]
-                    else:
+                    elif mapped_at:
                         memmove(mapped_at + offset, buffer_at + payload, length)
-                    if wrote is not None:
+                    else:  # (no blocks reserved: written to the file, see _unreserved_file)
+                        try:
+                            self._store(digest, memory, offset, buffer_at + payload, length)
+                        except OSError as error:
+                            failed = error
+                    if wrote is not None and failed is None:
                         wrote(digest, grant_offset, grant_id, offset, offset + length)
                 finally:
                     seals.leave(digest, grant_offset, connection)
                 start = self._start = payload + length
+                if failed is not None:  # (its payload was all buffered: nothing left to drop)
+                    self._write_failed(request_id, segment, offset, length, failed, 0)
+                    continue
                 self._writes += 1  # (counted as the answers go)
                 self._written += length
                 parts.append(_pack_reply(_REPLY_MAGIC, _VERSION, 0, 0, request_id, 0))
@@ -367,13 +407,21 @@ class CheckedConnection:
                 request_id, digest, (grant_offset, grant_id), segment, offset, length, ends_at
             )
             return
+        unwritten: _WriteFailed | None = None
         try:
             self._write(segment, digest, offset, length, ends_at, (grant_offset, grant_id))
             if self._written_ranges is not None:
                 self._written_ranges.wrote(digest, grant_offset, grant_id, offset, offset + length)
+        except _WriteFailed as failed:
+            unwritten = failed
         finally:
             # (left before the answer: its writer's commit, then the Persist, follow it)
             self._seals.leave(digest, grant_offset, connection)
+        if unwritten is not None:
+            self._write_failed(
+                request_id, segment, offset, length, unwritten.error, unwritten.unread
+            )
+            return
         self._writes += 1  # (counted as the answers go)
         self._written += length
         self._answer(frames.encode_reply(request_id, _OK, 0))
@@ -421,6 +469,24 @@ class CheckedConnection:
         if write:
             self._drop_payload(length)
 
+    def _write_failed(
+        self,
+        request_id: int,
+        segment: Any,
+        offset: int,
+        length: int,
+        error: OSError,
+        unread: int,
+    ) -> None:
+        """Answers a write whose bytes the segment's disk refused (a full file system, an
+        I/O error) DISK_ERROR, counted and logged, having read and dropped the ``unread``
+        rest of its payload: its writer learns why, and the connection (and the node) serve
+        on; the object is never recorded (its writer's put fails), and its space is freed
+        as any failed put's."""
+        _disk_error("write", segment, offset, length, error)
+        why = f"the node's disk failed to write the object: {error}"
+        self._refused(request_id, True, unread, frames.Status.DISK_ERROR, why)
+
     def _refuse(self, request_id: int, op: str, status: frames.Status, why: str) -> None:
         self._counters.requests.labels(op, status.name.lower()).inc()
         suppressed = REFUSAL_LOGS.allow((op, status))
@@ -459,12 +525,20 @@ class CheckedConnection:
         ends_at: float,
         grant: tuple[int, int],
     ) -> None:
+        """Receives a write's payload into the segment; ``_WriteFailed`` where its disk
+        refused the bytes (a direct write, or any write into a segment whose blocks are not
+        all reserved: ``_unreserved_file``)."""
         direct = segment.direct if length > SMALL else None
         if direct is not None and self._write_direct(
             direct, digest, segment, offset, length, ends_at, grant
         ):
             return
-        target = self._segment_memory(digest, segment)[offset : offset + length]
+        memory = self._segment_memory(digest, segment)
+        fd = self._files.get(digest)
+        if fd is not None:
+            self._write_file(fd, offset, length, ends_at)
+            return
+        target = memory[offset : offset + length]
         try:
             if length <= SMALL and self._end - self._start < length:
                 self._receive_more(length, self._until(ends_at))
@@ -492,9 +566,10 @@ class CheckedConnection:
     ) -> bool:
         """A write into an NVMe segment past the page cache (storage_node/direct_writes.py):
         received piece by piece into a bounce buffer, checksummed there, then written: whole
-        pages directly, the partial pages at either end through the mapping. False, having
-        received nothing, when it holds no whole page or no bounce buffer is free (the
-        caller writes through the mapping)."""
+        pages directly, the partial pages at either end as ``_store`` stores them (through
+        the mapping, or to the file). False, having received nothing, when it holds no whole
+        page or no bounce buffer is free (the caller writes it another way). ``_WriteFailed``
+        where the disk refused a piece (its part then has no checksum: never recorded)."""
         end = offset + length
         first = min(end, -(-offset // BLOCK) * BLOCK)
         last = max(first, end // BLOCK * BLOCK)
@@ -524,12 +599,12 @@ class CheckedConnection:
                     raise self._expired()
                 try:
                     written = through_disk and direct.write(piece, at)
-                except OSError as error:  # (its writer learns it as a connection ended)
-                    _disk_error("write", segment, offset, length, error)
-                    raise Closed from None
-                if not written:
-                    self._store(digest, memory[at:upto], at, bounce.address, upto - at)
-                piece.release()
+                    if not written:
+                        self._store(digest, memory[at:upto], at, bounce.address, upto - at)
+                except OSError as error:  # (answered, once the rest is read: _write_failed)
+                    raise _WriteFailed(error, unread=end - upto) from None
+                finally:
+                    piece.release()
                 at = upto
         finally:
             staged.release()
@@ -548,6 +623,27 @@ class CheckedConnection:
             self._start = start + buffered
         if buffered < len(target):
             self._receive_into(target[buffered:], ends_at)
+
+    def _write_file(self, fd: int, offset: int, length: int, ends_at: float) -> None:
+        """Writes a write's payload into the file ``fd`` of an NVMe segment whose blocks are
+        not all reserved (``_unreserved_file``) with ``pwrite``, a buffer at a time through
+        the connection's own buffer: a full disk is then ENOSPC (``_WriteFailed``), where a
+        store into a hole of the mapping would kill the node with SIGBUS, and a receive
+        straight into it would fail the connection (EFAULT) with the stream out of step."""
+        at, end = offset, offset + length
+        while at < end:
+            piece = min(end - at, BUFFER)
+            if self._end - self._start < piece:
+                self._receive_more(piece, self._until(ends_at))
+            if self._clock() > ends_at:
+                raise self._expired()
+            start = self._start
+            try:
+                write_all(fd, self._view[start : start + piece], at)
+            except OSError as error:  # (the piece, still buffered, is dropped with the rest)
+                raise _WriteFailed(error, unread=end - at) from None
+            self._start = start + piece
+            at += piece
 
     def _read(
         self,
@@ -816,7 +912,12 @@ class CheckedConnection:
         if memory is None:
             memory = self._memory[digest] = memoryview(segment.memory)
             if segment.tier is Tier.NVME:
-                self._on_disk[digest] = ctypes.addressof(ctypes.c_char.from_buffer(memory))
+                fd = _unreserved_file(segment)
+                if fd is None:
+                    self._on_disk[digest] = ctypes.addressof(ctypes.c_char.from_buffer(memory))
+                else:
+                    self._on_disk[digest] = 0  # (its stores: to the file, ``_store``)
+                    self._files[digest] = fd
         return memory
 
     def _store(
@@ -827,9 +928,16 @@ class CheckedConnection:
         which releases the GIL: a store into its mapping may wait for the disk (a page
         read in, or ``page_mkwrite`` on a frozen or failing file system), and a copy
         holding the GIL meanwhile would stop every thread of the node, its heartbeats and
-        its DRAM tier among them."""
+        its DRAM tier among them.
+
+        Into an NVMe segment whose blocks are not all reserved, with ``pwrite`` to its file
+        (the GIL released too): a store into a hole of its mapping on a full disk is a
+        SIGBUS that kills the node, where ``pwrite`` raises OSError (ENOSPC, EIO), which
+        the write's writer is answered (``_write_failed``)."""
         mapped_at = self._on_disk.get(digest)
         if mapped_at is None:
             target[:length] = ucp.view_of(source, length)
-        else:
+        elif mapped_at:
             ctypes.memmove(mapped_at + offset, source, length)
+        else:
+            write_all(self._files[digest], ucp.view_of(source, length), offset)

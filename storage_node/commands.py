@@ -10,7 +10,10 @@ which syncs the object's bytes and then its index record: one after another, eac
 waits for every sync queued before its own. So Persists found waiting back to back (and
 Prepares, which only allocate) run as one group (``execute_group``): a persistent segment
 records all of a group's objects at once, one sync of each run of bytes and one of the index
-for them all, and each command is answered as if it had run alone.
+for them all, and each command is answered as if it had run alone. A disk error of the group
+(an OSError: its sync failed) fails every command of it, none recorded: a sync retried after a
+failed writeback succeeds with the bytes never written (Linux reports the error once), so only
+an object that failed the group before any sync (out of bounds, say) makes each run alone.
 
 **A Forget waits for same-host writers.** A client on this host that writes a segment
 itself (mapped DRAM, the NVMe file) holds a lock on each range while it may copy into it
@@ -135,8 +138,18 @@ class CommandExecutor:
                 crcs = segment.record(
                     [e for _, entries in members for e in entries], writer_checksums=True
                 )
+            except OSError as error:
+                # The disk failed (a sync of the bytes or of the index, or a read of the
+                # bytes): every member fails as a Persist alone would, and none is retried.
+                # Linux reports a failed writeback once per file and marks its pages clean,
+                # so a retry's sync would succeed with the bytes never on the disk, and
+                # record as durable objects lost at the next restart.
+                for result, _ in members:
+                    _failed(result, error)
+                continue
             except Exception:
-                # (one of them made the group fail: each is recorded, or fails, alone)
+                # (one object made the group fail before any sync, out of the segment's
+                # bounds, say: each is recorded, or fails, alone)
                 crcs = None
             at = 0
             for result, entries in members:

@@ -47,8 +47,8 @@ DIRECT_READ_BYTES = Counter(
 )
 DISK_ERRORS = Counter(
     "kvpool_node_disk_errors_total",
-    "Checked-stream transfers that failed on an NVMe segment's disk (an I/O error), by "
-    "operation: a read is answered DISK_ERROR, a write ends its connection unanswered.",
+    "Checked-stream transfers that failed on an NVMe segment's disk (an I/O error, or a full "
+    "disk under a sparse segment), by operation; each is answered DISK_ERROR.",
     ["op"],
 )
 for _op in ("read", "write"):

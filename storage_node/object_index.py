@@ -56,6 +56,7 @@ from kvpool.storage_node.index_log import (
     SALT_BYTES,
     UNCONFIRMED_ABOVE,
     Entry,
+    LogDamaged,
     Scan,
     encode,
     frame,
@@ -149,18 +150,20 @@ class DurableIndex(MemoryIndex):
 
     durable = True
 
-    def __init__(self, path: Path, header: dict) -> None:
+    def __init__(self, path: Path, header: dict, *, data_file: Path | None = None) -> None:
         """Opens (or creates) the log at ``path``. ``header`` is written to a new log; an
         existing one keeps its own, available as ``self.header``. Refuses (ValueError) a
         directory other users can write, a symbolic link, a log another process holds, and a
         log whose header is lost (then nothing is rewritten); damaged records are skipped and
-        counted in ``damaged_records`` and ``undecodable_records``."""
+        counted in ``damaged_records`` and ``undecodable_records``. ``data_file``: the file
+        whose objects the log records; a log missing or empty beside it while it holds bytes
+        is refused too, and none is created (``_refuse_lost_log``)."""
         super().__init__()
         self.path = path
         private_files.check_private_directory(path.parent)
         self._holder = private_files.hold_exclusively(path.with_name(path.name + LOCK_SUFFIX), path)
         try:
-            self.header, self._salt = self._replay(header)
+            self.header, self._salt = self._replay(header, data_file)
             #: Where the next record goes, and where the zeros written ahead end.
             try:
                 self._end = self._rewrite()
@@ -390,7 +393,7 @@ class DurableIndex(MemoryIndex):
         finally:
             os.close(fd)
 
-    def _replay(self, header: dict) -> tuple[dict, bytes]:
+    def _replay(self, header: dict, data_file: Path | None) -> tuple[dict, bytes]:
         self.damaged_records = self.undecodable_records = 0
         #: What ``_keep_log`` needs: the end of the last record of an intact log of the
         #: current format, or of one whose only damage is a torn last record (None
@@ -400,6 +403,8 @@ class DurableIndex(MemoryIndex):
         data = private_files.read_nofollow(self.path)
         self._kept_size = len(data) if data else 0
         if not data:
+            if data_file is not None:
+                _refuse_lost_log(self.path, data is None, data_file)
             return header, os.urandom(SALT_BYTES)
         scan = read_log(data, self.path)
         current = scan.version == FORMAT and scan.salt and not scan.undecodable
@@ -458,6 +463,36 @@ def live_entries(path: Path) -> dict[str, Entry]:
         elif op == OP_DELETE and _same_object(entries.get(value.key, value), value):
             entries.pop(value.key, None)
     return entries
+
+
+def _refuse_lost_log(path: Path, missing: bool, data_file: Path) -> None:
+    """Refuses (``LogDamaged``) a log missing or empty (``path``) beside a data file that holds
+    bytes; returns where the data file is missing or empty: a new segment.
+
+    A new log would start the segment afresh with a new id, and the data file's space would be
+    reused as free: every object published on it lost, with no error. That cannot be a new
+    segment: its log is created first, whole (header and all, written and synced before it is
+    renamed into place, and its directory synced: ``_rewrite``), and only then its data file
+    (storage_node/segment.py ``open_persistent_segment``); a log is never empty once there,
+    and a start refused for room removes a data file it made (or found empty) before the log.
+    (Files of the layout before segment directories move in data first, index last, and a
+    start moves an index left behind before it opens it: storage_node/segment_layout.py.)
+    So a crash at any point leaves no data file, an empty one, or one with its log; a data
+    file with bytes and no log means the log was lost (deleted, truncated, left out of a
+    restore), and only someone who knows which can say whether its objects matter."""
+    try:
+        size = os.stat(data_file).st_size
+    except FileNotFoundError:
+        return
+    if size == 0:
+        return
+    raise LogDamaged(
+        f"{path} is {'missing' if missing else 'empty'}, but the data file {data_file} beside "
+        f"it holds {size} bytes: the segment's index is lost (an index is written before its "
+        "data file, so this is no new segment), and nothing says which objects the file holds. "
+        f"Restore {path} and start again, or move {data_file} away (or delete it) to start "
+        "the segment empty (its objects are lost)"
+    )
 
 
 def recorded(held: Entry | None, entry: Entry) -> bool:

@@ -283,7 +283,14 @@ class Segment:
         mapping: a file cut short under the node (truncated by someone) or a disk that fails
         is then an OSError, a failed copy (the object stays where it was), where a store
         into the mapping would kill the node with SIGBUS. A file found shorter than the
-        segment is refused outright (a write would lengthen it again, over a hole)."""
+        segment is refused outright (a write would lengthen it again, over a hole).
+
+        From NVMe (a promotion), the bytes are read from the source's file (direct reads, or
+        ``preadv`` when those decline: bytes cached, or every bounce buffer busy), never
+        loaded through its mapping, for the same reason: a block its disk cannot read is an
+        OSError there, but a SIGBUS through the mapping. Such a failed read notes the source
+        object as unreadable, so that the master hears of it at the next heartbeat (its
+        generation is the copy's: a copy keeps its object's)."""
         self._check_bounds(target)
         source._check_bounds(Entry(target.key, source_offset, target.size, target.generation))
         if self._nvme and self.fd is not None:
@@ -295,8 +302,17 @@ class Segment:
                 # (the GIL released: a write that waits for the disk stalls this thread alone)
                 view = ucp.view_of(source.region.address + source_offset, target.size)
                 write_all(self.fd, view, target.offset)
+        elif source._nvme and source.fd is not None:
+            try:
+                if not source.read_direct(source_offset, into, target.size):
+                    end = target.offset + target.size
+                    with memoryview(self.memory)[target.offset : end] as view:
+                        source._read_file(source_offset, view)
+            except OSError:
+                source.unreadable.note(source_offset, target.generation)
+                raise
         elif not source.read_direct(source_offset, into, target.size):
-            # (either end may be NVMe: a copy that faults waits for the disk, GIL released)
+            # (DRAM to DRAM: nothing to wait for, nothing that faults)
             ctypes.memmove(into, source.region.address + source_offset, target.size)
         crcs = self.record([target])
         if crcs:
@@ -334,6 +350,24 @@ class Segment:
             except DirectReadRefused:
                 return False
         return True
+
+    def _read_file(self, offset: int, into: memoryview) -> None:
+        """Fills ``into`` with the bytes at ``offset`` of the segment's file (``preadv``,
+        through the page cache, the GIL released), never through the mapping: a block the
+        disk cannot read is then an OSError, where a load from the mapping would kill the
+        node with SIGBUS. A file that ends first (cut short under the node) is an OSError
+        too (EIO)."""
+        assert self.fd is not None
+        at, length = 0, len(into)
+        while at < length:
+            got = os.preadv(self.fd, [into[at:]], offset + at)
+            if got <= 0:
+                raise OSError(
+                    errno.EIO,
+                    f"the data file of segment {self.segment_id} ends before "
+                    f"{offset + length} (read up to {offset + at})",
+                )
+            at += got
 
     def checksum(self, offset: int, size: int) -> int:
         """The CRC-32C of the bytes at ``offset``. The checksum holds the GIL, so on NVMe the
@@ -441,8 +475,11 @@ def open_persistent_segment(
     ``base``.index. Reopening checks every recorded object against its bytes. An NVMe
     segment's blocks are all reserved on its disk (``reserve``), unless ``sparse``; a disk
     without room for them, or a segment larger than one file may be there (``FileTooLarge``),
-    raises ``DiskTooSmall`` and leaves no file this call created behind: its data file, its
-    index and the index's lock file (those of a segment there before stay as they were)."""
+    raises ``DiskTooSmall`` and leaves no file this call created behind: its data file (or one
+    it found empty with no index), its index and the index's lock file (those of a segment
+    there before stay as they were). A data file that holds bytes beside an index missing or
+    empty is refused (``LogDamaged``, naming both): its index is lost, and a new one would lose
+    its objects."""
     if size <= 0:
         raise ValueError(f"a segment needs a positive size, got {size}")
     data_path = base.with_name(base.name + DATA_SUFFIX)
@@ -451,9 +488,12 @@ def open_persistent_segment(
     kind = tier.name.lower()
     lock_path = index_path.with_name(index_path.name + LOCK_SUFFIX)
     new_files = [path for path in (index_path, lock_path) if not os.path.lexists(path)]
+    # The index first, synced with its directory, then the data file: a data file with bytes
+    # and no index is then a lost index, never a new segment, and is refused (``data_file``).
     index = DurableIndex(
         index_path,
         {"segment_id": f"{node_id}/{kind}-{uuid.uuid4().hex[:8]}", "size": size, "tier": kind},
+        data_file=data_path,
     )
     if index.header.get("size") != size or index.header.get("tier") != kind:
         index.close()
@@ -462,7 +502,9 @@ def open_persistent_segment(
             f"{index.header.get('size')} bytes, not {kind} of {size}: pass its original size, "
             f"or delete {data_path} and {index_path} to start afresh"
         )
-    created = not data_path.exists()
+    # (one found empty beside no index held nothing: a refusal removes it as one it made, not to
+    # leave a file of the size it was given and no index, which the next start would refuse)
+    created = not data_path.exists() or (index_path in new_files and data_path.stat().st_size == 0)
     fd = os.open(data_path, os.O_RDWR | os.O_CREAT, 0o600)
     reserved = False
     try:

@@ -434,10 +434,17 @@ class _Pipeline:
                         "removed or moved away meanwhile)",
                     )
                     continue
-                results[i] = Result(
-                    Outcome.REFUSED,
+                disk_failed = (
                     f"the storage node's disk failed to read the object ({name}): another "
                     "replica, if any, is read instead"
+                    if is_get
+                    else f"the storage node's disk failed to write the object ({name}: full, "
+                    "or failing): the put's other replicas, if any, are kept; free space on "
+                    "that node's disk, or check its log"
+                )
+                results[i] = Result(
+                    Outcome.REFUSED,
+                    disk_failed
                     if status == frames.Status.DISK_ERROR
                     else f"the storage node refused the transfer: {name}"
                     + (
