@@ -27,10 +27,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import math
 import socket
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
 import google_crc32c
@@ -135,6 +136,11 @@ DRAIN_LIMIT = 64 << 20
 DRAIN_RATE_FLOOR = 1 << 20
 #: The slowest the answers gathered may leave, beyond the io timeout (bytes a second).
 SEND_RATE_FLOOR = 1 << 20
+#: The slowest a large write's payload may arrive, or a large read's answer leave, beyond the
+#: io timeout (bytes a second): each wait is bounded by the io timeout, so without a bound on
+#: the whole, a peer trickling a byte now and then held its connection (one of the node's
+#: few) for as long as its capability ran, minutes, and a few such held them all.
+TRANSFER_RATE_FLOOR = 1 << 20
 
 _WRITE, _READ = int(frames.Op.WRITE), int(frames.Op.READ)
 _OK = frames.Status.OK
@@ -228,6 +234,9 @@ class CheckedConnection:
         self._seals = seals
         self._counters = counters
         self._io_timeout = io_timeout
+        #: When the large transfer under way must be over (time.monotonic(); see
+        #: TRANSFER_RATE_FLOOR), infinite between them.
+        self._transfer_ends = math.inf
         self._idle_timeout = idle_timeout
         self._stopping = stopping
         self._waits = Waits(connection)
@@ -403,13 +412,15 @@ class CheckedConnection:
             return
         ends_at = (expiry_ms + keys.max_skew_ms) / 1000.0
         if not write:  # (small ones are gathered: the common case is _handle_buffered's)
-            self._read(
-                request_id, digest, (grant_offset, grant_id), segment, offset, length, ends_at
-            )
+            with self._transfer(length):
+                self._read(
+                    request_id, digest, (grant_offset, grant_id), segment, offset, length, ends_at
+                )
             return
         unwritten: _WriteFailed | None = None
         try:
-            self._write(segment, digest, offset, length, ends_at, (grant_offset, grant_id))
+            with self._transfer(length):
+                self._write(segment, digest, offset, length, ends_at, (grant_offset, grant_id))
             if self._written_ranges is not None:
                 self._written_ranges.wrote(digest, grant_offset, grant_id, offset, offset + length)
         except _WriteFailed as failed:
@@ -891,12 +902,36 @@ class CheckedConnection:
             at += got
 
     def _until(self, ends_at: float) -> float:
-        """The longest a wait may last now: the io timeout, cut to the capability's end
-        (raises Closed once that has passed)."""
+        """The longest a wait may last now: the io timeout, cut to the capability's end and
+        to the large transfer's (raises Closed once either has passed)."""
         left = ends_at - self._clock()
         if left <= 0:
             raise self._expired()
-        return min(left, self._io_timeout)
+        slow = self._transfer_ends - time.monotonic()
+        if slow <= 0:
+            raise self._too_slow()
+        return min(left, self._io_timeout, slow)
+
+    @contextlib.contextmanager
+    def _transfer(self, length: int) -> Iterator[None]:
+        """A large transfer of ``length`` bytes: all of it within the io timeout and its
+        length at TRANSFER_RATE_FLOOR (``_until``), however its bytes trickle."""
+        self._transfer_ends = time.monotonic() + self._io_timeout + length / TRANSFER_RATE_FLOOR
+        try:
+            yield
+        finally:
+            self._transfer_ends = math.inf
+
+    def _too_slow(self) -> Closed:
+        self._counters.requests.labels("transfer", "too_slow").inc()
+        suppressed = REFUSAL_LOGS.allow("too_slow")
+        if suppressed is not None:
+            log.warning(
+                "checked-stream transfer too slow: its connection is closed",
+                floor_bytes_per_s=TRANSFER_RATE_FLOOR,
+                suppressed=suppressed,
+            )
+        return Closed()
 
     def _expired(self) -> Closed:
         self._counters.requests.labels("transfer", "expired_midway").inc()

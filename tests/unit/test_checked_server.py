@@ -24,6 +24,7 @@ from helpers import closed_within, wait_until
 
 from kvpool.common.status import Tier
 from kvpool.security import capabilities as caps
+from kvpool.storage_node import checked_connection
 from kvpool.storage_node.checked_connection import Activity, Closed
 from kvpool.storage_node.checked_seals import SEAL_LIFE, SEAL_MARGIN, Seals
 from kvpool.storage_node.checked_server import CheckedServer, NodeKeys
@@ -714,6 +715,57 @@ def test_a_reader_that_takes_its_answers_a_little_at_a_time_is_cut_off_at_a_dead
         reader.start()
         assert wait_until(lambda: server._connections, timeout=5)
         # io_timeout + 4 s for 4 MiB at the floor, the linger, and slack
+        assert wait_until(lambda: not server._connections, timeout=12), "still served"
+        stop.set()
+        reader.join(timeout=10)
+
+
+def test_a_granted_write_trickled_in_holds_its_connection_no_longer_than_its_length_allows(
+    segment, monkeypatch
+):
+    """(Each wait for its bytes was bounded by io_timeout, not the whole: a writer with a
+    valid capability sending a byte a second held its connection, one of the node's few,
+    for as long as the capability ran; a few such writers held every one.)"""
+    monkeypatch.setattr(checked_connection, "TRANSFER_RATE_FLOOR", 128 << 10)
+    length = 256 << 10  # (a large write: io_timeout + 2 s at the floor)
+    write = grant(0, length, caps.Rights.WRITE, seconds=60)
+    with (
+        quick_server(segment) as server,
+        socket.create_connection(("127.0.0.1", server.port), timeout=5) as connection,
+    ):
+        connection.sendall(frames.encode_request(frames.Op.WRITE, 1, write, 0, length))
+        started = time.monotonic()
+        with contextlib.suppress(OSError):
+            for _ in range(40):
+                connection.sendall(b"\x01")
+                time.sleep(0.2)
+        assert closed_within(connection, 5.0)
+        assert time.monotonic() - started < 6.0, "ended about 3 s after it began"
+
+
+def test_a_granted_large_read_taken_a_little_at_a_time_is_cut_off_at_its_deadline(
+    segment, monkeypatch
+):
+    """(Its sends each waited up to io_timeout afresh: a reader taking a few KiB a second
+    held the connection for as long as its capability ran.)"""
+    monkeypatch.setattr(checked_connection, "TRANSFER_RATE_FLOOR", 1 << 20)
+    length = len(segment.memory)  # (4 MiB: io_timeout + 4 s at the floor)
+    read = grant(0, length, caps.Rights.READ, seconds=60)
+    with quick_server(segment) as server, socket.socket() as connection:
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 10)
+        connection.settimeout(5)
+        connection.connect(("127.0.0.1", server.port))
+        connection.sendall(frames.encode_request(frames.Op.READ, 1, read, 0, length))
+        stop = threading.Event()
+
+        def read_slowly() -> None:  # about 40 KB/s: far below the floor
+            with contextlib.suppress(OSError):
+                while not stop.is_set() and connection.recv(4096):
+                    time.sleep(0.1)
+
+        reader = threading.Thread(target=read_slowly, daemon=True)
+        reader.start()
+        assert wait_until(lambda: server._connections, timeout=5)
         assert wait_until(lambda: not server._connections, timeout=12), "still served"
         stop.set()
         reader.join(timeout=10)
