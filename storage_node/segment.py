@@ -116,6 +116,11 @@ class Segment:
     def __post_init__(self) -> None:
         #: Records that arrive while one is being made durable share the next commit.
         self._group_commit: GroupCommit[Entry] = GroupCommit(self._commit)
+        #: The first sync of this segment's bytes that failed, if any. Linux reports a failed
+        #: writeback once and marks its pages clean: any later sync of the file may succeed
+        #: with bytes that never reached the disk, so from then on nothing more is recorded
+        #: as durable here (until the node restarts, and its reopening checks every object).
+        self._sync_failed: OSError | None = None
 
     @property
     def _nvme(self) -> bool:
@@ -173,6 +178,14 @@ class Segment:
             self._put(entries)
             self.changes += 1
             return []
+        if self._sync_failed is not None:
+            raise OSError(
+                errno.EIO,
+                f"segment {self.segment_id} records nothing more: a sync of its bytes failed "
+                f"earlier ({self._sync_failed.strerror or self._sync_failed}), after which its "
+                "disk cannot be trusted to hold what a later sync says it does. Restart the "
+                "node to check its objects, and its disk",
+            )
         # One sync per run of objects that lie back to back (a batch is usually placed so):
         # each sync is a wait for the disk, and the file system's journal commit.
         if self._nvme and self.fd is not None:
@@ -413,7 +426,18 @@ class Segment:
 
     def _sync(self, offset: int, size: int) -> None:
         start = offset - offset % mmap.ALLOCATIONGRANULARITY
-        _msync(self.region.address + start, max(offset + size - start, 1))
+        try:
+            _msync(self.region.address + start, max(offset + size - start, 1))
+        except OSError as error:
+            if self._sync_failed is None:
+                self._sync_failed = error
+                log.error(
+                    "a sync of an NVMe segment's bytes failed: it records nothing more until "
+                    "the node restarts (restart it to check its objects; check the disk)",
+                    segment=self.segment_id,
+                    error=str(error),
+                )
+            raise
 
     def _unmap_pages(self, start: int, end: int) -> None:
         """Drops this process's mappings of the whole pages in [start, end), recorded and
