@@ -27,6 +27,11 @@ CONNECT_TIMEOUT = 2.0
 #: back-pressure (the gRPC stream's too) sees it, rather than grow the node without bound
 #: while its disk is slow. Read again once half of them are done.
 BACKLOG_CAP = 32 * MAX_GROUP
+#: Bytes of answers the master has not read at most before the node ends the stream. Not a
+#: pause of its reading: the master stops reading answers while the node reads no commands
+#: (each side's writes back up), and two such pauses would stall each other for good; the
+#: node reads on, and a master that reads nothing for this long is taken for stuck.
+UNSENT_ANSWERS_CAP = 16 << 20
 
 
 class SessionRefused(Exception):
@@ -114,11 +119,6 @@ class _CommandStream(asyncio.Protocol):
         #: Commands that wait for (or run on) the asynchronous path, in order.
         self._backlog: asyncio.Queue[pb.NodeCommand] = asyncio.Queue()
         self._unfinished = 0  # commands taken on the asynchronous path and not yet answered
-        #: Whether the master reads the answers more slowly than they come (the transport's
-        #: buffer above its high-water mark): then no more commands are read until it drains,
-        #: so a master that stops reading cannot grow the node's unsent answers without bound
-        #: (the quick path answers each command as it is read).
-        self._writing_paused = False
         self._ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -154,23 +154,13 @@ class _CommandStream(asyncio.Protocol):
         except Exception as error:  # a refusal, a frame that does not parse
             self._end(error)
 
-    def pause_writing(self) -> None:
-        self._writing_paused = True
-        if self._transport is not None and not self._transport.is_closing():
-            self._transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        self._writing_paused = False
-        self._read_on()
-
     def _read_on(self) -> None:
-        """Reads commands again, unless the backlog or the unsent answers are still high."""
+        """Reads commands again once the backlog is down to half its cap."""
         transport = self._transport
         if (
             transport is not None
             and not transport.is_reading()
             and not transport.is_closing()
-            and not self._writing_paused
             and self._unfinished <= BACKLOG_CAP // 2
         ):
             transport.resume_reading()
@@ -179,8 +169,17 @@ class _CommandStream(asyncio.Protocol):
         self._end(exc)
 
     def send(self, data: bytes) -> None:
-        if self._transport is not None and not self._transport.is_closing():
-            self._transport.write(data)
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            transport.write(data)
+            if transport.get_write_buffer_size() > UNSENT_ANSWERS_CAP:
+                self._end(
+                    ConnectionError(
+                        f"the master read none of the node's last {UNSENT_ANSWERS_CAP >> 20} "
+                        "MiB of answers: the command stream is ended (the node looks for the "
+                        "leader again)"
+                    )
+                )
 
     async def serve(self) -> None:
         """Runs the commands that cannot be answered on the spot, in order, until the

@@ -741,11 +741,13 @@ class StorageNode:
         reports = _Reports()
         await reports.put(pb.NodeReport(hello=hello))
         call = stub.NodeSession(reports, metadata=self._metadata)
+        call.add_done_callback(lambda _: reports.end())  # (a put waiting for room gives up)
         try:
             async for command in call:
                 # (waits while the answers queued are at their bound: the next command is
                 # not read until the master takes some)
-                await reports.put(pb.NodeReport(result=await self._answer(command)))
+                if not await reports.put(pb.NodeReport(result=await self._answer(command))):
+                    break  # (the stream ended meanwhile: ``call`` says how, below)
         except grpc.aio.AioRpcError as error:
             if error.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
                 log.warning("command stream broke", code=error.code().name)
@@ -854,9 +856,30 @@ class _Reports:
 
     def __init__(self) -> None:
         self._queue: asyncio.Queue[pb.NodeReport] = asyncio.Queue(REPORTS_QUEUED)
+        #: Set once the stream ended: gRPC takes nothing more from the queue then, and a put
+        #: waiting for room would wait for ever.
+        self._ended = asyncio.Event()
 
-    async def put(self, report: pb.NodeReport) -> None:
-        await self._queue.put(report)
+    def end(self) -> None:
+        self._ended.set()
+
+    async def put(self, report: pb.NodeReport) -> bool:
+        """Queues ``report``, waiting while the queue is full; False (nothing queued) once
+        the stream has ended."""
+        if self._ended.is_set():
+            return False
+        if not self._queue.full():
+            self._queue.put_nowait(report)
+            return True
+        putting = asyncio.ensure_future(self._queue.put(report))
+        ending = asyncio.ensure_future(self._ended.wait())
+        try:
+            await asyncio.wait({putting, ending}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ending.cancel()
+            if not putting.done():
+                putting.cancel()
+        return putting.done() and not putting.cancelled()
 
     def __aiter__(self) -> _Reports:
         return self
