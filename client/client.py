@@ -668,7 +668,11 @@ class Client:
         if slot.status != KeyStatus.OK:
             raise error_for(slot.status, key, slot.message)
         pending = PendingPut(0, key, slot, None, write_deadline)
-        return Reservation(self._session, pending, size, write_options.checksum)
+        reservation = Reservation(self._session, pending, size, write_options.checksum)
+        # (it keeps this client alive: its session is the client's, which a client collected
+        # meanwhile, dropped without close(), would close under the reservation's writes)
+        reservation.owner = self
+        return reservation
 
     def _reserve(
         self,
@@ -1289,13 +1293,14 @@ def _close_dropped(session: Session, master: str) -> None:
     join itself) or hold a lock its close takes."""
     if session.forked:  # (a fork child's copy of the parent's: left alone)
         return
+    # (closed first: a warning turned into an error, -W error, must not keep it open)
+    threading.Thread(target=session.close, name="kvpool-client-close", daemon=True).start()
     warnings.warn(
         f"a kvpool Client of {master} was never closed: use `with Client(...)` or close() "
         "(its connections and memory are let go of now)",
         ResourceWarning,
         stacklevel=1,  # (a collection has no caller worth naming)
     )
-    threading.Thread(target=session.close, name="kvpool-client-close", daemon=True).start()
 
 
 def _raise_if_error(result: Any) -> Any:

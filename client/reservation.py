@@ -84,6 +84,9 @@ class Reservation:
         self._session = session
         self._put = put
         self._checksum = checksum
+        #: What keeps the session open while this reservation lives: its client (set by
+        #: ``Client.reserve``), which would close the session once collected.
+        self.owner: object = None
         self.key = put.key
         self.size = size
         self.put_id = put.slot.put_id

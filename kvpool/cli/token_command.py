@@ -80,12 +80,21 @@ def _create(args: argparse.Namespace) -> int:
     to revoke it. So the file is checked first (a damaged one refuses before any token is
     shown), the token written and flushed, and only then added."""
     from kvpool.security.identity import Role
-    from kvpool.security.tokens import CredentialError, CredentialStore, new_token
+    from kvpool.security.tokens import MAX_TOKENS, CredentialError, CredentialStore, new_token
 
     path = _credentials_path(args)
     token, record = new_token(args.name, Role(args.role), args.tenant, args.node_id)
     if os.path.exists(path):
-        CredentialStore(path)  # (unreadable or damaged: refused with nothing printed)
+        # (unreadable, damaged, full or not writable: refused with nothing printed, not
+        # after a token was shown that is then not stored)
+        existing = CredentialStore(path)
+        if len(existing.records()) >= MAX_TOKENS:
+            raise CredentialError(
+                f"credentials file {path} holds {MAX_TOKENS} tokens, the limit: revoke the "
+                "ones no longer used"
+            )
+        if not os.access(path, os.W_OK):
+            raise CredentialError(f"credentials file {path} cannot be written: check its owner")
     try:
         print(token)
         sys.stdout.flush()

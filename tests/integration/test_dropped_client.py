@@ -53,3 +53,17 @@ def test_clients_dropped_without_close_give_back_their_descriptors_and_threads(
 def _closed_all() -> bool:
     """Whether no dropped client is still being closed."""
     return not any(t.name == "kvpool-client-close" for t in threading.enumerate())
+
+
+def test_a_reservation_keeps_the_client_it_came_from_open(shared_cluster):
+    """A reservation works through its client's session: the client, dropped while the
+    reservation lives, must not be collected (and closed) under its writes."""
+    credentials = shared_cluster.client_credentials()
+    reservation = Client(shared_cluster.master_address, **credentials).reserve("kept-open", 4096)
+    gc.collect()
+    reservation.write(b"k" * 4096)
+    assert reservation.commit() >= 1
+    with Client(shared_cluster.master_address, **credentials) as reader:
+        assert reader.get("kept-open") == b"k" * 4096
+    del reservation
+    gc.collect()
