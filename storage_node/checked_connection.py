@@ -915,7 +915,13 @@ class CheckedConnection:
     @contextlib.contextmanager
     def _transfer(self, length: int) -> Iterator[None]:
         """A large transfer of ``length`` bytes: all of it within the io timeout and its
-        length at TRANSFER_RATE_FLOOR (``_until``), however its bytes trickle."""
+        length at TRANSFER_RATE_FLOOR (``_until``), however its bytes trickle. The answers
+        gathered before it leave first, under their own deadline (``_flush``); a small one
+        (gathered too) has none of its own."""
+        if length <= SMALL:
+            yield
+            return
+        self._flush()
         self._transfer_ends = time.monotonic() + self._io_timeout + length / TRANSFER_RATE_FLOOR
         try:
             yield

@@ -45,7 +45,7 @@ from kvpool.storage_node.peer_copy import (
     PeerCopyFailed,
     SourceCorrupt,
 )
-from kvpool.storage_node.segment import Segment
+from kvpool.storage_node.segment import Segment, SyncFailed
 
 #: How long a Forget waits for a same-host writer to finish its copy into the range before it
 #: fails: a piece of a copy takes milliseconds, and the node's later commands wait behind it.
@@ -138,9 +138,9 @@ class CommandExecutor:
                 crcs = segment.record(
                     [e for _, entries in members for e in entries], writer_checksums=True
                 )
-            except OSError as error:
-                # The disk failed (a sync of the bytes or of the index, or a read of the
-                # bytes): every member fails as a Persist alone would, and none is retried.
+            except SyncFailed as error:
+                # The disk failed a sync (of the bytes or of the index): every member fails
+                # as a Persist alone would, and none is retried.
                 # Linux reports a failed writeback once per file and marks its pages clean,
                 # so a retry's sync would succeed with the bytes never on the disk, and
                 # record as durable objects lost at the next restart.
@@ -149,7 +149,7 @@ class CommandExecutor:
                 continue
             except Exception:
                 # (one object made the group fail before any sync, out of the segment's
-                # bounds, say: each is recorded, or fails, alone)
+                # bounds, or bytes its disk cannot read: each is recorded, or fails, alone)
                 crcs = None
             at = 0
             for result, entries in members:

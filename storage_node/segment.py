@@ -78,6 +78,12 @@ DATA_SUFFIX = ".data"
 INDEX_SUFFIX = ".index"
 
 
+class SyncFailed(OSError):
+    """The disk failed a sync of a segment's bytes or index records (or an earlier one did:
+    the segment records nothing more). Apart from other errors of a record (a read of the
+    bytes that fails, before any sync), which concern one object only."""
+
+
 @dataclass
 class Segment:
     segment_id: str
@@ -179,7 +185,7 @@ class Segment:
             self.changes += 1
             return []
         if self._sync_failed is not None:
-            raise OSError(
+            raise SyncFailed(
                 errno.EIO,
                 f"segment {self.segment_id} records nothing more: a sync of its bytes failed "
                 f"earlier ({self._sync_failed.strerror or self._sync_failed}), after which its "
@@ -241,7 +247,13 @@ class Segment:
                 self._sync(start, end - start)
                 metrics.synced(self, "data", time.perf_counter() - began)
         began = time.perf_counter()
-        if self._put(durable):  # an empty append writes nothing
+        try:
+            appended = self._put(durable)
+        except SyncFailed:
+            raise
+        except OSError as error:  # (the index's append or its sync)
+            raise SyncFailed(error.errno, error.strerror or str(error)) from error
+        if appended:  # an empty append writes nothing
             metrics.synced(self, "index", time.perf_counter() - began)
         if self._nvme:
             for start, end in runs:
@@ -429,6 +441,7 @@ class Segment:
         try:
             _msync(self.region.address + start, max(offset + size - start, 1))
         except OSError as error:
+            failed = SyncFailed(error.errno, error.strerror or str(error))
             if self._sync_failed is None:
                 self._sync_failed = error
                 log.error(
@@ -437,7 +450,7 @@ class Segment:
                     segment=self.segment_id,
                     error=str(error),
                 )
-            raise
+            raise failed from error
 
     def _unmap_pages(self, start: int, end: int) -> None:
         """Drops this process's mappings of the whole pages in [start, end), recorded and

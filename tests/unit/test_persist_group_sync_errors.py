@@ -81,7 +81,7 @@ def test_a_group_whose_data_sync_fails_fails_every_command_and_records_none(
 
     assert [(r.command_id, r.ok) for r in results] == [(1, False), (2, False)]
     for result in results:
-        assert result.error.startswith("OSError: [Errno 5]") and "msync" in result.error
+        assert result.error.startswith("SyncFailed: [Errno 5]") and "msync" in result.error
         assert not result.crc32c
     assert recorded(segment) == [], "nothing of a group whose bytes failed to sync is durable"
     assert segment.index.entries() == []
@@ -118,7 +118,7 @@ def test_a_group_whose_sync_fails_is_answered_as_a_single_persist_would_be(
     assert [(r.ok, r.error.split("]")[0], r.source_corrupt) for r in grouped] == [
         (single.ok, single.error.split("]")[0], single.source_corrupt)
     ] * 2
-    assert grouped[0].error == grouped[1].error == "OSError: [Errno 5] msync: Input/output error"
+    assert grouped[0].error == grouped[1].error == "SyncFailed: [Errno 5] msync: Input/output error"
 
 
 def test_an_object_out_of_bounds_still_fails_alone_when_no_sync_failed(
@@ -151,3 +151,24 @@ def test_after_a_failed_sync_the_segment_records_nothing_more_even_alone(
     assert not again.ok and not later.ok
     assert "records nothing more" in later.error and "Restart the node" in later.error
     assert recorded(segment) == []
+
+
+def test_an_object_whose_bytes_cannot_be_read_fails_alone_before_any_sync(
+    segment: Segment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(A read of one object's bytes for its checksum fails before any sync: no writeback
+    error is used up, so the others are recorded one at a time, as before.)"""
+    commands = a_group_of_two(segment)
+    real = segment_module._fault_in
+    unreadable = segment.region.address + (1 << 20)  # (object b)
+
+    def fault_in(address: int, size: int) -> None:
+        if address == unreadable:
+            raise OSError(errno.EIO, "a bad block")
+        real(address, size)
+
+    monkeypatch.setattr(segment_module, "_fault_in", fault_in)
+    results = CommandExecutor([segment]).execute_group(commands)
+
+    assert [r.ok for r in results] == [True, False]
+    assert recorded(segment) == ["a"]
