@@ -158,8 +158,12 @@ class Election:
         #: an older backup), as does one whose epoch is not above every earlier one here.
         self._marker = self.cluster_prefix + b"/created"
         self._marker_seen = False
-        #: The highest epoch this master led with (0: none yet).
+        #: The highest epoch this master led with (0: none yet), and the highest etcd
+        #: revision it was elected at (an epoch is that revision, or above it after a loss).
         self._highest_epoch = 0
+        self._last_revision = 0
+        #: etcd answered a renewal with no lease (TTL 0) while the term began: it ends at once.
+        self._lease_gone = False
         #: Set as a term begins: whether etcd lost this cluster's data since this master
         #: last saw it (the node list, the tombstone records and the leader key's history
         #: are gone): the term then waits for whatever nodes come, as a first start does.
@@ -386,14 +390,16 @@ class Election:
             return TlsEtcdClient(host, int(port), timeout=timeout, tls=self.tls, options=options)
         return aetcd.Client(host, int(port), timeout=timeout, options=options)
 
-    async def _data_lost(self, client: aetcd.Client, epoch: int) -> bool:
+    async def _data_lost(self, client: aetcd.Client, revision: int) -> bool:
         """Whether etcd lost this cluster's data since this master last saw it (see
-        ``_marker``); writes the marker where it is missing."""
-        lost = epoch <= self._highest_epoch
-        if await client.get(self._marker) is not None:
+        ``_marker``; ``revision``: the one it is elected at); writes the marker where it is
+        missing."""
+        lost = revision <= self._last_revision
+        found = await client.get(self._marker)
+        self._answered()
+        if found is not None:
             self._marker_seen = True
             return lost
-        self._answered()
         await client.put(self._marker, self.address.encode())
         self._answered()
         lost = lost or self._marker_seen
@@ -428,11 +434,21 @@ class Election:
                 self._answered()
                 current = responses[0][0][0].decode() if responses and responses[0] else ""
                 self._follow(current)
+                if not self._marker_seen:  # (a standby too must know the cluster had it)
+                    self._marker_seen = await client.get(self._marker) is not None
+                    self._answered()
                 await pause(stop, self.ttl / 4)
                 continue
-            epoch = responses[0].response_put.header.revision
+            revision = epoch = responses[0].response_put.header.revision
             self._valid_until = sent + self.ttl
-            self.etcd_data_lost = await self._data_lost(client, epoch)
+            try:
+                self.etcd_data_lost = await self._data_lost(client, revision)
+            except BaseException:
+                # (the key names this master until the lease goes: give it back now)
+                with contextlib.suppress(*ETCD_ERRORS):
+                    await lease.revoke()
+                raise
+            self._last_revision = max(self._last_revision, revision)
             if self.etcd_data_lost:
                 log.error(
                     "etcd lost this cluster's data (its marker key is gone, or its revision "
@@ -443,8 +459,9 @@ class Election:
                     epoch=epoch,
                     highest_epoch_before=self._highest_epoch,
                 )
-                epoch = max(epoch, self._highest_epoch + 1)  # (terms only go up)
+            epoch = max(epoch, self._highest_epoch + 1)  # (this master's terms only go up)
             self._highest_epoch = epoch
+            self._lease_gone = False
             self.is_leader = True
             self.leader = self.address
             log.info("elected leader", epoch=epoch, ttl_s=self.ttl)
@@ -494,10 +511,17 @@ class Election:
             self._answered()
             if response.TTL > 0:
                 self._valid_until = sent + response.TTL
+            else:  # (etcd no longer knows the lease: serve no more, end the term at once)
+                self._valid_until = 0.0
+                self._lease_gone = True
+                return
 
     async def _keep(self, lease: Any, stop: asyncio.Event) -> bool:
         """Renews the lease every third of its TTL until renewals stop working in time, or
         this master should step down (then True)."""
+        if self._lease_gone:
+            log.warning("etcd no longer knows this master's lease", epoch=self._highest_epoch)
+            return False
         while not stop.is_set():
             await pause(stop, self.ttl / 3)
             why = self.step_down_reason()

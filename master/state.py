@@ -1702,7 +1702,8 @@ class MasterState:
         return (
             f"tenant {tenant!r} holds {usage.reservations} reservations, the most one tenant "
             f"may hold (1/{RESERVATIONS_SHARE} of the master's table of {cap} objects, "
-            "--max-objects): commit or revoke the puts under way first"
+            f"--max-objects, and at least {RESERVATIONS_MIN}): commit or revoke the puts under "
+            "way first"
         )
 
     def _put_refusal(self, key: str, size: int, wanted: int, tier: Tier) -> str | None:

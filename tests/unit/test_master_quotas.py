@@ -173,7 +173,8 @@ def test_one_tenant_s_reservations_hold_at_most_an_eighth_of_the_master_s_table(
     message = refused(put(state, "a/more", 0))
     assert message == (
         "tenant 'a' holds 128 reservations, the most one tenant may hold (1/8 of the master's "
-        "table of 1024 objects, --max-objects): commit or revoke the puts under way first"
+        "table of 1024 objects, --max-objects, and at least 64): commit or revoke the puts "
+        "under way first"
     )
     assert state.quota_refusals == {("a", "reservations"): 1}
     assert put(state, "b/k0", 0).status is KeyStatus.OK, "another tenant's puts go on"
