@@ -929,23 +929,24 @@ class CheckedConnection:
             self._transfer_ends = math.inf
 
     def _too_slow(self) -> Closed:
-        self._counters.requests.labels("transfer", "too_slow").inc()
-        suppressed = REFUSAL_LOGS.allow("too_slow")
-        if suppressed is not None:
-            log.warning(
-                "checked-stream transfer too slow: its connection is closed",
-                floor_bytes_per_s=TRANSFER_RATE_FLOOR,
-                suppressed=suppressed,
-            )
-        return Closed()
+        return self._cut_off(
+            "too_slow",
+            "checked-stream transfer too slow: its connection is closed",
+            floor_bytes_per_s=TRANSFER_RATE_FLOOR,
+        )
 
     def _expired(self) -> Closed:
-        self._counters.requests.labels("transfer", "expired_midway").inc()
-        suppressed = REFUSAL_LOGS.allow("expired_midway")
+        return self._cut_off(
+            "expired_midway", "capability expired during a transfer: connection closed"
+        )
+
+    def _cut_off(self, outcome: str, why: str, **fields: Any) -> Closed:
+        """A transfer ended midway (``outcome`` in the transfer counter), logged a few lines
+        per 10 s: the Closed to raise."""
+        self._counters.requests.labels("transfer", outcome).inc()
+        suppressed = REFUSAL_LOGS.allow(outcome)
         if suppressed is not None:
-            log.warning(
-                "capability expired during a transfer: connection closed", suppressed=suppressed
-            )
+            log.warning(why, suppressed=suppressed, **fields)
         return Closed()
 
     def _segment_memory(self, digest: bytes, segment: Any) -> memoryview:

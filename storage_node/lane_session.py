@@ -154,17 +154,6 @@ class _CommandStream(asyncio.Protocol):
         except Exception as error:  # a refusal, a frame that does not parse
             self._end(error)
 
-    def _read_on(self) -> None:
-        """Reads commands again once the backlog is down to half its cap."""
-        transport = self._transport
-        if (
-            transport is not None
-            and not transport.is_reading()
-            and not transport.is_closing()
-            and self._unfinished <= BACKLOG_CAP // 2
-        ):
-            transport.resume_reading()
-
     def connection_lost(self, exc: Exception | None) -> None:
         self._end(exc)
 
@@ -209,7 +198,14 @@ class _CommandStream(asyncio.Protocol):
                 return
             finally:
                 self._unfinished -= len(group)
-                self._read_on()
+                transport = self._transport
+                if (
+                    transport is not None
+                    and not transport.is_reading()
+                    and not transport.is_closing()
+                    and self._unfinished <= BACKLOG_CAP // 2
+                ):
+                    transport.resume_reading()
             for result in results:
                 self._answer(result)
 

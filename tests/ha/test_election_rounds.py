@@ -12,6 +12,13 @@ from kvpool.etcd_process import EtcdProcess
 from kvpool.master.election import Election
 
 
+def lose_everything(etcd: EtcdProcess) -> None:
+    """etcd restarted without its data directory (on the same ports)."""
+    etcd.stop()
+    shutil.rmtree(etcd.data_dir)
+    etcd.start()
+
+
 def test_a_term_whose_start_fails_is_given_up_and_the_master_is_elected_again(tmp_path):
     etcd = EtcdProcess(tmp_path / "etcd").start()
     try:
@@ -51,11 +58,6 @@ def test_a_term_after_etcd_lost_its_data_knows_it_and_leads_with_a_higher_epoch(
     try:
         terms: list[tuple[int, bool]] = []
 
-        def lose_everything() -> None:
-            etcd.stop()
-            shutil.rmtree(etcd.data_dir)
-            etcd.start()
-
         async def scenario() -> None:
             election = Election([etcd.endpoint], "wiped", "127.0.0.1:1", ttl=2)
             stop = asyncio.Event()
@@ -63,7 +65,7 @@ def test_a_term_after_etcd_lost_its_data_knows_it_and_leads_with_a_higher_epoch(
             async def on_elected(epoch: int) -> None:
                 terms.append((epoch, election.etcd_data_lost))
                 if len(terms) == 1:
-                    await asyncio.to_thread(lose_everything)
+                    await asyncio.to_thread(lose_everything, etcd)
                 elif len(terms) == 2:
                     raise RuntimeError("(ends the term: the next one finds nothing lost)")
                 else:
@@ -139,11 +141,6 @@ def test_a_standby_that_saw_the_cluster_before_etcd_lost_its_data_is_told_when_i
     try:
         terms: list[tuple[str, bool]] = []
 
-        def lose_everything() -> None:
-            etcd.stop()
-            shutil.rmtree(etcd.data_dir)
-            etcd.start()
-
         async def scenario() -> None:
             leader = Election([etcd.endpoint], "standby", "127.0.0.1:1", ttl=2)
             standby = Election([etcd.endpoint], "standby", "127.0.0.1:2", ttl=2)
@@ -171,7 +168,7 @@ def test_a_standby_that_saw_the_cluster_before_etcd_lost_its_data_is_told_when_i
             await asyncio.sleep(2)  # (the standby follows, and reads the marker)
             stop_leader.set()
             await leading
-            await asyncio.to_thread(lose_everything)
+            await asyncio.to_thread(lose_everything, etcd)
             await asyncio.wait_for(following, 30)
 
         asyncio.run(scenario())

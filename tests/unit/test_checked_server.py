@@ -667,6 +667,39 @@ def quick_server(segment: FakeSegment) -> Iterator[CheckedServer]:
         assert server.stop()
 
 
+def trickled_until_closed(
+    connection: socket.socket, request: bytes, byte: bytes, pause: float
+) -> float:
+    """Sends ``request``, then ``byte`` every ``pause`` seconds (40 at most) until the node
+    closes the connection, which it must within 5 s after; returns the seconds it took."""
+    connection.sendall(request)
+    started = time.monotonic()
+    with contextlib.suppress(OSError):
+        for _ in range(40):
+            connection.sendall(byte)
+            time.sleep(pause)
+    assert closed_within(connection, 5.0)
+    return time.monotonic() - started
+
+
+def read_slowly_until_cut_off(server: CheckedServer, connection: socket.socket) -> None:
+    """Takes the answers about 40 KB/s (far below the node's floors of 1 MiB/s) until the
+    node cuts the connection off, which it must within 12 s."""
+    stop = threading.Event()
+
+    def read_slowly() -> None:
+        with contextlib.suppress(OSError):
+            while not stop.is_set() and connection.recv(4096):
+                time.sleep(0.1)
+
+    reader = threading.Thread(target=read_slowly, daemon=True)
+    reader.start()
+    assert wait_until(lambda: server._connections, timeout=5)
+    assert wait_until(lambda: not server._connections, timeout=12), "still served"
+    stop.set()
+    reader.join(timeout=10)
+
+
 def test_a_refused_write_trickled_in_holds_its_connection_no_longer_than_its_deadline(segment):
     """(Its payload is read and dropped to keep the stream in step; a byte now and then,
     each within io_timeout, held the thread for as long as the payload was: no capability is
@@ -677,14 +710,9 @@ def test_a_refused_write_trickled_in_holds_its_connection_no_longer_than_its_dea
         quick_server(segment) as server,
         socket.create_connection(("127.0.0.1", server.port), timeout=5) as connection,
     ):
-        connection.sendall(frames.encode_request(frames.Op.WRITE, 1, forged, 0, length))
-        started = time.monotonic()
-        with contextlib.suppress(OSError):
-            for _ in range(40):
-                connection.sendall(b"\x00")
-                time.sleep(0.3)
-        assert closed_within(connection, 5.0)
-        assert time.monotonic() - started < 5.0, "ended about io_timeout after it began"
+        request = frames.encode_request(frames.Op.WRITE, 1, forged, 0, length)
+        took = trickled_until_closed(connection, request, b"\x00", 0.3)
+        assert took < 5.0, "ended about io_timeout after it began"
 
 
 def test_a_reader_that_takes_its_answers_a_little_at_a_time_is_cut_off_at_a_deadline(segment):
@@ -704,20 +732,8 @@ def test_a_reader_that_takes_its_answers_a_little_at_a_time_is_cut_off_at_a_dead
                 for i in range(2 * len(data) // piece)  # (more than the kernel buffers)
             )
         )
-        stop = threading.Event()
-
-        def read_slowly() -> None:  # about 40 KB/s: far below the floor of 1 MiB/s
-            with contextlib.suppress(OSError):
-                while not stop.is_set() and connection.recv(4096):
-                    time.sleep(0.1)
-
-        reader = threading.Thread(target=read_slowly, daemon=True)
-        reader.start()
-        assert wait_until(lambda: server._connections, timeout=5)
-        # io_timeout + 4 s for 4 MiB at the floor, the linger, and slack
-        assert wait_until(lambda: not server._connections, timeout=12), "still served"
-        stop.set()
-        reader.join(timeout=10)
+        # (io_timeout + 4 s for 4 MiB at the floor, the linger, and slack)
+        read_slowly_until_cut_off(server, connection)
 
 
 def test_a_granted_write_trickled_in_holds_its_connection_no_longer_than_its_length_allows(
@@ -733,14 +749,9 @@ def test_a_granted_write_trickled_in_holds_its_connection_no_longer_than_its_len
         quick_server(segment) as server,
         socket.create_connection(("127.0.0.1", server.port), timeout=5) as connection,
     ):
-        connection.sendall(frames.encode_request(frames.Op.WRITE, 1, write, 0, length))
-        started = time.monotonic()
-        with contextlib.suppress(OSError):
-            for _ in range(40):
-                connection.sendall(b"\x01")
-                time.sleep(0.2)
-        assert closed_within(connection, 5.0)
-        assert time.monotonic() - started < 6.0, "ended about 3 s after it began"
+        request = frames.encode_request(frames.Op.WRITE, 1, write, 0, length)
+        took = trickled_until_closed(connection, request, b"\x01", 0.2)
+        assert took < 6.0, "ended about 3 s after it began"
 
 
 def test_a_granted_large_read_taken_a_little_at_a_time_is_cut_off_at_its_deadline(
@@ -756,19 +767,7 @@ def test_a_granted_large_read_taken_a_little_at_a_time_is_cut_off_at_its_deadlin
         connection.settimeout(5)
         connection.connect(("127.0.0.1", server.port))
         connection.sendall(frames.encode_request(frames.Op.READ, 1, read, 0, length))
-        stop = threading.Event()
-
-        def read_slowly() -> None:  # about 40 KB/s: far below the floor
-            with contextlib.suppress(OSError):
-                while not stop.is_set() and connection.recv(4096):
-                    time.sleep(0.1)
-
-        reader = threading.Thread(target=read_slowly, daemon=True)
-        reader.start()
-        assert wait_until(lambda: server._connections, timeout=5)
-        assert wait_until(lambda: not server._connections, timeout=12), "still served"
-        stop.set()
-        reader.join(timeout=10)
+        read_slowly_until_cut_off(server, connection)
 
 
 def test_with_every_connection_taken_a_new_one_replaces_one_that_never_moved_a_byte(segment):
